@@ -1,0 +1,80 @@
+//! `BlockHash`: the digest that identifies a full block's token prefix.
+
+use std::fmt;
+
+use crate::error::{KvError, KvResult};
+
+/// Largest digest kvcoord stores (SHA-256).
+pub const MAX_DIGEST_LEN: usize = 32;
+
+/// A block hash: a 16-byte (XXH3-128) or 32-byte (SHA-256) digest, stored
+/// inline so that hashes never allocate.
+#[derive(Copy, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BlockHash {
+    /// Digest bytes; bytes past `len` are zero (so derived `Eq`/`Hash` are exact).
+    bytes: [u8; MAX_DIGEST_LEN],
+    /// Digest length: 16 or 32.
+    len: u8,
+}
+
+impl BlockHash {
+    /// Wrap a digest, checking its length.
+    pub fn from_slice(digest: &[u8]) -> KvResult<Self> {
+        match digest.len() {
+            16 | 32 => {
+                let mut bytes = [0u8; MAX_DIGEST_LEN];
+                bytes[..digest.len()].copy_from_slice(digest);
+                Ok(Self { bytes, len: digest.len() as u8 })
+            }
+            other => Err(KvError::InvalidHashLength(other)),
+        }
+    }
+
+    /// The digest bytes.
+    #[inline]
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len as usize]
+    }
+
+    /// Digest length in bytes.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.len as usize
+    }
+
+    /// Always false: a digest has 16 or 32 bytes.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl fmt::Debug for BlockHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "BlockHash(")?;
+        for b in self.as_bytes() {
+            write!(f, "{b:02x}")?;
+        }
+        write!(f, ")")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lengths() {
+        assert_eq!(BlockHash::from_slice(&[1; 16]).unwrap().len(), 16);
+        assert_eq!(BlockHash::from_slice(&[1; 32]).unwrap().as_bytes(), &[1; 32]);
+        assert_eq!(BlockHash::from_slice(&[1; 20]), Err(KvError::InvalidHashLength(20)));
+        assert_eq!(BlockHash::from_slice(&[]), Err(KvError::InvalidHashLength(0)));
+    }
+
+    #[test]
+    fn short_and_long_digests_differ() {
+        let short = BlockHash::from_slice(&[0; 16]).unwrap();
+        let long = BlockHash::from_slice(&[0; 32]).unwrap();
+        assert_ne!(short, long);
+    }
+}

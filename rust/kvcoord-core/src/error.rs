@@ -1,0 +1,91 @@
+//! The one error type of the core. Every fallible public operation checks its
+//! whole input before changing anything, so an `Err` always means "nothing
+//! happened". Panics are reserved for broken internal invariants (bugs).
+
+use std::fmt;
+
+use crate::ids::BlockId;
+
+/// Why a core operation refused its input.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KvError {
+    /// More blocks were requested than the free queue holds.
+    OutOfBlocks {
+        /// Blocks asked for.
+        requested: usize,
+        /// Blocks free at the time of the call.
+        available: usize,
+    },
+    /// A block id is not below the pool size.
+    BlockOutOfRange {
+        /// The offending id.
+        block: u64,
+        /// Pool size.
+        num_blocks: usize,
+    },
+    /// A free would drop a block's reference count below zero (double free,
+    /// or a block that was never allocated).
+    RefCountUnderflow(BlockId),
+    /// A reference count would exceed `u32::MAX`.
+    RefCountOverflow(BlockId),
+    /// `cache_full_blocks` was asked to cache a block that already carries a
+    /// cache key.
+    AlreadyCached(BlockId),
+    /// A block hash has an unsupported length (16 and 32 bytes are accepted).
+    InvalidHashLength(usize),
+    /// An argument is inconsistent with the others (for example
+    /// `num_cached_blocks > num_full_blocks`).
+    InvalidArgument {
+        /// The argument's name.
+        name: &'static str,
+        /// What is wrong with it, with the values involved.
+        detail: String,
+    },
+    /// A configuration value breaks one of its rules.
+    InvalidConfig {
+        /// The setting's name.
+        name: &'static str,
+        /// The value as given.
+        value: String,
+        /// The rule it breaks.
+        rule: String,
+    },
+}
+
+impl fmt::Display for KvError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::OutOfBlocks { requested, available } => write!(
+                f,
+                "cannot get {requested} free blocks from the pool: only {available} are free"
+            ),
+            Self::BlockOutOfRange { block, num_blocks } => write!(
+                f,
+                "block id {block} is out of range for a pool of {num_blocks} blocks"
+            ),
+            Self::RefCountUnderflow(b) => write!(
+                f,
+                "block {b} holds no reference to release (double free, or never allocated)"
+            ),
+            Self::RefCountOverflow(b) => write!(f, "block {b}: reference count overflow"),
+            Self::AlreadyCached(b) => write!(
+                f,
+                "block {b} is already in the prefix cache; num_cached_blocks is probably too small"
+            ),
+            Self::InvalidHashLength(len) => write!(
+                f,
+                "block hash of {len} bytes: expected a 16-byte or 32-byte digest"
+            ),
+            Self::InvalidArgument { name, detail } => write!(f, "invalid {name}: {detail}"),
+            Self::InvalidConfig { name, value, rule } => {
+                write!(f, "invalid {name}={value}: {rule}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for KvError {}
+
+/// Result alias used across the crate.
+pub type KvResult<T> = Result<T, KvError>;

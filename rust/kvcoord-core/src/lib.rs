@@ -1,0 +1,33 @@
+//! kvcoord-core: the KV-cache block manager of an LLM inference scheduler, as
+//! plain Rust (no Python here; the bindings live in `kvcoord-py`).
+//!
+//! * [`BlockPool`]: per-block metadata in flat arrays (reference count, cache
+//!   key slot, free-queue links as `u32` indices: 16 bytes per block), the
+//!   [`FreeQueue`] that orders reuse and eviction, and the [`PrefixIndex`]
+//!   from `(block hash, group)` to cached blocks. Decisions follow vLLM
+//!   0.33.0's `BlockPool` exactly (same ids, same eviction order).
+//! * [`validate_retention_interval`]: the prefix-cache retention rules.
+//!
+//! # Invariants
+//!
+//! Written on the fields they govern (`pool.rs`, `free_queue.rs`,
+//! `prefix_index.rs`) and checked by `check_invariants()`, which the tests
+//! call after every operation.
+
+pub mod block_hash;
+pub mod error;
+pub mod events;
+pub mod free_queue;
+pub mod ids;
+pub mod pool;
+pub mod prefix_index;
+pub mod retention;
+
+pub use block_hash::BlockHash;
+pub use error::{KvError, KvResult};
+pub use events::KvEvent;
+pub use free_queue::FreeQueue;
+pub use ids::{BlockId, GroupId};
+pub use pool::{BlockPool, PoolConfig};
+pub use prefix_index::{CacheKey, PrefixIndex};
+pub use retention::validate_retention_interval;

@@ -1,0 +1,686 @@
+//! `BlockPool`: every physical block's metadata, the free queue and the
+//! prefix index, with vLLM 0.33.0's allocation, free and eviction order.
+//!
+//! # Order rules
+//!
+//! * A new pool's free queue is `1, 2, ..., num_blocks-1`; block 0 is the null
+//!   block and never enters it.
+//! * `get_new_blocks` takes from the front. A block that still carries a
+//!   cache key loses it there (that is the moment a cached prefix is evicted).
+//! * `free_blocks` receives blocks in eviction-priority order. Blocks reaching
+//!   zero references without a key go to the front (reused first, in the
+//!   given order); blocks with a key go to the back (kept longest: the back of
+//!   the queue is an LRU of reusable prefixes).
+//! * `touch` pins a block; a free cached block leaves the queue wherever it is.
+//!
+//! # Errors
+//!
+//! Every method validates its whole input before mutating anything; an `Err`
+//! leaves the pool exactly as it was.
+
+use crate::block_hash::BlockHash;
+use crate::error::{KvError, KvResult};
+use crate::events::KvEvent;
+use crate::free_queue::FreeQueue;
+use crate::ids::{BlockId, GroupId};
+use crate::prefix_index::{CacheKey, KeySlot, PrefixIndex};
+
+/// `BlockMeta::key` of a block that is not in the prefix index.
+const NO_KEY: KeySlot = KeySlot::MAX;
+
+/// Per-block metadata: eight bytes, plus eight for the free-queue links.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+struct BlockMeta {
+    /// Number of owners (request block tables, plus transient pins).
+    /// Invariant: 0 iff the block is in the free queue, except the null block,
+    /// which is never counted and never queued.
+    ref_cnt: u32,
+    /// Slot of this block's entry in the prefix index, or `NO_KEY`.
+    /// Invariant: when set, that entry is live and lists this block; always
+    /// `NO_KEY` for the null block and when caching is disabled.
+    key: KeySlot,
+}
+
+const FRESH: BlockMeta = BlockMeta { ref_cnt: 0, key: NO_KEY };
+
+/// Construction parameters of a [`BlockPool`].
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct PoolConfig {
+    /// Number of physical blocks, the null block included.
+    pub num_blocks: usize,
+    /// Whether full blocks may be registered in and looked up from the
+    /// prefix index.
+    pub enable_caching: bool,
+    /// Tokens per hash unit (informational for the pool; the managers use it).
+    pub hash_block_size: u32,
+    /// Whether to record [`KvEvent`]s.
+    pub enable_events: bool,
+}
+
+impl PoolConfig {
+    /// Defaults matching vLLM: caching on, 16-token hash units, no events.
+    pub fn new(num_blocks: usize) -> Self {
+        Self { num_blocks, enable_caching: true, hash_block_size: 16, enable_events: false }
+    }
+}
+
+/// The KV-cache block pool. One owner thread; not internally synchronised.
+#[derive(Clone, Debug)]
+pub struct BlockPool {
+    meta: Vec<BlockMeta>,
+    free: FreeQueue,
+    index: PrefixIndex,
+    config: PoolConfig,
+    /// `Some` iff events are enabled.
+    events: Option<Vec<KvEvent>>,
+    /// Reused buffers for `free_blocks` (keeps the hot path allocation-free).
+    scratch_front: Vec<BlockId>,
+    scratch_back: Vec<BlockId>,
+}
+
+impl BlockPool {
+    /// A pool of `config.num_blocks` blocks, all free except the null block.
+    pub fn new(config: PoolConfig) -> KvResult<Self> {
+        let invalid = |name, rule: &str| KvError::InvalidConfig {
+            name,
+            value: match name {
+                "num_blocks" => config.num_blocks.to_string(),
+                _ => config.hash_block_size.to_string(),
+            },
+            rule: rule.into(),
+        };
+        if config.num_blocks == 0 {
+            return Err(invalid("num_blocks", "must be at least 1 (block 0 is the null block)"));
+        }
+        if config.num_blocks > (u32::MAX - 2) as usize {
+            return Err(invalid("num_blocks", "must be below 2^32 - 2"));
+        }
+        if config.hash_block_size == 0 {
+            return Err(invalid("hash_block_size", "must be positive"));
+        }
+        Ok(Self {
+            meta: vec![FRESH; config.num_blocks],
+            free: FreeQueue::new_ascending(config.num_blocks, 1),
+            index: PrefixIndex::new(),
+            config,
+            events: config.enable_events.then(Vec::new),
+            scratch_front: Vec::new(),
+            scratch_back: Vec::new(),
+        })
+    }
+
+    // ---- counters -------------------------------------------------------
+
+    /// The construction parameters.
+    pub fn config(&self) -> &PoolConfig {
+        &self.config
+    }
+
+    /// Number of blocks, the null block included.
+    pub fn num_blocks(&self) -> usize {
+        self.meta.len()
+    }
+
+    /// Blocks in the free queue (evictable cached blocks included).
+    #[inline]
+    pub fn num_free_blocks(&self) -> usize {
+        self.free.len()
+    }
+
+    /// Fraction of usable blocks (null block excluded) that are in use.
+    pub fn usage(&self) -> f64 {
+        let usable = self.meta.len() - 1;
+        if usable == 0 {
+            return 0.0;
+        }
+        1.0 - self.free.len() as f64 / usable as f64
+    }
+
+    /// Number of distinct keys in the prefix index.
+    pub fn num_cached_keys(&self) -> usize {
+        self.index.len()
+    }
+
+    /// Whether prefix caching is on.
+    pub fn caching_enabled(&self) -> bool {
+        self.config.enable_caching
+    }
+
+    /// Reference count of `block` (0 for the null block).
+    pub fn ref_count(&self, block: BlockId) -> KvResult<u32> {
+        self.check_ids(&[block])?;
+        Ok(self.meta[block.index()].ref_cnt)
+    }
+
+    /// Whether `block` currently carries a cache key.
+    pub fn is_cached(&self, block: BlockId) -> KvResult<bool> {
+        self.check_ids(&[block])?;
+        Ok(self.meta[block.index()].key != NO_KEY)
+    }
+
+    /// The key `block` is cached under, if any.
+    pub fn cache_key(&self, block: BlockId) -> KvResult<Option<CacheKey>> {
+        self.check_ids(&[block])?;
+        let slot = self.meta[block.index()].key;
+        Ok((slot != NO_KEY).then(|| self.index.key_at(slot)))
+    }
+
+    // ---- state export -----------------------------------------------------
+
+    /// The free queue, front (handed out next) to back.
+    pub fn free_block_ids(&self) -> impl Iterator<Item = BlockId> + '_ {
+        self.free.iter()
+    }
+
+    /// Reference count of every block, by id.
+    pub fn ref_counts(&self) -> impl ExactSizeIterator<Item = u32> + '_ {
+        self.meta.iter().map(|m| m.ref_cnt)
+    }
+
+    /// Whether each block carries a cache key, by id.
+    pub fn cached_mask(&self) -> impl ExactSizeIterator<Item = bool> + '_ {
+        self.meta.iter().map(|m| m.key != NO_KEY)
+    }
+
+    /// Heap bytes used by per-block metadata (metadata and free-queue links),
+    /// excluding the prefix index, whose size follows the number of keys.
+    pub fn metadata_bytes(&self) -> usize {
+        self.meta.capacity() * std::mem::size_of::<BlockMeta>() + self.free.heap_bytes()
+    }
+
+    /// Heap bytes of the prefix index.
+    pub fn index_bytes(&self) -> usize {
+        self.index.heap_bytes()
+    }
+
+    // ---- validation helpers -------------------------------------------
+
+    fn check_ids(&self, ids: &[BlockId]) -> KvResult<()> {
+        let n = self.meta.len();
+        match ids.iter().find(|b| b.index() >= n) {
+            Some(b) => Err(KvError::BlockOutOfRange { block: u64::from(b.0), num_blocks: n }),
+            None => Ok(()),
+        }
+    }
+
+    // ---- allocation -------------------------------------------------------
+
+    /// Take `n` blocks from the front of the free queue, append them to `out`
+    /// in queue order and give each one reference. A taken block that was
+    /// still cached is evicted from the prefix index.
+    pub fn get_new_blocks(&mut self, n: usize, out: &mut Vec<BlockId>) -> KvResult<()> {
+        if n > self.free.len() {
+            return Err(KvError::OutOfBlocks { requested: n, available: self.free.len() });
+        }
+        let start = out.len();
+        self.free.pop_front_n(n, out);
+        for &b in &out[start..] {
+            debug_assert_eq!(self.meta[b.index()].ref_cnt, 0, "queued block {b} has owners");
+            self.meta[b.index()].ref_cnt = 1;
+            if self.meta[b.index()].key != NO_KEY {
+                self.drop_key(b);
+            }
+        }
+        Ok(())
+    }
+
+    /// Release one reference of each block, `blocks` ordered by eviction
+    /// priority (first = evicted first). The null block is skipped.
+    pub fn free_blocks(&mut self, blocks: &[BlockId]) -> KvResult<()> {
+        self.check_ids(blocks)?;
+        // Dry run: decrement, undo on the first underflow. Counting handles a
+        // block listed several times in one call.
+        for (i, &b) in blocks.iter().enumerate() {
+            if b.is_null() {
+                continue;
+            }
+            let m = &mut self.meta[b.index()];
+            if m.ref_cnt == 0 {
+                for &undo in &blocks[..i] {
+                    if !undo.is_null() {
+                        self.meta[undo.index()].ref_cnt += 1;
+                    }
+                }
+                return Err(KvError::RefCountUnderflow(b));
+            }
+            m.ref_cnt -= 1;
+        }
+        for &b in blocks {
+            if !b.is_null() {
+                self.meta[b.index()].ref_cnt += 1;
+            }
+        }
+        // The real pass, block by block in the given order.
+        let mut front = std::mem::take(&mut self.scratch_front);
+        let mut back = std::mem::take(&mut self.scratch_back);
+        for &b in blocks {
+            if b.is_null() {
+                continue;
+            }
+            let m = &mut self.meta[b.index()];
+            m.ref_cnt -= 1;
+            if m.ref_cnt == 0 {
+                if m.key == NO_KEY {
+                    front.push(b);
+                } else {
+                    back.push(b);
+                }
+            }
+        }
+        self.free.prepend_all(&front);
+        self.free.append_all(&back);
+        front.clear();
+        back.clear();
+        self.scratch_front = front;
+        self.scratch_back = back;
+        Ok(())
+    }
+
+    /// Add one reference to each block; a block with no owner leaves the free
+    /// queue (a prefix hit on an evictable block). The null block is skipped.
+    pub fn touch(&mut self, blocks: &[BlockId]) -> KvResult<()> {
+        self.check_ids(blocks)?;
+        for (i, &b) in blocks.iter().enumerate() {
+            if b.is_null() {
+                continue;
+            }
+            let m = &mut self.meta[b.index()];
+            if m.ref_cnt == u32::MAX {
+                for &undo in &blocks[..i] {
+                    if !undo.is_null() {
+                        self.meta[undo.index()].ref_cnt -= 1;
+                    }
+                }
+                return Err(KvError::RefCountOverflow(b));
+            }
+            m.ref_cnt += 1;
+        }
+        // Counts are final; now unlink the blocks that were free. A block
+        // touched twice in one call was free iff its count equals the number
+        // of times it appears, and `contains` tells that without counting.
+        for &b in blocks {
+            if !b.is_null() && self.free.contains(b) {
+                self.free.remove(b);
+            }
+        }
+        Ok(())
+    }
+
+    // ---- prefix index -----------------------------------------------------
+
+    /// Register `block_ids[num_cached_blocks..num_full_blocks]` in the prefix
+    /// index under `block_hashes[i]` salted with `group`.
+    ///
+    /// `block_mask`, when given, has one entry per block of that range; a
+    /// `false` entry skips the block (sparse caching for sliding-window and
+    /// Mamba groups). Null blocks are skipped. A no-op when caching is
+    /// disabled or when `num_cached_blocks >= num_full_blocks`.
+    pub fn cache_full_blocks(
+        &mut self,
+        block_ids: &[BlockId],
+        block_hashes: &[BlockHash],
+        num_cached_blocks: usize,
+        num_full_blocks: usize,
+        group: GroupId,
+        block_mask: Option<&[bool]>,
+    ) -> KvResult<()> {
+        if num_cached_blocks >= num_full_blocks {
+            return Ok(());
+        }
+        let arg = |name, detail: String| KvError::InvalidArgument { name, detail };
+        if num_full_blocks > block_ids.len() {
+            return Err(arg(
+                "num_full_blocks",
+                format!("{num_full_blocks} exceeds the {} block ids given", block_ids.len()),
+            ));
+        }
+        if num_full_blocks > block_hashes.len() {
+            return Err(arg(
+                "block_hashes",
+                format!("{} hashes given but {num_full_blocks} blocks are full", block_hashes.len()),
+            ));
+        }
+        let range = num_cached_blocks..num_full_blocks;
+        if let Some(mask) = block_mask {
+            if mask.len() != range.len() {
+                return Err(arg(
+                    "block_mask",
+                    format!("{} entries for {} new full blocks", mask.len(), range.len()),
+                ));
+            }
+        }
+        let new_blocks = &block_ids[range.clone()];
+        self.check_ids(new_blocks)?;
+        if !self.config.enable_caching {
+            return Ok(());
+        }
+        let selected = |i: usize| block_mask.is_none_or(|m| m[i]);
+        for (i, &b) in new_blocks.iter().enumerate() {
+            if selected(i) && !b.is_null() && self.meta[b.index()].key != NO_KEY {
+                return Err(KvError::AlreadyCached(b));
+            }
+        }
+        let mut stored_hashes = Vec::new();
+        let mut stored_ids = Vec::new();
+        for (i, &b) in new_blocks.iter().enumerate() {
+            if !selected(i) || b.is_null() {
+                continue;
+            }
+            if self.meta[b.index()].key != NO_KEY {
+                // Only possible when `b` appears twice in the range: undo the
+                // keys this call added and refuse.
+                for &done in &stored_ids {
+                    self.unlink_key_silently(done);
+                }
+                return Err(KvError::AlreadyCached(b));
+            }
+            let hash = block_hashes[num_cached_blocks + i];
+            let key = CacheKey { hash, group };
+            self.meta[b.index()].key = self.index.insert(key, b);
+            stored_ids.push(b);
+            if self.events.is_some() {
+                stored_hashes.push(hash);
+            }
+        }
+        if let Some(events) = &mut self.events {
+            let parent_block_hash = num_cached_blocks.checked_sub(1).map(|p| block_hashes[p]);
+            events.push(KvEvent::BlockStored {
+                block_hashes: stored_hashes,
+                block_ids: stored_ids,
+                parent_block_hash,
+                group,
+            });
+        }
+        Ok(())
+    }
+
+    /// For each group in order, the earliest block cached under
+    /// `(hash, group)`; `None` if any group misses. Pure lookup.
+    pub fn get_cached_block(
+        &self,
+        hash: &BlockHash,
+        groups: &[GroupId],
+        out: &mut Vec<BlockId>,
+    ) -> bool {
+        if !self.config.enable_caching {
+            return false;
+        }
+        let start = out.len();
+        for &group in groups {
+            match self.index.get_one(&CacheKey { hash: *hash, group }) {
+                Some(b) => out.push(b),
+                None => {
+                    out.truncate(start);
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
+    /// The earliest block cached under `(hash, group)`.
+    #[inline]
+    pub fn lookup(&self, hash: &BlockHash, group: GroupId) -> Option<BlockId> {
+        if !self.config.enable_caching {
+            return None;
+        }
+        self.index.get_one(&CacheKey { hash: *hash, group })
+    }
+
+    /// Drop these blocks' cache keys. Ref counts and queue positions do not
+    /// change: a block in use stays allocated, it just stops serving hits.
+    pub fn evict_blocks(&mut self, blocks: &[BlockId]) -> KvResult<()> {
+        self.check_ids(blocks)?;
+        for &b in blocks {
+            if self.meta[b.index()].key != NO_KEY {
+                self.drop_key(b);
+            }
+        }
+        Ok(())
+    }
+
+    /// Forget every cached prefix. Refused (returns `false`, no change)
+    /// unless only the null block is in use.
+    pub fn reset_prefix_cache(&mut self) -> bool {
+        if self.meta.len() - self.free.len() != 1 {
+            return false;
+        }
+        self.index.clear();
+        for m in &mut self.meta {
+            m.key = NO_KEY;
+        }
+        if let Some(events) = &mut self.events {
+            events.push(KvEvent::AllBlocksCleared);
+        }
+        true
+    }
+
+    /// Number of blocks still in use besides the null block.
+    pub fn num_used_blocks(&self) -> usize {
+        self.meta.len() - 1 - self.free.len()
+    }
+
+    /// Drain the recorded events (empty when events are disabled).
+    pub fn take_events(&mut self) -> Vec<KvEvent> {
+        self.events.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    /// Whether events are being recorded.
+    pub fn events_enabled(&self) -> bool {
+        self.events.is_some()
+    }
+
+    /// Remove `b`'s key, recording a `BlockRemoved` when the key leaves the
+    /// index (other blocks may still be cached under it).
+    fn drop_key(&mut self, b: BlockId) {
+        let slot = std::mem::replace(&mut self.meta[b.index()].key, NO_KEY);
+        if let Some(key) = self.index.remove(slot, b) {
+            if let Some(events) = &mut self.events {
+                events.push(KvEvent::BlockRemoved { block_hash: key.hash, group: key.group });
+            }
+        }
+    }
+
+    /// Remove `b`'s key without an event (undo of a refused call).
+    fn unlink_key_silently(&mut self, b: BlockId) {
+        let slot = std::mem::replace(&mut self.meta[b.index()].key, NO_KEY);
+        self.index.remove(slot, b);
+    }
+
+    // ---- invariants -------------------------------------------------------
+
+    /// Check every invariant written on the fields above; `Err` names the
+    /// first violation. O(num_blocks); for tests and debugging.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        self.free.check_invariants()?;
+        self.index.check_invariants()?;
+        let null = self.meta[0];
+        if null != FRESH || self.free.contains(BlockId::NULL) {
+            return Err("null block is counted, cached or queued".into());
+        }
+        let mut keyed = 0usize;
+        for (i, m) in self.meta.iter().enumerate().skip(1) {
+            let b = BlockId(i as u32);
+            if (m.ref_cnt == 0) != self.free.contains(b) {
+                return Err(format!(
+                    "block {b}: ref_cnt {} but {} the free queue",
+                    m.ref_cnt,
+                    if self.free.contains(b) { "in" } else { "not in" }
+                ));
+            }
+            if m.key != NO_KEY {
+                if !self.config.enable_caching {
+                    return Err(format!("block {b} cached with caching disabled"));
+                }
+                if !self.index.slot_holds(m.key, b) {
+                    return Err(format!("block {b}: key slot {} does not list it", m.key));
+                }
+                keyed += 1;
+            }
+        }
+        let _ = keyed;
+        if self.free.capacity() != self.meta.len() {
+            return Err("free queue capacity differs from the pool size".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool(n: usize) -> BlockPool {
+        BlockPool::new(PoolConfig::new(n)).unwrap()
+    }
+
+    fn h(n: u8) -> BlockHash {
+        BlockHash::from_slice(&[n; 32]).unwrap()
+    }
+
+    fn get(p: &mut BlockPool, n: usize) -> Vec<u32> {
+        let mut out = Vec::new();
+        p.get_new_blocks(n, &mut out).unwrap();
+        p.check_invariants().unwrap();
+        out.into_iter().map(|b| b.0).collect()
+    }
+
+    fn queue(p: &BlockPool) -> Vec<u32> {
+        p.free_block_ids().map(|b| b.0).collect()
+    }
+
+    fn ids(v: &[u32]) -> Vec<BlockId> {
+        v.iter().map(|&b| BlockId(b)).collect()
+    }
+
+    #[test]
+    fn fresh_pool() {
+        let mut p = pool(10);
+        assert_eq!(p.num_free_blocks(), 9);
+        assert_eq!(get(&mut p, 2), vec![1, 2]);
+        assert!((p.usage() - 2.0 / 9.0).abs() < 1e-12);
+        let err = p.get_new_blocks(8, &mut Vec::new()).unwrap_err();
+        assert_eq!(err, KvError::OutOfBlocks { requested: 8, available: 7 });
+        assert_eq!(p.num_free_blocks(), 7);
+        assert!(BlockPool::new(PoolConfig::new(0)).is_err());
+        assert_eq!(pool(1).usage(), 0.0);
+    }
+
+    #[test]
+    fn free_order_split() {
+        // Unhashed blocks to the front in order, hashed ones to the back.
+        let mut p = pool(5);
+        let b = ids(&get(&mut p, 4));
+        p.cache_full_blocks(&b, &[h(1), h(2)], 0, 2, GroupId(7), None).unwrap();
+        p.free_blocks(&b).unwrap();
+        assert_eq!(queue(&p), vec![3, 4, 1, 2]);
+        p.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn double_free_is_refused_and_changes_nothing() {
+        let mut p = pool(4);
+        let b = ids(&get(&mut p, 2));
+        let before = queue(&p);
+        assert_eq!(p.free_blocks(&[b[0], b[1], b[0]]), Err(KvError::RefCountUnderflow(b[0])));
+        assert_eq!(queue(&p), before);
+        assert_eq!(p.ref_count(b[0]).unwrap(), 1);
+        p.free_blocks(&[b[0]]).unwrap();
+        assert_eq!(p.free_blocks(&[b[0]]), Err(KvError::RefCountUnderflow(b[0])));
+        p.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn touch_pins_a_free_cached_block() {
+        let mut p = pool(4);
+        let b = ids(&get(&mut p, 1));
+        p.cache_full_blocks(&b, &[h(9)], 0, 1, GroupId(0), None).unwrap();
+        p.free_blocks(&b).unwrap();
+        assert_eq!(queue(&p), vec![2, 3, 1]);
+        let mut hit = Vec::new();
+        assert!(p.get_cached_block(&h(9), &[GroupId(0)], &mut hit));
+        p.touch(&hit).unwrap();
+        assert_eq!(queue(&p), vec![2, 3]);
+        // The pinned hit is not evicted by allocation pressure.
+        assert_eq!(get(&mut p, 2), vec![2, 3]);
+        assert!(p.is_cached(BlockId(1)).unwrap());
+        p.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn reuse_evicts_and_records_events() {
+        let mut p = BlockPool::new(PoolConfig { enable_events: true, ..PoolConfig::new(3) }).unwrap();
+        let b = ids(&get(&mut p, 2));
+        p.cache_full_blocks(&b, &[h(1), h(2)], 0, 2, GroupId(3), None).unwrap();
+        p.free_blocks(&b).unwrap();
+        get(&mut p, 2);
+        let ev = p.take_events();
+        assert_eq!(ev.len(), 3);
+        assert!(matches!(&ev[0], KvEvent::BlockStored { block_hashes, parent_block_hash: None, .. } if block_hashes.len() == 2));
+        assert_eq!(ev[1], KvEvent::BlockRemoved { block_hash: h(1), group: GroupId(3) });
+        assert_eq!(p.num_cached_keys(), 0);
+        assert!(p.take_events().is_empty());
+    }
+
+    #[test]
+    fn cache_validation_is_atomic() {
+        let mut p = pool(6);
+        let b = ids(&get(&mut p, 3));
+        let dup = [b[0], b[1], b[0]];
+        let hashes = [h(1), h(2), h(3)];
+        assert_eq!(
+            p.cache_full_blocks(&dup, &hashes, 0, 3, GroupId(0), None),
+            Err(KvError::AlreadyCached(b[0]))
+        );
+        assert_eq!(p.num_cached_keys(), 0);
+        assert!(p.cache_full_blocks(&b, &hashes[..2], 0, 3, GroupId(0), None).is_err());
+        assert!(p.cache_full_blocks(&b, &hashes, 0, 3, GroupId(0), Some(&[true])).is_err());
+        assert!(p.cache_full_blocks(&b, &hashes, 0, 4, GroupId(0), None).is_err());
+        p.cache_full_blocks(&b, &hashes, 0, 3, GroupId(0), Some(&[true, false, true])).unwrap();
+        assert_eq!(p.num_cached_keys(), 2);
+        assert!(!p.is_cached(b[1]).unwrap());
+        p.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn reset_only_when_idle() {
+        let mut p = pool(4);
+        let b = ids(&get(&mut p, 1));
+        p.cache_full_blocks(&b, &[h(1)], 0, 1, GroupId(0), None).unwrap();
+        assert!(!p.reset_prefix_cache());
+        p.free_blocks(&b).unwrap();
+        assert!(p.reset_prefix_cache());
+        assert_eq!(p.num_cached_keys(), 0);
+        assert!(!p.is_cached(b[0]).unwrap());
+        p.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn caching_disabled_caches_nothing() {
+        let mut p = BlockPool::new(PoolConfig { enable_caching: false, ..PoolConfig::new(4) }).unwrap();
+        let b = ids(&get(&mut p, 2));
+        p.cache_full_blocks(&b, &[h(1), h(2)], 0, 2, GroupId(0), None).unwrap();
+        assert_eq!(p.num_cached_keys(), 0);
+        p.free_blocks(&b).unwrap();
+        assert_eq!(queue(&p), vec![1, 2, 3]);
+    }
+
+    #[test]
+    fn null_block_is_skipped() {
+        let mut p = pool(4);
+        let b = ids(&get(&mut p, 1));
+        p.touch(&[BlockId::NULL, b[0]]).unwrap();
+        p.free_blocks(&[BlockId::NULL, b[0], b[0]]).unwrap();
+        assert_eq!(p.ref_count(BlockId::NULL).unwrap(), 0);
+        assert!(!p.free_block_ids().any(|x| x.is_null()));
+        assert!(p.free_blocks(&[BlockId(4)]).is_err());
+        p.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn metadata_is_small() {
+        let p = pool(1_000_000);
+        let per_block = p.metadata_bytes() as f64 / 1e6;
+        assert!(per_block <= 16.1, "{per_block} bytes per block");
+    }
+}
