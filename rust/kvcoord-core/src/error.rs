@@ -7,8 +7,9 @@ use std::fmt;
 use crate::ids::BlockId;
 
 /// Why a core operation refused its input.
+// Not `#[non_exhaustive]`: the bindings match it exhaustively, so a new
+// variant cannot ship without a Python exception class.
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
 pub enum KvError {
     /// More blocks were requested than the free queue holds.
     OutOfBlocks {

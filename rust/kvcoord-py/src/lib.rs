@@ -1,1 +1,33 @@
-//! placeholder
+//! Python bindings of kvcoord: the `kvcoord._core` extension module.
+//!
+//! Thin by design: each method extracts its arguments, calls
+//! `kvcoord_core`, converts the result and maps errors (`errors.rs`). No
+//! policy lives here.
+
+mod convert;
+mod errors;
+mod events;
+mod pool;
+mod retention;
+
+use pyo3::prelude::*;
+
+/// The compiled core of kvcoord.
+#[pymodule(gil_used = false)]
+#[pyo3(name = "_core")]
+mod core_module {
+    #[pymodule_export]
+    use crate::events::{AllBlocksCleared, BlockRemoved, BlockStored};
+    #[pymodule_export]
+    use crate::pool::PyBlockPool;
+    #[pymodule_export]
+    use crate::retention::validate_retention_interval;
+
+    use super::*;
+
+    #[pymodule_init]
+    fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
+        m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+        Ok(())
+    }
+}

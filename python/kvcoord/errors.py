@@ -1,0 +1,56 @@
+"""The exceptions kvcoord raises, in one place.
+
+Every error is a :class:`KvCoordError` and also a builtin class a caller would
+expect (``ValueError`` for bad values, ``KeyError`` for unknown request ids),
+so ``except ValueError`` keeps working. Any call that raises leaves the pool
+and manager state exactly as it was before the call.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BlockStateError",
+    "ConfigError",
+    "InvalidBlockIdError",
+    "InvalidHashError",
+    "InvariantError",
+    "KvCoordError",
+    "OutOfBlocksError",
+    "UnknownRequestError",
+]
+
+
+class KvCoordError(Exception):
+    """Base class of every kvcoord error."""
+
+
+class OutOfBlocksError(KvCoordError, ValueError):
+    """More blocks were requested than the pool has free."""
+
+
+class InvalidBlockIdError(KvCoordError, ValueError):
+    """A block id is negative or not below the pool size."""
+
+
+class BlockStateError(KvCoordError, ValueError):
+    """An operation does not fit the block's state: double free, freeing a
+    block that holds no reference, or caching a block that is already cached."""
+
+
+class InvalidHashError(KvCoordError, ValueError):
+    """A block hash has the wrong type or length (16 or 32 bytes expected)."""
+
+
+class ConfigError(KvCoordError, ValueError):
+    """A configuration value breaks one of its rules."""
+
+
+class UnknownRequestError(KvCoordError, KeyError):
+    """No request with this id is known to the manager."""
+
+    def __str__(self) -> str:  # KeyError would print the repr of the message
+        return str(self.args[0]) if self.args else ""
+
+
+class InvariantError(KvCoordError, AssertionError):
+    """``check_invariants()`` found internal state that breaks an invariant (a bug)."""

@@ -1,0 +1,137 @@
+//! Argument conversion at the boundary: block ids, group ids and hashes
+//! arrive as Python lists/sequences or numpy arrays and leave as lists or
+//! numpy arrays. One pass per argument, no Python object per block kept.
+
+use kvcoord_core::{BlockHash, BlockId, GroupId, KvError};
+use numpy::{PyReadonlyArray1, PyReadonlyArray2};
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyList, PyTuple};
+
+use crate::errors::{core, CoreError, InvalidBlockIdError, InvalidHashError};
+
+/// One block id (non-negative, 32-bit; the pool checks the upper bound).
+pub(crate) fn block_id(v: i64) -> PyResult<BlockId> {
+    if v < 0 {
+        return Err(InvalidBlockIdError::new_err(format!("block id {v} is negative")));
+    }
+    match u32::try_from(v) {
+        Ok(x) => Ok(BlockId(x)),
+        Err(_) => Err(InvalidBlockIdError::new_err(format!("block id {v} does not fit in 32 bits"))),
+    }
+}
+
+macro_rules! try_int_array {
+    ($obj:expr, $out:expr, $($t:ty),*) => {
+        $(
+            if let Ok(arr) = $obj.extract::<PyReadonlyArray1<'_, $t>>() {
+                let view = arr.as_array();
+                $out.reserve(view.len());
+                for &v in view.iter() {
+                    $out.push(block_id(i64::try_from(v).unwrap_or(i64::MAX))?);
+                }
+                return Ok(());
+            }
+        )*
+    };
+}
+
+/// Append the block ids in `obj` (a list/tuple/sequence of ints, or a 1-D
+/// integer numpy array) to `out`.
+pub(crate) fn extract_block_ids(obj: &Bound<'_, PyAny>, out: &mut Vec<BlockId>) -> PyResult<()> {
+    if let Ok(list) = obj.cast::<PyList>() {
+        out.reserve(list.len());
+        for item in list.iter() {
+            out.push(block_id(item.extract::<i64>()?)?);
+        }
+        return Ok(());
+    }
+    if let Ok(tuple) = obj.cast::<PyTuple>() {
+        out.reserve(tuple.len());
+        for item in tuple.iter() {
+            out.push(block_id(item.extract::<i64>()?)?);
+        }
+        return Ok(());
+    }
+    try_int_array!(obj, out, i32, i64, u32, u64, i16, u16, i8, u8);
+    if obj.is_instance_of::<pyo3::types::PyString>() || obj.is_instance_of::<PyBytes>() {
+        return Err(PyTypeError::new_err("block ids must be a sequence of ints, not str/bytes"));
+    }
+    for item in obj.try_iter()? {
+        out.push(block_id(item?.extract::<i64>()?)?);
+    }
+    Ok(())
+}
+
+/// Block ids as a fresh `Vec`.
+pub(crate) fn block_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<BlockId>> {
+    let mut v = Vec::new();
+    extract_block_ids(obj, &mut v)?;
+    Ok(v)
+}
+
+/// A group id (non-negative, 32-bit).
+pub(crate) fn group_id(v: i64) -> PyResult<GroupId> {
+    u32::try_from(v)
+        .map(GroupId)
+        .map_err(|_| PyValueError::new_err(format!("group id {v} must be in [0, 2^32)")))
+}
+
+/// Group ids from a sequence of ints.
+pub(crate) fn group_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<GroupId>> {
+    let raw: Vec<i64> = obj.extract()?;
+    raw.into_iter().map(group_id).collect()
+}
+
+/// One block hash from a bytes-like object.
+pub(crate) fn block_hash(obj: &Bound<'_, PyAny>) -> PyResult<BlockHash> {
+    if let Ok(b) = obj.cast::<PyBytes>() {
+        return core(BlockHash::from_slice(b.as_bytes()));
+    }
+    if let Ok(b) = obj.extract::<Vec<u8>>() {
+        if !obj.is_instance_of::<pyo3::types::PyString>() {
+            return core(BlockHash::from_slice(&b));
+        }
+    }
+    Err(InvalidHashError::new_err(format!(
+        "block hash must be bytes, got {}",
+        obj.get_type().name()?
+    )))
+}
+
+/// Block hashes from a sequence of bytes or a 2-D uint8 numpy array
+/// (one row per hash).
+pub(crate) fn block_hashes(obj: &Bound<'_, PyAny>) -> PyResult<Vec<BlockHash>> {
+    if let Ok(arr) = obj.extract::<PyReadonlyArray2<'_, u8>>() {
+        let view = arr.as_array();
+        let mut out = Vec::with_capacity(view.nrows());
+        for row in view.rows() {
+            let row: Vec<u8> = row.iter().copied().collect();
+            out.push(core(BlockHash::from_slice(&row))?);
+        }
+        return Ok(out);
+    }
+    if obj.is_instance_of::<PyBytes>() {
+        return Err(InvalidHashError::new_err(
+            "block_hashes must be a sequence of bytes (one per block), not a single bytes object",
+        ));
+    }
+    let mut out = Vec::new();
+    for item in obj.try_iter()? {
+        out.push(block_hash(&item?)?);
+    }
+    Ok(out)
+}
+
+/// A non-negative count argument.
+pub(crate) fn count(n: i64, name: &'static str) -> PyResult<usize> {
+    usize::try_from(n).map_err(|_| {
+        CoreError(KvError::InvalidArgument { name, detail: format!("must be non-negative, got {n}") })
+            .into()
+    })
+}
+
+/// Ids as a Python list of ints.
+pub(crate) fn id_list<'py>(py: Python<'py>, ids: &[BlockId]) -> PyResult<Bound<'py, PyList>> {
+    PyList::new(py, ids.iter().map(|b| b.0))
+}

@@ -1,0 +1,50 @@
+//! The one place where core errors become Python exceptions.
+//!
+//! The exception classes are defined in `kvcoord/errors.py` so that each can
+//! derive from both `KvCoordError` and the builtin a caller expects
+//! (`ValueError`, `KeyError`); `create_exception!` allows only one base.
+
+use kvcoord_core::KvError;
+use pyo3::PyErr;
+
+pyo3::import_exception!(kvcoord.errors, OutOfBlocksError);
+pyo3::import_exception!(kvcoord.errors, InvalidBlockIdError);
+pyo3::import_exception!(kvcoord.errors, BlockStateError);
+pyo3::import_exception!(kvcoord.errors, InvalidHashError);
+pyo3::import_exception!(kvcoord.errors, ConfigError);
+pyo3::import_exception!(kvcoord.errors, UnknownRequestError);
+pyo3::import_exception!(kvcoord.errors, InvariantError);
+
+/// Newtype so `?` can convert a foreign error into `PyErr` (orphan rule).
+pub(crate) struct CoreError(pub(crate) KvError);
+
+impl From<KvError> for CoreError {
+    fn from(e: KvError) -> Self {
+        Self(e)
+    }
+}
+
+impl From<CoreError> for PyErr {
+    fn from(CoreError(e): CoreError) -> PyErr {
+        let msg = e.to_string();
+        // Exhaustive on purpose: a new core variant must be mapped here.
+        match e {
+            KvError::OutOfBlocks { .. } => OutOfBlocksError::new_err(msg),
+            KvError::BlockOutOfRange { .. } => InvalidBlockIdError::new_err(msg),
+            KvError::RefCountUnderflow(_)
+            | KvError::RefCountOverflow(_)
+            | KvError::AlreadyCached(_) => BlockStateError::new_err(msg),
+            KvError::InvalidHashLength(_) => InvalidHashError::new_err(msg),
+            KvError::InvalidArgument { .. } => pyo3::exceptions::PyValueError::new_err(msg),
+            KvError::InvalidConfig { .. } => ConfigError::new_err(msg),
+        }
+    }
+}
+
+/// Shorthand for binding methods.
+pub(crate) type PyResult<T> = Result<T, PyErr>;
+
+/// Map a core result.
+pub(crate) fn core<T>(r: Result<T, KvError>) -> PyResult<T> {
+    r.map_err(|e| CoreError(e).into())
+}
