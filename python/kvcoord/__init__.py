@@ -18,6 +18,7 @@ from kvcoord._core import (
 from kvcoord.errors import (
     BlockStateError,
     ConfigError,
+    InvalidArgumentError,
     InvalidBlockIdError,
     InvalidHashError,
     InvariantError,
@@ -33,6 +34,7 @@ __all__ = [
     "BlockStateError",
     "BlockStored",
     "ConfigError",
+    "InvalidArgumentError",
     "InvalidBlockIdError",
     "InvalidHashError",
     "InvariantError",

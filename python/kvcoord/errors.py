@@ -11,6 +11,7 @@ from __future__ import annotations
 __all__ = [
     "BlockStateError",
     "ConfigError",
+    "InvalidArgumentError",
     "InvalidBlockIdError",
     "InvalidHashError",
     "InvariantError",
@@ -26,6 +27,11 @@ class KvCoordError(Exception):
 
 class OutOfBlocksError(KvCoordError, ValueError):
     """More blocks were requested than the pool has free."""
+
+
+class InvalidArgumentError(KvCoordError, ValueError):
+    """An argument is out of range or inconsistent with the others (a negative
+    count, ``num_full_blocks`` beyond the ids given, a mask of the wrong length)."""
 
 
 class InvalidBlockIdError(KvCoordError, ValueError):

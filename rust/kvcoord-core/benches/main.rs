@@ -1,1 +1,11 @@
-fn main() {}
+//! Criterion benchmarks of the core, one harness composed from modules.
+//!
+//! Dimensions: pool size (1M blocks), batch size (64 blocks per call),
+//! hit vs miss lookups. Keys are generated deterministically.
+
+use criterion::{criterion_group, criterion_main};
+
+mod pool;
+
+criterion_group!(benches, pool::register);
+criterion_main!(benches);
