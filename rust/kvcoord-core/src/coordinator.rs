@@ -77,14 +77,26 @@ impl CoordinatorConfig {
     /// block sizes, hash block size = GCD of the cacheable ones when caching
     /// (else the scheduler block size), arrangement from the number of
     /// groups, dense retention, no events.
-    pub fn new(groups: Vec<GroupSpec>, num_blocks: usize, enable_caching: bool, max_model_len: usize) -> Self {
-        let lcm = groups.iter().fold(1u32, |acc, g| lcm(acc, g.block_size.max(1)));
+    pub fn new(
+        groups: Vec<GroupSpec>,
+        num_blocks: usize,
+        enable_caching: bool,
+        max_model_len: usize,
+    ) -> Self {
+        let lcm = groups
+            .iter()
+            .fold(1u32, |acc, g| lcm(acc, g.block_size.max(1)));
         // vLLM hashes at the GCD of the cacheable groups' block sizes when
         // caching several groups (none of them Mamba), else at the scheduler
         // block size.
-        let has_mamba = groups.iter().any(|g| matches!(g.kind, SpecKind::Mamba { .. }));
+        let has_mamba = groups
+            .iter()
+            .any(|g| matches!(g.kind, SpecKind::Mamba { .. }));
         let hash_block_size = if enable_caching && !has_mamba {
-            groups.iter().filter(|g| g.prefix_cacheable()).fold(0u32, |acc, g| gcd(acc, g.block_size))
+            groups
+                .iter()
+                .filter(|g| g.prefix_cacheable())
+                .fold(0u32, |acc, g| gcd(acc, g.block_size))
         } else {
             0
         };
@@ -93,7 +105,11 @@ impl CoordinatorConfig {
             groups,
             num_blocks,
             enable_caching,
-            hash_block_size: if hash_block_size == 0 { lcm } else { hash_block_size },
+            hash_block_size: if hash_block_size == 0 {
+                lcm
+            } else {
+                hash_block_size
+            },
             scheduler_block_size: lcm,
             max_model_len,
             retention_interval: None,
@@ -103,7 +119,11 @@ impl CoordinatorConfig {
     }
 
     fn validate(&self) -> KvResult<()> {
-        let bad = |name, value: String, rule: &str| KvError::InvalidConfig { name, value, rule: rule.into() };
+        let bad = |name, value: String, rule: &str| KvError::InvalidConfig {
+            name,
+            value,
+            rule: rule.into(),
+        };
         for g in &self.groups {
             g.validate()?;
         }
@@ -122,7 +142,10 @@ impl CoordinatorConfig {
             return Err(bad(
                 "scheduler_block_size",
                 sbs.to_string(),
-                &format!("must be a multiple of every group's block size ({})", g.block_size),
+                &format!(
+                    "must be a multiple of every group's block size ({})",
+                    g.block_size
+                ),
             ));
         }
         if self.max_model_len == 0 {
@@ -158,12 +181,19 @@ impl CoordinatorConfig {
                     return Err(bad(
                         "hash_block_size",
                         hbs.to_string(),
-                        &format!("must divide every cacheable group's block size ({})", g.block_size),
+                        &format!(
+                            "must divide every cacheable group's block size ({})",
+                            g.block_size
+                        ),
                     ));
                 }
             }
             if self.groups.is_empty() {
-                return Err(bad("groups", "[]".into(), "prefix caching requires at least one cacheable group"));
+                return Err(bad(
+                    "groups",
+                    "[]".into(),
+                    "prefix caching requires at least one cacheable group",
+                ));
             }
             if self.arrangement == Arrangement::Unitary && self.groups[0].block_size != hbs {
                 return Err(bad(
@@ -250,7 +280,9 @@ impl NewBlocks {
 
     /// Group `g`'s new blocks, in table order (empty for an unknown group).
     pub fn group(&self, g: usize) -> &[BlockId] {
-        let Some(&end) = self.ends.get(g) else { return &[] };
+        let Some(&end) = self.ends.get(g) else {
+            return &[];
+        };
         let start = if g == 0 { 0 } else { self.ends[g - 1] };
         &self.ids[start..end]
     }
@@ -267,7 +299,9 @@ impl NewBlocks {
 
     /// Per-group lists.
     pub fn to_vecs(&self) -> Vec<Vec<BlockId>> {
-        (0..self.ends.len()).map(|g| self.group(g).to_vec()).collect()
+        (0..self.ends.len())
+            .map(|g| self.group(g).to_vec())
+            .collect()
     }
 
     fn clear(&mut self) {
@@ -316,7 +350,9 @@ impl CoordinatorCore {
             .map(|(g, &spec)| Manager::new(spec, GroupId(g as u32)))
             .collect::<KvResult<Vec<_>>>()?;
         // Validated non-negative above.
-        let retention = config.retention_interval.map(|r| usize::try_from(r).unwrap_or(0));
+        let retention = config
+            .retention_interval
+            .map(|r| usize::try_from(r).unwrap_or(0));
         Ok(Self {
             pool,
             managers,
@@ -370,7 +406,10 @@ impl CoordinatorCore {
 
     /// `req`'s tables, by group.
     pub fn tables(&self, req: ReqId) -> KvResult<&[GroupTable]> {
-        self.requests.get(&req).map(Vec::as_slice).ok_or(KvError::UnknownRequest(req))
+        self.requests
+            .get(&req)
+            .map(Vec::as_slice)
+            .ok_or(KvError::UnknownRequest(req))
     }
 
     /// `req`'s block tables, by group (null block in skipped positions).
@@ -385,7 +424,11 @@ impl CoordinatorCore {
             name: "group_ids",
             detail: "must not be empty".into(),
         })?;
-        let manager_of = |g: &GroupId| self.managers.get(g.0 as usize).ok_or(KvError::UnknownGroup(*g));
+        let manager_of = |g: &GroupId| {
+            self.managers
+                .get(g.0 as usize)
+                .ok_or(KvError::UnknownGroup(*g))
+        };
         let m = manager_of(first)?;
         for g in group_ids {
             if manager_of(g)?.spec() != m.spec() {
@@ -412,7 +455,8 @@ impl CoordinatorCore {
         alignment: usize,
     ) -> KvResult<(Vec<Vec<BlockId>>, usize)> {
         let mut out = vec![Vec::new(); group_ids.len()];
-        let hit = self.find_longest_cache_hit_into(group_ids, hashes, max_length, alignment, &mut out)?;
+        let hit =
+            self.find_longest_cache_hit_into(group_ids, hashes, max_length, alignment, &mut out)?;
         Ok((out, hit))
     }
 
@@ -520,13 +564,18 @@ impl CoordinatorCore {
         if num_new_tokens == 0 && num_new_computed_tokens == 0 {
             return Err(arg(
                 "num_new_tokens",
-                "num_new_tokens must be greater than 0 when there are no computed tokens to adopt".into(),
+                "num_new_tokens must be greater than 0 when there are no computed tokens to adopt"
+                    .into(),
             ));
         }
         let tracked = self.requests.contains_key(&req);
         let hits = new_computed_blocks.unwrap_or(&[]);
         if new_computed_blocks.is_some() {
-            self.check_hits(hits, tracked, num_new_computed_tokens + view.num_computed_tokens)?;
+            self.check_hits(
+                hits,
+                tracked,
+                num_new_computed_tokens + view.num_computed_tokens,
+            )?;
         }
         // Step 3 (no external tokens).
         let local = view.num_computed_tokens + num_new_computed_tokens;
@@ -544,7 +593,17 @@ impl CoordinatorCore {
         }
         let need_slots = (main + num_lookahead_tokens).min(self.config.max_model_len);
 
-        let Self { pool, managers, requests, spare, scratch, mask_buf, config, retention, .. } = self;
+        let Self {
+            pool,
+            managers,
+            requests,
+            spare,
+            scratch,
+            mask_buf,
+            config,
+            retention,
+            ..
+        } = self;
         // Step 8: blocks that left the window are dead whether or not this
         // step fits; in-flight steps may still read the newest ones.
         if let Some(tables) = requests.get_mut(&req) {
@@ -559,7 +618,8 @@ impl CoordinatorCore {
         for (g, m) in managers.iter().enumerate() {
             let tokens = Self::group_tokens(m, need_slots, num_encoder_tokens);
             let group_hits = hits.get(g).map_or(&[][..], Vec::as_slice);
-            needed += m.num_blocks_to_allocate(pool, tables.map(|t| &t[g]), tokens, group_hits, total);
+            needed +=
+                m.num_blocks_to_allocate(pool, tables.map(|t| &t[g]), tokens, group_hits, total);
         }
         if needed > pool.num_free_blocks() {
             return Ok(false);
@@ -576,7 +636,9 @@ impl CoordinatorCore {
             }
             requests.insert(req, fresh);
         }
-        let Some(tables) = requests.get_mut(&req) else { return Err(KvError::UnknownRequest(req)) };
+        let Some(tables) = requests.get_mut(&req) else {
+            return Err(KvError::UnknownRequest(req));
+        };
         // Step 12.
         for (m, t) in managers.iter().zip(tables.iter_mut()) {
             let tokens = Self::group_tokens(m, need_slots, num_encoder_tokens);
@@ -586,25 +648,39 @@ impl CoordinatorCore {
         // Steps 13-14: only final tokens (no drafts) are cached.
         if config.enable_caching && !delay_cache_blocks {
             let n = (total + num_new_tokens).min(view.num_tokens);
-            cache_tables(managers, pool, tables, config, *retention, view, n, mask_buf)?;
+            cache_tables(
+                managers, pool, tables, config, *retention, view, n, mask_buf,
+            )?;
         }
         Ok(true)
     }
 
     fn check_hits(&self, hits: &[Vec<BlockId>], tracked: bool, num_local: usize) -> KvResult<()> {
-        let arg = |detail: String| KvError::InvalidArgument { name: "new_computed_blocks", detail };
+        let arg = |detail: String| KvError::InvalidArgument {
+            name: "new_computed_blocks",
+            detail,
+        };
         if hits.len() != self.managers.len() {
-            return Err(arg(format!("{} lists for {} groups", hits.len(), self.managers.len())));
+            return Err(arg(format!(
+                "{} lists for {} groups",
+                hits.len(),
+                self.managers.len()
+            )));
         }
         for (m, list) in self.managers.iter().zip(hits) {
             if list.is_empty() {
                 continue;
             }
             if tracked {
-                return Err(arg("a running request cannot adopt prefix-cache hits".into()));
+                return Err(arg(
+                    "a running request cannot adopt prefix-cache hits".into()
+                ));
             }
             if !self.config.enable_caching || !m.spec().prefix_cacheable() {
-                return Err(arg(format!("group {} cannot have prefix-cache hits", m.group())));
+                return Err(arg(format!(
+                    "group {} cannot have prefix-cache hits",
+                    m.group()
+                )));
             }
             if !self.pool.ids_in_range(list) {
                 return Err(arg(format!("group {}: block id out of range", m.group())));
@@ -623,19 +699,36 @@ impl CoordinatorCore {
 
     /// Register `req`'s newly full blocks of its first `num_tokens` tokens in
     /// the prefix cache (a no-op when caching is off).
-    pub fn cache_blocks(&mut self, req: ReqId, view: &RequestView<'_>, num_tokens: usize) -> KvResult<()> {
-        let Self { pool, managers, requests, config, retention, mask_buf, .. } = self;
+    pub fn cache_blocks(
+        &mut self,
+        req: ReqId,
+        view: &RequestView<'_>,
+        num_tokens: usize,
+    ) -> KvResult<()> {
+        let Self {
+            pool,
+            managers,
+            requests,
+            config,
+            retention,
+            mask_buf,
+            ..
+        } = self;
         let tables = requests.get_mut(&req).ok_or(KvError::UnknownRequest(req))?;
         if !config.enable_caching {
             return Ok(());
         }
-        cache_tables(managers, pool, tables, config, *retention, view, num_tokens, mask_buf)
+        cache_tables(
+            managers, pool, tables, config, *retention, view, num_tokens, mask_buf,
+        )
     }
 
     /// Release every block of `req`, group by group, each table tail first.
     /// Returns whether the request was tracked (freeing twice is harmless).
     pub fn free(&mut self, req: ReqId) -> KvResult<bool> {
-        let Some(mut tables) = self.requests.remove(&req) else { return Ok(false) };
+        let Some(mut tables) = self.requests.remove(&req) else {
+            return Ok(false);
+        };
         let mut res = Ok(());
         for (m, t) in self.managers.iter().zip(tables.iter_mut()) {
             res = res.and(m.free(&mut self.pool, t));
@@ -647,7 +740,11 @@ impl CoordinatorCore {
     /// Per group, how many leading blocks of `req`'s table are shared by all
     /// `num_running_requests` running requests (reference count equal to
     /// that number).
-    pub fn get_num_common_prefix_blocks(&self, req: ReqId, num_running_requests: usize) -> KvResult<Vec<usize>> {
+    pub fn get_num_common_prefix_blocks(
+        &self,
+        req: ReqId,
+        num_running_requests: usize,
+    ) -> KvResult<Vec<usize>> {
         let tables = self.tables(req)?;
         Ok(tables
             .iter()
@@ -656,7 +753,10 @@ impl CoordinatorCore {
                     .iter()
                     .take_while(|&&b| {
                         !b.is_null()
-                            && self.pool.ref_count(b).is_ok_and(|c| c as usize == num_running_requests)
+                            && self
+                                .pool
+                                .ref_count(b)
+                                .is_ok_and(|c| c as usize == num_running_requests)
                     })
                     .count()
             })
@@ -676,14 +776,19 @@ impl CoordinatorCore {
         let mut owners = vec![0u32; self.pool.num_blocks()];
         for (req, tables) in &self.requests {
             if tables.len() != self.managers.len() {
-                return Err(format!("request {req}: {} tables for {} groups", tables.len(), self.managers.len()));
+                return Err(format!(
+                    "request {req}: {} tables for {} groups",
+                    tables.len(),
+                    self.managers.len()
+                ));
             }
             for (g, t) in tables.iter().enumerate() {
-                t.check_invariants().map_err(|e| format!("request {req} group {g}: {e}"))?;
+                t.check_invariants()
+                    .map_err(|e| format!("request {req} group {g}: {e}"))?;
                 for &b in t.blocks() {
-                    let slot = owners
-                        .get_mut(b.index())
-                        .ok_or_else(|| format!("request {req} group {g}: block {b} out of range"))?;
+                    let slot = owners.get_mut(b.index()).ok_or_else(|| {
+                        format!("request {req} group {g}: block {b} out of range")
+                    })?;
                     if !b.is_null() {
                         *slot += 1;
                     }
@@ -692,7 +797,9 @@ impl CoordinatorCore {
         }
         for (i, (have, want)) in self.pool.ref_counts().zip(&owners).enumerate() {
             if have != *want {
-                return Err(format!("block {i}: ref_cnt {have} but held by {want} tables"));
+                return Err(format!(
+                    "block {i}: ref_cnt {have} but held by {want} tables"
+                ));
             }
         }
         Ok(())
@@ -744,7 +851,11 @@ fn cache_tables(
         boundaries[nb] = view.shared_prefix_boundary;
         nb += 1;
     }
-    let policy = CachePolicy { alignment: sbs, retention, reachable_boundaries: &boundaries[..nb] };
+    let policy = CachePolicy {
+        alignment: sbs,
+        retention,
+        reachable_boundaries: &boundaries[..nb],
+    };
     for (m, t) in managers.iter().zip(tables.iter_mut()) {
         m.cache_blocks(pool, t, view.hashes, hbs, cacheable, &policy, mask_buf)?;
     }
@@ -785,11 +896,21 @@ mod tests {
     impl Req {
         fn new(id: u64, tokens: Vec<u32>, bs: usize) -> Self {
             let hashes = hashes(&tokens, bs);
-            Self { id: ReqId(id), tokens, computed: 0, hashes }
+            Self {
+                id: ReqId(id),
+                tokens,
+                computed: 0,
+                hashes,
+            }
         }
 
         fn view(&self) -> RequestView<'_> {
-            RequestView::new(self.computed, self.tokens.len(), self.tokens.len(), &self.hashes)
+            RequestView::new(
+                self.computed,
+                self.tokens.len(),
+                self.tokens.len(),
+                &self.hashes,
+            )
         }
     }
 
@@ -798,7 +919,12 @@ mod tests {
     }
 
     fn full(num_blocks: usize, bs: u32, caching: bool) -> CoordinatorCore {
-        let cfg = CoordinatorConfig::new(vec![GroupSpec::full_attention(bs)], num_blocks, caching, 1 << 20);
+        let cfg = CoordinatorConfig::new(
+            vec![GroupSpec::full_attention(bs)],
+            num_blocks,
+            caching,
+            1 << 20,
+        );
         CoordinatorCore::new(cfg).unwrap()
     }
 
@@ -806,9 +932,20 @@ mod tests {
     /// rest. Returns (hit blocks, new blocks) or None.
     fn admit(c: &mut CoordinatorCore, r: &mut Req) -> Option<(Vec<u32>, Vec<u32>)> {
         let bs = c.managers()[0].block_size();
-        let (hits, hit) = c.find_longest_cache_hit(&[GroupId(0)], &r.hashes, r.tokens.len() - 1, bs).unwrap();
+        let (hits, hit) = c
+            .find_longest_cache_hit(&[GroupId(0)], &r.hashes, r.tokens.len() - 1, bs)
+            .unwrap();
         let new = c
-            .allocate_slots(r.id, &r.view(), r.tokens.len() - hit, hit, Some(&hits), 0, 0, false)
+            .allocate_slots(
+                r.id,
+                &r.view(),
+                r.tokens.len() - hit,
+                hit,
+                Some(&hits),
+                0,
+                0,
+                false,
+            )
             .unwrap()?;
         r.computed = r.tokens.len();
         c.check_invariants().unwrap();
@@ -820,7 +957,10 @@ mod tests {
     }
 
     fn refs(c: &CoordinatorCore, blocks: &[u32]) -> Vec<u32> {
-        blocks.iter().map(|&b| c.pool().ref_count(BlockId(b)).unwrap()).collect()
+        blocks
+            .iter()
+            .map(|&b| c.pool().ref_count(BlockId(b)).unwrap())
+            .collect()
     }
 
     #[test]
@@ -829,7 +969,10 @@ mod tests {
         let shared: Vec<u32> = (0..48).collect();
         let mut r0 = Req::new(0, [&shared[..], &[100; 7]].concat(), 16);
         assert_eq!(admit(&mut c, &mut r0), Some((vec![], vec![1, 2, 3, 4])));
-        assert_eq!(c.pool().cached_mask().take(5).collect::<Vec<_>>(), [false, true, true, true, false]);
+        assert_eq!(
+            c.pool().cached_mask().take(5).collect::<Vec<_>>(),
+            [false, true, true, true, false]
+        );
         let mut r1 = Req::new(1, [&shared[..], &[200; 5]].concat(), 16);
         assert_eq!(admit(&mut c, &mut r1), Some((vec![1, 2, 3], vec![5])));
         assert_eq!(refs(&c, &[1, 2, 3, 5]), [2, 2, 2, 1]);
@@ -842,7 +985,10 @@ mod tests {
         assert_eq!(c.get_num_common_prefix_blocks(r2.id, 1).unwrap(), [4]);
         c.free(r2.id).unwrap();
         let mut r3 = Req::new(3, (1000..1160).collect(), 16);
-        assert_eq!(admit(&mut c, &mut r3), Some((vec![], vec![5, 4, 6, 7, 8, 9, 10, 3, 2, 1])));
+        assert_eq!(
+            admit(&mut c, &mut r3),
+            Some((vec![], vec![5, 4, 6, 7, 8, 9, 10, 3, 2, 1]))
+        );
         assert_eq!(c.pool().num_free_blocks(), 0);
         assert!(!c.free(ReqId(99)).unwrap());
     }
@@ -854,13 +1000,19 @@ mod tests {
         assert_eq!(admit(&mut c, &mut r), Some((vec![], vec![1, 2, 3, 4])));
         r.tokens.extend(1000..1004);
         r.hashes = hashes(&r.tokens, 16);
-        let new = c.allocate_slots(r.id, &r.view(), 4, 0, None, 0, 0, false).unwrap().unwrap();
+        let new = c
+            .allocate_slots(r.id, &r.view(), 4, 0, None, 0, 0, false)
+            .unwrap()
+            .unwrap();
         assert!(new[0].is_empty());
         r.computed += 4;
         assert!(!c.pool().is_cached(BlockId(4)).unwrap());
         r.tokens.extend(2000..2019);
         r.hashes = hashes(&r.tokens, 16);
-        let new = c.allocate_slots(r.id, &r.view(), 19, 0, None, 0, 0, false).unwrap().unwrap();
+        let new = c
+            .allocate_slots(r.id, &r.view(), 19, 0, None, 0, 0, false)
+            .unwrap()
+            .unwrap();
         assert_eq!(ids(&new[0]), [5]);
         assert!(c.pool().is_cached(BlockId(4)).unwrap());
         assert!(!c.pool().is_cached(BlockId(5)).unwrap());
@@ -939,9 +1091,13 @@ mod tests {
         admit(&mut c, &mut r2).unwrap();
         assert_eq!(c.pool().num_free_blocks(), 5);
         let r3 = Req::new(3, base.repeat(3), 16);
-        let (hits, hit) = c.find_longest_cache_hit(&[GroupId(0)], &r3.hashes, 143, 16).unwrap();
+        let (hits, hit) = c
+            .find_longest_cache_hit(&[GroupId(0)], &r3.hashes, 143, 16)
+            .unwrap();
         assert_eq!(hit, 96);
-        let res = c.allocate_slots(r3.id, &r3.view(), 48, 96, Some(&hits), 0, 0, false).unwrap();
+        let res = c
+            .allocate_slots(r3.id, &r3.view(), 48, 96, Some(&hits), 0, 0, false)
+            .unwrap();
         assert_eq!(res, None);
         assert_eq!(refs(&c, &ids(&hits[0])), [1, 1, 1, 0, 0, 0]);
         assert!(!c.contains(r3.id));
@@ -953,11 +1109,22 @@ mod tests {
         let cfg = CoordinatorConfig::new(vec![GroupSpec::full_attention(16)], 11, true, 40);
         let mut c = CoordinatorCore::new(cfg).unwrap();
         let r = Req::new(0, (0..40).collect(), 16);
-        let err = c.allocate_slots(r.id, &r.view(), 0, 0, None, 0, 0, false).unwrap_err();
-        assert!(err.to_string().contains("num_new_tokens must be greater than 0"), "{err}");
-        let new = c.allocate_slots(r.id, &r.view(), 40, 0, None, 20, 0, false).unwrap().unwrap();
+        let err = c
+            .allocate_slots(r.id, &r.view(), 0, 0, None, 0, 0, false)
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("num_new_tokens must be greater than 0"),
+            "{err}"
+        );
+        let new = c
+            .allocate_slots(r.id, &r.view(), 40, 0, None, 20, 0, false)
+            .unwrap()
+            .unwrap();
         assert_eq!(new[0].len(), 3);
-        let err = c.allocate_slots(r.id, &r.view(), 41, 0, None, 0, 0, false).unwrap_err();
+        let err = c
+            .allocate_slots(r.id, &r.view(), 41, 0, None, 0, 0, false)
+            .unwrap_err();
         assert!(matches!(err, KvError::InvalidArgument { .. }));
         c.check_invariants().unwrap();
     }
@@ -970,30 +1137,55 @@ mod tests {
         let r1 = Req::new(1, (0..40).collect(), 16);
         let before = queue(&c);
         // Wrong number of hit lists, out-of-range id, hits for a running request.
-        assert!(c.allocate_slots(r1.id, &r1.view(), 8, 32, Some(&[]), 0, 0, false).is_err());
+        assert!(c
+            .allocate_slots(r1.id, &r1.view(), 8, 32, Some(&[]), 0, 0, false)
+            .is_err());
         let far = vec![vec![BlockId(99)]];
-        assert!(c.allocate_slots(r1.id, &r1.view(), 24, 16, Some(&far), 0, 0, false).is_err());
+        assert!(c
+            .allocate_slots(r1.id, &r1.view(), 24, 16, Some(&far), 0, 0, false)
+            .is_err());
         let hit = vec![vec![BlockId(1)]];
-        assert!(c.allocate_slots(r0.id, &r0.view(), 1, 16, Some(&hit), 0, 0, false).is_err());
+        assert!(c
+            .allocate_slots(r0.id, &r0.view(), 1, 16, Some(&hit), 0, 0, false)
+            .is_err());
         // A partial-block hit.
         assert!(matches!(
             c.allocate_slots(r1.id, &r1.view(), 24, 8, Some(&hit), 0, 0, false),
             Err(KvError::Unsupported { .. })
         ));
         assert_eq!(queue(&c), before);
-        assert!(matches!(c.block_ids(r1.id), Err(KvError::UnknownRequest(_))));
-        assert!(matches!(c.cache_blocks(r1.id, &r1.view(), 16), Err(KvError::UnknownRequest(_))));
-        assert!(matches!(c.find_longest_cache_hit(&[GroupId(3)], &r1.hashes, 39, 16), Err(KvError::UnknownGroup(_))));
+        assert!(matches!(
+            c.block_ids(r1.id),
+            Err(KvError::UnknownRequest(_))
+        ));
+        assert!(matches!(
+            c.cache_blocks(r1.id, &r1.view(), 16),
+            Err(KvError::UnknownRequest(_))
+        ));
+        assert!(matches!(
+            c.find_longest_cache_hit(&[GroupId(3)], &r1.hashes, 39, 16),
+            Err(KvError::UnknownGroup(_))
+        ));
         c.check_invariants().unwrap();
     }
 
     #[test]
     fn config_validation() {
-        let mk = |groups: Vec<GroupSpec>, caching: bool| CoordinatorCore::new(CoordinatorConfig::new(groups, 10, caching, 100));
+        let mk = |groups: Vec<GroupSpec>, caching: bool| {
+            CoordinatorCore::new(CoordinatorConfig::new(groups, 10, caching, 100))
+        };
         assert!(mk(vec![], false).is_ok());
         assert!(mk(vec![], true).is_err());
-        assert!(mk(vec![GroupSpec::full_attention(16), GroupSpec::mamba(16, 0)], true).is_err());
-        assert!(mk(vec![GroupSpec::full_attention(16), GroupSpec::mamba(16, 0)], false).is_ok());
+        assert!(mk(
+            vec![GroupSpec::full_attention(16), GroupSpec::mamba(16, 0)],
+            true
+        )
+        .is_err());
+        assert!(mk(
+            vec![GroupSpec::full_attention(16), GroupSpec::mamba(16, 0)],
+            false
+        )
+        .is_ok());
         assert!(mk(vec![GroupSpec::cross_attention(16)], true).is_err());
         assert!(mk(vec![GroupSpec::sliding_window(16, 0)], true).is_err());
         let mut cfg = CoordinatorConfig::new(vec![GroupSpec::full_attention(32)], 10, true, 100);
@@ -1004,12 +1196,18 @@ mod tests {
         cfg.retention_interval = Some(32);
         assert!(CoordinatorCore::new(cfg).is_err());
         let mut cfg = CoordinatorConfig::new(
-            vec![GroupSpec::full_attention(32), GroupSpec::sliding_window(16, 32)],
+            vec![
+                GroupSpec::full_attention(32),
+                GroupSpec::sliding_window(16, 32),
+            ],
             10,
             true,
             100,
         );
-        assert_eq!((cfg.scheduler_block_size, cfg.arrangement), (32, Arrangement::Hybrid));
+        assert_eq!(
+            (cfg.scheduler_block_size, cfg.arrangement),
+            (32, Arrangement::Hybrid)
+        );
         cfg.retention_interval = Some(33);
         assert!(CoordinatorCore::new(cfg.clone()).is_err());
         cfg.retention_interval = Some(64);
@@ -1022,7 +1220,10 @@ mod tests {
         // caches full blocks 0-2 and SWA blocks 0-5 (dense masks keep all of
         // them: need = 2 blocks = one 32-token segment).
         let mut cfg = CoordinatorConfig::new(
-            vec![GroupSpec::full_attention(32), GroupSpec::sliding_window(16, 32)],
+            vec![
+                GroupSpec::full_attention(32),
+                GroupSpec::sliding_window(16, 32),
+            ],
             100,
             true,
             1000,
@@ -1030,15 +1231,26 @@ mod tests {
         cfg.hash_block_size = 16;
         let mut c = CoordinatorCore::new(cfg).unwrap();
         let r = Req::new(0, (0..112).collect(), 16);
-        let new = c.allocate_slots(r.id, &r.view(), 112, 0, None, 0, 0, false).unwrap().unwrap();
+        let new = c
+            .allocate_slots(r.id, &r.view(), 112, 0, None, 0, 0, false)
+            .unwrap()
+            .unwrap();
         assert_eq!((new[0].len(), new[1].len()), (4, 7));
-        let cached = |b: &[BlockId]| b.iter().map(|&x| c.pool().is_cached(x).unwrap()).collect::<Vec<_>>();
+        let cached = |b: &[BlockId]| {
+            b.iter()
+                .map(|&x| c.pool().is_cached(x).unwrap())
+                .collect::<Vec<_>>()
+        };
         assert_eq!(cached(&new[0]), [true, true, true, false]);
         assert_eq!(cached(&new[1]), [true, true, true, true, true, true, false]);
         // Lookups: 96 tokens in each bucket.
-        let (hits, hit) = c.find_longest_cache_hit(&[GroupId(0)], &r.hashes, 111, 32).unwrap();
+        let (hits, hit) = c
+            .find_longest_cache_hit(&[GroupId(0)], &r.hashes, 111, 32)
+            .unwrap();
         assert_eq!((hit, hits[0].len()), (96, 3));
-        let (hits, hit) = c.find_longest_cache_hit(&[GroupId(1)], &r.hashes, 96, 32).unwrap();
+        let (hits, hit) = c
+            .find_longest_cache_hit(&[GroupId(1)], &r.hashes, 96, 32)
+            .unwrap();
         assert_eq!((hit, hits[0].len()), (96, 6));
         assert!(hits[0][..4].iter().all(|b| b.is_null()));
         c.check_invariants().unwrap();
@@ -1046,9 +1258,16 @@ mod tests {
         // Full B = 32 + SWA B = 8 (W = 8), hash unit 8: dense caching keeps
         // SWA blocks {3, 7} of a 64-token prompt; retention 0 keeps {11}
         // of a 128-token prompt.
-        for (retention, len, expect) in [(None, 64usize, vec![3usize, 7]), (Some(0), 128, vec![11]), (Some(64), 128, vec![7, 11, 15])] {
+        for (retention, len, expect) in [
+            (None, 64usize, vec![3usize, 7]),
+            (Some(0), 128, vec![11]),
+            (Some(64), 128, vec![7, 11, 15]),
+        ] {
             let mut cfg = CoordinatorConfig::new(
-                vec![GroupSpec::full_attention(32), GroupSpec::sliding_window(8, 8)],
+                vec![
+                    GroupSpec::full_attention(32),
+                    GroupSpec::sliding_window(8, 8),
+                ],
                 100,
                 true,
                 1000,
@@ -1057,9 +1276,13 @@ mod tests {
             cfg.retention_interval = retention;
             let mut c = CoordinatorCore::new(cfg).unwrap();
             let r = Req::new(0, (0..len as u32).collect(), 8);
-            let new = c.allocate_slots(r.id, &r.view(), len, 0, None, 0, 0, false).unwrap().unwrap();
-            let keyed: Vec<usize> =
-                (0..new[1].len()).filter(|&i| c.pool().is_cached(new[1][i]).unwrap()).collect();
+            let new = c
+                .allocate_slots(r.id, &r.view(), len, 0, None, 0, 0, false)
+                .unwrap()
+                .unwrap();
+            let keyed: Vec<usize> = (0..new[1].len())
+                .filter(|&i| c.pool().is_cached(new[1][i]).unwrap())
+                .collect();
             assert_eq!(keyed, expect, "retention {retention:?}");
             c.check_invariants().unwrap();
         }
@@ -1068,7 +1291,11 @@ mod tests {
     #[test]
     fn mamba_and_cross_attention_without_caching() {
         let mut cfg = CoordinatorConfig::new(
-            vec![GroupSpec::full_attention(4), GroupSpec::mamba(4, 1), GroupSpec::cross_attention(4)],
+            vec![
+                GroupSpec::full_attention(4),
+                GroupSpec::mamba(4, 1),
+                GroupSpec::cross_attention(4),
+            ],
             40,
             false,
             1000,
@@ -1076,11 +1303,17 @@ mod tests {
         cfg.arrangement = Arrangement::Hybrid;
         let mut c = CoordinatorCore::new(cfg).unwrap();
         let mut r = Req::new(0, (0..10).collect(), 4);
-        let new = c.allocate_slots(r.id, &r.view(), 10, 0, None, 0, 6, false).unwrap().unwrap();
+        let new = c
+            .allocate_slots(r.id, &r.view(), 10, 0, None, 0, 6, false)
+            .unwrap()
+            .unwrap();
         assert_eq!(new.iter().map(Vec::len).collect::<Vec<_>>(), [3, 4, 2]);
         r.computed = 10;
         r.tokens.push(7);
-        let new = c.allocate_slots(r.id, &r.view(), 1, 0, None, 0, 6, false).unwrap().unwrap();
+        let new = c
+            .allocate_slots(r.id, &r.view(), 1, 0, None, 0, 6, false)
+            .unwrap()
+            .unwrap();
         assert_eq!(new.iter().map(Vec::len).collect::<Vec<_>>(), [0, 0, 0]);
         // Mamba kept only the block of the last computed token (+ scratch).
         assert_eq!(c.tables(r.id).unwrap()[1].num_leading_nulls(), 2);

@@ -64,10 +64,14 @@ mod tests {
         let mut out = vec![Vec::new()];
         let hs = hashes(pattern.len() as u32);
         let max = pattern.len() * 2 + tail;
-        let hit = m.find_longest_cache_hit(&p, &[GroupId(0)], &hs, 2, max, 2, &mut out).unwrap();
+        let hit = m
+            .find_longest_cache_hit(&p, &[GroupId(0)], &hs, 2, max, 2, &mut out)
+            .unwrap();
         assert_eq!(hit, out[0].len() * 2);
         let first = max / 4 * 4 / 2;
-        assert!(out[0][..first.min(out[0].len())].iter().all(|b| b.is_null()));
+        assert!(out[0][..first.min(out[0].len())]
+            .iter()
+            .all(|b| b.is_null()));
         out[0].len()
     }
 
@@ -95,10 +99,12 @@ mod tests {
         let m = Manager::new(GroupSpec::chunked_local(2, 4), GroupId(0)).unwrap();
         let mut p = pool(40, 2);
         let mut t = GroupTable::default();
-        m.allocate_new_blocks(&mut p, &mut t, 20, &mut Vec::new()).unwrap();
+        m.allocate_new_blocks(&mut p, &mut t, 20, &mut Vec::new())
+            .unwrap();
         let mut scratch = Vec::new();
         for (processed, nulls) in [(4, 2), (6, 2), (12, 6)] {
-            m.remove_skipped_blocks(&mut p, &mut t, processed, &mut scratch).unwrap();
+            m.remove_skipped_blocks(&mut p, &mut t, processed, &mut scratch)
+                .unwrap();
             assert_eq!(t.num_leading_nulls(), nulls);
         }
         assert_eq!(t.blocks()[6], BlockId(7));

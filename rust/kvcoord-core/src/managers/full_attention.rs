@@ -45,7 +45,9 @@ mod tests {
         let m = Manager::new(GroupSpec::full_attention(2), GroupId(0)).unwrap();
         let mut out = vec![Vec::new()];
         let hs = hashes(cached.len() as u32);
-        let hit = m.find_longest_cache_hit(&p, &[GroupId(0)], &hs, 2, max_length, alignment, &mut out).unwrap();
+        let hit = m
+            .find_longest_cache_hit(&p, &[GroupId(0)], &hs, 2, max_length, alignment, &mut out)
+            .unwrap();
         (hit, ids(&out[0]))
     }
 

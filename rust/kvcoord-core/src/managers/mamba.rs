@@ -11,7 +11,11 @@ pub fn num_skipped_tokens(n: usize) -> usize {
 /// Slots to allocate for `num_tokens`: the speculative scratch blocks add
 /// `num_speculative_blocks * block_size` tokens.
 #[inline]
-pub fn tokens_to_allocate(num_tokens: usize, num_speculative_blocks: u32, block_size: usize) -> usize {
+pub fn tokens_to_allocate(
+    num_tokens: usize,
+    num_speculative_blocks: u32,
+    block_size: usize,
+) -> usize {
     num_tokens + num_speculative_blocks as usize * block_size
 }
 
@@ -32,10 +36,12 @@ mod tests {
         m.allocate_new_blocks(&mut p, &mut t, 10, &mut new).unwrap();
         assert_eq!(new.len(), 4);
         let mut scratch = Vec::new();
-        m.remove_skipped_blocks(&mut p, &mut t, 10, &mut scratch).unwrap();
+        m.remove_skipped_blocks(&mut p, &mut t, 10, &mut scratch)
+            .unwrap();
         // 9 skipped tokens: the first two blocks go.
         assert_eq!(t.num_leading_nulls(), 2);
-        m.remove_skipped_blocks(&mut p, &mut t, 0, &mut scratch).unwrap();
+        m.remove_skipped_blocks(&mut p, &mut t, 0, &mut scratch)
+            .unwrap();
         assert_eq!(t.num_leading_nulls(), 2);
         let mut out = vec![Vec::new()];
         let err = m.find_longest_cache_hit(&p, &[GroupId(0)], &hashes(2), 4, 8, 4, &mut out);

@@ -56,27 +56,46 @@ pub struct GroupSpec {
 impl GroupSpec {
     /// A full-attention spec.
     pub const fn full_attention(block_size: u32) -> Self {
-        Self { kind: SpecKind::FullAttention, block_size }
+        Self {
+            kind: SpecKind::FullAttention,
+            block_size,
+        }
     }
 
     /// A sliding-window spec.
     pub const fn sliding_window(block_size: u32, sliding_window: u32) -> Self {
-        Self { kind: SpecKind::SlidingWindow { sliding_window }, block_size }
+        Self {
+            kind: SpecKind::SlidingWindow { sliding_window },
+            block_size,
+        }
     }
 
     /// A chunked-local spec.
     pub const fn chunked_local(block_size: u32, attention_chunk_size: u32) -> Self {
-        Self { kind: SpecKind::ChunkedLocal { attention_chunk_size }, block_size }
+        Self {
+            kind: SpecKind::ChunkedLocal {
+                attention_chunk_size,
+            },
+            block_size,
+        }
     }
 
     /// A Mamba (mode "none") spec.
     pub const fn mamba(block_size: u32, num_speculative_blocks: u32) -> Self {
-        Self { kind: SpecKind::Mamba { num_speculative_blocks }, block_size }
+        Self {
+            kind: SpecKind::Mamba {
+                num_speculative_blocks,
+            },
+            block_size,
+        }
     }
 
     /// A cross-attention spec.
     pub const fn cross_attention(block_size: u32) -> Self {
-        Self { kind: SpecKind::CrossAttention, block_size }
+        Self {
+            kind: SpecKind::CrossAttention,
+            block_size,
+        }
     }
 
     /// Whether blocks of this group may be registered in the prefix cache.
@@ -93,7 +112,10 @@ impl GroupSpec {
     /// Whether retention intervals apply to this group (sliding window and
     /// Mamba cache sparsely).
     pub const fn is_sparse(&self) -> bool {
-        matches!(self.kind, SpecKind::SlidingWindow { .. } | SpecKind::Mamba { .. })
+        matches!(
+            self.kind,
+            SpecKind::SlidingWindow { .. } | SpecKind::Mamba { .. }
+        )
     }
 
     /// Check the parameters (positive sizes).
@@ -108,9 +130,9 @@ impl GroupSpec {
         }
         match self.kind {
             SpecKind::SlidingWindow { sliding_window: 0 } => Err(bad("sliding_window", 0)),
-            SpecKind::ChunkedLocal { attention_chunk_size: 0 } => {
-                Err(bad("attention_chunk_size", 0))
-            }
+            SpecKind::ChunkedLocal {
+                attention_chunk_size: 0,
+            } => Err(bad("attention_chunk_size", 0)),
             _ => Ok(()),
         }
     }
@@ -186,7 +208,11 @@ impl Manager {
     /// The manager of group `group` with spec `spec` (validated).
     pub fn new(spec: GroupSpec, group: GroupId) -> KvResult<Self> {
         spec.validate()?;
-        Ok(Self { spec, group, block_size: spec.block_size as usize })
+        Ok(Self {
+            spec,
+            group,
+            block_size: spec.block_size as usize,
+        })
     }
 
     /// The group's spec.
@@ -212,9 +238,9 @@ impl Manager {
             SpecKind::SlidingWindow { sliding_window } => {
                 sliding_window::num_skipped_tokens(n, sliding_window as usize)
             }
-            SpecKind::ChunkedLocal { attention_chunk_size } => {
-                chunked_local::num_skipped_tokens(n, attention_chunk_size as usize)
-            }
+            SpecKind::ChunkedLocal {
+                attention_chunk_size,
+            } => chunked_local::num_skipped_tokens(n, attention_chunk_size as usize),
             SpecKind::Mamba { .. } => mamba::num_skipped_tokens(n),
         }
     }
@@ -223,9 +249,9 @@ impl Manager {
     /// slots (Mamba adds its speculative scratch blocks).
     fn tokens_to_allocate(&self, num_tokens: usize) -> usize {
         match self.spec.kind {
-            SpecKind::Mamba { num_speculative_blocks } => {
-                mamba::tokens_to_allocate(num_tokens, num_speculative_blocks, self.block_size)
-            }
+            SpecKind::Mamba {
+                num_speculative_blocks,
+            } => mamba::tokens_to_allocate(num_tokens, num_speculative_blocks, self.block_size),
             _ => num_tokens,
         }
     }
@@ -253,7 +279,10 @@ impl Manager {
             });
         }
         if alignment == 0 {
-            return Err(KvError::InvalidArgument { name: "alignment", detail: "must be positive".into() });
+            return Err(KvError::InvalidArgument {
+                name: "alignment",
+                detail: "must be positive".into(),
+            });
         }
         for list in out.iter_mut() {
             list.clear();
@@ -263,16 +292,20 @@ impl Manager {
             SpecKind::FullAttention => Ok(full_attention::find_longest_cache_hit(
                 pool, groups, &view, max_length, alignment, out,
             )),
-            SpecKind::SlidingWindow { sliding_window } => Ok(sliding_window::find_longest_cache_hit(
-                pool,
-                groups,
-                &view,
-                sliding_window as usize,
-                max_length,
-                alignment,
-                out,
-            )),
-            SpecKind::ChunkedLocal { attention_chunk_size } => chunked_local::find_longest_cache_hit(
+            SpecKind::SlidingWindow { sliding_window } => {
+                Ok(sliding_window::find_longest_cache_hit(
+                    pool,
+                    groups,
+                    &view,
+                    sliding_window as usize,
+                    max_length,
+                    alignment,
+                    out,
+                ))
+            }
+            SpecKind::ChunkedLocal {
+                attention_chunk_size,
+            } => chunked_local::find_longest_cache_hit(
                 pool,
                 groups,
                 &view,
@@ -282,7 +315,8 @@ impl Manager {
                 out,
             ),
             SpecKind::Mamba { .. } => Err(KvError::Unsupported {
-                what: "prefix-cache lookup on a Mamba group (mode \"none\" has no prefix caching)".into(),
+                what: "prefix-cache lookup on a Mamba group (mode \"none\" has no prefix caching)"
+                    .into(),
             }),
             SpecKind::CrossAttention => Err(KvError::Unsupported {
                 what: "prefix-cache lookup on a cross-attention group".into(),
@@ -330,7 +364,10 @@ impl Manager {
         hits: &[BlockId],
         num_computed: usize,
     ) -> KvResult<()> {
-        debug_assert!(table.blocks.is_empty(), "hits are adopted only by a fresh table");
+        debug_assert!(
+            table.blocks.is_empty(),
+            "hits are adopted only by a fresh table"
+        );
         let skipped = self.num_skipped_tokens(num_computed) / self.block_size;
         let kept = hits.get(skipped.min(hits.len())..).unwrap_or(&[]);
         pool.touch(kept)?;
@@ -496,8 +533,16 @@ pub struct HashView<'a> {
 
 impl<'a> HashView<'a> {
     /// View `hashes` (units of `hash_block_size` tokens) at `block_size`.
-    pub fn new(hashes: &'a [BlockHash], hash_block_size: usize, block_size: usize) -> KvResult<Self> {
-        Ok(Self { hashes, scale: hash_scale(hash_block_size, block_size)?, block_size })
+    pub fn new(
+        hashes: &'a [BlockHash],
+        hash_block_size: usize,
+        block_size: usize,
+    ) -> KvResult<Self> {
+        Ok(Self {
+            hashes,
+            scale: hash_scale(hash_block_size, block_size)?,
+            block_size,
+        })
     }
 
     /// Tokens per block.
@@ -564,7 +609,11 @@ pub(crate) mod test_util {
     }
 
     pub(crate) fn pool(n: usize, hash_block_size: u32) -> BlockPool {
-        BlockPool::new(PoolConfig { hash_block_size, ..PoolConfig::new(n) }).unwrap()
+        BlockPool::new(PoolConfig {
+            hash_block_size,
+            ..PoolConfig::new(n)
+        })
+        .unwrap()
     }
 
     /// Cache pool block `id` under hash `hash` for group 0 (the block is
@@ -572,7 +621,8 @@ pub(crate) mod test_util {
     pub(crate) fn cache_block(pool: &mut BlockPool, id: u32, hash: &BlockHash) {
         let b = BlockId(id);
         pool.touch(&[b]).unwrap();
-        pool.cache_full_blocks(&[b], std::slice::from_ref(hash), 0, 1, GroupId(0), None).unwrap();
+        pool.cache_full_blocks(&[b], std::slice::from_ref(hash), 0, 1, GroupId(0), None)
+            .unwrap();
         pool.free_blocks(&[b]).unwrap();
     }
 
@@ -581,6 +631,9 @@ pub(crate) mod test_util {
     }
 
     pub(crate) fn table(blocks: &[u32]) -> GroupTable {
-        GroupTable { blocks: blocks.iter().map(|&b| BlockId(b)).collect(), num_cached: 0 }
+        GroupTable {
+            blocks: blocks.iter().map(|&b| BlockId(b)).collect(),
+            num_cached: 0,
+        }
     }
 }

@@ -190,7 +190,9 @@ mod tests {
         cache_block(&mut p, 11, &h(3));
         let m = Manager::new(GroupSpec::sliding_window(4, 8), GroupId(0)).unwrap();
         let mut out = vec![Vec::new()];
-        let hit = m.find_longest_cache_hit(&p, &[GroupId(0)], &hashes(4), 2, 8, 2, &mut out).unwrap();
+        let hit = m
+            .find_longest_cache_hit(&p, &[GroupId(0)], &hashes(4), 2, 8, 2, &mut out)
+            .unwrap();
         assert_eq!((hit, ids(&out[0])), (8, vec![10, 11]));
     }
 
@@ -202,12 +204,14 @@ mod tests {
         let mut got = Vec::new();
         // Table of 11 real blocks 1001..=1011 (take 1..1000 first).
         p.get_new_blocks(1000, &mut got).unwrap();
-        m.allocate_new_blocks(&mut p, &mut t, 22, &mut Vec::new()).unwrap();
+        m.allocate_new_blocks(&mut p, &mut t, 22, &mut Vec::new())
+            .unwrap();
         assert_eq!(t.blocks()[0], BlockId(1001));
         let mut scratch = Vec::new();
         let nulls = |t: &GroupTable| t.num_leading_nulls();
         for (processed, expect) in [(0, 0), (4, 0), (5, 1), (6, 1), (7, 2), (11, 4)] {
-            m.remove_skipped_blocks(&mut p, &mut t, processed, &mut scratch).unwrap();
+            m.remove_skipped_blocks(&mut p, &mut t, processed, &mut scratch)
+                .unwrap();
             assert_eq!(nulls(&t), expect, "processed {processed}");
             t.check_invariants().unwrap();
         }
@@ -237,7 +241,8 @@ mod tests {
         let hits = [BlockId(1)];
         assert_eq!(m.num_blocks_to_allocate(&p, None, 4, &hits, 2), 2);
         let mut t = GroupTable::default();
-        m.add_local_computed_blocks(&mut p, &mut t, &hits, 2).unwrap();
+        m.add_local_computed_blocks(&mut p, &mut t, &hits, 2)
+            .unwrap();
         let mut new = Vec::new();
         m.allocate_new_blocks(&mut p, &mut t, 4, &mut new).unwrap();
         assert_eq!(new.len(), 1);
@@ -261,10 +266,13 @@ mod tests {
         let mut tracked = false;
         for step in 1..=4 {
             let tokens = step * 4;
-            m.remove_skipped_blocks(&mut p, &mut t, tokens - 4, &mut scratch).unwrap();
-            let predicted = m.num_blocks_to_allocate(&p, tracked.then_some(&t), tokens, &[], tokens - 4);
+            m.remove_skipped_blocks(&mut p, &mut t, tokens - 4, &mut scratch)
+                .unwrap();
+            let predicted =
+                m.num_blocks_to_allocate(&p, tracked.then_some(&t), tokens, &[], tokens - 4);
             let free = p.num_free_blocks();
-            m.allocate_new_blocks(&mut p, &mut t, tokens, &mut Vec::new()).unwrap();
+            m.allocate_new_blocks(&mut p, &mut t, tokens, &mut Vec::new())
+                .unwrap();
             let freed_then_taken = free - p.num_free_blocks();
             assert_eq!(predicted, 2);
             assert_eq!(freed_then_taken, 2);
@@ -289,13 +297,26 @@ mod tests {
         };
         // Hybrid full(32) + SWA(8, W = 8).
         assert_eq!(marked(0, 8, 8, 8, &policy(None, &[63])), vec![3, 7]);
-        assert_eq!(marked(0, 16, 8, 8, &policy(Some(64), &[127])), vec![7, 11, 15]);
+        assert_eq!(
+            marked(0, 16, 8, 8, &policy(Some(64), &[127])),
+            vec![7, 11, 15]
+        );
         assert_eq!(marked(0, 16, 8, 8, &policy(Some(0), &[127])), vec![11]);
         // Pure SWA (B = 16, W = 16, alignment 16), 256 tokens.
-        let pure = |retention| CachePolicy { alignment: 16, retention, reachable_boundaries: &[255] };
-        assert_eq!(marked(0, 16, 16, 16, &pure(Some(64))), vec![3, 7, 11, 14, 15]);
+        let pure = |retention| CachePolicy {
+            alignment: 16,
+            retention,
+            reachable_boundaries: &[255],
+        };
+        assert_eq!(
+            marked(0, 16, 16, 16, &pure(Some(64))),
+            vec![3, 7, 11, 14, 15]
+        );
         assert_eq!(marked(0, 16, 16, 16, &pure(Some(0))), vec![14]);
-        assert_eq!(marked(0, 16, 16, 16, &pure(None)), (0..16).collect::<Vec<_>>());
+        assert_eq!(
+            marked(0, 16, 16, 16, &pure(None)),
+            (0..16).collect::<Vec<_>>()
+        );
         let _ = table(&[]);
     }
 }
