@@ -928,7 +928,7 @@ mod tests {
         CoordinatorCore::new(cfg).unwrap()
     }
 
-    /// Unitary admission: lookup (max = num_tokens - 1) then allocate the
+    /// Unitary admission: lookup (max = `num_tokens - 1`) then allocate the
     /// rest. Returns (hit blocks, new blocks) or None.
     fn admit(c: &mut CoordinatorCore, r: &mut Req) -> Option<(Vec<u32>, Vec<u32>)> {
         let bs = c.managers()[0].block_size();

@@ -341,17 +341,15 @@ impl Manager {
     ) -> usize {
         let bs = self.block_size;
         let required = cdiv(self.tokens_to_allocate(num_tokens), bs);
-        match table {
-            // Running request: hits were adopted at admission.
-            Some(t) => required.saturating_sub(t.blocks.len()),
-            None => {
-                let skipped = self.num_skipped_tokens(total_computed) / bs;
-                let new = required.saturating_sub(skipped.max(hits.len()));
-                // Hits that fall in the skipped prefix are never touched.
-                let kept = hits.get(skipped.min(hits.len())..).unwrap_or(&[]);
-                new + pool.num_unreferenced(kept)
-            }
+        // Running request: hits were adopted at admission.
+        if let Some(t) = table {
+            return required.saturating_sub(t.blocks.len());
         }
+        let skipped = self.num_skipped_tokens(total_computed) / bs;
+        let new = required.saturating_sub(skipped.max(hits.len()));
+        // Hits that fall in the skipped prefix are never touched.
+        let kept = hits.get(skipped.min(hits.len())..).unwrap_or(&[]);
+        new + pool.num_unreferenced(kept)
     }
 
     /// First-time adoption of prefix-cache hits: the table becomes nulls for

@@ -71,17 +71,16 @@ pub(crate) fn find_longest_cache_hit(
             break;
         }
     }
-    let len = match found {
-        Some(end) => end,
-        None => {
-            // The scan stopped at block 0: `run` is the run starting there
-            // (0 if the scan never reached block 0 with a hit).
-            let mut len = run;
-            while len > 0 && (len * bs) % alignment != 0 {
-                len -= 1;
-            }
-            len
+    let len = if let Some(end) = found {
+        end
+    } else {
+        // The scan stopped at block 0: `run` is the run starting there (0 if
+        // block 0 missed or was skipped), trimmed to the alignment.
+        let mut len = run;
+        while len > 0 && (len * bs) % alignment != 0 {
+            len -= 1;
         }
+        len
     };
     for list in out.iter_mut() {
         list.truncate(len);
