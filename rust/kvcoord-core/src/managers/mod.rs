@@ -568,7 +568,8 @@ impl<'a> HashView<'a> {
     }
 }
 
-/// Look block `i` up in every group; on a hit push one block per group.
+/// Look `hash` up in every group; on a hit push one block per group, on a
+/// miss leave `out` as it was.
 #[inline]
 pub(crate) fn lookup_all(
     pool: &BlockPool,
@@ -576,13 +577,15 @@ pub(crate) fn lookup_all(
     hash: &BlockHash,
     out: &mut HitLists,
 ) -> bool {
-    // Look everything up before pushing, so a miss leaves `out` unchanged.
-    if groups.iter().any(|&g| pool.lookup(hash, g).is_none()) {
-        return false;
-    }
-    for (list, &g) in out.iter_mut().zip(groups) {
+    for (k, &g) in groups.iter().enumerate() {
         if let Some(b) = pool.lookup(hash, g) {
-            list.push(b);
+            out[k].push(b);
+        } else {
+            // Undo the pushes of the groups that hit.
+            for list in &mut out[..k] {
+                list.pop();
+            }
+            return false;
         }
     }
     true
