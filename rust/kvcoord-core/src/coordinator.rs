@@ -1105,6 +1105,23 @@ mod tests {
     }
 
     #[test]
+    fn reset_27() {
+        let mut c = full(11, 16, true);
+        let mut r0 = Req::new(0, (0..40).collect(), 16);
+        let mut r1 = Req::new(1, (100..140).collect(), 16);
+        admit(&mut c, &mut r0).unwrap();
+        admit(&mut c, &mut r1).unwrap();
+        assert!(!c.reset_prefix_cache());
+        assert_eq!(c.pool().num_cached_keys(), 4);
+        c.free(r0.id).unwrap();
+        c.free(r1.id).unwrap();
+        assert!(c.reset_prefix_cache());
+        assert_eq!(c.pool().num_cached_keys(), 0);
+        assert!(c.pool().cached_mask().all(|k| !k));
+        c.check_invariants().unwrap();
+    }
+
+    #[test]
     fn admission_arguments_29() {
         let cfg = CoordinatorConfig::new(vec![GroupSpec::full_attention(16)], 11, true, 40);
         let mut c = CoordinatorCore::new(cfg).unwrap();

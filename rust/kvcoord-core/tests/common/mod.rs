@@ -56,6 +56,21 @@ pub fn hybrid_find(
     max_len: usize,
     alignment: usize,
 ) -> (Vec<Vec<BlockId>>, usize) {
+    let (blocks, hit, _) = hybrid_find_with_longest(c, specs, buckets, hashes, max_len, alignment);
+    (blocks, hit)
+}
+
+/// [`hybrid_find`] plus the longest hit any bucket saw on the way (the
+/// shared-prefix signal: `boundary = longest` when it exceeds the hit).
+pub fn hybrid_find_with_longest(
+    c: &CoordinatorCore,
+    specs: &[GroupSpec],
+    buckets: &[(GroupSpec, Vec<GroupId>)],
+    hashes: &[BlockHash],
+    max_len: usize,
+    alignment: usize,
+) -> (Vec<Vec<BlockId>>, usize, usize) {
+    let mut longest = 0;
     let mut per_group: Vec<Vec<BlockId>> = vec![Vec::new(); specs.len()];
     let mut full_len: Vec<Option<usize>> = vec![None; buckets.len()];
     let simple = buckets.len() == 2 && buckets[0].0.is_full_attention();
@@ -77,6 +92,7 @@ pub fn hybrid_find(
             if spec.is_full_attention() {
                 full_len[bi] = Some(len);
             }
+            longest = longest.max(cur);
         }
         if cur >= candidate {
             break;
@@ -91,5 +107,5 @@ pub fn hybrid_find(
             per_group[g].truncate(candidate.div_ceil(s.block_size as usize));
         }
     }
-    (per_group, candidate)
+    (per_group, candidate, longest)
 }
