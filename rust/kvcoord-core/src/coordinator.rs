@@ -737,6 +737,28 @@ impl CoordinatorCore {
         res.map(|()| true)
     }
 
+    /// Release `req`'s blocks that fell out of every group's attention window
+    /// once `num_computed_tokens` tokens are processed (`allocate_slots` does
+    /// this itself; schedulers call it for requests they skip this step).
+    pub fn remove_skipped_blocks(
+        &mut self,
+        req: ReqId,
+        num_computed_tokens: usize,
+    ) -> KvResult<()> {
+        let Self {
+            pool,
+            managers,
+            requests,
+            scratch,
+            ..
+        } = self;
+        let tables = requests.get_mut(&req).ok_or(KvError::UnknownRequest(req))?;
+        for (m, t) in managers.iter().zip(tables.iter_mut()) {
+            m.remove_skipped_blocks(pool, t, num_computed_tokens, scratch)?;
+        }
+        Ok(())
+    }
+
     /// Per group, how many leading blocks of `req`'s table are shared by all
     /// `num_running_requests` running requests (reference count equal to
     /// that number).
@@ -1334,6 +1356,9 @@ mod tests {
         assert_eq!(new.iter().map(Vec::len).collect::<Vec<_>>(), [0, 0, 0]);
         // Mamba kept only the block of the last computed token (+ scratch).
         assert_eq!(c.tables(r.id).unwrap()[1].num_leading_nulls(), 2);
+        c.remove_skipped_blocks(r.id, 13).unwrap();
+        assert_eq!(c.tables(r.id).unwrap()[1].num_leading_nulls(), 3);
+        assert!(c.remove_skipped_blocks(ReqId(9), 13).is_err());
         c.check_invariants().unwrap();
         c.free(r.id).unwrap();
         assert_eq!(c.pool().num_free_blocks(), 39);

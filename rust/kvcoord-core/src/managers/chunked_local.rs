@@ -35,6 +35,16 @@ pub(crate) fn find_longest_cache_hit(
         });
     }
     let first = num_skipped_tokens(max_length, chunk) / bs;
+    if first > view.len() {
+        // The null prefix would claim tokens the request does not have.
+        return Err(KvError::InvalidArgument {
+            name: "max_length",
+            detail: format!(
+                "{max_length} tokens reach past the {} hashed blocks",
+                view.len()
+            ),
+        });
+    }
     for list in out.iter_mut() {
         list.resize(first, BlockId::NULL);
     }

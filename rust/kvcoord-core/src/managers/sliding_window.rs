@@ -35,9 +35,10 @@ pub(crate) fn find_longest_cache_hit(
 ) -> usize {
     let bs = view.block_size();
     let need = contiguous_blocks_needed(sliding_window, bs);
-    // Blocks past the hashes cannot hit; treating them as misses is what a
-    // longer scan would find.
-    let max_blocks = max_length / bs;
+    // Blocks past the hashes cannot hit: scanning them would only reset the
+    // (still empty) run, and the result never extends past a hit, so the
+    // scan starts at the last hashed block.
+    let max_blocks = (max_length / bs).min(view.len());
     for list in out.iter_mut() {
         list.resize(max_blocks, BlockId::NULL);
     }
@@ -45,7 +46,7 @@ pub(crate) fn find_longest_cache_hit(
     let mut found = None;
     // One block per group; hybrid models have a handful of groups per spec.
     let mut probe: SmallVec<[BlockId; 4]> = SmallVec::new();
-    for i in (0..max_blocks.min(view.len())).rev() {
+    for i in (0..max_blocks).rev() {
         probe.clear();
         let hit = groups.iter().all(|&g| match pool.lookup(view.get(i), g) {
             Some(b) => {
