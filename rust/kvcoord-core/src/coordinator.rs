@@ -151,12 +151,21 @@ impl CoordinatorConfig {
         if self.max_model_len == 0 {
             return Err(bad("max_model_len", "0".into(), "must be positive"));
         }
-        if self.arrangement == Arrangement::Unitary && self.groups.len() != 1 {
-            return Err(bad(
-                "arrangement",
-                format!("Unitary with {} groups", self.groups.len()),
-                "the unitary arrangement has exactly one group",
-            ));
+        if self.arrangement == Arrangement::Unitary {
+            if self.groups.len() != 1 {
+                return Err(bad(
+                    "arrangement",
+                    format!("Unitary with {} groups", self.groups.len()),
+                    "the unitary arrangement has exactly one group",
+                ));
+            }
+            if self.groups[0].block_size != sbs {
+                return Err(bad(
+                    "scheduler_block_size",
+                    sbs.to_string(),
+                    "the unitary arrangement schedules in blocks of its one group",
+                ));
+            }
         }
         if self.enable_caching {
             for g in &self.groups {

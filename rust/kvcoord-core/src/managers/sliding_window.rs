@@ -98,7 +98,7 @@ pub(crate) fn find_longest_cache_hit(
 /// segment; `Some(r)` keeps the tail of every `r`-token segment; `Some(0)`
 /// keeps none. With a retention interval the blocks before each reachable
 /// boundary (rounded down to the alignment) are kept too.
-pub(crate) fn reachable_block_mask(
+pub fn reachable_block_mask(
     start: usize,
     end: usize,
     block_size: usize,
