@@ -17,6 +17,8 @@ from kvcoord._core import (
 )
 from kvcoord.errors import (
     BlockStateError,
+    BlockTableError,
+    BlockTableIndexError,
     ConfigError,
     InvalidBlockIdError,
     InvalidHashError,
@@ -32,6 +34,8 @@ __all__ = [
     "BlockRemoved",
     "BlockStateError",
     "BlockStored",
+    "BlockTableError",
+    "BlockTableIndexError",
     "ConfigError",
     "InvalidBlockIdError",
     "InvalidHashError",
