@@ -7,6 +7,7 @@ scope). CUDA tests run only when a GPU is present.
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 import textwrap
@@ -18,8 +19,6 @@ torch = pytest.importorskip("torch")
 
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
-
 from kvcoord.block_table import (  # noqa: E402
     PAD_SLOT_ID,
     BlockTable,
@@ -33,6 +32,7 @@ from kvcoord.errors import (  # noqa: E402
     InvalidBlockIdError,
     KvCoordError,
 )
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(
@@ -65,7 +65,7 @@ class Model:
 
 def naive_slots(table: list[list[int]], bs: int, rows, positions, size: int) -> list[int]:
     out = [PAD_SLOT_ID] * size
-    for i, (r, p) in enumerate(zip(rows, positions)):
+    for i, (r, p) in enumerate(zip(rows, positions, strict=True)):
         out[i] = table[r][p // bs] * bs + p % bs
     return out
 
@@ -334,6 +334,21 @@ def model_apply(m: Model, reqs: int, kind: str, a: int, b: int, ids: list[int]):
     return None
 
 
+def run_op(t: BlockTable, kind: str, a: int, b: int, ids) -> None:
+    if kind == "add":
+        t.add_row(ids, a)
+    elif kind == "append":
+        t.append_row(ids, a)
+    elif kind == "clear":
+        t.clear_row(a)
+    elif kind == "move":
+        t.move_row(a, b)
+    elif kind == "swap":
+        t.swap_row(a, b)
+    else:
+        t.commit(a)
+
+
 @settings(max_examples=150, deadline=None)
 @given(op_sequences())
 def test_random_row_operations_match_model(case):
@@ -344,14 +359,7 @@ def test_random_row_operations_match_model(case):
         snap = snapshot(t)
         want = model_apply(m, reqs, kind, a, b, ids)
         arg = np.array(ids, dtype=np.int64) if as_np else ids
-        call = {
-            "add": lambda: t.add_row(arg, a),
-            "append": lambda: t.append_row(arg, a),
-            "clear": lambda: t.clear_row(a),
-            "move": lambda: t.move_row(a, b),
-            "swap": lambda: t.swap_row(a, b),
-            "commit": lambda: t.commit(a),
-        }[kind]
+        call = functools.partial(run_op, t, kind, a, b, arg)
         if want is None:
             call()
         else:
@@ -595,7 +603,7 @@ def test_multi_group_bad_group_changes_nothing(ids, exc):
     snaps = [snapshot(t) for t in mg]
     with pytest.raises(exc):
         mg.append_row(ids, 0)
-    for t, s in zip(mg, snaps):
+    for t, s in zip(mg, snaps, strict=True):
         assert_unchanged(t, s)
     with pytest.raises(BlockTableIndexError):
         mg.move_row(0, 2)

@@ -633,7 +633,7 @@ class MultiGroupBlockTable:
                 pin_memory,
                 kernel_block_size=kbs,
             )
-            for bs, w, kbs in zip(sizes, widths, kernels)
+            for bs, w, kbs in zip(sizes, widths, kernels, strict=True)
         )
         self.device = self.tables[0].device
         self.max_num_reqs = self.tables[0].max_num_reqs
@@ -659,8 +659,10 @@ class MultiGroupBlockTable:
 
     def _write(self, block_ids: Any, row: int, overwrite: bool) -> None:
         per_group = self._per_group(block_ids)
-        prepared = [t._prepare(ids, row, overwrite) for t, ids in zip(self.tables, per_group)]
-        for t, p in zip(self.tables, prepared):
+        prepared = [
+            t._prepare(ids, row, overwrite) for t, ids in zip(self.tables, per_group, strict=True)
+        ]
+        for t, p in zip(self.tables, prepared, strict=True):
             t._apply(*p)
 
     def append_row(self, block_ids: Any, row: int) -> None:
