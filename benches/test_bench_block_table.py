@@ -57,9 +57,20 @@ def naive_build(ids_per_req, positions, qsl):
     return torch.tensor(table, dtype=torch.int32), torch.tensor(slots, dtype=torch.int64)
 
 
+ROWS = np.arange(NUM_REQS)
+
+
 def fast_build(table, ids_per_req, positions, qsl):
+    """One add_row per request (one vectorised copy per row)."""
     for r, ids in enumerate(ids_per_req):
         table.add_row(ids, r)
+    table.commit(NUM_REQS)
+    return table.device_table, table.compute_slot_mapping(positions, query_start_loc=qsl)
+
+
+def batched_build(table, ids_per_req, positions, qsl):
+    """One add_rows call for the whole batch (one scatter)."""
+    table.add_rows(ids_per_req, ROWS)
     table.commit(NUM_REQS)
     return table.device_table, table.compute_slot_mapping(positions, query_start_loc=qsl)
 
@@ -68,9 +79,11 @@ def _table():
     return BlockTable(BLOCK_SIZE, NUM_REQS, BLOCKS_PER_REQ, STEP_TOKENS, "cpu")
 
 
-def test_results_agree():
+@pytest.mark.parametrize("build", [fast_build, batched_build])
+@pytest.mark.parametrize("ids", [IDS_LIST, IDS_NP], ids=["lists", "numpy"])
+def test_results_agree(build, ids):
     want_table, want_slots = naive_build(IDS_LIST, POSITIONS, QSL)
-    got_table, got_slots = fast_build(_table(), IDS_LIST, POSITIONS, QSL)
+    got_table, got_slots = build(_table(), ids, POSITIONS, QSL)
     assert torch.equal(got_table, want_table)
     assert torch.equal(got_slots, want_slots)
 
@@ -87,6 +100,16 @@ def test_bench_block_table_from_lists(benchmark):
 def test_bench_block_table_from_numpy(benchmark):
     table = _table()
     benchmark(fast_build, table, IDS_NP, POSITIONS, QSL)
+
+
+def test_bench_block_table_batched_from_lists(benchmark):
+    table = _table()
+    benchmark(batched_build, table, IDS_LIST, POSITIONS, QSL)
+
+
+def test_bench_block_table_batched_from_numpy(benchmark):
+    table = _table()
+    benchmark(batched_build, table, IDS_NP, POSITIONS, QSL)
 
 
 def test_bench_slot_mapping_only(benchmark):

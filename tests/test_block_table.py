@@ -420,6 +420,16 @@ def test_slot_mapping_reads_committed_table_and_reuses_buffer():
     assert t.compute_slot_mapping([], rows=[]).tolist() == [-1] * 64
 
 
+@pytest.mark.parametrize("numpy_path", [True, False])
+def test_slot_is_int64_past_int32(numpy_path):
+    t = BlockTable(16, 1, 2, 4, "cpu")
+    t._numpy_slots = numpy_path
+    t.add_row([2**31 - 1, 0], 0)
+    t.commit(1)
+    out = t.compute_slot_mapping([15, 16], query_start_loc=[0, 2])
+    assert out[:3].tolist() == [(2**31 - 1) * 16 + 15, 0, -1]
+
+
 def test_slot_mapping_empty_requests_in_qsl():
     t = make()
     t.add_row([1], 0)
@@ -485,13 +495,14 @@ def slot_cases(draw):
     return bs, width, rows, runs
 
 
-@settings(max_examples=150, deadline=None)
-@given(slot_cases(), st.sampled_from(["list", "numpy", "tensor"]))
-def test_slot_mapping_matches_naive(case, kind):
+@settings(max_examples=200, deadline=None)
+@given(slot_cases(), st.sampled_from(["list", "numpy", "tensor"]), st.booleans())
+def test_slot_mapping_matches_naive(case, kind, numpy_path):
     bs, width, rows, runs = case
     total = sum(len(r) for r in runs)
     size = total + 5
     t = BlockTable(bs, len(rows), width, size, "cpu")
+    t._numpy_slots = numpy_path  # False: the torch path CUDA devices take
     for r, ids in enumerate(rows):
         t.add_row(ids, r)
     t.commit(len(rows))
@@ -507,6 +518,91 @@ def test_slot_mapping_matches_naive(case, kind):
     want = naive_slots(dense, bs, token_rows, positions, size)
     assert t.compute_slot_mapping(conv(positions), rows=conv(token_rows)).tolist() == want
     assert t.compute_slot_mapping(conv(positions), query_start_loc=conv(qsl)).tolist() == want
+
+
+# ---------------------------------------------------------------------------
+# batched row writes
+# ---------------------------------------------------------------------------
+
+
+@st.composite
+def batch_cases(draw):
+    reqs = draw(st.integers(1, 6))
+    width = draw(st.integers(1, 5))
+    k = draw(st.sampled_from([1, 2]))
+    pre = [draw(st.lists(st.integers(0, 99), max_size=width)) for _ in range(reqs)]
+    rows = draw(st.lists(st.integers(0, reqs - 1), unique=True, max_size=reqs))
+    ids = [draw(st.lists(st.integers(0, 99), max_size=width)) for _ in rows]
+    kind = draw(st.sampled_from(["list", "numpy", "tuple"]))
+    return reqs, width, k, pre, rows, ids, kind
+
+
+@settings(max_examples=150, deadline=None)
+@given(batch_cases(), st.booleans())
+def test_batched_writes_match_per_row(case, overwrite):
+    reqs, width, k, pre, rows, ids, kind = case
+    a = BlockTable(16 * k, reqs, width, 8, "cpu", kernel_block_size=16)
+    b = BlockTable(16 * k, reqs, width, 8, "cpu", kernel_block_size=16)
+    for r, p in enumerate(pre):
+        a.add_row(p, r)
+        b.add_row(p, r)
+    conv = {"list": list, "numpy": np.array, "tuple": tuple}[kind]
+    per_row = [conv(x) for x in ids]
+    fits = all(
+        (0 if overwrite else len(pre[r])) + len(x) <= width for r, x in zip(rows, ids, strict=True)
+    )
+    snap = snapshot(a)
+    batch = a.add_rows if overwrite else a.append_rows
+    if not fits:
+        with pytest.raises(BlockTableError):
+            batch(per_row, rows)
+        assert_unchanged(a, snap)
+        return
+    batch(per_row, np.array(rows, dtype=np.int64))
+    for r, x in zip(rows, per_row, strict=True):
+        (b.add_row if overwrite else b.append_row)(x, r)
+    np.testing.assert_array_equal(a.host_np, b.host_np)
+    np.testing.assert_array_equal(a.num_blocks_per_row, b.num_blocks_per_row)
+
+
+@pytest.mark.parametrize(
+    ("ids", "rows", "exc"),
+    [
+        ([[1], [2]], [0, 0], BlockTableError),  # repeated row
+        ([[1], [2]], [0], BlockTableError),
+        ([[1], [2]], [0, 4], BlockTableIndexError),
+        ([[1], [2]], [-1, 0], BlockTableIndexError),
+        ([[1], [2, 3, 4, 5]], [0, 1], BlockTableError),  # second row overflows
+        ([[1], [-2]], [2, 3], InvalidBlockIdError),
+        ([[1], 2], [2, 3], BlockTableError),
+        ([[1], [[2]]], [2, 3], BlockTableError),
+        ([[1], [2.5]], [2, 3], BlockTableError),
+        ([np.array([1]), np.array([[2]])], [2, 3], BlockTableError),
+        ("ab", [2, 3], BlockTableError),
+        (5, [2], BlockTableError),
+        ([[1]], [1.0], BlockTableError),
+    ],
+)
+def test_batched_errors_leave_table_unchanged(ids, rows, exc):
+    t = make(reqs=4, width=3)
+    t.add_row([7, 8], 0)
+    t.add_row([9, 9], 1)
+    snap = snapshot(t)
+    for call in (t.add_rows, t.append_rows):
+        with pytest.raises(exc):
+            call(ids, rows)
+        assert_unchanged(t, snap)
+
+
+def test_batched_write_examples():
+    t = make(reqs=4, width=4)
+    t.add_rows([[1, 2, 3], np.array([4], dtype=np.uint32)], [0, 2])
+    t.append_rows(([5], (), [6, 7]), np.array([0, 1, 2]))
+    assert t.host_np.tolist() == [[1, 2, 3, 5], [0, 0, 0, 0], [4, 6, 7, 0], [0, 0, 0, 0]]
+    t.add_rows([[9]], [0])  # shorter than before: old tail zeroed
+    assert t.host_np[0].tolist() == [9, 0, 0, 0] and t.num_blocks(0) == 1
+    t.add_rows([], [])
+    assert t.num_blocks_per_row.tolist() == [1, 0, 3, 0]
 
 
 # ---------------------------------------------------------------------------
@@ -609,6 +705,18 @@ def test_multi_group_bad_group_changes_nothing(ids, exc):
         mg.move_row(0, 2)
     with pytest.raises(BlockTableIndexError):
         mg.commit(3)
+
+
+def test_multi_group_batched():
+    mg = MultiGroupBlockTable([16, 32], 3, 4, 16, kernel_block_sizes=[None, 16])
+    mg.add_rows(([[1, 2], [3]], [[0, 4], [5]]), [0, 2])
+    assert mg[0].row(0).tolist() == [1, 2] and mg[0].row(2).tolist() == [3]
+    assert mg[1].row(0).tolist() == [0, 1, 8, 9] and mg[1].row(2).tolist() == [10, 11]
+    snaps = [snapshot(t) for t in mg]
+    with pytest.raises(BlockTableError):  # group 1 row 0 would exceed 4 blocks
+        mg.append_rows(([[1], [1]], [[1, 2, 3], [1]]), [0, 2])
+    for t, s in zip(mg, snaps, strict=True):
+        assert_unchanged(t, s)
 
 
 def test_multi_group_bad_config():

@@ -52,6 +52,7 @@ torch is needed by this module only (``pip install kvcoord[torch]``);
 
 from __future__ import annotations
 
+import itertools
 import math
 import operator
 from collections.abc import Iterator, Sequence
@@ -89,6 +90,7 @@ _EMPTY_IDS: npt.NDArray[np.int64] = np.zeros(0, dtype=np.int64)
 _EMPTY_IDS.flags.writeable = False
 
 IntArray = npt.NDArray[np.integer[Any]]
+_Index = npt.NDArray[np.int64] | torch.Tensor
 
 
 # ---------------------------------------------------------------------------
@@ -158,6 +160,30 @@ def _as_block_ids(block_ids: Any) -> IntArray:
     return arr
 
 
+def _flatten_block_ids(per_row: Any, n: int) -> tuple[IntArray, npt.NDArray[np.int64]]:
+    """Concatenated ids and per-row lengths of ``n`` id sequences, checked."""
+    try:
+        lens = np.fromiter(map(len, per_row), dtype=np.int64, count=n)
+    except TypeError:
+        raise BlockTableError("each row's block ids must be a sequence of ints") from None
+    if all(isinstance(x, np.ndarray) and x.ndim == 1 for x in per_row):
+        # empty rows may have any dtype (np.array([]) is float), as for one row
+        parts = [x for x in per_row if x.shape[0]]
+        flat: Any = np.concatenate(parts) if parts else _EMPTY_IDS
+    else:
+        flat = list(itertools.chain.from_iterable(per_row))
+    ids = _as_block_ids(flat)
+    if ids.shape[0] != int(lens.sum()):
+        raise BlockTableError("each row's block ids must be one-dimensional")
+    return ids, lens
+
+
+def _ragged_columns(starts: npt.NDArray[np.int64], lens: npt.NDArray[np.int64]) -> Any:
+    """Concatenation of ``arange(s, s + l)`` for each (start, length) pair."""
+    total = int(lens.sum())
+    return np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(lens) - lens - starts, lens)
+
+
 def _check_index(value: Any, bound: int, name: str) -> int:
     """An int in ``[0, bound)``; negative values do not wrap around."""
     if isinstance(value, bool):
@@ -220,12 +246,16 @@ def _prepare_slot_inputs(
     max_num_reqs: int,
     max_num_batched_tokens: int,
     max_position: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Checked (positions, rows) int64 tensors on ``device``, one entry per token.
+    numpy_path: bool,
+) -> tuple[_Index, _Index]:
+    """Checked (positions, rows), one int64 entry per token: numpy arrays for a
+    CPU device (numpy beats torch's CPU kernels at this size), tensors on
+    ``device`` otherwise.
 
     Host inputs are checked fully (range of rows and positions, shape of
     ``query_start_loc``); device tensors get shape/dtype checks only.
     """
+    on_cpu = numpy_path
     if (rows is None) == (query_start_loc is None):
         raise BlockTableError("pass exactly one of rows= or query_start_loc=")
     pos_np, pos_t = _host_or_device_ints(positions, "positions", device)
@@ -252,7 +282,9 @@ def _prepare_slot_inputs(
             if lo < 0 or hi >= max_num_reqs:
                 bad = lo if lo < 0 else hi
                 raise BlockTableIndexError(f"row {bad} out of range [0, {max_num_reqs})")
-        rows_out = rows_t if rows_np is None else _to_device(rows_np, device)
+        rows_out: _Index | None = rows_t
+        if rows_np is not None:
+            rows_out = rows_np if on_cpu else _to_device(rows_np, device)
     else:
         qsl_np, qsl_t = _host_or_device_ints(query_start_loc, "query_start_loc", device)
         n = qsl_np.shape[0] if qsl_np is not None else qsl_t.shape[0]  # type: ignore[union-attr]
@@ -266,15 +298,23 @@ def _prepare_slot_inputs(
                     f"query_start_loc must run from 0 to the number of positions "
                     f"({num_tokens}), got {int(qsl_np[0])}..{int(qsl_np[-1])}"
                 )
-            if n > 1 and bool((np.diff(qsl_np) < 0).any()):
+            lens = np.diff(qsl_np)
+            if bool((lens < 0).any()):
                 raise BlockTableError("query_start_loc must be non-decreasing")
-            qsl_t = _to_device(qsl_np, device)
-        assert qsl_t is not None
-        # Token t belongs to the request r with qsl[r] <= t < qsl[r + 1]:
-        # the number of request ends qsl[1:] that are <= t.
-        token_idx = torch.arange(num_tokens, dtype=torch.int64, device=device)
-        rows_out = torch.searchsorted(qsl_t[1:].contiguous(), token_idx, right=True)
-    pos_out = pos_t if pos_np is None else _to_device(pos_np, device)
+            if on_cpu:
+                rows_out = np.repeat(np.arange(n - 1, dtype=np.int64), lens)
+            else:
+                qsl_t = _to_device(qsl_np, device)
+        if not on_cpu:
+            assert qsl_t is not None
+            # Token t belongs to the request r with qsl[r] <= t < qsl[r + 1]:
+            # the number of request ends qsl[1:] that are <= t. (No sync, unlike
+            # repeat_interleave without output_size.)
+            token_idx = torch.arange(num_tokens, dtype=torch.int64, device=device)
+            rows_out = torch.searchsorted(qsl_t[1:].contiguous(), token_idx, right=True)
+    pos_out: _Index | None = pos_t
+    if pos_np is not None:
+        pos_out = pos_np if on_cpu else _to_device(pos_np, device)
     assert pos_out is not None and rows_out is not None
     return pos_out, rows_out
 
@@ -347,6 +387,11 @@ class BlockTable:
         self._slot_mapping = torch.full(
             (self.max_num_batched_tokens,), PAD_SLOT_ID, dtype=torch.int64, device=self.device
         )
+        # numpy views of the CPU-device mirror and slot buffer (the fast CPU
+        # path; tests switch it off to run the torch path on the CPU)
+        self._numpy_slots = self.device.type == "cpu"
+        self._dev_np = self._dev.numpy() if self._numpy_slots else None
+        self._slot_np = self._slot_mapping.numpy() if self._numpy_slots else None
         self._split = np.arange(self.blocks_per_manager_block, dtype=np.int64)
         self._copy_event: Any = torch.cuda.Event() if self.device.type == "cuda" else None
         self._copy_pending = False
@@ -459,6 +504,76 @@ class BlockTable:
         request). Same inputs and errors as :meth:`append_row`."""
         self._apply(*self._prepare(block_ids, row, overwrite=True))
 
+    # -- batched row writes ------------------------------------------------
+
+    def _prepare_batch(self, block_ids_per_row: Any, rows: Any, overwrite: bool) -> Any:
+        """Check a batched write; return what :meth:`_apply_batch` needs."""
+        try:
+            n = len(block_ids_per_row)
+        except TypeError:
+            raise BlockTableError("block ids must be given as one id sequence per row") from None
+        if isinstance(block_ids_per_row, (str, bytes)):
+            raise BlockTableError("block ids must be given as one id sequence per row")
+        rows_np, _ = _host_or_device_ints(rows, "rows", torch.device("cpu"))
+        assert rows_np is not None
+        if rows_np.shape[0] != n:
+            raise BlockTableError(f"{rows_np.shape[0]} rows but block ids for {n} rows")
+        if n == 0:
+            return None
+        lo, hi = int(rows_np.min()), int(rows_np.max())
+        if lo < 0 or hi >= self.max_num_reqs:
+            bad = lo if lo < 0 else hi
+            raise BlockTableIndexError(f"row {bad} out of range [0, {self.max_num_reqs})")
+        if np.unique(rows_np).shape[0] != n:
+            raise BlockTableError("a row appears more than once in one batched write")
+        ids, lens = _flatten_block_ids(block_ids_per_row, n)
+        k = self.blocks_per_manager_block
+        if k > 1 and ids.shape[0]:
+            if int(ids.max()) * k + k - 1 > _INT32_MAX:
+                raise InvalidBlockIdError(
+                    f"block id {int(ids.max())} split into {k} kernel blocks "
+                    "does not fit the int32 block table"
+                )
+            ids = (ids.astype(np.int64)[:, None] * k + self._split).reshape(-1)
+            lens = lens * k
+        old = self._counts[rows_np].astype(np.int64)
+        starts = np.zeros_like(old) if overwrite else old
+        ends = starts + lens
+        over = np.flatnonzero(ends > self.width)
+        if over.size:
+            i = int(over[0])
+            raise BlockTableError(
+                f"row {int(rows_np[i])} holds at most {self.max_num_blocks_per_req} blocks; "
+                f"{int(starts[i]) // k} + {int(lens[i]) // k} would not fit"
+            )
+        return rows_np, starts, lens, old, ids
+
+    def _apply_batch(self, prepared: Any) -> None:
+        if prepared is None:
+            return
+        rows_np, starts, lens, old, ids = prepared
+        self._wait_for_copy()
+        ends = starts + lens
+        self._np[np.repeat(rows_np, lens), _ragged_columns(starts, lens)] = ids
+        tail = np.maximum(old - ends, 0)
+        if tail.any():  # add_rows onto longer rows: zero what is left of them
+            self._np[np.repeat(rows_np, tail), _ragged_columns(ends, tail)] = 0
+        self._counts[rows_np] = ends
+
+    def append_rows(self, block_ids_per_row: Any, rows: Any) -> None:
+        """Batched :meth:`append_row`: ``block_ids_per_row[i]`` goes to
+        ``rows[i]``, with one scatter for the whole batch.
+
+        ``block_ids_per_row``: a sequence of id sequences (lists, tuples, numpy
+        arrays); ``rows``: distinct row indices (list, numpy array, CPU
+        tensor). Everything is checked before anything is written.
+        """
+        self._apply_batch(self._prepare_batch(block_ids_per_row, rows, overwrite=False))
+
+    def add_rows(self, block_ids_per_row: Any, rows: Any) -> None:
+        """Batched :meth:`add_row` (see :meth:`append_rows`)."""
+        self._apply_batch(self._prepare_batch(block_ids_per_row, rows, overwrite=True))
+
     def clear_row(self, row: int) -> None:
         """Zero ``row`` and set its count to 0."""
         r = _check_index(row, self.max_num_reqs, "row")
@@ -559,13 +674,25 @@ class BlockTable:
             max_num_reqs=self.max_num_reqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
             max_position=self.width * self.kernel_block_size,
+            numpy_path=self._numpy_slots,
         )
         self._slot_mapping_into(pos, rows_t)
         return self._slot_mapping
 
-    def _slot_mapping_into(self, pos: torch.Tensor, rows: torch.Tensor) -> None:
+    def _slot_mapping_into(self, pos: _Index, rows: _Index) -> None:
         bs = self.kernel_block_size
         n = pos.shape[0]
+        if isinstance(pos, np.ndarray):  # CPU device: numpy views of the same memory
+            assert self._dev_np is not None and self._slot_np is not None
+            out_np = self._slot_np
+            if n:
+                col = pos // bs
+                ids = self._dev_np[rows, col]
+                np.multiply(ids, bs, out=out_np[:n], dtype=np.int64)
+                out_np[:n] += pos - col * bs
+            out_np[n:] = PAD_SLOT_ID
+            return
+        assert isinstance(rows, torch.Tensor)
         out = self._slot_mapping
         if n:
             col = torch.div(pos, bs, rounding_mode="floor")
@@ -673,6 +800,24 @@ class MultiGroupBlockTable:
         """Replace ``row`` in every group (see :meth:`BlockTable.add_row`)."""
         self._write(block_ids, row, overwrite=True)
 
+    def _write_batch(self, block_ids: Any, rows: Any, overwrite: bool) -> None:
+        per_group = self._per_group(block_ids)
+        prepared = [
+            t._prepare_batch(ids, rows, overwrite)
+            for t, ids in zip(self.tables, per_group, strict=True)
+        ]
+        for t, p in zip(self.tables, prepared, strict=True):
+            t._apply_batch(p)
+
+    def append_rows(self, block_ids: Any, rows: Any) -> None:
+        """Batched :meth:`append_row`: ``block_ids[g][i]`` goes to ``rows[i]``
+        of group ``g`` (see :meth:`BlockTable.append_rows`)."""
+        self._write_batch(block_ids, rows, overwrite=False)
+
+    def add_rows(self, block_ids: Any, rows: Any) -> None:
+        """Batched :meth:`add_row` (see :meth:`append_rows`)."""
+        self._write_batch(block_ids, rows, overwrite=True)
+
     def clear_row(self, row: int) -> None:
         """Clear ``row`` in every group."""
         _check_index(row, self.max_num_reqs, "row")
@@ -724,6 +869,7 @@ class MultiGroupBlockTable:
             max_num_reqs=self.max_num_reqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
             max_position=min(t.width * t.kernel_block_size for t in self.tables),
+            numpy_path=all(t._numpy_slots for t in self.tables),
         )
         for t in self.tables:
             t._slot_mapping_into(pos, rows_t)
