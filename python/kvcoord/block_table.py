@@ -151,12 +151,13 @@ def _as_block_ids(block_ids: Any) -> IntArray:
         return _EMPTY_IDS
     if arr.dtype.kind not in "iu":
         raise BlockTableError(f"block ids must be integers, got dtype {arr.dtype}")
-    lo = int(arr.min())
-    if lo < 0:
-        raise InvalidBlockIdError(f"block ids must be non-negative, got {lo}")
-    hi = int(arr.max())
-    if hi > _INT32_MAX:
-        raise InvalidBlockIdError(f"block id {hi} does not fit the int32 block table")
+    # One reduction checks both bounds: the OR of all ids has a bit >= 31 set
+    # (or is negative) iff some id is negative or does not fit int32.
+    if int(np.bitwise_or.reduce(arr)) >> 31:
+        lo = int(arr.min())
+        if lo < 0:
+            raise InvalidBlockIdError(f"block ids must be non-negative, got {lo}")
+        raise InvalidBlockIdError(f"block id {int(arr.max())} does not fit the int32 block table")
     return arr
 
 
@@ -554,10 +555,12 @@ class BlockTable:
         rows_np, starts, lens, old, ids = prepared
         self._wait_for_copy()
         ends = starts + lens
-        self._np[np.repeat(rows_np, lens), _ragged_columns(starts, lens)] = ids
+        flat = self._np.reshape(-1)  # a view: the table is C-contiguous
+        # linear index of (row, col) = row * width + col; one 1-D scatter
+        flat[_ragged_columns(starts + rows_np * self.width, lens)] = ids
         tail = np.maximum(old - ends, 0)
         if tail.any():  # add_rows onto longer rows: zero what is left of them
-            self._np[np.repeat(rows_np, tail), _ragged_columns(ends, tail)] = 0
+            flat[_ragged_columns(ends + rows_np * self.width, tail)] = 0
         self._counts[rows_np] = ends
 
     def append_rows(self, block_ids_per_row: Any, rows: Any) -> None:
