@@ -10,8 +10,10 @@ ids a manager hands out into those two tensors.
   and a mirror of it on the device. Row operations (:meth:`~BlockTable.add_row`,
   :meth:`~BlockTable.append_row`, :meth:`~BlockTable.clear_row`,
   :meth:`~BlockTable.move_row`, :meth:`~BlockTable.swap_row`) change the host
-  side only, one vectorised copy per row; :meth:`~BlockTable.commit` copies the
-  used rows to the device with a non-blocking copy.
+  side only, one vectorised copy per row (:meth:`~BlockTable.add_rows` and
+  :meth:`~BlockTable.append_rows` write a whole batch with one scatter);
+  :meth:`~BlockTable.commit` copies the used rows to the device with a
+  non-blocking copy.
 * :meth:`BlockTable.compute_slot_mapping` computes, for every scheduled token
   at position ``p`` of batch row ``r``, ``slot = table[r, p // B] * B + p % B``
   (int64, ``B`` the table's block size) from the committed device table,
@@ -394,7 +396,11 @@ class BlockTable:
         self._dev_np = self._dev.numpy() if self._numpy_slots else None
         self._slot_np = self._slot_mapping.numpy() if self._numpy_slots else None
         self._split = np.arange(self.blocks_per_manager_block, dtype=np.int64)
-        self._copy_event: Any = torch.cuda.Event() if self.device.type == "cuda" else None
+        self._copy_event: Any = (
+            torch.cuda.Event()  # type: ignore[no-untyped-call]
+            if self.device.type == "cuda"
+            else None
+        )
         self._copy_pending = False
 
     def __repr__(self) -> str:
@@ -663,6 +669,11 @@ class BlockTable:
         to ``len(positions)`` without decreasing); tensors already on the
         device are used as they are, since checking them would synchronise.
 
+        On CUDA, pass ``positions`` and ``query_start_loc``/``rows`` as device
+        tensors on the hot path (a model runner has them there already): host
+        arrays are accepted but go through a pageable host -> device copy,
+        which the driver may perform synchronously.
+
         Reads the device mirror, i.e. the table as of the last :meth:`commit`.
         Returns the whole ``[max_num_batched_tokens]`` int64 buffer on the
         device: ``slot = table[row, pos // B] * B + pos % B`` for the first
@@ -698,10 +709,10 @@ class BlockTable:
         assert isinstance(rows, torch.Tensor)
         out = self._slot_mapping
         if n:
-            col = torch.div(pos, bs, rounding_mode="floor")
-            ids = self._dev[rows, col].to(torch.int64)
-            torch.mul(ids, bs, out=out[:n])
-            out[:n].add_(pos - col * bs)
+            tcol = torch.div(pos, bs, rounding_mode="floor")
+            tids = self._dev[rows, tcol].to(torch.int64)
+            torch.mul(tids, bs, out=out[:n])
+            out[:n].add_(pos - tcol * bs)
         out[n:].fill_(PAD_SLOT_ID)
 
 
