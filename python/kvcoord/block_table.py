@@ -54,6 +54,7 @@ torch is needed by this module only (``pip install kvcoord[torch]``);
 
 from __future__ import annotations
 
+import array
 import itertools
 import math
 import operator
@@ -128,6 +129,21 @@ def round_row_width(num_blocks: int, block_size: int, align_tokens: int = 128) -
     return -(-num_blocks // align) * align
 
 
+def _ints_from_iterable(items: Any) -> npt.NDArray[np.int64]:
+    """Python ints (or numpy integer scalars) as an int64 array.
+
+    ``array.array`` is both stricter than ``np.asarray`` (floats, strings,
+    None and nested sequences raise instead of being inferred) and faster.
+    """
+    try:
+        buf = array.array("q", items)
+    except TypeError as exc:
+        raise BlockTableError(f"block ids must be a flat sequence of ints: {exc}") from None
+    except OverflowError:
+        raise InvalidBlockIdError("a block id does not fit the int32 block table") from None
+    return np.frombuffer(buf, dtype=np.int64)
+
+
 def _as_block_ids(block_ids: Any) -> IntArray:
     """Block ids as a 1-D numpy integer array (no copy when already one).
 
@@ -136,6 +152,8 @@ def _as_block_ids(block_ids: Any) -> IntArray:
     """
     if isinstance(block_ids, np.ndarray):
         arr = block_ids
+    elif isinstance(block_ids, (list, tuple, range)):
+        arr = _ints_from_iterable(block_ids)
     elif isinstance(block_ids, torch.Tensor):
         if block_ids.device.type != "cpu":
             raise BlockTableError(
@@ -174,7 +192,7 @@ def _flatten_block_ids(per_row: Any, n: int) -> tuple[IntArray, npt.NDArray[np.i
         parts = [x for x in per_row if x.shape[0]]
         flat: Any = np.concatenate(parts) if parts else _EMPTY_IDS
     else:
-        flat = list(itertools.chain.from_iterable(per_row))
+        flat = _ints_from_iterable(itertools.chain.from_iterable(per_row))
     ids = _as_block_ids(flat)
     if ids.shape[0] != int(lens.sum()):
         raise BlockTableError("each row's block ids must be one-dimensional")
