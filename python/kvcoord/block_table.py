@@ -664,7 +664,8 @@ class BlockTable:
             return
         self._dev[:n].copy_(self._host[:n], non_blocking=True)
         if self._copy_event is not None:
-            self._copy_event.record()
+            # the copy runs on the destination device's current stream
+            self._copy_event.record(torch.cuda.current_stream(self.device))
             self._copy_pending = True
 
     # -- slot mapping -----------------------------------------------------
