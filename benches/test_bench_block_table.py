@@ -6,6 +6,11 @@ of its context) gets its slot mapping. Both sides end with torch tensors: the
 int32 table and the int64 slot mapping padded with -1.
 
 Run: ``pytest benches/test_bench_block_table.py --benchmark-enable``.
+
+Measured 2026-11-30 on a shared 2-core VM under load (min of >=50 rounds, CPU
+device): naive 5.16 ms; add_row per request 2.23 ms from lists / 1.11 ms from
+numpy arrays; add_rows batch 1.94 ms from lists / 0.46 ms from numpy arrays;
+slot mapping alone 83 us. Medians were 1.1-4x higher from load noise.
 """
 
 from __future__ import annotations
