@@ -539,6 +539,8 @@ class BlockTable:
             raise BlockTableError("block ids must be given as one id sequence per row") from None
         if isinstance(block_ids_per_row, (str, bytes)):
             raise BlockTableError("block ids must be given as one id sequence per row")
+        if isinstance(rows, torch.Tensor) and rows.device.type != "cpu":
+            raise BlockTableError(f"rows must be in host memory, got a tensor on {rows.device}")
         rows_np, _ = _host_or_device_ints(rows, "rows", torch.device("cpu"))
         assert rows_np is not None
         if rows_np.shape[0] != n:
