@@ -17,6 +17,8 @@ from kvcoord._core import (
 )
 from kvcoord.errors import (
     BlockStateError,
+    BlockTableError,
+    BlockTableIndexError,
     ConfigError,
     InvalidArgumentError,
     InvalidBlockIdError,
@@ -33,6 +35,8 @@ __all__ = [
     "BlockRemoved",
     "BlockStateError",
     "BlockStored",
+    "BlockTableError",
+    "BlockTableIndexError",
     "ConfigError",
     "InvalidArgumentError",
     "InvalidBlockIdError",

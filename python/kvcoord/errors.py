@@ -10,6 +10,8 @@ from __future__ import annotations
 
 __all__ = [
     "BlockStateError",
+    "BlockTableError",
+    "BlockTableIndexError",
     "ConfigError",
     "InvalidArgumentError",
     "InvalidBlockIdError",
@@ -56,6 +58,17 @@ class UnknownRequestError(KvCoordError, KeyError):
 
     def __str__(self) -> str:  # KeyError would print the repr of the message
         return str(self.args[0]) if self.args else ""
+
+
+class BlockTableError(KvCoordError, ValueError):
+    """A block-table call got a bad value: more block ids than a row holds,
+    ids of the wrong dtype or shape, or inconsistent slot-mapping inputs.
+    The table is left exactly as it was."""
+
+
+class BlockTableIndexError(BlockTableError, IndexError):
+    """A block-table row, request count or token position is out of range
+    (also an ``IndexError``). The table is left exactly as it was."""
 
 
 class InvariantError(KvCoordError, AssertionError):
