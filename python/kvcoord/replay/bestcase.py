@@ -15,14 +15,30 @@ prefix is stored too, a request's hit length is found by binary search.
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import zlib
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
 import numpy as np
 
 from kvcoord.replay.workloads import Workload, _splitmix64
 
-__all__ = ["BestCase", "best_possible_hits", "prefix_block_keys"]
+__all__ = [
+    "BackgroundBestCase",
+    "BestCase",
+    "BestCaseTracker",
+    "best_possible_hits",
+    "prefix_block_keys",
+]
+
+
+_MAX_BLOCK = 4096
+# one odd 64-bit weight per position in a block (fixed: keys are comparable across calls)
+_WEIGHTS = _splitmix64(np.arange(_MAX_BLOCK, dtype=np.uint64) + np.uint64(0xB10C)) | np.uint64(1)
 
 
 def prefix_block_keys(tokens: np.ndarray, block_size: int, salt: str | None = None) -> np.ndarray:
@@ -32,9 +48,12 @@ def prefix_block_keys(tokens: np.ndarray, block_size: int, salt: str | None = No
         return np.zeros(0, dtype=np.uint64)
     t = np.asarray(tokens[: nb * block_size], dtype=np.uint64).reshape(nb, block_size)
     with np.errstate(over="ignore"):
-        pos = np.arange(1, block_size + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
-        cell = _splitmix64(t * np.uint64(0xC2B2AE3D27D4EB4F) + pos[None, :])
-        content = cell.sum(axis=1, dtype=np.uint64)
+        if block_size <= _MAX_BLOCK:
+            w = _WEIGHTS[:block_size]
+        else:
+            w = _splitmix64(np.arange(block_size, dtype=np.uint64) + np.uint64(0xB10C)) | np.uint64(1)
+        # a random linear form of the block's tokens, then mixed with its index and the salt
+        content = (t * w[None, :]).sum(axis=1, dtype=np.uint64)
         seed = np.uint64(zlib.crc32(salt.encode()) + 1 if salt is not None else 0)
         idx = np.arange(nb, dtype=np.uint64) * np.uint64(0xD6E8FEB86659FD93)
         per_block = _splitmix64(content ^ idx ^ (seed * np.uint64(0xFF51AFD7ED558CCD)))
@@ -52,19 +71,33 @@ class BestCase:
         return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
 
-def best_possible_hits(workload: Workload, block_size: int) -> BestCase:
-    """Prompt tokens an unbounded prefix cache with blocks of ``block_size`` could serve."""
-    if block_size <= 0:
-        raise ValueError(f"block_size must be positive, got {block_size}")
-    seen: set[int] = set()
-    total = hits = 0
-    for r in workload.requests:
-        prompt = np.asarray(r.make_prompt(), dtype=np.int64)
-        out = np.asarray(r.output_tokens(), dtype=np.int64)
-        computed = np.concatenate([prompt, out])[: r.prompt_len + r.output_len - 1]
-        keys = prefix_block_keys(computed, block_size, r.cache_salt)
-        max_hit = (r.prompt_len - 1) // block_size
-        lo, hi = 0, min(max_hit, keys.shape[0])
+class BestCaseTracker:
+    """Feed requests in arrival order; keeps the unbounded cache's prefix keys."""
+
+    def __init__(self, block_size: int) -> None:
+        if block_size <= 0:
+            raise ValueError(f"block_size must be positive, got {block_size}")
+        self.block_size = block_size
+        self._seen: set[int] = set()
+        self.prompt_tokens = 0
+        self.hit_tokens = 0
+
+    def add(
+        self,
+        prompt: Sequence[int] | np.ndarray,
+        output: Sequence[int] | np.ndarray,
+        salt: str | None = None,
+    ) -> int:
+        """Account one request (its prompt and all its output tokens); returns its hit tokens."""
+        bs = self.block_size
+        p = np.asarray(prompt, dtype=np.int64)
+        n_prompt = p.shape[0]
+        n_out = len(output)
+        # computed tokens at the end: the prompt and all but the last output token
+        computed = np.concatenate([p, np.asarray(output, dtype=np.int64)])[: n_prompt + n_out - 1]
+        keys = prefix_block_keys(computed, bs, salt)
+        seen = self._seen
+        lo, hi = 0, min((n_prompt - 1) // bs, keys.shape[0])
         # largest m <= hi with keys[:m] all seen (the seen set is prefix-closed)
         while lo < hi:
             mid = (lo + hi + 1) // 2
@@ -72,7 +105,56 @@ def best_possible_hits(workload: Workload, block_size: int) -> BestCase:
                 lo = mid
             else:
                 hi = mid - 1
-        total += r.prompt_len
-        hits += lo * block_size
         seen.update(keys[lo:].tolist())
-    return BestCase(total, hits)
+        self.prompt_tokens += n_prompt
+        self.hit_tokens += lo * bs
+        return lo * bs
+
+    def result(self) -> BestCase:
+        return BestCase(self.prompt_tokens, self.hit_tokens)
+
+
+def best_possible_hits(workload: Workload, block_size: int) -> BestCase:
+    """Prompt tokens an unbounded prefix cache with blocks of ``block_size`` could serve."""
+    tracker = BestCaseTracker(block_size)
+    for r in workload.requests:
+        tracker.add(r.make_prompt(), r.output_tokens(), r.cache_salt)
+    return tracker.result()
+
+
+def _best_from_loader(load: Callable[[], Workload], block_size: int) -> BestCase:
+    return best_possible_hits(load(), block_size)
+
+
+class BackgroundBestCase:
+    """:func:`best_possible_hits` in a second process while the replay runs.
+
+    ``load`` rebuilds the workload in that process, so it must be picklable
+    (e.g. ``functools.partial`` of a module-level function). Falls back to
+    computing in this process, at :meth:`result`, on a single-CPU machine or
+    when no process can be started.
+    """
+
+    def __init__(self, load: Callable[[], Workload], block_size: int, background: bool = True) -> None:
+        self._load = load
+        self._block_size = block_size
+        self._ex: ProcessPoolExecutor | None = None
+        self._fut: Future[BestCase] | None = None
+        if background and (os.cpu_count() or 1) > 1:
+            try:
+                ctx = multiprocessing.get_context("spawn")
+                self._ex = ProcessPoolExecutor(max_workers=1, mp_context=ctx)
+                self._fut = self._ex.submit(_best_from_loader, load, block_size)
+            except (OSError, RuntimeError):  # pragma: no cover - no processes here
+                self._ex = self._fut = None
+
+    def result(self) -> BestCase:
+        if self._fut is None:
+            return _best_from_loader(self._load, self._block_size)
+        try:
+            return self._fut.result()
+        except BrokenProcessPool:  # pragma: no cover - the worker died (e.g. out of memory)
+            return _best_from_loader(self._load, self._block_size)
+        finally:
+            assert self._ex is not None
+            self._ex.shutdown()

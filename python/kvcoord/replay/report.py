@@ -52,8 +52,13 @@ def summarize(
         "mean_usage": float(usage.mean()),
         "steps": res.steps,
         "simulated_seconds": res.sim_seconds,
+        "busy_seconds": res.busy_seconds,
+        # throughput proxy: prompt + output tokens served per simulated busy second
+        # (prefix hits shorten steps, preemptions add recomputation)
         "throughput_tokens_per_s": (
-            res.computed_tokens / res.sim_seconds if res.sim_seconds > 0 else 0.0
+            (res.prompt_tokens + res.output_tokens) / res.busy_seconds
+            if res.busy_seconds > 0
+            else 0.0
         ),
         "manager_seconds": res.manager_seconds,
         "manager_us_per_step_p50": float(np.percentile(per_step, 50) * 1e6),

@@ -35,6 +35,9 @@ from dataclasses import dataclass, field
 from time import perf_counter
 from typing import Any
 
+import numpy as np
+
+from kvcoord.replay.bestcase import BestCase, BestCaseTracker
 from kvcoord.replay.layouts import Layout
 from kvcoord.replay.workloads import Workload, WorkloadRequest
 
@@ -67,6 +70,9 @@ class SimConfig:
     step_token_s: float = 2e-6
     #: Multiplies arrival times (0: everything arrives at once).
     time_scale: float = 1.0
+    #: Also compute the best possible hit rate (unbounded cache) on the same tokens,
+    #: in this process (the CLI runs ``BackgroundBestCase`` on another core instead).
+    track_best: bool = False
 
 
 @dataclass
@@ -83,9 +89,13 @@ class SimResult:
     evictions: int | None = 0
     steps: int = 0
     sim_seconds: float = 0.0
+    #: Simulated seconds with at least one request scheduled.
+    busy_seconds: float = 0.0
     manager_seconds: float = 0.0
     wall_seconds: float = 0.0
     leaked_blocks: int = 0
+    #: Best possible hits with an unbounded cache (``SimConfig.track_best``).
+    best: BestCase | None = None
     num_blocks: int = 0
     #: Per step: manager seconds, pool usage, simulated time, cumulative hit rate.
     step_manager_s: array = field(default_factory=lambda: array("d"))
@@ -194,13 +204,14 @@ class EvictionCounter:
 class _Live:
     """Scheduler-side state of one request."""
 
-    __slots__ = ("computed", "counted", "num_tokens", "out", "out_pos", "req", "wr")
+    __slots__ = ("computed", "counted", "num_tokens", "out", "out_len", "out_pos", "req", "wr")
 
     def __init__(self, wr: WorkloadRequest) -> None:
         self.wr = wr
         self.req: Any = None
         self.out: list[int] = []
         self.out_pos = 0
+        self.out_len = wr.output_len
         self.num_tokens = wr.prompt_len
         self.computed = 0
         self.counted = False
@@ -219,6 +230,7 @@ def simulate(
     max_model_len = cfg.max_model_len or workload.max_sequence_len
     hash_bs = math.gcd(*(g.block_size for g in layout.groups))
     mgr = make_manager(layout, cfg.num_blocks, max_model_len)
+    best = BestCaseTracker(layout.block_size) if cfg.track_best else None
     evictions = EvictionCounter(mgr, layout.enable_caching)
     pool = mgr.block_pool
 
@@ -228,7 +240,7 @@ def simulate(
     running: list[_Live] = []
     scale = cfg.time_scale
     max_running, token_budget = cfg.max_running, cfg.token_budget
-    now = 0.0
+    now = busy = 0.0
     mgr_total = 0.0
     prompt_tokens = hit_tokens = 0
     pc = perf_counter
@@ -248,13 +260,16 @@ def simulate(
 
         budget = token_budget
         step_mgr_s = 0.0
-        scheduled: list[tuple[_Live, int]] = []
+        finished: list[_Live] = []
         preempted = False
 
-        # 2. running requests, in admission order
-        i = 0
-        while i < len(running) and budget > 0:
-            live = running[i]
+        # 2. running requests, in admission order. A scheduled request's step
+        # outcome (tokens computed, token sampled) is applied right away: later
+        # requests of the step never depend on it, and frees wait for the end.
+        i = 0  # requests scheduled so far
+        for live in running:  # the list only loses its tail (preemption) meanwhile
+            if budget <= 0:
+                break
             n = live.num_tokens - live.computed
             if n > budget:
                 n = budget
@@ -283,9 +298,17 @@ def simulate(
                     break
             if new is None:
                 break
-            scheduled.append((live, n))
             budget -= n
             i += 1
+            c = live.computed + n
+            live.computed = c
+            req.num_computed_tokens = c
+            if c >= live.num_tokens:
+                req.append_output_token_ids(live.out[live.out_pos])
+                live.out_pos += 1
+                live.num_tokens += 1
+                if live.out_pos >= live.out_len:
+                    finished.append(live)
 
         # 3. admissions
         if not preempted:
@@ -294,13 +317,18 @@ def simulate(
                 wr = live.wr
                 req = live.req
                 if req is None:
+                    # first attempt: in arrival order (only preempted requests jump the queue)
+                    toks = wr.make_prompt()
+                    live.out = wr.output_tokens()
+                    if best is not None:
+                        best.add(toks, live.out, wr.cache_salt)
                     req = live.req = Request(
                         wr.request_id,
-                        wr.prompt_tokens(),
+                        toks.tolist() if isinstance(toks, np.ndarray) else list(toks),
                         hash_block_size=hash_bs,
                         cache_salt=wr.cache_salt,
                     )
-                    live.out = wr.output_tokens()
+                    del toks
                 t0 = pc()
                 blocks, hit = mgr.get_computed_blocks(req)
                 step_mgr_s += pc() - t0
@@ -313,7 +341,7 @@ def simulate(
                 )
                 step_mgr_s += pc() - t0
                 if new is None:
-                    if not running and not scheduled:
+                    if not running and i == 0:
                         raise SimulationError(
                             f"request {wr.request_id} ({live.num_tokens} tokens) cannot be "
                             f"admitted into an empty pool of {cfg.num_blocks} blocks; "
@@ -321,47 +349,44 @@ def simulate(
                         )
                     break
                 waiting.popleft()
-                if hit:
-                    req.num_computed_tokens = hit
-                live.computed = hit
                 if not live.counted:
                     live.counted = True
                     prompt_tokens += wr.prompt_len
                     hit_tokens += min(hit, wr.prompt_len)
                 running.append(live)
-                scheduled.append((live, n))
                 budget -= n
+                c = hit + n
+                live.computed = c
+                req.num_computed_tokens = c
+                if c >= live.num_tokens:
+                    req.append_output_token_ids(live.out[live.out_pos])
+                    live.out_pos += 1
+                    live.num_tokens += 1
+                    if live.out_pos >= live.out_len:
+                        finished.append(live)
 
         usage = mgr.usage
 
-        # 4. the step runs
-        finished = False
-        for live, n in scheduled:
-            req = live.req
-            live.computed += n
-            req.num_computed_tokens = live.computed
-            if live.computed >= live.num_tokens:
-                req.append_output_token_ids(live.out[live.out_pos])
-                live.out_pos += 1
-                live.num_tokens += 1
-                if live.out_pos >= live.wr.output_len:
-                    t0 = pc()
-                    mgr.free(req)
-                    step_mgr_s += pc() - t0
-                    live.req = None
-                    live.out_pos = -1
-                    finished = True
-                    res.num_finished += 1
-                    res.output_tokens += live.wr.output_len
-                    if progress is not None:
-                        progress(1)
+        # 4. end of step: finished requests are freed
         if finished:
+            for live in finished:
+                t0 = pc()
+                mgr.free(live.req)
+                step_mgr_s += pc() - t0
+                live.req = None
+                live.out_pos = -1
+                res.output_tokens += live.out_len
+            res.num_finished += len(finished)
             running = [r for r in running if r.out_pos >= 0]
+            if progress is not None:
+                progress(len(finished))
         evictions.poll()
 
         tokens = token_budget - budget
         res.computed_tokens += tokens
-        now += cfg.step_base_s + cfg.step_token_s * tokens
+        dt = cfg.step_base_s + cfg.step_token_s * tokens
+        now += dt
+        busy += dt
         mgr_total += step_mgr_s
         step_mgr.append(step_mgr_s)
         step_usage.append(usage)
@@ -370,10 +395,12 @@ def simulate(
 
     res.steps = len(step_mgr)
     res.sim_seconds = now
+    res.busy_seconds = busy
     res.prompt_tokens = prompt_tokens
     res.hit_tokens = hit_tokens
     res.manager_seconds = mgr_total
     res.evictions = evictions.count
+    res.best = best.result() if best is not None else None
     res.leaked_blocks = (pool.num_blocks - 1) - pool.num_free_blocks
     res.wall_seconds = perf_counter() - wall0
     return res

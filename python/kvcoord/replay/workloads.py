@@ -37,7 +37,6 @@ __all__ = [
     "load_workload",
     "mooncake_block_tokens",
     "mooncake_prompt_tokens",
-    "output_token",
     "read_mooncake",
     "read_token_trace",
     "synthetic_chat",
@@ -80,6 +79,9 @@ def _derived_tokens(stream: int, count: int, start: int = 0) -> np.ndarray:
     return (mixed % np.uint64(VOCAB_SIZE)).astype(np.int64)
 
 
+_OFFSET_KEYS = _splitmix64(np.arange(MOONCAKE_BLOCK_TOKENS, dtype=np.uint64) + np.uint64(0xA5A5))
+
+
 def mooncake_block_tokens(hash_id: int) -> np.ndarray:
     """The 512 tokens named by one Mooncake hash id (a function of the id alone)."""
     return mooncake_prompt_tokens([hash_id], MOONCAKE_BLOCK_TOKENS)
@@ -88,26 +90,29 @@ def mooncake_block_tokens(hash_id: int) -> np.ndarray:
 def mooncake_prompt_tokens(hash_ids: Sequence[int], input_length: int) -> np.ndarray:
     """Prompt tokens of a Mooncake request: the blocks of ``hash_ids``, cut at ``input_length``.
 
-    Token ``j`` of the block named ``h`` is ``mix(h, j) mod VOCAB_SIZE``, so a
-    shared id gives a shared 512-token run and a shared id prefix a shared
-    token prefix, whatever block size the cache uses.
+    Token ``j`` of the block named ``h`` is a hash of ``(h, j)`` reduced to
+    ``[0, VOCAB_SIZE)``, so a shared id gives a shared 512-token run and a
+    shared id prefix a shared token prefix, whatever block size the cache uses.
     """
     if input_length <= 0:
         return np.zeros(0, dtype=np.int64)
-    ids = np.asarray(hash_ids, dtype=np.uint64)
     n_blocks = -(-input_length // MOONCAKE_BLOCK_TOKENS)
-    ids = ids[:n_blocks]
+    ids = np.asarray(hash_ids[:n_blocks], dtype=np.uint64)
     with np.errstate(over="ignore"):
         base = _splitmix64(ids * np.uint64(0x100000001B3) + np.uint64(0x6D6F6F6E63616B65))
-        offs = np.arange(MOONCAKE_BLOCK_TOKENS, dtype=np.uint64)
-        grid = _splitmix64(base[:, None] ^ (offs[None, :] * np.uint64(0xD6E8FEB86659FD93)))
-    flat = (grid % np.uint64(VOCAB_SIZE)).astype(np.int64).reshape(-1)
+        grid = (base[:, None] ^ _OFFSET_KEYS[None, :]) * np.uint64(0xD6E8FEB86659FD93)
+    flat = ((grid >> np.uint64(33)) % np.uint64(VOCAB_SIZE)).astype(np.int64).reshape(-1)
     return flat[:input_length]
 
 
-def output_token(stream: int, position: int) -> int:
-    """The deterministic output token number ``position`` of a request (no prompt overlap needed)."""
-    return int(_derived_tokens(stream ^ 0x5EED0F0CAC4E, 1, position)[0])
+_OUTPUT_POOL_SIZE = 1 << 16
+_OUTPUT_POOL: list[int] = []
+
+
+def _output_pool() -> list[int]:
+    if not _OUTPUT_POOL:
+        _OUTPUT_POOL.extend(_derived_tokens(0x5EED0F0CAC4E, _OUTPUT_POOL_SIZE).tolist())
+    return _OUTPUT_POOL
 
 
 @dataclass(eq=False)
@@ -140,7 +145,12 @@ class WorkloadRequest:
         """All ``output_len`` tokens the request samples."""
         if self.output_token_ids is not None:
             return list(self.output_token_ids[: self.output_len])
-        return _derived_tokens(self.index ^ 0x5EED0F0CAC4E, self.output_len).tolist()  # type: ignore[no-any-return]
+        n = self.output_len
+        if n > _OUTPUT_POOL_SIZE // 2:
+            return _derived_tokens(self.index ^ 0x5EED0F0CAC4E, n).tolist()  # type: ignore[no-any-return]
+        # a window of a fixed pseudo-random pool, placed by the request's index
+        start = (self.index * 0x9E3779B1) % (_OUTPUT_POOL_SIZE - n)
+        return _output_pool()[start : start + n]
 
 
 @dataclass
