@@ -21,7 +21,6 @@ import sys
 from time import perf_counter
 
 import numpy as np
-
 from kvcoord.replay.bestcase import BackgroundBestCase
 from kvcoord.replay.layouts import load_layout, num_blocks_for_capacity
 from kvcoord.replay.report import format_summary, summarize
@@ -34,7 +33,9 @@ from kvcoord.replay.workloads import (
 )
 
 
-def conversation_like(num_requests: int = 12_000, seed: int = 0, duration_s: float = 3600.0) -> Workload:
+def conversation_like(
+    num_requests: int = 12_000, seed: int = 0, duration_s: float = 3600.0
+) -> Workload:
     """A Mooncake-conversation-shaped workload (hash-id prompts, ~12k tokens, shared prefixes)."""
     rng = np.random.default_rng(seed)
     next_id = 0
@@ -105,7 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     t1 = perf_counter()
     # the best-possible pass runs in a second process meanwhile, as in `kvcoord replay`
-    best_job = BackgroundBestCase(functools.partial(conversation_like, args.requests), layout.block_size)
+    best_job = BackgroundBestCase(
+        functools.partial(conversation_like, args.requests), layout.block_size
+    )
     res = simulate(wl, cfg)
     t_sim = perf_counter() - t1
     t2 = perf_counter()

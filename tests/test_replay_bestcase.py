@@ -7,14 +7,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from kvcoord.replay.bestcase import best_possible_hits, prefix_block_keys
 from kvcoord.replay.workloads import Workload, WorkloadRequest, read_mooncake, synthetic_chat
 
 DATA = Path(__file__).parent / "data"
 
 
-def _req(rid: str, prompt: list[int], t: float, out: list[int] | None = None, salt: str | None = None) -> WorkloadRequest:
+def _req(
+    rid: str, prompt: list[int], t: float, out: list[int] | None = None, salt: str | None = None
+) -> WorkloadRequest:
     out = out if out is not None else [1]
     return WorkloadRequest(
         rid, t, len(prompt), len(out), lambda p=tuple(prompt): p, salt, tuple(out)
@@ -51,7 +52,9 @@ def test_reply_tokens_are_cached_for_the_follow_up() -> None:
 
 def test_cache_salt_separates() -> None:
     p = list(range(64))
-    wl = Workload("w", [_req("a", p, 0, salt="x"), _req("b", p, 1, salt="y"), _req("c", p, 2, salt="x")])
+    wl = Workload(
+        "w", [_req("a", p, 0, salt="x"), _req("b", p, 1, salt="y"), _req("c", p, 2, salt="x")]
+    )
     assert best_possible_hits(wl, 16).hit_tokens == 48
 
 

@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from kvcoord.cli import main
 
 DATA = Path(__file__).parent / "data"
@@ -62,12 +61,20 @@ def test_flag_errors(capsys: pytest.CaptureFixture[str], argv: list[str], messag
 
 def test_malformed_trace_line_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     p = tmp_path / "t.jsonl"
-    p.write_text(json.dumps({"prompt_token_ids": [1, 2]}) + "\n" + '{"prompt_token_ids": [1, "a"]}\n')
+    p.write_text(
+        json.dumps({"prompt_token_ids": [1, 2]}) + "\n" + '{"prompt_token_ids": [1, "a"]}\n'
+    )
     _fails(capsys, ["replay", "--trace", str(p)], f"{p}:2: 'prompt_token_ids' must be")
-    _fails(capsys, ["replay", "--trace", MOONCAKE, "--format", "tokens"], "mooncake_small.jsonl:1: missing field")
+    _fails(
+        capsys,
+        ["replay", "--trace", MOONCAKE, "--format", "tokens"],
+        "mooncake_small.jsonl:1: missing field",
+    )
     empty = tmp_path / "e.jsonl"
     empty.write_text("\n")
-    _fails(capsys, ["replay", "--trace", str(empty), "--format", "tokens"], "the trace has no requests")
+    _fails(
+        capsys, ["replay", "--trace", str(empty), "--format", "tokens"], "the trace has no requests"
+    )
 
 
 def test_bad_layout_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -78,16 +85,33 @@ def test_bad_layout_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
 
 def test_help_through_console_entry_point() -> None:
     out = subprocess.run(
-        [sys.executable, "-c", "import sys; from kvcoord.cli import main; sys.exit(main())", "sweep", "--help"],
+        [
+            sys.executable,
+            "-c",
+            "import sys; from kvcoord.cli import main; sys.exit(main())",
+            "sweep",
+            "--help",
+        ],
         capture_output=True,
         text=True,
         check=True,
     ).stdout
     assert "--jobs" in out and "--sizes" in out
     bad = subprocess.run(
-        [sys.executable, "-c", "import sys; from kvcoord.cli import main; sys.exit(main())", "replay", "--layout", "x"],
+        [
+            sys.executable,
+            "-c",
+            "import sys; from kvcoord.cli import main; sys.exit(main())",
+            "replay",
+            "--layout",
+            "x",
+        ],
         capture_output=True,
         text=True,
     )
     assert bad.returncode == 2
     assert "kvcoord replay: error: --layout: unknown layout 'x'" in bad.stderr
+
+
+def test_bare_flags_mean_replay(capsys: pytest.CaptureFixture[str]) -> None:
+    _fails(capsys, ["--num-blocks", "0"], "kvcoord replay: error: argument --num-blocks")

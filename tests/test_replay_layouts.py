@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from kvcoord.replay.layouts import (
     PRESETS,
     GroupSpec,
@@ -35,7 +34,12 @@ def test_json_and_toml_files(tmp_path: Path) -> None:
         "name": "hybrid",
         "groups": [
             {"type": "full_attention", "block_size": 32, "layers": 2},
-            {"type": "sliding_window", "block_size": 16, "sliding_window": 1024, "layers": ["a", "b"]},
+            {
+                "type": "sliding_window",
+                "block_size": 16,
+                "sliding_window": 1024,
+                "layers": ["a", "b"],
+            },
         ],
     }
     j = tmp_path / "l.json"
@@ -43,8 +47,8 @@ def test_json_and_toml_files(tmp_path: Path) -> None:
     t = tmp_path / "l.toml"
     t.write_text(
         'name = "hybrid"\n'
-        "[[groups]]\ntype = \"full_attention\"\nblock_size = 32\nlayers = 2\n"
-        "[[groups]]\ntype = \"sliding_window\"\nblock_size = 16\nsliding_window = 1024\n"
+        '[[groups]]\ntype = "full_attention"\nblock_size = 32\nlayers = 2\n'
+        '[[groups]]\ntype = "sliding_window"\nblock_size = 16\nsliding_window = 1024\n'
         'layers = ["a", "b"]\n'
     )
     for p in (j, t):
@@ -65,13 +69,27 @@ def test_json_and_toml_files(tmp_path: Path) -> None:
         ({"groups": [{"block_size": 16}]}, "missing 'type'"),
         ({"groups": [{"type": "linear"}]}, "unknown type 'linear'"),
         ({"groups": [{"type": "full", "block_size": 0}]}, "block_size must be a positive integer"),
-        ({"groups": [{"type": "full", "block_size": True}]}, "block_size must be a positive integer"),
+        (
+            {"groups": [{"type": "full", "block_size": True}]},
+            "block_size must be a positive integer",
+        ),
         ({"groups": [{"type": "sliding_window"}]}, "needs 'sliding_window'"),
-        ({"groups": [{"type": "full", "sliding_window": 4}]}, "only applies to type sliding_window"),
+        (
+            {"groups": [{"type": "full", "sliding_window": 4}]},
+            "only applies to type sliding_window",
+        ),
         ({"groups": [{"type": "chunked_local"}]}, "needs 'attention_chunk_size'"),
         ({"groups": [{"type": "full", "heads": 4}]}, "unknown key(s) heads"),
         ({"groups": [{"type": "full", "layers": 0}]}, "layers must be a positive integer"),
-        ({"groups": [{"type": "full", "layers": ["x"]}, {"type": "swa", "sliding_window": 8, "layers": ["x"]}]}, "appear in two groups"),
+        (
+            {
+                "groups": [
+                    {"type": "full", "layers": ["x"]},
+                    {"type": "swa", "sliding_window": 8, "layers": ["x"]},
+                ]
+            },
+            "appear in two groups",
+        ),
         ({"groups": [{"type": "mamba"}], "enable_caching": False}, "at least one attention group"),
         ({"groups": [{"type": "full"}, {"type": "mamba"}]}, "set enable_caching = false"),
         ({"groups": [{"type": "full"}], "enable_caching": "yes"}, "must be true or false"),
@@ -85,7 +103,7 @@ def test_invalid_layouts(doc: object, problem: str) -> None:
 
 
 def test_layout_file_errors(tmp_path: Path) -> None:
-    with pytest.raises(LayoutError, match="unknown layout 'nope'.*preset"):
+    with pytest.raises(LayoutError, match=r"unknown layout 'nope'.*preset"):
         load_layout("nope")
     with pytest.raises(LayoutError, match="no such layout file"):
         load_layout(str(tmp_path / "x.json"))

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from kvcoord.replay.bestcase import best_possible_hits
 from kvcoord.replay.layouts import PRESETS, num_blocks_for_capacity
 from kvcoord.replay.scheduler import SimConfig, SimulationError, simulate
@@ -123,7 +122,20 @@ def test_every_preset_completes_without_leaks(api: Any, name: str) -> None:
     assert all(0.0 <= u <= 1.0 for u in res.step_usage)
 
 
-def test_cli_replay_and_sweep_end_to_end(api: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bare_kvcoord_runs_the_bundled_default(
+    api: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kvcoord.cli import main
+
+    assert main(["--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "synthetic-chat" in out
+    assert "LEAKED" not in out
+
+
+def test_cli_replay_and_sweep_end_to_end(
+    api: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from kvcoord.cli import main
 
     out = tmp_path / "r.json"
@@ -149,11 +161,35 @@ def test_cli_replay_and_sweep_end_to_end(api: Any, tmp_path: Path, capsys: pytes
 
     trace = str(DATA / "mooncake_small.jsonl")
     png = tmp_path / "r.png"
-    assert main(["replay", "--trace", trace, "--num-blocks", "2000", "--plot", str(png), "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "replay",
+                "--trace",
+                trace,
+                "--num-blocks",
+                "2000",
+                "--plot",
+                str(png),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     assert png.read_bytes()[:4] == b"\x89PNG"
 
     sj, sp = tmp_path / "s.json", tmp_path / "s.png"
-    argv = ["sweep", "--trace", trace, "--sizes", "300,600,2000", "--json", str(sj), "--plot", str(sp)]
+    argv = [
+        "sweep",
+        "--trace",
+        trace,
+        "--sizes",
+        "300,600,2000",
+        "--json",
+        str(sj),
+        "--plot",
+        str(sp),
+    ]
     assert main([*argv, "--no-progress", "--jobs", "2"]) == 0
     rows = json.loads(sj.read_text())["rows"]
     assert [r["num_blocks"] for r in rows] == [300, 600, 2000]

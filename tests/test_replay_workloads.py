@@ -7,7 +7,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from kvcoord.replay.workloads import (
     MOONCAKE_BLOCK_TOKENS,
     VOCAB_SIZE,
@@ -55,7 +54,7 @@ def test_mooncake_shared_ids_give_shared_prefixes() -> None:
     a, b, c, d = (np.array(x.prompt_tokens()) for x in r[:4])
     n = 2 * MOONCAKE_BLOCK_TOKENS
     assert (a[:n] == b[:n]).all()  # ids [0, 1] shared
-    assert (a[n:1024 + 16] != b[n:1024 + 16]).any()  # id 2 vs 3
+    assert (a[n : 1024 + 16] != b[n : 1024 + 16]).any()  # id 2 vs 3
     assert (d == a[:1024]).all()
     assert (c[:16] != a[:16]).any()
     # a block is a function of its id alone, whatever its position
@@ -78,16 +77,36 @@ def test_mooncake_block_tokens_distinct_at_small_block_sizes() -> None:
         ("[1, 2]", "expected a JSON object"),
         ('{"input_length": 10, "output_length": 1, "hash_ids": [1]}', "missing field 'timestamp'"),
         ('{"timestamp": 0, "output_length": 1, "hash_ids": [1]}', "missing field 'input_length'"),
-        ('{"timestamp": 0, "input_length": 0, "output_length": 1, "hash_ids": []}', "'input_length' must be >= 1"),
-        ('{"timestamp": 0, "input_length": 10, "output_length": -1, "hash_ids": [1]}', "'output_length' must be >= 0"),
-        ('{"timestamp": 0, "input_length": "10", "output_length": 1, "hash_ids": [1]}', "must be an integer"),
-        ('{"timestamp": -5, "input_length": 10, "output_length": 1, "hash_ids": [1]}', "non-negative number"),
+        (
+            '{"timestamp": 0, "input_length": 0, "output_length": 1, "hash_ids": []}',
+            "'input_length' must be >= 1",
+        ),
+        (
+            '{"timestamp": 0, "input_length": 10, "output_length": -1, "hash_ids": [1]}',
+            "'output_length' must be >= 0",
+        ),
+        (
+            '{"timestamp": 0, "input_length": "10", "output_length": 1, "hash_ids": [1]}',
+            "must be an integer",
+        ),
+        (
+            '{"timestamp": -5, "input_length": 10, "output_length": 1, "hash_ids": [1]}',
+            "non-negative number",
+        ),
         ('{"timestamp": 0, "input_length": 10, "output_length": 1}', "missing field 'hash_ids'"),
-        ('{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": ["a"]}', "list of non-negative"),
-        ('{"timestamp": 0, "input_length": 1000, "output_length": 1, "hash_ids": [1]}', "needs 2 hash ids"),
+        (
+            '{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": ["a"]}',
+            "list of non-negative",
+        ),
+        (
+            '{"timestamp": 0, "input_length": 1000, "output_length": 1, "hash_ids": [1]}',
+            "needs 2 hash ids",
+        ),
     ],
 )
-def test_mooncake_malformed_line_names_file_and_line(tmp_path: Path, line: str, problem: str) -> None:
+def test_mooncake_malformed_line_names_file_and_line(
+    tmp_path: Path, line: str, problem: str
+) -> None:
     good = {"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}
     p = _write(tmp_path, [good, "", line])
     with pytest.raises(TraceFormatError) as ei:
@@ -115,7 +134,12 @@ def test_token_trace_reader(tmp_path: Path) -> None:
     p = _write(
         tmp_path,
         [
-            {"prompt_token_ids": [1, 2, 3], "output_length": 2, "arrival_time": 0.5, "cache_salt": "s"},
+            {
+                "prompt_token_ids": [1, 2, 3],
+                "output_length": 2,
+                "arrival_time": 0.5,
+                "cache_salt": "s",
+            },
             {"prompt_token_ids": [1, 2], "timestamp": 100, "request_id": "x"},
             {"prompt_token_ids": [4], "output_token_ids": [7, 8, 9]},
         ],
@@ -141,7 +165,10 @@ def test_token_trace_reader(tmp_path: Path) -> None:
         ({"prompt_token_ids": [1, -2]}, "non-negative integers"),
         ({"prompt_token_ids": [1], "output_length": 0}, "'output_length' must be >= 1"),
         ({"prompt_token_ids": [1], "output_token_ids": "ab"}, "'output_token_ids' must be a list"),
-        ({"prompt_token_ids": [1], "output_token_ids": [1], "output_length": 2}, "fewer than output_length"),
+        (
+            {"prompt_token_ids": [1], "output_token_ids": [1], "output_length": 2},
+            "fewer than output_length",
+        ),
         ({"prompt_token_ids": [1], "cache_salt": 3}, "'cache_salt' must be a string"),
         ({"prompt_token_ids": [1], "arrival_time": "soon"}, "non-negative number"),
         ({"prompt_token_ids": [1], "request_id": "a"}, "duplicate request_id 'a'"),
@@ -161,9 +188,9 @@ def test_load_workload_guesses_format(tmp_path: Path) -> None:
     assert load_workload(p, None).name.startswith("tokens:")
     assert len(load_workload(None, None, limit=5).requests) == 5
     q = _write(tmp_path, [{"foo": 1}], "q.jsonl")
-    with pytest.raises(TraceFormatError, match=r"q.jsonl:1: cannot tell the format"):
+    with pytest.raises(TraceFormatError, match=r"q\.jsonl:1: cannot tell the format"):
         load_workload(q, None)
-    with pytest.raises(TraceFormatError, match="t.jsonl:1: missing field 'timestamp'"):
+    with pytest.raises(TraceFormatError, match=r"t\.jsonl:1: missing field 'timestamp'"):
         load_workload(p, "mooncake")
 
 
@@ -173,7 +200,9 @@ def test_load_workload_guesses_format(tmp_path: Path) -> None:
 def test_synthetic_chat_is_deterministic_and_shares_prefixes() -> None:
     a, b = synthetic_chat(seed=3), synthetic_chat(seed=3)
     assert [r.request_id for r in a.requests] == [r.request_id for r in b.requests]
-    assert all(x.prompt_tokens() == y.prompt_tokens() for x, y in zip(a.requests, b.requests))
+    assert all(
+        x.prompt_tokens() == y.prompt_tokens() for x, y in zip(a.requests, b.requests, strict=True)
+    )
     assert synthetic_chat(seed=4).requests[0].prompt_tokens() != a.requests[0].prompt_tokens()
     times = [r.arrival_s for r in a.requests]
     assert times == sorted(times)

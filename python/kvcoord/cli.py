@@ -59,7 +59,9 @@ def _int_list(text: str) -> list[int]:
 
 def _add_workload_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("workload")
-    g.add_argument("--trace", metavar="FILE", help="trace file (default: the bundled synthetic chat workload)")
+    g.add_argument(
+        "--trace", metavar="FILE", help="trace file (default: the bundled synthetic chat workload)"
+    )
     g.add_argument(
         "--format",
         choices=("mooncake", "tokens"),
@@ -78,13 +80,23 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
         "--layout",
         default="full",
         metavar="NAME|FILE",
-        help="preset (full, sliding-window, chunked-local, mamba, no-prefix-cache) or a .json/.toml "
-        "layout file (default: full)",
+        help="preset (full, sliding-window, chunked-local, mamba, no-prefix-cache) "
+        "or a .json/.toml layout file (default: full)",
     )
     g.add_argument("--block-size", type=_pos_int, metavar="B", help="block size of every group")
-    g.add_argument("--max-running", type=_pos_int, default=256, metavar="N", help="cap on running requests (256)")
     g.add_argument(
-        "--token-budget", type=_pos_int, default=8192, metavar="N", help="tokens scheduled per step (8192)"
+        "--max-running",
+        type=_pos_int,
+        default=256,
+        metavar="N",
+        help="cap on running requests (256)",
+    )
+    g.add_argument(
+        "--token-budget",
+        type=_pos_int,
+        default=8192,
+        metavar="N",
+        help="tokens scheduled per step (8192)",
     )
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -99,7 +111,9 @@ def _parser() -> argparse.ArgumentParser:
     _add_workload_args(r)
     g = r.add_argument_group("pool size (one of)")
     m = g.add_mutually_exclusive_group()
-    m.add_argument("--num-blocks", type=_pos_int, metavar="N", help="pool size in blocks (null block included)")
+    m.add_argument(
+        "--num-blocks", type=_pos_int, metavar="N", help="pool size in blocks (null block included)"
+    )
     m.add_argument(
         "--capacity-tokens",
         type=_pos_int,
@@ -118,7 +132,9 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--capacities", type=_int_list, metavar="T,T,...", help="pool sizes in tokens")
     g.add_argument("--min-blocks", type=_pos_int, metavar="N", help="smallest pool of the range")
     g.add_argument("--max-blocks", type=_pos_int, metavar="N", help="largest pool of the range")
-    g.add_argument("--points", type=_pos_int, default=6, metavar="K", help="pool sizes in the range (6)")
+    g.add_argument(
+        "--points", type=_pos_int, default=6, metavar="K", help="pool sizes in the range (6)"
+    )
     g.add_argument("--jobs", type=_pos_int, default=1, metavar="N", help="parallel processes (1)")
     g = s.add_argument_group("output")
     g.add_argument("--json", metavar="FILE", help="write the rows as JSON")
@@ -192,7 +208,9 @@ def _check_pool(layout: Any, workload: Any, num_blocks: int, flag: str) -> None:
 
     need = num_blocks_for_capacity(layout, workload.max_sequence_len)
     if any(g.type in ("sliding_window", "chunked_local", "mamba") for g in layout.groups):
-        need = num_blocks_for_capacity(layout.__class__(layout.name, layout.groups[:1]), workload.max_sequence_len)
+        need = num_blocks_for_capacity(
+            layout.__class__(layout.name, layout.groups[:1]), workload.max_sequence_len
+        )
     if num_blocks < need:
         raise UsageError(
             f"{flag}: {num_blocks} blocks cannot hold the longest request "
@@ -206,7 +224,9 @@ def _check_pool(layout: Any, workload: Any, num_blocks: int, flag: str) -> None:
 def _progress(total: int, disable: bool, desc: str) -> Any:
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=desc, unit="req", disable=disable or None, leave=False, file=sys.stderr)
+    return tqdm(
+        total=total, desc=desc, unit="req", disable=disable or None, leave=False, file=sys.stderr
+    )
 
 
 def _loader(args: argparse.Namespace) -> Any:
@@ -281,7 +301,9 @@ def _sweep(args: argparse.Namespace) -> int:
     _check_output(args.json, "--json")
     _check_output(args.plot, "--plot", png=True)
     if (args.sizes or args.capacities) and (args.min_blocks or args.max_blocks):
-        raise UsageError("--min-blocks/--max-blocks make a range; do not combine with --sizes/--capacities")
+        raise UsageError(
+            "--min-blocks/--max-blocks make a range; do not combine with --sizes/--capacities"
+        )
     st = _setup(args)
     if args.sizes:
         sizes, flag = args.sizes, "--sizes"
@@ -291,7 +313,9 @@ def _sweep(args: argparse.Namespace) -> int:
     else:
         one = num_blocks_for_capacity(st.layout, st.workload.max_sequence_len)
         total = sum(r.prompt_len + r.output_len for r in st.workload.requests)
-        hi = args.max_blocks or min(max(num_blocks_for_capacity(st.layout, total), 2 * one), 1 << 22)
+        hi = args.max_blocks or min(
+            max(num_blocks_for_capacity(st.layout, total), 2 * one), 1 << 22
+        )
         lo = args.min_blocks or max(2 * one, hi // 64)
         if lo > hi:
             raise UsageError(f"--min-blocks {lo} is larger than --max-blocks {hi}")
@@ -329,7 +353,12 @@ def _sweep(args: argparse.Namespace) -> int:
     print(f"{st.workload.name} on {st.layout.name}: {st.layout.describe()}")
     print(format_sweep(rows))
     if args.json:
-        doc = {"workload": st.workload.name, "layout": st.layout.name, "best_possible_hit_rate": best, "rows": rows}
+        doc = {
+            "workload": st.workload.name,
+            "layout": st.layout.name,
+            "best_possible_hit_rate": best,
+            "rows": rows,
+        }
         Path(args.json).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
     if args.plot:
         plot_sweep(rows, args.plot)
@@ -339,8 +368,8 @@ def _sweep(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``kvcoord`` console script; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv:
-        argv = ["replay"]
+    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
+        argv = ["replay", *argv]  # `kvcoord [flags]` is `kvcoord replay [flags]`
     parser = _parser()
     args = parser.parse_args(argv)
     if args.command is None:

@@ -51,7 +51,9 @@ def prefix_block_keys(tokens: np.ndarray, block_size: int, salt: str | None = No
         if block_size <= _MAX_BLOCK:
             w = _WEIGHTS[:block_size]
         else:
-            w = _splitmix64(np.arange(block_size, dtype=np.uint64) + np.uint64(0xB10C)) | np.uint64(1)
+            w = _splitmix64(np.arange(block_size, dtype=np.uint64) + np.uint64(0xB10C)) | np.uint64(
+                1
+            )
         # a random linear form of the block's tokens, then mixed with its index and the salt
         content = (t * w[None, :]).sum(axis=1, dtype=np.uint64)
         seed = np.uint64(zlib.crc32(salt.encode()) + 1 if salt is not None else 0)
@@ -135,7 +137,9 @@ class BackgroundBestCase:
     when no process can be started.
     """
 
-    def __init__(self, load: Callable[[], Workload], block_size: int, background: bool = True) -> None:
+    def __init__(
+        self, load: Callable[[], Workload], block_size: int, background: bool = True
+    ) -> None:
         self._load = load
         self._block_size = block_size
         self._ex: ProcessPoolExecutor | None = None

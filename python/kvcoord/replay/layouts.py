@@ -111,7 +111,10 @@ PRESETS: dict[str, Layout] = {
     ),
     "chunked-local": Layout(
         "chunked-local",
-        (_full(), GroupSpec("chunked_local", 16, attention_chunk_size=8192, layer_names=("local.0",))),
+        (
+            _full(),
+            GroupSpec("chunked_local", 16, attention_chunk_size=8192, layer_names=("local.0",)),
+        ),
         description="full attention + 8192-token chunked local attention (Llama-4-style)",
     ),
     "mamba": Layout(
@@ -156,7 +159,13 @@ def parse_layout(data: Any, source: str = "<layout>") -> Layout:
         where = f"{source}: groups[{i}]"
         if not isinstance(g, dict):
             raise LayoutError(f"{where} must be a table/object")
-        unknown = set(g) - {"type", "block_size", "sliding_window", "attention_chunk_size", "layers"}
+        unknown = set(g) - {
+            "type",
+            "block_size",
+            "sliding_window",
+            "attention_chunk_size",
+            "layers",
+        }
         if unknown:
             raise LayoutError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
         kind = g.get("type")
@@ -164,25 +173,33 @@ def parse_layout(data: Any, source: str = "<layout>") -> Layout:
             raise LayoutError(f"{where}: missing 'type' (one of {', '.join(GROUP_TYPES)})")
         kind = _ALIASES.get(kind, kind)
         if kind not in GROUP_TYPES:
-            raise LayoutError(f"{where}: unknown type {g['type']!r} (one of {', '.join(GROUP_TYPES)})")
+            raise LayoutError(
+                f"{where}: unknown type {g['type']!r} (one of {', '.join(GROUP_TYPES)})"
+            )
         bs = _pos_int(g.get("block_size", 16), f"{where}.block_size")
         window = chunk = None
         if kind == "sliding_window":
             if "sliding_window" not in g:
-                raise LayoutError(f"{where}: a sliding_window group needs 'sliding_window' (tokens)")
+                raise LayoutError(
+                    f"{where}: a sliding_window group needs 'sliding_window' (tokens)"
+                )
             window = _pos_int(g["sliding_window"], f"{where}.sliding_window")
         elif "sliding_window" in g:
             raise LayoutError(f"{where}: 'sliding_window' only applies to type sliding_window")
         if kind == "chunked_local":
             if "attention_chunk_size" not in g:
-                raise LayoutError(f"{where}: a chunked_local group needs 'attention_chunk_size' (tokens)")
+                raise LayoutError(
+                    f"{where}: a chunked_local group needs 'attention_chunk_size' (tokens)"
+                )
             chunk = _pos_int(g["attention_chunk_size"], f"{where}.attention_chunk_size")
         elif "attention_chunk_size" in g:
             raise LayoutError(f"{where}: 'attention_chunk_size' only applies to type chunked_local")
         layers = g.get("layers", 1)
         if isinstance(layers, list):
             if not layers or not all(isinstance(x, str) and x for x in layers):
-                raise LayoutError(f"{where}.layers must be a positive count or a list of layer names")
+                raise LayoutError(
+                    f"{where}.layers must be a positive count or a list of layer names"
+                )
             names = tuple(layers)
         else:
             count = _pos_int(layers, f"{where}.layers")
@@ -192,7 +209,9 @@ def parse_layout(data: Any, source: str = "<layout>") -> Layout:
     for g in out:
         dup = seen.intersection(g.layer_names)
         if dup:
-            raise LayoutError(f"{source}: layer name(s) {', '.join(sorted(dup))} appear in two groups")
+            raise LayoutError(
+                f"{source}: layer name(s) {', '.join(sorted(dup))} appear in two groups"
+            )
         seen.update(g.layer_names)
     if all(g.type == "mamba" for g in out):
         raise LayoutError(f"{source}: a layout needs at least one attention group")

@@ -130,9 +130,7 @@ def _pyplot() -> Any:
     try:
         import matplotlib
     except ImportError:
-        raise PlotUnavailable(
-            "--plot needs matplotlib: pip install 'kvcoord[plot]'"
-        ) from None
+        raise PlotUnavailable("--plot needs matplotlib: pip install 'kvcoord[plot]'") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

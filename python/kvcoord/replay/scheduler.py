@@ -223,7 +223,12 @@ def simulate(
     progress: Callable[[int], None] | None = None,
 ) -> SimResult:
     """Replay ``workload`` against a fresh ``KVCacheManager``; ``progress(n)`` per n finished."""
-    from kvcoord import Request
+    try:
+        from kvcoord import KVCacheManager, Request  # noqa: F401
+    except ImportError as e:
+        raise SimulationError(
+            f"this kvcoord build has no KV-cache manager to drive ({e}); rebuild kvcoord"
+        ) from None
 
     wall0 = perf_counter()
     layout = cfg.layout

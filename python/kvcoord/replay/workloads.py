@@ -195,7 +195,9 @@ def _json_lines(path: Path) -> list[tuple[int, dict[str, object]]]:
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
-            raise TraceFormatError(path, lineno, f"invalid JSON: {e.msg} (column {e.colno})") from None
+            raise TraceFormatError(
+                path, lineno, f"invalid JSON: {e.msg} (column {e.colno})"
+            ) from None
         if not isinstance(obj, dict):
             raise TraceFormatError(
                 path, lineno, f"expected a JSON object, got {type(obj).__name__}"
@@ -205,7 +207,13 @@ def _json_lines(path: Path) -> list[tuple[int, dict[str, object]]]:
 
 
 def _int_field(
-    path: Path, lineno: int, obj: dict[str, object], key: str, *, minimum: int, required: bool = True
+    path: Path,
+    lineno: int,
+    obj: dict[str, object],
+    key: str,
+    *,
+    minimum: int,
+    required: bool = True,
 ) -> int | None:
     if key not in obj:
         if required:
@@ -229,7 +237,10 @@ def _time_field(path: Path, lineno: int, obj: dict[str, object], key: str) -> fl
 
 
 def read_mooncake(path: str | Path, limit: int | None = None) -> Workload:
-    """Read a Mooncake trace (``timestamp`` ms, ``input_length``, ``output_length``, ``hash_ids``)."""
+    """Read a Mooncake trace (``timestamp`` ms, ``input_length``, ``output_length``, ``hash_ids``).
+
+    Every line is one request; ``limit`` stops after that many.
+    """
     path = Path(path)
     reqs: list[WorkloadRequest] = []
     for lineno, obj in _json_lines(path):
@@ -285,7 +296,9 @@ def read_token_trace(path: str | Path, limit: int | None = None) -> Workload:
         if (
             not isinstance(toks, list)
             or not toks
-            or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**31 for t in toks)
+            or not all(
+                isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**31 for t in toks
+            )
         ):
             raise TraceFormatError(
                 path, lineno, "'prompt_token_ids' must be a non-empty list of non-negative integers"
@@ -303,7 +316,9 @@ def read_token_trace(path: str | Path, limit: int | None = None) -> Workload:
             n_out = len(out_ids) if out_ids else 16
         elif out_ids is not None and len(out_ids) < n_out:
             raise TraceFormatError(
-                path, lineno, f"'output_token_ids' has {len(out_ids)} tokens, fewer than output_length {n_out}"
+                path,
+                lineno,
+                f"'output_token_ids' has {len(out_ids)} tokens, fewer than output_length {n_out}",
             )
         t = _time_field(path, lineno, obj, "arrival_time")
         if t is None:
@@ -314,7 +329,9 @@ def read_token_trace(path: str | Path, limit: int | None = None) -> Workload:
             raise TraceFormatError(path, lineno, f"'cache_salt' must be a string, got {salt!r}")
         rid = obj.get("request_id", f"req-{len(reqs)}")
         if not isinstance(rid, str) or not rid:
-            raise TraceFormatError(path, lineno, f"'request_id' must be a non-empty string, got {rid!r}")
+            raise TraceFormatError(
+                path, lineno, f"'request_id' must be a non-empty string, got {rid!r}"
+            )
         if rid in seen:
             raise TraceFormatError(path, lineno, f"duplicate request_id {rid!r}")
         seen.add(rid)
@@ -357,7 +374,10 @@ def synthetic_chat(
     wait ``think_time_s`` (mean) between turns. Same seed, same workload.
     """
     rng = np.random.default_rng(seed)
-    systems = [_derived_tokens(seed * 1_000_003 + 17 * (i + 1), system_prompt_len) for i in range(num_system_prompts)]
+    systems = [
+        _derived_tokens(seed * 1_000_003 + 17 * (i + 1), system_prompt_len)
+        for i in range(num_system_prompts)
+    ]
     reqs: list[WorkloadRequest] = []
     start = 0.0
     stream = seed * 7_919_000 + 1
@@ -417,7 +437,9 @@ def _guess_format(path: Path) -> str:
                 try:
                     obj = json.loads(line)
                 except json.JSONDecodeError as e:
-                    raise TraceFormatError(path, lineno, f"invalid JSON: {e.msg} (column {e.colno})") from None
+                    raise TraceFormatError(
+                        path, lineno, f"invalid JSON: {e.msg} (column {e.colno})"
+                    ) from None
                 if isinstance(obj, dict) and "hash_ids" in obj:
                     return "mooncake"
                 if isinstance(obj, dict) and "prompt_token_ids" in obj:
