@@ -142,15 +142,14 @@ def make_manager(layout: Layout, num_blocks: int, max_model_len: int) -> Any:
 
     config = build_config(layout, num_blocks)
     if layout.enable_caching:
-        try:
-            return KVCacheManager(
-                config,
-                max_model_len=max_model_len,
-                enable_caching=True,
-                enable_kv_cache_events=True,
-            )
-        except TypeError:
-            pass
+        # events let EvictionCounter see evictions when the pool has no counter
+        for flag in ("enable_kv_cache_events", "enable_events"):
+            try:
+                return KVCacheManager(
+                    config, max_model_len=max_model_len, enable_caching=True, **{flag: True}
+                )
+            except TypeError:
+                continue
     return KVCacheManager(config, max_model_len=max_model_len, enable_caching=layout.enable_caching)
 
 
