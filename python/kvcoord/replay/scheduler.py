@@ -98,10 +98,10 @@ class SimResult:
     best: BestCase | None = None
     num_blocks: int = 0
     #: Per step: manager seconds, pool usage, simulated time, cumulative hit rate.
-    step_manager_s: array = field(default_factory=lambda: array("d"))
-    step_usage: array = field(default_factory=lambda: array("d"))
-    step_time: array = field(default_factory=lambda: array("d"))
-    step_hit_rate: array = field(default_factory=lambda: array("d"))
+    step_manager_s: array[float] = field(default_factory=lambda: array("d"))
+    step_usage: array[float] = field(default_factory=lambda: array("d"))
+    step_time: array[float] = field(default_factory=lambda: array("d"))
+    step_hit_rate: array[float] = field(default_factory=lambda: array("d"))
 
 
 # --------------------------------------------------------------------------- manager setup

@@ -21,6 +21,7 @@ Three sources:
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -102,7 +103,8 @@ def mooncake_prompt_tokens(hash_ids: Sequence[int], input_length: int) -> np.nda
         base = _splitmix64(ids * np.uint64(0x100000001B3) + np.uint64(0x6D6F6F6E63616B65))
         grid = (base[:, None] ^ _OFFSET_KEYS[None, :]) * np.uint64(0xD6E8FEB86659FD93)
     flat = ((grid >> np.uint64(33)) % np.uint64(VOCAB_SIZE)).astype(np.int64).reshape(-1)
-    return flat[:input_length]
+    out: np.ndarray = flat[:input_length]
+    return out
 
 
 _OUTPUT_POOL_SIZE = 1 << 16
@@ -113,6 +115,10 @@ def _output_pool() -> list[int]:
     if not _OUTPUT_POOL:
         _OUTPUT_POOL.extend(_derived_tokens(0x5EED0F0CAC4E, _OUTPUT_POOL_SIZE).tolist())
     return _OUTPUT_POOL
+
+
+def _same(tokens: Sequence[int] | np.ndarray) -> Sequence[int] | np.ndarray:
+    return tokens
 
 
 @dataclass(eq=False)
@@ -130,7 +136,7 @@ class WorkloadRequest:
     arrival_s: float
     prompt_len: int
     output_len: int
-    make_prompt: Callable[[], Sequence[int]]
+    make_prompt: Callable[[], Sequence[int] | np.ndarray]
     cache_salt: str | None = None
     output_token_ids: Sequence[int] | None = None
     index: int = 0
@@ -138,7 +144,8 @@ class WorkloadRequest:
     def prompt_tokens(self) -> list[int]:
         toks = self.make_prompt()
         if isinstance(toks, np.ndarray):
-            return toks.tolist()  # type: ignore[no-any-return]
+            out: list[int] = toks.tolist()
+            return out
         return list(toks)
 
     def output_tokens(self) -> list[int]:
@@ -147,7 +154,8 @@ class WorkloadRequest:
             return list(self.output_token_ids[: self.output_len])
         n = self.output_len
         if n > _OUTPUT_POOL_SIZE // 2:
-            return _derived_tokens(self.index ^ 0x5EED0F0CAC4E, n).tolist()  # type: ignore[no-any-return]
+            derived: list[int] = _derived_tokens(self.index ^ 0x5EED0F0CAC4E, n).tolist()
+            return derived
         # a window of a fixed pseudo-random pool, placed by the request's index
         start = (self.index * 0x9E3779B1) % (_OUTPUT_POOL_SIZE - n)
         return _output_pool()[start : start + n]
@@ -276,7 +284,7 @@ def read_mooncake(path: str | Path, limit: int | None = None) -> Workload:
                 arrival_s=ts / 1000.0,
                 prompt_len=n_in,
                 output_len=max(1, n_out),
-                make_prompt=lambda h=hash_ids, n=n_in: mooncake_prompt_tokens(h, n),
+                make_prompt=functools.partial(mooncake_prompt_tokens, hash_ids, n_in),
             )
         )
     return Workload(f"mooncake:{path.name}", reqs)
@@ -342,7 +350,7 @@ def read_token_trace(path: str | Path, limit: int | None = None) -> Workload:
                 arrival_s=t,
                 prompt_len=len(prompt),
                 output_len=n_out,
-                make_prompt=lambda p=prompt: p,
+                make_prompt=functools.partial(_same, prompt),
                 cache_salt=salt,
                 output_token_ids=tuple(out_ids) if out_ids is not None else None,
             )
@@ -398,7 +406,7 @@ def synthetic_chat(
                     arrival_s=round(t, 6),
                     prompt_len=int(prompt.shape[0]),
                     output_len=n_out,
-                    make_prompt=lambda p=prompt: p,
+                    make_prompt=functools.partial(_same, prompt),
                     output_token_ids=tuple(reply.tolist()),
                 )
             )
