@@ -248,6 +248,7 @@ def simulate(
     mgr_total = 0.0
     prompt_tokens = hit_tokens = 0
     pc = perf_counter
+    allocate = mgr.allocate_slots
     step_mgr, step_usage, step_time, step_hit = (
         res.step_manager_s,
         res.step_usage,
@@ -270,7 +271,6 @@ def simulate(
         # 2. running requests, in admission order. A scheduled request's step
         # outcome (tokens computed, token sampled) is applied right away: later
         # requests of the step never depend on it, and frees wait for the end.
-        i = 0  # requests scheduled so far
         for live in running:  # the list only loses its tail (preemption) meanwhile
             if budget <= 0:
                 break
@@ -280,7 +280,7 @@ def simulate(
             req = live.req
             while True:
                 t0 = pc()
-                new = mgr.allocate_slots(req, n)
+                new = allocate(req, n)
                 step_mgr_s += pc() - t0
                 if new is not None:
                     break
@@ -303,7 +303,6 @@ def simulate(
             if new is None:
                 break
             budget -= n
-            i += 1
             c = live.computed + n
             live.computed = c
             req.num_computed_tokens = c
@@ -345,7 +344,7 @@ def simulate(
                 )
                 step_mgr_s += pc() - t0
                 if new is None:
-                    if not running and i == 0:
+                    if not running and budget == token_budget:
                         raise SimulationError(
                             f"request {wr.request_id} ({live.num_tokens} tokens) cannot be "
                             f"admitted into an empty pool of {cfg.num_blocks} blocks; "
