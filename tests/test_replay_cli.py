@@ -115,3 +115,11 @@ def test_help_through_console_entry_point() -> None:
 
 def test_bare_flags_mean_replay(capsys: pytest.CaptureFixture[str]) -> None:
     _fails(capsys, ["--num-blocks", "0"], "kvcoord replay: error: argument --num-blocks")
+
+
+def test_geometric_sweep_range() -> None:
+    from kvcoord.cli import _geometric
+
+    assert _geometric(100, 1600, 5) == [100, 200, 400, 800, 1600]
+    assert _geometric(100, 100, 4) == [100]
+    assert _geometric(10, 1000, 1) == [1000]
