@@ -7,7 +7,8 @@ driving it step by step, counting evictions) lives here so that the rest of
 The loop follows vLLM 0.33's scheduler (spec section 6.4), FCFS, without
 speculative decoding or a KV connector:
 
-1. arrivals up to the simulated clock join the waiting queue;
+1. arrivals up to the simulated clock join the waiting queue, and
+   ``new_step_starts()`` is called when the manager has it;
 2. running requests, in admission order, get ``min(tokens left to compute,
    budget left)`` new tokens (chunked prefill; 1 while decoding). When
    ``allocate_slots`` returns None the most recently admitted running request
@@ -249,6 +250,7 @@ def simulate(
     prompt_tokens = hit_tokens = 0
     pc = perf_counter
     allocate = mgr.allocate_slots
+    new_step = getattr(mgr, "new_step_starts", None)
     step_mgr, step_usage, step_time, step_hit = (
         res.step_manager_s,
         res.step_usage,
@@ -267,6 +269,10 @@ def simulate(
         step_mgr_s = 0.0
         finished: list[_Live] = []
         preempted = False
+        if new_step is not None:  # 1. the manager learns that a step starts
+            t0 = pc()
+            new_step()
+            step_mgr_s += pc() - t0
 
         # 2. running requests, in admission order. A scheduled request's step
         # outcome (tokens computed, token sampled) is applied right away: later
