@@ -339,8 +339,10 @@ def simulate(
                     )
                     del toks
                 t0 = pc()
-                blocks, hit = mgr.get_computed_blocks(req)
+                found = mgr.get_computed_blocks(req)
                 step_mgr_s += pc() - t0
+                # (blocks, hit tokens) -- vLLM 0.33 adds a third item, ignored here
+                blocks, hit = found[0], found[1]
                 n = live.num_tokens - hit
                 if n > budget:
                     n = budget
