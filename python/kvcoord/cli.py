@@ -257,11 +257,14 @@ def _replay(args: argparse.Namespace) -> int:
     try:
         res = simulate(st.workload, cfg, progress=bar.update)
     except SimulationError as e:
-        bar.close()
-        best.result()
+        best.cancel()
         print(f"kvcoord replay: error: {e}", file=sys.stderr)
         return 1
-    bar.close()
+    except BaseException:
+        best.cancel()
+        raise
+    finally:
+        bar.close()
     summary = summarize(res, best.result(), cfg, st.workload.name)
     print(format_summary(summary))
     if args.json:
@@ -342,11 +345,14 @@ def _sweep(args: argparse.Namespace) -> int:
                 rows.append(_sweep_point(args, n))
                 bar.update(1)
     except SimulationError as e:
-        bar.close()
-        best_job.result()
+        best_job.cancel()
         print(f"kvcoord sweep: error: {e}", file=sys.stderr)
         return 1
-    bar.close()
+    except BaseException:
+        best_job.cancel()
+        raise
+    finally:
+        bar.close()
     best = best_job.result().hit_rate
     for r in rows:
         r["best_possible_hit_rate"] = best

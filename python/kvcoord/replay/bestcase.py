@@ -19,9 +19,9 @@ import multiprocessing
 import os
 import zlib
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 
 import numpy as np
 
@@ -128,13 +128,22 @@ def _best_from_loader(load: Callable[[], Workload], block_size: int) -> BestCase
     return best_possible_hits(load(), block_size)
 
 
+def _best_worker(conn: Connection, load: Callable[[], Workload], block_size: int) -> None:
+    try:
+        conn.send(("ok", _best_from_loader(load, block_size)))
+    except BaseException as e:  # report anything, the parent decides
+        conn.send(("error", repr(e)))
+    finally:
+        conn.close()
+
+
 class BackgroundBestCase:
     """:func:`best_possible_hits` in a second process while the replay runs.
 
     ``load`` rebuilds the workload in that process, so it must be picklable
-    (e.g. ``functools.partial`` of a module-level function). Falls back to
-    computing in this process, at :meth:`result`, on a single-CPU machine or
-    when no process can be started.
+    (e.g. ``functools.partial`` of a module-level function). Computes in this
+    process instead, at :meth:`result`, on a single-CPU machine, when no
+    process can be started, or when the worker fails.
     """
 
     def __init__(
@@ -142,23 +151,42 @@ class BackgroundBestCase:
     ) -> None:
         self._load = load
         self._block_size = block_size
-        self._ex: ProcessPoolExecutor | None = None
-        self._fut: Future[BestCase] | None = None
+        self._proc: BaseProcess | None = None
+        self._conn: Connection | None = None
         if background and (os.cpu_count() or 1) > 1:
             try:
                 ctx = multiprocessing.get_context("spawn")
-                self._ex = ProcessPoolExecutor(max_workers=1, mp_context=ctx)
-                self._fut = self._ex.submit(_best_from_loader, load, block_size)
+                self._conn, child = ctx.Pipe(duplex=False)
+                self._proc = ctx.Process(
+                    target=_best_worker, args=(child, load, block_size), daemon=True
+                )
+                self._proc.start()
+                child.close()
             except (OSError, RuntimeError):  # pragma: no cover - no processes here
-                self._ex = self._fut = None
+                self._proc = self._conn = None
 
     def result(self) -> BestCase:
-        if self._fut is None:
+        """The result (waits for the worker)."""
+        if self._proc is None or self._conn is None:
             return _best_from_loader(self._load, self._block_size)
         try:
-            return self._fut.result()
-        except BrokenProcessPool:  # pragma: no cover - the worker died (e.g. out of memory)
-            return _best_from_loader(self._load, self._block_size)
+            status, value = self._conn.recv()
+        except EOFError:  # pragma: no cover - the worker died (e.g. out of memory)
+            status, value = "error", "worker exited"
         finally:
-            assert self._ex is not None
-            self._ex.shutdown()
+            self.cancel()
+        if status == "ok":
+            assert isinstance(value, BestCase)
+            return value
+        return _best_from_loader(self._load, self._block_size)
+
+    def cancel(self) -> None:
+        """Stop the worker (if any); safe to call more than once."""
+        if self._proc is not None:
+            if self._proc.is_alive():
+                self._proc.terminate()
+            self._proc.join()
+            self._proc = None
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
