@@ -114,18 +114,3 @@ def test_prefix_keys() -> None:
     assert prefix_block_keys(t[:15], 16).shape == (0,)
     with pytest.raises(ValueError):
         best_possible_hits(Workload("w", []), 0)
-
-
-def test_background_best_case_matches_and_cancels() -> None:
-    import functools
-
-    from kvcoord.replay.bestcase import BackgroundBestCase
-    from kvcoord.replay.workloads import load_workload
-
-    load = functools.partial(load_workload, str(DATA / "mooncake_small.jsonl"), "mooncake", None)
-    expected = best_possible_hits(load(), 16)
-    assert BackgroundBestCase(load, 16).result() == expected
-    assert BackgroundBestCase(load, 16, background=False).result() == expected
-    job = BackgroundBestCase(load, 16)
-    job.cancel()
-    job.cancel()

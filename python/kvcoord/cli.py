@@ -7,7 +7,6 @@ on a single full-attention layout and prints a summary.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import sys
@@ -229,15 +228,7 @@ def _progress(total: int, disable: bool, desc: str) -> Any:
     )
 
 
-def _loader(args: argparse.Namespace) -> Any:
-    """A picklable callable that loads the workload again (for a worker process)."""
-    from kvcoord.replay.workloads import load_workload
-
-    return functools.partial(load_workload, args.trace, args.format, args.limit)
-
-
 def _replay(args: argparse.Namespace) -> int:
-    from kvcoord.replay.bestcase import BackgroundBestCase
     from kvcoord.replay.layouts import num_blocks_for_capacity
     from kvcoord.replay.report import format_summary, plot_replay, summarize
     from kvcoord.replay.scheduler import SimulationError, simulate
@@ -252,20 +243,15 @@ def _replay(args: argparse.Namespace) -> int:
         num_blocks, flag = num_blocks_for_capacity(st.layout, cap), "--capacity-tokens"
     _check_pool(st.layout, st.workload, num_blocks, flag)
     cfg = _sim_config(args, st.layout, num_blocks)
-    best = BackgroundBestCase(_loader(args), st.layout.block_size)
     bar = _progress(len(st.workload.requests), args.no_progress, "replay")
     try:
         res = simulate(st.workload, cfg, progress=bar.update)
     except SimulationError as e:
-        best.cancel()
         print(f"kvcoord replay: error: {e}", file=sys.stderr)
         return 1
-    except BaseException:
-        best.cancel()
-        raise
     finally:
         bar.close()
-    summary = summarize(res, best.result(), cfg, st.workload.name)
+    summary = summarize(res, res.best, cfg, st.workload.name)
     print(format_summary(summary))
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
@@ -277,15 +263,20 @@ def _replay(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- sweep
 
 
-def _sweep_point(args: argparse.Namespace, num_blocks: int) -> dict[str, Any]:
-    """One sweep size; runs in a worker process when ``--jobs`` > 1 (reloads the workload)."""
+def _sweep_point(
+    args: argparse.Namespace, num_blocks: int, st: _Setup | None = None, track_best: bool = False
+) -> tuple[dict[str, Any], Any]:
+    """One sweep size -> (summary, best case or None); in a worker process when
+    ``--jobs`` > 1 (``st`` None: the worker loads the workload itself)."""
     from kvcoord.replay.report import summarize
     from kvcoord.replay.scheduler import simulate
 
-    st = _setup(args)
+    if st is None:
+        st = _setup(args)
     cfg = _sim_config(args, st.layout, num_blocks)
+    cfg.track_best = track_best
     res = simulate(st.workload, cfg)
-    return summarize(res, None, cfg, st.workload.name)
+    return summarize(res, res.best, cfg, st.workload.name), res.best
 
 
 def _geometric(lo: int, hi: int, k: int) -> list[int]:
@@ -296,7 +287,7 @@ def _geometric(lo: int, hi: int, k: int) -> list[int]:
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from kvcoord.replay.bestcase import BackgroundBestCase
+    from kvcoord.replay.bestcase import best_possible_hits
     from kvcoord.replay.layouts import num_blocks_for_capacity
     from kvcoord.replay.report import format_sweep, plot_sweep
     from kvcoord.replay.scheduler import SimulationError
@@ -326,9 +317,9 @@ def _sweep(args: argparse.Namespace) -> int:
     for n in sizes:
         _check_pool(st.layout, st.workload, n, flag)
 
-    best_job = BackgroundBestCase(_loader(args), st.layout.block_size)
     jobs = min(args.jobs, len(sizes))
     rows: list[dict[str, Any]] = []
+    best = None
     bar = _progress(len(sizes), args.no_progress, "sweep")
     try:
         if jobs > 1:
@@ -337,32 +328,32 @@ def _sweep(args: argparse.Namespace) -> int:
             ctx = multiprocessing.get_context("spawn")
             with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as ex:
                 futs = [ex.submit(_sweep_point, args, n) for n in sizes]
+                # this process would only wait: compute the best case meanwhile
+                best = best_possible_hits(st.workload, st.layout.block_size)
                 for f in futs:
-                    rows.append(f.result())
+                    rows.append(f.result()[0])
                     bar.update(1)
         else:
-            for n in sizes:
-                rows.append(_sweep_point(args, n))
+            for i, n in enumerate(sizes):
+                row, found = _sweep_point(args, n, st, track_best=i == 0)
+                best = best or found
+                rows.append(row)
                 bar.update(1)
     except SimulationError as e:
-        best_job.cancel()
         print(f"kvcoord sweep: error: {e}", file=sys.stderr)
         return 1
-    except BaseException:
-        best_job.cancel()
-        raise
     finally:
         bar.close()
-    best = best_job.result().hit_rate
+    assert best is not None
     for r in rows:
-        r["best_possible_hit_rate"] = best
+        r["best_possible_hit_rate"] = best.hit_rate
     print(f"{st.workload.name} on {st.layout.name}: {st.layout.describe()}")
     print(format_sweep(rows))
     if args.json:
         doc = {
             "workload": st.workload.name,
             "layout": st.layout.name,
-            "best_possible_hit_rate": best,
+            "best_possible_hit_rate": best.hit_rate,
             "rows": rows,
         }
         Path(args.json).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")

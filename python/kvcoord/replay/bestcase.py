@@ -15,20 +15,15 @@ prefix is stored too, a request's hit length is found by binary search.
 
 from __future__ import annotations
 
-import multiprocessing
-import os
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
-from multiprocessing.process import BaseProcess
 
 import numpy as np
 
 from kvcoord.replay.workloads import Workload, _splitmix64
 
 __all__ = [
-    "BackgroundBestCase",
     "BestCase",
     "BestCaseTracker",
     "best_possible_hits",
@@ -122,71 +117,3 @@ def best_possible_hits(workload: Workload, block_size: int) -> BestCase:
     for r in workload.requests:
         tracker.add(r.make_prompt(), r.output_tokens(), r.cache_salt)
     return tracker.result()
-
-
-def _best_from_loader(load: Callable[[], Workload], block_size: int) -> BestCase:
-    return best_possible_hits(load(), block_size)
-
-
-def _best_worker(conn: Connection, load: Callable[[], Workload], block_size: int) -> None:
-    try:
-        conn.send(("ok", _best_from_loader(load, block_size)))
-    except BaseException as e:  # report anything, the parent decides
-        conn.send(("error", repr(e)))
-    finally:
-        conn.close()
-
-
-class BackgroundBestCase:
-    """:func:`best_possible_hits` in a second process while the replay runs.
-
-    ``load`` rebuilds the workload in that process, so it must be picklable
-    (e.g. ``functools.partial`` of a module-level function). Computes in this
-    process instead, at :meth:`result`, on a single-CPU machine, when no
-    process can be started, or when the worker fails.
-    """
-
-    def __init__(
-        self, load: Callable[[], Workload], block_size: int, background: bool = True
-    ) -> None:
-        self._load = load
-        self._block_size = block_size
-        self._proc: BaseProcess | None = None
-        self._conn: Connection | None = None
-        if background and (os.cpu_count() or 1) > 1:
-            try:
-                ctx = multiprocessing.get_context("spawn")
-                self._conn, child = ctx.Pipe(duplex=False)
-                self._proc = ctx.Process(
-                    target=_best_worker, args=(child, load, block_size), daemon=True
-                )
-                self._proc.start()
-                child.close()
-            except (OSError, RuntimeError):  # pragma: no cover - no processes here
-                self._proc = self._conn = None
-
-    def result(self) -> BestCase:
-        """The result (waits for the worker)."""
-        if self._proc is None or self._conn is None:
-            return _best_from_loader(self._load, self._block_size)
-        try:
-            status, value = self._conn.recv()
-        except EOFError:  # pragma: no cover - the worker died (e.g. out of memory)
-            status, value = "error", "worker exited"
-        finally:
-            self.cancel()
-        if status == "ok":
-            assert isinstance(value, BestCase)
-            return value
-        return _best_from_loader(self._load, self._block_size)
-
-    def cancel(self) -> None:
-        """Stop the worker (if any); safe to call more than once."""
-        if self._proc is not None:
-            if self._proc.is_alive():
-                self._proc.terminate()
-            self._proc.join()
-            self._proc = None
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None

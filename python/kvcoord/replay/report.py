@@ -64,6 +64,9 @@ def summarize(
         "manager_us_per_step_p50": float(np.percentile(per_step, 50) * 1e6),
         "manager_us_per_step_p99": float(np.percentile(per_step, 99) * 1e6),
         "wall_seconds": res.wall_seconds,
+        "token_seconds": res.token_seconds,
+        "request_seconds": res.request_seconds,
+        "best_possible_seconds": res.best_seconds,
         "leaked_blocks": res.leaked_blocks,
     }
 
@@ -96,7 +99,12 @@ def format_summary(s: dict[str, Any]) -> str:
             f"{s['manager_seconds']:.3f} s total; per step p50 "
             f"{s['manager_us_per_step_p50']:.1f} us, p99 {s['manager_us_per_step_p99']:.1f} us",
         ),
-        ("wall time", f"{s['wall_seconds']:.2f} s"),
+        (
+            "wall time",
+            f"{s['wall_seconds']:.2f} s (manager {s['manager_seconds']:.2f}, Request objects "
+            f"{s['request_seconds']:.2f}, token synthesis {s['token_seconds']:.2f}, "
+            f"best-possible pass {s['best_possible_seconds']:.2f}, scheduler loop the rest)",
+        ),
     ]
     if s.get("leaked_blocks"):
         rows.append(("LEAKED BLOCKS", str(s["leaked_blocks"])))
