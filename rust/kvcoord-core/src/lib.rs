@@ -6,6 +6,10 @@
 //!   [`FreeQueue`] that orders reuse and eviction, and the [`PrefixIndex`]
 //!   from `(block hash, group)` to cached blocks. Decisions follow vLLM
 //!   0.33.0's `BlockPool` exactly (same ids, same eviction order).
+//! * [`hashing`]: chained block hashes (vLLM's `sha256_cbor` and
+//!   `xxhash_cbor`, byte-identical, plus a faster native format) and the
+//!   incremental [`RequestHasher`]; [`cbor`] is the canonical CBOR encoder
+//!   they use.
 //! * [`validate_retention_interval`]: the prefix-cache retention rules.
 //!
 //! # Invariants
@@ -15,9 +19,11 @@
 //! call after every operation.
 
 pub mod block_hash;
+pub mod cbor;
 pub mod error;
 pub mod events;
 pub mod free_queue;
+pub mod hashing;
 pub mod ids;
 pub mod pool;
 pub mod prefix_index;
@@ -27,6 +33,7 @@ pub use block_hash::BlockHash;
 pub use error::{KvError, KvResult};
 pub use events::KvEvent;
 pub use free_queue::FreeQueue;
+pub use hashing::{ExtraKeys, HashAlgo, HashConfig, LoraKey, MmFeature, RequestHasher};
 pub use ids::{BlockId, GroupId};
 pub use pool::{BlockPool, PoolConfig};
 pub use prefix_index::{CacheKey, PrefixIndex};

@@ -14,6 +14,7 @@ pyo3::import_exception!(kvcoord.errors, InvalidHashError);
 pyo3::import_exception!(kvcoord.errors, ConfigError);
 pyo3::import_exception!(kvcoord.errors, UnknownRequestError);
 pyo3::import_exception!(kvcoord.errors, InvariantError);
+pyo3::import_exception!(kvcoord.errors, InvalidTokenError);
 
 /// Newtype so `?` can convert a foreign error into `PyErr` (orphan rule).
 pub(crate) struct CoreError(pub(crate) KvError);
@@ -35,6 +36,7 @@ impl From<CoreError> for PyErr {
             | KvError::RefCountOverflow(_)
             | KvError::AlreadyCached(_) => BlockStateError::new_err(msg),
             KvError::InvalidHashLength(_) => InvalidHashError::new_err(msg),
+            KvError::InvalidTokenId { .. } => InvalidTokenError::new_err(msg),
             KvError::InvalidArgument { .. } => pyo3::exceptions::PyValueError::new_err(msg),
             KvError::InvalidConfig { .. } => ConfigError::new_err(msg),
         }
