@@ -1,1 +1,43 @@
-fn main() {}
+//! Criterion benches of the core. Run with `cargo bench -p kvcoord-core`.
+
+use std::hint::black_box;
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use kvcoord_core::hashing::compute_block_hashes;
+use kvcoord_core::{ExtraKeys, HashAlgo, HashConfig};
+
+/// 16-token blocks over a 32k-token prompt, each algorithm (the hashing
+/// alone, no Python conversion).
+fn hashing(c: &mut Criterion) {
+    let tokens: Vec<u32> = (0..32_768u32)
+        .map(|i| i.wrapping_mul(2_654_435_761) % 200_000)
+        .collect();
+    let mut g = c.benchmark_group("hash_32k_prompt_bs16");
+    g.throughput(Throughput::Elements(tokens.len() as u64));
+    for algo in HashAlgo::ALL {
+        let config = HashConfig::new(algo, 16, Some("bench")).unwrap();
+        g.bench_function(algo.name(), |b| {
+            b.iter(|| compute_block_hashes(config, ExtraKeys::default(), black_box(&tokens)));
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, hashing);
+
+/// The primitives alone, for comparison with the per-block cost.
+fn primitives(c: &mut Criterion) {
+    use sha2::{Digest, Sha256};
+    let data = [7u8; 117];
+    let mut g = c.benchmark_group("primitive");
+    g.bench_function("sha256_117B", |b| {
+        b.iter(|| Sha256::digest(black_box(&data[..])))
+    });
+    g.bench_function("xxh3_128_84B", |b| {
+        b.iter(|| xxhash_rust::xxh3::xxh3_128(black_box(&data[..84])))
+    });
+    g.finish();
+}
+
+criterion_group!(prims, primitives);
+criterion_main!(benches, prims);

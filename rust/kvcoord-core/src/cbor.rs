@@ -134,13 +134,44 @@ impl CborBuf {
     }
 
     /// An array of unsigned 32-bit integers (the token ids of a block).
+    ///
+    /// Branch-free per item: token ids of a real vocabulary straddle the
+    /// 2-, 3- and 5-byte forms at random, so a branch per item would
+    /// mispredict often. Each item writes a fixed 5-byte window and advances
+    /// by its true length.
     #[inline]
     pub fn u32_array(&mut self, items: &[u32]) {
+        /// Argument bytes per size class (value < 24, < 2^8, < 2^16, else).
+        const ARG_BYTES: [u32; 4] = [0, 1, 2, 4];
+        /// Initial byte per class; class 0 carries the value itself.
+        const INITIAL: [u8; 4] = [0x00, 0x18, 0x19, 0x1a];
+        /// Keep the value's low bits in the initial byte only for class 0.
+        const KEEP: [u8; 4] = [0xff, 0, 0, 0];
         self.array(items.len());
-        // Worst case 5 bytes per item; one reservation for the whole run.
-        self.buf.reserve(items.len() * 5);
+        let base = self.buf.len();
+        self.buf.resize(base + items.len() * 5, 0);
+        let out = &mut self.buf[base..];
+        let mut n = 0;
         for &t in items {
-            self.head(MAJOR_UINT, u64::from(t));
+            let class = usize::from(t >= 24) + usize::from(t >= 0x100) + usize::from(t >= 0x1_0000);
+            let k = ARG_BYTES[class];
+            // The low `k` bytes of `t`, moved to the top of a u32 (0 when k = 0).
+            let arg = (((u64::from(t) << 32) << (32 - 8 * k)) >> 32) as u32;
+            out[n] = INITIAL[class] | (t as u8 & KEEP[class]);
+            out[n + 1..n + 5].copy_from_slice(&arg.to_be_bytes());
+            n += 1 + k as usize;
+        }
+        self.buf.truncate(base + n);
+    }
+
+    /// Append `items` as raw little-endian u32s (not a CBOR item; used by
+    /// the native hash format).
+    #[inline]
+    pub fn raw_u32_le(&mut self, items: &[u32]) {
+        let base = self.buf.len();
+        self.buf.resize(base + items.len() * 4, 0);
+        for (dst, t) in self.buf[base..].chunks_exact_mut(4).zip(items) {
+            dst.copy_from_slice(&t.to_le_bytes());
         }
     }
 }
@@ -238,6 +269,39 @@ mod tests {
                 .collect::<String>()
         );
         assert_eq!(enc(|c| c.u32_array(&long)), want);
+    }
+
+    #[test]
+    fn u32_array_matches_uint_per_item() {
+        let edges = [
+            0u32,
+            1,
+            23,
+            24,
+            25,
+            255,
+            256,
+            257,
+            65_535,
+            65_536,
+            65_537,
+            199_999,
+            u32::MAX,
+            7,
+        ];
+        let mut want = CborBuf::new();
+        want.array(edges.len());
+        for &e in &edges {
+            want.uint(u64::from(e));
+        }
+        let mut got = CborBuf::new();
+        got.text("x");
+        got.clear();
+        got.u32_array(&edges);
+        assert_eq!(got.as_bytes(), want.as_bytes());
+        let mut raw = CborBuf::new();
+        raw.raw_u32_le(&[1, 0x0102_0304]);
+        assert_eq!(raw.as_bytes(), &[1, 0, 0, 0, 4, 3, 2, 1]);
     }
 
     #[test]

@@ -520,10 +520,7 @@ impl NativeWriter<'_> {
     }
     #[inline]
     fn u32s(&mut self, vs: &[u32]) {
-        self.0.reserve(vs.len() * 4);
-        for v in vs {
-            self.0.raw(&v.to_le_bytes());
-        }
+        self.0.raw_u32_le(vs);
     }
     #[inline]
     fn str(&mut self, s: &str) {
