@@ -7,12 +7,19 @@ person touches are Python. Default decisions equal vLLM 0.33.0's.
 
 from __future__ import annotations
 
+import collections.abc as _abc
+
 from kvcoord._core import (
+    HASH_ALGOS,
     AllBlocksCleared,
+    BlockHashes,
     BlockPool,
     BlockRemoved,
     BlockStored,
+    Request,
     __version__,
+    compute_block_hashes,
+    none_hash,
     validate_retention_interval,
 )
 from kvcoord.errors import (
@@ -20,25 +27,39 @@ from kvcoord.errors import (
     ConfigError,
     InvalidBlockIdError,
     InvalidHashError,
+    InvalidTokenError,
     InvariantError,
     KvCoordError,
     OutOfBlocksError,
     UnknownRequestError,
 )
+from kvcoord.hashing import HashAlgoName, LoRA, MultiModalFeature
 
 __all__ = [
+    "HASH_ALGOS",
     "AllBlocksCleared",
+    "BlockHashes",
     "BlockPool",
     "BlockRemoved",
     "BlockStateError",
     "BlockStored",
     "ConfigError",
+    "HashAlgoName",
     "InvalidBlockIdError",
     "InvalidHashError",
+    "InvalidTokenError",
     "InvariantError",
     "KvCoordError",
+    "LoRA",
+    "MultiModalFeature",
     "OutOfBlocksError",
+    "Request",
     "UnknownRequestError",
     "__version__",
+    "compute_block_hashes",
+    "none_hash",
     "validate_retention_interval",
 ]
+
+# The hash view is a read-only sequence (len, index, slice, iteration).
+_abc.Sequence.register(BlockHashes)

@@ -8,6 +8,7 @@ mod convert;
 mod errors;
 mod events;
 mod pool;
+mod request;
 mod retention;
 
 use pyo3::prelude::*;
@@ -21,6 +22,8 @@ mod core_module {
     #[pymodule_export]
     use crate::pool::PyBlockPool;
     #[pymodule_export]
+    use crate::request::{compute_block_hashes, none_hash, BlockHashes, PyRequest};
+    #[pymodule_export]
     use crate::retention::validate_retention_interval;
 
     use super::*;
@@ -28,6 +31,7 @@ mod core_module {
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+        m.add("HASH_ALGOS", pyo3::types::PyTuple::new(m.py(), crate::request::hash_algo_names())?)?;
         Ok(())
     }
 }
