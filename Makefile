@@ -31,7 +31,7 @@ build-dev: venv ## Build the Rust extension into the virtualenv (editable instal
 
 .PHONY: run
 run: build-dev ## Build everything and run the main job on its bundled default
-	$(PY) -m kvcoord.demo
+	$(VENV)/bin/kvcoord
 
 .PHONY: test-rust
 test-rust: ## cargo test (pure Rust core; no Python needed)

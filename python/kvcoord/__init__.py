@@ -7,12 +7,19 @@ person touches are Python. Default decisions equal vLLM 0.33.0's.
 
 from __future__ import annotations
 
+import collections.abc as _abc
+
 from kvcoord._core import (
+    HASH_ALGOS,
     AllBlocksCleared,
+    BlockHashes,
     BlockPool,
     BlockRemoved,
     BlockStored,
+    Request,
     __version__,
+    compute_block_hashes,
+    none_hash,
     validate_retention_interval,
 )
 from kvcoord.errors import (
@@ -23,28 +30,76 @@ from kvcoord.errors import (
     InvalidArgumentError,
     InvalidBlockIdError,
     InvalidHashError,
+    InvalidTokenError,
     InvariantError,
     KvCoordError,
     OutOfBlocksError,
     UnknownRequestError,
 )
+from kvcoord.config import (
+    ChunkedLocalAttentionSpec,
+    CrossAttentionSpec,
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroup,
+    KVCacheSpec,
+    MambaSpec,
+    SlidingWindowSpec,
+)
+from kvcoord.coordinator import (
+    HybridKVCacheCoordinator,
+    KVCacheCoordinator,
+    KVCacheCoordinatorNoPrefixCache,
+    UnitaryKVCacheCoordinator,
+    get_kv_cache_coordinator,
+)
+from kvcoord.hashing import HashAlgoName, LoRA, MultiModalFeature
+from kvcoord.manager import KVCacheBlocks, KVCacheManager, PrefixCacheStats
 
 __all__ = [
     "AllBlocksCleared",
+    "BlockHashes",
     "BlockPool",
     "BlockRemoved",
     "BlockStateError",
     "BlockStored",
     "BlockTableError",
     "BlockTableIndexError",
+    "ChunkedLocalAttentionSpec",
     "ConfigError",
+    "CrossAttentionSpec",
+    "FullAttentionSpec",
+    "HASH_ALGOS",
+    "HashAlgoName",
+    "HybridKVCacheCoordinator",
     "InvalidArgumentError",
     "InvalidBlockIdError",
     "InvalidHashError",
+    "InvalidTokenError",
     "InvariantError",
+    "KVCacheBlocks",
+    "KVCacheConfig",
+    "KVCacheCoordinator",
+    "KVCacheCoordinatorNoPrefixCache",
+    "KVCacheGroup",
+    "KVCacheManager",
+    "KVCacheSpec",
     "KvCoordError",
+    "LoRA",
+    "MambaSpec",
+    "MultiModalFeature",
     "OutOfBlocksError",
+    "PrefixCacheStats",
+    "Request",
+    "SlidingWindowSpec",
+    "UnitaryKVCacheCoordinator",
     "UnknownRequestError",
     "__version__",
+    "compute_block_hashes",
+    "get_kv_cache_coordinator",
+    "none_hash",
     "validate_retention_interval",
 ]
+
+# The hash view is a read-only sequence (len, index, slice, iteration).
+_abc.Sequence.register(BlockHashes)

@@ -53,9 +53,10 @@ def _spec_params(spec: KVCacheSpec) -> tuple[str, int, int]:
 class KVCacheCoordinator:
     """Base policy: owns the Rust core and answers hit lookups."""
 
-    #: Whether the core floors cacheable tokens to the scheduler block size
-    #: (several groups must agree on hit boundaries).
-    arrangement = "unitary"
+    #: "unitary" (hits align to the group's block size) or "hybrid" (hits and
+    #: cached tokens align to the scheduler block size, so that several groups
+    #: agree on boundaries); None picks by the number of groups.
+    arrangement: str | None = None
 
     def __init__(
         self,
@@ -86,7 +87,7 @@ class KVCacheCoordinator:
             hash_block_size=hash_block_size,
             max_model_len=max_model_len,
             retention_interval=config.prefix_cache_retention_interval,
-            arrangement=self.arrangement,
+            arrangement=self.arrangement or ("unitary" if len(config.groups) == 1 else "hybrid"),
             enable_events=enable_events,
         )
 
@@ -135,6 +136,8 @@ class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
 
 class UnitaryKVCacheCoordinator(KVCacheCoordinator):
     """Exactly one group: the hit is that group's own scan."""
+
+    arrangement = "unitary"
 
     def __init__(
         self,

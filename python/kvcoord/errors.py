@@ -16,6 +16,7 @@ __all__ = [
     "InvalidArgumentError",
     "InvalidBlockIdError",
     "InvalidHashError",
+    "InvalidTokenError",
     "InvariantError",
     "KvCoordError",
     "OutOfBlocksError",
@@ -47,6 +48,10 @@ class BlockStateError(KvCoordError, ValueError):
 
 class InvalidHashError(KvCoordError, ValueError):
     """A block hash has the wrong type or length (16 or 32 bytes expected)."""
+
+
+class InvalidTokenError(KvCoordError, ValueError):
+    """A token id is negative or does not fit in 32 bits."""
 
 
 class ConfigError(KvCoordError, ValueError):

@@ -1,11 +1,12 @@
 //! Criterion benchmarks of the core, one harness composed from modules.
 //!
-//! Dimensions: pool size (1M blocks), batch size (64 blocks per call),
-//! hit vs miss lookups. Keys are generated deterministically.
+//! Dimensions: pool size (1M blocks), batch size (64 blocks per call), hit
+//! vs miss lookups, hashing algorithm. Inputs are generated deterministically.
 
 use criterion::{criterion_group, criterion_main};
 
+mod hashing;
 mod pool;
 
-criterion_group!(benches, pool::register);
+criterion_group!(benches, pool::register, hashing::register);
 criterion_main!(benches);

@@ -35,6 +35,13 @@ pub enum KvError {
     AlreadyCached(BlockId),
     /// A block hash has an unsupported length (16 and 32 bytes are accepted).
     InvalidHashLength(usize),
+    /// A token id is negative or does not fit in 32 bits.
+    InvalidTokenId {
+        /// Index of the token in the sequence being validated.
+        position: usize,
+        /// The value as given.
+        value: i128,
+    },
     /// An argument is inconsistent with the others (for example
     /// `num_cached_blocks > num_full_blocks`).
     InvalidArgument {
@@ -88,6 +95,10 @@ impl fmt::Display for KvError {
             Self::InvalidHashLength(len) => write!(
                 f,
                 "block hash of {len} bytes: expected a 16-byte or 32-byte digest"
+            ),
+            Self::InvalidTokenId { position, value } => write!(
+                f,
+                "token id {value} at position {position} is invalid: token ids must be in [0, 2^32)"
             ),
             Self::InvalidArgument { name, detail } => write!(f, "invalid {name}: {detail}"),
             Self::UnknownRequest(r) => write!(f, "request {r} holds no blocks"),

@@ -11,6 +11,10 @@
 //! * [`CoordinatorCore`]: one pool, one manager per group and every
 //!   request's block tables; `allocate_slots` / `free` / `cache_blocks` as
 //!   vLLM's `KVCacheManager` does them, plus the per-spec hit finders.
+//! * [`hashing`]: chained block hashes (vLLM's `sha256_cbor` and
+//!   `xxhash_cbor`, byte-identical, plus a faster native format) and the
+//!   incremental [`RequestHasher`]; [`cbor`] is the canonical CBOR encoder
+//!   they use.
 //! * [`validate_retention_interval`]: the prefix-cache retention rules.
 //!
 //! # Invariants
@@ -20,10 +24,12 @@
 //! call after every operation.
 
 pub mod block_hash;
+pub mod cbor;
 pub mod coordinator;
 pub mod error;
 pub mod events;
 pub mod free_queue;
+pub mod hashing;
 pub mod ids;
 pub mod managers;
 pub mod pool;
@@ -35,6 +41,7 @@ pub use coordinator::{Arrangement, CoordinatorConfig, CoordinatorCore, NewBlocks
 pub use error::{KvError, KvResult};
 pub use events::KvEvent;
 pub use free_queue::FreeQueue;
+pub use hashing::{ExtraKeys, HashAlgo, HashConfig, LoraKey, MmFeature, RequestHasher};
 pub use ids::{BlockId, GroupId, ReqId};
 pub use managers::{GroupSpec, GroupTable, Manager, SpecKind};
 pub use pool::{BlockPool, PoolConfig};

@@ -4,7 +4,7 @@
 
 use hashbrown::HashMap;
 use kvcoord_core::coordinator::{Arrangement, CoordinatorConfig, CoordinatorCore, NewBlocks, RequestView};
-use kvcoord_core::managers::{GroupSpec, SpecKind};
+use kvcoord_core::managers::GroupSpec;
 use kvcoord_core::{BlockId, KvError, ReqId};
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
@@ -45,12 +45,17 @@ fn spec_from_tuple(kind: &str, block_size: u32, param: u32) -> PyResult<GroupSpe
 }
 
 fn view(r: &PyRequest) -> RequestView<'_> {
-    RequestView::new(r.num_computed_tokens(), r.num_tokens(), r.num_prompt_tokens(), r.block_hashes())
+    RequestView::new(
+        r.num_computed_tokens_usize(),
+        r.num_tokens_usize(),
+        r.num_prompt_tokens_usize(),
+        r.block_hashes_slice(),
+    )
 }
 
-fn per_group_lists<'py>(
+fn per_group_lists<'py, 'a>(
     py: Python<'py>,
-    groups: impl ExactSizeIterator<Item = &'py [BlockId]>,
+    groups: impl ExactSizeIterator<Item = &'a [BlockId]>,
 ) -> PyResult<Bound<'py, PyList>> {
     let lists = groups.map(|ids| convert::id_list(py, ids)).collect::<PyResult<Vec<_>>>()?;
     PyList::new(py, lists)
@@ -130,7 +135,7 @@ impl PyCoordinatorCore {
         let alignment = convert::count(alignment, "alignment")?;
         let (blocks, hit) = core(self.inner.find_longest_cache_hit(
             &groups,
-            request.block_hashes(),
+            request.block_hashes_slice(),
             max_length,
             alignment,
         ))?;
@@ -177,7 +182,7 @@ impl PyCoordinatorCore {
                 true
             }
         };
-        let request_id = request.request_id();
+        let request_id = request.id();
         let req = match self.lookup(request_id) {
             Some(r) => r,
             None => {
@@ -215,10 +220,10 @@ impl PyCoordinatorCore {
 
     fn cache_blocks(&mut self, request: PyRef<'_, PyRequest>, num_tokens: i64) -> PyResult<()> {
         let n = convert::count(num_tokens, "num_tokens")?;
-        let Some(req) = self.lookup(request.request_id()) else {
+        let Some(req) = self.lookup(request.id()) else {
             return Err(crate::errors::UnknownRequestError::new_err(format!(
                 "no request {:?} in the KV cache manager",
-                request.request_id()
+                request.id()
             )));
         };
         core(self.inner.cache_blocks(req, &view(&request), n))

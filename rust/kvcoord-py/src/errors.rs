@@ -15,6 +15,7 @@ pyo3::import_exception!(kvcoord.errors, InvalidHashError);
 pyo3::import_exception!(kvcoord.errors, ConfigError);
 pyo3::import_exception!(kvcoord.errors, UnknownRequestError);
 pyo3::import_exception!(kvcoord.errors, InvariantError);
+pyo3::import_exception!(kvcoord.errors, InvalidTokenError);
 
 /// Newtype so `?` can convert a foreign error into `PyErr` (orphan rule).
 pub(crate) struct CoreError(pub(crate) KvError);
@@ -40,6 +41,7 @@ impl From<CoreError> for PyErr {
                 InvalidArgumentError::new_err(msg)
             }
             KvError::UnknownRequest(_) => UnknownRequestError::new_err(msg),
+            KvError::InvalidTokenId { .. } => InvalidTokenError::new_err(msg),
             KvError::InvalidConfig { .. } => ConfigError::new_err(msg),
         }
     }

@@ -5,9 +5,11 @@
 //! policy lives here.
 
 mod convert;
+mod coordinator;
 mod errors;
 mod events;
 mod pool;
+mod request;
 mod retention;
 
 use pyo3::prelude::*;
@@ -17,9 +19,13 @@ use pyo3::prelude::*;
 #[pyo3(name = "_core")]
 mod core_module {
     #[pymodule_export]
+    use crate::coordinator::PyCoordinatorCore;
+    #[pymodule_export]
     use crate::events::{AllBlocksCleared, BlockRemoved, BlockStored};
     #[pymodule_export]
     use crate::pool::PyBlockPool;
+    #[pymodule_export]
+    use crate::request::{compute_block_hashes, none_hash, BlockHashes, PyRequest};
     #[pymodule_export]
     use crate::retention::validate_retention_interval;
 
@@ -28,6 +34,7 @@ mod core_module {
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+        m.add("HASH_ALGOS", pyo3::types::PyTuple::new(m.py(), crate::request::hash_algo_names())?)?;
         Ok(())
     }
 }

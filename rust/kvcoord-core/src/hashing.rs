@@ -1,0 +1,886 @@
+//! Block hashing: the chained per-block digests that key the prefix cache.
+//!
+//! Block `i` of a request (its tokens `[i*B, (i+1)*B)`, full blocks only) is
+//! identified by a digest over its parent's digest, its own tokens and its
+//! *extra keys* (`LoRA` adapter, multimodal items, cache salt), so two blocks
+//! have equal hashes only when their whole prefixes are equal.
+//!
+//! # Algorithms ([`HashAlgo`])
+//!
+//! * `sha256_cbor` and `xxhash_cbor` are byte-identical to vLLM 0.33.0:
+//!   - root: `NONE_HASH = H(cbor(seed))`, the seed as a CBOR text string;
+//!   - block: `H(cbor([parent, [tok, ...], extra]))` where `parent` is a byte
+//!     string (`NONE_HASH` for block 0) and `extra` is `null` or an array of
+//!     keys in this order: `["lora", name, path]` (every block, when a `LoRA`
+//!     adapter is set), `["mm", identifier, offset - block_start]` for each
+//!     multimodal item overlapping the block (negative when the item began in
+//!     an earlier block), `["cache_salt", salt]` (block 0 only, non-empty
+//!     salt only);
+//!   - `cbor` is canonical CBOR ([`crate::cbor`]); `H` is SHA-256 (32 bytes)
+//!     or XXH3-128 (16 bytes, the 128-bit value in big-endian byte order).
+//! * `xxh3_native` is kvcoord's own format, for deployments that do not need
+//!   to interoperate with vLLM. It skips CBOR and hashes raw little-endian
+//!   integers, which is several times faster. **Format version 1, stable:**
+//!   changing it would silently invalidate every stored prefix, so the unit
+//!   tests pin digests and any change must get a new algorithm name.
+//!   - root: `XXH3-128("kvcoord/xxh3_native/v1/root\0" ‖ seed as UTF-8)`;
+//!   - block: `XXH3-128(parent ‖ u32le(n) ‖ tok_0 … tok_{n-1} as u32le ‖ keys)`
+//!     where `parent` is the 16-byte parent digest and `keys` is the
+//!     concatenation, in the same order as above, of
+//!     `0x01 ‖ str(name) ‖ str(path)` (`LoRA`),
+//!     `0x02 ‖ str(identifier) ‖ i64le(offset - block_start)` (multimodal item),
+//!     `0x03 ‖ str(salt)` (cache salt), with `str(s) = u64le(len(s)) ‖ s`
+//!     (UTF-8). Each key is self-delimiting, so no two inputs share an
+//!     encoding. Digests are the 128-bit value in big-endian byte order.
+//!
+//! # Seeds
+//!
+//! The root digest `NONE_HASH` comes from a seed string ([`none_hash`]). When
+//! the caller gives none ([`default_seed`]): `sha256_cbor` uses vLLM's fixed
+//! `"vllm-none-hash"` so that digests match an unmodified vLLM engine; the
+//! non-cryptographic algorithms (`xxhash_cbor`, `xxh3_native`) use a random
+//! seed drawn once per process. XXH3 is not collision resistant: with a
+//! known seed an attacker can precompute token sequences whose block hashes
+//! collide with another tenant's prefix and so read or poison cached KV
+//! blocks. A secret per-process seed makes that precomputation impossible;
+//! pass an explicit seed only when several processes must agree on digests
+//! (and then keep it secret).
+//!
+//! # Incremental hashing
+//!
+//! [`RequestHasher`] keeps the digests of a request's full blocks and, when
+//! tokens are appended, hashes only the blocks completed since the last call.
+//! Earlier digests are never recomputed.
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::OnceLock;
+
+use sha2::{Digest, Sha256};
+use xxhash_rust::xxh3::{xxh3_128, Xxh3};
+
+use crate::block_hash::BlockHash;
+use crate::cbor::CborBuf;
+use crate::error::{KvError, KvResult};
+
+/// vLLM's default seed for `sha256_cbor` (and plain `sha256`).
+pub const VLLM_DEFAULT_SEED: &str = "vllm-none-hash";
+
+/// Domain-separation prefix of the native root digest (format version 1).
+const NATIVE_ROOT_PREFIX: &[u8] = b"kvcoord/xxh3_native/v1/root\0";
+
+/// The block-hash algorithm, selected by name.
+#[derive(Debug, Copy, Clone, PartialEq, Eq, Hash)]
+pub enum HashAlgo {
+    /// SHA-256 over canonical CBOR; vLLM's `sha256_cbor` (32-byte digests).
+    Sha256Cbor,
+    /// XXH3-128 over canonical CBOR; vLLM's `xxhash_cbor` (16-byte digests).
+    XxhashCbor,
+    /// XXH3-128 over raw little-endian integers; kvcoord's own stable format
+    /// (16-byte digests), not compatible with vLLM.
+    Native,
+}
+
+impl HashAlgo {
+    /// Every algorithm, in the order of [`HashAlgo::NAMES`].
+    pub const ALL: [Self; 3] = [Self::Sha256Cbor, Self::XxhashCbor, Self::Native];
+    /// The accepted names.
+    pub const NAMES: [&'static str; 3] = ["sha256_cbor", "xxhash_cbor", "xxh3_native"];
+
+    /// Parse an algorithm name (exact, lower case).
+    pub fn from_name(name: &str) -> KvResult<Self> {
+        Self::NAMES
+            .iter()
+            .position(|n| *n == name)
+            .map(|i| Self::ALL[i])
+            .ok_or_else(|| KvError::InvalidConfig {
+                name: "hash_algo",
+                value: format!("{name:?}"),
+                rule: format!(
+                    "unknown hash algorithm; expected one of {}",
+                    Self::NAMES.join(", ")
+                ),
+            })
+    }
+
+    /// The algorithm's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Sha256Cbor => Self::NAMES[0],
+            Self::XxhashCbor => Self::NAMES[1],
+            Self::Native => Self::NAMES[2],
+        }
+    }
+
+    /// Digest length in bytes (32 for SHA-256, 16 for XXH3-128).
+    pub fn digest_len(self) -> usize {
+        match self {
+            Self::Sha256Cbor => 32,
+            Self::XxhashCbor | Self::Native => 16,
+        }
+    }
+
+    /// Whether digests are byte-identical to vLLM 0.33.0's algorithm of the
+    /// same name.
+    pub fn is_vllm_compatible(self) -> bool {
+        !matches!(self, Self::Native)
+    }
+
+    /// Whether the default seed is random per process (see the module docs).
+    pub fn uses_random_default_seed(self) -> bool {
+        !matches!(self, Self::Sha256Cbor)
+    }
+}
+
+impl FromStr for HashAlgo {
+    type Err = KvError;
+    fn from_str(s: &str) -> KvResult<Self> {
+        Self::from_name(s)
+    }
+}
+
+impl fmt::Display for HashAlgo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The random seed of this process: 32 bytes from the OS, as 64 hex digits
+/// (the same shape as vLLM's random seed), drawn on first use and then fixed
+/// for the life of the process so that all requests agree on `NONE_HASH`.
+///
+/// # Panics
+/// When the operating system cannot supply random bytes (no safe fallback
+/// exists: a guessable seed is what this seed prevents).
+pub fn process_random_seed() -> &'static str {
+    static SEED: OnceLock<String> = OnceLock::new();
+    SEED.get_or_init(|| {
+        let mut raw = [0u8; 32];
+        getrandom::fill(&mut raw).expect("the OS random number generator is unavailable");
+        to_hex(&raw)
+    })
+}
+
+/// The seed used when the caller gives none: `"vllm-none-hash"` for
+/// `sha256_cbor`, [`process_random_seed`] otherwise.
+pub fn default_seed(algo: HashAlgo) -> &'static str {
+    if algo.uses_random_default_seed() {
+        process_random_seed()
+    } else {
+        VLLM_DEFAULT_SEED
+    }
+}
+
+/// Lower-case hexadecimal of `bytes` (how the conformance vectors and logs
+/// show digests).
+pub fn to_hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
+}
+
+#[inline]
+fn xxh3_digest(v: u128) -> BlockHash {
+    BlockHash::from_slice(&v.to_be_bytes()).expect("16-byte digest")
+}
+
+#[inline]
+fn digest(algo: HashAlgo, payload: &[u8]) -> BlockHash {
+    match algo {
+        HashAlgo::Sha256Cbor => {
+            BlockHash::from_slice(Sha256::digest(payload).as_slice()).expect("32-byte digest")
+        }
+        HashAlgo::XxhashCbor | HashAlgo::Native => xxh3_digest(xxh3_128(payload)),
+    }
+}
+
+/// The root digest (`NONE_HASH`) for `seed`; the parent of block 0.
+pub fn none_hash(algo: HashAlgo, seed: &str) -> BlockHash {
+    match algo {
+        HashAlgo::Sha256Cbor | HashAlgo::XxhashCbor => {
+            let mut c = CborBuf::with_capacity(seed.len() + 9);
+            c.text(seed);
+            digest(algo, c.as_bytes())
+        }
+        HashAlgo::Native => {
+            let mut h = Xxh3::new();
+            h.update(NATIVE_ROOT_PREFIX);
+            h.update(seed.as_bytes());
+            xxh3_digest(h.digest128())
+        }
+    }
+}
+
+/// Check one token id: it must be non-negative and fit in 32 bits.
+/// `position` is its index in the sequence being validated (for the error).
+#[inline]
+pub fn token_id(position: usize, value: i64) -> KvResult<u32> {
+    u32::try_from(value).map_err(|_| KvError::InvalidTokenId {
+        position,
+        value: i128::from(value),
+    })
+}
+
+/// A `LoRA` adapter: name and path, both part of every block's extra keys.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct LoraKey {
+    /// Adapter name.
+    pub name: String,
+    /// Adapter path.
+    pub path: String,
+}
+
+/// A multimodal item placed in the prompt: an identifier (the content hash
+/// the engine computed) and its token range `[offset, offset + length)`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct MmFeature {
+    /// Content identifier, hashed as a text string.
+    pub identifier: String,
+    /// First prompt position of the item.
+    pub offset: u32,
+    /// Number of prompt positions the item occupies.
+    pub length: u32,
+}
+
+impl MmFeature {
+    fn end(&self) -> u64 {
+        u64::from(self.offset) + u64::from(self.length)
+    }
+}
+
+/// The per-request inputs besides tokens that enter block hashes.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct ExtraKeys {
+    /// `LoRA` adapter (every block).
+    pub lora: Option<LoraKey>,
+    /// Multimodal items, sorted by offset (see [`ExtraKeys::new`]).
+    pub mm_features: Vec<MmFeature>,
+    /// Cache salt (block 0 only; an empty salt counts as none, as in vLLM).
+    pub cache_salt: Option<String>,
+}
+
+impl ExtraKeys {
+    /// Build the extra keys; multimodal items are sorted by offset (stable),
+    /// the order vLLM assumes.
+    pub fn new(
+        lora: Option<LoraKey>,
+        mut mm_features: Vec<MmFeature>,
+        cache_salt: Option<String>,
+    ) -> Self {
+        mm_features.sort_by_key(|f| f.offset);
+        Self {
+            lora,
+            mm_features,
+            cache_salt,
+        }
+    }
+
+    /// Whether no extra key can ever apply (every block's `extra` is null).
+    pub fn is_empty(&self) -> bool {
+        self.lora.is_none() && self.mm_features.is_empty() && self.salt().is_none()
+    }
+
+    fn salt(&self) -> Option<&str> {
+        self.cache_salt.as_deref().filter(|s| !s.is_empty())
+    }
+}
+
+/// Algorithm, block size and root digest: everything needed to hash blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HashConfig {
+    algo: HashAlgo,
+    block_size: usize,
+    none_hash: BlockHash,
+}
+
+impl HashConfig {
+    /// A configuration; `seed` defaults to [`default_seed`].
+    pub fn new(algo: HashAlgo, block_size: usize, seed: Option<&str>) -> KvResult<Self> {
+        if block_size == 0 {
+            return Err(KvError::InvalidConfig {
+                name: "hash_block_size",
+                value: "0".into(),
+                rule: "must be a positive number of tokens".into(),
+            });
+        }
+        let seed = seed.unwrap_or_else(|| default_seed(algo));
+        Ok(Self {
+            algo,
+            block_size,
+            none_hash: none_hash(algo, seed),
+        })
+    }
+
+    /// The algorithm.
+    pub fn algo(&self) -> HashAlgo {
+        self.algo
+    }
+
+    /// Tokens per hashed block.
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// The root digest (parent of block 0).
+    pub fn none_hash(&self) -> BlockHash {
+        self.none_hash
+    }
+}
+
+/// Incremental hasher of one request's full blocks.
+///
+/// Feed it the request's whole token sequence (prompt then outputs) after
+/// each change with [`RequestHasher::update`]; it hashes the blocks completed
+/// since the last call, chaining from the last stored digest.
+#[derive(Debug, Clone)]
+pub struct RequestHasher {
+    config: HashConfig,
+    extra: ExtraKeys,
+    hashes: Vec<BlockHash>,
+    /// Index of the first multimodal item that a later block may overlap
+    /// (vLLM's resume index, carried between blocks).
+    mm_next: usize,
+    /// Reused payload buffer.
+    buf: CborBuf,
+    /// Reused list of `(item index, offset relative to block start)`.
+    mm_scratch: Vec<(usize, i64)>,
+}
+
+impl RequestHasher {
+    /// A hasher with no blocks hashed yet.
+    pub fn new(config: HashConfig, extra: ExtraKeys) -> Self {
+        Self {
+            config,
+            extra,
+            hashes: Vec::new(),
+            mm_next: 0,
+            buf: CborBuf::with_capacity(256),
+            mm_scratch: Vec::new(),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &HashConfig {
+        &self.config
+    }
+
+    /// The extra keys.
+    pub fn extra_keys(&self) -> &ExtraKeys {
+        &self.extra
+    }
+
+    /// Digests of the full blocks hashed so far, block 0 first.
+    #[inline]
+    pub fn block_hashes(&self) -> &[BlockHash] {
+        &self.hashes
+    }
+
+    /// Number of tokens covered by the stored digests.
+    pub fn num_hashed_tokens(&self) -> usize {
+        self.hashes.len() * self.config.block_size
+    }
+
+    /// Number of new full blocks that [`RequestHasher::update`] would hash
+    /// for a sequence of `num_tokens` tokens.
+    pub fn pending_blocks(&self, num_tokens: usize) -> usize {
+        (num_tokens / self.config.block_size).saturating_sub(self.hashes.len())
+    }
+
+    /// Hash every full block of `tokens` not hashed yet and return how many
+    /// digests were appended. `tokens` is the request's whole sequence; its
+    /// already-hashed prefix must be unchanged since the previous call (it is
+    /// not re-read).
+    pub fn update(&mut self, tokens: &[u32]) -> usize {
+        let bs = self.config.block_size;
+        let n_new = self.pending_blocks(tokens.len());
+        self.hashes.reserve(n_new);
+        for _ in 0..n_new {
+            let start = self.hashes.len() * bs;
+            let parent = self.hashes.last().copied().unwrap_or(self.config.none_hash);
+            let h = self.hash_block(&parent, start, &tokens[start..start + bs]);
+            self.hashes.push(h);
+        }
+        n_new
+    }
+
+    /// Fill `mm_scratch` with the multimodal items overlapping
+    /// `[start, end)`, advancing the resume index exactly as vLLM does: an
+    /// item is skipped once a block starts past its end, and the scan stops
+    /// at the first item that starts at or after `end` or extends past it.
+    fn scan_mm(&mut self, start: u64, end: u64) {
+        self.mm_scratch.clear();
+        let items = &self.extra.mm_features;
+        let Some(last) = items.last() else { return };
+        if last.end() < start {
+            return;
+        }
+        let mut i = self.mm_next;
+        while let Some(f) = items.get(i) {
+            if end <= u64::from(f.offset) {
+                break;
+            }
+            if start > f.end() {
+                i += 1;
+                continue;
+            }
+            let start = i64::try_from(start).expect("token positions fit in i64");
+            self.mm_scratch.push((i, i64::from(f.offset) - start));
+            if end >= f.end() {
+                i += 1;
+            } else {
+                break;
+            }
+        }
+        self.mm_next = i;
+    }
+
+    fn hash_block(&mut self, parent: &BlockHash, start: usize, tokens: &[u32]) -> BlockHash {
+        self.scan_mm(start as u64, (start + tokens.len()) as u64);
+        let salt = if start == 0 { self.extra.salt() } else { None };
+        let n_keys = usize::from(self.extra.lora.is_some())
+            + self.mm_scratch.len()
+            + usize::from(salt.is_some());
+        let algo = self.config.algo;
+        let c = &mut self.buf;
+        c.clear();
+        match algo {
+            HashAlgo::Sha256Cbor | HashAlgo::XxhashCbor => {
+                c.array(3);
+                c.bytes(parent.as_bytes());
+                c.u32_array(tokens);
+                if n_keys == 0 {
+                    c.null();
+                } else {
+                    c.array(n_keys);
+                    if let Some(l) = &self.extra.lora {
+                        c.array(3);
+                        c.text("lora");
+                        c.text(&l.name);
+                        c.text(&l.path);
+                    }
+                    for &(i, rel) in &self.mm_scratch {
+                        c.array(3);
+                        c.text("mm");
+                        c.text(&self.extra.mm_features[i].identifier);
+                        c.int(rel);
+                    }
+                    if let Some(s) = salt {
+                        c.array(2);
+                        c.text("cache_salt");
+                        c.text(s);
+                    }
+                }
+                digest(algo, c.as_bytes())
+            }
+            HashAlgo::Native => {
+                let mut raw = NativeWriter(c);
+                raw.bytes(parent.as_bytes());
+                raw.u32(tokens.len() as u32);
+                raw.u32s(tokens);
+                if let Some(l) = &self.extra.lora {
+                    raw.tag(1);
+                    raw.str(&l.name);
+                    raw.str(&l.path);
+                }
+                for &(i, rel) in &self.mm_scratch {
+                    raw.tag(2);
+                    raw.str(&self.extra.mm_features[i].identifier);
+                    raw.bytes(&rel.to_le_bytes());
+                }
+                if let Some(s) = salt {
+                    raw.tag(3);
+                    raw.str(s);
+                }
+                digest(algo, c.as_bytes())
+            }
+        }
+    }
+}
+
+/// Raw little-endian writer for the native format, sharing the CBOR buffer's
+/// allocation.
+struct NativeWriter<'a>(&'a mut CborBuf);
+
+impl NativeWriter<'_> {
+    #[inline]
+    fn bytes(&mut self, b: &[u8]) {
+        self.0.raw(b);
+    }
+    #[inline]
+    fn tag(&mut self, t: u8) {
+        self.0.raw(&[t]);
+    }
+    #[inline]
+    fn u32(&mut self, v: u32) {
+        self.0.raw(&v.to_le_bytes());
+    }
+    #[inline]
+    fn u32s(&mut self, vs: &[u32]) {
+        self.0.raw_u32_le(vs);
+    }
+    #[inline]
+    fn str(&mut self, s: &str) {
+        self.0.raw(&(s.len() as u64).to_le_bytes());
+        self.0.raw(s.as_bytes());
+    }
+}
+
+/// A multimodal item from unchecked integers: offset and length must be
+/// non-negative and fit in 32 bits (they are prompt positions).
+pub fn mm_feature(identifier: String, offset: i64, length: i64) -> KvResult<MmFeature> {
+    match (u32::try_from(offset), u32::try_from(length)) {
+        (Ok(offset), Ok(length)) => Ok(MmFeature {
+            identifier,
+            offset,
+            length,
+        }),
+        _ => Err(KvError::InvalidArgument {
+            name: "mm_features",
+            detail: format!(
+                "item {identifier:?} has offset {offset} and length {length}; \
+                 both must be in [0, 2^32) (prompt token positions)"
+            ),
+        }),
+    }
+}
+
+/// Hash all full blocks of `tokens` at once (convenience for tests and
+/// one-off use; the result equals incremental hashing).
+pub fn compute_block_hashes(
+    config: HashConfig,
+    extra: ExtraKeys,
+    tokens: &[u32],
+) -> Vec<BlockHash> {
+    let mut h = RequestHasher::new(config, extra);
+    h.update(tokens);
+    h.hashes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hex(h: &BlockHash) -> String {
+        to_hex(h.as_bytes())
+    }
+
+    fn cfg(algo: HashAlgo, bs: usize, seed: &str) -> HashConfig {
+        HashConfig::new(algo, bs, Some(seed)).unwrap()
+    }
+
+    fn lora() -> LoraKey {
+        LoraKey {
+            name: "ad".into(),
+            path: "/p".into(),
+        }
+    }
+
+    #[test]
+    fn names_round_trip() {
+        for a in HashAlgo::ALL {
+            assert_eq!(HashAlgo::from_name(a.name()).unwrap(), a);
+            assert_eq!(a.to_string().parse::<HashAlgo>().unwrap(), a);
+        }
+        let err = HashAlgo::from_name("sha256").unwrap_err().to_string();
+        assert!(
+            err.contains("sha256_cbor, xxhash_cbor, xxh3_native"),
+            "{err}"
+        );
+        assert!(err.contains("\"sha256\""), "{err}");
+    }
+
+    #[test]
+    fn vllm_default_none_hash() {
+        // Recorded in the conformance vectors.
+        assert_eq!(
+            hex(&none_hash(HashAlgo::Sha256Cbor, VLLM_DEFAULT_SEED)),
+            "9bd96a485ad84efdafb72ee48a1d7a69bcead0f8f0433173941b276b9581eef0"
+        );
+        assert_eq!(default_seed(HashAlgo::Sha256Cbor), VLLM_DEFAULT_SEED);
+    }
+
+    #[test]
+    fn random_default_seed_is_fixed_per_process() {
+        let a = default_seed(HashAlgo::XxhashCbor);
+        assert_eq!(a.len(), 64);
+        assert_ne!(a, VLLM_DEFAULT_SEED);
+        assert_eq!(a, default_seed(HashAlgo::Native));
+        assert_eq!(
+            HashConfig::new(HashAlgo::XxhashCbor, 4, None)
+                .unwrap()
+                .none_hash(),
+            none_hash(HashAlgo::XxhashCbor, a)
+        );
+    }
+
+    #[test]
+    fn zero_block_size_rejected() {
+        let e = HashConfig::new(HashAlgo::Native, 0, Some("s")).unwrap_err();
+        assert!(matches!(
+            e,
+            KvError::InvalidConfig {
+                name: "hash_block_size",
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn token_validation() {
+        assert_eq!(token_id(0, 0).unwrap(), 0);
+        assert_eq!(token_id(0, i64::from(u32::MAX)).unwrap(), u32::MAX);
+        assert_eq!(
+            token_id(3, -1),
+            Err(KvError::InvalidTokenId {
+                position: 3,
+                value: -1
+            })
+        );
+        assert!(token_id(0, 1 << 32).is_err());
+    }
+
+    /// Independent re-statement of the payload for one block (no reuse of
+    /// the hasher's code paths beyond `CborBuf`).
+    #[test]
+    fn cbor_payload_of_a_salted_lora_block() {
+        let config = cfg(HashAlgo::Sha256Cbor, 2, "s");
+        let extra = ExtraKeys::new(Some(lora()), vec![], Some("salt".into()));
+        let got = compute_block_hashes(config, extra, &[1, 300]);
+        let mut c = CborBuf::new();
+        c.array(3);
+        c.bytes(config.none_hash().as_bytes());
+        c.u32_array(&[1, 300]);
+        c.array(2);
+        c.array(3);
+        c.text("lora");
+        c.text("ad");
+        c.text("/p");
+        c.array(2);
+        c.text("cache_salt");
+        c.text("salt");
+        let want = Sha256::digest(c.as_bytes());
+        assert_eq!(got[0].as_bytes(), want.as_slice());
+    }
+
+    /// vLLM's documented example: items at [0,3) "hash1" and [3,6) "hash2",
+    /// block size 3: each block carries its own item at relative offset 0.
+    #[test]
+    fn mm_keys_per_block() {
+        let config = cfg(HashAlgo::Sha256Cbor, 3, VLLM_DEFAULT_SEED);
+        let mm = vec![
+            mm_feature("hash1".into(), 0, 3).unwrap(),
+            mm_feature("hash2".into(), 3, 3).unwrap(),
+        ];
+        let mut h = RequestHasher::new(config, ExtraKeys::new(None, mm, None));
+        h.scan_mm(0, 3);
+        assert_eq!(h.mm_scratch, vec![(0, 0)]);
+        h.scan_mm(3, 6);
+        assert_eq!(h.mm_scratch, vec![(1, 0)]);
+    }
+
+    /// Windows from vLLM's extra-key tests: 20 tokens, items [0,5) and
+    /// [10,15).
+    #[test]
+    fn mm_windows_negative_offsets() {
+        let config = cfg(HashAlgo::Sha256Cbor, 5, "s");
+        let mm = vec![
+            mm_feature("a".into(), 0, 5).unwrap(),
+            mm_feature("b".into(), 10, 5).unwrap(),
+        ];
+        let mut h = RequestHasher::new(config, ExtraKeys::new(None, mm, None));
+        h.scan_mm(0, 5);
+        assert_eq!((h.mm_scratch.clone(), h.mm_next), (vec![(0, 0)], 1));
+        h.mm_next = 0;
+        h.scan_mm(3, 8);
+        assert_eq!(h.mm_scratch, vec![(0, -3)]);
+        h.mm_next = 0;
+        h.scan_mm(0, 15);
+        assert_eq!(
+            (h.mm_scratch.clone(), h.mm_next),
+            (vec![(0, 0), (1, 10)], 2)
+        );
+        // An item spanning several blocks appears on each with its offset
+        // relative to that block's start.
+        let mm = vec![mm_feature("x".into(), 2, 9).unwrap()];
+        let mut h = RequestHasher::new(
+            cfg(HashAlgo::Sha256Cbor, 4, "s"),
+            ExtraKeys::new(None, mm, None),
+        );
+        let mut seen = vec![];
+        for b in 0..4u64 {
+            h.scan_mm(b * 4, b * 4 + 4);
+            seen.push(h.mm_scratch.clone());
+        }
+        assert_eq!(
+            seen,
+            vec![vec![(0, 2)], vec![(0, -2)], vec![(0, -6)], vec![]]
+        );
+    }
+
+    #[test]
+    fn mm_validation_and_sorting() {
+        assert!(mm_feature("x".into(), -1, 2).is_err());
+        assert!(mm_feature("x".into(), 1, -2).is_err());
+        assert!(mm_feature("x".into(), 1 << 32, 1).is_err());
+        let e = ExtraKeys::new(
+            None,
+            vec![
+                mm_feature("b".into(), 9, 1).unwrap(),
+                mm_feature("a".into(), 2, 1).unwrap(),
+            ],
+            None,
+        );
+        assert_eq!(e.mm_features[0].identifier, "a");
+        assert!(ExtraKeys::new(None, vec![], Some(String::new())).is_empty());
+    }
+
+    fn all_extra() -> ExtraKeys {
+        ExtraKeys::new(
+            Some(lora()),
+            vec![
+                mm_feature("img-1".into(), 3, 10).unwrap(),
+                mm_feature("img-2".into(), 20, 2).unwrap(),
+            ],
+            Some("tenant".into()),
+        )
+    }
+
+    #[test]
+    fn incremental_equals_one_shot() {
+        let tokens: Vec<u32> = (0..203u32)
+            .map(|i| i.wrapping_mul(2_654_435_761) >> 8)
+            .collect();
+        for algo in HashAlgo::ALL {
+            for bs in [1, 3, 16] {
+                for extra in [ExtraKeys::default(), all_extra()] {
+                    let config = cfg(algo, bs, "seed");
+                    let one = compute_block_hashes(config, extra.clone(), &tokens);
+                    assert_eq!(one.len(), tokens.len() / bs);
+                    for step in [1, 2, 5, 17, 64] {
+                        let mut h = RequestHasher::new(config, extra.clone());
+                        let mut n = 0;
+                        while n < tokens.len() {
+                            n = (n + step).min(tokens.len());
+                            h.update(&tokens[..n]);
+                        }
+                        assert_eq!(h.block_hashes(), &one[..], "{algo} bs={bs} step={step}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn change_propagates_forward_only() {
+        let tokens: Vec<u32> = (0..64).collect();
+        for algo in HashAlgo::ALL {
+            let config = cfg(algo, 8, "seed");
+            let base = compute_block_hashes(config, ExtraKeys::default(), &tokens);
+            let mut t2 = tokens.clone();
+            t2[27] += 1;
+            let changed = compute_block_hashes(config, ExtraKeys::default(), &t2);
+            assert_eq!(&base[..3], &changed[..3]);
+            assert!(base[3..].iter().zip(&changed[3..]).all(|(a, b)| a != b));
+            let salted = compute_block_hashes(
+                config,
+                ExtraKeys::new(None, vec![], Some("x".into())),
+                &tokens,
+            );
+            assert!(base.iter().zip(&salted).all(|(a, b)| a != b));
+        }
+    }
+
+    #[test]
+    fn partial_blocks_are_not_hashed() {
+        let mut h = RequestHasher::new(cfg(HashAlgo::Native, 4, "s"), ExtraKeys::default());
+        assert_eq!(h.update(&[1, 2, 3]), 0);
+        assert_eq!(h.update(&[1, 2, 3, 4, 5]), 1);
+        assert_eq!(h.num_hashed_tokens(), 4);
+        assert_eq!(h.pending_blocks(12), 2);
+    }
+
+    /// Native format version 1 is frozen: these digests must never change.
+    /// (They were computed independently with Python's `xxhash` package from
+    /// the layout in the module docs.)
+    #[test]
+    fn native_format_pinned() {
+        let root = none_hash(HashAlgo::Native, "kvcoord");
+        assert_eq!(hex(&root), "de2688cf3de81f83ca80bb15cec258bc");
+        let plain = compute_block_hashes(
+            cfg(HashAlgo::Native, 4, "kvcoord"),
+            ExtraKeys::default(),
+            &[1, 2, 3, 4, 5, 6, 7, 8],
+        );
+        let plain: Vec<String> = plain.iter().map(hex).collect();
+        assert_eq!(
+            plain,
+            vec![
+                "eec51e83b8741f5b95744442e51a8cdd",
+                "6e4b85306cbccb9cc6f9f33600ebad07"
+            ]
+        );
+        let rich = compute_block_hashes(
+            cfg(HashAlgo::Native, 4, "kvcoord"),
+            all_extra(),
+            &[10, 20, 30, 40, 50, 60, 70, 80],
+        );
+        let rich: Vec<String> = rich.iter().map(hex).collect();
+        assert_eq!(
+            rich,
+            vec![
+                "a79d47b9455dc5231b7660f33b4b8968",
+                "07878580d38fcdf066dccefadce071ca"
+            ]
+        );
+    }
+
+    /// The native payload, written out by hand, hashes to the same digest.
+    #[test]
+    fn native_payload_layout() {
+        let config = cfg(HashAlgo::Native, 2, "kvcoord");
+        let extra = ExtraKeys::new(
+            Some(lora()),
+            vec![mm_feature("m".into(), 1, 3).unwrap()],
+            Some("s".into()),
+        );
+        let got = compute_block_hashes(config, extra, &[7, 0x0102_0304, 9, 9]);
+        let mut p = Vec::new();
+        p.extend_from_slice(config.none_hash().as_bytes());
+        p.extend_from_slice(&2u32.to_le_bytes());
+        p.extend_from_slice(&7u32.to_le_bytes());
+        p.extend_from_slice(&[4, 3, 2, 1]);
+        p.push(1);
+        p.extend_from_slice(&2u64.to_le_bytes());
+        p.extend_from_slice(b"ad");
+        p.extend_from_slice(&2u64.to_le_bytes());
+        p.extend_from_slice(b"/p");
+        p.push(2);
+        p.extend_from_slice(&1u64.to_le_bytes());
+        p.extend_from_slice(b"m");
+        p.extend_from_slice(&1i64.to_le_bytes());
+        p.push(3);
+        p.extend_from_slice(&1u64.to_le_bytes());
+        p.extend_from_slice(b"s");
+        assert_eq!(got[0].as_bytes(), &xxh3_128(&p).to_be_bytes());
+        // Block 1: item [1,4) seen from start 2 -> relative offset -1; no salt.
+        let mut q = Vec::new();
+        q.extend_from_slice(got[0].as_bytes());
+        q.extend_from_slice(&2u32.to_le_bytes());
+        q.extend_from_slice(&9u32.to_le_bytes());
+        q.extend_from_slice(&9u32.to_le_bytes());
+        q.push(1);
+        q.extend_from_slice(&2u64.to_le_bytes());
+        q.extend_from_slice(b"ad");
+        q.extend_from_slice(&2u64.to_le_bytes());
+        q.extend_from_slice(b"/p");
+        q.push(2);
+        q.extend_from_slice(&1u64.to_le_bytes());
+        q.extend_from_slice(b"m");
+        q.extend_from_slice(&(-1i64).to_le_bytes());
+        assert_eq!(got[1].as_bytes(), &xxh3_128(&q).to_be_bytes());
+    }
+}

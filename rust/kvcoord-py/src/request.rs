@@ -1,0 +1,542 @@
+//! `kvcoord.Request` and the hashing functions: conversion and delegation
+//! only; the hashing is `kvcoord_core::hashing`.
+
+use kvcoord_core::hashing::{self, compute_block_hashes as core_compute};
+use kvcoord_core::{BlockHash, ExtraKeys, HashAlgo, HashConfig, KvError, LoraKey, MmFeature, RequestHasher};
+use numpy::ndarray::Array2;
+use numpy::{IntoPyArray, PyArray1, PyArray2, PyReadonlyArray1};
+use pyo3::exceptions::{PyIndexError, PyTypeError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyInt, PyList, PySlice, PyString, PyTuple};
+
+use crate::errors::{core, InvalidTokenError};
+
+/// Hash on a thread without the GIL when at least this many tokens are new
+/// (releasing and re-taking the GIL costs about a microsecond).
+const DETACH_MIN_TOKENS: usize = 4096;
+
+// ---------------------------------------------------------------- conversion
+
+fn invalid_token(position: usize, value: &Bound<'_, PyAny>) -> PyErr {
+    let shown = value.repr().map_or_else(|_| "?".to_owned(), |r| r.to_string());
+    InvalidTokenError::new_err(format!(
+        "token id {shown} at position {position} is invalid: token ids must be in [0, 2^32)"
+    ))
+}
+
+/// One token from a Python object at `position`.
+#[inline]
+fn token(position: usize, item: &Bound<'_, PyAny>) -> PyResult<u32> {
+    match item.extract::<i64>() {
+        Ok(v) => core(hashing::token_id(position, v)),
+        // Too large for i64 but still an int: a token error, not OverflowError.
+        Err(_) if item.is_instance_of::<PyInt>() => Err(invalid_token(position, item)),
+        Err(e) => Err(PyTypeError::new_err(format!(
+            "token id at position {position} must be an int, got {} ({e})",
+            item.get_type().name().map_or_else(|_| "?".to_owned(), |n| n.to_string())
+        ))),
+    }
+}
+
+macro_rules! try_token_array {
+    ($obj:expr, $out:expr, $base:expr, $($t:ty),*) => {
+        $(
+            if let Ok(arr) = $obj.extract::<PyReadonlyArray1<'_, $t>>() {
+                let view = arr.as_array();
+                $out.reserve(view.len());
+                for (i, &v) in view.iter().enumerate() {
+                    #[allow(clippy::cast_lossless, clippy::unnecessary_cast, clippy::cast_possible_wrap)]
+                    let v = v as i64;
+                    $out.push(core(hashing::token_id($base + i, v))?);
+                }
+                return Ok(());
+            }
+        )*
+    };
+}
+
+/// Append the token ids in `obj` (an int, a list/tuple/sequence of ints, or a
+/// 1-D integer numpy array) to `out`, validating each. Positions in errors
+/// count from `base`. On error `out` may hold part of the input: callers
+/// pass a scratch vector or truncate.
+fn extract_tokens(obj: &Bound<'_, PyAny>, out: &mut Vec<u32>, base: usize) -> PyResult<()> {
+    if let Ok(list) = obj.cast::<PyList>() {
+        out.reserve(list.len());
+        for (i, item) in list.iter().enumerate() {
+            out.push(token(base + i, &item)?);
+        }
+        return Ok(());
+    }
+    if let Ok(tuple) = obj.cast::<PyTuple>() {
+        out.reserve(tuple.len());
+        for (i, item) in tuple.iter().enumerate() {
+            out.push(token(base + i, &item)?);
+        }
+        return Ok(());
+    }
+    // u32 first: the zero-copy-friendly dtype callers should prefer.
+    try_token_array!(obj, out, base, u32, i64, i32, u64, u16, i16, u8, i8);
+    if obj.is_instance_of::<PyString>() || obj.is_instance_of::<PyBytes>() {
+        return Err(PyTypeError::new_err("token ids must be a sequence of ints, not str/bytes"));
+    }
+    for (i, item) in obj.try_iter()?.enumerate() {
+        out.push(token(base + i, &item?)?);
+    }
+    Ok(())
+}
+
+fn str_field(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<String> {
+    obj.extract::<String>().map_err(|_| {
+        PyTypeError::new_err(format!(
+            "{what} must be a str, got {}",
+            obj.get_type().name().map_or_else(|_| "?".to_owned(), |n| n.to_string())
+        ))
+    })
+}
+
+/// `lora`: `None`, a `(name, path)` tuple, or an object with `name` and
+/// `path` attributes (such as `kvcoord.LoRA`).
+fn lora_key(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<LoraKey>> {
+    let Some(obj) = obj.filter(|o| !o.is_none()) else { return Ok(None) };
+    let (name, path) = if let Ok(t) = obj.cast::<PyTuple>() {
+        if t.len() != 2 {
+            return Err(PyTypeError::new_err(format!("lora must be (name, path), got a tuple of {} items", t.len())));
+        }
+        (t.get_item(0)?, t.get_item(1)?)
+    } else if obj.hasattr("name")? && obj.hasattr("path")? {
+        (obj.getattr("name")?, obj.getattr("path")?)
+    } else {
+        return Err(PyTypeError::new_err("lora must be None, a (name, path) tuple or an object with .name and .path"));
+    };
+    Ok(Some(LoraKey { name: str_field(&name, "lora name")?, path: str_field(&path, "lora path")? }))
+}
+
+/// `mm_features`: `None` or an iterable of `(identifier, offset, length)`
+/// tuples or objects with those attributes (such as
+/// `kvcoord.MultiModalFeature`).
+fn mm_features(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<MmFeature>> {
+    let Some(obj) = obj.filter(|o| !o.is_none()) else { return Ok(Vec::new()) };
+    let mut out = Vec::new();
+    for item in obj.try_iter()? {
+        let item = item?;
+        let (id, offset, length) = if let Ok(t) = item.cast::<PyTuple>() {
+            if t.len() != 3 {
+                return Err(PyTypeError::new_err(format!(
+                    "each mm_features item must be (identifier, offset, length), got a tuple of {} items",
+                    t.len()
+                )));
+            }
+            (t.get_item(0)?, t.get_item(1)?, t.get_item(2)?)
+        } else if item.hasattr("identifier")? {
+            (item.getattr("identifier")?, item.getattr("offset")?, item.getattr("length")?)
+        } else {
+            return Err(PyTypeError::new_err(
+                "each mm_features item must be an (identifier, offset, length) tuple or an object with those attributes",
+            ));
+        };
+        let id = str_field(&id, "mm_features identifier")?;
+        out.push(core(hashing::mm_feature(id, offset.extract()?, length.extract()?))?);
+    }
+    Ok(out)
+}
+
+fn hash_config(hash_algo: &str, hash_block_size: i64, hash_seed: Option<&str>) -> PyResult<HashConfig> {
+    let algo = core(HashAlgo::from_name(hash_algo))?;
+    let bs = usize::try_from(hash_block_size).ok().filter(|&b| b > 0).ok_or_else(|| {
+        crate::errors::CoreError(KvError::InvalidConfig {
+            name: "hash_block_size",
+            value: hash_block_size.to_string(),
+            rule: "must be a positive number of tokens".into(),
+        })
+    })?;
+    core(HashConfig::new(algo, bs, hash_seed))
+}
+
+fn hashes_to_list<'py>(py: Python<'py>, hashes: &[BlockHash]) -> PyResult<Bound<'py, PyList>> {
+    PyList::new(py, hashes.iter().map(|h| PyBytes::new(py, h.as_bytes())))
+}
+
+fn hashes_to_bytes<'py>(py: Python<'py>, hashes: &[BlockHash]) -> Bound<'py, PyBytes> {
+    let d = hashes.first().map_or(0, BlockHash::len);
+    PyBytes::new_with(py, hashes.len() * d, |buf| {
+        for (dst, h) in buf.chunks_exact_mut(d.max(1)).zip(hashes) {
+            dst.copy_from_slice(h.as_bytes());
+        }
+        Ok(())
+    })
+    .expect("filling a fresh bytes object cannot fail")
+}
+
+/// Run `hasher.update(tokens)`, without the GIL when the new part is long.
+fn update_hashes(py: Python<'_>, hasher: &mut RequestHasher, tokens: &[u32]) {
+    let new_tokens = hasher.pending_blocks(tokens.len()) * hasher.config().block_size();
+    if new_tokens >= DETACH_MIN_TOKENS {
+        py.detach(|| hasher.update(tokens));
+    } else {
+        hasher.update(tokens);
+    }
+}
+
+// ------------------------------------------------------------------ Request
+
+/// A request's tokens and the chained hashes of its full blocks (see
+/// `_core.pyi` for the documented surface).
+#[pyclass(module = "kvcoord._core", name = "Request")]
+pub(crate) struct PyRequest {
+    request_id: String,
+    /// Prompt then output tokens.
+    tokens: Vec<u32>,
+    num_prompt_tokens: usize,
+    num_computed_tokens: usize,
+    hasher: RequestHasher,
+    /// Whether `get_computed_blocks` must ignore the prefix cache (e.g. the
+    /// request wants prompt logprobs, which cached tokens cannot give).
+    #[pyo3(get, set)]
+    skip_reading_prefix_cache: bool,
+}
+
+impl PyRequest {
+    /// The request id.
+    pub(crate) fn id(&self) -> &str {
+        &self.request_id
+    }
+
+    /// The digests of the request's full blocks, block 0 first (no copy).
+    #[allow(dead_code)] // for the Rust manager
+    pub(crate) fn block_hashes_slice(&self) -> &[BlockHash] {
+        self.hasher.block_hashes()
+    }
+
+    /// All token ids (prompt then outputs).
+    #[allow(dead_code)] // for the Rust manager
+    pub(crate) fn token_ids(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// Number of tokens (prompt + outputs).
+    pub(crate) fn num_tokens_usize(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// Number of prompt tokens.
+    #[allow(dead_code)] // for the Rust manager
+    pub(crate) fn num_prompt_tokens_usize(&self) -> usize {
+        self.num_prompt_tokens
+    }
+
+    /// Tokens whose KV is computed.
+    #[allow(dead_code)] // for the Rust manager
+    pub(crate) fn num_computed_tokens_usize(&self) -> usize {
+        self.num_computed_tokens
+    }
+
+    /// Set the computed-token count (the manager's view of progress).
+    #[allow(dead_code)] // for the Rust manager
+    pub(crate) fn set_num_computed_tokens_usize(&mut self, n: usize) {
+        self.num_computed_tokens = n;
+    }
+
+    /// The hasher (algorithm, block size, extra keys).
+    #[allow(dead_code)] // for the Rust manager
+    pub(crate) fn hasher(&self) -> &RequestHasher {
+        &self.hasher
+    }
+}
+
+#[pymethods]
+impl PyRequest {
+    #[new]
+    #[pyo3(signature = (
+        request_id, prompt_token_ids, *, hash_block_size, hash_algo = "sha256_cbor",
+        hash_seed = None, cache_salt = None, lora = None, mm_features = None
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        request_id: String,
+        prompt_token_ids: &Bound<'_, PyAny>,
+        hash_block_size: i64,
+        hash_algo: &str,
+        hash_seed: Option<&str>,
+        cache_salt: Option<String>,
+        lora: Option<&Bound<'_, PyAny>>,
+        mm_features: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let config = hash_config(hash_algo, hash_block_size, hash_seed)?;
+        let extra = ExtraKeys::new(lora_key(lora)?, self::mm_features(mm_features)?, cache_salt);
+        let mut tokens = Vec::new();
+        extract_tokens(prompt_token_ids, &mut tokens, 0)?;
+        let mut hasher = RequestHasher::new(config, extra);
+        update_hashes(py, &mut hasher, &tokens);
+        Ok(Self {
+            request_id,
+            num_prompt_tokens: tokens.len(),
+            tokens,
+            num_computed_tokens: 0,
+            hasher,
+            skip_reading_prefix_cache: false,
+        })
+    }
+
+    /// Append one token (an int) or many (a sequence or numpy array); hashes
+    /// the blocks this completes. All-or-nothing: on an invalid token nothing
+    /// is appended.
+    fn append_output_token_ids(&mut self, py: Python<'_>, token_ids: &Bound<'_, PyAny>) -> PyResult<()> {
+        let base = self.tokens.len();
+        if token_ids.is_instance_of::<PyInt>() {
+            let t = token(base, token_ids)?;
+            self.tokens.push(t);
+        } else if let Err(e) = extract_tokens(token_ids, &mut self.tokens, base) {
+            self.tokens.truncate(base);
+            return Err(e);
+        }
+        update_hashes(py, &mut self.hasher, &self.tokens);
+        Ok(())
+    }
+
+    #[getter]
+    fn request_id(&self) -> &str {
+        &self.request_id
+    }
+
+    #[getter]
+    fn num_prompt_tokens(&self) -> usize {
+        self.num_prompt_tokens
+    }
+
+    #[getter]
+    fn num_output_tokens(&self) -> usize {
+        self.tokens.len() - self.num_prompt_tokens
+    }
+
+    #[getter]
+    fn num_tokens(&self) -> usize {
+        self.num_tokens_usize()
+    }
+
+    #[getter]
+    fn get_num_computed_tokens(&self) -> usize {
+        self.num_computed_tokens
+    }
+
+    #[setter]
+    fn set_num_computed_tokens(&mut self, value: i64) -> PyResult<()> {
+        self.num_computed_tokens = crate::convert::count(value, "num_computed_tokens")?;
+        Ok(())
+    }
+
+    #[getter]
+    fn prompt_token_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        PyList::new(py, &self.tokens[..self.num_prompt_tokens])
+    }
+
+    #[getter]
+    fn output_token_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        PyList::new(py, &self.tokens[self.num_prompt_tokens..])
+    }
+
+    #[getter]
+    fn all_token_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        PyList::new(py, &self.tokens)
+    }
+
+    /// All token ids as a new 1-D uint32 numpy array.
+    fn token_ids_array<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<u32>> {
+        PyArray1::from_slice(py, &self.tokens)
+    }
+
+    #[getter]
+    fn hash_block_size(&self) -> usize {
+        self.hasher.config().block_size()
+    }
+
+    #[getter]
+    fn hash_algo(&self) -> &'static str {
+        self.hasher.config().algo().name()
+    }
+
+    #[getter]
+    fn digest_len(&self) -> usize {
+        self.hasher.config().algo().digest_len()
+    }
+
+    #[getter]
+    fn cache_salt(&self) -> Option<&str> {
+        self.hasher.extra_keys().cache_salt.as_deref()
+    }
+
+    #[getter]
+    fn lora(&self) -> Option<(String, String)> {
+        self.hasher.extra_keys().lora.as_ref().map(|l| (l.name.clone(), l.path.clone()))
+    }
+
+    #[getter]
+    fn mm_features(&self) -> Vec<(String, u32, u32)> {
+        self.hasher.extra_keys().mm_features.iter().map(|f| (f.identifier.clone(), f.offset, f.length)).collect()
+    }
+
+    /// A live, read-only sequence view of the block hashes (bytes items).
+    #[getter]
+    fn block_hashes(slf: Bound<'_, Self>) -> BlockHashes {
+        BlockHashes { request: slf.unbind() }
+    }
+
+    #[getter]
+    fn num_block_hashes(&self) -> usize {
+        self.hasher.block_hashes().len()
+    }
+
+    /// The block hashes as a new `(n, digest_len)` uint8 numpy array.
+    fn block_hashes_array<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray2<u8>> {
+        let hashes = self.hasher.block_hashes();
+        let d = self.hasher.config().algo().digest_len();
+        let mut flat = Vec::with_capacity(hashes.len() * d);
+        for h in hashes {
+            flat.extend_from_slice(h.as_bytes());
+        }
+        Array2::from_shape_vec((hashes.len(), d), flat).expect("shape matches").into_pyarray(py)
+    }
+
+    /// The block hashes concatenated into one bytes object
+    /// (`n * digest_len` bytes).
+    fn block_hashes_bytes<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        hashes_to_bytes(py, self.hasher.block_hashes())
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Request(request_id={:?}, num_prompt_tokens={}, num_tokens={}, num_computed_tokens={}, \
+             hash_algo={:?}, hash_block_size={}, num_block_hashes={})",
+            self.request_id,
+            self.num_prompt_tokens,
+            self.tokens.len(),
+            self.num_computed_tokens,
+            self.hasher.config().algo().name(),
+            self.hasher.config().block_size(),
+            self.hasher.block_hashes().len()
+        )
+    }
+}
+
+/// Read-only sequence view over a request's block hashes.
+#[pyclass(module = "kvcoord._core", name = "BlockHashes", frozen, sequence)]
+pub(crate) struct BlockHashes {
+    request: Py<PyRequest>,
+}
+
+#[pymethods]
+impl BlockHashes {
+    fn __len__(&self, py: Python<'_>) -> usize {
+        self.request.borrow(py).hasher.block_hashes().len()
+    }
+
+    fn __getitem__<'py>(&self, py: Python<'py>, index: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        let req = self.request.borrow(py);
+        let hashes = req.hasher.block_hashes();
+        if let Ok(slice) = index.cast::<PySlice>() {
+            let ind = slice.indices(isize::try_from(hashes.len()).unwrap_or(isize::MAX))?;
+            let mut out = Vec::with_capacity(ind.slicelength);
+            let mut i = ind.start;
+            for _ in 0..ind.slicelength {
+                out.push(PyBytes::new(py, hashes[i.unsigned_abs()].as_bytes()));
+                i += ind.step;
+            }
+            return Ok(PyList::new(py, out)?.into_any());
+        }
+        let i: isize = index.extract()?;
+        let n = isize::try_from(hashes.len()).unwrap_or(isize::MAX);
+        let j = if i < 0 { i + n } else { i };
+        if !(0..n).contains(&j) {
+            return Err(PyIndexError::new_err("block hash index out of range"));
+        }
+        Ok(PyBytes::new(py, hashes[j.unsigned_abs()].as_bytes()).into_any())
+    }
+
+    fn __iter__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let req = self.request.borrow(py);
+        hashes_to_list(py, req.hasher.block_hashes())?.try_iter().map(Bound::into_any)
+    }
+
+    fn __eq__(&self, py: Python<'_>, other: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let req = self.request.borrow(py);
+        let mine = hashes_to_list(py, req.hasher.block_hashes())?;
+        match other.cast::<BlockHashes>() {
+            Ok(o) => {
+                let theirs = o.get().request.borrow(py);
+                Ok(req.hasher.block_hashes() == theirs.hasher.block_hashes())
+            }
+            Err(_) => {
+                if other.is_instance_of::<PyString>() || other.is_instance_of::<PyBytes>() {
+                    return Ok(false);
+                }
+                match other.try_iter() {
+                    Ok(_) => {
+                        let as_list = PyList::empty(py);
+                        for item in other.try_iter()? {
+                            as_list.append(item?)?;
+                        }
+                        mine.eq(as_list)
+                    }
+                    Err(_) => Ok(false),
+                }
+            }
+        }
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> String {
+        let req = self.request.borrow(py);
+        let hashes = req.hasher.block_hashes();
+        format!("BlockHashes(n={}, digest_len={})", hashes.len(), req.hasher.config().algo().digest_len())
+    }
+}
+
+// ---------------------------------------------------------------- functions
+
+/// Hashes of every full block of `token_ids` (one-shot; equals what a
+/// `Request` with the same arguments holds).
+#[pyfunction]
+#[pyo3(signature = (
+    token_ids, *, hash_block_size, hash_algo = "sha256_cbor", hash_seed = None,
+    cache_salt = None, lora = None, mm_features = None
+))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn compute_block_hashes<'py>(
+    py: Python<'py>,
+    token_ids: &Bound<'py, PyAny>,
+    hash_block_size: i64,
+    hash_algo: &str,
+    hash_seed: Option<&str>,
+    cache_salt: Option<String>,
+    lora: Option<&Bound<'py, PyAny>>,
+    mm_features: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyList>> {
+    let config = hash_config(hash_algo, hash_block_size, hash_seed)?;
+    let extra = ExtraKeys::new(lora_key(lora)?, self::mm_features(mm_features)?, cache_salt);
+    let mut tokens = Vec::new();
+    extract_tokens(token_ids, &mut tokens, 0)?;
+    let hashes = if tokens.len() >= DETACH_MIN_TOKENS {
+        py.detach(|| core_compute(config, extra, &tokens))
+    } else {
+        core_compute(config, extra, &tokens)
+    };
+    hashes_to_list(py, &hashes)
+}
+
+/// The root digest (`NONE_HASH`, parent of block 0) for an algorithm and
+/// seed; the seed defaults as for `Request`.
+#[pyfunction]
+#[pyo3(signature = (hash_algo = "sha256_cbor", hash_seed = None))]
+pub(crate) fn none_hash<'py>(
+    py: Python<'py>,
+    hash_algo: &str,
+    hash_seed: Option<&str>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let algo = core(HashAlgo::from_name(hash_algo))?;
+    let seed = hash_seed.unwrap_or_else(|| hashing::default_seed(algo));
+    Ok(PyBytes::new(py, hashing::none_hash(algo, seed).as_bytes()))
+}
+
+/// The names `hash_algo` accepts.
+pub(crate) fn hash_algo_names() -> Vec<&'static str> {
+    HashAlgo::NAMES.to_vec()
+}
