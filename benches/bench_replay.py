@@ -20,6 +20,7 @@ import sys
 from time import perf_counter
 
 import numpy as np
+
 from kvcoord.replay.layouts import load_layout, num_blocks_for_capacity
 from kvcoord.replay.report import format_summary, summarize
 from kvcoord.replay.scheduler import SimConfig, simulate

@@ -19,6 +19,8 @@ torch = pytest.importorskip("torch")
 
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
 from kvcoord.block_table import (  # noqa: E402
     PAD_SLOT_ID,
     BlockTable,
@@ -32,7 +34,6 @@ from kvcoord.errors import (  # noqa: E402
     InvalidBlockIdError,
     KvCoordError,
 )
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(

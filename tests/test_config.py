@@ -35,7 +35,10 @@ def test_specs_are_frozen_and_comparable() -> None:
         (lambda: FullAttentionSpec(True), "FullAttentionSpec.block_size"),  # type: ignore[arg-type]
         (lambda: FullAttentionSpec(16.0), "FullAttentionSpec.block_size"),  # type: ignore[arg-type]
         (lambda: SlidingWindowSpec(16, -1), "SlidingWindowSpec.sliding_window"),
-        (lambda: ChunkedLocalAttentionSpec(16, 0), "ChunkedLocalAttentionSpec.attention_chunk_size"),
+        (
+            lambda: ChunkedLocalAttentionSpec(16, 0),
+            "ChunkedLocalAttentionSpec.attention_chunk_size",
+        ),
         (lambda: MambaSpec(16, -2), "MambaSpec.num_speculative_blocks"),
         (lambda: CrossAttentionSpec(-16), "CrossAttentionSpec.block_size"),
         (lambda: KVCacheGroup("full"), "KVCacheGroup.spec"),  # type: ignore[arg-type]

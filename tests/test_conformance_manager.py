@@ -21,7 +21,14 @@ def test_manager_trace(path: Path) -> None:
 
 def test_every_layout_is_covered() -> None:
     layouts = {p.name.split("-")[1] for p in TRACES}
-    assert layouts == {"full", "hybrid_3g", "hybrid_local", "hybrid_mamba_nocache", "hybrid_swa", "no_cache"}
+    assert layouts == {
+        "full",
+        "hybrid_3g",
+        "hybrid_local",
+        "hybrid_mamba_nocache",
+        "hybrid_swa",
+        "no_cache",
+    }
 
 
 def test_replayer_detects_divergence(tmp_path: Path) -> None:
@@ -30,7 +37,8 @@ def test_replayer_detects_divergence(tmp_path: Path) -> None:
     import json
 
     src = next(p for p in TRACES if p.name.startswith("manager-full-"))
-    lines = gzip.open(src, "rt").read().splitlines()
+    with gzip.open(src, "rt") as f:
+        lines = f.read().splitlines()
     for i, line in enumerate(lines[1:], start=1):
         op = json.loads(line)
         if op["op"] == "allocate_slots" and op["expect"] and op["expect"][0]:

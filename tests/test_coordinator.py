@@ -33,7 +33,9 @@ def make(config: KVCacheConfig, caching: bool = True, **kw: object) -> object:
 
 
 def test_factory_choice() -> None:
-    assert isinstance(make(cfg(FullAttentionSpec(16)), caching=False), KVCacheCoordinatorNoPrefixCache)
+    assert isinstance(
+        make(cfg(FullAttentionSpec(16)), caching=False), KVCacheCoordinatorNoPrefixCache
+    )
     assert isinstance(make(cfg(), caching=False), KVCacheCoordinatorNoPrefixCache)
     assert isinstance(make(cfg(FullAttentionSpec(16))), UnitaryKVCacheCoordinator)
     hybrid = make(cfg(FullAttentionSpec(16), SlidingWindowSpec(16, 64)))
@@ -41,7 +43,14 @@ def test_factory_choice() -> None:
 
 
 def test_hybrid_merges_equal_specs_full_attention_first() -> None:
-    c = make(cfg(SlidingWindowSpec(16, 64), FullAttentionSpec(16), FullAttentionSpec(16), SlidingWindowSpec(16, 32)))
+    c = make(
+        cfg(
+            SlidingWindowSpec(16, 64),
+            FullAttentionSpec(16),
+            FullAttentionSpec(16),
+            SlidingWindowSpec(16, 32),
+        )
+    )
     assert isinstance(c, HybridKVCacheCoordinator)
     assert [sg.group_ids for sg in c.spec_groups] == [(1, 2), (0,), (3,)]
 
@@ -54,8 +63,16 @@ def test_hybrid_merges_equal_specs_full_attention_first() -> None:
         (cfg(FullAttentionSpec(16), CrossAttentionSpec(16)), {}, "cross-attention"),
         (cfg(MambaSpec(16)), {}, "Mamba"),
         (cfg(FullAttentionSpec(16)), {"hash_block_size": 8}, "must equal the block size"),
-        (cfg(FullAttentionSpec(32), SlidingWindowSpec(16, 64)), {"hash_block_size": 32}, "multiple of hash_block_size"),
-        (cfg(FullAttentionSpec(16), SlidingWindowSpec(16, 64)), {"dcp_world_size": 2}, "context parallelism"),
+        (
+            cfg(FullAttentionSpec(32), SlidingWindowSpec(16, 64)),
+            {"hash_block_size": 32},
+            "multiple of hash_block_size",
+        ),
+        (
+            cfg(FullAttentionSpec(16), SlidingWindowSpec(16, 64)),
+            {"dcp_world_size": 2},
+            "context parallelism",
+        ),
         (cfg(FullAttentionSpec(16)), {"pcp_world_size": 2}, "context parallelism"),
         (cfg(FullAttentionSpec(16)), {"max_model_len": 0}, "max_model_len"),
     ],
@@ -86,7 +103,9 @@ def _cache_prompt(manager: kvcoord.KVCacheManager, req: kvcoord.Request) -> None
 
 def test_fixed_point_shrinks_until_groups_agree() -> None:
     # Spec scenario 51: full, SWA (2 blocks), SWA (4 blocks), bs 4, 25-token prompt.
-    config = cfg(FullAttentionSpec(4), SlidingWindowSpec(4, 8), SlidingWindowSpec(4, 16), num_blocks=40)
+    config = cfg(
+        FullAttentionSpec(4), SlidingWindowSpec(4, 8), SlidingWindowSpec(4, 16), num_blocks=40
+    )
     manager = kvcoord.KVCacheManager(config, max_model_len=1024)
     prompt = list(range(100, 125))
     first = kvcoord.Request("a", prompt, hash_block_size=4)

@@ -199,9 +199,7 @@ token_lists = st.lists(st.integers(0, 2**32 - 1), min_size=0, max_size=80)
     cuts=st.lists(st.integers(0, 80), max_size=6),
     salt=st.one_of(st.none(), st.text(max_size=5)),
     lora=st.one_of(st.none(), st.tuples(st.text(max_size=4), st.text(max_size=4))),
-    mm=st.lists(
-        st.tuples(st.text(max_size=3), st.integers(0, 60), st.integers(0, 20)), max_size=3
-    ),
+    mm=st.lists(st.tuples(st.text(max_size=3), st.integers(0, 60), st.integers(0, 20)), max_size=3),
 )
 def test_any_split_equals_one_shot(toks, bs, algo, cuts, salt, lora, mm) -> None:
     kw = {

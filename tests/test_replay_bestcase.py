@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from kvcoord.replay.bestcase import best_possible_hits, prefix_block_keys
 from kvcoord.replay.workloads import Workload, WorkloadRequest, read_mooncake, synthetic_chat
 

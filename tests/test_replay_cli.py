@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from kvcoord.cli import main
 
 DATA = Path(__file__).parent / "data"

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from kvcoord.replay.bestcase import best_possible_hits
 from kvcoord.replay.layouts import PRESETS, num_blocks_for_capacity
 from kvcoord.replay.scheduler import SimConfig, SimulationError, simulate

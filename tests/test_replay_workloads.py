@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from kvcoord.replay.workloads import (
     MOONCAKE_BLOCK_TOKENS,
     VOCAB_SIZE,

@@ -13,7 +13,14 @@ from collections import Counter
 
 import hypothesis.strategies as st
 from hypothesis import settings
-from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
 
 import kvcoord
 from kvcoord.config import (
@@ -50,7 +57,9 @@ class ManagerMachine(RuleBasedStateMachine):
         self.queued: list[kvcoord.Request] = []
         self.counter = 0
 
-    @rule(prefix=st.sampled_from(PREFIXES), tail=st.lists(st.integers(0, 50), min_size=1, max_size=14))
+    @rule(
+        prefix=st.sampled_from(PREFIXES), tail=st.lists(st.integers(0, 50), min_size=1, max_size=14)
+    )
     def arrive(self, prefix: list[int], tail: list[int]) -> None:
         self.counter += 1
         self.queued.append(kvcoord.Request(f"r{self.counter}", prefix + tail, hash_block_size=BS))
@@ -62,7 +71,9 @@ class ManagerMachine(RuleBasedStateMachine):
         blocks, hit = self.manager.get_computed_blocks(req)
         assert hit % BS == 0 and hit < req.num_tokens
         n = min(chunk, req.num_tokens - hit)
-        new = self.manager.allocate_slots(req, n, num_new_computed_tokens=hit, new_computed_blocks=blocks)
+        new = self.manager.allocate_slots(
+            req, n, num_new_computed_tokens=hit, new_computed_blocks=blocks
+        )
         if new is None:
             return
         self.queued.pop(0)
@@ -108,7 +119,9 @@ class ManagerMachine(RuleBasedStateMachine):
         pool = self.manager.block_pool
         refs = pool.ref_counts().tolist()
         for b in range(1, self.num_blocks):
-            assert refs[b] == owners.get(b, 0), f"block {b}: ref {refs[b]} owners {owners.get(b, 0)}"
+            assert refs[b] == owners.get(b, 0), (
+                f"block {b}: ref {refs[b]} owners {owners.get(b, 0)}"
+            )
         free = set(pool.free_block_ids().tolist())
         assert free == {b for b in range(1, self.num_blocks) if not owners.get(b)}
         assert pool.num_free_blocks == self.num_blocks - 1 - len(owners)

@@ -103,7 +103,11 @@ class CrossAttentionSpec:
 
 
 KVCacheSpec: TypeAlias = (
-    FullAttentionSpec | SlidingWindowSpec | ChunkedLocalAttentionSpec | MambaSpec | CrossAttentionSpec
+    FullAttentionSpec
+    | SlidingWindowSpec
+    | ChunkedLocalAttentionSpec
+    | MambaSpec
+    | CrossAttentionSpec
 )
 _SPEC_TYPES = (
     FullAttentionSpec,

@@ -67,9 +67,17 @@ class KVCacheCoordinator:
         hash_block_size: int,
         enable_events: bool = False,
     ) -> None:
-        if isinstance(max_model_len, bool) or not isinstance(max_model_len, int) or max_model_len <= 0:
+        if (
+            isinstance(max_model_len, bool)
+            or not isinstance(max_model_len, int)
+            or max_model_len <= 0
+        ):
             raise ConfigError(f"max_model_len must be a positive int, got {max_model_len!r}")
-        if isinstance(hash_block_size, bool) or not isinstance(hash_block_size, int) or hash_block_size <= 0:
+        if (
+            isinstance(hash_block_size, bool)
+            or not isinstance(hash_block_size, int)
+            or hash_block_size <= 0
+        ):
             raise ConfigError(f"hash_block_size must be a positive int, got {hash_block_size!r}")
         self.config = config
         self.enable_caching = enable_caching
@@ -103,7 +111,9 @@ class KVCacheCoordinator:
     def empty_hit(self) -> BlockIdsPerGroup:
         return tuple([] for _ in range(self.num_groups))
 
-    def find_longest_cache_hit(self, request: Request, max_length: int) -> tuple[BlockIdsPerGroup, int]:
+    def find_longest_cache_hit(
+        self, request: Request, max_length: int
+    ) -> tuple[BlockIdsPerGroup, int]:
         """Blocks per group for the longest cached prefix of at most
         ``max_length`` tokens, and its length in tokens."""
         raise NotImplementedError
@@ -130,7 +140,9 @@ class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
             enable_events=enable_events,
         )
 
-    def find_longest_cache_hit(self, request: Request, max_length: int) -> tuple[BlockIdsPerGroup, int]:
+    def find_longest_cache_hit(
+        self, request: Request, max_length: int
+    ) -> tuple[BlockIdsPerGroup, int]:
         return self.empty_hit(), 0
 
 
@@ -150,7 +162,8 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
     ) -> None:
         if len(config.groups) != 1:
             raise ConfigError(
-                f"UnitaryKVCacheCoordinator needs exactly one KV cache group, got {len(config.groups)}"
+                "UnitaryKVCacheCoordinator needs exactly one KV cache group, "
+                f"got {len(config.groups)}"
             )
         spec = config.groups[0].spec
         if enable_caching:
@@ -169,7 +182,9 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
         )
         self._block_size = spec.block_size
 
-    def find_longest_cache_hit(self, request: Request, max_length: int) -> tuple[BlockIdsPerGroup, int]:
+    def find_longest_cache_hit(
+        self, request: Request, max_length: int
+    ) -> tuple[BlockIdsPerGroup, int]:
         blocks, hit = self.core.find_longest_cache_hit([0], request, max_length, self._block_size)
         return (blocks[0],), hit
 
@@ -250,7 +265,9 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         # the second scan already ran at the full-attention bound.
         self._single_pass = len(self.spec_groups) == 2 and self.spec_groups[0].is_full_attention
 
-    def find_longest_cache_hit(self, request: Request, max_length: int) -> tuple[BlockIdsPerGroup, int]:
+    def find_longest_cache_hit(
+        self, request: Request, max_length: int
+    ) -> tuple[BlockIdsPerGroup, int]:
         hit_blocks: list[list[int]] = [[] for _ in range(self.num_groups)]
         full_lengths: dict[int, int] = {}
         candidate = max_length
@@ -320,8 +337,11 @@ def get_kv_cache_coordinator(
             "context parallelism is not supported: "
             f"dcp_world_size={dcp_world_size}, pcp_world_size={pcp_world_size} (both must be 1)"
         )
-    common = {"max_model_len": max_model_len, "hash_block_size": hash_block_size,
-              "enable_events": enable_events}
+    common = {
+        "max_model_len": max_model_len,
+        "hash_block_size": hash_block_size,
+        "enable_events": enable_events,
+    }
     if not enable_caching:
         return KVCacheCoordinatorNoPrefixCache(config, **common)  # type: ignore[arg-type]
     if len(config.groups) == 1:

@@ -29,8 +29,10 @@ def main() -> None:
 
     pool.free_blocks(a[::-1])  # tail first: deepest prefix block evicted first
     pool.free_blocks(b[::-1])
-    print(f"after both finish, the free queue starts {pool.free_block_ids()[:4].tolist()} "
-          f"and ends {pool.free_block_ids()[-3:].tolist()} (cached prefix kept longest)")
+    print(
+        f"after both finish, the free queue starts {pool.free_block_ids()[:4].tolist()} "
+        f"and ends {pool.free_block_ids()[-3:].tolist()} (cached prefix kept longest)"
+    )
 
     start = time.perf_counter()
     for _ in range(10_000):

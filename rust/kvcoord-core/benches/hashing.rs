@@ -8,7 +8,7 @@ use kvcoord_core::{ExtraKeys, HashAlgo, HashConfig};
 
 /// 16-token blocks over a 32k-token prompt, each algorithm (the hashing
 /// alone, no Python conversion).
-pub fn register(c: &mut Criterion) {
+pub(crate) fn register(c: &mut Criterion) {
     let tokens: Vec<u32> = (0..32_768u32)
         .map(|i| i.wrapping_mul(2_654_435_761) % 200_000)
         .collect();

@@ -20,7 +20,7 @@ fn hash(i: u64) -> BlockHash {
     BlockHash::from_slice(&b).unwrap()
 }
 
-pub fn register(c: &mut Criterion) {
+pub(crate) fn register(c: &mut Criterion) {
     let mut g = c.benchmark_group("pool");
     g.throughput(Throughput::Elements(BATCH as u64));
 
@@ -61,7 +61,8 @@ pub fn register(c: &mut Criterion) {
                 (p, ids)
             },
             |(mut p, ids)| {
-                p.cache_full_blocks(&ids, &hashes, 0, BATCH, GroupId(0), None).unwrap();
+                p.cache_full_blocks(&ids, &hashes, 0, BATCH, GroupId(0), None)
+                    .unwrap();
                 p
             },
             BatchSize::SmallInput,
@@ -73,7 +74,9 @@ pub fn register(c: &mut Criterion) {
     let mut ids = Vec::new();
     cached.get_new_blocks(NUM_BLOCKS / 2, &mut ids).unwrap();
     let many: Vec<BlockHash> = (0..ids.len() as u64).map(hash).collect();
-    cached.cache_full_blocks(&ids, &many, 0, ids.len(), GroupId(0), None).unwrap();
+    cached
+        .cache_full_blocks(&ids, &many, 0, ids.len(), GroupId(0), None)
+        .unwrap();
     let mut hit_out = Vec::with_capacity(1);
     g.throughput(Throughput::Elements(1));
     g.bench_function("get_cached_block_hit", |b| {

@@ -24,7 +24,10 @@ impl BlockHash {
             16 | 32 => {
                 let mut bytes = [0u8; MAX_DIGEST_LEN];
                 bytes[..digest.len()].copy_from_slice(digest);
-                Ok(Self { bytes, len: digest.len() as u8 })
+                Ok(Self {
+                    bytes,
+                    len: digest.len() as u8,
+                })
             }
             other => Err(KvError::InvalidHashLength(other)),
         }
@@ -66,9 +69,18 @@ mod tests {
     #[test]
     fn lengths() {
         assert_eq!(BlockHash::from_slice(&[1; 16]).unwrap().len(), 16);
-        assert_eq!(BlockHash::from_slice(&[1; 32]).unwrap().as_bytes(), &[1; 32]);
-        assert_eq!(BlockHash::from_slice(&[1; 20]), Err(KvError::InvalidHashLength(20)));
-        assert_eq!(BlockHash::from_slice(&[]), Err(KvError::InvalidHashLength(0)));
+        assert_eq!(
+            BlockHash::from_slice(&[1; 32]).unwrap().as_bytes(),
+            &[1; 32]
+        );
+        assert_eq!(
+            BlockHash::from_slice(&[1; 20]),
+            Err(KvError::InvalidHashLength(20))
+        );
+        assert_eq!(
+            BlockHash::from_slice(&[]),
+            Err(KvError::InvalidHashLength(0))
+        );
     }
 
     #[test]

@@ -75,7 +75,10 @@ pub enum KvError {
 impl fmt::Display for KvError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::OutOfBlocks { requested, available } => write!(
+            Self::OutOfBlocks {
+                requested,
+                available,
+            } => write!(
                 f,
                 "cannot get {requested} free blocks from the pool: only {available} are free"
             ),

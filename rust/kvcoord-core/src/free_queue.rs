@@ -27,7 +27,10 @@ struct Link {
     next: u32,
 }
 
-const UNLINKED: Link = Link { prev: NIL, next: NIL };
+const UNLINKED: Link = Link {
+    prev: NIL,
+    next: NIL,
+};
 
 /// Doubly linked queue of block ids, ordered front (next to hand out) to back.
 #[derive(Clone, Debug)]
@@ -51,8 +54,14 @@ impl FreeQueue {
         let head = cap - 2;
         let tail = cap - 1;
         let mut links = vec![UNLINKED; capacity + 2];
-        links[head as usize] = Link { prev: NIL, next: tail };
-        links[tail as usize] = Link { prev: head, next: NIL };
+        links[head as usize] = Link {
+            prev: NIL,
+            next: tail,
+        };
+        links[tail as usize] = Link {
+            prev: head,
+            next: NIL,
+        };
         Self { links, len: 0 }
     }
 
@@ -68,7 +77,10 @@ impl FreeQueue {
         // Build the chain in one sequential pass (this is the whole cost of
         // constructing a large pool).
         for b in first..capacity as u32 {
-            q.links[b as usize] = Link { prev: b.wrapping_sub(1), next: b + 1 };
+            q.links[b as usize] = Link {
+                prev: b.wrapping_sub(1),
+                next: b + 1,
+            };
         }
         q.links[first as usize].prev = head;
         q.links[capacity - 1].next = tail;
@@ -120,7 +132,10 @@ impl FreeQueue {
     /// Link `block` between the adjacent entries `prev` and `next`.
     #[inline]
     fn link_between(&mut self, prev: u32, block: u32, next: u32) {
-        debug_assert_eq!(self.links[block as usize], UNLINKED, "block {block} already linked");
+        debug_assert_eq!(
+            self.links[block as usize], UNLINKED,
+            "block {block} already linked"
+        );
         debug_assert_eq!(self.links[prev as usize].next, next);
         self.links[block as usize] = Link { prev, next };
         self.links[prev as usize].next = block;
@@ -196,7 +211,10 @@ impl FreeQueue {
     #[inline]
     pub fn remove(&mut self, block: BlockId) {
         let Link { prev, next } = self.links[block.index()];
-        assert!(prev != NIL, "remove of block {block}, which is not in the free queue");
+        assert!(
+            prev != NIL,
+            "remove of block {block}, which is not in the free queue"
+        );
         self.links[prev as usize].next = next;
         self.links[next as usize].prev = prev;
         self.links[block.index()] = UNLINKED;
@@ -205,7 +223,10 @@ impl FreeQueue {
 
     /// Iterate the queue front to back.
     pub fn iter(&self) -> Iter<'_> {
-        Iter { queue: self, cur: self.links[self.head() as usize].next }
+        Iter {
+            queue: self,
+            cur: self.links[self.head() as usize].next,
+        }
     }
 
     /// Check the structural invariants; returns a description of the first
@@ -224,7 +245,10 @@ impl FreeQueue {
                 return Err(format!("broken next link after entry {prev}"));
             }
             if self.links[cur as usize].prev != prev {
-                return Err(format!("block {cur}: prev link {} != {prev}", self.links[cur as usize].prev));
+                return Err(format!(
+                    "block {cur}: prev link {} != {prev}",
+                    self.links[cur as usize].prev
+                ));
             }
             walked += 1;
             if walked > self.capacity() {
@@ -239,9 +263,15 @@ impl FreeQueue {
         if walked != self.len {
             return Err(format!("walked {walked} blocks but len is {}", self.len));
         }
-        let linked = self.links[..self.capacity()].iter().filter(|l| l.prev != NIL).count();
+        let linked = self.links[..self.capacity()]
+            .iter()
+            .filter(|l| l.prev != NIL)
+            .count();
         if linked != self.len {
-            return Err(format!("{linked} blocks carry links but len is {}", self.len));
+            return Err(format!(
+                "{linked} blocks carry links but len is {}",
+                self.len
+            ));
         }
         Ok(())
     }
@@ -249,6 +279,15 @@ impl FreeQueue {
     /// Heap bytes used by the links.
     pub fn heap_bytes(&self) -> usize {
         self.links.capacity() * std::mem::size_of::<Link>()
+    }
+}
+
+impl<'a> IntoIterator for &'a FreeQueue {
+    type Item = BlockId;
+    type IntoIter = Iter<'a>;
+
+    fn into_iter(self) -> Iter<'a> {
+        self.iter()
     }
 }
 

@@ -41,7 +41,10 @@ struct BlockMeta {
     key: KeySlot,
 }
 
-const FRESH: BlockMeta = BlockMeta { ref_cnt: 0, key: NO_KEY };
+const FRESH: BlockMeta = BlockMeta {
+    ref_cnt: 0,
+    key: NO_KEY,
+};
 
 /// Construction parameters of a [`BlockPool`].
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -60,7 +63,12 @@ pub struct PoolConfig {
 impl PoolConfig {
     /// Defaults matching vLLM: caching on, 16-token hash units, no events.
     pub fn new(num_blocks: usize) -> Self {
-        Self { num_blocks, enable_caching: true, hash_block_size: 16, enable_events: false }
+        Self {
+            num_blocks,
+            enable_caching: true,
+            hash_block_size: 16,
+            enable_events: false,
+        }
     }
 }
 
@@ -90,7 +98,10 @@ impl BlockPool {
             rule: rule.into(),
         };
         if config.num_blocks == 0 {
-            return Err(invalid("num_blocks", "must be at least 1 (block 0 is the null block)"));
+            return Err(invalid(
+                "num_blocks",
+                "must be at least 1 (block 0 is the null block)",
+            ));
         }
         if config.num_blocks > (u32::MAX - 2) as usize {
             return Err(invalid("num_blocks", "must be below 2^32 - 2"));
@@ -198,7 +209,10 @@ impl BlockPool {
     fn check_ids(&self, ids: &[BlockId]) -> KvResult<()> {
         let n = self.meta.len();
         match ids.iter().find(|b| b.index() >= n) {
-            Some(b) => Err(KvError::BlockOutOfRange { block: u64::from(b.0), num_blocks: n }),
+            Some(b) => Err(KvError::BlockOutOfRange {
+                block: u64::from(b.0),
+                num_blocks: n,
+            }),
             None => Ok(()),
         }
     }
@@ -210,12 +224,19 @@ impl BlockPool {
     /// still cached is evicted from the prefix index.
     pub fn get_new_blocks(&mut self, n: usize, out: &mut Vec<BlockId>) -> KvResult<()> {
         if n > self.free.len() {
-            return Err(KvError::OutOfBlocks { requested: n, available: self.free.len() });
+            return Err(KvError::OutOfBlocks {
+                requested: n,
+                available: self.free.len(),
+            });
         }
         let start = out.len();
         self.free.pop_front_n(n, out);
         for &b in &out[start..] {
-            debug_assert_eq!(self.meta[b.index()].ref_cnt, 0, "queued block {b} has owners");
+            debug_assert_eq!(
+                self.meta[b.index()].ref_cnt,
+                0,
+                "queued block {b} has owners"
+            );
             self.meta[b.index()].ref_cnt = 1;
             if self.meta[b.index()].key != NO_KEY {
                 self.drop_key(b);
@@ -373,7 +394,10 @@ impl BlockPool {
         if num_full_blocks > block_ids.len() {
             return Err(arg(
                 "num_full_blocks",
-                format!("{num_full_blocks} exceeds the {} block ids given", block_ids.len()),
+                format!(
+                    "{num_full_blocks} exceeds the {} block ids given",
+                    block_ids.len()
+                ),
             ));
         }
         if scale == 0 {
@@ -454,12 +478,11 @@ impl BlockPool {
         }
         let start = out.len();
         for &group in groups {
-            match self.index.get_one(&CacheKey { hash: *hash, group }) {
-                Some(b) => out.push(b),
-                None => {
-                    out.truncate(start);
-                    return false;
-                }
+            if let Some(b) = self.index.get_one(&CacheKey { hash: *hash, group }) {
+                out.push(b);
+            } else {
+                out.truncate(start);
+                return false;
             }
         }
         true
@@ -523,7 +546,10 @@ impl BlockPool {
         let slot = std::mem::replace(&mut self.meta[b.index()].key, NO_KEY);
         if let Some(key) = self.index.remove(slot, b) {
             if let Some(events) = &mut self.events {
-                events.push(KvEvent::BlockRemoved { block_hash: key.hash, group: key.group });
+                events.push(KvEvent::BlockRemoved {
+                    block_hash: key.hash,
+                    group: key.group,
+                });
             }
         }
     }
@@ -537,7 +563,7 @@ impl BlockPool {
     // ---- invariants -------------------------------------------------------
 
     /// Check every invariant written on the fields above; `Err` names the
-    /// first violation. O(num_blocks); for tests and debugging.
+    /// first violation. `O(num_blocks)`; for tests and debugging.
     pub fn check_invariants(&self) -> Result<(), String> {
         self.free.check_invariants()?;
         self.index.check_invariants()?;
@@ -552,7 +578,11 @@ impl BlockPool {
                 return Err(format!(
                     "block {b}: ref_cnt {} but {} the free queue",
                     m.ref_cnt,
-                    if self.free.contains(b) { "in" } else { "not in" }
+                    if self.free.contains(b) {
+                        "in"
+                    } else {
+                        "not in"
+                    }
                 ));
             }
             if m.key != NO_KEY {
@@ -607,10 +637,16 @@ mod tests {
         assert_eq!(get(&mut p, 2), vec![1, 2]);
         assert!((p.usage() - 2.0 / 9.0).abs() < 1e-12);
         let err = p.get_new_blocks(8, &mut Vec::new()).unwrap_err();
-        assert_eq!(err, KvError::OutOfBlocks { requested: 8, available: 7 });
+        assert_eq!(
+            err,
+            KvError::OutOfBlocks {
+                requested: 8,
+                available: 7
+            }
+        );
         assert_eq!(p.num_free_blocks(), 7);
         assert!(BlockPool::new(PoolConfig::new(0)).is_err());
-        assert_eq!(pool(1).usage(), 0.0);
+        assert!(pool(1).usage().abs() < f64::EPSILON);
     }
 
     #[test]
@@ -618,7 +654,8 @@ mod tests {
         // Unhashed blocks to the front in order, hashed ones to the back.
         let mut p = pool(5);
         let b = ids(&get(&mut p, 4));
-        p.cache_full_blocks(&b, &[h(1), h(2)], 0, 2, GroupId(7), None).unwrap();
+        p.cache_full_blocks(&b, &[h(1), h(2)], 0, 2, GroupId(7), None)
+            .unwrap();
         p.free_blocks(&b).unwrap();
         assert_eq!(queue(&p), vec![3, 4, 1, 2]);
         p.check_invariants().unwrap();
@@ -629,11 +666,17 @@ mod tests {
         let mut p = pool(4);
         let b = ids(&get(&mut p, 2));
         let before = queue(&p);
-        assert_eq!(p.free_blocks(&[b[0], b[1], b[0]]), Err(KvError::RefCountUnderflow(b[0])));
+        assert_eq!(
+            p.free_blocks(&[b[0], b[1], b[0]]),
+            Err(KvError::RefCountUnderflow(b[0]))
+        );
         assert_eq!(queue(&p), before);
         assert_eq!(p.ref_count(b[0]).unwrap(), 1);
         p.free_blocks(&[b[0]]).unwrap();
-        assert_eq!(p.free_blocks(&[b[0]]), Err(KvError::RefCountUnderflow(b[0])));
+        assert_eq!(
+            p.free_blocks(&[b[0]]),
+            Err(KvError::RefCountUnderflow(b[0]))
+        );
         p.check_invariants().unwrap();
     }
 
@@ -641,7 +684,8 @@ mod tests {
     fn touch_pins_a_free_cached_block() {
         let mut p = pool(4);
         let b = ids(&get(&mut p, 1));
-        p.cache_full_blocks(&b, &[h(9)], 0, 1, GroupId(0), None).unwrap();
+        p.cache_full_blocks(&b, &[h(9)], 0, 1, GroupId(0), None)
+            .unwrap();
         p.free_blocks(&b).unwrap();
         assert_eq!(queue(&p), vec![2, 3, 1]);
         let mut hit = Vec::new();
@@ -656,15 +700,28 @@ mod tests {
 
     #[test]
     fn reuse_evicts_and_records_events() {
-        let mut p = BlockPool::new(PoolConfig { enable_events: true, ..PoolConfig::new(3) }).unwrap();
+        let mut p = BlockPool::new(PoolConfig {
+            enable_events: true,
+            ..PoolConfig::new(3)
+        })
+        .unwrap();
         let b = ids(&get(&mut p, 2));
-        p.cache_full_blocks(&b, &[h(1), h(2)], 0, 2, GroupId(3), None).unwrap();
+        p.cache_full_blocks(&b, &[h(1), h(2)], 0, 2, GroupId(3), None)
+            .unwrap();
         p.free_blocks(&b).unwrap();
         get(&mut p, 2);
         let ev = p.take_events();
         assert_eq!(ev.len(), 3);
-        assert!(matches!(&ev[0], KvEvent::BlockStored { block_hashes, parent_block_hash: None, .. } if block_hashes.len() == 2));
-        assert_eq!(ev[1], KvEvent::BlockRemoved { block_hash: h(1), group: GroupId(3) });
+        assert!(
+            matches!(&ev[0], KvEvent::BlockStored { block_hashes, parent_block_hash: None, .. } if block_hashes.len() == 2)
+        );
+        assert_eq!(
+            ev[1],
+            KvEvent::BlockRemoved {
+                block_hash: h(1),
+                group: GroupId(3)
+            }
+        );
         assert_eq!(p.num_cached_keys(), 0);
         assert!(p.take_events().is_empty());
     }
@@ -680,10 +737,17 @@ mod tests {
             Err(KvError::AlreadyCached(b[0]))
         );
         assert_eq!(p.num_cached_keys(), 0);
-        assert!(p.cache_full_blocks(&b, &hashes[..2], 0, 3, GroupId(0), None).is_err());
-        assert!(p.cache_full_blocks(&b, &hashes, 0, 3, GroupId(0), Some(&[true])).is_err());
-        assert!(p.cache_full_blocks(&b, &hashes, 0, 4, GroupId(0), None).is_err());
-        p.cache_full_blocks(&b, &hashes, 0, 3, GroupId(0), Some(&[true, false, true])).unwrap();
+        assert!(p
+            .cache_full_blocks(&b, &hashes[..2], 0, 3, GroupId(0), None)
+            .is_err());
+        assert!(p
+            .cache_full_blocks(&b, &hashes, 0, 3, GroupId(0), Some(&[true]))
+            .is_err());
+        assert!(p
+            .cache_full_blocks(&b, &hashes, 0, 4, GroupId(0), None)
+            .is_err());
+        p.cache_full_blocks(&b, &hashes, 0, 3, GroupId(0), Some(&[true, false, true]))
+            .unwrap();
         assert_eq!(p.num_cached_keys(), 2);
         assert!(!p.is_cached(b[1]).unwrap());
         p.check_invariants().unwrap();
@@ -693,7 +757,8 @@ mod tests {
     fn reset_only_when_idle() {
         let mut p = pool(4);
         let b = ids(&get(&mut p, 1));
-        p.cache_full_blocks(&b, &[h(1)], 0, 1, GroupId(0), None).unwrap();
+        p.cache_full_blocks(&b, &[h(1)], 0, 1, GroupId(0), None)
+            .unwrap();
         assert!(!p.reset_prefix_cache());
         p.free_blocks(&b).unwrap();
         assert!(p.reset_prefix_cache());
@@ -704,9 +769,14 @@ mod tests {
 
     #[test]
     fn caching_disabled_caches_nothing() {
-        let mut p = BlockPool::new(PoolConfig { enable_caching: false, ..PoolConfig::new(4) }).unwrap();
+        let mut p = BlockPool::new(PoolConfig {
+            enable_caching: false,
+            ..PoolConfig::new(4)
+        })
+        .unwrap();
         let b = ids(&get(&mut p, 2));
-        p.cache_full_blocks(&b, &[h(1), h(2)], 0, 2, GroupId(0), None).unwrap();
+        p.cache_full_blocks(&b, &[h(1), h(2)], 0, 2, GroupId(0), None)
+            .unwrap();
         assert_eq!(p.num_cached_keys(), 0);
         p.free_blocks(&b).unwrap();
         assert_eq!(queue(&p), vec![1, 2, 3]);
@@ -719,7 +789,7 @@ mod tests {
         p.touch(&[BlockId::NULL, b[0]]).unwrap();
         p.free_blocks(&[BlockId::NULL, b[0], b[0]]).unwrap();
         assert_eq!(p.ref_count(BlockId::NULL).unwrap(), 0);
-        assert!(!p.free_block_ids().any(|x| x.is_null()));
+        assert!(!p.free_block_ids().any(super::super::ids::BlockId::is_null));
         assert!(p.free_blocks(&[BlockId(4)]).is_err());
         p.check_invariants().unwrap();
     }

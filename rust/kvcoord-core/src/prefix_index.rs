@@ -81,17 +81,23 @@ impl PrefixIndex {
     fn find_slot(&self, key: &CacheKey) -> Option<KeySlot> {
         let h = self.hasher.hash_one(key);
         let entries = &self.entries;
-        self.table.find(h, |&slot| entries[slot as usize].key == *key).copied()
+        self.table
+            .find(h, |&slot| entries[slot as usize].key == *key)
+            .copied()
     }
 
     /// The earliest-inserted block cached under `key`.
     #[inline]
     pub fn get_one(&self, key: &CacheKey) -> Option<BlockId> {
-        self.find_slot(key).map(|slot| self.entries[slot as usize].blocks[0])
+        self.find_slot(key)
+            .map(|slot| self.entries[slot as usize].blocks[0])
     }
 
     /// Cache `block` under `key` and return the entry's slot. The caller
     /// guarantees `block` is not already cached under any key.
+    ///
+    /// # Panics
+    /// After 2^32 distinct live keys (more than any pool can hold).
     pub fn insert(&mut self, key: CacheKey, block: BlockId) -> KeySlot {
         if let Some(slot) = self.find_slot(&key) {
             self.entries[slot as usize].blocks.push(block);
@@ -112,15 +118,23 @@ impl PrefixIndex {
         let h = self.hasher.hash_one(key);
         let entries = &self.entries;
         let hasher = &self.hasher;
-        self.table.insert_unique(h, slot, |&s| hasher.hash_one(entries[s as usize].key));
+        self.table
+            .insert_unique(h, slot, |&s| hasher.hash_one(entries[s as usize].key));
         slot
     }
 
     /// Remove `block` from the entry at `slot`; returns the entry's key when
     /// this removed the key altogether (no block left under it).
+    ///
+    /// # Panics
+    /// If `block` is not cached at `slot` (the pool's invariant guarantees it).
     pub fn remove(&mut self, slot: KeySlot, block: BlockId) -> Option<CacheKey> {
         let entry = &mut self.entries[slot as usize];
-        let pos = entry.blocks.iter().position(|&b| b == block).expect("block cached at slot");
+        let pos = entry
+            .blocks
+            .iter()
+            .position(|&b| b == block)
+            .expect("block cached at slot");
         entry.blocks.remove(pos);
         if !entry.blocks.is_empty() {
             return None;
@@ -142,7 +156,9 @@ impl PrefixIndex {
 
     /// Whether the live entry at `slot` lists `block`.
     pub fn slot_holds(&self, slot: KeySlot, block: BlockId) -> bool {
-        self.entries.get(slot as usize).is_some_and(|e| e.blocks.contains(&block))
+        self.entries
+            .get(slot as usize)
+            .is_some_and(|e| e.blocks.contains(&block))
     }
 
     /// Drop every key.
@@ -157,7 +173,10 @@ impl PrefixIndex {
     pub fn check_invariants(&self) -> Result<(), String> {
         let live = self.entries.iter().filter(|e| !e.blocks.is_empty()).count();
         if live != self.table.len() {
-            return Err(format!("{live} live entries but {} keys in the table", self.table.len()));
+            return Err(format!(
+                "{live} live entries but {} keys in the table",
+                self.table.len()
+            ));
         }
         if live + self.free_slots.len() != self.entries.len() {
             return Err("free slot list out of step with the slab".into());
@@ -187,7 +206,10 @@ mod tests {
     use super::*;
 
     fn key(n: u8, group: u32) -> CacheKey {
-        CacheKey { hash: BlockHash::from_slice(&[n; 32]).unwrap(), group: GroupId(group) }
+        CacheKey {
+            hash: BlockHash::from_slice(&[n; 32]).unwrap(),
+            group: GroupId(group),
+        }
     }
 
     #[test]

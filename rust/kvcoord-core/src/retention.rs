@@ -66,7 +66,11 @@ mod tests {
         assert!(validate_retention_interval(Some(64), 32, true).is_ok());
         assert!(validate_retention_interval(Some(0), 32, true).is_ok());
         let e = validate_retention_interval(Some(33), 32, true).unwrap_err();
-        assert!(e.to_string().contains("multiple of the scheduler block size (32)"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("multiple of the scheduler block size (32)"),
+            "{e}"
+        );
         let e = validate_retention_interval(Some(-32), 32, true).unwrap_err();
         assert!(e.to_string().contains("non-negative"), "{e}");
         assert!(e.to_string().contains("=-32"), "{e}");

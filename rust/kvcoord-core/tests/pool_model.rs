@@ -16,8 +16,18 @@ enum Op {
     Free(Vec<u32>),
     FreeOwner(usize),
     Touch(Vec<u32>),
-    Cache { owner: usize, num_cached: usize, num_full: usize, hashes: Vec<u8>, group: u32, mask: Option<Vec<bool>> },
-    Lookup { hash: u8, groups: Vec<u32> },
+    Cache {
+        owner: usize,
+        num_cached: usize,
+        num_full: usize,
+        hashes: Vec<u8>,
+        group: u32,
+        mask: Option<Vec<bool>>,
+    },
+    Lookup {
+        hash: u8,
+        groups: Vec<u32>,
+    },
     Evict(Vec<u32>),
     Reset,
 }
@@ -50,7 +60,12 @@ struct Model {
 
 impl Model {
     fn new() -> Self {
-        Self { free: (1..N as u32).collect(), refs: vec![0; N], key: HashMap::new(), index: Vec::new() }
+        Self {
+            free: (1..N as u32).collect(),
+            refs: vec![0; N],
+            key: HashMap::new(),
+            index: Vec::new(),
+        }
     }
 
     fn drop_key(&mut self, b: u32) {
@@ -79,7 +94,7 @@ impl Model {
         if ids.iter().any(|&b| b as usize >= N) {
             return false;
         }
-        let mut need = vec![0u32; N];
+        let mut need = [0u32; N];
         for &b in ids.iter().filter(|&&b| b != 0) {
             need[b as usize] += 1;
         }
@@ -90,10 +105,14 @@ impl Model {
         for &b in ids.iter().filter(|&&b| b != 0) {
             self.refs[b as usize] -= 1;
             if self.refs[b as usize] == 0 {
-                if self.key.contains_key(&b) { back.push(b) } else { front.push(b) }
+                if self.key.contains_key(&b) {
+                    back.push(b);
+                } else {
+                    front.push(b);
+                }
             }
         }
-        front.extend(self.free.drain(..));
+        front.append(&mut self.free);
         front.extend(back);
         self.free = front;
         true
@@ -112,7 +131,15 @@ impl Model {
         true
     }
 
-    fn cache(&mut self, ids: &[u32], hashes: &[u8], nc: usize, nf: usize, g: u32, mask: Option<&[bool]>) -> bool {
+    fn cache(
+        &mut self,
+        ids: &[u32],
+        hashes: &[u8],
+        nc: usize,
+        nf: usize,
+        g: u32,
+        mask: Option<&[bool]>,
+    ) -> bool {
         if nc >= nf {
             return true;
         }
@@ -144,7 +171,12 @@ impl Model {
     fn lookup(&self, h: u8, groups: &[u32]) -> Option<Vec<u32>> {
         groups
             .iter()
-            .map(|&g| self.index.iter().find(|(k, _)| *k == (h, g)).map(|(_, v)| v[0]))
+            .map(|&g| {
+                self.index
+                    .iter()
+                    .find(|(k, _)| *k == (h, g))
+                    .map(|(_, v)| v[0])
+            })
             .collect()
     }
 }

@@ -13,11 +13,15 @@ use crate::errors::{core, CoreError, InvalidBlockIdError, InvalidHashError};
 /// One block id (non-negative, 32-bit; the pool checks the upper bound).
 pub(crate) fn block_id(v: i64) -> PyResult<BlockId> {
     if v < 0 {
-        return Err(InvalidBlockIdError::new_err(format!("block id {v} is negative")));
+        return Err(InvalidBlockIdError::new_err(format!(
+            "block id {v} is negative"
+        )));
     }
     match u32::try_from(v) {
         Ok(x) => Ok(BlockId(x)),
-        Err(_) => Err(InvalidBlockIdError::new_err(format!("block id {v} does not fit in 32 bits"))),
+        Err(_) => Err(InvalidBlockIdError::new_err(format!(
+            "block id {v} does not fit in 32 bits"
+        ))),
     }
 }
 
@@ -55,7 +59,9 @@ pub(crate) fn extract_block_ids(obj: &Bound<'_, PyAny>, out: &mut Vec<BlockId>) 
     }
     try_int_array!(obj, out, i32, i64, u32, u64, i16, u16, i8, u8);
     if obj.is_instance_of::<pyo3::types::PyString>() || obj.is_instance_of::<PyBytes>() {
-        return Err(PyTypeError::new_err("block ids must be a sequence of ints, not str/bytes"));
+        return Err(PyTypeError::new_err(
+            "block ids must be a sequence of ints, not str/bytes",
+        ));
     }
     for item in obj.try_iter()? {
         out.push(block_id(item?.extract::<i64>()?)?);
@@ -130,8 +136,11 @@ pub(crate) fn block_hashes(obj: &Bound<'_, PyAny>) -> PyResult<Vec<BlockHash>> {
 /// A non-negative count argument.
 pub(crate) fn count(n: i64, name: &'static str) -> PyResult<usize> {
     usize::try_from(n).map_err(|_| {
-        CoreError(KvError::InvalidArgument { name, detail: format!("must be non-negative, got {n}") })
-            .into()
+        CoreError(KvError::InvalidArgument {
+            name,
+            detail: format!("must be non-negative, got {n}"),
+        })
+        .into()
     })
 }
 

@@ -3,7 +3,9 @@
 //! `allocate_slots`). Conversion and delegation only.
 
 use hashbrown::HashMap;
-use kvcoord_core::coordinator::{Arrangement, CoordinatorConfig, CoordinatorCore, NewBlocks, RequestView};
+use kvcoord_core::coordinator::{
+    Arrangement, CoordinatorConfig, CoordinatorCore, NewBlocks, RequestView,
+};
 use kvcoord_core::managers::GroupSpec;
 use kvcoord_core::{BlockId, KvError, ReqId};
 use pyo3::prelude::*;
@@ -57,7 +59,9 @@ fn per_group_lists<'py, 'a>(
     py: Python<'py>,
     groups: impl ExactSizeIterator<Item = &'a [BlockId]>,
 ) -> PyResult<Bound<'py, PyList>> {
-    let lists = groups.map(|ids| convert::id_list(py, ids)).collect::<PyResult<Vec<_>>>()?;
+    let lists = groups
+        .map(|ids| convert::id_list(py, ids))
+        .collect::<PyResult<Vec<_>>>()?;
     PyList::new(py, lists)
 }
 
@@ -164,9 +168,10 @@ impl PyCoordinatorCore {
         let has_hits = match new_computed_blocks {
             None => false,
             Some(obj) => {
-                let groups = obj.cast::<PyTuple>().map(|t| t.as_sequence().clone()).or_else(|_| {
-                    obj.cast::<PyList>().map(|l| l.as_sequence().clone())
-                });
+                let groups = obj
+                    .cast::<PyTuple>()
+                    .map(|t| t.as_sequence().clone())
+                    .or_else(|_| obj.cast::<PyList>().map(|l| l.as_sequence().clone()));
                 let seq = groups.map_err(|_| {
                     CoreError(KvError::InvalidArgument {
                         name: "new_computed_blocks",
@@ -183,13 +188,12 @@ impl PyCoordinatorCore {
             }
         };
         let request_id = request.id();
-        let req = match self.lookup(request_id) {
-            Some(r) => r,
-            None => {
-                let r = ReqId(self.next_req);
-                self.next_req += 1;
-                r
-            }
+        let req = if let Some(r) = self.lookup(request_id) {
+            r
+        } else {
+            let r = ReqId(self.next_req);
+            self.next_req += 1;
+            r
         };
         let mut out = std::mem::take(&mut self.out);
         let result = self.inner.allocate_slots_into(
@@ -237,19 +241,33 @@ impl PyCoordinatorCore {
         }
     }
 
-    fn block_ids<'py>(&self, py: Python<'py>, request_id: &str) -> PyResult<Option<Bound<'py, PyList>>> {
-        let Some(req) = self.lookup(request_id) else { return Ok(None) };
+    fn block_ids<'py>(
+        &self,
+        py: Python<'py>,
+        request_id: &str,
+    ) -> PyResult<Option<Bound<'py, PyList>>> {
+        let Some(req) = self.lookup(request_id) else {
+            return Ok(None);
+        };
         let tables = core(self.inner.block_ids(req))?;
         per_group_lists(py, tables.into_iter()).map(Some)
     }
 
     fn num_common_prefix_blocks(&self, request_id: &str) -> PyResult<Option<Vec<usize>>> {
-        let Some(req) = self.lookup(request_id) else { return Ok(None) };
-        core(self.inner.get_num_common_prefix_blocks(req, self.inner.num_requests())).map(Some)
+        let Some(req) = self.lookup(request_id) else {
+            return Ok(None);
+        };
+        core(
+            self.inner
+                .get_num_common_prefix_blocks(req, self.inner.num_requests()),
+        )
+        .map(Some)
     }
 
     fn check_invariants(&self) -> PyResult<()> {
-        self.inner.check_invariants().map_err(InvariantError::new_err)?;
+        self.inner
+            .check_invariants()
+            .map_err(InvariantError::new_err)?;
         if self.req_ids.len() != self.inner.num_requests() {
             return Err(InvariantError::new_err(format!(
                 "{} request ids mapped but {} requests tracked",

@@ -37,9 +37,9 @@ impl From<CoreError> for PyErr {
             | KvError::RefCountOverflow(_)
             | KvError::AlreadyCached(_) => BlockStateError::new_err(msg),
             KvError::InvalidHashLength(_) => InvalidHashError::new_err(msg),
-            KvError::InvalidArgument { .. } | KvError::UnknownGroup(_) | KvError::Unsupported { .. } => {
-                InvalidArgumentError::new_err(msg)
-            }
+            KvError::InvalidArgument { .. }
+            | KvError::UnknownGroup(_)
+            | KvError::Unsupported { .. } => InvalidArgumentError::new_err(msg),
             KvError::UnknownRequest(_) => UnknownRequestError::new_err(msg),
             KvError::InvalidTokenId { .. } => InvalidTokenError::new_err(msg),
             KvError::InvalidConfig { .. } => ConfigError::new_err(msg),

@@ -36,7 +36,11 @@ pub(crate) struct BlockRemoved {
 #[pymethods]
 impl BlockRemoved {
     fn __repr__(&self, py: Python<'_>) -> String {
-        format!("BlockRemoved(block_hash={}, group_id={})", hex(self.block_hash.as_bytes(py)), self.group_id)
+        format!(
+            "BlockRemoved(block_hash={}, group_id={})",
+            hex(self.block_hash.as_bytes(py)),
+            self.group_id
+        )
     }
 }
 
@@ -64,7 +68,12 @@ pub(crate) type PyEventList = Vec<Py<PyAny>>;
 pub(crate) fn event_to_py(py: Python<'_>, e: &KvEvent) -> PyResult<Py<PyAny>> {
     let bytes = |h: &kvcoord_core::BlockHash| PyBytes::new(py, h.as_bytes()).unbind();
     Ok(match e {
-        KvEvent::BlockStored { block_hashes, block_ids, parent_block_hash, group } => Py::new(
+        KvEvent::BlockStored {
+            block_hashes,
+            block_ids,
+            parent_block_hash,
+            group,
+        } => Py::new(
             py,
             BlockStored {
                 block_hashes: block_hashes.iter().map(bytes).collect(),
@@ -74,9 +83,14 @@ pub(crate) fn event_to_py(py: Python<'_>, e: &KvEvent) -> PyResult<Py<PyAny>> {
             },
         )?
         .into_any(),
-        KvEvent::BlockRemoved { block_hash, group } => {
-            Py::new(py, BlockRemoved { block_hash: bytes(block_hash), group_id: group.0 })?.into_any()
-        }
+        KvEvent::BlockRemoved { block_hash, group } => Py::new(
+            py,
+            BlockRemoved {
+                block_hash: bytes(block_hash),
+                group_id: group.0,
+            },
+        )?
+        .into_any(),
         KvEvent::AllBlocksCleared => Py::new(py, AllBlocksCleared)?.into_any(),
     })
 }

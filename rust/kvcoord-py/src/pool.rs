@@ -28,12 +28,18 @@ pub(crate) struct PyBlockPool {
 
 impl PyBlockPool {
     fn owned(inner: BlockPool) -> Self {
-        Self { handle: PoolHandle::Owned(Box::new(inner)), scratch: Vec::new() }
+        Self {
+            handle: PoolHandle::Owned(Box::new(inner)),
+            scratch: Vec::new(),
+        }
     }
 
     /// A handle on the pool of a coordinator.
     pub(crate) fn of_coordinator(coordinator: Py<PyCoordinatorCore>) -> Self {
-        Self { handle: PoolHandle::Coordinator(coordinator), scratch: Vec::new() }
+        Self {
+            handle: PoolHandle::Coordinator(coordinator),
+            scratch: Vec::new(),
+        }
     }
 
     fn with<R>(&self, py: Python<'_>, f: impl FnOnce(&BlockPool) -> R) -> PyResult<R> {
@@ -74,7 +80,12 @@ impl PyBlockPool {
                 "invalid hash_block_size={hash_block_size}: must be positive"
             ))
         })?;
-        let config = PoolConfig { num_blocks, enable_caching, hash_block_size, enable_events };
+        let config = PoolConfig {
+            num_blocks,
+            enable_caching,
+            hash_block_size,
+            enable_events,
+        };
         Ok(Self::owned(core(BlockPool::new(config))?))
     }
 
@@ -139,7 +150,11 @@ impl PyBlockPool {
         let n = convert::count(num_blocks, "num_blocks")?;
         let mut out = Vec::with_capacity(n);
         self.with_mut(py, |pool, _| core(pool.get_new_blocks(n, &mut out)))??;
-        Ok(out.into_iter().map(|b| b.0).collect::<Vec<u32>>().into_pyarray(py))
+        Ok(out
+            .into_iter()
+            .map(|b| b.0)
+            .collect::<Vec<u32>>()
+            .into_pyarray(py))
     }
 
     fn free_blocks(&mut self, py: Python<'_>, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
@@ -173,7 +188,14 @@ impl PyBlockPool {
         let num_full = convert::count(num_full_blocks, "num_full_blocks")?;
         let group = convert::group_id(group_id)?;
         self.with_mut(py, |pool, _| {
-            core(pool.cache_full_blocks(&ids, &hashes, num_cached, num_full, group, block_mask.as_deref()))
+            core(pool.cache_full_blocks(
+                &ids,
+                &hashes,
+                num_cached,
+                num_full,
+                group,
+                block_mask.as_deref(),
+            ))
         })?
     }
 
@@ -199,13 +221,18 @@ impl PyBlockPool {
     }
 
     fn reset_prefix_cache(&mut self, py: Python<'_>) -> PyResult<bool> {
-        let (ok, in_use) =
-            self.with_mut(py, |pool, _| (pool.reset_prefix_cache(), pool.num_used_blocks()))?;
+        let (ok, in_use) = self.with_mut(py, |pool, _| {
+            (pool.reset_prefix_cache(), pool.num_used_blocks())
+        })?;
         if !ok {
-            let logger = py.import("logging")?.call_method1("getLogger", ("kvcoord",))?;
+            let logger = py
+                .import("logging")?
+                .call_method1("getLogger", ("kvcoord",))?;
             logger.call_method1(
                 "warning",
-                (format!("Failed to reset the prefix cache: {in_use} blocks are still in use"),),
+                (format!(
+                    "Failed to reset the prefix cache: {in_use} blocks are still in use"
+                ),),
             )?;
         }
         Ok(ok)
@@ -213,20 +240,29 @@ impl PyBlockPool {
 
     fn take_events(&mut self, py: Python<'_>) -> PyResult<PyEventList> {
         let events = self.with_mut(py, |pool, _| pool.take_events())?;
-        events.iter().map(|e: &KvEvent| event_to_py(py, e)).collect()
+        events
+            .iter()
+            .map(|e: &KvEvent| event_to_py(py, e))
+            .collect()
     }
 
     fn free_block_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<u32>>> {
-        let ids = self.with(py, |p| p.free_block_ids().map(|b| b.0).collect::<Vec<u32>>())?;
+        let ids = self.with(py, |p| {
+            p.free_block_ids().map(|b| b.0).collect::<Vec<u32>>()
+        })?;
         Ok(ids.into_pyarray(py))
     }
 
     fn ref_counts<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<u32>>> {
-        Ok(self.with(py, |p| p.ref_counts().collect::<Vec<u32>>())?.into_pyarray(py))
+        Ok(self
+            .with(py, |p| p.ref_counts().collect::<Vec<u32>>())?
+            .into_pyarray(py))
     }
 
     fn cached_mask<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<bool>>> {
-        Ok(self.with(py, |p| p.cached_mask().collect::<Vec<bool>>())?.into_pyarray(py))
+        Ok(self
+            .with(py, |p| p.cached_mask().collect::<Vec<bool>>())?
+            .into_pyarray(py))
     }
 
     fn block_hash<'py>(
@@ -240,7 +276,8 @@ impl PyBlockPool {
     }
 
     fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
-        self.with(py, BlockPool::check_invariants)?.map_err(InvariantError::new_err)
+        self.with(py, BlockPool::check_invariants)?
+            .map_err(InvariantError::new_err)
     }
 
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {

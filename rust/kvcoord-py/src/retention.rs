@@ -13,5 +13,9 @@ pub(crate) fn validate_retention_interval(
     scheduler_block_size: u32,
     has_sparse_groups: bool,
 ) -> PyResult<()> {
-    core(kvcoord_core::validate_retention_interval(interval, scheduler_block_size, has_sparse_groups))
+    core(kvcoord_core::validate_retention_interval(
+        interval,
+        scheduler_block_size,
+        has_sparse_groups,
+    ))
 }
