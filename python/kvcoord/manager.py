@@ -14,6 +14,7 @@ decode step is one call into Rust whatever the number of groups.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from kvcoord._core import BlockPool, Request
 from kvcoord.config import KVCacheConfig
@@ -23,12 +24,23 @@ from kvcoord.errors import ConfigError, UnknownRequestError
 __all__ = ["KVCacheBlocks", "KVCacheManager", "PrefixCacheStats"]
 
 
-@dataclass(frozen=True, slots=True)
 class KVCacheBlocks:
     """Block ids per KV cache group (``blocks[group][position]``; 0 is the
-    null block)."""
+    null block). Treat as immutable; a plain slotted class because one is
+    made per scheduled request per step."""
 
-    blocks: tuple[list[int], ...]
+    __slots__ = ("blocks",)
+
+    def __init__(self, blocks: tuple[list[int], ...]) -> None:
+        self.blocks = blocks
+
+    def __repr__(self) -> str:
+        return f"KVCacheBlocks({self.blocks!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, KVCacheBlocks) and self.blocks == other.blocks
+
+    __hash__ = None  # type: ignore[assignment]
 
     def get_block_ids(self) -> tuple[list[int], ...]:
         """The ids per group (the lists themselves; do not mutate)."""
@@ -102,6 +114,7 @@ class KVCacheManager:
         self.enable_caching = enable_caching
         self.hash_block_size = self.coordinator.hash_block_size
         self._core = self.coordinator.core
+        self._allocate: Any = self._core.allocate_slots  # bound once: the per-step call
         self._num_groups = len(config.groups)
         self._empty = KVCacheBlocks(tuple([] for _ in range(self._num_groups)))
         self.prefix_cache_stats: PrefixCacheStats | None = PrefixCacheStats() if log_stats else None
@@ -144,19 +157,18 @@ class KVCacheManager:
         Returns the newly allocated block ids per group, or ``None`` when the
         pool cannot hold them (then nothing was allocated or pinned).
         """
-        hits = None if new_computed_blocks is None else new_computed_blocks.blocks
-        new = self._core.allocate_slots(
+        new = self._allocate(
             request,
             num_new_tokens,
             num_new_computed_tokens,
-            hits,
+            None if new_computed_blocks is None else new_computed_blocks.blocks,
             num_lookahead_tokens,
             num_encoder_tokens,
             delay_cache_blocks,
         )
-        if new is None:
-            return None
-        return KVCacheBlocks(new)
+        if not new:
+            return None if new is None else self._empty
+        return KVCacheBlocks(tuple(new))
 
     def free(self, request: Request) -> None:
         """Release every block of ``request`` (tail first, so its deepest

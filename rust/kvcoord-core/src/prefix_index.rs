@@ -13,7 +13,7 @@
 //! in the slab entry. The table's hasher is seeded per process, so callers
 //! cannot pick digests that all land in one probe sequence.
 
-use std::hash::BuildHasher;
+use std::hash::{BuildHasher, Hash, Hasher};
 
 use hashbrown::HashTable;
 use smallvec::SmallVec;
@@ -25,12 +25,29 @@ use crate::ids::{BlockId, GroupId};
 pub type KeySlot = u32;
 
 /// A prefix-cache key: a block hash salted with the group it was cached for.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub struct CacheKey {
     /// The block's chained hash.
     pub hash: BlockHash,
     /// The KV-cache group.
     pub group: GroupId,
+}
+
+impl Hash for CacheKey {
+    /// Fold every digest word and the group into one `u64` and hand that to
+    /// the table's seeded hasher (one multiply). Digests are already uniform,
+    /// so the byte-wise hashing a derive would do buys nothing but time on
+    /// the lookup path; the per-process seed still keeps probe sequences
+    /// unpredictable.
+    #[inline]
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        let mut acc = (u64::from(self.group.0) << 8) | self.hash.len() as u64;
+        for word in self.hash.as_bytes().chunks_exact(8) {
+            let w = u64::from_le_bytes(word.try_into().expect("8-byte chunk"));
+            acc = acc.rotate_left(29) ^ w;
+        }
+        state.write_u64(acc);
+    }
 }
 
 #[derive(Clone, Debug)]

@@ -159,7 +159,7 @@ impl PyCoordinatorCore {
         num_lookahead_tokens: i64,
         num_encoder_tokens: i64,
         delay_cache_blocks: bool,
-    ) -> PyResult<Option<Bound<'py, PyList>>> {
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
         let num_new_tokens = convert::count(num_new_tokens, "num_new_tokens")?;
         let num_new_computed = convert::count(num_new_computed_tokens, "num_new_computed_tokens")?;
         let lookahead = convert::count(num_lookahead_tokens, "num_lookahead_tokens")?;
@@ -213,7 +213,14 @@ impl PyCoordinatorCore {
                 if !self.req_ids.contains_key(request_id) {
                     self.req_ids.insert(request_id.to_owned(), req);
                 }
-                per_group_lists(py, (0..out.num_groups()).map(|g| out.group(g))).map(Some)
+                if out.flat().is_empty() {
+                    // The common decode step: nothing new in any group. An
+                    // empty tuple costs no allocation.
+                    Ok(Some(PyTuple::empty(py).into_any()))
+                } else {
+                    per_group_lists(py, (0..out.num_groups()).map(|g| out.group(g)))
+                        .map(|l| Some(l.into_any()))
+                }
             }
             Ok(false) => Ok(None),
             Err(e) => Err(CoreError(e).into()),
