@@ -276,12 +276,16 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     rows = [("kvcoord" if args.engine == "kvcoord" else "vllm", result)]
     if args.vllm_python:
-        out = subprocess.run(
-            [args.vllm_python, __file__, "--engine", "vllm", "--layout", args.layout, "--json"],
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout.strip().splitlines()[-1]
+        out = (
+            subprocess.run(
+                [args.vllm_python, __file__, "--engine", "vllm", "--layout", args.layout, "--json"],
+                check=True,
+                capture_output=True,
+                text=True,
+            )
+            .stdout.strip()
+            .splitlines()[-1]
+        )
         rows.append(("vllm 0.33.0", json.loads(out)))
     print(f"layout={args.layout}: {NUM_REQUESTS} requests, <= {MAX_RUNNING} running")
     for name, r in rows:

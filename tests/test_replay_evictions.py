@@ -1,65 +1,42 @@
-"""``EvictionCounter``: the one place that reads evictions from the manager (stubs, no manager)."""
+"""Eviction accounting: the pool's counter and the replay's use of it."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from kvcoord import BlockRemoved, BlockStored
-from kvcoord._core import BlockPool
-from kvcoord.replay.scheduler import EvictionCounter
+import kvcoord
+from kvcoord.replay.layouts import PRESETS
+from kvcoord.replay.scheduler import EvictionCounter, make_manager
 
 
-class _Mgr:
-    def __init__(self, pool: Any) -> None:
-        self.block_pool = pool
+def test_pool_counts_reused_cached_blocks() -> None:
+    pool = kvcoord.BlockPool(4)
+    blocks = pool.get_new_blocks(3)
+    pool.cache_full_blocks(blocks, [bytes([i]) * 32 for i in range(3)], 0, 2, 0)
+    pool.free_blocks(blocks[::-1])
+    assert pool.num_evictions == 0
+    pool.get_new_blocks(2)  # takes uncached block 3 first, then cached block 2
+    assert pool.num_evictions == 1
+    pool.evict_blocks([1])  # explicit eviction is not a reuse
+    assert pool.num_evictions == 1
 
-    def take_events(self) -> list[Any]:
-        events: list[Any] = self.block_pool.take_events()
-        return events
 
-
-def test_counts_block_removed_events_of_a_real_pool() -> None:
-    pool = BlockPool(8, enable_caching=True, hash_block_size=16, enable_events=True)
-    mgr = _Mgr(pool)
-    counter = EvictionCounter(mgr, enable_caching=True)
-    ids = pool.get_new_blocks(3)
-    pool.cache_full_blocks(ids, [bytes([i]) * 32 for i in range(3)], 0, 3, 0)
-    pool.free_blocks(ids)
-    counter.poll()
+def test_counter_follows_the_manager_pool() -> None:
+    mgr = make_manager(PRESETS["full"], num_blocks=3, max_model_len=64)
+    counter = EvictionCounter(mgr)
+    a = kvcoord.Request("a", list(range(16)) + [99], hash_block_size=16)
+    assert mgr.allocate_slots(a, a.num_tokens) is not None
+    a.num_computed_tokens = a.num_tokens
+    mgr.free(a)
     assert counter.count == 0
-    pool.get_new_blocks(7)  # the 4 never-used blocks, then the 3 cached ones
-    events = pool.take_events()
-    assert sum(isinstance(e, BlockRemoved) for e in events) == 3
-    assert not any(isinstance(e, BlockStored) for e in events)
-    # the same through the counter
-    pool2 = BlockPool(8, enable_caching=True, hash_block_size=16, enable_events=True)
-    counter2 = EvictionCounter(_Mgr(pool2), enable_caching=True)
-    ids = pool2.get_new_blocks(3)
-    pool2.cache_full_blocks(ids, [bytes([i]) * 32 for i in range(3)], 0, 3, 0)
-    pool2.free_blocks(ids)
-    pool2.get_new_blocks(7)
-    counter2.poll()
-    assert counter2.count == 3
+    b = kvcoord.Request("b", list(range(100, 132)), hash_block_size=16)
+    assert mgr.allocate_slots(b, b.num_tokens) is not None  # needs both blocks: evicts a's
+    assert counter.count == 1
 
 
-def test_prefers_a_pool_counter() -> None:
-    class Pool:
-        num_evictions = 5
-
-    pool = Pool()
-    counter = EvictionCounter(_Mgr(pool), enable_caching=True)
-    pool.num_evictions = 12
-    counter.poll()
-    assert counter.count == 7
-
-
-def test_caching_off_and_unknown() -> None:
-    class Pool:
-        enable_events = False
-
-    off = EvictionCounter(_Mgr(Pool()), enable_caching=False)
-    off.poll()
-    assert off.count == 0
-    unknown = EvictionCounter(_Mgr(Pool()), enable_caching=True)
-    unknown.poll()
-    assert unknown.count is None
+def test_no_evictions_without_caching() -> None:
+    mgr = make_manager(PRESETS["no-prefix-cache"], num_blocks=3, max_model_len=64)
+    counter = EvictionCounter(mgr)
+    for rid in "ab":
+        r = kvcoord.Request(rid, list(range(32)), hash_block_size=16)
+        assert mgr.allocate_slots(r, r.num_tokens) is not None
+        mgr.free(r)
+    assert counter.count == 0

@@ -64,6 +64,10 @@ class BlockPool:
     def num_cached_blocks(self) -> int:
         """Number of distinct keys in the prefix index."""
     @property
+    def num_evictions(self) -> int:
+        """Cached blocks handed out again for new data since construction
+        (each a prefix-cache eviction; ``evict_blocks`` is not counted)."""
+    @property
     def enable_caching(self) -> bool:
         """Whether prefix caching is on."""
     @property

@@ -38,6 +38,16 @@ from typing import Any
 
 import numpy as np
 
+from kvcoord.config import (
+    ChunkedLocalAttentionSpec,
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroup,
+    KVCacheSpec,
+    MambaSpec,
+    SlidingWindowSpec,
+)
+from kvcoord.manager import KVCacheManager
 from kvcoord.replay.bestcase import BestCase, BestCaseTracker
 from kvcoord.replay.layouts import Layout
 from kvcoord.replay.workloads import Workload, WorkloadRequest
@@ -113,19 +123,16 @@ class SimResult:
 # --------------------------------------------------------------------------- manager setup
 
 
-def build_config(layout: Layout, num_blocks: int) -> Any:
-    """The ``kvcoord.KVCacheConfig`` for ``layout`` with a pool of ``num_blocks``."""
-    from kvcoord import (
-        ChunkedLocalAttentionSpec,
-        FullAttentionSpec,
-        KVCacheConfig,
-        KVCacheGroup,
-        MambaSpec,
-        SlidingWindowSpec,
-    )
+#: Hash algorithm of the simulated requests: only prefix equality matters
+#: here, so the fastest one.
+REPLAY_HASH_ALGO = "xxh3_native"
 
+
+def build_config(layout: Layout, num_blocks: int) -> KVCacheConfig:
+    """The ``kvcoord.KVCacheConfig`` for ``layout`` with a pool of ``num_blocks``."""
     groups = []
     for g in layout.groups:
+        spec: KVCacheSpec
         if g.type == "full_attention":
             spec = FullAttentionSpec(block_size=g.block_size)
         elif g.type == "sliding_window":
@@ -139,68 +146,33 @@ def build_config(layout: Layout, num_blocks: int) -> Any:
         else:  # pragma: no cover - layouts.parse_layout rejects it
             raise ValueError(f"unknown group type {g.type!r}")
         groups.append(KVCacheGroup(spec, layer_names=g.layer_names))
-    return KVCacheConfig(num_blocks=num_blocks, groups=groups)
+    return KVCacheConfig(num_blocks=num_blocks, groups=tuple(groups))
 
 
-def make_manager(layout: Layout, num_blocks: int, max_model_len: int) -> Any:
-    """A ``KVCacheManager`` for the layout, with KV events on when the manager offers them."""
-    from kvcoord import KVCacheManager
-
-    config = build_config(layout, num_blocks)
-    if layout.enable_caching:
-        # events let EvictionCounter see evictions when the pool has no counter
-        for flag in ("enable_kv_cache_events", "enable_events"):
-            try:
-                return KVCacheManager(
-                    config, max_model_len=max_model_len, enable_caching=True, **{flag: True}
-                )
-            except TypeError:
-                continue
-    return KVCacheManager(config, max_model_len=max_model_len, enable_caching=layout.enable_caching)
+def make_manager(layout: Layout, num_blocks: int, max_model_len: int) -> KVCacheManager:
+    """A ``KVCacheManager`` for the layout with a pool of ``num_blocks``."""
+    return KVCacheManager(
+        build_config(layout, num_blocks),
+        max_model_len=max_model_len,
+        enable_caching=layout.enable_caching,
+    )
 
 
 class EvictionCounter:
-    """Counts cached blocks whose cache entry was dropped to reuse the block.
+    """Counts cached blocks whose cache entry was dropped to reuse the block,
+    from the pool's own counter (``BlockPool.num_evictions``; always 0 with
+    prefix caching off)."""
 
-    The one place that knows how to read evictions from the manager: a pool
-    counter when one exists (``num_evictions``/``num_evicted_blocks``),
-    otherwise ``BlockRemoved`` events drained with ``take_events()``;
-    ``None`` when neither is available (caching on, events off).
-    """
-
-    _COUNTERS = ("num_evictions", "num_evicted_blocks", "num_evicted")
-
-    def __init__(self, mgr: Any, enable_caching: bool) -> None:
-        self._mgr = mgr
+    def __init__(self, mgr: KVCacheManager, enable_caching: bool = True) -> None:
         self._pool = mgr.block_pool
-        self._mode = "none"
-        self._base = 0
-        self.count: int | None = 0
-        if not enable_caching:
-            self._mode = "off"
-            return
-        for name in self._COUNTERS:
-            value = getattr(self._pool, name, None)
-            if isinstance(value, int):
-                self._mode, self._attr, self._base = "counter", name, value
-                return
-        if getattr(self._pool, "enable_events", False) and hasattr(mgr, "take_events"):
-            from kvcoord import BlockRemoved
+        self._base = self._pool.num_evictions
 
-            self._removed = BlockRemoved
-            self._mode = "events"
-            return
-        self.count = None
+    @property
+    def count(self) -> int:
+        return int(self._pool.num_evictions - self._base)
 
     def poll(self) -> None:
-        """Drain what happened since the last poll (call once per step)."""
-        if self._mode == "events":
-            events = self._mgr.take_events()
-            if events:
-                removed = self._removed
-                self.count += sum(1 for e in events if isinstance(e, removed))  # type: ignore[operator]
-        elif self._mode == "counter":
-            self.count = getattr(self._pool, self._attr) - self._base
+        """Kept for callers that poll once per step; the counter is always current."""
 
 
 # --------------------------------------------------------------------------- the loop
@@ -228,12 +200,7 @@ def simulate(
     progress: Callable[[int], None] | None = None,
 ) -> SimResult:
     """Replay ``workload`` against a fresh ``KVCacheManager``; ``progress(n)`` per n finished."""
-    try:
-        from kvcoord import KVCacheManager, Request  # noqa: F401
-    except ImportError as e:
-        raise SimulationError(
-            f"this kvcoord build has no KV-cache manager to drive ({e}); rebuild kvcoord"
-        ) from None
+    from kvcoord import Request
 
     wall0 = perf_counter()
     layout = cfg.layout
@@ -255,7 +222,6 @@ def simulate(
     prompt_tokens = hit_tokens = 0
     pc = perf_counter
     allocate = mgr.allocate_slots
-    new_step = getattr(mgr, "new_step_starts", None)
     step_mgr, step_usage, step_time, step_hit = (
         res.step_manager_s,
         res.step_usage,
@@ -274,11 +240,6 @@ def simulate(
         step_mgr_s = 0.0
         finished: list[_Live] = []
         preempted = False
-        if new_step is not None:  # 1. the manager learns that a step starts
-            t0 = pc()
-            new_step()
-            step_mgr_s += pc() - t0
-
         # 2. running requests, in admission order. A scheduled request's step
         # outcome (tokens computed, token sampled) is applied right away: later
         # requests of the step never depend on it, and frees wait for the end.
@@ -335,23 +296,26 @@ def simulate(
                     t0 = pc()
                     toks = wr.make_prompt()
                     live.out = wr.output_tokens()
-                    tok_list = toks.tolist() if isinstance(toks, np.ndarray) else list(toks)
                     t1 = pc()
                     if best is not None:
                         best.add(toks, live.out, wr.cache_salt)
                     t2 = pc()
+                    # The simulation only needs equal prefixes to hash equal, so it
+                    # uses the fastest algorithm; hit rates do not depend on it.
                     req = live.req = Request(
-                        wr.request_id, tok_list, hash_block_size=hash_bs, cache_salt=wr.cache_salt
+                        wr.request_id,
+                        toks,
+                        hash_block_size=hash_bs,
+                        hash_algo=REPLAY_HASH_ALGO,
+                        cache_salt=wr.cache_salt,
                     )
                     res.token_seconds += t1 - t0
                     res.best_seconds += t2 - t1
                     res.request_seconds += pc() - t2
-                    del toks, tok_list
+                    del toks
                 t0 = pc()
-                found = mgr.get_computed_blocks(req)
+                blocks, hit = mgr.get_computed_blocks(req)
                 step_mgr_s += pc() - t0
-                # (blocks, hit tokens) -- vLLM 0.33 adds a third item, ignored here
-                blocks, hit = found[0], found[1]
                 n = live.num_tokens - hit
                 if n > budget:
                     n = budget

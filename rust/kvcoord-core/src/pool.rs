@@ -81,6 +81,9 @@ pub struct BlockPool {
     config: PoolConfig,
     /// `Some` iff events are enabled.
     events: Option<Vec<KvEvent>>,
+    /// Cached blocks handed out again by `get_new_blocks` (each one lost its
+    /// cache key: a prefix eviction), since construction.
+    num_evictions: u64,
     /// Reused buffers for `free_blocks` (keeps the hot path allocation-free).
     scratch_front: Vec<BlockId>,
     scratch_back: Vec<BlockId>,
@@ -115,6 +118,7 @@ impl BlockPool {
             index: PrefixIndex::new(),
             config,
             events: config.enable_events.then(Vec::new),
+            num_evictions: 0,
             scratch_front: Vec::new(),
             scratch_back: Vec::new(),
         })
@@ -145,6 +149,12 @@ impl BlockPool {
             return 0.0;
         }
         1.0 - self.free.len() as f64 / usable as f64
+    }
+
+    /// Cached blocks reused for new data since construction (prefix-cache
+    /// evictions caused by allocation; `evict_blocks` is not counted).
+    pub fn num_evictions(&self) -> u64 {
+        self.num_evictions
     }
 
     /// Number of distinct keys in the prefix index.
@@ -240,6 +250,7 @@ impl BlockPool {
             self.meta[b.index()].ref_cnt = 1;
             if self.meta[b.index()].key != NO_KEY {
                 self.drop_key(b);
+                self.num_evictions += 1;
             }
         }
         Ok(())
@@ -710,6 +721,7 @@ mod tests {
             .unwrap();
         p.free_blocks(&b).unwrap();
         get(&mut p, 2);
+        assert_eq!(p.num_evictions(), 2);
         let ev = p.take_events();
         assert_eq!(ev.len(), 3);
         assert!(

@@ -110,6 +110,11 @@ impl PyBlockPool {
     }
 
     #[getter]
+    fn num_evictions(&self, py: Python<'_>) -> PyResult<u64> {
+        self.with(py, BlockPool::num_evictions)
+    }
+
+    #[getter]
     fn enable_caching(&self, py: Python<'_>) -> PyResult<bool> {
         self.with(py, BlockPool::caching_enabled)
     }
