@@ -115,6 +115,7 @@ class KVCacheManager:
         self.hash_block_size = self.coordinator.hash_block_size
         self._core = self.coordinator.core
         self._allocate: Any = self._core.allocate_slots  # bound once: the per-step call
+        self._pool = self.coordinator.block_pool  # a handle on the shared pool, made once
         self._num_groups = len(config.groups)
         self._empty = KVCacheBlocks(tuple([] for _ in range(self._num_groups)))
         self.prefix_cache_stats: PrefixCacheStats | None = PrefixCacheStats() if log_stats else None
@@ -213,12 +214,12 @@ class KVCacheManager:
     @property
     def block_pool(self) -> BlockPool:
         """The pool shared by every group."""
-        return self.coordinator.block_pool
+        return self._pool
 
     @property
     def usage(self) -> float:
         """Fraction of the pool in use (null block excluded)."""
-        return float(self.block_pool.usage)
+        return float(self._pool.usage)
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix; refused (False) while blocks are in use."""
