@@ -53,7 +53,7 @@ bench: build-dev ## criterion benches + pytest-benchmark suite
 lint: venv ## cargo fmt/clippy, ruff
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets --locked -- -D warnings
-	$(VENV)/bin/pip install -q ruff mypy
+	$(VENV)/bin/pip install -q ruff mypy types-tqdm
 	$(VENV)/bin/ruff check python tests benches
 	$(VENV)/bin/ruff format --check python tests benches
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from kvcoord.config import FullAttentionSpec, KVCacheGroup, SlidingWindowSpec
 from kvcoord.replay.layouts import (
     PRESETS,
-    GroupSpec,
     Layout,
     LayoutError,
     load_layout,
@@ -22,12 +22,12 @@ def test_presets() -> None:
     assert set(PRESETS) == {"full", "sliding-window", "chunked-local", "mamba", "no-prefix-cache"}
     for name, layout in PRESETS.items():
         assert load_layout(name) is layout
-        assert layout.groups[0].type == "full_attention"
+        assert layout.groups[0].spec.kind == "full_attention"
         assert layout.describe()
     assert not PRESETS["mamba"].enable_caching
     assert not PRESETS["no-prefix-cache"].enable_caching
-    assert PRESETS["sliding-window"].groups[1].sliding_window == 4096
-    assert PRESETS["chunked-local"].groups[1].attention_chunk_size == 8192
+    assert PRESETS["sliding-window"].groups[1].spec == SlidingWindowSpec(16, 4096)
+    assert PRESETS["chunked-local"].groups[1].spec.attention_chunk_size == 8192  # type: ignore[union-attr]
 
 
 def test_json_and_toml_files(tmp_path: Path) -> None:
@@ -56,8 +56,8 @@ def test_json_and_toml_files(tmp_path: Path) -> None:
         lay = load_layout(str(p))
         assert lay.name == "hybrid"
         assert lay.enable_caching
-        assert lay.groups[0] == GroupSpec("full_attention", 32, None, None, ("g0.0", "g0.1"))
-        assert lay.groups[1] == GroupSpec("sliding_window", 16, 1024, None, ("a", "b"))
+        assert lay.groups[0] == KVCacheGroup(FullAttentionSpec(32), ("g0.0", "g0.1"))
+        assert lay.groups[1] == KVCacheGroup(SlidingWindowSpec(16, 1024), ("a", "b"))
         assert lay.block_size == 32
 
 
@@ -128,5 +128,7 @@ def test_capacity_and_block_size() -> None:
         num_blocks_for_capacity(full, 0)
     with pytest.raises(LayoutError):
         full.with_block_size(0)
-    mixed = Layout("m", (GroupSpec("full_attention", 16), GroupSpec("sliding_window", 24, 64)))
+    mixed = Layout(
+        "m", (KVCacheGroup(FullAttentionSpec(16)), KVCacheGroup(SlidingWindowSpec(24, 64)))
+    )
     assert mixed.block_size == 48

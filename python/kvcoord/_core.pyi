@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import final
+from typing import Literal, final
 
 import numpy as np
 import numpy.typing as npt
@@ -13,6 +13,7 @@ __all__ = [
     "BlockPool",
     "BlockRemoved",
     "BlockStored",
+    "CoordinatorCore",
     "__version__",
     "validate_retention_interval",
 ]
@@ -182,3 +183,66 @@ def validate_retention_interval(
     Raises:
         ConfigError: naming the value and the rule it breaks.
     """
+
+@final
+class CoordinatorCore:
+    """The mechanism under every coordinator policy: one :class:`BlockPool`
+    shared by one manager per KV cache group, and every request's per-group
+    block tables. Python policies (``kvcoord.coordinator``) decide which
+    lookups to run; :class:`kvcoord.KVCacheManager` is the public facade.
+
+    ``groups`` lists ``(kind, block_size, parameter)`` per group, ``kind``
+    one of ``full_attention``, ``sliding_window`` (parameter: window in
+    tokens), ``chunked_local`` (chunk size), ``mamba`` (speculative blocks),
+    ``cross_attention`` (0).
+    """
+
+    def __init__(
+        self,
+        num_blocks: int,
+        groups: Sequence[tuple[str, int, int]],
+        *,
+        enable_caching: bool,
+        hash_block_size: int,
+        max_model_len: int,
+        retention_interval: int | None = None,
+        arrangement: Literal["unitary", "hybrid"] = "unitary",
+        enable_events: bool = False,
+    ) -> None: ...
+    @property
+    def block_pool(self) -> BlockPool:
+        """A handle on the shared pool (the same state, not a copy)."""
+    @property
+    def num_requests(self) -> int:
+        """Requests currently holding blocks."""
+    def find_longest_cache_hit(
+        self, group_ids: Sequence[int], request: Request, max_length: int, alignment: int
+    ) -> tuple[list[list[int]], int]:
+        """Longest cached prefix for groups sharing one spec, at most
+        ``max_length`` tokens, a multiple of ``alignment``: blocks per group
+        (0 in skipped positions) and the hit in tokens. Pins nothing."""
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: Sequence[Sequence[int]] | None = None,
+        num_lookahead_tokens: int = 0,
+        num_encoder_tokens: int = 0,
+        delay_cache_blocks: bool = False,
+    ) -> list[list[int]] | tuple[()] | None:
+        """One scheduler step for ``request`` in every group: release blocks
+        that left the window, adopt the hits (first allocation), allocate,
+        cache the newly full blocks. New ids per group; ``()`` when no group
+        got a new block; ``None`` when the pool cannot hold them (nothing
+        changed)."""
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        """Cache the request's full blocks within its first ``num_tokens`` tokens."""
+    def free(self, request_id: str) -> bool:
+        """Release the request's blocks (tail first); False for an unknown id."""
+    def block_ids(self, request_id: str) -> list[list[int]] | None:
+        """The request's block table per group, or None for an unknown id."""
+    def num_common_prefix_blocks(self, request_id: str) -> list[int] | None:
+        """Per group, leading blocks shared by every running request."""
+    def check_invariants(self) -> None:
+        """Check every block-table and pool invariant (raises ``InvariantError``)."""

@@ -206,7 +206,7 @@ def _check_pool(layout: Any, workload: Any, num_blocks: int, flag: str) -> None:
     from kvcoord.replay.layouts import num_blocks_for_capacity
 
     need = num_blocks_for_capacity(layout, workload.max_sequence_len)
-    if any(g.type in ("sliding_window", "chunked_local", "mamba") for g in layout.groups):
+    if layout.has_sparse_groups:
         need = num_blocks_for_capacity(
             layout.__class__(layout.name, layout.groups[:1]), workload.max_sequence_len
         )

@@ -102,7 +102,8 @@ class KVCacheCoordinator:
     @property
     def block_pool(self) -> BlockPool:
         """The pool shared by every group."""
-        return self.core.block_pool
+        pool: BlockPool = self.core.block_pool
+        return pool
 
     @property
     def num_groups(self) -> int:

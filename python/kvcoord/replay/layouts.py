@@ -1,8 +1,9 @@
 """KV-cache layouts for ``kvcoord replay``: named presets and layout files.
 
-A :class:`Layout` is a manager-independent description (kinds, block sizes,
-window sizes, whether prefix caching is on); ``scheduler.build_config`` turns
-it into a ``kvcoord.KVCacheConfig``.
+A :class:`Layout` names a list of :class:`kvcoord.KVCacheGroup` (the library's
+own specs, so a layout file is validated by the same rules as a config built
+in code) and whether prefix caching is on; ``scheduler.build_config`` adds the
+pool size to make a ``kvcoord.KVCacheConfig``.
 
 Layout file (JSON or TOML)::
 
@@ -29,10 +30,19 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from kvcoord.config import (
+    ChunkedLocalAttentionSpec,
+    FullAttentionSpec,
+    KVCacheGroup,
+    KVCacheSpec,
+    MambaSpec,
+    SlidingWindowSpec,
+)
+from kvcoord.errors import ConfigError
+
 __all__ = [
     "GROUP_TYPES",
     "PRESETS",
-    "GroupSpec",
     "Layout",
     "LayoutError",
     "load_layout",
@@ -54,72 +64,67 @@ class LayoutError(ValueError):
 
 
 @dataclass(frozen=True)
-class GroupSpec:
-    """One KV-cache group: a kind of attention shared by some layers."""
-
-    type: str
-    block_size: int = 16
-    sliding_window: int | None = None
-    attention_chunk_size: int | None = None
-    layer_names: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
 class Layout:
     name: str
-    groups: tuple[GroupSpec, ...]
+    groups: tuple[KVCacheGroup, ...]
     enable_caching: bool = True
     description: str = ""
 
     @property
     def block_size(self) -> int:
         """Granularity of a prefix hit: the lcm of the attention groups' block sizes."""
-        sizes = [g.block_size for g in self.groups if g.type != "mamba"] or [
-            g.block_size for g in self.groups
-        ]
-        return math.lcm(*sizes)
+        sizes = [g.spec.block_size for g in self.groups if not isinstance(g.spec, MambaSpec)]
+        return math.lcm(*(sizes or [g.spec.block_size for g in self.groups]))
+
+    @property
+    def has_sparse_groups(self) -> bool:
+        """Whether some group keeps only part of a long context (window, chunk, state)."""
+        return any(g.spec.kind != "full_attention" for g in self.groups)
 
     def with_block_size(self, block_size: int) -> Layout:
         """The same layout with every group's block size set to ``block_size``."""
         if block_size <= 0:
             raise LayoutError(f"block size must be positive, got {block_size}")
-        return replace(self, groups=tuple(replace(g, block_size=block_size) for g in self.groups))
+        groups = tuple(replace(g, spec=replace(g.spec, block_size=block_size)) for g in self.groups)
+        return replace(self, groups=groups)
 
     def describe(self) -> str:
         parts = []
         for g in self.groups:
+            spec = g.spec
             extra = ""
-            if g.sliding_window is not None:
-                extra = f", window {g.sliding_window}"
-            elif g.attention_chunk_size is not None:
-                extra = f", chunk {g.attention_chunk_size}"
-            parts.append(f"{g.type}(bs {g.block_size}{extra})")
+            if isinstance(spec, SlidingWindowSpec):
+                extra = f", window {spec.sliding_window}"
+            elif isinstance(spec, ChunkedLocalAttentionSpec):
+                extra = f", chunk {spec.attention_chunk_size}"
+            parts.append(f"{spec.kind}(bs {spec.block_size}{extra})")
         cache = "" if self.enable_caching else ", prefix caching off"
         return " + ".join(parts) + cache
 
 
-def _full(bs: int = 16, layer: str = "full.0") -> GroupSpec:
-    return GroupSpec("full_attention", bs, layer_names=(layer,))
+def _group(spec: KVCacheSpec, layer: str) -> KVCacheGroup:
+    return KVCacheGroup(spec, layer_names=(layer,))
+
+
+def _full() -> KVCacheGroup:
+    return _group(FullAttentionSpec(16), "full.0")
 
 
 PRESETS: dict[str, Layout] = {
     "full": Layout("full", (_full(),), description="one full-attention group (Llama-style)"),
     "sliding-window": Layout(
         "sliding-window",
-        (_full(), GroupSpec("sliding_window", 16, sliding_window=4096, layer_names=("swa.0",))),
+        (_full(), _group(SlidingWindowSpec(16, sliding_window=4096), "swa.0")),
         description="full attention + 4096-token sliding window (Gemma/GPT-OSS-style)",
     ),
     "chunked-local": Layout(
         "chunked-local",
-        (
-            _full(),
-            GroupSpec("chunked_local", 16, attention_chunk_size=8192, layer_names=("local.0",)),
-        ),
+        (_full(), _group(ChunkedLocalAttentionSpec(16, attention_chunk_size=8192), "local.0")),
         description="full attention + 8192-token chunked local attention (Llama-4-style)",
     ),
     "mamba": Layout(
         "mamba",
-        (_full(), GroupSpec("mamba", 16, layer_names=("mamba.0",))),
+        (_full(), _group(MambaSpec(16), "mamba.0")),
         enable_caching=False,
         description="full attention + Mamba state (Jamba/Nemotron-H-style), prefix caching off",
     ),
@@ -204,7 +209,19 @@ def parse_layout(data: Any, source: str = "<layout>") -> Layout:
         else:
             count = _pos_int(layers, f"{where}.layers")
             names = tuple(f"g{i}.{j}" for j in range(count))
-        out.append(GroupSpec(kind, bs, window, chunk, names))
+        spec: KVCacheSpec
+        try:
+            if kind == "full_attention":
+                spec = FullAttentionSpec(bs)
+            elif kind == "sliding_window":
+                spec = SlidingWindowSpec(bs, window)  # type: ignore[arg-type]
+            elif kind == "chunked_local":
+                spec = ChunkedLocalAttentionSpec(bs, chunk)  # type: ignore[arg-type]
+            else:
+                spec = MambaSpec(bs)
+        except ConfigError as e:
+            raise LayoutError(f"{where}: {e}") from None
+        out.append(KVCacheGroup(spec, layer_names=names))
     seen: set[str] = set()
     for g in out:
         dup = seen.intersection(g.layer_names)
@@ -213,9 +230,9 @@ def parse_layout(data: Any, source: str = "<layout>") -> Layout:
                 f"{source}: layer name(s) {', '.join(sorted(dup))} appear in two groups"
             )
         seen.update(g.layer_names)
-    if all(g.type == "mamba" for g in out):
+    if all(isinstance(g.spec, MambaSpec) for g in out):
         raise LayoutError(f"{source}: a layout needs at least one attention group")
-    if caching and any(g.type == "mamba" for g in out):
+    if caching and any(isinstance(g.spec, MambaSpec) for g in out):
         raise LayoutError(
             f"{source}: prefix caching with a mamba group is not supported; "
             "set enable_caching = false"
@@ -270,4 +287,4 @@ def num_blocks_for_capacity(layout: Layout, capacity_tokens: int) -> int:
     """
     if capacity_tokens <= 0:
         raise LayoutError(f"capacity must be a positive number of tokens, got {capacity_tokens}")
-    return sum(-(-capacity_tokens // g.block_size) for g in layout.groups) + 1
+    return sum(-(-capacity_tokens // g.spec.block_size) for g in layout.groups) + 1

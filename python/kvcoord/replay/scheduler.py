@@ -36,17 +36,7 @@ from dataclasses import dataclass, field
 from time import perf_counter
 from typing import Any
 
-import numpy as np
-
-from kvcoord.config import (
-    ChunkedLocalAttentionSpec,
-    FullAttentionSpec,
-    KVCacheConfig,
-    KVCacheGroup,
-    KVCacheSpec,
-    MambaSpec,
-    SlidingWindowSpec,
-)
+from kvcoord.config import KVCacheConfig
 from kvcoord.manager import KVCacheManager
 from kvcoord.replay.bestcase import BestCase, BestCaseTracker
 from kvcoord.replay.layouts import Layout
@@ -130,23 +120,7 @@ REPLAY_HASH_ALGO = "xxh3_native"
 
 def build_config(layout: Layout, num_blocks: int) -> KVCacheConfig:
     """The ``kvcoord.KVCacheConfig`` for ``layout`` with a pool of ``num_blocks``."""
-    groups = []
-    for g in layout.groups:
-        spec: KVCacheSpec
-        if g.type == "full_attention":
-            spec = FullAttentionSpec(block_size=g.block_size)
-        elif g.type == "sliding_window":
-            spec = SlidingWindowSpec(block_size=g.block_size, sliding_window=g.sliding_window)
-        elif g.type == "chunked_local":
-            spec = ChunkedLocalAttentionSpec(
-                block_size=g.block_size, attention_chunk_size=g.attention_chunk_size
-            )
-        elif g.type == "mamba":
-            spec = MambaSpec(block_size=g.block_size)
-        else:  # pragma: no cover - layouts.parse_layout rejects it
-            raise ValueError(f"unknown group type {g.type!r}")
-        groups.append(KVCacheGroup(spec, layer_names=g.layer_names))
-    return KVCacheConfig(num_blocks=num_blocks, groups=tuple(groups))
+    return KVCacheConfig(num_blocks=num_blocks, groups=layout.groups)
 
 
 def make_manager(layout: Layout, num_blocks: int, max_model_len: int) -> KVCacheManager:
@@ -205,7 +179,7 @@ def simulate(
     wall0 = perf_counter()
     layout = cfg.layout
     max_model_len = cfg.max_model_len or workload.max_sequence_len
-    hash_bs = math.gcd(*(g.block_size for g in layout.groups))
+    hash_bs = math.gcd(*(g.spec.block_size for g in layout.groups))
     mgr = make_manager(layout, cfg.num_blocks, max_model_len)
     best = BestCaseTracker(layout.block_size) if cfg.track_best else None
     evictions = EvictionCounter(mgr, layout.enable_caching)
