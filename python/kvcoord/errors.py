@@ -10,7 +10,10 @@ from __future__ import annotations
 
 __all__ = [
     "BlockStateError",
+    "BlockTableError",
+    "BlockTableIndexError",
     "ConfigError",
+    "InvalidArgumentError",
     "InvalidBlockIdError",
     "InvalidHashError",
     "InvalidTokenError",
@@ -27,6 +30,11 @@ class KvCoordError(Exception):
 
 class OutOfBlocksError(KvCoordError, ValueError):
     """More blocks were requested than the pool has free."""
+
+
+class InvalidArgumentError(KvCoordError, ValueError):
+    """An argument is out of range or inconsistent with the others (a negative
+    count, ``num_full_blocks`` beyond the ids given, a mask of the wrong length)."""
 
 
 class InvalidBlockIdError(KvCoordError, ValueError):
@@ -55,6 +63,17 @@ class UnknownRequestError(KvCoordError, KeyError):
 
     def __str__(self) -> str:  # KeyError would print the repr of the message
         return str(self.args[0]) if self.args else ""
+
+
+class BlockTableError(KvCoordError, ValueError):
+    """A block-table call got a bad value: more block ids than a row holds,
+    ids of the wrong dtype or shape, or inconsistent slot-mapping inputs.
+    The table is left exactly as it was."""
+
+
+class BlockTableIndexError(BlockTableError, IndexError):
+    """A block-table row, request count or token position is out of range
+    (also an ``IndexError``). The table is left exactly as it was."""
 
 
 class InvariantError(KvCoordError, AssertionError):

@@ -1,56 +1,12 @@
-//! Criterion benches of the core. Run with `cargo bench -p kvcoord-core`.
+//! Criterion benchmarks of the core, one harness composed from modules.
+//!
+//! Dimensions: pool size (1M blocks), batch size (64 blocks per call), hit
+//! vs miss lookups, hashing algorithm. Inputs are generated deterministically.
 
-use std::hint::black_box;
+use criterion::{criterion_group, criterion_main};
 
-use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use kvcoord_core::hashing::compute_block_hashes;
-use kvcoord_core::{ExtraKeys, HashAlgo, HashConfig};
+mod hashing;
+mod pool;
 
-/// 16-token blocks over a 32k-token prompt, each algorithm (the hashing
-/// alone, no Python conversion).
-fn hashing(c: &mut Criterion) {
-    let tokens: Vec<u32> = (0..32_768u32)
-        .map(|i| i.wrapping_mul(2_654_435_761) % 200_000)
-        .collect();
-    let mut g = c.benchmark_group("hash_32k_prompt_bs16");
-    g.throughput(Throughput::Elements(tokens.len() as u64));
-    for algo in HashAlgo::ALL {
-        let config = HashConfig::new(algo, 16, Some("bench")).unwrap();
-        g.bench_function(algo.name(), |b| {
-            b.iter(|| compute_block_hashes(config, ExtraKeys::default(), black_box(&tokens)));
-        });
-    }
-    g.finish();
-}
-
-criterion_group!(benches, hashing);
-
-/// The primitives alone, for comparison with the per-block cost.
-fn primitives(c: &mut Criterion) {
-    use sha2::{Digest, Sha256};
-    let data = [7u8; 117];
-    let mut g = c.benchmark_group("primitive");
-    g.bench_function("sha256_117B", |b| {
-        b.iter(|| Sha256::digest(black_box(&data[..])));
-    });
-    g.bench_function("xxh3_128_84B", |b| {
-        b.iter(|| xxhash_rust::xxh3::xxh3_128(black_box(&data[..84])));
-    });
-    let tokens: Vec<u32> = (0..32_768u32).map(|i| i.wrapping_mul(2_654_435_761) % 200_000).collect();
-    let mut buf = kvcoord_core::cbor::CborBuf::with_capacity(256);
-    g.bench_function("cbor_encode_32k_tokens_bs16", |b| {
-        b.iter(|| {
-            let mut total = 0;
-            for blk in black_box(&tokens).chunks_exact(16) {
-                buf.clear();
-                buf.u32_array(blk);
-                total += buf.as_bytes().len();
-            }
-            total
-        });
-    });
-    g.finish();
-}
-
-criterion_group!(prims, primitives);
-criterion_main!(benches, prims);
+criterion_group!(benches, pool::register, hashing::register, hashing::primitives);
+criterion_main!(benches);

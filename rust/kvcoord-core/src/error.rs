@@ -4,7 +4,7 @@
 
 use std::fmt;
 
-use crate::ids::BlockId;
+use crate::ids::{BlockId, GroupId, ReqId};
 
 /// Why a core operation refused its input.
 // Not `#[non_exhaustive]`: the bindings match it exhaustively, so a new
@@ -50,6 +50,17 @@ pub enum KvError {
         /// What is wrong with it, with the values involved.
         detail: String,
     },
+    /// The request has no blocks in the coordinator (never allocated, or
+    /// already freed).
+    UnknownRequest(ReqId),
+    /// A group id is not below the number of groups.
+    UnknownGroup(GroupId),
+    /// The operation is not supported for this kind of group (for example a
+    /// prefix-cache lookup on a cross-attention or Mamba group).
+    Unsupported {
+        /// What was attempted, and on what.
+        what: String,
+    },
     /// A configuration value breaks one of its rules.
     InvalidConfig {
         /// The setting's name.
@@ -90,6 +101,9 @@ impl fmt::Display for KvError {
                 "token id {value} at position {position} is invalid: token ids must be in [0, 2^32)"
             ),
             Self::InvalidArgument { name, detail } => write!(f, "invalid {name}: {detail}"),
+            Self::UnknownRequest(r) => write!(f, "request {r} holds no blocks"),
+            Self::UnknownGroup(g) => write!(f, "no KV cache group {g}"),
+            Self::Unsupported { what } => write!(f, "not supported: {what}"),
             Self::InvalidConfig { name, value, rule } => {
                 write!(f, "invalid {name}={value}: {rule}")
             }

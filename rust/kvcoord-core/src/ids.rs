@@ -1,4 +1,4 @@
-//! Typed identifiers: physical block ids and KV-cache group ids.
+//! Typed identifiers: physical block ids, KV-cache group ids and request ids.
 //!
 //! Both are `u32` on the Rust side. Python sees plain `int`s (or int32/int64
 //! numpy arrays); the bindings check the range once at the boundary.
@@ -47,6 +47,20 @@ impl fmt::Display for BlockId {
 pub struct GroupId(pub u32);
 
 impl fmt::Display for GroupId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// A request, as the caller (the scheduler) names it.
+///
+/// The core never interprets the value; the bindings map Python request ids
+/// to these.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+#[repr(transparent)]
+pub struct ReqId(pub u64);
+
+impl fmt::Display for ReqId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.0.fmt(f)
     }

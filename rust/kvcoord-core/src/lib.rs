@@ -6,6 +6,11 @@
 //!   [`FreeQueue`] that orders reuse and eviction, and the [`PrefixIndex`]
 //!   from `(block hash, group)` to cached blocks. Decisions follow vLLM
 //!   0.33.0's `BlockPool` exactly (same ids, same eviction order).
+//! * [`managers`]: the per-group rules of each attention kind (full,
+//!   sliding window, chunked local, Mamba "none", cross attention).
+//! * [`CoordinatorCore`]: one pool, one manager per group and every
+//!   request's block tables; `allocate_slots` / `free` / `cache_blocks` as
+//!   vLLM's `KVCacheManager` does them, plus the per-spec hit finders.
 //! * [`hashing`]: chained block hashes (vLLM's `sha256_cbor` and
 //!   `xxhash_cbor`, byte-identical, plus a faster native format) and the
 //!   incremental [`RequestHasher`]; [`cbor`] is the canonical CBOR encoder
@@ -20,21 +25,25 @@
 
 pub mod block_hash;
 pub mod cbor;
+pub mod coordinator;
 pub mod error;
 pub mod events;
 pub mod free_queue;
 pub mod hashing;
 pub mod ids;
+pub mod managers;
 pub mod pool;
 pub mod prefix_index;
 pub mod retention;
 
 pub use block_hash::BlockHash;
+pub use coordinator::{Arrangement, CoordinatorConfig, CoordinatorCore, NewBlocks, RequestView};
 pub use error::{KvError, KvResult};
 pub use events::KvEvent;
 pub use free_queue::FreeQueue;
 pub use hashing::{ExtraKeys, HashAlgo, HashConfig, LoraKey, MmFeature, RequestHasher};
-pub use ids::{BlockId, GroupId};
+pub use ids::{BlockId, GroupId, ReqId};
+pub use managers::{GroupSpec, GroupTable, Manager, SpecKind};
 pub use pool::{BlockPool, PoolConfig};
 pub use prefix_index::{CacheKey, PrefixIndex};
 pub use retention::validate_retention_interval;

@@ -276,6 +276,21 @@ impl BlockPool {
         Ok(())
     }
 
+    /// How many of `blocks` are non-null and unreferenced: a prefix hit on
+    /// them pulls them out of the free queue, so they consume free capacity
+    /// just like fresh blocks. Out-of-range ids count as 0 (callers validate).
+    pub fn num_unreferenced(&self, blocks: &[BlockId]) -> usize {
+        blocks
+            .iter()
+            .filter(|b| !b.is_null() && self.meta.get(b.index()).is_some_and(|m| m.ref_cnt == 0))
+            .count()
+    }
+
+    /// Whether every id is below the pool size.
+    pub fn ids_in_range(&self, blocks: &[BlockId]) -> bool {
+        self.check_ids(blocks).is_ok()
+    }
+
     /// Add one reference to each block; a block with no owner leaves the free
     /// queue (a prefix hit on an evictable block). The null block is skipped.
     pub fn touch(&mut self, blocks: &[BlockId]) -> KvResult<()> {
@@ -324,6 +339,33 @@ impl BlockPool {
         group: GroupId,
         block_mask: Option<&[bool]>,
     ) -> KvResult<()> {
+        self.cache_full_blocks_scaled(
+            block_ids,
+            block_hashes,
+            1,
+            num_cached_blocks,
+            num_full_blocks,
+            group,
+            block_mask,
+        )
+    }
+
+    /// [`cache_full_blocks`](Self::cache_full_blocks) for a group whose
+    /// blocks span `scale` hash units: `unit_hashes` are the request's
+    /// hash-unit hashes and block `i` is keyed by `unit_hashes[(i+1)*scale-1]`
+    /// (the last unit inside it; the chain already covers the whole prefix).
+    /// Views the hashes in place instead of materialising a coarse list.
+    #[allow(clippy::too_many_arguments)]
+    pub fn cache_full_blocks_scaled(
+        &mut self,
+        block_ids: &[BlockId],
+        unit_hashes: &[BlockHash],
+        scale: usize,
+        num_cached_blocks: usize,
+        num_full_blocks: usize,
+        group: GroupId,
+        block_mask: Option<&[bool]>,
+    ) -> KvResult<()> {
         if num_cached_blocks >= num_full_blocks {
             return Ok(());
         }
@@ -334,12 +376,17 @@ impl BlockPool {
                 format!("{num_full_blocks} exceeds the {} block ids given", block_ids.len()),
             ));
         }
-        if num_full_blocks > block_hashes.len() {
+        if scale == 0 {
+            return Err(arg("scale", "must be positive".into()));
+        }
+        let num_block_hashes = unit_hashes.len() / scale;
+        if num_full_blocks > num_block_hashes {
             return Err(arg(
                 "block_hashes",
-                format!("{} hashes given but {num_full_blocks} blocks are full", block_hashes.len()),
+                format!("{num_block_hashes} hashes given but {num_full_blocks} blocks are full"),
             ));
         }
+        let hash_at = |i: usize| unit_hashes[(i + 1) * scale - 1];
         let range = num_cached_blocks..num_full_blocks;
         if let Some(mask) = block_mask {
             if mask.len() != range.len() {
@@ -374,7 +421,7 @@ impl BlockPool {
                 }
                 return Err(KvError::AlreadyCached(b));
             }
-            let hash = block_hashes[num_cached_blocks + i];
+            let hash = hash_at(num_cached_blocks + i);
             let key = CacheKey { hash, group };
             self.meta[b.index()].key = self.index.insert(key, b);
             stored_ids.push(b);
@@ -383,7 +430,7 @@ impl BlockPool {
             }
         }
         if let Some(events) = &mut self.events {
-            let parent_block_hash = num_cached_blocks.checked_sub(1).map(|p| block_hashes[p]);
+            let parent_block_hash = num_cached_blocks.checked_sub(1).map(hash_at);
             events.push(KvEvent::BlockStored {
                 block_hashes: stored_hashes,
                 block_ids: stored_ids,

@@ -4,7 +4,7 @@
 
 use kvcoord_core::{BlockHash, BlockId, GroupId, KvError};
 use numpy::{PyReadonlyArray1, PyReadonlyArray2};
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
 
@@ -72,9 +72,13 @@ pub(crate) fn block_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<BlockId>> {
 
 /// A group id (non-negative, 32-bit).
 pub(crate) fn group_id(v: i64) -> PyResult<GroupId> {
-    u32::try_from(v)
-        .map(GroupId)
-        .map_err(|_| PyValueError::new_err(format!("group id {v} must be in [0, 2^32)")))
+    u32::try_from(v).map(GroupId).map_err(|_| {
+        CoreError(KvError::InvalidArgument {
+            name: "group id",
+            detail: format!("{v} is not in [0, 2^32)"),
+        })
+        .into()
+    })
 }
 
 /// Group ids from a sequence of ints.

@@ -8,6 +8,7 @@ use kvcoord_core::KvError;
 use pyo3::PyErr;
 
 pyo3::import_exception!(kvcoord.errors, OutOfBlocksError);
+pyo3::import_exception!(kvcoord.errors, InvalidArgumentError);
 pyo3::import_exception!(kvcoord.errors, InvalidBlockIdError);
 pyo3::import_exception!(kvcoord.errors, BlockStateError);
 pyo3::import_exception!(kvcoord.errors, InvalidHashError);
@@ -36,8 +37,11 @@ impl From<CoreError> for PyErr {
             | KvError::RefCountOverflow(_)
             | KvError::AlreadyCached(_) => BlockStateError::new_err(msg),
             KvError::InvalidHashLength(_) => InvalidHashError::new_err(msg),
+            KvError::InvalidArgument { .. } | KvError::UnknownGroup(_) | KvError::Unsupported { .. } => {
+                InvalidArgumentError::new_err(msg)
+            }
+            KvError::UnknownRequest(_) => UnknownRequestError::new_err(msg),
             KvError::InvalidTokenId { .. } => InvalidTokenError::new_err(msg),
-            KvError::InvalidArgument { .. } => pyo3::exceptions::PyValueError::new_err(msg),
             KvError::InvalidConfig { .. } => ConfigError::new_err(msg),
         }
     }

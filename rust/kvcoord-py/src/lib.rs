@@ -5,6 +5,7 @@
 //! policy lives here.
 
 mod convert;
+mod coordinator;
 mod errors;
 mod events;
 mod pool;
@@ -17,6 +18,8 @@ use pyo3::prelude::*;
 #[pymodule(gil_used = false)]
 #[pyo3(name = "_core")]
 mod core_module {
+    #[pymodule_export]
+    use crate::coordinator::PyCoordinatorCore;
     #[pymodule_export]
     use crate::events::{AllBlocksCleared, BlockRemoved, BlockStored};
     #[pymodule_export]

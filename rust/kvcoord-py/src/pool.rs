@@ -7,20 +7,54 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
 
 use crate::convert::{self, id_list};
+use crate::coordinator::PyCoordinatorCore;
 use crate::errors::{core, InvariantError};
 use crate::events::{event_to_py, PyEventList};
+
+/// Where the pool lives: a standalone pool, or the one inside a manager's
+/// coordinator (so `manager.block_pool` is the very pool the manager uses).
+enum PoolHandle {
+    Owned(Box<BlockPool>),
+    Coordinator(Py<PyCoordinatorCore>),
+}
 
 /// The KV-cache block pool (see `_core.pyi` for the documented surface).
 #[pyclass(module = "kvcoord._core", name = "BlockPool")]
 pub(crate) struct PyBlockPool {
-    pub(crate) inner: BlockPool,
-    /// Reused output buffer for `get_new_blocks`.
+    handle: PoolHandle,
+    /// Reused id buffer (keeps `get_new_blocks`/`free_blocks` allocation-free).
     scratch: Vec<BlockId>,
 }
 
 impl PyBlockPool {
-    pub(crate) fn wrap(inner: BlockPool) -> Self {
-        Self { inner, scratch: Vec::new() }
+    fn owned(inner: BlockPool) -> Self {
+        Self { handle: PoolHandle::Owned(Box::new(inner)), scratch: Vec::new() }
+    }
+
+    /// A handle on the pool of a coordinator.
+    pub(crate) fn of_coordinator(coordinator: Py<PyCoordinatorCore>) -> Self {
+        Self { handle: PoolHandle::Coordinator(coordinator), scratch: Vec::new() }
+    }
+
+    fn with<R>(&self, py: Python<'_>, f: impl FnOnce(&BlockPool) -> R) -> PyResult<R> {
+        match &self.handle {
+            PoolHandle::Owned(p) => Ok(f(p)),
+            PoolHandle::Coordinator(c) => Ok(f(c.bind(py).try_borrow()?.inner.pool())),
+        }
+    }
+
+    fn with_mut<R>(
+        &mut self,
+        py: Python<'_>,
+        f: impl FnOnce(&mut BlockPool, &mut Vec<BlockId>) -> R,
+    ) -> PyResult<R> {
+        let scratch = &mut self.scratch;
+        match &mut self.handle {
+            PoolHandle::Owned(p) => Ok(f(p, scratch)),
+            PoolHandle::Coordinator(c) => {
+                Ok(f(c.bind(py).try_borrow_mut()?.inner.pool_mut(), scratch))
+            }
+        }
     }
 }
 
@@ -28,7 +62,12 @@ impl PyBlockPool {
 impl PyBlockPool {
     #[new]
     #[pyo3(signature = (num_blocks, *, enable_caching = true, hash_block_size = 16, enable_events = false))]
-    fn new(num_blocks: i64, enable_caching: bool, hash_block_size: i64, enable_events: bool) -> PyResult<Self> {
+    fn new(
+        num_blocks: i64,
+        enable_caching: bool,
+        hash_block_size: i64,
+        enable_events: bool,
+    ) -> PyResult<Self> {
         let num_blocks = convert::count(num_blocks, "num_blocks")?;
         let hash_block_size = u32::try_from(hash_block_size).map_err(|_| {
             crate::errors::ConfigError::new_err(format!(
@@ -36,80 +75,91 @@ impl PyBlockPool {
             ))
         })?;
         let config = PoolConfig { num_blocks, enable_caching, hash_block_size, enable_events };
-        Ok(Self::wrap(core(BlockPool::new(config))?))
+        Ok(Self::owned(core(BlockPool::new(config))?))
     }
 
     #[getter]
-    fn num_blocks(&self) -> usize {
-        self.inner.num_blocks()
+    fn num_blocks(&self, py: Python<'_>) -> PyResult<usize> {
+        self.with(py, BlockPool::num_blocks)
     }
 
     #[getter]
-    fn num_free_blocks(&self) -> usize {
-        self.inner.num_free_blocks()
+    fn num_free_blocks(&self, py: Python<'_>) -> PyResult<usize> {
+        self.with(py, BlockPool::num_free_blocks)
     }
 
     #[getter]
-    fn usage(&self) -> f64 {
-        self.inner.usage()
+    fn usage(&self, py: Python<'_>) -> PyResult<f64> {
+        self.with(py, BlockPool::usage)
     }
 
     #[getter]
-    fn num_cached_blocks(&self) -> usize {
-        self.inner.num_cached_keys()
+    fn num_cached_blocks(&self, py: Python<'_>) -> PyResult<usize> {
+        self.with(py, BlockPool::num_cached_keys)
     }
 
     #[getter]
-    fn enable_caching(&self) -> bool {
-        self.inner.caching_enabled()
+    fn enable_caching(&self, py: Python<'_>) -> PyResult<bool> {
+        self.with(py, BlockPool::caching_enabled)
     }
 
     #[getter]
-    fn hash_block_size(&self) -> u32 {
-        self.inner.config().hash_block_size
+    fn hash_block_size(&self, py: Python<'_>) -> PyResult<u32> {
+        self.with(py, |p| p.config().hash_block_size)
     }
 
     #[getter]
-    fn enable_events(&self) -> bool {
-        self.inner.events_enabled()
+    fn enable_events(&self, py: Python<'_>) -> PyResult<bool> {
+        self.with(py, BlockPool::events_enabled)
     }
 
     #[getter]
-    fn metadata_bytes(&self) -> usize {
-        self.inner.metadata_bytes()
+    fn metadata_bytes(&self, py: Python<'_>) -> PyResult<usize> {
+        self.with(py, BlockPool::metadata_bytes)
     }
 
-    fn get_new_blocks<'py>(&mut self, py: Python<'py>, num_blocks: i64) -> PyResult<Bound<'py, PyList>> {
+    fn get_new_blocks<'py>(
+        &mut self,
+        py: Python<'py>,
+        num_blocks: i64,
+    ) -> PyResult<Bound<'py, PyList>> {
         let n = convert::count(num_blocks, "num_blocks")?;
-        self.scratch.clear();
-        core(self.inner.get_new_blocks(n, &mut self.scratch))?;
-        id_list(py, &self.scratch)
+        self.with_mut(py, |pool, scratch| {
+            scratch.clear();
+            core(pool.get_new_blocks(n, scratch))?;
+            id_list(py, scratch)
+        })?
     }
 
-    fn get_new_blocks_array<'py>(&mut self, py: Python<'py>, num_blocks: i64) -> PyResult<Bound<'py, PyArray1<u32>>> {
+    fn get_new_blocks_array<'py>(
+        &mut self,
+        py: Python<'py>,
+        num_blocks: i64,
+    ) -> PyResult<Bound<'py, PyArray1<u32>>> {
         let n = convert::count(num_blocks, "num_blocks")?;
         let mut out = Vec::with_capacity(n);
-        core(self.inner.get_new_blocks(n, &mut out))?;
+        self.with_mut(py, |pool, _| core(pool.get_new_blocks(n, &mut out)))??;
         Ok(out.into_iter().map(|b| b.0).collect::<Vec<u32>>().into_pyarray(py))
     }
 
-    fn free_blocks(&mut self, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
-        self.scratch.clear();
-        convert::extract_block_ids(block_ids, &mut self.scratch)?;
-        let ids = std::mem::take(&mut self.scratch);
-        let r = self.inner.free_blocks(&ids);
-        self.scratch = ids;
-        core(r)
+    fn free_blocks(&mut self, py: Python<'_>, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.with_mut(py, |pool, scratch| {
+            scratch.clear();
+            convert::extract_block_ids(block_ids, scratch)?;
+            core(pool.free_blocks(scratch))
+        })?
     }
 
-    fn touch(&mut self, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
+    fn touch(&mut self, py: Python<'_>, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
         let ids = convert::block_ids(block_ids)?;
-        core(self.inner.touch(&ids))
+        self.with_mut(py, |pool, _| core(pool.touch(&ids)))?
     }
 
     #[pyo3(signature = (block_ids, block_hashes, num_cached_blocks, num_full_blocks, group_id, block_mask = None))]
+    #[allow(clippy::too_many_arguments)]
     fn cache_full_blocks(
         &mut self,
+        py: Python<'_>,
         block_ids: &Bound<'_, PyAny>,
         block_hashes: &Bound<'_, PyAny>,
         num_cached_blocks: i64,
@@ -122,7 +172,9 @@ impl PyBlockPool {
         let num_cached = convert::count(num_cached_blocks, "num_cached_blocks")?;
         let num_full = convert::count(num_full_blocks, "num_full_blocks")?;
         let group = convert::group_id(group_id)?;
-        core(self.inner.cache_full_blocks(&ids, &hashes, num_cached, num_full, group, block_mask.as_deref()))
+        self.with_mut(py, |pool, _| {
+            core(pool.cache_full_blocks(&ids, &hashes, num_cached, num_full, group, block_mask.as_deref()))
+        })?
     }
 
     fn get_cached_block<'py>(
@@ -134,65 +186,72 @@ impl PyBlockPool {
         let hash = convert::block_hash(block_hash)?;
         let groups = convert::group_ids(group_ids)?;
         let mut out = Vec::with_capacity(groups.len());
-        if self.inner.get_cached_block(&hash, &groups, &mut out) {
+        if self.with(py, |pool| pool.get_cached_block(&hash, &groups, &mut out))? {
             Ok(Some(id_list(py, &out)?))
         } else {
             Ok(None)
         }
     }
 
-    fn evict_blocks(&mut self, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
+    fn evict_blocks(&mut self, py: Python<'_>, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
         let ids = convert::block_ids(block_ids)?;
-        core(self.inner.evict_blocks(&ids))
+        self.with_mut(py, |pool, _| core(pool.evict_blocks(&ids)))?
     }
 
     fn reset_prefix_cache(&mut self, py: Python<'_>) -> PyResult<bool> {
-        if self.inner.reset_prefix_cache() {
-            return Ok(true);
+        let (ok, in_use) =
+            self.with_mut(py, |pool, _| (pool.reset_prefix_cache(), pool.num_used_blocks()))?;
+        if !ok {
+            let logger = py.import("logging")?.call_method1("getLogger", ("kvcoord",))?;
+            logger.call_method1(
+                "warning",
+                (format!("Failed to reset the prefix cache: {in_use} blocks are still in use"),),
+            )?;
         }
-        let logger = py.import("logging")?.call_method1("getLogger", ("kvcoord",))?;
-        logger.call_method1(
-            "warning",
-            (format!(
-                "Failed to reset the prefix cache: {} blocks are still in use",
-                self.inner.num_used_blocks()
-            ),),
-        )?;
-        Ok(false)
+        Ok(ok)
     }
 
     fn take_events(&mut self, py: Python<'_>) -> PyResult<PyEventList> {
-        self.inner.take_events().iter().map(|e: &KvEvent| event_to_py(py, e)).collect()
+        let events = self.with_mut(py, |pool, _| pool.take_events())?;
+        events.iter().map(|e: &KvEvent| event_to_py(py, e)).collect()
     }
 
-    fn free_block_ids<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<u32>> {
-        self.inner.free_block_ids().map(|b| b.0).collect::<Vec<u32>>().into_pyarray(py)
+    fn free_block_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<u32>>> {
+        let ids = self.with(py, |p| p.free_block_ids().map(|b| b.0).collect::<Vec<u32>>())?;
+        Ok(ids.into_pyarray(py))
     }
 
-    fn ref_counts<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<u32>> {
-        self.inner.ref_counts().collect::<Vec<u32>>().into_pyarray(py)
+    fn ref_counts<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<u32>>> {
+        Ok(self.with(py, |p| p.ref_counts().collect::<Vec<u32>>())?.into_pyarray(py))
     }
 
-    fn cached_mask<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<bool>> {
-        self.inner.cached_mask().collect::<Vec<bool>>().into_pyarray(py)
+    fn cached_mask<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<bool>>> {
+        Ok(self.with(py, |p| p.cached_mask().collect::<Vec<bool>>())?.into_pyarray(py))
     }
 
-    fn block_hash<'py>(&self, py: Python<'py>, block_id: i64) -> PyResult<Option<(Bound<'py, PyBytes>, u32)>> {
-        let key = core(self.inner.cache_key(convert::block_id(block_id)?))?;
+    fn block_hash<'py>(
+        &self,
+        py: Python<'py>,
+        block_id: i64,
+    ) -> PyResult<Option<(Bound<'py, PyBytes>, u32)>> {
+        let b = convert::block_id(block_id)?;
+        let key = core(self.with(py, |p| p.cache_key(b))?)?;
         Ok(key.map(|k| (PyBytes::new(py, k.hash.as_bytes()), k.group.0)))
     }
 
-    fn check_invariants(&self) -> PyResult<()> {
-        self.inner.check_invariants().map_err(InvariantError::new_err)
+    fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
+        self.with(py, BlockPool::check_invariants)?.map_err(InvariantError::new_err)
     }
 
-    fn __repr__(&self) -> String {
-        format!(
-            "BlockPool(num_blocks={}, free={}, cached_keys={}, enable_caching={})",
-            self.inner.num_blocks(),
-            self.inner.num_free_blocks(),
-            self.inner.num_cached_keys(),
-            if self.inner.caching_enabled() { "True" } else { "False" }
-        )
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        self.with(py, |p| {
+            format!(
+                "BlockPool(num_blocks={}, free={}, cached_keys={}, enable_caching={})",
+                p.num_blocks(),
+                p.num_free_blocks(),
+                p.num_cached_keys(),
+                if p.caching_enabled() { "True" } else { "False" }
+            )
+        })
     }
 }

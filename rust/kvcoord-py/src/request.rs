@@ -222,9 +222,18 @@ pub(crate) struct PyRequest {
     num_prompt_tokens: usize,
     num_computed_tokens: usize,
     hasher: RequestHasher,
+    /// Whether `get_computed_blocks` must ignore the prefix cache (e.g. the
+    /// request wants prompt logprobs, which cached tokens cannot give).
+    #[pyo3(get, set)]
+    skip_reading_prefix_cache: bool,
 }
 
 impl PyRequest {
+    /// The request id.
+    pub(crate) fn id(&self) -> &str {
+        &self.request_id
+    }
+
     /// The digests of the request's full blocks, block 0 first (no copy).
     #[allow(dead_code)] // for the Rust manager
     pub(crate) fn block_hashes_slice(&self) -> &[BlockHash] {
@@ -291,7 +300,14 @@ impl PyRequest {
         let mut tokens = Vec::new();
         let mut hasher = RequestHasher::new(config, extra);
         extract_and_hash(py, prompt_token_ids, &mut hasher, &mut tokens)?;
-        Ok(Self { request_id, num_prompt_tokens: tokens.len(), tokens, num_computed_tokens: 0, hasher })
+        Ok(Self {
+            request_id,
+            num_prompt_tokens: tokens.len(),
+            tokens,
+            num_computed_tokens: 0,
+            hasher,
+            skip_reading_prefix_cache: false,
+        })
     }
 
     /// Append one token (an int) or many (a sequence or numpy array); hashes

@@ -1,0 +1,243 @@
+"""`KVCacheManager`: the vLLM-shaped facade a scheduler drives every step.
+
+    blocks, num_hit_tokens = manager.get_computed_blocks(request)
+    new = manager.allocate_slots(request, num_new_tokens,
+                                 num_new_computed_tokens=num_hit_tokens,
+                                 new_computed_blocks=blocks)
+    ...                                  # None: no room, nothing allocated
+    manager.free(request)
+
+Decisions (hit lengths, block ids, eviction order) equal vLLM 0.33.0's. A
+decode step is one call into Rust whatever the number of groups.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvcoord._core import BlockPool, Request
+from kvcoord.config import KVCacheConfig
+from kvcoord.coordinator import KVCacheCoordinator, get_kv_cache_coordinator
+from kvcoord.errors import ConfigError, UnknownRequestError
+
+__all__ = ["KVCacheBlocks", "KVCacheManager", "PrefixCacheStats"]
+
+
+@dataclass(frozen=True, slots=True)
+class KVCacheBlocks:
+    """Block ids per KV cache group (``blocks[group][position]``; 0 is the
+    null block)."""
+
+    blocks: tuple[list[int], ...]
+
+    def get_block_ids(self) -> tuple[list[int], ...]:
+        """The ids per group (the lists themselves; do not mutate)."""
+        return self.blocks
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.blocks)
+
+    def is_empty(self) -> bool:
+        return not any(self.blocks)
+
+    def __add__(self, other: KVCacheBlocks) -> KVCacheBlocks:
+        return KVCacheBlocks(tuple(a + b for a, b in zip(self.blocks, other.blocks, strict=True)))
+
+
+@dataclass(slots=True)
+class PrefixCacheStats:
+    """Prefix-cache lookups since the last :meth:`KVCacheManager.make_prefix_cache_stats`."""
+
+    requests: int = 0
+    queries: int = 0  # prompt tokens looked up
+    hits: int = 0  # tokens served from the cache
+    reset: bool = False
+    preempted_requests: int = 0
+    history: list[tuple[int, int]] = field(default_factory=list, repr=False)
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.queries if self.queries else 0.0
+
+
+class KVCacheManager:
+    """Allocates and frees KV-cache blocks for requests, with prefix caching.
+
+    Args:
+        config: the pool size and KV cache groups.
+        max_model_len: longest sequence a request may reach (tokens).
+        enable_caching: prefix caching on/off.
+        hash_block_size: tokens per hash unit; by default the block size
+            (one group) or the GCD of the groups' block sizes.
+        enable_events: record KV-cache events (see :meth:`take_events`).
+        log_stats: keep prefix-cache hit statistics.
+    """
+
+    def __init__(
+        self,
+        config: KVCacheConfig,
+        *,
+        max_model_len: int,
+        enable_caching: bool = True,
+        hash_block_size: int | None = None,
+        enable_events: bool = False,
+        log_stats: bool = True,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+    ) -> None:
+        if not isinstance(config, KVCacheConfig):
+            raise ConfigError(f"config must be a KVCacheConfig, got {type(config).__name__}")
+        self.config = config
+        self.max_model_len = max_model_len
+        self.coordinator: KVCacheCoordinator = get_kv_cache_coordinator(
+            config,
+            max_model_len=max_model_len,
+            enable_caching=enable_caching,
+            hash_block_size=hash_block_size,
+            enable_events=enable_events,
+            dcp_world_size=dcp_world_size,
+            pcp_world_size=pcp_world_size,
+        )
+        self.enable_caching = enable_caching
+        self.hash_block_size = self.coordinator.hash_block_size
+        self._core = self.coordinator.core
+        self._num_groups = len(config.groups)
+        self._empty = KVCacheBlocks(tuple([] for _ in range(self._num_groups)))
+        self.prefix_cache_stats: PrefixCacheStats | None = PrefixCacheStats() if log_stats else None
+
+    # ---- the scheduler's four questions --------------------------------
+
+    def get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int]:
+        """The longest cached prefix of ``request`` (blocks per group, tokens).
+
+        At most ``num_tokens - 1`` tokens: the last prompt token is always
+        recomputed to produce logits. Nothing is pinned until
+        :meth:`allocate_slots` adopts the blocks.
+        """
+        self._check_hash_block_size(request)
+        if not self.enable_caching or request.skip_reading_prefix_cache:
+            return self._empty, 0
+        blocks, num_hit_tokens = self.coordinator.find_longest_cache_hit(
+            request, request.num_tokens - 1
+        )
+        if self.prefix_cache_stats is not None:
+            self.prefix_cache_stats.requests += 1
+            self.prefix_cache_stats.queries += request.num_tokens
+            self.prefix_cache_stats.hits += num_hit_tokens
+        return KVCacheBlocks(blocks), num_hit_tokens
+
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: KVCacheBlocks | None = None,
+        num_lookahead_tokens: int = 0,
+        num_encoder_tokens: int = 0,
+        delay_cache_blocks: bool = False,
+    ) -> KVCacheBlocks | None:
+        """Make room for ``num_new_tokens`` more tokens of ``request``
+        (adopting ``new_computed_blocks`` from :meth:`get_computed_blocks`
+        on its first allocation) and cache the blocks that became full.
+
+        Returns the newly allocated block ids per group, or ``None`` when the
+        pool cannot hold them (then nothing was allocated or pinned).
+        """
+        hits = None if new_computed_blocks is None else new_computed_blocks.blocks
+        new = self._core.allocate_slots(
+            request,
+            num_new_tokens,
+            num_new_computed_tokens,
+            hits,
+            num_lookahead_tokens,
+            num_encoder_tokens,
+            delay_cache_blocks,
+        )
+        if new is None:
+            return None
+        return KVCacheBlocks(new)
+
+    def free(self, request: Request) -> None:
+        """Release every block of ``request`` (tail first, so its deepest
+        cached blocks are evicted before its shallower ones). Freeing an
+        unknown or already freed request is a no-op, as in vLLM."""
+        self._core.free(request.request_id)
+
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        """Register the request's full blocks up to ``num_computed_tokens``."""
+        if self.enable_caching:
+            self._core.cache_blocks(request, num_computed_tokens)
+
+    # ---- inspection --------------------------------------------------------
+
+    def get_blocks(self, request_id: str) -> KVCacheBlocks:
+        """The request's whole block table per group (0 marks null positions)."""
+        return KVCacheBlocks(self.get_block_ids(request_id))
+
+    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
+        """The request's block ids per group.
+
+        Raises:
+            UnknownRequestError: the manager holds no blocks for this id.
+        """
+        ids = self._core.block_ids(request_id)
+        if ids is None:
+            raise UnknownRequestError(f"no request {request_id!r} in the KV cache manager")
+        return tuple(ids)
+
+    def get_num_common_prefix_blocks(self, request_id: str) -> list[int]:
+        """Per group, how many leading blocks of this request are shared by
+        every running request (usable for cascade attention)."""
+        counts = self._core.num_common_prefix_blocks(request_id)
+        if counts is None:
+            raise UnknownRequestError(f"no request {request_id!r} in the KV cache manager")
+        return list(counts)
+
+    @property
+    def num_running_requests(self) -> int:
+        return int(self._core.num_requests)
+
+    @property
+    def block_pool(self) -> BlockPool:
+        """The pool shared by every group."""
+        return self.coordinator.block_pool
+
+    @property
+    def usage(self) -> float:
+        """Fraction of the pool in use (null block excluded)."""
+        return float(self.block_pool.usage)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix; refused (False) while blocks are in use."""
+        ok = bool(self.block_pool.reset_prefix_cache())
+        if ok and self.prefix_cache_stats is not None:
+            self.prefix_cache_stats.reset = True
+        return ok
+
+    def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
+        """Return the statistics gathered since the last call and start anew."""
+        stats = self.prefix_cache_stats
+        if stats is None:
+            return None
+        self.prefix_cache_stats = PrefixCacheStats()
+        return stats
+
+    def take_events(self) -> list[object]:
+        """Drain the pool's KV-cache events (empty unless ``enable_events``)."""
+        return list(self.block_pool.take_events())
+
+    def evict_blocks(self, block_ids: list[int]) -> None:
+        """Drop these blocks from the prefix cache (e.g. after a failed KV load)."""
+        self.block_pool.evict_blocks(block_ids)
+
+    def check_invariants(self) -> None:
+        """Check pool and block-table invariants (tests and debugging)."""
+        self._core.check_invariants()
+
+    def _check_hash_block_size(self, request: Request) -> None:
+        if self.enable_caching and request.hash_block_size != self.hash_block_size:
+            raise ConfigError(
+                f"request {request.request_id!r} is hashed in units of {request.hash_block_size} "
+                f"tokens but this manager uses hash_block_size={self.hash_block_size}"
+            )

@@ -1,0 +1,467 @@
+"""Workloads for ``kvcoord replay``: what requests arrive, when, with which tokens.
+
+A workload is a list of :class:`WorkloadRequest`. Prompt tokens are produced
+lazily (:meth:`WorkloadRequest.prompt_tokens`) so that a trace of thousands of
+long prompts never holds every token in memory at once.
+
+Three sources:
+
+* :func:`synthetic_chat` -- the bundled default, generated from a seed: a few
+  shared system prompts, conversations whose follow-up turns repeat the whole
+  previous exchange (prompt and reply) before the new user message.
+* :func:`read_mooncake` -- the Mooncake FAST'25 trace format (JSON Lines of
+  ``timestamp`` in ms, ``input_length``, ``output_length``, ``hash_ids``).
+  Every hash id names a 512-token block whose tokens are derived from the id
+  alone (:func:`mooncake_block_tokens`), so equal ids give equal token
+  prefixes at any block size. The last block may be partial.
+* :func:`read_token_trace` -- JSON Lines of explicit ``prompt_token_ids`` with
+  optional ``output_length``, ``output_token_ids``, ``arrival_time`` (seconds),
+  ``timestamp`` (ms), ``cache_salt`` and ``request_id``.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+__all__ = [
+    "MOONCAKE_BLOCK_TOKENS",
+    "VOCAB_SIZE",
+    "TraceFormatError",
+    "Workload",
+    "WorkloadRequest",
+    "load_workload",
+    "mooncake_block_tokens",
+    "mooncake_prompt_tokens",
+    "read_mooncake",
+    "read_token_trace",
+    "synthetic_chat",
+]
+
+#: Tokens named by one Mooncake hash id.
+MOONCAKE_BLOCK_TOKENS = 512
+#: Synthesised token ids are in ``[0, VOCAB_SIZE)``.
+VOCAB_SIZE = 32000
+
+_M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
+class TraceFormatError(ValueError):
+    """A trace file could not be read: names the file, the line and the problem."""
+
+    def __init__(self, path: str | Path, line: int | None, problem: str) -> None:
+        self.path = str(path)
+        self.line = line
+        self.problem = problem
+        where = f"{self.path}:{line}" if line is not None else self.path
+        super().__init__(f"{where}: {problem}")
+
+
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+    """SplitMix64 finaliser on a uint64 array (wrapping arithmetic)."""
+    with np.errstate(over="ignore"):
+        z = x + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
+
+
+def _derived_tokens(stream: int, count: int, start: int = 0) -> np.ndarray:
+    """``count`` deterministic token ids of a named stream (positions from ``start``)."""
+    pos = np.arange(start, start + count, dtype=np.uint64)
+    key = np.uint64(stream & 0xFFFFFFFFFFFFFFFF)
+    with np.errstate(over="ignore"):
+        mixed = _splitmix64(pos ^ _splitmix64(np.array([key], dtype=np.uint64)))
+    return (mixed % np.uint64(VOCAB_SIZE)).astype(np.int64)
+
+
+_OFFSET_KEYS = _splitmix64(np.arange(MOONCAKE_BLOCK_TOKENS, dtype=np.uint64) + np.uint64(0xA5A5))
+
+
+def mooncake_block_tokens(hash_id: int) -> np.ndarray:
+    """The 512 tokens named by one Mooncake hash id (a function of the id alone)."""
+    return mooncake_prompt_tokens([hash_id], MOONCAKE_BLOCK_TOKENS)
+
+
+def mooncake_prompt_tokens(hash_ids: Sequence[int], input_length: int) -> np.ndarray:
+    """Prompt tokens of a Mooncake request: the blocks of ``hash_ids``, cut at ``input_length``.
+
+    Token ``j`` of the block named ``h`` is a hash of ``(h, j)`` reduced to
+    ``[0, VOCAB_SIZE)``, so a shared id gives a shared 512-token run and a
+    shared id prefix a shared token prefix, whatever block size the cache uses.
+    """
+    if input_length <= 0:
+        return np.zeros(0, dtype=np.int64)
+    n_blocks = -(-input_length // MOONCAKE_BLOCK_TOKENS)
+    ids = np.asarray(hash_ids[:n_blocks], dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        base = _splitmix64(ids * np.uint64(0x100000001B3) + np.uint64(0x6D6F6F6E63616B65))
+        grid = (base[:, None] ^ _OFFSET_KEYS[None, :]) * np.uint64(0xD6E8FEB86659FD93)
+    flat = ((grid >> np.uint64(33)) % np.uint64(VOCAB_SIZE)).astype(np.int64).reshape(-1)
+    out: np.ndarray = flat[:input_length]
+    return out
+
+
+_OUTPUT_POOL_SIZE = 1 << 16
+_OUTPUT_POOL: list[int] = []
+
+
+def _output_pool() -> list[int]:
+    if not _OUTPUT_POOL:
+        _OUTPUT_POOL.extend(_derived_tokens(0x5EED0F0CAC4E, _OUTPUT_POOL_SIZE).tolist())
+    return _OUTPUT_POOL
+
+
+def _same(tokens: Sequence[int] | np.ndarray) -> Sequence[int] | np.ndarray:
+    return tokens
+
+
+@dataclass(eq=False)
+class WorkloadRequest:
+    """One request of a workload.
+
+    ``make_prompt`` builds the prompt tokens on demand; ``prompt_len`` is
+    known without building them. ``output_token_ids``, when given, are the
+    tokens the simulated model samples (a chat workload uses them so that
+    a follow-up turn can hit the previous reply in the cache); otherwise
+    :func:`output_token` picks them.
+    """
+
+    request_id: str
+    arrival_s: float
+    prompt_len: int
+    output_len: int
+    make_prompt: Callable[[], Sequence[int] | np.ndarray]
+    cache_salt: str | None = None
+    output_token_ids: Sequence[int] | None = None
+    index: int = 0
+
+    def prompt_tokens(self) -> list[int]:
+        toks = self.make_prompt()
+        if isinstance(toks, np.ndarray):
+            out: list[int] = toks.tolist()
+            return out
+        return list(toks)
+
+    def output_tokens(self) -> list[int]:
+        """All ``output_len`` tokens the request samples."""
+        if self.output_token_ids is not None:
+            return list(self.output_token_ids[: self.output_len])
+        n = self.output_len
+        if n > _OUTPUT_POOL_SIZE // 2:
+            derived: list[int] = _derived_tokens(self.index ^ 0x5EED0F0CAC4E, n).tolist()
+            return derived
+        # a window of a fixed pseudo-random pool, placed by the request's index
+        start = (self.index * 0x9E3779B1) % (_OUTPUT_POOL_SIZE - n)
+        return _output_pool()[start : start + n]
+
+
+@dataclass
+class Workload:
+    """A named list of requests sorted by arrival time (ties keep trace order)."""
+
+    name: str
+    requests: list[WorkloadRequest] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        for i, r in enumerate(self.requests):
+            r.index = i
+        self.requests.sort(key=lambda r: r.arrival_s)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return sum(r.prompt_len for r in self.requests)
+
+    @property
+    def max_sequence_len(self) -> int:
+        return max((r.prompt_len + r.output_len for r in self.requests), default=1)
+
+
+# --------------------------------------------------------------------------- readers
+
+
+def _json_lines(path: Path) -> list[tuple[int, dict[str, object]]]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise TraceFormatError(path, None, "no such file") from None
+    except IsADirectoryError:
+        raise TraceFormatError(path, None, "is a directory, not a trace file") from None
+    except UnicodeDecodeError as e:
+        raise TraceFormatError(path, None, f"not UTF-8 text ({e.reason})") from None
+    except OSError as e:
+        raise TraceFormatError(path, None, f"cannot read: {e.strerror or e}") from None
+    out: list[tuple[int, dict[str, object]]] = []
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise TraceFormatError(
+                path, lineno, f"invalid JSON: {e.msg} (column {e.colno})"
+            ) from None
+        if not isinstance(obj, dict):
+            raise TraceFormatError(
+                path, lineno, f"expected a JSON object, got {type(obj).__name__}"
+            )
+        out.append((lineno, obj))
+    return out
+
+
+def _int_field(
+    path: Path,
+    lineno: int,
+    obj: dict[str, object],
+    key: str,
+    *,
+    minimum: int,
+    required: bool = True,
+) -> int | None:
+    if key not in obj:
+        if required:
+            raise TraceFormatError(path, lineno, f"missing field {key!r}")
+        return None
+    v = obj[key]
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TraceFormatError(path, lineno, f"{key!r} must be an integer, got {v!r}")
+    if v < minimum:
+        raise TraceFormatError(path, lineno, f"{key!r} must be >= {minimum}, got {v}")
+    return v
+
+
+def _time_field(path: Path, lineno: int, obj: dict[str, object], key: str) -> float | None:
+    if key not in obj:
+        return None
+    v = obj[key]
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v < 0:
+        raise TraceFormatError(path, lineno, f"{key!r} must be a non-negative number, got {v!r}")
+    return float(v)
+
+
+def read_mooncake(path: str | Path, limit: int | None = None) -> Workload:
+    """Read a Mooncake trace (``timestamp`` ms, ``input_length``, ``output_length``, ``hash_ids``).
+
+    Every line is one request; ``limit`` stops after that many.
+    """
+    path = Path(path)
+    reqs: list[WorkloadRequest] = []
+    for lineno, obj in _json_lines(path):
+        if limit is not None and len(reqs) >= limit:
+            break
+        ts = _time_field(path, lineno, obj, "timestamp")
+        if ts is None:
+            raise TraceFormatError(path, lineno, "missing field 'timestamp'")
+        n_in = _int_field(path, lineno, obj, "input_length", minimum=1)
+        n_out = _int_field(path, lineno, obj, "output_length", minimum=0)
+        assert n_in is not None and n_out is not None
+        ids = obj.get("hash_ids")
+        if ids is None:
+            raise TraceFormatError(path, lineno, "missing field 'hash_ids'")
+        if not isinstance(ids, list) or not all(
+            isinstance(h, int) and not isinstance(h, bool) and 0 <= h < 2**63 for h in ids
+        ):
+            raise TraceFormatError(
+                path, lineno, "'hash_ids' must be a list of non-negative integers"
+            )
+        need = -(-n_in // MOONCAKE_BLOCK_TOKENS)
+        if len(ids) != need:
+            raise TraceFormatError(
+                path,
+                lineno,
+                f"input_length {n_in} needs {need} hash ids of {MOONCAKE_BLOCK_TOKENS} tokens, "
+                f"got {len(ids)}",
+            )
+        hash_ids = tuple(ids)
+        reqs.append(
+            WorkloadRequest(
+                request_id=f"mc-{len(reqs)}",
+                arrival_s=ts / 1000.0,
+                prompt_len=n_in,
+                output_len=max(1, n_out),
+                make_prompt=functools.partial(mooncake_prompt_tokens, hash_ids, n_in),
+            )
+        )
+    return Workload(f"mooncake:{path.name}", reqs)
+
+
+def read_token_trace(path: str | Path, limit: int | None = None) -> Workload:
+    """Read JSON Lines of explicit ``prompt_token_ids`` (see the module docstring for fields)."""
+    path = Path(path)
+    reqs: list[WorkloadRequest] = []
+    seen: set[str] = set()
+    for lineno, obj in _json_lines(path):
+        if limit is not None and len(reqs) >= limit:
+            break
+        toks = obj.get("prompt_token_ids")
+        if toks is None:
+            raise TraceFormatError(path, lineno, "missing field 'prompt_token_ids'")
+        if (
+            not isinstance(toks, list)
+            or not toks
+            or not all(
+                isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**31 for t in toks
+            )
+        ):
+            raise TraceFormatError(
+                path, lineno, "'prompt_token_ids' must be a non-empty list of non-negative integers"
+            )
+        out_ids = obj.get("output_token_ids")
+        if out_ids is not None and (
+            not isinstance(out_ids, list)
+            or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in out_ids)
+        ):
+            raise TraceFormatError(
+                path, lineno, "'output_token_ids' must be a list of non-negative integers"
+            )
+        n_out = _int_field(path, lineno, obj, "output_length", minimum=1, required=False)
+        if n_out is None:
+            n_out = len(out_ids) if out_ids else 16
+        elif out_ids is not None and len(out_ids) < n_out:
+            raise TraceFormatError(
+                path,
+                lineno,
+                f"'output_token_ids' has {len(out_ids)} tokens, fewer than output_length {n_out}",
+            )
+        t = _time_field(path, lineno, obj, "arrival_time")
+        if t is None:
+            ms = _time_field(path, lineno, obj, "timestamp")
+            t = ms / 1000.0 if ms is not None else 0.0
+        salt = obj.get("cache_salt")
+        if salt is not None and not isinstance(salt, str):
+            raise TraceFormatError(path, lineno, f"'cache_salt' must be a string, got {salt!r}")
+        rid = obj.get("request_id", f"req-{len(reqs)}")
+        if not isinstance(rid, str) or not rid:
+            raise TraceFormatError(
+                path, lineno, f"'request_id' must be a non-empty string, got {rid!r}"
+            )
+        if rid in seen:
+            raise TraceFormatError(path, lineno, f"duplicate request_id {rid!r}")
+        seen.add(rid)
+        prompt = tuple(toks)
+        reqs.append(
+            WorkloadRequest(
+                request_id=rid,
+                arrival_s=t,
+                prompt_len=len(prompt),
+                output_len=n_out,
+                make_prompt=functools.partial(_same, prompt),
+                cache_salt=salt,
+                output_token_ids=tuple(out_ids) if out_ids is not None else None,
+            )
+        )
+    return Workload(f"tokens:{path.name}", reqs)
+
+
+# --------------------------------------------------------------------------- bundled default
+
+
+def synthetic_chat(
+    *,
+    seed: int = 0,
+    num_conversations: int = 96,
+    num_system_prompts: int = 4,
+    system_prompt_len: int = 1024,
+    max_turns: int = 4,
+    user_len: tuple[int, int] = (32, 384),
+    reply_len: tuple[int, int] = (16, 192),
+    mean_gap_s: float = 0.05,
+    think_time_s: float = 2.0,
+) -> Workload:
+    """The bundled default: a deterministic multi-turn chat workload.
+
+    Each conversation starts with one of ``num_system_prompts`` shared system
+    prompts; turn ``k+1``'s prompt is turn ``k``'s prompt, its reply and a new
+    user message, so an unbounded prefix cache serves most of every
+    follow-up. Conversations start on a Poisson process (``mean_gap_s``) and
+    wait ``think_time_s`` (mean) between turns. Same seed, same workload.
+    """
+    rng = np.random.default_rng(seed)
+    systems = [
+        _derived_tokens(seed * 1_000_003 + 17 * (i + 1), system_prompt_len)
+        for i in range(num_system_prompts)
+    ]
+    reqs: list[WorkloadRequest] = []
+    start = 0.0
+    stream = seed * 7_919_000 + 1
+    for c in range(num_conversations):
+        start += float(rng.exponential(mean_gap_s))
+        history = systems[int(rng.integers(num_system_prompts))]
+        t = start
+        for turn in range(int(rng.integers(1, max_turns + 1))):
+            stream += 1
+            user = _derived_tokens(stream, int(rng.integers(user_len[0], user_len[1] + 1)))
+            prompt = np.concatenate([history, user])
+            n_out = int(rng.integers(reply_len[0], reply_len[1] + 1))
+            stream += 1
+            reply = _derived_tokens(stream, n_out)
+            reqs.append(
+                WorkloadRequest(
+                    request_id=f"chat{c}-t{turn}",
+                    arrival_s=round(t, 6),
+                    prompt_len=int(prompt.shape[0]),
+                    output_len=n_out,
+                    make_prompt=functools.partial(_same, prompt),
+                    output_token_ids=tuple(reply.tolist()),
+                )
+            )
+            history = np.concatenate([prompt, reply])
+            t += float(rng.exponential(think_time_s)) + 0.5
+    return Workload(f"synthetic-chat(seed={seed})", reqs)
+
+
+def load_workload(trace: str | Path | None, fmt: str | None, limit: int | None = None) -> Workload:
+    """The CLI's workload: the bundled default, or ``trace`` read as ``fmt``.
+
+    ``fmt`` None guesses from the first line (``hash_ids`` -> mooncake,
+    ``prompt_token_ids`` -> tokens).
+    """
+    if trace is None:
+        wl = synthetic_chat()
+        if limit is not None:
+            wl.requests = wl.requests[:limit]
+        return wl
+    path = Path(trace)
+    if fmt is None:
+        fmt = _guess_format(path)
+    if fmt == "mooncake":
+        return read_mooncake(path, limit)
+    if fmt == "tokens":
+        return read_token_trace(path, limit)
+    raise ValueError(f"unknown trace format {fmt!r} (expected 'mooncake' or 'tokens')")
+
+
+def _guess_format(path: Path) -> str:
+    try:
+        with path.open(encoding="utf-8") as f:
+            for lineno, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise TraceFormatError(
+                        path, lineno, f"invalid JSON: {e.msg} (column {e.colno})"
+                    ) from None
+                if isinstance(obj, dict) and "hash_ids" in obj:
+                    return "mooncake"
+                if isinstance(obj, dict) and "prompt_token_ids" in obj:
+                    return "tokens"
+                raise TraceFormatError(
+                    path,
+                    lineno,
+                    "cannot tell the format: no 'hash_ids' (mooncake) or 'prompt_token_ids' "
+                    "(tokens); pass --format",
+                )
+    except FileNotFoundError:
+        raise TraceFormatError(path, None, "no such file") from None
+    except IsADirectoryError:
+        raise TraceFormatError(path, None, "is a directory, not a trace file") from None
+    except UnicodeDecodeError as e:
+        raise TraceFormatError(path, None, f"not UTF-8 text ({e.reason})") from None
+    raise TraceFormatError(path, None, "empty trace: no requests")

@@ -1,0 +1,97 @@
+//! Block pool hot paths at 1,000,000 blocks.
+
+use std::hint::black_box;
+
+use criterion::{BatchSize, Criterion, Throughput};
+use kvcoord_core::{BlockHash, BlockId, BlockPool, GroupId, PoolConfig};
+
+const NUM_BLOCKS: usize = 1_000_000;
+const BATCH: usize = 64;
+
+fn hash(i: u64) -> BlockHash {
+    let mut b = [0u8; 32];
+    // A cheap deterministic spread (splitmix64) so keys look like digests.
+    let mut x = i.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    for chunk in b.chunks_mut(8) {
+        x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        chunk.copy_from_slice(&(x ^ (x >> 31)).to_le_bytes());
+    }
+    BlockHash::from_slice(&b).unwrap()
+}
+
+pub fn register(c: &mut Criterion) {
+    let mut g = c.benchmark_group("pool");
+    g.throughput(Throughput::Elements(BATCH as u64));
+
+    g.bench_function("construct_1M", |b| {
+        b.iter(|| black_box(BlockPool::new(PoolConfig::new(NUM_BLOCKS)).unwrap()));
+    });
+
+    let mut pool = BlockPool::new(PoolConfig::new(NUM_BLOCKS)).unwrap();
+    let mut out = Vec::with_capacity(BATCH);
+    g.bench_function("get_free_64", |b| {
+        b.iter(|| {
+            out.clear();
+            pool.get_new_blocks(BATCH, &mut out).unwrap();
+            out.reverse();
+            pool.free_blocks(black_box(&out)).unwrap();
+        });
+    });
+
+    let held: Vec<BlockId> = {
+        let mut v = Vec::new();
+        pool.get_new_blocks(BATCH, &mut v).unwrap();
+        v
+    };
+    g.bench_function("touch_free_64", |b| {
+        b.iter(|| {
+            pool.touch(black_box(&held)).unwrap();
+            pool.free_blocks(black_box(&held)).unwrap();
+        });
+    });
+
+    let hashes: Vec<BlockHash> = (0..BATCH as u64).map(hash).collect();
+    g.bench_function("cache_full_blocks_64", |b| {
+        b.iter_batched(
+            || {
+                let mut p = BlockPool::new(PoolConfig::new(4 * BATCH)).unwrap();
+                let mut ids = Vec::new();
+                p.get_new_blocks(BATCH, &mut ids).unwrap();
+                (p, ids)
+            },
+            |(mut p, ids)| {
+                p.cache_full_blocks(&ids, &hashes, 0, BATCH, GroupId(0), None).unwrap();
+                p
+            },
+            BatchSize::SmallInput,
+        );
+    });
+
+    // A large cached population for lookups.
+    let mut cached = BlockPool::new(PoolConfig::new(NUM_BLOCKS)).unwrap();
+    let mut ids = Vec::new();
+    cached.get_new_blocks(NUM_BLOCKS / 2, &mut ids).unwrap();
+    let many: Vec<BlockHash> = (0..ids.len() as u64).map(hash).collect();
+    cached.cache_full_blocks(&ids, &many, 0, ids.len(), GroupId(0), None).unwrap();
+    let mut hit_out = Vec::with_capacity(1);
+    g.throughput(Throughput::Elements(1));
+    g.bench_function("get_cached_block_hit", |b| {
+        let mut i = 0usize;
+        b.iter(|| {
+            hit_out.clear();
+            i = (i + 7919) % many.len();
+            black_box(cached.get_cached_block(&many[i], &[GroupId(0)], &mut hit_out))
+        });
+    });
+    let misses: Vec<BlockHash> = (0..1024u64).map(|i| hash(u64::MAX - i)).collect();
+    g.bench_function("get_cached_block_miss", |b| {
+        let mut i = 0usize;
+        b.iter(|| {
+            hit_out.clear();
+            i = (i + 1) % misses.len();
+            black_box(cached.get_cached_block(&misses[i], &[GroupId(0)], &mut hit_out))
+        });
+    });
+    g.finish();
+}

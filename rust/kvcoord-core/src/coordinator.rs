@@ -1,0 +1,1376 @@
+//! `CoordinatorCore`: one [`BlockPool`] shared by one [`Manager`] per KV-cache
+//! group, and every request's per-group block tables. It implements the
+//! per-step entry point of vLLM 0.33.0's `KVCacheManager.allocate_slots` for
+//! all groups in one call, plus freeing, caching and the per-spec hit
+//! finders (the hybrid fixed point over those finders runs in the caller).
+//!
+//! # Invariants
+//!
+//! * A request is *tracked* iff it has an entry in `requests`; its entry has
+//!   one [`GroupTable`] per group. Entries appear when an `allocate_slots`
+//!   call succeeds and disappear on `free`.
+//! * Every non-null block's reference count equals the number of tables
+//!   that hold it (hits shared between requests count once per request).
+//! * Every public method validates its whole input before changing
+//!   anything, except that `allocate_slots` releases out-of-window blocks of
+//!   a running request before finding out whether the new slots fit (vLLM
+//!   does the same: those blocks are dead either way).
+
+use hashbrown::HashMap;
+
+use crate::block_hash::BlockHash;
+use crate::error::{KvError, KvResult};
+use crate::ids::{BlockId, GroupId, ReqId};
+use crate::managers::{CachePolicy, GroupSpec, GroupTable, Manager, SpecKind};
+use crate::pool::{BlockPool, PoolConfig};
+use crate::retention::validate_retention_interval;
+
+/// How the groups are arranged, which decides hit alignment and how many
+/// tokens are worth caching.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Arrangement {
+    /// Exactly one group (vLLM's `UnitaryKVCacheCoordinator`): hits align to
+    /// the group's block size and every full block is cached.
+    Unitary,
+    /// Several groups (vLLM's `HybridKVCacheCoordinator` without partial
+    /// hits): hits align to the scheduler block size, so tokens past the last
+    /// multiple of it are never cached (no hit could use them).
+    Hybrid,
+}
+
+impl Arrangement {
+    /// vLLM's factory choice for `num_groups` groups.
+    pub fn for_groups(num_groups: usize) -> Self {
+        if num_groups == 1 {
+            Self::Unitary
+        } else {
+            Self::Hybrid
+        }
+    }
+}
+
+/// Construction parameters of a [`CoordinatorCore`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CoordinatorConfig {
+    /// One spec per KV-cache group, by group id.
+    pub groups: Vec<GroupSpec>,
+    /// Physical blocks in the shared pool, the null block included.
+    pub num_blocks: usize,
+    /// Whether prefix caching is on.
+    pub enable_caching: bool,
+    /// Tokens per hash unit of the request hashes.
+    pub hash_block_size: u32,
+    /// LCM of the groups' block sizes.
+    pub scheduler_block_size: u32,
+    /// Longest sequence a request may reach.
+    pub max_model_len: usize,
+    /// Prefix-cache retention interval (`None` = dense caching).
+    pub retention_interval: Option<i64>,
+    /// Unitary or hybrid arrangement.
+    pub arrangement: Arrangement,
+    /// Whether the pool records [`KvEvent`](crate::KvEvent)s.
+    pub enable_events: bool,
+}
+
+impl CoordinatorConfig {
+    /// vLLM's defaults for these groups: scheduler block size = LCM of the
+    /// block sizes, hash block size = GCD of the cacheable ones when caching
+    /// (else the scheduler block size), arrangement from the number of
+    /// groups, dense retention, no events.
+    pub fn new(
+        groups: Vec<GroupSpec>,
+        num_blocks: usize,
+        enable_caching: bool,
+        max_model_len: usize,
+    ) -> Self {
+        let lcm = groups
+            .iter()
+            .fold(1u32, |acc, g| lcm(acc, g.block_size.max(1)));
+        // vLLM hashes at the GCD of the cacheable groups' block sizes when
+        // caching several groups (none of them Mamba), else at the scheduler
+        // block size.
+        let has_mamba = groups
+            .iter()
+            .any(|g| matches!(g.kind, SpecKind::Mamba { .. }));
+        let hash_block_size = if enable_caching && !has_mamba {
+            groups
+                .iter()
+                .filter(|g| g.prefix_cacheable())
+                .fold(0u32, |acc, g| gcd(acc, g.block_size))
+        } else {
+            0
+        };
+        let arrangement = Arrangement::for_groups(groups.len());
+        Self {
+            groups,
+            num_blocks,
+            enable_caching,
+            hash_block_size: if hash_block_size == 0 {
+                lcm
+            } else {
+                hash_block_size
+            },
+            scheduler_block_size: lcm,
+            max_model_len,
+            retention_interval: None,
+            arrangement,
+            enable_events: false,
+        }
+    }
+
+    fn validate(&self) -> KvResult<()> {
+        let bad = |name, value: String, rule: &str| KvError::InvalidConfig {
+            name,
+            value,
+            rule: rule.into(),
+        };
+        for g in &self.groups {
+            g.validate()?;
+        }
+        let (hbs, sbs) = (self.hash_block_size, self.scheduler_block_size);
+        if hbs == 0 {
+            return Err(bad("hash_block_size", "0".into(), "must be positive"));
+        }
+        if sbs == 0 || sbs % hbs != 0 {
+            return Err(bad(
+                "scheduler_block_size",
+                sbs.to_string(),
+                "must be a positive multiple of hash_block_size",
+            ));
+        }
+        if let Some(g) = self.groups.iter().find(|g| sbs % g.block_size != 0) {
+            return Err(bad(
+                "scheduler_block_size",
+                sbs.to_string(),
+                &format!(
+                    "must be a multiple of every group's block size ({})",
+                    g.block_size
+                ),
+            ));
+        }
+        if self.max_model_len == 0 {
+            return Err(bad("max_model_len", "0".into(), "must be positive"));
+        }
+        if self.arrangement == Arrangement::Unitary {
+            if self.groups.len() != 1 {
+                return Err(bad(
+                    "arrangement",
+                    format!("Unitary with {} groups", self.groups.len()),
+                    "the unitary arrangement has exactly one group",
+                ));
+            }
+            if self.groups[0].block_size != sbs {
+                return Err(bad(
+                    "scheduler_block_size",
+                    sbs.to_string(),
+                    "the unitary arrangement schedules in blocks of its one group",
+                ));
+            }
+        }
+        if self.enable_caching {
+            for g in &self.groups {
+                match g.kind {
+                    SpecKind::Mamba { .. } => {
+                        return Err(bad(
+                            "enable_caching",
+                            "true".into(),
+                            "Mamba prefix caching requires mamba_cache_mode='align' (only \"none\" is supported)",
+                        ))
+                    }
+                    SpecKind::CrossAttention => {
+                        return Err(bad(
+                            "enable_caching",
+                            "true".into(),
+                            "cross-attention groups cannot be prefix-cached",
+                        ))
+                    }
+                    _ => {}
+                }
+                if g.block_size % hbs != 0 {
+                    return Err(bad(
+                        "hash_block_size",
+                        hbs.to_string(),
+                        &format!(
+                            "must divide every cacheable group's block size ({})",
+                            g.block_size
+                        ),
+                    ));
+                }
+            }
+            if self.groups.is_empty() {
+                return Err(bad(
+                    "groups",
+                    "[]".into(),
+                    "prefix caching requires at least one cacheable group",
+                ));
+            }
+            if self.arrangement == Arrangement::Unitary && self.groups[0].block_size != hbs {
+                return Err(bad(
+                    "hash_block_size",
+                    hbs.to_string(),
+                    "the unitary arrangement needs hash_block_size == block_size",
+                ));
+            }
+        }
+        let sparse = self.groups.iter().any(GroupSpec::is_sparse);
+        validate_retention_interval(self.retention_interval, sbs, sparse)
+    }
+}
+
+fn gcd(a: u32, b: u32) -> u32 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+fn lcm(a: u32, b: u32) -> u32 {
+    a / gcd(a, b) * b
+}
+
+/// What `allocate_slots` and `cache_blocks` need to know about a request.
+#[derive(Copy, Clone, Debug)]
+pub struct RequestView<'a> {
+    /// Tokens whose KV is already computed (`request.num_computed_tokens`).
+    pub num_computed_tokens: usize,
+    /// Tokens known so far: prompt plus accepted outputs (`request.num_tokens`).
+    pub num_tokens: usize,
+    /// Prompt length.
+    pub num_prompt_tokens: usize,
+    /// The request's block hashes, one per full hash unit.
+    pub hashes: &'a [BlockHash],
+    /// Where a longer shared prefix was seen by some group's lookup (0 =
+    /// none); a reachable boundary for sparse caching.
+    pub shared_prefix_boundary: usize,
+    /// Tokens scheduled in steps whose output is not back yet (async
+    /// scheduling); their blocks are kept. 0 without async scheduling.
+    pub num_in_flight_tokens: usize,
+}
+
+impl<'a> RequestView<'a> {
+    /// A view with no shared-prefix boundary and nothing in flight.
+    pub fn new(
+        num_computed_tokens: usize,
+        num_tokens: usize,
+        num_prompt_tokens: usize,
+        hashes: &'a [BlockHash],
+    ) -> Self {
+        Self {
+            num_computed_tokens,
+            num_tokens,
+            num_prompt_tokens,
+            hashes,
+            shared_prefix_boundary: 0,
+            num_in_flight_tokens: 0,
+        }
+    }
+}
+
+/// Newly allocated blocks of one `allocate_slots` call, per group, in one
+/// flat reusable buffer.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NewBlocks {
+    ids: Vec<BlockId>,
+    /// `ends[g]` is one past group `g`'s last id in `ids`.
+    ends: Vec<usize>,
+}
+
+impl NewBlocks {
+    /// An empty buffer.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Number of groups described.
+    pub fn num_groups(&self) -> usize {
+        self.ends.len()
+    }
+
+    /// Group `g`'s new blocks, in table order (empty for an unknown group).
+    pub fn group(&self, g: usize) -> &[BlockId] {
+        let Some(&end) = self.ends.get(g) else {
+            return &[];
+        };
+        let start = if g == 0 { 0 } else { self.ends[g - 1] };
+        &self.ids[start..end]
+    }
+
+    /// All new ids, group after group.
+    pub fn flat(&self) -> &[BlockId] {
+        &self.ids
+    }
+
+    /// One past each group's last index in [`flat`](Self::flat).
+    pub fn group_ends(&self) -> &[usize] {
+        &self.ends
+    }
+
+    /// Per-group lists.
+    pub fn to_vecs(&self) -> Vec<Vec<BlockId>> {
+        (0..self.ends.len())
+            .map(|g| self.group(g).to_vec())
+            .collect()
+    }
+
+    fn clear(&mut self) {
+        self.ids.clear();
+        self.ends.clear();
+    }
+}
+
+/// The block manager of one scheduler: shared pool, per-group rules, and
+/// every tracked request's tables.
+#[derive(Clone, Debug)]
+pub struct CoordinatorCore {
+    pool: BlockPool,
+    /// One per group, by group id.
+    managers: Vec<Manager>,
+    config: CoordinatorConfig,
+    /// Validated retention interval.
+    retention: Option<usize>,
+    /// Tracked requests: one table per group.
+    requests: HashMap<ReqId, Vec<GroupTable>>,
+    /// Emptied table sets of freed requests, reused on admission so that a
+    /// steady workload stops allocating table storage.
+    spare: Vec<Vec<GroupTable>>,
+    /// Scratch for skipped-block removal.
+    scratch: Vec<BlockId>,
+    /// Scratch for sliding-window cache masks.
+    mask_buf: Vec<bool>,
+    /// Output buffer of [`allocate_slots`](Self::allocate_slots).
+    out: NewBlocks,
+}
+
+impl CoordinatorCore {
+    /// A coordinator with a fresh pool; validates the whole configuration.
+    pub fn new(config: CoordinatorConfig) -> KvResult<Self> {
+        config.validate()?;
+        let pool = BlockPool::new(PoolConfig {
+            num_blocks: config.num_blocks,
+            enable_caching: config.enable_caching,
+            hash_block_size: config.hash_block_size,
+            enable_events: config.enable_events,
+        })?;
+        let managers = config
+            .groups
+            .iter()
+            .enumerate()
+            .map(|(g, &spec)| Manager::new(spec, GroupId(g as u32)))
+            .collect::<KvResult<Vec<_>>>()?;
+        // Validated non-negative above.
+        let retention = config
+            .retention_interval
+            .map(|r| usize::try_from(r).unwrap_or(0));
+        Ok(Self {
+            pool,
+            managers,
+            config,
+            retention,
+            requests: HashMap::new(),
+            spare: Vec::new(),
+            scratch: Vec::new(),
+            mask_buf: Vec::new(),
+            out: NewBlocks::new(),
+        })
+    }
+
+    // ---- accessors ----------------------------------------------------
+
+    /// The configuration.
+    pub fn config(&self) -> &CoordinatorConfig {
+        &self.config
+    }
+
+    /// The shared pool.
+    pub fn pool(&self) -> &BlockPool {
+        &self.pool
+    }
+
+    /// The shared pool, mutably (eviction, reset). Changing reference counts
+    /// through it breaks the coordinator's invariants.
+    pub fn pool_mut(&mut self) -> &mut BlockPool {
+        &mut self.pool
+    }
+
+    /// Number of groups.
+    pub fn num_groups(&self) -> usize {
+        self.managers.len()
+    }
+
+    /// The per-group managers, by group id.
+    pub fn managers(&self) -> &[Manager] {
+        &self.managers
+    }
+
+    /// Number of tracked requests.
+    pub fn num_requests(&self) -> usize {
+        self.requests.len()
+    }
+
+    /// Whether `req` holds blocks.
+    pub fn contains(&self, req: ReqId) -> bool {
+        self.requests.contains_key(&req)
+    }
+
+    /// `req`'s tables, by group.
+    pub fn tables(&self, req: ReqId) -> KvResult<&[GroupTable]> {
+        self.requests
+            .get(&req)
+            .map(Vec::as_slice)
+            .ok_or(KvError::UnknownRequest(req))
+    }
+
+    /// `req`'s block tables, by group (null block in skipped positions).
+    pub fn block_ids(&self, req: ReqId) -> KvResult<Vec<&[BlockId]>> {
+        Ok(self.tables(req)?.iter().map(GroupTable::blocks).collect())
+    }
+
+    // ---- lookups ------------------------------------------------------
+
+    fn check_group_set(&self, group_ids: &[GroupId]) -> KvResult<&Manager> {
+        let first = group_ids.first().ok_or_else(|| KvError::InvalidArgument {
+            name: "group_ids",
+            detail: "must not be empty".into(),
+        })?;
+        let manager_of = |g: &GroupId| {
+            self.managers
+                .get(g.0 as usize)
+                .ok_or(KvError::UnknownGroup(*g))
+        };
+        let m = manager_of(first)?;
+        for g in group_ids {
+            if manager_of(g)?.spec() != m.spec() {
+                return Err(KvError::InvalidArgument {
+                    name: "group_ids",
+                    detail: format!("groups {first} and {g} have different specs"),
+                });
+            }
+        }
+        Ok(m)
+    }
+
+    /// Longest prefix-cache hit for groups sharing one spec: at most
+    /// `max_length` tokens, ending on a multiple of `alignment` (the group's
+    /// block size when unitary, the scheduler block size when hybrid).
+    /// `hashes` are the request's hash-unit hashes. Returns each group's
+    /// blocks (null block in skipped positions) and the hit in tokens.
+    /// Nothing is pinned: pass the blocks to `allocate_slots` right away.
+    pub fn find_longest_cache_hit(
+        &self,
+        group_ids: &[GroupId],
+        hashes: &[BlockHash],
+        max_length: usize,
+        alignment: usize,
+    ) -> KvResult<(Vec<Vec<BlockId>>, usize)> {
+        let mut out = vec![Vec::new(); group_ids.len()];
+        let hit =
+            self.find_longest_cache_hit_into(group_ids, hashes, max_length, alignment, &mut out)?;
+        Ok((out, hit))
+    }
+
+    /// [`find_longest_cache_hit`](Self::find_longest_cache_hit) into
+    /// caller-owned lists (`out[i]` for `group_ids[i]`, cleared first).
+    pub fn find_longest_cache_hit_into(
+        &self,
+        group_ids: &[GroupId],
+        hashes: &[BlockHash],
+        max_length: usize,
+        alignment: usize,
+        out: &mut [Vec<BlockId>],
+    ) -> KvResult<usize> {
+        let m = self.check_group_set(group_ids)?;
+        if !self.config.enable_caching {
+            if out.len() != group_ids.len() {
+                return Err(KvError::InvalidArgument {
+                    name: "out",
+                    detail: format!("{} lists for {} groups", out.len(), group_ids.len()),
+                });
+            }
+            out.iter_mut().for_each(Vec::clear);
+            return Ok(0);
+        }
+        m.find_longest_cache_hit(
+            &self.pool,
+            group_ids,
+            hashes,
+            self.config.hash_block_size as usize,
+            max_length,
+            alignment,
+            out,
+        )
+    }
+
+    // ---- allocation -----------------------------------------------------
+
+    /// Slots this group allocates for (cross-attention is sized by the
+    /// encoder, everything else by the decoder slots).
+    fn group_tokens(m: &Manager, need_slots: usize, num_encoder_tokens: usize) -> usize {
+        if matches!(m.spec().kind, SpecKind::CrossAttention) {
+            num_encoder_tokens
+        } else {
+            need_slots
+        }
+    }
+
+    /// Allocate the slots for one step of `req` in every group (vLLM's
+    /// `allocate_slots` steps 1, 3, 7-15): release out-of-window blocks, check
+    /// that the new blocks (and evictable hits) fit, adopt the prefix-cache
+    /// hits `new_computed_blocks` (one list per group, first allocation
+    /// only), grow every table to cover the computed, new and lookahead
+    /// tokens, and cache the newly full blocks unless `delay_cache_blocks`.
+    ///
+    /// Returns the newly allocated blocks per group, or `None` when the pool
+    /// cannot hold them (nothing allocated, hits not pinned).
+    #[allow(clippy::too_many_arguments)]
+    pub fn allocate_slots(
+        &mut self,
+        req: ReqId,
+        view: &RequestView<'_>,
+        num_new_tokens: usize,
+        num_new_computed_tokens: usize,
+        new_computed_blocks: Option<&[Vec<BlockId>]>,
+        num_lookahead_tokens: usize,
+        num_encoder_tokens: usize,
+        delay_cache_blocks: bool,
+    ) -> KvResult<Option<Vec<Vec<BlockId>>>> {
+        let mut out = std::mem::take(&mut self.out);
+        let res = self.allocate_slots_into(
+            req,
+            view,
+            num_new_tokens,
+            num_new_computed_tokens,
+            new_computed_blocks,
+            num_lookahead_tokens,
+            num_encoder_tokens,
+            delay_cache_blocks,
+            &mut out,
+        );
+        let ret = res.map(|ok| ok.then(|| out.to_vecs()));
+        self.out = out;
+        ret
+    }
+
+    /// [`allocate_slots`](Self::allocate_slots) into a reusable buffer;
+    /// returns `false` (and leaves `out` empty) when the blocks do not fit.
+    /// A decode step that needs no new block allocates nothing.
+    #[allow(clippy::too_many_arguments)]
+    pub fn allocate_slots_into(
+        &mut self,
+        req: ReqId,
+        view: &RequestView<'_>,
+        num_new_tokens: usize,
+        num_new_computed_tokens: usize,
+        new_computed_blocks: Option<&[Vec<BlockId>]>,
+        num_lookahead_tokens: usize,
+        num_encoder_tokens: usize,
+        delay_cache_blocks: bool,
+        out: &mut NewBlocks,
+    ) -> KvResult<bool> {
+        out.clear();
+        let arg = |name, detail: String| KvError::InvalidArgument { name, detail };
+        // Step 1.
+        if num_new_tokens == 0 && num_new_computed_tokens == 0 {
+            return Err(arg(
+                "num_new_tokens",
+                "num_new_tokens must be greater than 0 when there are no computed tokens to adopt"
+                    .into(),
+            ));
+        }
+        let tracked = self.requests.contains_key(&req);
+        let hits = new_computed_blocks.unwrap_or(&[]);
+        if new_computed_blocks.is_some() {
+            self.check_hits(
+                hits,
+                tracked,
+                num_new_computed_tokens + view.num_computed_tokens,
+            )?;
+        }
+        // Step 3 (no external tokens).
+        let local = view.num_computed_tokens + num_new_computed_tokens;
+        let total = local.min(self.config.max_model_len);
+        // Step 7.
+        let main = total + num_new_tokens;
+        if main > self.config.max_model_len {
+            return Err(arg(
+                "num_new_tokens",
+                format!(
+                    "{total} computed + {num_new_tokens} new tokens exceed max_model_len {}",
+                    self.config.max_model_len
+                ),
+            ));
+        }
+        let need_slots = (main + num_lookahead_tokens).min(self.config.max_model_len);
+
+        let Self {
+            pool,
+            managers,
+            requests,
+            spare,
+            scratch,
+            mask_buf,
+            config,
+            retention,
+            ..
+        } = self;
+        // Step 8: blocks that left the window are dead whether or not this
+        // step fits; in-flight steps may still read the newest ones.
+        if let Some(tables) = requests.get_mut(&req) {
+            let processed = total.saturating_sub(view.num_in_flight_tokens);
+            for (m, t) in managers.iter().zip(tables.iter_mut()) {
+                m.remove_skipped_blocks(pool, t, processed, scratch)?;
+            }
+        }
+        // Steps 9-10.
+        let tables = requests.get(&req);
+        let mut needed = 0usize;
+        for (g, m) in managers.iter().enumerate() {
+            let tokens = Self::group_tokens(m, need_slots, num_encoder_tokens);
+            let group_hits = hits.get(g).map_or(&[][..], Vec::as_slice);
+            needed +=
+                m.num_blocks_to_allocate(pool, tables.map(|t| &t[g]), tokens, group_hits, total);
+        }
+        if needed > pool.num_free_blocks() {
+            return Ok(false);
+        }
+        // Step 11: adopt hits (all groups are touched before any allocation,
+        // so no group's allocation can evict another group's hit).
+        if !tracked {
+            let mut fresh = spare.pop().unwrap_or_default();
+            fresh.resize_with(managers.len(), GroupTable::default);
+            if new_computed_blocks.is_some() {
+                for (g, (m, t)) in managers.iter().zip(fresh.iter_mut()).enumerate() {
+                    m.add_local_computed_blocks(pool, t, &hits[g], total)?;
+                }
+            }
+            requests.insert(req, fresh);
+        }
+        let Some(tables) = requests.get_mut(&req) else {
+            return Err(KvError::UnknownRequest(req));
+        };
+        // Step 12.
+        for (m, t) in managers.iter().zip(tables.iter_mut()) {
+            let tokens = Self::group_tokens(m, need_slots, num_encoder_tokens);
+            m.allocate_new_blocks(pool, t, tokens, &mut out.ids)?;
+            out.ends.push(out.ids.len());
+        }
+        // Steps 13-14: only final tokens (no drafts) are cached.
+        if config.enable_caching && !delay_cache_blocks {
+            let n = (total + num_new_tokens).min(view.num_tokens);
+            cache_tables(
+                managers, pool, tables, config, *retention, view, n, mask_buf,
+            )?;
+        }
+        Ok(true)
+    }
+
+    fn check_hits(&self, hits: &[Vec<BlockId>], tracked: bool, num_local: usize) -> KvResult<()> {
+        let arg = |detail: String| KvError::InvalidArgument {
+            name: "new_computed_blocks",
+            detail,
+        };
+        if hits.len() != self.managers.len() {
+            return Err(arg(format!(
+                "{} lists for {} groups",
+                hits.len(),
+                self.managers.len()
+            )));
+        }
+        for (m, list) in self.managers.iter().zip(hits) {
+            if list.is_empty() {
+                continue;
+            }
+            if tracked {
+                return Err(arg(
+                    "a running request cannot adopt prefix-cache hits".into()
+                ));
+            }
+            if !self.config.enable_caching || !m.spec().prefix_cacheable() {
+                return Err(arg(format!(
+                    "group {} cannot have prefix-cache hits",
+                    m.group()
+                )));
+            }
+            if !self.pool.ids_in_range(list) {
+                return Err(arg(format!("group {}: block id out of range", m.group())));
+            }
+            if num_local % m.block_size() != 0 {
+                return Err(KvError::Unsupported {
+                    what: format!(
+                        "partial-block hit ({num_local} tokens, block size {})",
+                        m.block_size()
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Register `req`'s newly full blocks of its first `num_tokens` tokens in
+    /// the prefix cache (a no-op when caching is off).
+    pub fn cache_blocks(
+        &mut self,
+        req: ReqId,
+        view: &RequestView<'_>,
+        num_tokens: usize,
+    ) -> KvResult<()> {
+        let Self {
+            pool,
+            managers,
+            requests,
+            config,
+            retention,
+            mask_buf,
+            ..
+        } = self;
+        let tables = requests.get_mut(&req).ok_or(KvError::UnknownRequest(req))?;
+        if !config.enable_caching {
+            return Ok(());
+        }
+        cache_tables(
+            managers, pool, tables, config, *retention, view, num_tokens, mask_buf,
+        )
+    }
+
+    /// Release every block of `req`, group by group, each table tail first.
+    /// Returns whether the request was tracked (freeing twice is harmless).
+    pub fn free(&mut self, req: ReqId) -> KvResult<bool> {
+        let Some(mut tables) = self.requests.remove(&req) else {
+            return Ok(false);
+        };
+        let mut res = Ok(());
+        for (m, t) in self.managers.iter().zip(tables.iter_mut()) {
+            res = res.and(m.free(&mut self.pool, t));
+        }
+        self.spare.push(tables);
+        res.map(|()| true)
+    }
+
+    /// Release `req`'s blocks that fell out of every group's attention window
+    /// once `num_computed_tokens` tokens are processed (`allocate_slots` does
+    /// this itself; schedulers call it for requests they skip this step).
+    pub fn remove_skipped_blocks(
+        &mut self,
+        req: ReqId,
+        num_computed_tokens: usize,
+    ) -> KvResult<()> {
+        let Self {
+            pool,
+            managers,
+            requests,
+            scratch,
+            ..
+        } = self;
+        let tables = requests.get_mut(&req).ok_or(KvError::UnknownRequest(req))?;
+        for (m, t) in managers.iter().zip(tables.iter_mut()) {
+            m.remove_skipped_blocks(pool, t, num_computed_tokens, scratch)?;
+        }
+        Ok(())
+    }
+
+    /// Per group, how many leading blocks of `req`'s table are shared by all
+    /// `num_running_requests` running requests (reference count equal to
+    /// that number).
+    pub fn get_num_common_prefix_blocks(
+        &self,
+        req: ReqId,
+        num_running_requests: usize,
+    ) -> KvResult<Vec<usize>> {
+        let tables = self.tables(req)?;
+        Ok(tables
+            .iter()
+            .map(|t| {
+                t.blocks()
+                    .iter()
+                    .take_while(|&&b| {
+                        !b.is_null()
+                            && self
+                                .pool
+                                .ref_count(b)
+                                .is_ok_and(|c| c as usize == num_running_requests)
+                    })
+                    .count()
+            })
+            .collect())
+    }
+
+    /// Forget every cached prefix; refused (`false`) while any request holds
+    /// blocks.
+    pub fn reset_prefix_cache(&mut self) -> bool {
+        self.pool.reset_prefix_cache()
+    }
+
+    /// Check the pool's invariants and the coordinator's (see the module
+    /// docs); `Err` names the first violation. O(blocks + table entries).
+    pub fn check_invariants(&self) -> Result<(), String> {
+        self.pool.check_invariants()?;
+        let mut owners = vec![0u32; self.pool.num_blocks()];
+        for (req, tables) in &self.requests {
+            if tables.len() != self.managers.len() {
+                return Err(format!(
+                    "request {req}: {} tables for {} groups",
+                    tables.len(),
+                    self.managers.len()
+                ));
+            }
+            for (g, t) in tables.iter().enumerate() {
+                t.check_invariants()
+                    .map_err(|e| format!("request {req} group {g}: {e}"))?;
+                for &b in t.blocks() {
+                    let slot = owners.get_mut(b.index()).ok_or_else(|| {
+                        format!("request {req} group {g}: block {b} out of range")
+                    })?;
+                    if !b.is_null() {
+                        *slot += 1;
+                    }
+                }
+            }
+        }
+        for (i, (have, want)) in self.pool.ref_counts().zip(&owners).enumerate() {
+            if have != *want {
+                return Err(format!(
+                    "block {i}: ref_cnt {have} but held by {want} tables"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Cache every group's newly full blocks of the first `num_tokens` tokens.
+/// Validates all groups before caching any.
+#[allow(clippy::too_many_arguments)]
+fn cache_tables(
+    managers: &[Manager],
+    pool: &mut BlockPool,
+    tables: &mut [GroupTable],
+    config: &CoordinatorConfig,
+    retention: Option<usize>,
+    view: &RequestView<'_>,
+    num_tokens: usize,
+    mask_buf: &mut Vec<bool>,
+) -> KvResult<()> {
+    let sbs = config.scheduler_block_size as usize;
+    let hbs = config.hash_block_size as usize;
+    // Hybrid hits land on scheduler-block boundaries, so tokens past the last
+    // one can never serve a hit.
+    let cacheable = match config.arrangement {
+        Arrangement::Unitary => num_tokens,
+        Arrangement::Hybrid => num_tokens / sbs * sbs,
+    };
+    let num_full_tokens = cacheable.min(view.hashes.len() * hbs);
+    for (m, t) in managers.iter().zip(tables.iter()) {
+        let num_full = num_full_tokens / m.block_size();
+        if m.spec().prefix_cacheable() && num_full > t.num_cached() && num_full > t.blocks().len() {
+            return Err(KvError::InvalidArgument {
+                name: "num_tokens",
+                detail: format!(
+                    "{num_tokens} tokens fill {num_full} blocks of group {} but its table holds {}",
+                    m.group(),
+                    t.blocks().len()
+                ),
+            });
+        }
+    }
+    let mut boundaries = [0usize; 2];
+    let mut nb = 0;
+    if let Some(b) = view.num_prompt_tokens.checked_sub(1) {
+        boundaries[nb] = b;
+        nb += 1;
+    }
+    if view.shared_prefix_boundary != 0 {
+        boundaries[nb] = view.shared_prefix_boundary;
+        nb += 1;
+    }
+    let policy = CachePolicy {
+        alignment: sbs,
+        retention,
+        reachable_boundaries: &boundaries[..nb],
+    };
+    for (m, t) in managers.iter().zip(tables.iter_mut()) {
+        m.cache_blocks(pool, t, view.hashes, hbs, cacheable, &policy, mask_buf)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use sha2::{Digest, Sha256};
+
+    use super::*;
+
+    /// Chained block hashes of `tokens` at `bs` tokens per block.
+    fn hashes(tokens: &[u32], bs: usize) -> Vec<BlockHash> {
+        let mut parent = [0u8; 32];
+        tokens
+            .chunks_exact(bs)
+            .map(|block| {
+                let mut h = Sha256::new();
+                h.update(parent);
+                for t in block {
+                    h.update(t.to_le_bytes());
+                }
+                parent.copy_from_slice(&h.finalize());
+                BlockHash::from_slice(&parent).unwrap()
+            })
+            .collect()
+    }
+
+    /// A request as the scheduler sees it.
+    struct Req {
+        id: ReqId,
+        tokens: Vec<u32>,
+        computed: usize,
+        hashes: Vec<BlockHash>,
+    }
+
+    impl Req {
+        fn new(id: u64, tokens: Vec<u32>, bs: usize) -> Self {
+            let hashes = hashes(&tokens, bs);
+            Self {
+                id: ReqId(id),
+                tokens,
+                computed: 0,
+                hashes,
+            }
+        }
+
+        fn view(&self) -> RequestView<'_> {
+            RequestView::new(
+                self.computed,
+                self.tokens.len(),
+                self.tokens.len(),
+                &self.hashes,
+            )
+        }
+    }
+
+    fn ids(v: &[BlockId]) -> Vec<u32> {
+        v.iter().map(|b| b.0).collect()
+    }
+
+    fn full(num_blocks: usize, bs: u32, caching: bool) -> CoordinatorCore {
+        let cfg = CoordinatorConfig::new(
+            vec![GroupSpec::full_attention(bs)],
+            num_blocks,
+            caching,
+            1 << 20,
+        );
+        CoordinatorCore::new(cfg).unwrap()
+    }
+
+    /// Unitary admission: lookup (max = `num_tokens - 1`) then allocate the
+    /// rest. Returns (hit blocks, new blocks) or None.
+    fn admit(c: &mut CoordinatorCore, r: &mut Req) -> Option<(Vec<u32>, Vec<u32>)> {
+        let bs = c.managers()[0].block_size();
+        let (hits, hit) = c
+            .find_longest_cache_hit(&[GroupId(0)], &r.hashes, r.tokens.len() - 1, bs)
+            .unwrap();
+        let new = c
+            .allocate_slots(
+                r.id,
+                &r.view(),
+                r.tokens.len() - hit,
+                hit,
+                Some(&hits),
+                0,
+                0,
+                false,
+            )
+            .unwrap()?;
+        r.computed = r.tokens.len();
+        c.check_invariants().unwrap();
+        Some((ids(&hits[0]), ids(&new[0])))
+    }
+
+    fn queue(c: &CoordinatorCore) -> Vec<u32> {
+        c.pool().free_block_ids().map(|b| b.0).collect()
+    }
+
+    fn refs(c: &CoordinatorCore, blocks: &[u32]) -> Vec<u32> {
+        blocks
+            .iter()
+            .map(|&b| c.pool().ref_count(BlockId(b)).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn prefill_share_free_order_20() {
+        let mut c = full(11, 16, true);
+        let shared: Vec<u32> = (0..48).collect();
+        let mut r0 = Req::new(0, [&shared[..], &[100; 7]].concat(), 16);
+        assert_eq!(admit(&mut c, &mut r0), Some((vec![], vec![1, 2, 3, 4])));
+        assert_eq!(
+            c.pool().cached_mask().take(5).collect::<Vec<_>>(),
+            [false, true, true, true, false]
+        );
+        let mut r1 = Req::new(1, [&shared[..], &[200; 5]].concat(), 16);
+        assert_eq!(admit(&mut c, &mut r1), Some((vec![1, 2, 3], vec![5])));
+        assert_eq!(refs(&c, &[1, 2, 3, 5]), [2, 2, 2, 1]);
+        c.free(r0.id).unwrap();
+        c.free(r1.id).unwrap();
+        assert_eq!(queue(&c), [5, 4, 6, 7, 8, 9, 10, 3, 2, 1]);
+        let mut r2 = Req::new(2, [&shared[..], &[300; 6]].concat(), 16);
+        assert_eq!(admit(&mut c, &mut r2), Some((vec![1, 2, 3], vec![5])));
+        assert_eq!(c.pool().num_free_blocks(), 6);
+        assert_eq!(c.get_num_common_prefix_blocks(r2.id, 1).unwrap(), [4]);
+        c.free(r2.id).unwrap();
+        let mut r3 = Req::new(3, (1000..1160).collect(), 16);
+        assert_eq!(
+            admit(&mut c, &mut r3),
+            Some((vec![], vec![5, 4, 6, 7, 8, 9, 10, 3, 2, 1]))
+        );
+        assert_eq!(c.pool().num_free_blocks(), 0);
+        assert!(!c.free(ReqId(99)).unwrap());
+    }
+
+    #[test]
+    fn decode_growth_21() {
+        let mut c = full(11, 16, true);
+        let mut r = Req::new(0, (0..55).collect(), 16);
+        assert_eq!(admit(&mut c, &mut r), Some((vec![], vec![1, 2, 3, 4])));
+        r.tokens.extend(1000..1004);
+        r.hashes = hashes(&r.tokens, 16);
+        let new = c
+            .allocate_slots(r.id, &r.view(), 4, 0, None, 0, 0, false)
+            .unwrap()
+            .unwrap();
+        assert!(new[0].is_empty());
+        r.computed += 4;
+        assert!(!c.pool().is_cached(BlockId(4)).unwrap());
+        r.tokens.extend(2000..2019);
+        r.hashes = hashes(&r.tokens, 16);
+        let new = c
+            .allocate_slots(r.id, &r.view(), 19, 0, None, 0, 0, false)
+            .unwrap()
+            .unwrap();
+        assert_eq!(ids(&new[0]), [5]);
+        assert!(c.pool().is_cached(BlockId(4)).unwrap());
+        assert!(!c.pool().is_cached(BlockId(5)).unwrap());
+        assert_eq!(ids(c.block_ids(r.id).unwrap()[0]), [1, 2, 3, 4, 5]);
+        c.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn lru_across_requests_22() {
+        let mut c = full(11, 16, true);
+        let mut r0 = Req::new(0, (0..87).collect(), 16);
+        let mut r1 = Req::new(1, (87..135).collect(), 16);
+        admit(&mut c, &mut r0).unwrap();
+        admit(&mut c, &mut r1).unwrap();
+        assert_eq!(c.pool().num_free_blocks(), 1);
+        c.free(r0.id).unwrap();
+        assert_eq!(queue(&c), [6, 10, 5, 4, 3, 2, 1]);
+        c.free(r1.id).unwrap();
+        assert_eq!(queue(&c), [6, 10, 5, 4, 3, 2, 1, 9, 8, 7]);
+        let mut r2 = Req::new(2, (0..35).collect(), 16);
+        assert_eq!(admit(&mut c, &mut r2), Some((vec![1, 2], vec![6])));
+        assert_eq!(c.pool().num_free_blocks(), 7);
+    }
+
+    #[test]
+    fn reused_cached_block_loses_key_23() {
+        let mut c = full(2, 16, true);
+        let mut r0 = Req::new(0, (0..16).collect(), 16);
+        admit(&mut c, &mut r0).unwrap();
+        assert!(c.pool().is_cached(BlockId(1)).unwrap());
+        c.free(r0.id).unwrap();
+        let mut r1 = Req::new(1, (100..115).collect(), 16);
+        assert_eq!(admit(&mut c, &mut r1), Some((vec![], vec![1])));
+        assert!(!c.pool().is_cached(BlockId(1)).unwrap());
+    }
+
+    #[test]
+    fn hit_blocks_protected_24() {
+        let mut c = full(3, 16, true);
+        let mut r0 = Req::new(0, (0..16).collect(), 16);
+        let mut r1 = Req::new(1, (16..32).collect(), 16);
+        admit(&mut c, &mut r0).unwrap();
+        c.free(r0.id).unwrap();
+        admit(&mut c, &mut r1).unwrap();
+        c.free(r1.id).unwrap();
+        // r1's tokens chained after r0's: block 1 hits, block 2's key differs.
+        let mut r2 = Req::new(2, (0..32).collect(), 16);
+        assert_eq!(admit(&mut c, &mut r2), Some((vec![1], vec![2])));
+    }
+
+    #[test]
+    fn caching_disabled_25() {
+        let mut c = full(5, 4, false);
+        let mut r0 = Req::new(0, (0..10).collect(), 4);
+        assert_eq!(admit(&mut c, &mut r0), Some((vec![], vec![1, 2, 3])));
+        c.free(r0.id).unwrap();
+        let mut r1 = Req::new(1, (0..16).collect(), 4);
+        assert_eq!(admit(&mut c, &mut r1).unwrap().0, Vec::<u32>::new());
+        assert_eq!(c.block_ids(r1.id).unwrap()[0].len(), 4);
+        let mut r2 = Req::new(2, (50..54).collect(), 4);
+        assert_eq!(admit(&mut c, &mut r2), None);
+        assert!(!c.contains(r2.id));
+        assert_eq!(c.pool().num_cached_keys(), 0);
+    }
+
+    #[test]
+    fn failed_allocation_leaves_hits_untouched_26() {
+        let mut c = full(11, 16, true);
+        let base: Vec<u32> = (0..48).collect();
+        let mut r0 = Req::new(0, base.clone(), 16);
+        admit(&mut c, &mut r0).unwrap();
+        let mut r1 = Req::new(1, base.repeat(2), 16);
+        assert_eq!(admit(&mut c, &mut r1).unwrap().0, [1, 2, 3]);
+        c.free(r1.id).unwrap();
+        let mut r2 = Req::new(2, (500..532).collect(), 16);
+        admit(&mut c, &mut r2).unwrap();
+        assert_eq!(c.pool().num_free_blocks(), 5);
+        let r3 = Req::new(3, base.repeat(3), 16);
+        let (hits, hit) = c
+            .find_longest_cache_hit(&[GroupId(0)], &r3.hashes, 143, 16)
+            .unwrap();
+        assert_eq!(hit, 96);
+        let res = c
+            .allocate_slots(r3.id, &r3.view(), 48, 96, Some(&hits), 0, 0, false)
+            .unwrap();
+        assert_eq!(res, None);
+        assert_eq!(refs(&c, &ids(&hits[0])), [1, 1, 1, 0, 0, 0]);
+        assert!(!c.contains(r3.id));
+        c.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn reset_27() {
+        let mut c = full(11, 16, true);
+        let mut r0 = Req::new(0, (0..40).collect(), 16);
+        let mut r1 = Req::new(1, (100..140).collect(), 16);
+        admit(&mut c, &mut r0).unwrap();
+        admit(&mut c, &mut r1).unwrap();
+        assert!(!c.reset_prefix_cache());
+        assert_eq!(c.pool().num_cached_keys(), 4);
+        c.free(r0.id).unwrap();
+        c.free(r1.id).unwrap();
+        assert!(c.reset_prefix_cache());
+        assert_eq!(c.pool().num_cached_keys(), 0);
+        assert!(c.pool().cached_mask().all(|k| !k));
+        c.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn admission_arguments_29() {
+        let cfg = CoordinatorConfig::new(vec![GroupSpec::full_attention(16)], 11, true, 40);
+        let mut c = CoordinatorCore::new(cfg).unwrap();
+        let r = Req::new(0, (0..40).collect(), 16);
+        let err = c
+            .allocate_slots(r.id, &r.view(), 0, 0, None, 0, 0, false)
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("num_new_tokens must be greater than 0"),
+            "{err}"
+        );
+        let new = c
+            .allocate_slots(r.id, &r.view(), 40, 0, None, 20, 0, false)
+            .unwrap()
+            .unwrap();
+        assert_eq!(new[0].len(), 3);
+        let err = c
+            .allocate_slots(r.id, &r.view(), 41, 0, None, 0, 0, false)
+            .unwrap_err();
+        assert!(matches!(err, KvError::InvalidArgument { .. }));
+        c.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn bad_input_is_refused_before_mutation() {
+        let mut c = full(11, 16, true);
+        let mut r0 = Req::new(0, (0..40).collect(), 16);
+        admit(&mut c, &mut r0).unwrap();
+        let r1 = Req::new(1, (0..40).collect(), 16);
+        let before = queue(&c);
+        // Wrong number of hit lists, out-of-range id, hits for a running request.
+        assert!(c
+            .allocate_slots(r1.id, &r1.view(), 8, 32, Some(&[]), 0, 0, false)
+            .is_err());
+        let far = vec![vec![BlockId(99)]];
+        assert!(c
+            .allocate_slots(r1.id, &r1.view(), 24, 16, Some(&far), 0, 0, false)
+            .is_err());
+        let hit = vec![vec![BlockId(1)]];
+        assert!(c
+            .allocate_slots(r0.id, &r0.view(), 1, 16, Some(&hit), 0, 0, false)
+            .is_err());
+        // A partial-block hit.
+        assert!(matches!(
+            c.allocate_slots(r1.id, &r1.view(), 24, 8, Some(&hit), 0, 0, false),
+            Err(KvError::Unsupported { .. })
+        ));
+        assert_eq!(queue(&c), before);
+        assert!(matches!(
+            c.block_ids(r1.id),
+            Err(KvError::UnknownRequest(_))
+        ));
+        assert!(matches!(
+            c.cache_blocks(r1.id, &r1.view(), 16),
+            Err(KvError::UnknownRequest(_))
+        ));
+        assert!(matches!(
+            c.find_longest_cache_hit(&[GroupId(3)], &r1.hashes, 39, 16),
+            Err(KvError::UnknownGroup(_))
+        ));
+        c.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn config_validation() {
+        let mk = |groups: Vec<GroupSpec>, caching: bool| {
+            CoordinatorCore::new(CoordinatorConfig::new(groups, 10, caching, 100))
+        };
+        assert!(mk(vec![], false).is_ok());
+        assert!(mk(vec![], true).is_err());
+        assert!(mk(
+            vec![GroupSpec::full_attention(16), GroupSpec::mamba(16, 0)],
+            true
+        )
+        .is_err());
+        assert!(mk(
+            vec![GroupSpec::full_attention(16), GroupSpec::mamba(16, 0)],
+            false
+        )
+        .is_ok());
+        assert!(mk(vec![GroupSpec::cross_attention(16)], true).is_err());
+        assert!(mk(vec![GroupSpec::sliding_window(16, 0)], true).is_err());
+        let mut cfg = CoordinatorConfig::new(vec![GroupSpec::full_attention(32)], 10, true, 100);
+        cfg.hash_block_size = 16;
+        assert!(CoordinatorCore::new(cfg.clone()).is_err());
+        cfg.arrangement = Arrangement::Hybrid;
+        assert!(CoordinatorCore::new(cfg.clone()).is_ok());
+        cfg.retention_interval = Some(32);
+        assert!(CoordinatorCore::new(cfg).is_err());
+        let mut cfg = CoordinatorConfig::new(
+            vec![
+                GroupSpec::full_attention(32),
+                GroupSpec::sliding_window(16, 32),
+            ],
+            10,
+            true,
+            100,
+        );
+        assert_eq!(
+            (cfg.scheduler_block_size, cfg.arrangement),
+            (32, Arrangement::Hybrid)
+        );
+        cfg.retention_interval = Some(33);
+        assert!(CoordinatorCore::new(cfg.clone()).is_err());
+        cfg.retention_interval = Some(64);
+        assert!(CoordinatorCore::new(cfg).is_ok());
+    }
+
+    #[test]
+    fn hybrid_swa_cacheable_clamp_53_and_masks_54() {
+        // Full B = 32 + SWA B = 16 (W = 32), hash unit 16: a 112-token prompt
+        // caches full blocks 0-2 and SWA blocks 0-5 (dense masks keep all of
+        // them: need = 2 blocks = one 32-token segment).
+        let mut cfg = CoordinatorConfig::new(
+            vec![
+                GroupSpec::full_attention(32),
+                GroupSpec::sliding_window(16, 32),
+            ],
+            100,
+            true,
+            1000,
+        );
+        cfg.hash_block_size = 16;
+        let mut c = CoordinatorCore::new(cfg).unwrap();
+        let r = Req::new(0, (0..112).collect(), 16);
+        let new = c
+            .allocate_slots(r.id, &r.view(), 112, 0, None, 0, 0, false)
+            .unwrap()
+            .unwrap();
+        assert_eq!((new[0].len(), new[1].len()), (4, 7));
+        let cached = |b: &[BlockId]| {
+            b.iter()
+                .map(|&x| c.pool().is_cached(x).unwrap())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(cached(&new[0]), [true, true, true, false]);
+        assert_eq!(cached(&new[1]), [true, true, true, true, true, true, false]);
+        // Lookups: 96 tokens in each bucket.
+        let (hits, hit) = c
+            .find_longest_cache_hit(&[GroupId(0)], &r.hashes, 111, 32)
+            .unwrap();
+        assert_eq!((hit, hits[0].len()), (96, 3));
+        let (hits, hit) = c
+            .find_longest_cache_hit(&[GroupId(1)], &r.hashes, 96, 32)
+            .unwrap();
+        assert_eq!((hit, hits[0].len()), (96, 6));
+        assert!(hits[0][..4].iter().all(|b| b.is_null()));
+        c.check_invariants().unwrap();
+
+        // Full B = 32 + SWA B = 8 (W = 8), hash unit 8: dense caching keeps
+        // SWA blocks {3, 7} of a 64-token prompt; retention 0 keeps {11}
+        // of a 128-token prompt.
+        for (retention, len, expect) in [
+            (None, 64usize, vec![3usize, 7]),
+            (Some(0), 128, vec![11]),
+            (Some(64), 128, vec![7, 11, 15]),
+        ] {
+            let mut cfg = CoordinatorConfig::new(
+                vec![
+                    GroupSpec::full_attention(32),
+                    GroupSpec::sliding_window(8, 8),
+                ],
+                100,
+                true,
+                1000,
+            );
+            cfg.hash_block_size = 8;
+            cfg.retention_interval = retention;
+            let mut c = CoordinatorCore::new(cfg).unwrap();
+            let r = Req::new(0, (0..len as u32).collect(), 8);
+            let new = c
+                .allocate_slots(r.id, &r.view(), len, 0, None, 0, 0, false)
+                .unwrap()
+                .unwrap();
+            let keyed: Vec<usize> = (0..new[1].len())
+                .filter(|&i| c.pool().is_cached(new[1][i]).unwrap())
+                .collect();
+            assert_eq!(keyed, expect, "retention {retention:?}");
+            c.check_invariants().unwrap();
+        }
+    }
+
+    #[test]
+    fn mamba_and_cross_attention_without_caching() {
+        let mut cfg = CoordinatorConfig::new(
+            vec![
+                GroupSpec::full_attention(4),
+                GroupSpec::mamba(4, 1),
+                GroupSpec::cross_attention(4),
+            ],
+            40,
+            false,
+            1000,
+        );
+        cfg.arrangement = Arrangement::Hybrid;
+        let mut c = CoordinatorCore::new(cfg).unwrap();
+        let mut r = Req::new(0, (0..10).collect(), 4);
+        let new = c
+            .allocate_slots(r.id, &r.view(), 10, 0, None, 0, 6, false)
+            .unwrap()
+            .unwrap();
+        assert_eq!(new.iter().map(Vec::len).collect::<Vec<_>>(), [3, 4, 2]);
+        r.computed = 10;
+        r.tokens.push(7);
+        let new = c
+            .allocate_slots(r.id, &r.view(), 1, 0, None, 0, 6, false)
+            .unwrap()
+            .unwrap();
+        assert_eq!(new.iter().map(Vec::len).collect::<Vec<_>>(), [0, 0, 0]);
+        // Mamba kept only the block of the last computed token (+ scratch).
+        assert_eq!(c.tables(r.id).unwrap()[1].num_leading_nulls(), 2);
+        c.remove_skipped_blocks(r.id, 13).unwrap();
+        assert_eq!(c.tables(r.id).unwrap()[1].num_leading_nulls(), 3);
+        assert!(c.remove_skipped_blocks(ReqId(9), 13).is_err());
+        c.check_invariants().unwrap();
+        c.free(r.id).unwrap();
+        assert_eq!(c.pool().num_free_blocks(), 39);
+        assert_eq!(c.num_requests(), 0);
+    }
+}

@@ -1,0 +1,61 @@
+//! Full attention: every block of the prefix is needed, so a hit is the
+//! longest run of cached blocks from block 0.
+
+use super::{cdiv, lookup_all, HashView, HitLists};
+use crate::ids::GroupId;
+use crate::pool::BlockPool;
+
+/// Scan left to right and stop at the first miss (chained hashes make every
+/// later block miss too), then round down to the alignment.
+pub(crate) fn find_longest_cache_hit(
+    pool: &BlockPool,
+    groups: &[GroupId],
+    view: &HashView<'_>,
+    max_length: usize,
+    alignment: usize,
+    out: &mut HitLists,
+) -> usize {
+    let bs = view.block_size();
+    let max_blocks = (max_length / bs).min(view.len());
+    let mut n = 0;
+    while n < max_blocks && lookup_all(pool, groups, view.get(n), out) {
+        n += 1;
+    }
+    let hit = n * bs / alignment * alignment;
+    let keep = cdiv(hit, bs);
+    for list in out.iter_mut() {
+        list.truncate(keep);
+    }
+    hit
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::ids::GroupId;
+    use crate::managers::test_util::{cache_block, h, hashes, ids, pool};
+    use crate::managers::{GroupSpec, Manager};
+
+    fn find(cached: &[bool], max_length: usize, alignment: usize) -> (usize, Vec<u32>) {
+        let mut p = pool(20, 2);
+        for (i, &c) in cached.iter().enumerate() {
+            if c {
+                cache_block(&mut p, i as u32 + 1, &h(i as u32));
+            }
+        }
+        let m = Manager::new(GroupSpec::full_attention(2), GroupId(0)).unwrap();
+        let mut out = vec![Vec::new()];
+        let hs = hashes(cached.len() as u32);
+        let hit = m
+            .find_longest_cache_hit(&p, &[GroupId(0)], &hs, 2, max_length, alignment, &mut out)
+            .unwrap();
+        (hit, ids(&out[0]))
+    }
+
+    #[test]
+    fn finder() {
+        assert_eq!(find(&[true, true, false, true], 8, 2), (4, vec![1, 2]));
+        assert_eq!(find(&[true, true, true], 5, 2), (4, vec![1, 2]));
+        assert_eq!(find(&[true, true, true], 6, 4), (4, vec![1, 2]));
+        assert_eq!(find(&[false, true], 4, 2), (0, vec![]));
+    }
+}

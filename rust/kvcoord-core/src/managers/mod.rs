@@ -1,0 +1,640 @@
+//! Single-type managers: the per-group rules of vLLM 0.33.0's
+//! `SingleTypeKVCacheManager` family (hit finders, skipped-block removal,
+//! allocation prediction, caching, freeing).
+//!
+//! A [`Manager`] is stateless apart from its group's spec: the per-request
+//! state of one group is a [`GroupTable`] that the coordinator owns (one map
+//! lookup per request and step instead of one per group). Dispatch is a
+//! `match` on [`SpecKind`]; the kind-specific pieces live in one file each.
+
+pub mod chunked_local;
+pub mod cross_attention;
+pub mod full_attention;
+pub mod mamba;
+pub mod sliding_window;
+
+use crate::block_hash::BlockHash;
+use crate::error::{KvError, KvResult};
+use crate::ids::{BlockId, GroupId};
+use crate::pool::BlockPool;
+
+/// What kind of KV cache a group holds, with its kind-specific parameters.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum SpecKind {
+    /// Every token attends to every earlier token.
+    FullAttention,
+    /// Each token attends to the previous `sliding_window` tokens (itself
+    /// included).
+    SlidingWindow {
+        /// Window length in tokens.
+        sliding_window: u32,
+    },
+    /// Attention within fixed chunks of `attention_chunk_size` tokens.
+    ChunkedLocal {
+        /// Chunk length in tokens.
+        attention_chunk_size: u32,
+    },
+    /// Mamba state, mode "none" (no prefix caching).
+    Mamba {
+        /// Extra scratch blocks for speculative decoding.
+        num_speculative_blocks: u32,
+    },
+    /// Cross-attention over the encoder output: one static allocation sized
+    /// by the encoder tokens, never cached.
+    CrossAttention,
+}
+
+/// One KV-cache group's spec.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub struct GroupSpec {
+    /// The kind of cache.
+    pub kind: SpecKind,
+    /// Tokens per block.
+    pub block_size: u32,
+}
+
+impl GroupSpec {
+    /// A full-attention spec.
+    pub const fn full_attention(block_size: u32) -> Self {
+        Self {
+            kind: SpecKind::FullAttention,
+            block_size,
+        }
+    }
+
+    /// A sliding-window spec.
+    pub const fn sliding_window(block_size: u32, sliding_window: u32) -> Self {
+        Self {
+            kind: SpecKind::SlidingWindow { sliding_window },
+            block_size,
+        }
+    }
+
+    /// A chunked-local spec.
+    pub const fn chunked_local(block_size: u32, attention_chunk_size: u32) -> Self {
+        Self {
+            kind: SpecKind::ChunkedLocal {
+                attention_chunk_size,
+            },
+            block_size,
+        }
+    }
+
+    /// A Mamba (mode "none") spec.
+    pub const fn mamba(block_size: u32, num_speculative_blocks: u32) -> Self {
+        Self {
+            kind: SpecKind::Mamba {
+                num_speculative_blocks,
+            },
+            block_size,
+        }
+    }
+
+    /// A cross-attention spec.
+    pub const fn cross_attention(block_size: u32) -> Self {
+        Self {
+            kind: SpecKind::CrossAttention,
+            block_size,
+        }
+    }
+
+    /// Whether blocks of this group may be registered in the prefix cache.
+    pub const fn prefix_cacheable(&self) -> bool {
+        !matches!(self.kind, SpecKind::Mamba { .. } | SpecKind::CrossAttention)
+    }
+
+    /// Whether this is a full-attention group (hybrid lookups put these
+    /// first: their hit set is prefix-closed).
+    pub const fn is_full_attention(&self) -> bool {
+        matches!(self.kind, SpecKind::FullAttention)
+    }
+
+    /// Whether retention intervals apply to this group (sliding window and
+    /// Mamba cache sparsely).
+    pub const fn is_sparse(&self) -> bool {
+        matches!(
+            self.kind,
+            SpecKind::SlidingWindow { .. } | SpecKind::Mamba { .. }
+        )
+    }
+
+    /// Check the parameters (positive sizes).
+    pub fn validate(&self) -> KvResult<()> {
+        let bad = |name, value: u32| KvError::InvalidConfig {
+            name,
+            value: value.to_string(),
+            rule: "must be positive".into(),
+        };
+        if self.block_size == 0 {
+            return Err(bad("block_size", 0));
+        }
+        match self.kind {
+            SpecKind::SlidingWindow { sliding_window: 0 } => Err(bad("sliding_window", 0)),
+            SpecKind::ChunkedLocal {
+                attention_chunk_size: 0,
+            } => Err(bad("attention_chunk_size", 0)),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// One request's blocks in one group.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GroupTable {
+    /// Position-indexed block table: entry `i` covers tokens
+    /// `[i*bs, (i+1)*bs)`. Invariant: null entries (skipped positions) form a
+    /// prefix; every other entry holds one reference on its block.
+    pub(crate) blocks: Vec<BlockId>,
+    /// Leading entries already registered in the prefix cache (or hits that
+    /// came from it). Invariant: `num_cached <= blocks.len()`.
+    pub(crate) num_cached: usize,
+}
+
+impl GroupTable {
+    /// The position-indexed table (null block in skipped positions).
+    #[inline]
+    pub fn blocks(&self) -> &[BlockId] {
+        &self.blocks
+    }
+
+    /// How many leading entries are registered in the prefix cache.
+    #[inline]
+    pub fn num_cached(&self) -> usize {
+        self.num_cached
+    }
+
+    /// Number of leading null entries.
+    pub fn num_leading_nulls(&self) -> usize {
+        self.blocks.iter().take_while(|b| b.is_null()).count()
+    }
+
+    /// Check the invariants written on the fields.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        if self.num_cached > self.blocks.len() {
+            return Err(format!(
+                "num_cached {} exceeds the table length {}",
+                self.num_cached,
+                self.blocks.len()
+            ));
+        }
+        let nulls = self.num_leading_nulls();
+        if self.blocks[nulls..].iter().any(|b| b.is_null()) {
+            return Err("null entry after a real block".into());
+        }
+        Ok(())
+    }
+}
+
+/// `ceil(a / b)` for `b > 0`.
+#[inline]
+pub(crate) const fn cdiv(a: usize, b: usize) -> usize {
+    a.div_ceil(b)
+}
+
+/// Reusable per-group lookup results: `out[g]` receives the blocks of the
+/// `g`-th group of a finder call.
+pub type HitLists = [Vec<BlockId>];
+
+/// The rules of one group, dispatched on its [`SpecKind`].
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct Manager {
+    spec: GroupSpec,
+    group: GroupId,
+    /// `spec.block_size` as a `usize` (no DCP scaling in kvcoord).
+    block_size: usize,
+}
+
+impl Manager {
+    /// The manager of group `group` with spec `spec` (validated).
+    pub fn new(spec: GroupSpec, group: GroupId) -> KvResult<Self> {
+        spec.validate()?;
+        Ok(Self {
+            spec,
+            group,
+            block_size: spec.block_size as usize,
+        })
+    }
+
+    /// The group's spec.
+    pub fn spec(&self) -> &GroupSpec {
+        &self.spec
+    }
+
+    /// The group id (salt of this group's cache keys).
+    pub fn group(&self) -> GroupId {
+        self.group
+    }
+
+    /// Tokens per block.
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// Tokens before the attention window of the token after the first `n`:
+    /// their blocks are no longer needed. 0 when nothing can be dropped.
+    pub fn num_skipped_tokens(&self, n: usize) -> usize {
+        match self.spec.kind {
+            SpecKind::FullAttention | SpecKind::CrossAttention => 0,
+            SpecKind::SlidingWindow { sliding_window } => {
+                sliding_window::num_skipped_tokens(n, sliding_window as usize)
+            }
+            SpecKind::ChunkedLocal {
+                attention_chunk_size,
+            } => chunked_local::num_skipped_tokens(n, attention_chunk_size as usize),
+            SpecKind::Mamba { .. } => mamba::num_skipped_tokens(n),
+        }
+    }
+
+    /// Tokens this group allocates for when the request needs `num_tokens`
+    /// slots (Mamba adds its speculative scratch blocks).
+    fn tokens_to_allocate(&self, num_tokens: usize) -> usize {
+        match self.spec.kind {
+            SpecKind::Mamba {
+                num_speculative_blocks,
+            } => mamba::tokens_to_allocate(num_tokens, num_speculative_blocks, self.block_size),
+            _ => num_tokens,
+        }
+    }
+
+    /// Longest prefix-cache hit of `hashes` (hash-unit hashes at
+    /// `hash_block_size`) over `groups` (all sharing this spec), at most
+    /// `max_length` tokens, ending on a multiple of `alignment`. Writes each
+    /// group's blocks into `out[g]` (cleared first; null block in skipped
+    /// positions) and returns the hit length in tokens.
+    #[allow(clippy::too_many_arguments)]
+    pub fn find_longest_cache_hit(
+        &self,
+        pool: &BlockPool,
+        groups: &[GroupId],
+        hashes: &[BlockHash],
+        hash_block_size: usize,
+        max_length: usize,
+        alignment: usize,
+        out: &mut HitLists,
+    ) -> KvResult<usize> {
+        if out.len() != groups.len() {
+            return Err(KvError::InvalidArgument {
+                name: "out",
+                detail: format!("{} lists for {} groups", out.len(), groups.len()),
+            });
+        }
+        if alignment == 0 {
+            return Err(KvError::InvalidArgument {
+                name: "alignment",
+                detail: "must be positive".into(),
+            });
+        }
+        for list in out.iter_mut() {
+            list.clear();
+        }
+        let view = HashView::new(hashes, hash_block_size, self.block_size)?;
+        match self.spec.kind {
+            SpecKind::FullAttention => Ok(full_attention::find_longest_cache_hit(
+                pool, groups, &view, max_length, alignment, out,
+            )),
+            SpecKind::SlidingWindow { sliding_window } => {
+                Ok(sliding_window::find_longest_cache_hit(
+                    pool,
+                    groups,
+                    &view,
+                    sliding_window as usize,
+                    max_length,
+                    alignment,
+                    out,
+                ))
+            }
+            SpecKind::ChunkedLocal {
+                attention_chunk_size,
+            } => chunked_local::find_longest_cache_hit(
+                pool,
+                groups,
+                &view,
+                attention_chunk_size as usize,
+                max_length,
+                alignment,
+                out,
+            ),
+            SpecKind::Mamba { .. } => Err(KvError::Unsupported {
+                what: "prefix-cache lookup on a Mamba group (mode \"none\" has no prefix caching)"
+                    .into(),
+            }),
+            SpecKind::CrossAttention => Err(KvError::Unsupported {
+                what: "prefix-cache lookup on a cross-attention group".into(),
+            }),
+        }
+    }
+
+    /// Blocks that allocating `num_tokens` slots will pull from the free
+    /// queue (fresh blocks plus evictable hits that get pinned). A pure
+    /// prediction; never lower than what `add_local_computed_blocks` +
+    /// `allocate_new_blocks` take.
+    ///
+    /// `table` is `None` for a request this group does not track yet;
+    /// `total_computed` counts local and external computed tokens.
+    pub fn num_blocks_to_allocate(
+        &self,
+        pool: &BlockPool,
+        table: Option<&GroupTable>,
+        num_tokens: usize,
+        hits: &[BlockId],
+        total_computed: usize,
+    ) -> usize {
+        let bs = self.block_size;
+        let required = cdiv(self.tokens_to_allocate(num_tokens), bs);
+        // Running request: hits were adopted at admission.
+        if let Some(t) = table {
+            return required.saturating_sub(t.blocks.len());
+        }
+        let skipped = self.num_skipped_tokens(total_computed) / bs;
+        let new = required.saturating_sub(skipped.max(hits.len()));
+        // Hits that fall in the skipped prefix are never touched.
+        let kept = hits.get(skipped.min(hits.len())..).unwrap_or(&[]);
+        new + pool.num_unreferenced(kept)
+    }
+
+    /// First-time adoption of prefix-cache hits: the table becomes nulls for
+    /// the skipped positions followed by the remaining hits, which get a
+    /// reference each. `num_computed` counts local and external tokens.
+    pub fn add_local_computed_blocks(
+        &self,
+        pool: &mut BlockPool,
+        table: &mut GroupTable,
+        hits: &[BlockId],
+        num_computed: usize,
+    ) -> KvResult<()> {
+        debug_assert!(
+            table.blocks.is_empty(),
+            "hits are adopted only by a fresh table"
+        );
+        let skipped = self.num_skipped_tokens(num_computed) / self.block_size;
+        let kept = hits.get(skipped.min(hits.len())..).unwrap_or(&[]);
+        pool.touch(kept)?;
+        table.blocks.clear();
+        table.blocks.resize(skipped, BlockId::NULL);
+        table.blocks.extend_from_slice(kept);
+        table.num_cached = table.blocks.len();
+        Ok(())
+    }
+
+    /// Grow the table to cover `num_tokens` slots with fresh blocks, which
+    /// are also appended to `new_blocks`.
+    pub fn allocate_new_blocks(
+        &self,
+        pool: &mut BlockPool,
+        table: &mut GroupTable,
+        num_tokens: usize,
+        new_blocks: &mut Vec<BlockId>,
+    ) -> KvResult<()> {
+        let required = cdiv(self.tokens_to_allocate(num_tokens), self.block_size);
+        let n = required.saturating_sub(table.blocks.len());
+        if n > 0 {
+            let start = new_blocks.len();
+            pool.get_new_blocks(n, new_blocks)?;
+            table.blocks.extend_from_slice(&new_blocks[start..]);
+        }
+        Ok(())
+    }
+
+    /// Register the table's newly full blocks in the prefix cache: the first
+    /// `num_tokens` tokens, as far as `hashes` (hash units of
+    /// `hash_block_size` tokens) reach. Sliding-window groups cache only the
+    /// blocks a later hit can reach (see [`sliding_window::reachable_block_mask`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn cache_blocks(
+        &self,
+        pool: &mut BlockPool,
+        table: &mut GroupTable,
+        hashes: &[BlockHash],
+        hash_block_size: usize,
+        num_tokens: usize,
+        policy: &CachePolicy<'_>,
+        mask_buf: &mut Vec<bool>,
+    ) -> KvResult<()> {
+        if !self.spec.prefix_cacheable() {
+            return Ok(());
+        }
+        let bs = self.block_size;
+        let scale = hash_scale(hash_block_size, bs)?;
+        let num_full = num_tokens.min(hashes.len() * hash_block_size) / bs;
+        if table.num_cached >= num_full {
+            return Ok(());
+        }
+        if num_full > table.blocks.len() {
+            return Err(KvError::InvalidArgument {
+                name: "num_tokens",
+                detail: format!(
+                    "{num_tokens} tokens fill {num_full} blocks but the table holds {}",
+                    table.blocks.len()
+                ),
+            });
+        }
+        let mask = match self.spec.kind {
+            SpecKind::SlidingWindow { sliding_window } => sliding_window::reachable_block_mask(
+                table.num_cached,
+                num_full,
+                bs,
+                sliding_window as usize,
+                policy,
+                mask_buf,
+            ),
+            _ => false,
+        };
+        pool.cache_full_blocks_scaled(
+            &table.blocks,
+            hashes,
+            scale,
+            table.num_cached,
+            num_full,
+            self.group,
+            mask.then_some(mask_buf.as_slice()),
+        )?;
+        table.num_cached = num_full;
+        Ok(())
+    }
+
+    /// Release the blocks that no longer matter once `processed` tokens are
+    /// computed: entries `[0, k)` become null, walking back from `k-1` and
+    /// stopping at the first null (nulls form a prefix); they are freed in
+    /// that backward order. `scratch` is a reusable buffer.
+    pub fn remove_skipped_blocks(
+        &self,
+        pool: &mut BlockPool,
+        table: &mut GroupTable,
+        processed: usize,
+        scratch: &mut Vec<BlockId>,
+    ) -> KvResult<()> {
+        let skipped = self.num_skipped_tokens(processed);
+        if skipped == 0 {
+            return Ok(());
+        }
+        let k = (skipped / self.block_size).min(table.blocks.len());
+        scratch.clear();
+        for entry in table.blocks[..k].iter_mut().rev() {
+            if entry.is_null() {
+                break;
+            }
+            scratch.push(std::mem::replace(entry, BlockId::NULL));
+        }
+        pool.free_blocks(scratch)
+    }
+
+    /// Release the whole table, tail first (the deepest prefix block is
+    /// evicted before the shallower ones), leading nulls trimmed.
+    pub fn free(&self, pool: &mut BlockPool, table: &mut GroupTable) -> KvResult<()> {
+        let nulls = table.num_leading_nulls();
+        table.blocks.drain(..nulls);
+        table.blocks.reverse();
+        let res = pool.free_blocks(&table.blocks);
+        table.blocks.clear();
+        table.num_cached = 0;
+        res
+    }
+}
+
+/// What the coordinator tells a group's `cache_blocks` about sparse caching.
+#[derive(Clone, Debug)]
+pub struct CachePolicy<'a> {
+    /// Tokens a hit must end on a multiple of (the scheduler block size
+    /// without partial hits).
+    pub alignment: usize,
+    /// Retention interval: `None` dense, `Some(0)` latest boundary only,
+    /// `Some(r)` one boundary every `r` tokens.
+    pub retention: Option<usize>,
+    /// Token positions a later request may resume from (the prompt's replay
+    /// boundary, a shared-prefix boundary); used only with a retention
+    /// interval.
+    pub reachable_boundaries: &'a [usize],
+}
+
+/// Number of hash units per block; errors unless `block_size` is a positive
+/// multiple of `hash_block_size`.
+pub(crate) fn hash_scale(hash_block_size: usize, block_size: usize) -> KvResult<usize> {
+    if hash_block_size == 0 || block_size % hash_block_size != 0 {
+        return Err(KvError::InvalidArgument {
+            name: "hash_block_size",
+            detail: format!("{hash_block_size} does not divide the block size {block_size}"),
+        });
+    }
+    Ok(block_size / hash_block_size)
+}
+
+/// Read-only view of hash-unit hashes at a group's block size: block `i` is
+/// the last unit hash inside it.
+#[derive(Copy, Clone, Debug)]
+pub struct HashView<'a> {
+    hashes: &'a [BlockHash],
+    /// Hash units per block.
+    scale: usize,
+    /// Tokens per block.
+    block_size: usize,
+}
+
+impl<'a> HashView<'a> {
+    /// View `hashes` (units of `hash_block_size` tokens) at `block_size`.
+    pub fn new(
+        hashes: &'a [BlockHash],
+        hash_block_size: usize,
+        block_size: usize,
+    ) -> KvResult<Self> {
+        Ok(Self {
+            hashes,
+            scale: hash_scale(hash_block_size, block_size)?,
+            block_size,
+        })
+    }
+
+    /// Tokens per block.
+    #[inline]
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// Number of full blocks the hashes cover.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.hashes.len() / self.scale
+    }
+
+    /// Whether no full block is covered.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Hash of block `i` (`i < len()`).
+    #[inline]
+    pub fn get(&self, i: usize) -> &'a BlockHash {
+        &self.hashes[(i + 1) * self.scale - 1]
+    }
+}
+
+/// Look `hash` up in every group; on a hit push one block per group, on a
+/// miss leave `out` as it was.
+#[inline]
+pub(crate) fn lookup_all(
+    pool: &BlockPool,
+    groups: &[GroupId],
+    hash: &BlockHash,
+    out: &mut HitLists,
+) -> bool {
+    for (k, &g) in groups.iter().enumerate() {
+        if let Some(b) = pool.lookup(hash, g) {
+            out[k].push(b);
+        } else {
+            // Undo the pushes of the groups that hit.
+            for list in &mut out[..k] {
+                list.pop();
+            }
+            return false;
+        }
+    }
+    true
+}
+
+#[cfg(test)]
+pub(crate) mod test_util {
+    use super::*;
+    use crate::pool::PoolConfig;
+
+    /// Hash number `n`.
+    pub(crate) fn h(n: u32) -> BlockHash {
+        let mut bytes = [0u8; 32];
+        bytes[..4].copy_from_slice(&n.to_le_bytes());
+        bytes[31] = 1;
+        BlockHash::from_slice(&bytes).unwrap()
+    }
+
+    /// Hashes `0..n`.
+    pub(crate) fn hashes(n: u32) -> Vec<BlockHash> {
+        (0..n).map(h).collect()
+    }
+
+    pub(crate) fn pool(n: usize, hash_block_size: u32) -> BlockPool {
+        BlockPool::new(PoolConfig {
+            hash_block_size,
+            ..PoolConfig::new(n)
+        })
+        .unwrap()
+    }
+
+    /// Cache pool block `id` under hash `hash` for group 0 (the block is
+    /// allocated, cached and freed again so it is an evictable cached block).
+    pub(crate) fn cache_block(pool: &mut BlockPool, id: u32, hash: &BlockHash) {
+        let b = BlockId(id);
+        pool.touch(&[b]).unwrap();
+        pool.cache_full_blocks(&[b], std::slice::from_ref(hash), 0, 1, GroupId(0), None)
+            .unwrap();
+        pool.free_blocks(&[b]).unwrap();
+    }
+
+    pub(crate) fn ids(v: &[BlockId]) -> Vec<u32> {
+        v.iter().map(|b| b.0).collect()
+    }
+
+    pub(crate) fn table(blocks: &[u32]) -> GroupTable {
+        GroupTable {
+            blocks: blocks.iter().map(|&b| BlockId(b)).collect(),
+            num_cached: 0,
+        }
+    }
+}

@@ -1,0 +1,192 @@
+//! Randomised scheduler workloads over `CoordinatorCore`: whatever the
+//! layout and the pressure on the pool, `allocate_slots` never fails
+//! mid-way (its prediction covers what it takes), the invariants hold after
+//! every call, and freeing everything returns every block.
+
+mod common;
+
+use std::collections::HashMap;
+
+use common::{buckets, extend_hashes, hybrid_find};
+use kvcoord_core::{
+    Arrangement, BlockHash, BlockId, CoordinatorConfig, CoordinatorCore, GroupId, GroupSpec, ReqId,
+    RequestView,
+};
+use proptest::prelude::*;
+
+/// (groups, caching allowed, hash block size)
+fn layouts() -> Vec<(Vec<GroupSpec>, bool, u32)> {
+    vec![
+        (vec![GroupSpec::full_attention(4)], true, 4),
+        (vec![GroupSpec::sliding_window(4, 8)], true, 4),
+        (
+            vec![
+                GroupSpec::full_attention(4),
+                GroupSpec::sliding_window(4, 8),
+            ],
+            true,
+            4,
+        ),
+        (
+            vec![GroupSpec::full_attention(4), GroupSpec::chunked_local(4, 8)],
+            true,
+            4,
+        ),
+        (
+            vec![
+                GroupSpec::full_attention(4),
+                GroupSpec::full_attention(4),
+                GroupSpec::sliding_window(4, 12),
+            ],
+            true,
+            4,
+        ),
+        (
+            vec![
+                GroupSpec::full_attention(8),
+                GroupSpec::sliding_window(4, 8),
+            ],
+            true,
+            4,
+        ),
+        (
+            vec![GroupSpec::full_attention(4), GroupSpec::mamba(4, 1)],
+            false,
+            4,
+        ),
+    ]
+}
+
+struct Req {
+    id: ReqId,
+    tokens: Vec<u32>,
+    computed: usize,
+    hashes: Vec<BlockHash>,
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Admit { req: u64, len: usize, variant: u32 },
+    Step { req: u64 },
+    Finish { req: u64 },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        (0..5u64, 1..40usize, 0..3u32).prop_map(|(req, len, variant)| Op::Admit {
+            req,
+            len,
+            variant
+        }),
+        (0..5u64).prop_map(|req| Op::Step { req }),
+        (0..5u64).prop_map(|req| Op::Finish { req }),
+    ]
+}
+
+fn run(layout: usize, num_blocks: usize, caching: bool, retention: Option<i64>, ops: &[Op]) {
+    let (specs, cacheable, unit) = layouts().swap_remove(layout);
+    let caching = caching && cacheable;
+    let mut cfg = CoordinatorConfig::new(specs.clone(), num_blocks, caching, 256);
+    cfg.hash_block_size = unit;
+    if specs.iter().any(GroupSpec::is_sparse) && caching {
+        cfg.retention_interval = retention.map(|r| r * i64::from(cfg.scheduler_block_size));
+    }
+    let arrangement = cfg.arrangement;
+    let sched = cfg.scheduler_block_size as usize;
+    let mut c = CoordinatorCore::new(cfg).unwrap();
+    let bk = buckets(&specs);
+    let mut running: HashMap<u64, Req> = HashMap::new();
+    for op in ops {
+        match *op {
+            Op::Admit { req, len, variant } => {
+                if running.contains_key(&req) {
+                    continue;
+                }
+                // Prompts share prefixes: a common stem, then a variant.
+                let tokens: Vec<u32> = (0..len as u32)
+                    .map(|i| if i < 12 { i } else { i + 1000 * variant })
+                    .collect();
+                let mut hashes = Vec::new();
+                extend_hashes(&mut hashes, &tokens, unit as usize, None);
+                let max_len = len - 1;
+                let (hits, hit) = if !caching {
+                    (vec![Vec::new(); specs.len()], 0)
+                } else if arrangement == Arrangement::Unitary {
+                    let bs = specs[0].block_size as usize;
+                    c.find_longest_cache_hit(&[GroupId(0)], &hashes, max_len, bs)
+                        .unwrap()
+                } else {
+                    hybrid_find(&c, &specs, &bk, &hashes, max_len, sched)
+                };
+                let r = Req {
+                    id: ReqId(req),
+                    tokens,
+                    computed: 0,
+                    hashes,
+                };
+                let view = RequestView::new(0, len, len, &r.hashes);
+                let got = c
+                    .allocate_slots(r.id, &view, len - hit, hit, Some(&hits), 0, 0, false)
+                    .unwrap();
+                if got.is_some() {
+                    running.insert(req, Req { computed: len, ..r });
+                } else {
+                    assert!(!c.contains(r.id));
+                }
+            }
+            Op::Step { req } => {
+                let Some(r) = running.get_mut(&req) else {
+                    continue;
+                };
+                if r.tokens.len() >= 250 {
+                    continue;
+                }
+                r.tokens.push(7 + r.tokens.len() as u32);
+                extend_hashes(&mut r.hashes, &r.tokens, unit as usize, None);
+                let view = RequestView::new(r.computed, r.tokens.len(), r.tokens.len(), &r.hashes);
+                let got = c
+                    .allocate_slots(r.id, &view, 1, 0, None, 0, 0, false)
+                    .unwrap();
+                if got.is_some() {
+                    r.computed += 1;
+                } else {
+                    // Preempt.
+                    assert!(c.free(r.id).unwrap());
+                    running.remove(&req);
+                }
+            }
+            Op::Finish { req } => {
+                if let Some(r) = running.remove(&req) {
+                    assert!(c.free(r.id).unwrap());
+                }
+            }
+        }
+        c.check_invariants().unwrap();
+        for r in running.values() {
+            // Tables cover every computed token (null entries included).
+            for (t, s) in c.block_ids(r.id).unwrap().iter().zip(&specs) {
+                assert!(t.len() * s.block_size as usize >= r.computed.min(256));
+            }
+        }
+    }
+    for r in running.values() {
+        c.free(r.id).unwrap();
+    }
+    assert_eq!(c.pool().num_free_blocks(), num_blocks - 1);
+    assert!(c.pool().free_block_ids().all(|b| b != BlockId::NULL));
+    c.check_invariants().unwrap();
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+    #[test]
+    fn random_workloads(
+        layout in 0..7usize,
+        num_blocks in 4..48usize,
+        caching in any::<bool>(),
+        retention in prop_oneof![Just(None), Just(Some(0i64)), Just(Some(2i64))],
+        ops in prop::collection::vec(op(), 1..60),
+    ) {
+        run(layout, num_blocks, caching, retention, &ops);
+    }
+}

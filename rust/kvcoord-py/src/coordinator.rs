@@ -1,0 +1,262 @@
+//! `kvcoord._core.CoordinatorCore`: the Rust mechanism under every Python
+//! coordinator policy (per-group block tables, hit finders, the fused
+//! `allocate_slots`). Conversion and delegation only.
+
+use hashbrown::HashMap;
+use kvcoord_core::coordinator::{Arrangement, CoordinatorConfig, CoordinatorCore, NewBlocks, RequestView};
+use kvcoord_core::managers::GroupSpec;
+use kvcoord_core::{BlockId, KvError, ReqId};
+use pyo3::prelude::*;
+use pyo3::types::{PyList, PyTuple};
+
+use crate::convert;
+use crate::errors::{core, ConfigError, CoreError, InvariantError};
+use crate::pool::PyBlockPool;
+use crate::request::PyRequest;
+
+/// One scheduler's KV-cache mechanism: a pool shared by one manager per
+/// group, and every request's per-group block tables.
+#[pyclass(module = "kvcoord._core", name = "CoordinatorCore")]
+pub(crate) struct PyCoordinatorCore {
+    pub(crate) inner: CoordinatorCore,
+    /// Python request ids -> core request ids (assigned on first allocation).
+    req_ids: HashMap<String, ReqId>,
+    next_req: u64,
+    /// Reused buffers for the per-step calls.
+    out: NewBlocks,
+    hits: Vec<Vec<BlockId>>,
+}
+
+fn spec_from_tuple(kind: &str, block_size: u32, param: u32) -> PyResult<GroupSpec> {
+    let spec = match kind {
+        "full_attention" => GroupSpec::full_attention(block_size),
+        "sliding_window" => GroupSpec::sliding_window(block_size, param),
+        "chunked_local" => GroupSpec::chunked_local(block_size, param),
+        "mamba" => GroupSpec::mamba(block_size, param),
+        "cross_attention" => GroupSpec::cross_attention(block_size),
+        other => {
+            return Err(ConfigError::new_err(format!(
+                "unknown KV cache spec kind {other:?}: expected one of full_attention, \
+                 sliding_window, chunked_local, mamba, cross_attention"
+            )))
+        }
+    };
+    Ok(spec)
+}
+
+fn view(r: &PyRequest) -> RequestView<'_> {
+    RequestView::new(
+        r.num_computed_tokens_usize(),
+        r.num_tokens_usize(),
+        r.num_prompt_tokens_usize(),
+        r.block_hashes_slice(),
+    )
+}
+
+fn per_group_lists<'py, 'a>(
+    py: Python<'py>,
+    groups: impl ExactSizeIterator<Item = &'a [BlockId]>,
+) -> PyResult<Bound<'py, PyList>> {
+    let lists = groups.map(|ids| convert::id_list(py, ids)).collect::<PyResult<Vec<_>>>()?;
+    PyList::new(py, lists)
+}
+
+impl PyCoordinatorCore {
+    fn lookup(&self, request_id: &str) -> Option<ReqId> {
+        self.req_ids.get(request_id).copied()
+    }
+}
+
+#[pymethods]
+impl PyCoordinatorCore {
+    #[new]
+    #[pyo3(signature = (num_blocks, groups, *, enable_caching, hash_block_size, max_model_len,
+                        retention_interval = None, arrangement = "unitary", enable_events = false))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        num_blocks: i64,
+        groups: Vec<(String, u32, u32)>,
+        enable_caching: bool,
+        hash_block_size: u32,
+        max_model_len: usize,
+        retention_interval: Option<i64>,
+        arrangement: &str,
+        enable_events: bool,
+    ) -> PyResult<Self> {
+        let specs = groups
+            .iter()
+            .map(|(k, bs, p)| spec_from_tuple(k, *bs, *p))
+            .collect::<PyResult<Vec<_>>>()?;
+        let arrangement = match arrangement {
+            "unitary" => Arrangement::Unitary,
+            "hybrid" => Arrangement::Hybrid,
+            other => {
+                return Err(ConfigError::new_err(format!(
+                    "unknown arrangement {other:?}: expected 'unitary' or 'hybrid'"
+                )))
+            }
+        };
+        let num_blocks = convert::count(num_blocks, "num_blocks")?;
+        let mut config = CoordinatorConfig::new(specs, num_blocks, enable_caching, max_model_len);
+        config.hash_block_size = hash_block_size;
+        config.retention_interval = retention_interval;
+        config.arrangement = arrangement;
+        config.enable_events = enable_events;
+        Ok(Self {
+            inner: core(CoordinatorCore::new(config))?,
+            req_ids: HashMap::new(),
+            next_req: 0,
+            out: NewBlocks::new(),
+            hits: Vec::new(),
+        })
+    }
+
+    /// The shared pool (a handle on this coordinator's pool, not a copy).
+    #[getter]
+    fn block_pool(slf: Bound<'_, Self>) -> PyBlockPool {
+        PyBlockPool::of_coordinator(slf.unbind())
+    }
+
+    #[getter]
+    fn num_requests(&self) -> usize {
+        self.inner.num_requests()
+    }
+
+    fn find_longest_cache_hit<'py>(
+        &self,
+        py: Python<'py>,
+        group_ids: &Bound<'_, PyAny>,
+        request: PyRef<'_, PyRequest>,
+        max_length: i64,
+        alignment: i64,
+    ) -> PyResult<(Bound<'py, PyList>, usize)> {
+        let groups = convert::group_ids(group_ids)?;
+        let max_length = convert::count(max_length, "max_length")?;
+        let alignment = convert::count(alignment, "alignment")?;
+        let (blocks, hit) = core(self.inner.find_longest_cache_hit(
+            &groups,
+            request.block_hashes_slice(),
+            max_length,
+            alignment,
+        ))?;
+        Ok((per_group_lists(py, blocks.iter().map(Vec::as_slice))?, hit))
+    }
+
+    #[pyo3(signature = (request, num_new_tokens, num_new_computed_tokens = 0, new_computed_blocks = None,
+                        num_lookahead_tokens = 0, num_encoder_tokens = 0, delay_cache_blocks = false))]
+    #[allow(clippy::too_many_arguments)]
+    fn allocate_slots<'py>(
+        &mut self,
+        py: Python<'py>,
+        request: PyRef<'_, PyRequest>,
+        num_new_tokens: i64,
+        num_new_computed_tokens: i64,
+        new_computed_blocks: Option<&Bound<'_, PyAny>>,
+        num_lookahead_tokens: i64,
+        num_encoder_tokens: i64,
+        delay_cache_blocks: bool,
+    ) -> PyResult<Option<Bound<'py, PyList>>> {
+        let num_new_tokens = convert::count(num_new_tokens, "num_new_tokens")?;
+        let num_new_computed = convert::count(num_new_computed_tokens, "num_new_computed_tokens")?;
+        let lookahead = convert::count(num_lookahead_tokens, "num_lookahead_tokens")?;
+        let encoder = convert::count(num_encoder_tokens, "num_encoder_tokens")?;
+        let mut hits = std::mem::take(&mut self.hits);
+        let has_hits = match new_computed_blocks {
+            None => false,
+            Some(obj) => {
+                let groups = obj.cast::<PyTuple>().map(|t| t.as_sequence().clone()).or_else(|_| {
+                    obj.cast::<PyList>().map(|l| l.as_sequence().clone())
+                });
+                let seq = groups.map_err(|_| {
+                    CoreError(KvError::InvalidArgument {
+                        name: "new_computed_blocks",
+                        detail: "expected one list of block ids per group".into(),
+                    })
+                })?;
+                hits.resize_with(seq.len()?, Vec::new);
+                for (g, item) in seq.try_iter()?.enumerate() {
+                    hits[g].clear();
+                    convert::extract_block_ids(&item?, &mut hits[g])?;
+                }
+                hits.truncate(seq.len()?);
+                true
+            }
+        };
+        let request_id = request.id();
+        let req = match self.lookup(request_id) {
+            Some(r) => r,
+            None => {
+                let r = ReqId(self.next_req);
+                self.next_req += 1;
+                r
+            }
+        };
+        let mut out = std::mem::take(&mut self.out);
+        let result = self.inner.allocate_slots_into(
+            req,
+            &view(&request),
+            num_new_tokens,
+            num_new_computed,
+            has_hits.then_some(hits.as_slice()),
+            lookahead,
+            encoder,
+            delay_cache_blocks,
+            &mut out,
+        );
+        self.hits = hits;
+        let converted = match result {
+            Ok(true) => {
+                if !self.req_ids.contains_key(request_id) {
+                    self.req_ids.insert(request_id.to_owned(), req);
+                }
+                per_group_lists(py, (0..out.num_groups()).map(|g| out.group(g))).map(Some)
+            }
+            Ok(false) => Ok(None),
+            Err(e) => Err(CoreError(e).into()),
+        };
+        self.out = out;
+        converted
+    }
+
+    fn cache_blocks(&mut self, request: PyRef<'_, PyRequest>, num_tokens: i64) -> PyResult<()> {
+        let n = convert::count(num_tokens, "num_tokens")?;
+        let Some(req) = self.lookup(request.id()) else {
+            return Err(crate::errors::UnknownRequestError::new_err(format!(
+                "no request {:?} in the KV cache manager",
+                request.id()
+            )));
+        };
+        core(self.inner.cache_blocks(req, &view(&request), n))
+    }
+
+    /// Free a request's blocks; unknown ids are ignored (as in vLLM).
+    fn free(&mut self, request_id: &str) -> PyResult<bool> {
+        match self.req_ids.remove(request_id) {
+            Some(req) => core(self.inner.free(req)),
+            None => Ok(false),
+        }
+    }
+
+    fn block_ids<'py>(&self, py: Python<'py>, request_id: &str) -> PyResult<Option<Bound<'py, PyList>>> {
+        let Some(req) = self.lookup(request_id) else { return Ok(None) };
+        let tables = core(self.inner.block_ids(req))?;
+        per_group_lists(py, tables.into_iter()).map(Some)
+    }
+
+    fn num_common_prefix_blocks(&self, request_id: &str) -> PyResult<Option<Vec<usize>>> {
+        let Some(req) = self.lookup(request_id) else { return Ok(None) };
+        core(self.inner.get_num_common_prefix_blocks(req, self.inner.num_requests())).map(Some)
+    }
+
+    fn check_invariants(&self) -> PyResult<()> {
+        self.inner.check_invariants().map_err(InvariantError::new_err)?;
+        if self.req_ids.len() != self.inner.num_requests() {
+            return Err(InvariantError::new_err(format!(
+                "{} request ids mapped but {} requests tracked",
+                self.req_ids.len(),
+                self.inner.num_requests()
+            )));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,1 @@
+"""Small pure-Python reference models used as test oracles."""

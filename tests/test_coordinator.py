@@ -1,0 +1,113 @@
+"""Coordinator policies and the factory: which policy a config gets, and the
+rules each one enforces."""
+
+from __future__ import annotations
+
+import pytest
+
+import kvcoord
+from kvcoord.config import (
+    ChunkedLocalAttentionSpec,
+    CrossAttentionSpec,
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroup,
+    MambaSpec,
+    SlidingWindowSpec,
+)
+from kvcoord.coordinator import (
+    HybridKVCacheCoordinator,
+    KVCacheCoordinatorNoPrefixCache,
+    UnitaryKVCacheCoordinator,
+    get_kv_cache_coordinator,
+)
+from kvcoord.errors import ConfigError
+
+
+def cfg(*specs: object, num_blocks: int = 64) -> KVCacheConfig:
+    return KVCacheConfig(num_blocks, tuple(KVCacheGroup(s) for s in specs))  # type: ignore[arg-type]
+
+
+def make(config: KVCacheConfig, caching: bool = True, **kw: object) -> object:
+    return get_kv_cache_coordinator(config, max_model_len=1024, enable_caching=caching, **kw)  # type: ignore[arg-type]
+
+
+def test_factory_choice() -> None:
+    assert isinstance(make(cfg(FullAttentionSpec(16)), caching=False), KVCacheCoordinatorNoPrefixCache)
+    assert isinstance(make(cfg(), caching=False), KVCacheCoordinatorNoPrefixCache)
+    assert isinstance(make(cfg(FullAttentionSpec(16))), UnitaryKVCacheCoordinator)
+    hybrid = make(cfg(FullAttentionSpec(16), SlidingWindowSpec(16, 64)))
+    assert isinstance(hybrid, HybridKVCacheCoordinator)
+
+
+def test_hybrid_merges_equal_specs_full_attention_first() -> None:
+    c = make(cfg(SlidingWindowSpec(16, 64), FullAttentionSpec(16), FullAttentionSpec(16), SlidingWindowSpec(16, 32)))
+    assert isinstance(c, HybridKVCacheCoordinator)
+    assert [sg.group_ids for sg in c.spec_groups] == [(1, 2), (0,), (3,)]
+
+
+@pytest.mark.parametrize(
+    ("config", "kw", "message"),
+    [
+        (cfg(), {}, "at least one KV cache group"),
+        (cfg(FullAttentionSpec(16), MambaSpec(16)), {}, "Mamba"),
+        (cfg(FullAttentionSpec(16), CrossAttentionSpec(16)), {}, "cross-attention"),
+        (cfg(MambaSpec(16)), {}, "Mamba"),
+        (cfg(FullAttentionSpec(16)), {"hash_block_size": 8}, "must equal the block size"),
+        (cfg(FullAttentionSpec(32), SlidingWindowSpec(16, 64)), {"hash_block_size": 32}, "multiple of hash_block_size"),
+        (cfg(FullAttentionSpec(16), SlidingWindowSpec(16, 64)), {"dcp_world_size": 2}, "context parallelism"),
+        (cfg(FullAttentionSpec(16)), {"pcp_world_size": 2}, "context parallelism"),
+        (cfg(FullAttentionSpec(16)), {"max_model_len": 0}, "max_model_len"),
+    ],
+)
+def test_factory_rejects(config: KVCacheConfig, kw: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        kw = {"max_model_len": 1024, **kw}
+        get_kv_cache_coordinator(config, enable_caching=True, **kw)  # type: ignore[arg-type]
+
+
+def test_mamba_and_cross_attention_work_without_caching() -> None:
+    c = make(cfg(FullAttentionSpec(16), MambaSpec(16), CrossAttentionSpec(16)), caching=False)
+    req = kvcoord.Request("r", list(range(40)), hash_block_size=16)
+    blocks, hit = c.find_longest_cache_hit(req, 39)
+    assert hit == 0 and blocks == ([], [], [])
+
+
+def test_default_hash_block_size_is_gcd() -> None:
+    c = make(cfg(FullAttentionSpec(32), SlidingWindowSpec(16, 64)))
+    assert c.hash_block_size == 16 and c.scheduler_block_size == 32
+
+
+def _cache_prompt(manager: kvcoord.KVCacheManager, req: kvcoord.Request) -> None:
+    blocks, hit = manager.get_computed_blocks(req)
+    assert manager.allocate_slots(req, req.num_tokens - hit, hit, blocks) is not None
+    req.num_computed_tokens = req.num_tokens
+
+
+def test_fixed_point_shrinks_until_groups_agree() -> None:
+    # Spec scenario 51: full, SWA (2 blocks), SWA (4 blocks), bs 4, 25-token prompt.
+    config = cfg(FullAttentionSpec(4), SlidingWindowSpec(4, 8), SlidingWindowSpec(4, 16), num_blocks=40)
+    manager = kvcoord.KVCacheManager(config, max_model_len=1024)
+    prompt = list(range(100, 125))
+    first = kvcoord.Request("a", prompt, hash_block_size=4)
+    _cache_prompt(manager, first)
+    ids = manager.get_block_ids("a")
+    manager.free(first)
+    # Drop SWA-a keys of blocks 2-3 and the SWA-b key of block 4.
+    manager.evict_blocks([ids[1][2], ids[1][3], ids[2][4]])
+    again = kvcoord.Request("b", prompt, hash_block_size=4)
+    blocks, hit = manager.get_computed_blocks(again)
+    assert hit == 8
+    assert [len(g) for g in blocks.get_block_ids()] == [2, 2, 2]
+    assert blocks.get_block_ids()[0] == ids[0][:2]
+
+
+def test_chunked_local_hit_counts_skipped_chunks() -> None:
+    config = cfg(FullAttentionSpec(4), ChunkedLocalAttentionSpec(4, 8), num_blocks=40)
+    manager = kvcoord.KVCacheManager(config, max_model_len=1024)
+    prompt = list(range(30))
+    _cache_prompt(manager, kvcoord.Request("a", prompt, hash_block_size=4))
+    blocks, hit = manager.get_computed_blocks(kvcoord.Request("b", prompt, hash_block_size=4))
+    assert hit == 28
+    local = blocks.get_block_ids()[1]
+    assert local[:6] == [0] * 6 and all(local[6:])

@@ -1,0 +1,131 @@
+"""Layout presets, layout files and pool sizing (no manager needed)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from kvcoord.replay.layouts import (
+    PRESETS,
+    GroupSpec,
+    Layout,
+    LayoutError,
+    load_layout,
+    num_blocks_for_capacity,
+    parse_layout,
+)
+
+
+def test_presets() -> None:
+    assert set(PRESETS) == {"full", "sliding-window", "chunked-local", "mamba", "no-prefix-cache"}
+    for name, layout in PRESETS.items():
+        assert load_layout(name) is layout
+        assert layout.groups[0].type == "full_attention"
+        assert layout.describe()
+    assert not PRESETS["mamba"].enable_caching
+    assert not PRESETS["no-prefix-cache"].enable_caching
+    assert PRESETS["sliding-window"].groups[1].sliding_window == 4096
+    assert PRESETS["chunked-local"].groups[1].attention_chunk_size == 8192
+
+
+def test_json_and_toml_files(tmp_path: Path) -> None:
+    doc = {
+        "name": "hybrid",
+        "groups": [
+            {"type": "full_attention", "block_size": 32, "layers": 2},
+            {
+                "type": "sliding_window",
+                "block_size": 16,
+                "sliding_window": 1024,
+                "layers": ["a", "b"],
+            },
+        ],
+    }
+    j = tmp_path / "l.json"
+    j.write_text(json.dumps(doc))
+    t = tmp_path / "l.toml"
+    t.write_text(
+        'name = "hybrid"\n'
+        '[[groups]]\ntype = "full_attention"\nblock_size = 32\nlayers = 2\n'
+        '[[groups]]\ntype = "sliding_window"\nblock_size = 16\nsliding_window = 1024\n'
+        'layers = ["a", "b"]\n'
+    )
+    for p in (j, t):
+        lay = load_layout(str(p))
+        assert lay.name == "hybrid"
+        assert lay.enable_caching
+        assert lay.groups[0] == GroupSpec("full_attention", 32, None, None, ("g0.0", "g0.1"))
+        assert lay.groups[1] == GroupSpec("sliding_window", 16, 1024, None, ("a", "b"))
+        assert lay.block_size == 32
+
+
+@pytest.mark.parametrize(
+    ("doc", "problem"),
+    [
+        ([], "must be a table/object"),
+        ({"groups": []}, "non-empty list"),
+        ({"groups": [{"type": "full_attention"}], "colour": 1}, "unknown layout key(s) colour"),
+        ({"groups": [{"block_size": 16}]}, "missing 'type'"),
+        ({"groups": [{"type": "linear"}]}, "unknown type 'linear'"),
+        ({"groups": [{"type": "full", "block_size": 0}]}, "block_size must be a positive integer"),
+        (
+            {"groups": [{"type": "full", "block_size": True}]},
+            "block_size must be a positive integer",
+        ),
+        ({"groups": [{"type": "sliding_window"}]}, "needs 'sliding_window'"),
+        (
+            {"groups": [{"type": "full", "sliding_window": 4}]},
+            "only applies to type sliding_window",
+        ),
+        ({"groups": [{"type": "chunked_local"}]}, "needs 'attention_chunk_size'"),
+        ({"groups": [{"type": "full", "heads": 4}]}, "unknown key(s) heads"),
+        ({"groups": [{"type": "full", "layers": 0}]}, "layers must be a positive integer"),
+        (
+            {
+                "groups": [
+                    {"type": "full", "layers": ["x"]},
+                    {"type": "swa", "sliding_window": 8, "layers": ["x"]},
+                ]
+            },
+            "appear in two groups",
+        ),
+        ({"groups": [{"type": "mamba"}], "enable_caching": False}, "at least one attention group"),
+        ({"groups": [{"type": "full"}, {"type": "mamba"}]}, "set enable_caching = false"),
+        ({"groups": [{"type": "full"}], "enable_caching": "yes"}, "must be true or false"),
+    ],
+)
+def test_invalid_layouts(doc: object, problem: str) -> None:
+    with pytest.raises(LayoutError) as ei:
+        parse_layout(doc, "my.json")
+    assert problem in str(ei.value)
+    assert str(ei.value).startswith("my.json")
+
+
+def test_layout_file_errors(tmp_path: Path) -> None:
+    with pytest.raises(LayoutError, match=r"unknown layout 'nope'.*preset"):
+        load_layout("nope")
+    with pytest.raises(LayoutError, match="no such layout file"):
+        load_layout(str(tmp_path / "x.json"))
+    bad = tmp_path / "bad.toml"
+    bad.write_text("groups = [")
+    with pytest.raises(LayoutError, match="invalid TOML"):
+        load_layout(str(bad))
+    badj = tmp_path / "bad.json"
+    badj.write_text("{")
+    with pytest.raises(LayoutError, match="invalid JSON"):
+        load_layout(str(badj))
+
+
+def test_capacity_and_block_size() -> None:
+    full = PRESETS["full"]
+    assert num_blocks_for_capacity(full, 16) == 2
+    assert num_blocks_for_capacity(full, 17) == 3
+    assert num_blocks_for_capacity(PRESETS["sliding-window"], 1600) == 201
+    assert num_blocks_for_capacity(full.with_block_size(32), 1600) == 51
+    with pytest.raises(LayoutError):
+        num_blocks_for_capacity(full, 0)
+    with pytest.raises(LayoutError):
+        full.with_block_size(0)
+    mixed = Layout("m", (GroupSpec("full_attention", 16), GroupSpec("sliding_window", 24, 64)))
+    assert mixed.block_size == 48

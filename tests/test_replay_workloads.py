@@ -1,0 +1,219 @@
+"""Workload readers and the bundled synthetic workload (no manager needed)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from kvcoord.replay.workloads import (
+    MOONCAKE_BLOCK_TOKENS,
+    VOCAB_SIZE,
+    TraceFormatError,
+    load_workload,
+    mooncake_block_tokens,
+    mooncake_prompt_tokens,
+    read_mooncake,
+    read_token_trace,
+    synthetic_chat,
+)
+
+DATA = Path(__file__).parent / "data"
+MOONCAKE = DATA / "mooncake_small.jsonl"
+
+
+def _write(tmp_path: Path, lines: list[object], name: str = "t.jsonl") -> Path:
+    p = tmp_path / name
+    p.write_text(
+        "\n".join(x if isinstance(x, str) else json.dumps(x) for x in lines) + "\n",
+        encoding="utf-8",
+    )
+    return p
+
+
+# --------------------------------------------------------------------------- mooncake
+
+
+def test_mooncake_reader_fields() -> None:
+    wl = read_mooncake(MOONCAKE)
+    assert len(wl.requests) == 6
+    assert [r.arrival_s for r in wl.requests] == [0.0, 0.25, 0.5, 0.75, 1.5, 1.75]
+    assert [r.prompt_len for r in wl.requests] == [1100, 1300, 600, 1024, 700, 40]
+    assert [r.output_len for r in wl.requests] == [8, 4, 6, 3, 5, 2]
+    for r in wl.requests:
+        toks = r.prompt_tokens()
+        assert len(toks) == r.prompt_len
+        assert all(0 <= t < VOCAB_SIZE for t in toks)
+        assert len(r.output_tokens()) == r.output_len
+    assert read_mooncake(MOONCAKE, limit=2).requests[1].prompt_len == 1300
+
+
+def test_mooncake_shared_ids_give_shared_prefixes() -> None:
+    r = read_mooncake(MOONCAKE).requests
+    a, b, c, d = (np.array(x.prompt_tokens()) for x in r[:4])
+    n = 2 * MOONCAKE_BLOCK_TOKENS
+    assert (a[:n] == b[:n]).all()  # ids [0, 1] shared
+    assert (a[n : 1024 + 16] != b[n : 1024 + 16]).any()  # id 2 vs 3
+    assert (d == a[:1024]).all()
+    assert (c[:16] != a[:16]).any()
+    # a block is a function of its id alone, whatever its position
+    e = np.array(r[4].prompt_tokens())
+    assert (e[:MOONCAKE_BLOCK_TOKENS] == c[:MOONCAKE_BLOCK_TOKENS]).all()
+    assert (mooncake_block_tokens(6)[:188] == e[MOONCAKE_BLOCK_TOKENS:]).all()
+    assert (mooncake_prompt_tokens([9, 4], 1024)[512:] == mooncake_block_tokens(4)).all()
+
+
+def test_mooncake_block_tokens_distinct_at_small_block_sizes() -> None:
+    blocks = {tuple(mooncake_block_tokens(h)[i : i + 16]) for h in range(50) for i in (0, 256)}
+    assert len(blocks) == 100
+    assert (mooncake_block_tokens(3) == mooncake_block_tokens(3)).all()
+
+
+@pytest.mark.parametrize(
+    ("line", "problem"),
+    [
+        ("{not json", "invalid JSON"),
+        ("[1, 2]", "expected a JSON object"),
+        ('{"input_length": 10, "output_length": 1, "hash_ids": [1]}', "missing field 'timestamp'"),
+        ('{"timestamp": 0, "output_length": 1, "hash_ids": [1]}', "missing field 'input_length'"),
+        (
+            '{"timestamp": 0, "input_length": 0, "output_length": 1, "hash_ids": []}',
+            "'input_length' must be >= 1",
+        ),
+        (
+            '{"timestamp": 0, "input_length": 10, "output_length": -1, "hash_ids": [1]}',
+            "'output_length' must be >= 0",
+        ),
+        (
+            '{"timestamp": 0, "input_length": "10", "output_length": 1, "hash_ids": [1]}',
+            "must be an integer",
+        ),
+        (
+            '{"timestamp": -5, "input_length": 10, "output_length": 1, "hash_ids": [1]}',
+            "non-negative number",
+        ),
+        ('{"timestamp": 0, "input_length": 10, "output_length": 1}', "missing field 'hash_ids'"),
+        (
+            '{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": ["a"]}',
+            "list of non-negative",
+        ),
+        (
+            '{"timestamp": 0, "input_length": 1000, "output_length": 1, "hash_ids": [1]}',
+            "needs 2 hash ids",
+        ),
+    ],
+)
+def test_mooncake_malformed_line_names_file_and_line(
+    tmp_path: Path, line: str, problem: str
+) -> None:
+    good = {"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}
+    p = _write(tmp_path, [good, "", line])
+    with pytest.raises(TraceFormatError) as ei:
+        read_mooncake(p)
+    assert ei.value.line == 3
+    assert str(ei.value).startswith(f"{p}:3: ")
+    assert problem in str(ei.value)
+
+
+def test_unreadable_trace(tmp_path: Path) -> None:
+    with pytest.raises(TraceFormatError, match="no such file"):
+        read_mooncake(tmp_path / "missing.jsonl")
+    with pytest.raises(TraceFormatError, match="directory"):
+        read_mooncake(tmp_path)
+    bad = tmp_path / "bin.jsonl"
+    bad.write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(TraceFormatError, match="UTF-8"):
+        read_mooncake(bad)
+
+
+# --------------------------------------------------------------------------- token traces
+
+
+def test_token_trace_reader(tmp_path: Path) -> None:
+    p = _write(
+        tmp_path,
+        [
+            {
+                "prompt_token_ids": [1, 2, 3],
+                "output_length": 2,
+                "arrival_time": 0.5,
+                "cache_salt": "s",
+            },
+            {"prompt_token_ids": [1, 2], "timestamp": 100, "request_id": "x"},
+            {"prompt_token_ids": [4], "output_token_ids": [7, 8, 9]},
+        ],
+    )
+    wl = read_token_trace(p)
+    by_id = {r.request_id: r for r in wl.requests}
+    assert set(by_id) == {"req-0", "x", "req-2"}
+    assert [r.request_id for r in wl.requests] == ["req-2", "x", "req-0"]  # sorted by arrival
+    assert by_id["req-0"].prompt_tokens() == [1, 2, 3]
+    assert by_id["req-0"].cache_salt == "s"
+    assert by_id["req-0"].arrival_s == 0.5
+    assert by_id["x"].arrival_s == pytest.approx(0.1)
+    assert by_id["x"].output_len == 16
+    assert by_id["req-2"].output_tokens() == [7, 8, 9]
+    assert by_id["req-2"].output_len == 3
+
+
+@pytest.mark.parametrize(
+    ("obj", "problem"),
+    [
+        ({"output_length": 3}, "missing field 'prompt_token_ids'"),
+        ({"prompt_token_ids": []}, "non-empty list"),
+        ({"prompt_token_ids": [1, -2]}, "non-negative integers"),
+        ({"prompt_token_ids": [1], "output_length": 0}, "'output_length' must be >= 1"),
+        ({"prompt_token_ids": [1], "output_token_ids": "ab"}, "'output_token_ids' must be a list"),
+        (
+            {"prompt_token_ids": [1], "output_token_ids": [1], "output_length": 2},
+            "fewer than output_length",
+        ),
+        ({"prompt_token_ids": [1], "cache_salt": 3}, "'cache_salt' must be a string"),
+        ({"prompt_token_ids": [1], "arrival_time": "soon"}, "non-negative number"),
+        ({"prompt_token_ids": [1], "request_id": "a"}, "duplicate request_id 'a'"),
+    ],
+)
+def test_token_trace_malformed(tmp_path: Path, obj: dict[str, object], problem: str) -> None:
+    p = _write(tmp_path, [{"prompt_token_ids": [5], "request_id": "a"}, obj])
+    with pytest.raises(TraceFormatError) as ei:
+        read_token_trace(p)
+    assert str(ei.value).startswith(f"{p}:2: ")
+    assert problem in str(ei.value)
+
+
+def test_load_workload_guesses_format(tmp_path: Path) -> None:
+    assert load_workload(MOONCAKE, None).name.startswith("mooncake:")
+    p = _write(tmp_path, [{"prompt_token_ids": [1, 2]}])
+    assert load_workload(p, None).name.startswith("tokens:")
+    assert len(load_workload(None, None, limit=5).requests) == 5
+    q = _write(tmp_path, [{"foo": 1}], "q.jsonl")
+    with pytest.raises(TraceFormatError, match=r"q\.jsonl:1: cannot tell the format"):
+        load_workload(q, None)
+    with pytest.raises(TraceFormatError, match=r"t\.jsonl:1: missing field 'timestamp'"):
+        load_workload(p, "mooncake")
+
+
+# --------------------------------------------------------------------------- bundled default
+
+
+def test_synthetic_chat_is_deterministic_and_shares_prefixes() -> None:
+    a, b = synthetic_chat(seed=3), synthetic_chat(seed=3)
+    assert [r.request_id for r in a.requests] == [r.request_id for r in b.requests]
+    assert all(
+        x.prompt_tokens() == y.prompt_tokens() for x, y in zip(a.requests, b.requests, strict=True)
+    )
+    assert synthetic_chat(seed=4).requests[0].prompt_tokens() != a.requests[0].prompt_tokens()
+    times = [r.arrival_s for r in a.requests]
+    assert times == sorted(times)
+    by_id = {r.request_id: r for r in a.requests}
+    followups = [r for r in a.requests if not r.request_id.endswith("-t0")]
+    assert followups, "the default workload has follow-up turns"
+    for r in followups:
+        conv, turn = r.request_id.rsplit("-t", 1)
+        prev = by_id[f"{conv}-t{int(turn) - 1}"]
+        history = prev.prompt_tokens() + prev.output_tokens()
+        assert r.prompt_tokens()[: len(history)] == history
+        assert r.arrival_s > prev.arrival_s
+    firsts = {tuple(r.prompt_tokens()[:1024]) for r in a.requests}
+    assert 1 < len(firsts) <= 4  # a few shared system prompts
