@@ -15,11 +15,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import cbor2
+import kvcoord
 import numpy as np
 import pytest
 import xxhash
-
-import kvcoord
 
 NUM_TOKENS = 32 * 1024
 BLOCK = 16

@@ -8,12 +8,11 @@ import threading
 import time
 from pathlib import Path
 
+import kvcoord
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-import kvcoord
 from kvcoord import (
     ConfigError,
     InvalidTokenError,
@@ -199,9 +198,7 @@ token_lists = st.lists(st.integers(0, 2**32 - 1), min_size=0, max_size=80)
     cuts=st.lists(st.integers(0, 80), max_size=6),
     salt=st.one_of(st.none(), st.text(max_size=5)),
     lora=st.one_of(st.none(), st.tuples(st.text(max_size=4), st.text(max_size=4))),
-    mm=st.lists(
-        st.tuples(st.text(max_size=3), st.integers(0, 60), st.integers(0, 20)), max_size=3
-    ),
+    mm=st.lists(st.tuples(st.text(max_size=3), st.integers(0, 60), st.integers(0, 20)), max_size=3),
 )
 def test_any_split_equals_one_shot(toks, bs, algo, cuts, salt, lora, mm) -> None:
     kw = {
@@ -240,7 +237,7 @@ def test_token_change_propagates_forward_only(toks, bs, algo, data) -> None:
     after = compute_block_hashes(changed, **kw)
     blk = pos // bs
     assert after[:blk] == base[:blk]
-    assert all(a != b for a, b in zip(after[blk:], base[blk:]))
+    assert all(a != b for a, b in zip(after[blk:], base[blk:], strict=True))
 
 
 @settings(max_examples=40, deadline=None)
@@ -261,13 +258,13 @@ def test_salt_and_lora_change_every_block(toks, bs, algo, salts, loras) -> None:
         a = compute_block_hashes(toks, cache_salt=salts[0], **kw)
         b = compute_block_hashes(toks, cache_salt=salts[1], **kw)
         # The salt enters block 0 only, but the chain carries it to all.
-        assert all(x != y for x, y in zip(a, b))
-        assert all(x != y for x, y in zip(a, base))
+        assert all(x != y for x, y in zip(a, b, strict=True))
+        assert all(x != y for x, y in zip(a, base, strict=True))
     if loras[0] != loras[1]:
         a = compute_block_hashes(toks, lora=loras[0], **kw)
         b = compute_block_hashes(toks, lora=loras[1], **kw)
-        assert all(x != y for x, y in zip(a, b))
-        assert all(x != y for x, y in zip(a, base))
+        assert all(x != y for x, y in zip(a, b, strict=True))
+        assert all(x != y for x, y in zip(a, base, strict=True))
 
 
 def test_mm_identifier_changes_only_overlapped_and_later_blocks() -> None:
@@ -276,7 +273,7 @@ def test_mm_identifier_changes_only_overlapped_and_later_blocks() -> None:
     a = compute_block_hashes(toks, mm_features=[("img-a", 17, 10)], **kw)
     b = compute_block_hashes(toks, mm_features=[("img-b", 17, 10)], **kw)
     assert a[:2] == b[:2]
-    assert all(x != y for x, y in zip(a[2:], b[2:]))
+    assert all(x != y for x, y in zip(a[2:], b[2:], strict=True))
 
 
 # ---------------------------------------------------------------- errors

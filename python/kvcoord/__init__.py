@@ -22,20 +22,6 @@ from kvcoord._core import (
     none_hash,
     validate_retention_interval,
 )
-from kvcoord.errors import (
-    BlockStateError,
-    BlockTableError,
-    BlockTableIndexError,
-    ConfigError,
-    InvalidArgumentError,
-    InvalidBlockIdError,
-    InvalidHashError,
-    InvalidTokenError,
-    InvariantError,
-    KvCoordError,
-    OutOfBlocksError,
-    UnknownRequestError,
-)
 from kvcoord.config import (
     ChunkedLocalAttentionSpec,
     CrossAttentionSpec,
@@ -53,10 +39,25 @@ from kvcoord.coordinator import (
     UnitaryKVCacheCoordinator,
     get_kv_cache_coordinator,
 )
+from kvcoord.errors import (
+    BlockStateError,
+    BlockTableError,
+    BlockTableIndexError,
+    ConfigError,
+    InvalidArgumentError,
+    InvalidBlockIdError,
+    InvalidHashError,
+    InvalidTokenError,
+    InvariantError,
+    KvCoordError,
+    OutOfBlocksError,
+    UnknownRequestError,
+)
 from kvcoord.hashing import HashAlgoName, LoRA, MultiModalFeature
 from kvcoord.manager import KVCacheBlocks, KVCacheManager, PrefixCacheStats
 
 __all__ = [
+    "HASH_ALGOS",
     "AllBlocksCleared",
     "BlockHashes",
     "BlockPool",
@@ -69,7 +70,6 @@ __all__ = [
     "ConfigError",
     "CrossAttentionSpec",
     "FullAttentionSpec",
-    "HASH_ALGOS",
     "HashAlgoName",
     "HybridKVCacheCoordinator",
     "InvalidArgumentError",

@@ -8,7 +8,7 @@ use kvcoord_core::{ExtraKeys, HashAlgo, HashConfig};
 
 /// 16-token blocks over a 32k-token prompt, each algorithm (the hashing
 /// alone, no Python conversion).
-pub fn register(c: &mut Criterion) {
+pub(crate) fn register(c: &mut Criterion) {
     let tokens: Vec<u32> = (0..32_768u32)
         .map(|i| i.wrapping_mul(2_654_435_761) % 200_000)
         .collect();
@@ -25,7 +25,7 @@ pub fn register(c: &mut Criterion) {
 
 /// The primitives alone (SHA-256 and XXH3-128 of a block-sized payload, CBOR
 /// encoding of the tokens), to compare with the per-block cost above.
-pub fn primitives(c: &mut Criterion) {
+pub(crate) fn primitives(c: &mut Criterion) {
     use sha2::{Digest, Sha256};
     let data = [7u8; 117];
     let mut g = c.benchmark_group("hash_primitive");

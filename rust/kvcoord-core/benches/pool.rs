@@ -20,7 +20,7 @@ fn hash(i: u64) -> BlockHash {
     BlockHash::from_slice(&b).unwrap()
 }
 
-pub fn register(c: &mut Criterion) {
+pub(crate) fn register(c: &mut Criterion) {
     let mut g = c.benchmark_group("pool");
     g.throughput(Throughput::Elements(BATCH as u64));
 

@@ -46,7 +46,7 @@ macro_rules! try_token_array {
                 $out.reserve(view.len());
                 // Check the whole array first (a loop the compiler
                 // vectorizes), then convert; report the first bad position.
-                #[allow(clippy::cast_lossless, clippy::unnecessary_cast, clippy::cast_possible_wrap, clippy::cast_sign_loss, unused_comparisons)]
+                #[allow(clippy::cast_lossless, clippy::unnecessary_cast, clippy::cast_possible_wrap, clippy::cast_sign_loss, clippy::checked_conversions, unused_comparisons)]
                 {
                     let ok = |v: $t| v >= 0 && (v as u64) <= u64::from(u32::MAX);
                     if view.iter().all(|&v| ok(v)) {
@@ -491,28 +491,19 @@ impl BlockHashes {
 
     fn __eq__(&self, py: Python<'_>, other: &Bound<'_, PyAny>) -> PyResult<bool> {
         let req = self.request.borrow(py);
-        let mine = hashes_to_list(py, req.hasher.block_hashes())?;
-        match other.cast::<BlockHashes>() {
-            Ok(o) => {
-                let theirs = o.get().request.borrow(py);
-                Ok(req.hasher.block_hashes() == theirs.hasher.block_hashes())
-            }
-            Err(_) => {
-                if other.is_instance_of::<PyString>() || other.is_instance_of::<PyBytes>() {
-                    return Ok(false);
-                }
-                match other.try_iter() {
-                    Ok(_) => {
-                        let as_list = PyList::empty(py);
-                        for item in other.try_iter()? {
-                            as_list.append(item?)?;
-                        }
-                        mine.eq(as_list)
-                    }
-                    Err(_) => Ok(false),
-                }
-            }
+        if let Ok(o) = other.cast::<BlockHashes>() {
+            let theirs = o.get().request.borrow(py);
+            return Ok(req.hasher.block_hashes() == theirs.hasher.block_hashes());
         }
+        if other.is_instance_of::<PyString>() || other.is_instance_of::<PyBytes>() {
+            return Ok(false);
+        }
+        let Ok(items) = other.try_iter() else { return Ok(false) };
+        let as_list = PyList::empty(py);
+        for item in items {
+            as_list.append(item?)?;
+        }
+        hashes_to_list(py, req.hasher.block_hashes())?.eq(as_list)
     }
 
     fn __repr__(&self, py: Python<'_>) -> String {
