@@ -2,7 +2,9 @@
 //! only; the hashing is `kvcoord_core::hashing`.
 
 use kvcoord_core::hashing;
-use kvcoord_core::{BlockHash, ExtraKeys, HashAlgo, HashConfig, KvError, LoraKey, MmFeature, RequestHasher};
+use kvcoord_core::{
+    BlockHash, ExtraKeys, HashAlgo, HashConfig, KvError, LoraKey, MmFeature, RequestHasher,
+};
 use numpy::ndarray::Array2;
 use numpy::{IntoPyArray, PyArray1, PyArray2, PyReadonlyArray1};
 use pyo3::exceptions::{PyIndexError, PyTypeError};
@@ -18,7 +20,9 @@ const DETACH_MIN_TOKENS: usize = 4096;
 // ---------------------------------------------------------------- conversion
 
 fn invalid_token(position: usize, value: &Bound<'_, PyAny>) -> PyErr {
-    let shown = value.repr().map_or_else(|_| "?".to_owned(), |r| r.to_string());
+    let shown = value
+        .repr()
+        .map_or_else(|_| "?".to_owned(), |r| r.to_string());
     InvalidTokenError::new_err(format!(
         "token id {shown} at position {position} is invalid: token ids must be in [0, 2^32)"
     ))
@@ -33,7 +37,9 @@ fn token(position: usize, item: &Bound<'_, PyAny>) -> PyResult<u32> {
         Err(_) if item.is_instance_of::<PyInt>() => Err(invalid_token(position, item)),
         Err(e) => Err(PyTypeError::new_err(format!(
             "token id at position {position} must be an int, got {} ({e})",
-            item.get_type().name().map_or_else(|_| "?".to_owned(), |n| n.to_string())
+            item.get_type()
+                .name()
+                .map_or_else(|_| "?".to_owned(), |n| n.to_string())
         ))),
     }
 }
@@ -94,7 +100,9 @@ fn extract_tokens(obj: &Bound<'_, PyAny>, out: &mut Vec<u32>, base: usize) -> Py
     }
     try_token_array!(obj, out, base, i64, i32, u64, u16, i16, u8, i8);
     if obj.is_instance_of::<PyString>() || obj.is_instance_of::<PyBytes>() {
-        return Err(PyTypeError::new_err("token ids must be a sequence of ints, not str/bytes"));
+        return Err(PyTypeError::new_err(
+            "token ids must be a sequence of ints, not str/bytes",
+        ));
     }
     for (i, item) in obj.try_iter()?.enumerate() {
         out.push(token(base + i, &item?)?);
@@ -106,7 +114,9 @@ fn str_field(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<String> {
     obj.extract::<String>().map_err(|_| {
         PyTypeError::new_err(format!(
             "{what} must be a str, got {}",
-            obj.get_type().name().map_or_else(|_| "?".to_owned(), |n| n.to_string())
+            obj.get_type()
+                .name()
+                .map_or_else(|_| "?".to_owned(), |n| n.to_string())
         ))
     })
 }
@@ -114,25 +124,37 @@ fn str_field(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<String> {
 /// `lora`: `None`, a `(name, path)` tuple, or an object with `name` and
 /// `path` attributes (such as `kvcoord.LoRA`).
 fn lora_key(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<LoraKey>> {
-    let Some(obj) = obj.filter(|o| !o.is_none()) else { return Ok(None) };
+    let Some(obj) = obj.filter(|o| !o.is_none()) else {
+        return Ok(None);
+    };
     let (name, path) = if let Ok(t) = obj.cast::<PyTuple>() {
         if t.len() != 2 {
-            return Err(PyTypeError::new_err(format!("lora must be (name, path), got a tuple of {} items", t.len())));
+            return Err(PyTypeError::new_err(format!(
+                "lora must be (name, path), got a tuple of {} items",
+                t.len()
+            )));
         }
         (t.get_item(0)?, t.get_item(1)?)
     } else if obj.hasattr("name")? && obj.hasattr("path")? {
         (obj.getattr("name")?, obj.getattr("path")?)
     } else {
-        return Err(PyTypeError::new_err("lora must be None, a (name, path) tuple or an object with .name and .path"));
+        return Err(PyTypeError::new_err(
+            "lora must be None, a (name, path) tuple or an object with .name and .path",
+        ));
     };
-    Ok(Some(LoraKey { name: str_field(&name, "lora name")?, path: str_field(&path, "lora path")? }))
+    Ok(Some(LoraKey {
+        name: str_field(&name, "lora name")?,
+        path: str_field(&path, "lora path")?,
+    }))
 }
 
 /// `mm_features`: `None` or an iterable of `(identifier, offset, length)`
 /// tuples or objects with those attributes (such as
 /// `kvcoord.MultiModalFeature`).
 fn mm_features(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<MmFeature>> {
-    let Some(obj) = obj.filter(|o| !o.is_none()) else { return Ok(Vec::new()) };
+    let Some(obj) = obj.filter(|o| !o.is_none()) else {
+        return Ok(Vec::new());
+    };
     let mut out = Vec::new();
     for item in obj.try_iter()? {
         let item = item?;
@@ -145,27 +167,42 @@ fn mm_features(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<MmFeature>> {
             }
             (t.get_item(0)?, t.get_item(1)?, t.get_item(2)?)
         } else if item.hasattr("identifier")? {
-            (item.getattr("identifier")?, item.getattr("offset")?, item.getattr("length")?)
+            (
+                item.getattr("identifier")?,
+                item.getattr("offset")?,
+                item.getattr("length")?,
+            )
         } else {
             return Err(PyTypeError::new_err(
                 "each mm_features item must be an (identifier, offset, length) tuple or an object with those attributes",
             ));
         };
         let id = str_field(&id, "mm_features identifier")?;
-        out.push(core(hashing::mm_feature(id, offset.extract()?, length.extract()?))?);
+        out.push(core(hashing::mm_feature(
+            id,
+            offset.extract()?,
+            length.extract()?,
+        ))?);
     }
     Ok(out)
 }
 
-fn hash_config(hash_algo: &str, hash_block_size: i64, hash_seed: Option<&str>) -> PyResult<HashConfig> {
+fn hash_config(
+    hash_algo: &str,
+    hash_block_size: i64,
+    hash_seed: Option<&str>,
+) -> PyResult<HashConfig> {
     let algo = core(HashAlgo::from_name(hash_algo))?;
-    let bs = usize::try_from(hash_block_size).ok().filter(|&b| b > 0).ok_or_else(|| {
-        crate::errors::CoreError(KvError::InvalidConfig {
-            name: "hash_block_size",
-            value: hash_block_size.to_string(),
-            rule: "must be a positive number of tokens".into(),
-        })
-    })?;
+    let bs = usize::try_from(hash_block_size)
+        .ok()
+        .filter(|&b| b > 0)
+        .ok_or_else(|| {
+            crate::errors::CoreError(KvError::InvalidConfig {
+                name: "hash_block_size",
+                value: hash_block_size.to_string(),
+                rule: "must be a positive number of tokens".into(),
+            })
+        })?;
     core(HashConfig::new(algo, bs, hash_seed))
 }
 
@@ -313,7 +350,11 @@ impl PyRequest {
     /// Append one token (an int) or many (a sequence or numpy array); hashes
     /// the blocks this completes. All-or-nothing: on an invalid token nothing
     /// is appended.
-    fn append_output_token_ids(&mut self, py: Python<'_>, token_ids: &Bound<'_, PyAny>) -> PyResult<()> {
+    fn append_output_token_ids(
+        &mut self,
+        py: Python<'_>,
+        token_ids: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
         let base = self.tokens.len();
         if token_ids.is_instance_of::<PyInt>() {
             let t = token(base, token_ids)?;
@@ -399,18 +440,29 @@ impl PyRequest {
 
     #[getter]
     fn lora(&self) -> Option<(String, String)> {
-        self.hasher.extra_keys().lora.as_ref().map(|l| (l.name.clone(), l.path.clone()))
+        self.hasher
+            .extra_keys()
+            .lora
+            .as_ref()
+            .map(|l| (l.name.clone(), l.path.clone()))
     }
 
     #[getter]
     fn mm_features(&self) -> Vec<(String, u32, u32)> {
-        self.hasher.extra_keys().mm_features.iter().map(|f| (f.identifier.clone(), f.offset, f.length)).collect()
+        self.hasher
+            .extra_keys()
+            .mm_features
+            .iter()
+            .map(|f| (f.identifier.clone(), f.offset, f.length))
+            .collect()
     }
 
     /// A live, read-only sequence view of the block hashes (bytes items).
     #[getter]
     fn block_hashes(slf: Bound<'_, Self>) -> BlockHashes {
-        BlockHashes { request: slf.unbind() }
+        BlockHashes {
+            request: slf.unbind(),
+        }
     }
 
     #[getter]
@@ -426,7 +478,9 @@ impl PyRequest {
         for h in hashes {
             flat.extend_from_slice(h.as_bytes());
         }
-        Array2::from_shape_vec((hashes.len(), d), flat).expect("shape matches").into_pyarray(py)
+        Array2::from_shape_vec((hashes.len(), d), flat)
+            .expect("shape matches")
+            .into_pyarray(py)
     }
 
     /// The block hashes concatenated into one bytes object
@@ -458,12 +512,16 @@ pub(crate) struct BlockHashes {
 
 #[pymethods]
 impl BlockHashes {
-    fn __len__(&self, py: Python<'_>) -> usize {
-        self.request.borrow(py).hasher.block_hashes().len()
+    fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
+        Ok(self.request.try_borrow(py)?.hasher.block_hashes().len())
     }
 
-    fn __getitem__<'py>(&self, py: Python<'py>, index: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
-        let req = self.request.borrow(py);
+    fn __getitem__<'py>(
+        &self,
+        py: Python<'py>,
+        index: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let req = self.request.try_borrow(py)?;
         let hashes = req.hasher.block_hashes();
         if let Ok(slice) = index.cast::<PySlice>() {
             let ind = slice.indices(isize::try_from(hashes.len()).unwrap_or(isize::MAX))?;
@@ -485,20 +543,24 @@ impl BlockHashes {
     }
 
     fn __iter__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let req = self.request.borrow(py);
-        hashes_to_list(py, req.hasher.block_hashes())?.try_iter().map(Bound::into_any)
+        let req = self.request.try_borrow(py)?;
+        hashes_to_list(py, req.hasher.block_hashes())?
+            .try_iter()
+            .map(Bound::into_any)
     }
 
     fn __eq__(&self, py: Python<'_>, other: &Bound<'_, PyAny>) -> PyResult<bool> {
-        let req = self.request.borrow(py);
+        let req = self.request.try_borrow(py)?;
         if let Ok(o) = other.cast::<BlockHashes>() {
-            let theirs = o.get().request.borrow(py);
+            let theirs = o.get().request.try_borrow(py)?;
             return Ok(req.hasher.block_hashes() == theirs.hasher.block_hashes());
         }
         if other.is_instance_of::<PyString>() || other.is_instance_of::<PyBytes>() {
             return Ok(false);
         }
-        let Ok(items) = other.try_iter() else { return Ok(false) };
+        let Ok(items) = other.try_iter() else {
+            return Ok(false);
+        };
         let as_list = PyList::empty(py);
         for item in items {
             as_list.append(item?)?;
@@ -506,10 +568,14 @@ impl BlockHashes {
         hashes_to_list(py, req.hasher.block_hashes())?.eq(as_list)
     }
 
-    fn __repr__(&self, py: Python<'_>) -> String {
-        let req = self.request.borrow(py);
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        let req = self.request.try_borrow(py)?;
         let hashes = req.hasher.block_hashes();
-        format!("BlockHashes(n={}, digest_len={})", hashes.len(), req.hasher.config().algo().digest_len())
+        Ok(format!(
+            "BlockHashes(n={}, digest_len={})",
+            hashes.len(),
+            req.hasher.config().algo().digest_len()
+        ))
     }
 }
 
