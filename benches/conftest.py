@@ -21,7 +21,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     if not RESULTS:
         return
     tr = terminalreporter
-    tr.section("hashing throughput (32k-token prompt, 16-token blocks)")
+    tr.section("hashing throughput (32k-token prompt, 16-token blocks; fastest round)")
     base_sha = RESULTS.get("python/sha256_cbor")
     for case, tps in sorted(RESULTS.items()):
         algo = case.split("/")[1]

@@ -4,7 +4,8 @@ array) beside a pure-Python baseline written in vLLM 0.33's style (cbor2 +
 hashlib / xxhash, one call per block, extra keys computed per block).
 
 Run: ``.venv/bin/pytest benches/test_bench_hashing.py --benchmark-enable``.
-The summary at the end prints tokens/s and the ratios to the baseline.
+The summary at the end prints tokens/s (fastest round) and the ratios to
+the baseline.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ import xxhash
 
 NUM_TOKENS = 32 * 1024
 BLOCK = 16
-RESULTS: dict[str, float] = {}  # case -> tokens/s (median), read by conftest.py
+# case -> tokens/s from the fastest round (the least disturbed on a shared
+# machine), read by conftest.py; the median is kept in extra_info.
+RESULTS: dict[str, float] = {}
 
 _rng = random.Random(0)
 PROMPT = [_rng.randrange(200_000) for _ in range(NUM_TOKENS)]
@@ -96,9 +99,10 @@ BASELINES = {"sha256_cbor": _sha256_cbor, "xxhash_cbor": _xxhash_cbor}
 
 def _record(benchmark: Any, case: str) -> None:
     if benchmark.stats is not None:  # None when benchmarks are disabled
-        median = benchmark.stats.stats.median
-        RESULTS[case] = NUM_TOKENS / median
-        benchmark.extra_info["tokens_per_s"] = NUM_TOKENS / median
+        stats = benchmark.stats.stats
+        RESULTS[case] = NUM_TOKENS / stats.min
+        benchmark.extra_info["tokens_per_s_best"] = NUM_TOKENS / stats.min
+        benchmark.extra_info["tokens_per_s_median"] = NUM_TOKENS / stats.median
 
 
 @pytest.mark.parametrize("algo", list(BASELINES))
