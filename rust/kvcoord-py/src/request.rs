@@ -13,7 +13,7 @@ use pyo3::types::{PyBytes, PyInt, PyList, PySlice, PyString, PyTuple};
 
 use crate::errors::{core, InvalidTokenError};
 
-/// Hash on a thread without the GIL when at least this many tokens are new
+/// Hash without holding the GIL when at least this many tokens are new
 /// (releasing and re-taking the GIL costs about a microsecond).
 const DETACH_MIN_TOKENS: usize = 4096;
 
