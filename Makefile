@@ -56,6 +56,7 @@ lint: venv ## cargo fmt/clippy, ruff
 	$(VENV)/bin/pip install -q ruff mypy types-tqdm
 	$(VENV)/bin/ruff check python tests benches
 	$(VENV)/bin/ruff format --check python tests benches
+	$(VENV)/bin/mypy
 
 .PHONY: clean
 clean: ## Remove build outputs and the virtualenv

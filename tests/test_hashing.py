@@ -238,7 +238,7 @@ def test_token_change_propagates_forward_only(toks, bs, algo, data) -> None:
     after = compute_block_hashes(changed, **kw)
     blk = pos // bs
     assert after[:blk] == base[:blk]
-    assert all(a != b for a, b in zip(after[blk:], base[blk:]))
+    assert all(a != b for a, b in zip(after[blk:], base[blk:], strict=True))
 
 
 @settings(max_examples=40, deadline=None)
@@ -259,13 +259,13 @@ def test_salt_and_lora_change_every_block(toks, bs, algo, salts, loras) -> None:
         a = compute_block_hashes(toks, cache_salt=salts[0], **kw)
         b = compute_block_hashes(toks, cache_salt=salts[1], **kw)
         # The salt enters block 0 only, but the chain carries it to all.
-        assert all(x != y for x, y in zip(a, b))
-        assert all(x != y for x, y in zip(a, base))
+        assert all(x != y for x, y in zip(a, b, strict=True))
+        assert all(x != y for x, y in zip(a, base, strict=True))
     if loras[0] != loras[1]:
         a = compute_block_hashes(toks, lora=loras[0], **kw)
         b = compute_block_hashes(toks, lora=loras[1], **kw)
-        assert all(x != y for x, y in zip(a, b))
-        assert all(x != y for x, y in zip(a, base))
+        assert all(x != y for x, y in zip(a, b, strict=True))
+        assert all(x != y for x, y in zip(a, base, strict=True))
 
 
 def test_mm_identifier_changes_only_overlapped_and_later_blocks() -> None:
@@ -274,7 +274,7 @@ def test_mm_identifier_changes_only_overlapped_and_later_blocks() -> None:
     a = compute_block_hashes(toks, mm_features=[("img-a", 17, 10)], **kw)
     b = compute_block_hashes(toks, mm_features=[("img-b", 17, 10)], **kw)
     assert a[:2] == b[:2]
-    assert all(x != y for x, y in zip(a[2:], b[2:]))
+    assert all(x != y for x, y in zip(a[2:], b[2:], strict=True))
 
 
 # ---------------------------------------------------------------- errors

@@ -22,7 +22,7 @@ def test_pool_counts_reused_cached_blocks() -> None:
 def test_counter_follows_the_manager_pool() -> None:
     mgr = make_manager(PRESETS["full"], num_blocks=3, max_model_len=64)
     counter = EvictionCounter(mgr)
-    a = kvcoord.Request("a", list(range(16)) + [99], hash_block_size=16)
+    a = kvcoord.Request("a", [*range(16), 99], hash_block_size=16)
     assert mgr.allocate_slots(a, a.num_tokens) is not None
     a.num_computed_tokens = a.num_tokens
     mgr.free(a)

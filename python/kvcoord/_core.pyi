@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Literal, final
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Literal, Protocol, final, overload
 
 import numpy as np
 import numpy.typing as npt
 
 __all__ = [
+    "HASH_ALGOS",
     "AllBlocksCleared",
+    "BlockHashes",
     "BlockPool",
     "BlockRemoved",
     "BlockStored",
     "CoordinatorCore",
+    "Request",
     "__version__",
+    "compute_block_hashes",
+    "none_hash",
     "validate_retention_interval",
 ]
 
@@ -183,6 +188,178 @@ def validate_retention_interval(
     Raises:
         ConfigError: naming the value and the rule it breaks.
     """
+
+# ---------------------------------------------------------------- hashing
+
+HashAlgoName = Literal["sha256_cbor", "xxhash_cbor", "xxh3_native"]
+
+HASH_ALGOS: tuple[HashAlgoName, ...]
+"""The accepted ``hash_algo`` names: ``("sha256_cbor", "xxhash_cbor", "xxh3_native")``."""
+
+TokenIds = Sequence[int] | npt.NDArray[np.integer]
+"""Token ids: a list/tuple of ints or a 1-D integer numpy array (uint32 is
+copied in one slice). Each must be in ``[0, 2**32)``."""
+
+class _LoRALike(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def path(self) -> str: ...
+
+class _MultiModalLike(Protocol):
+    @property
+    def identifier(self) -> str: ...
+    @property
+    def offset(self) -> int: ...
+    @property
+    def length(self) -> int: ...
+
+LoRAArg = tuple[str, str] | _LoRALike
+"""``(name, path)``, or an object with ``name`` and ``path`` (``kvcoord.LoRA``)."""
+
+MultiModalArg = tuple[str, int, int] | _MultiModalLike
+"""``(identifier, offset, length)`` in prompt-token positions, or an object
+with those attributes (``kvcoord.MultiModalFeature``)."""
+
+@final
+class Request:
+    """A request's token ids (prompt then outputs) and the chained hashes of
+    its full blocks, as vLLM 0.33.0's ``Request`` keeps them.
+
+    Block ``i`` covers tokens ``[i*B, (i+1)*B)`` with ``B = hash_block_size``;
+    only full blocks are hashed. Hashes are computed on creation and extended
+    by :meth:`append_output_token_ids`; earlier hashes are never recomputed.
+    Hashing a long prompt (4096+ new tokens) releases the GIL.
+
+    Algorithms: ``"sha256_cbor"`` and ``"xxhash_cbor"`` are byte-identical to
+    vLLM 0.33.0 (SHA-256 / XXH3-128 over canonical CBOR of
+    ``[parent, [tokens...], extra_keys | null]``); ``"xxh3_native"`` is
+    kvcoord's own faster format (XXH3-128 over the parent digest, the tokens
+    as little-endian u32 and length-prefixed extra keys; frozen as version
+    1, not vLLM-compatible).
+
+    Seed: ``hash_seed`` sets the root ``NONE_HASH = H(seed)``. When it is
+    None, ``sha256_cbor`` uses vLLM's ``"vllm-none-hash"`` and the other
+    algorithms a random seed drawn once per process: XXH3 is not collision
+    resistant, so a predictable seed would let an attacker precompute token
+    sequences that collide with another tenant's cached prefix. Pass an
+    explicit, secret seed only when several processes must agree on digests.
+    (Unlike vLLM, the ``PYTHONHASHSEED`` environment variable is not read.)
+
+    Extra keys, in vLLM's order: ``("lora", name, path)`` on every block;
+    ``("mm", identifier, offset - block_start)`` on every block a multimodal
+    item overlaps (negative when the item began earlier; items are sorted by
+    offset); ``("cache_salt", salt)`` on block 0 only (an empty salt is no
+    salt).
+    """
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: TokenIds,
+        *,
+        hash_block_size: int,
+        hash_algo: HashAlgoName = "sha256_cbor",
+        hash_seed: str | None = None,
+        cache_salt: str | None = None,
+        lora: LoRAArg | None = None,
+        mm_features: Iterable[MultiModalArg] | None = None,
+    ) -> None:
+        """Raises:
+        InvalidTokenError: a token id is negative or >= 2**32 (the message
+            gives its position).
+        ConfigError: unknown ``hash_algo`` (the message lists the allowed
+            names) or ``hash_block_size < 1``.
+        ValueError: a multimodal offset or length outside ``[0, 2**32)``.
+        TypeError: arguments of the wrong type.
+        """
+
+    def append_output_token_ids(self, token_ids: int | TokenIds) -> None:
+        """Append one token or many and hash the blocks they complete.
+        All-or-nothing: on an invalid token nothing is appended."""
+
+    @property
+    def request_id(self) -> str: ...
+    @property
+    def num_prompt_tokens(self) -> int: ...
+    @property
+    def num_output_tokens(self) -> int: ...
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus output tokens."""
+    @property
+    def num_computed_tokens(self) -> int:
+        """Tokens whose KV is computed (set by the scheduler; starts at 0)."""
+    @num_computed_tokens.setter
+    def num_computed_tokens(self, value: int) -> None: ...
+    skip_reading_prefix_cache: bool
+    """When True, ``KVCacheManager.get_computed_blocks`` reports no hit (e.g.
+    the request wants prompt logprobs, which cached tokens cannot give)."""
+    @property
+    def prompt_token_ids(self) -> list[int]: ...
+    @property
+    def output_token_ids(self) -> list[int]: ...
+    @property
+    def all_token_ids(self) -> list[int]: ...
+    def token_ids_array(self) -> npt.NDArray[np.uint32]:
+        """All token ids as a new 1-D uint32 array."""
+    @property
+    def hash_block_size(self) -> int: ...
+    @property
+    def hash_algo(self) -> HashAlgoName: ...
+    @property
+    def digest_len(self) -> int:
+        """Bytes per block hash: 32 for sha256_cbor, 16 otherwise."""
+    @property
+    def cache_salt(self) -> str | None: ...
+    @property
+    def lora(self) -> tuple[str, str] | None: ...
+    @property
+    def mm_features(self) -> list[tuple[str, int, int]]:
+        """The multimodal items, sorted by offset."""
+    @property
+    def block_hashes(self) -> BlockHashes:
+        """A live read-only sequence view of the full blocks' hashes (each
+        item a new ``bytes``). For hot paths prefer
+        :meth:`block_hashes_array` or :meth:`block_hashes_bytes`."""
+    @property
+    def num_block_hashes(self) -> int: ...
+    def block_hashes_array(self) -> npt.NDArray[np.uint8]:
+        """The hashes as a new ``(num_block_hashes, digest_len)`` uint8 array."""
+    def block_hashes_bytes(self) -> bytes:
+        """The hashes concatenated (``num_block_hashes * digest_len`` bytes)."""
+
+@final
+class BlockHashes(Sequence[bytes]):
+    """Read-only, live view of a :class:`Request`'s block hashes."""
+
+    def __len__(self) -> int: ...
+    @overload
+    def __getitem__(self, index: int) -> bytes: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[bytes]: ...
+    def __iter__(self) -> Iterator[bytes]: ...
+    def __eq__(self, other: object) -> bool:
+        """Equal to another view or any sequence of the same bytes."""
+
+def compute_block_hashes(
+    token_ids: TokenIds,
+    *,
+    hash_block_size: int,
+    hash_algo: HashAlgoName = "sha256_cbor",
+    hash_seed: str | None = None,
+    cache_salt: str | None = None,
+    lora: LoRAArg | None = None,
+    mm_features: Iterable[MultiModalArg] | None = None,
+) -> list[bytes]:
+    """Hashes of every full block of ``token_ids`` at once: the same values a
+    :class:`Request` with these arguments holds. Errors as for ``Request``."""
+
+def none_hash(hash_algo: HashAlgoName = "sha256_cbor", hash_seed: str | None = None) -> bytes:
+    """The root digest (parent of block 0) for an algorithm and seed; the
+    seed defaults as for :class:`Request`."""
+
+# ---------------------------------------------------------------- coordination
 
 @final
 class CoordinatorCore:

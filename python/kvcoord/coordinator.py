@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from kvcoord._core import BlockPool, CoordinatorCore, Request
 from kvcoord.config import (
@@ -56,7 +57,7 @@ class KVCacheCoordinator:
     #: "unitary" (hits align to the group's block size) or "hybrid" (hits and
     #: cached tokens align to the scheduler block size, so that several groups
     #: agree on boundaries); None picks by the number of groups.
-    arrangement: str | None = None
+    arrangement: Literal["unitary", "hybrid"] | None = None
 
     def __init__(
         self,
@@ -150,7 +151,7 @@ class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
 class UnitaryKVCacheCoordinator(KVCacheCoordinator):
     """Exactly one group: the hit is that group's own scan."""
 
-    arrangement = "unitary"
+    arrangement: Literal["unitary", "hybrid"] | None = "unitary"
 
     def __init__(
         self,
@@ -214,7 +215,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
     size so that every group sees whole blocks.
     """
 
-    arrangement = "hybrid"
+    arrangement: Literal["unitary", "hybrid"] | None = "hybrid"
 
     def __init__(
         self,

@@ -37,6 +37,7 @@ from time import perf_counter
 from typing import Any
 
 from kvcoord.config import KVCacheConfig
+from kvcoord.hashing import HashAlgoName
 from kvcoord.manager import KVCacheManager
 from kvcoord.replay.bestcase import BestCase, BestCaseTracker
 from kvcoord.replay.layouts import Layout
@@ -115,7 +116,7 @@ class SimResult:
 
 #: Hash algorithm of the simulated requests: only prefix equality matters
 #: here, so the fastest one.
-REPLAY_HASH_ALGO = "xxh3_native"
+REPLAY_HASH_ALGO: HashAlgoName = "xxh3_native"
 
 
 def build_config(layout: Layout, num_blocks: int) -> KVCacheConfig:

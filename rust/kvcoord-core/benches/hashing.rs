@@ -22,3 +22,33 @@ pub(crate) fn register(c: &mut Criterion) {
     }
     g.finish();
 }
+
+/// The primitives alone (SHA-256 and XXH3-128 of a block-sized payload, CBOR
+/// encoding of the tokens), to compare with the per-block cost above.
+pub(crate) fn primitives(c: &mut Criterion) {
+    use sha2::{Digest, Sha256};
+    let data = [7u8; 117];
+    let mut g = c.benchmark_group("hash_primitive");
+    g.bench_function("sha256_117B", |b| {
+        b.iter(|| Sha256::digest(black_box(&data[..])));
+    });
+    g.bench_function("xxh3_128_84B", |b| {
+        b.iter(|| xxhash_rust::xxh3::xxh3_128(black_box(&data[..84])));
+    });
+    let tokens: Vec<u32> = (0..32_768u32)
+        .map(|i| i.wrapping_mul(2_654_435_761) % 200_000)
+        .collect();
+    let mut buf = kvcoord_core::cbor::CborBuf::with_capacity(256);
+    g.bench_function("cbor_encode_32k_tokens_bs16", |b| {
+        b.iter(|| {
+            let mut total = 0;
+            for blk in black_box(&tokens).chunks_exact(16) {
+                buf.clear();
+                buf.u32_array(blk);
+                total += buf.as_bytes().len();
+            }
+            total
+        });
+    });
+    g.finish();
+}

@@ -8,5 +8,10 @@ use criterion::{criterion_group, criterion_main};
 mod hashing;
 mod pool;
 
-criterion_group!(benches, pool::register, hashing::register);
+criterion_group!(
+    benches,
+    pool::register,
+    hashing::register,
+    hashing::primitives
+);
 criterion_main!(benches);

@@ -136,9 +136,11 @@ impl CborBuf {
     /// An array of unsigned 32-bit integers (the token ids of a block).
     ///
     /// Branch-free per item: token ids of a real vocabulary straddle the
-    /// 2-, 3- and 5-byte forms at random, so a branch per item would
-    /// mispredict often. Each item writes a fixed 5-byte window and advances
-    /// by its true length.
+    /// 3- and 5-byte forms at random, so a branch per item would mispredict
+    /// often. Items are encoded 16 at a time into a stack buffer: each one
+    /// is assembled in a `u64` (initial byte first in memory order) and
+    /// stored as 8 bytes at a masked offset (so no bounds check is needed),
+    /// and the position advances by the item's true length.
     #[inline]
     pub fn u32_array(&mut self, items: &[u32]) {
         /// Argument bytes per size class (value < 24, < 2^8, < 2^16, else).
@@ -147,21 +149,28 @@ impl CborBuf {
         const INITIAL: [u8; 4] = [0x00, 0x18, 0x19, 0x1a];
         /// Keep the value's low bits in the initial byte only for class 0.
         const KEEP: [u8; 4] = [0xff, 0, 0, 0];
+        const CHUNK: usize = 16;
+        // At most 5 * 16 = 80 bytes per chunk; offsets are masked to 127
+        // (a no-op since they stay below 80) and each store is 8 bytes.
+        const MASK: usize = 127;
         self.array(items.len());
-        let base = self.buf.len();
-        self.buf.resize(base + items.len() * 5, 0);
-        let out = &mut self.buf[base..];
-        let mut n = 0;
-        for &t in items {
-            let class = usize::from(t >= 24) + usize::from(t >= 0x100) + usize::from(t >= 0x1_0000);
-            let k = ARG_BYTES[class];
-            // The low `k` bytes of `t`, moved to the top of a u32 (0 when k = 0).
-            let arg = (((u64::from(t) << 32) << (32 - 8 * k)) >> 32) as u32;
-            out[n] = INITIAL[class] | (t as u8 & KEEP[class]);
-            out[n + 1..n + 5].copy_from_slice(&arg.to_be_bytes());
-            n += 1 + k as usize;
+        let mut tmp = [0u8; MASK + 1 + 8];
+        for chunk in items.chunks(CHUNK) {
+            let mut n = 0usize;
+            for &t in chunk {
+                let class =
+                    usize::from(t >= 24) + usize::from(t >= 0x100) + usize::from(t >= 0x1_0000);
+                let k = ARG_BYTES[class];
+                // The low `k` bytes of `t`, big-endian, first in memory order.
+                let arg = u64::from(t.swap_bytes()) >> (32 - 8 * k);
+                let initial = INITIAL[class] | (t as u8 & KEEP[class]);
+                let word = u64::from(initial) | (arg << 8);
+                let at = n & MASK;
+                tmp[at..at + 8].copy_from_slice(&word.to_le_bytes());
+                n += 1 + k as usize;
+            }
+            self.buf.extend_from_slice(&tmp[..n]);
         }
-        self.buf.truncate(base + n);
     }
 
     /// Append `items` as raw little-endian u32s (not a CBOR item; used by

@@ -1,7 +1,7 @@
 //! `kvcoord.Request` and the hashing functions: conversion and delegation
 //! only; the hashing is `kvcoord_core::hashing`.
 
-use kvcoord_core::hashing::{self, compute_block_hashes as core_compute};
+use kvcoord_core::hashing;
 use kvcoord_core::{
     BlockHash, ExtraKeys, HashAlgo, HashConfig, KvError, LoraKey, MmFeature, RequestHasher,
 };
@@ -13,7 +13,7 @@ use pyo3::types::{PyBytes, PyInt, PyList, PySlice, PyString, PyTuple};
 
 use crate::errors::{core, InvalidTokenError};
 
-/// Hash on a thread without the GIL when at least this many tokens are new
+/// Hash without holding the GIL when at least this many tokens are new
 /// (releasing and re-taking the GIL costs about a microsecond).
 const DETACH_MIN_TOKENS: usize = 4096;
 
@@ -50,10 +50,20 @@ macro_rules! try_token_array {
             if let Ok(arr) = $obj.extract::<PyReadonlyArray1<'_, $t>>() {
                 let view = arr.as_array();
                 $out.reserve(view.len());
-                for (i, &v) in view.iter().enumerate() {
-                    #[allow(clippy::cast_lossless, clippy::unnecessary_cast, clippy::cast_possible_wrap)]
-                    let v = v as i64;
-                    $out.push(core(hashing::token_id($base + i, v))?);
+                // Check the whole array first (a loop the compiler
+                // vectorizes), then convert; report the first bad position.
+                #[allow(clippy::cast_lossless, clippy::unnecessary_cast, clippy::cast_possible_wrap, clippy::cast_sign_loss, clippy::checked_conversions, unused_comparisons)]
+                {
+                    let ok = |v: $t| v >= 0 && (v as u64) <= u64::from(u32::MAX);
+                    if view.iter().all(|&v| ok(v)) {
+                        $out.extend(view.iter().map(|&v| v as u32));
+                    } else {
+                        let (i, &v) = view.iter().enumerate().find(|&(_, &v)| !ok(v)).expect("a bad value");
+                        return Err(InvalidTokenError::new_err(format!(
+                            "token id {v} at position {} is invalid: token ids must be in [0, 2^32)",
+                            $base + i
+                        )));
+                    }
                 }
                 return Ok(());
             }
@@ -80,8 +90,15 @@ fn extract_tokens(obj: &Bound<'_, PyAny>, out: &mut Vec<u32>, base: usize) -> Py
         }
         return Ok(());
     }
-    // u32 first: the zero-copy-friendly dtype callers should prefer.
-    try_token_array!(obj, out, base, u32, i64, i32, u64, u16, i16, u8, i8);
+    // uint32 first: always valid, copied as one slice when contiguous.
+    if let Ok(arr) = obj.extract::<PyReadonlyArray1<'_, u32>>() {
+        match arr.as_slice() {
+            Ok(s) => out.extend_from_slice(s),
+            Err(_) => out.extend(arr.as_array().iter().copied()),
+        }
+        return Ok(());
+    }
+    try_token_array!(obj, out, base, i64, i32, u64, u16, i16, u8, i8);
     if obj.is_instance_of::<PyString>() || obj.is_instance_of::<PyBytes>() {
         return Err(PyTypeError::new_err(
             "token ids must be a sequence of ints, not str/bytes",
@@ -214,6 +231,22 @@ fn update_hashes(py: Python<'_>, hasher: &mut RequestHasher, tokens: &[u32]) {
     }
 }
 
+/// Convert `obj` into `tokens` and bring `hasher` up to date with them.
+///
+/// (A pipelined variant, converting on this thread while a worker thread
+/// hashed, was measured slower on the 2-core development machine: thread
+/// start-up and cross-core traffic cost more than the overlap saved.)
+fn extract_and_hash(
+    py: Python<'_>,
+    obj: &Bound<'_, PyAny>,
+    hasher: &mut RequestHasher,
+    tokens: &mut Vec<u32>,
+) -> PyResult<()> {
+    extract_tokens(obj, tokens, 0)?;
+    update_hashes(py, hasher, tokens);
+    Ok(())
+}
+
 // ------------------------------------------------------------------ Request
 
 /// A request's tokens and the chained hashes of its full blocks (see
@@ -302,9 +335,8 @@ impl PyRequest {
         let config = hash_config(hash_algo, hash_block_size, hash_seed)?;
         let extra = ExtraKeys::new(lora_key(lora)?, self::mm_features(mm_features)?, cache_salt);
         let mut tokens = Vec::new();
-        extract_tokens(prompt_token_ids, &mut tokens, 0)?;
         let mut hasher = RequestHasher::new(config, extra);
-        update_hashes(py, &mut hasher, &tokens);
+        extract_and_hash(py, prompt_token_ids, &mut hasher, &mut tokens)?;
         Ok(Self {
             request_id,
             num_prompt_tokens: tokens.len(),
@@ -480,8 +512,8 @@ pub(crate) struct BlockHashes {
 
 #[pymethods]
 impl BlockHashes {
-    fn __len__(&self, py: Python<'_>) -> usize {
-        self.request.borrow(py).hasher.block_hashes().len()
+    fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
+        Ok(self.request.try_borrow(py)?.hasher.block_hashes().len())
     }
 
     fn __getitem__<'py>(
@@ -489,7 +521,7 @@ impl BlockHashes {
         py: Python<'py>,
         index: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let req = self.request.borrow(py);
+        let req = self.request.try_borrow(py)?;
         let hashes = req.hasher.block_hashes();
         if let Ok(slice) = index.cast::<PySlice>() {
             let ind = slice.indices(isize::try_from(hashes.len()).unwrap_or(isize::MAX))?;
@@ -511,43 +543,39 @@ impl BlockHashes {
     }
 
     fn __iter__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let req = self.request.borrow(py);
+        let req = self.request.try_borrow(py)?;
         hashes_to_list(py, req.hasher.block_hashes())?
             .try_iter()
             .map(Bound::into_any)
     }
 
     fn __eq__(&self, py: Python<'_>, other: &Bound<'_, PyAny>) -> PyResult<bool> {
-        let req = self.request.borrow(py);
-        let mine = hashes_to_list(py, req.hasher.block_hashes())?;
+        let req = self.request.try_borrow(py)?;
         if let Ok(o) = other.cast::<BlockHashes>() {
-            let theirs = o.get().request.borrow(py);
-            Ok(req.hasher.block_hashes() == theirs.hasher.block_hashes())
-        } else {
-            if other.is_instance_of::<PyString>() || other.is_instance_of::<PyBytes>() {
-                return Ok(false);
-            }
-            match other.try_iter() {
-                Ok(_) => {
-                    let as_list = PyList::empty(py);
-                    for item in other.try_iter()? {
-                        as_list.append(item?)?;
-                    }
-                    mine.eq(as_list)
-                }
-                Err(_) => Ok(false),
-            }
+            let theirs = o.get().request.try_borrow(py)?;
+            return Ok(req.hasher.block_hashes() == theirs.hasher.block_hashes());
         }
+        if other.is_instance_of::<PyString>() || other.is_instance_of::<PyBytes>() {
+            return Ok(false);
+        }
+        let Ok(items) = other.try_iter() else {
+            return Ok(false);
+        };
+        let as_list = PyList::empty(py);
+        for item in items {
+            as_list.append(item?)?;
+        }
+        hashes_to_list(py, req.hasher.block_hashes())?.eq(as_list)
     }
 
-    fn __repr__(&self, py: Python<'_>) -> String {
-        let req = self.request.borrow(py);
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        let req = self.request.try_borrow(py)?;
         let hashes = req.hasher.block_hashes();
-        format!(
+        Ok(format!(
             "BlockHashes(n={}, digest_len={})",
             hashes.len(),
             req.hasher.config().algo().digest_len()
-        )
+        ))
     }
 }
 
@@ -574,13 +602,9 @@ pub(crate) fn compute_block_hashes<'py>(
     let config = hash_config(hash_algo, hash_block_size, hash_seed)?;
     let extra = ExtraKeys::new(lora_key(lora)?, self::mm_features(mm_features)?, cache_salt);
     let mut tokens = Vec::new();
-    extract_tokens(token_ids, &mut tokens, 0)?;
-    let hashes = if tokens.len() >= DETACH_MIN_TOKENS {
-        py.detach(|| core_compute(config, extra, &tokens))
-    } else {
-        core_compute(config, extra, &tokens)
-    };
-    hashes_to_list(py, &hashes)
+    let mut hasher = RequestHasher::new(config, extra);
+    extract_and_hash(py, token_ids, &mut hasher, &mut tokens)?;
+    hashes_to_list(py, hasher.block_hashes())
 }
 
 /// The root digest (`NONE_HASH`, parent of block 0) for an algorithm and
