@@ -188,13 +188,8 @@ impl PyCoordinatorCore {
             }
         };
         let request_id = request.id();
-        let req = if let Some(r) = self.lookup(request_id) {
-            r
-        } else {
-            let r = ReqId(self.next_req);
-            self.next_req += 1;
-            r
-        };
+        let known = self.lookup(request_id);
+        let req = known.unwrap_or(ReqId(self.next_req));
         let mut out = std::mem::take(&mut self.out);
         let result = self.inner.allocate_slots_into(
             req,
@@ -210,8 +205,9 @@ impl PyCoordinatorCore {
         self.hits = hits;
         let converted = match result {
             Ok(true) => {
-                if !self.req_ids.contains_key(request_id) {
+                if known.is_none() {
                     self.req_ids.insert(request_id.to_owned(), req);
+                    self.next_req += 1;
                 }
                 if out.flat().is_empty() {
                     // The common decode step: nothing new in any group. An
