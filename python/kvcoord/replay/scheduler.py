@@ -168,6 +168,20 @@ class _Live:
         self.computed = 0
         self.counted = False
 
+    def advance(self, computed: int) -> bool:
+        """The step ran: ``computed`` tokens now have KV. A request whose known
+        tokens are all computed samples its next output token. True when that
+        was its last output token (the request is finished)."""
+        self.computed = computed
+        req = self.req
+        req.num_computed_tokens = computed
+        if computed < self.num_tokens:
+            return False
+        req.append_output_token_ids(self.out[self.out_pos])
+        self.out_pos += 1
+        self.num_tokens += 1
+        return self.out_pos >= self.out_len
+
 
 def simulate(
     workload: Workload,
@@ -250,15 +264,8 @@ def simulate(
             if new is None:
                 break
             budget -= n
-            c = live.computed + n
-            live.computed = c
-            req.num_computed_tokens = c
-            if c >= live.num_tokens:
-                req.append_output_token_ids(live.out[live.out_pos])
-                live.out_pos += 1
-                live.num_tokens += 1
-                if live.out_pos >= live.out_len:
-                    finished.append(live)
+            if live.advance(live.computed + n):
+                finished.append(live)
 
         # 3. admissions
         if not preempted:
@@ -314,15 +321,8 @@ def simulate(
                     hit_tokens += min(hit, wr.prompt_len)
                 running.append(live)
                 budget -= n
-                c = hit + n
-                live.computed = c
-                req.num_computed_tokens = c
-                if c >= live.num_tokens:
-                    req.append_output_token_ids(live.out[live.out_pos])
-                    live.out_pos += 1
-                    live.num_tokens += 1
-                    if live.out_pos >= live.out_len:
-                        finished.append(live)
+                if live.advance(hit + n):
+                    finished.append(live)
 
         usage = mgr.usage
 
