@@ -151,6 +151,29 @@ impl FreeQueue {
         Some(block)
     }
 
+    /// Remove the first `n` blocks, calling `each` on them in queue order.
+    ///
+    /// # Panics
+    /// If fewer than `n` blocks are queued (callers check first).
+    #[inline]
+    pub fn pop_front_n_with(&mut self, n: usize, mut each: impl FnMut(BlockId)) {
+        assert!(n <= self.len, "pop_front_n({n}) on a queue of {}", self.len);
+        if n == 0 {
+            return;
+        }
+        let head = self.head();
+        let mut cur = self.links[head as usize].next;
+        for _ in 0..n {
+            let next = self.links[cur as usize].next;
+            self.links[cur as usize] = UNLINKED;
+            each(BlockId(cur));
+            cur = next;
+        }
+        self.links[head as usize].next = cur;
+        self.links[cur as usize].prev = head;
+        self.len -= n;
+    }
+
     /// Remove the first `n` blocks and append them, in queue order, to `out`.
     ///
     /// # Panics
@@ -188,6 +211,17 @@ impl FreeQueue {
         let head = self.head();
         let first = self.links[head as usize].next;
         self.link_between(head, block.0, first);
+    }
+
+    /// Link `block` immediately before `anchor`, which must be queued.
+    ///
+    /// # Panics
+    /// If `anchor` is not in the queue.
+    #[inline]
+    pub fn insert_before(&mut self, anchor: BlockId, block: BlockId) {
+        let prev = self.links[anchor.index()].prev;
+        assert!(prev != NIL, "insert_before an unqueued anchor {anchor}");
+        self.link_between(prev, block.0, anchor.0);
     }
 
     /// Put `blocks`, in the given order, in front of the current front.
@@ -356,6 +390,9 @@ mod tests {
         assert_eq!(ids(&q), vec![1, 2, 4, 5, 0]);
         q.append_all(&[BlockId(3)]);
         assert_eq!(ids(&q), vec![1, 2, 4, 5, 0, 3]);
+        q.remove(BlockId(4));
+        q.insert_before(BlockId(0), BlockId(4));
+        assert_eq!(ids(&q), vec![1, 2, 5, 4, 0, 3]);
         q.check_invariants().unwrap();
     }
 

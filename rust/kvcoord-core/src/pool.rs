@@ -84,9 +84,6 @@ pub struct BlockPool {
     /// Cached blocks handed out again by `get_new_blocks` (each one lost its
     /// cache key: a prefix eviction), since construction.
     num_evictions: u64,
-    /// Reused buffers for `free_blocks` (keeps the hot path allocation-free).
-    scratch_front: Vec<BlockId>,
-    scratch_back: Vec<BlockId>,
 }
 
 impl BlockPool {
@@ -119,8 +116,6 @@ impl BlockPool {
             config,
             events: config.enable_events.then(Vec::new),
             num_evictions: 0,
-            scratch_front: Vec::new(),
-            scratch_back: Vec::new(),
         })
     }
 
@@ -239,15 +234,21 @@ impl BlockPool {
                 available: self.free.len(),
             });
         }
-        let start = out.len();
-        self.free.pop_front_n(n, out);
+        out.reserve(n);
+        let mut evicted = 0u64;
+        let Self { free, meta, .. } = self;
+        free.pop_front_n_with(n, |b| {
+            let m = &mut meta[b.index()];
+            debug_assert_eq!(m.ref_cnt, 0, "queued block {b} has owners");
+            m.ref_cnt = 1;
+            evicted += u64::from(m.key != NO_KEY);
+            out.push(b);
+        });
+        if evicted == 0 {
+            return Ok(());
+        }
+        let start = out.len() - n;
         for &b in &out[start..] {
-            debug_assert_eq!(
-                self.meta[b.index()].ref_cnt,
-                0,
-                "queued block {b} has owners"
-            );
-            self.meta[b.index()].ref_cnt = 1;
             if self.meta[b.index()].key != NO_KEY {
                 self.drop_key(b);
                 self.num_evictions += 1;
@@ -259,52 +260,53 @@ impl BlockPool {
     /// Release one reference of each block, `blocks` ordered by eviction
     /// priority (first = evicted first). The null block is skipped.
     pub fn free_blocks(&mut self, blocks: &[BlockId]) -> KvResult<()> {
-        self.check_ids(blocks)?;
-        // Dry run: decrement, undo on the first underflow. Counting handles a
-        // block listed several times in one call.
+        // Check and decrement in one pass, undoing everything on the first
+        // bad id (a block listed several times is counted correctly).
         for (i, &b) in blocks.iter().enumerate() {
             if b.is_null() {
                 continue;
             }
-            let m = &mut self.meta[b.index()];
-            if m.ref_cnt == 0 {
-                for &undo in &blocks[..i] {
-                    if !undo.is_null() {
-                        self.meta[undo.index()].ref_cnt += 1;
-                    }
+            let err = match self.meta.get_mut(b.index()) {
+                Some(m) if m.ref_cnt > 0 => {
+                    m.ref_cnt -= 1;
+                    continue;
                 }
-                return Err(KvError::RefCountUnderflow(b));
+                Some(_) => KvError::RefCountUnderflow(b),
+                None => KvError::BlockOutOfRange {
+                    block: u64::from(b.0),
+                    num_blocks: self.meta.len(),
+                },
+            };
+            for &undo in &blocks[..i] {
+                if !undo.is_null() {
+                    self.meta[undo.index()].ref_cnt += 1;
+                }
             }
-            m.ref_cnt -= 1;
+            return Err(err);
         }
-        for &b in blocks {
-            if !b.is_null() {
-                self.meta[b.index()].ref_cnt += 1;
-            }
-        }
-        // The real pass, block by block in the given order.
-        let mut front = std::mem::take(&mut self.scratch_front);
-        let mut back = std::mem::take(&mut self.scratch_back);
-        for &b in blocks {
-            if b.is_null() {
+        // Queue the blocks that reached zero, walking backwards: a block
+        // reaches zero at its last occurrence, which the backward walk meets
+        // first, and queueing it marks it (`contains`) so earlier occurrences
+        // are skipped. Uncached blocks go to the front: pushing them in
+        // reverse leaves them in the given order (reused first, vLLM's
+        // "prepend"). Cached blocks go to the back in the given order: each is
+        // linked just before the one linked previously (vLLM's "append").
+        let mut back_anchor: Option<BlockId> = None;
+        for &b in blocks.iter().rev() {
+            let m = self.meta[b.index()];
+            if b.is_null() || m.ref_cnt != 0 || self.free.contains(b) {
                 continue;
             }
-            let m = &mut self.meta[b.index()];
-            m.ref_cnt -= 1;
-            if m.ref_cnt == 0 {
-                if m.key == NO_KEY {
-                    front.push(b);
-                } else {
-                    back.push(b);
+            if m.key == NO_KEY {
+                self.free.push_front(b);
+            } else {
+                match back_anchor {
+                    None => self.free.push_back(b),
+                    Some(anchor) => self.free.insert_before(anchor, b),
                 }
+                back_anchor = Some(b);
             }
         }
-        self.free.prepend_all(&front);
-        self.free.append_all(&back);
-        front.clear();
-        back.clear();
-        self.scratch_front = front;
-        self.scratch_back = back;
         Ok(())
     }
 

@@ -3,7 +3,7 @@
 //! numpy arrays. One pass per argument, no Python object per block kept.
 
 use kvcoord_core::{BlockHash, BlockId, GroupId, KvError};
-use numpy::{PyReadonlyArray1, PyReadonlyArray2};
+use numpy::{PyArray1, PyArrayMethods, PyReadonlyArray2, PyUntypedArray};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
@@ -25,11 +25,14 @@ pub(crate) fn block_id(v: i64) -> PyResult<BlockId> {
     }
 }
 
+/// Try each integer dtype in turn: a failed `cast` is a cheap dtype check
+/// (no Python exception is built), so the common `uint32` array pays one.
 macro_rules! try_int_array {
-    ($obj:expr, $out:expr, $($t:ty),*) => {
+    ($arr:expr, $out:expr, $($t:ty),*) => {
         $(
-            if let Ok(arr) = $obj.extract::<PyReadonlyArray1<'_, $t>>() {
-                let view = arr.as_array();
+            if let Ok(typed) = $arr.cast::<PyArray1<$t>>() {
+                let ro = typed.try_readonly()?;
+                let view = ro.as_array();
                 $out.reserve(view.len());
                 for &v in view.iter() {
                     $out.push(block_id(i64::try_from(v).unwrap_or(i64::MAX))?);
@@ -57,7 +60,18 @@ pub(crate) fn extract_block_ids(obj: &Bound<'_, PyAny>, out: &mut Vec<BlockId>) 
         }
         return Ok(());
     }
-    try_int_array!(obj, out, i32, i64, u32, u64, i16, u16, i8, u8);
+    if obj.cast::<PyUntypedArray>().is_ok() {
+        if let Ok(typed) = obj.cast::<PyArray1<u32>>() {
+            // The pool's own output type: every value is a valid u32 id.
+            let ro = typed.try_readonly()?;
+            out.extend(ro.as_array().iter().map(|&v| BlockId(v)));
+            return Ok(());
+        }
+        try_int_array!(obj, out, i64, i32, u64, i16, u16, i8, u8);
+        return Err(PyTypeError::new_err(
+            "block ids must be a 1-D integer numpy array (or a sequence of ints)",
+        ));
+    }
     if obj.is_instance_of::<pyo3::types::PyString>() || obj.is_instance_of::<PyBytes>() {
         return Err(PyTypeError::new_err(
             "block ids must be a sequence of ints, not str/bytes",
