@@ -153,13 +153,11 @@ impl PyBlockPool {
         num_blocks: i64,
     ) -> PyResult<Bound<'py, PyArray1<u32>>> {
         let n = convert::count(num_blocks, "num_blocks")?;
-        let mut out = Vec::with_capacity(n);
-        self.with_mut(py, |pool, _| core(pool.get_new_blocks(n, &mut out)))??;
-        Ok(out
-            .into_iter()
-            .map(|b| b.0)
-            .collect::<Vec<u32>>()
-            .into_pyarray(py))
+        self.with_mut(py, |pool, scratch| {
+            scratch.clear();
+            core(pool.get_new_blocks(n, scratch))?;
+            Ok(PyArray1::from_iter(py, scratch.iter().map(|b| b.0)))
+        })?
     }
 
     fn free_blocks(&mut self, py: Python<'_>, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
