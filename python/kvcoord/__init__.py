@@ -22,6 +22,7 @@ from kvcoord._core import (
     none_hash,
     validate_retention_interval,
 )
+from kvcoord.blocks import KVCacheBlocks
 from kvcoord.config import (
     ChunkedLocalAttentionSpec,
     CrossAttentionSpec,
@@ -54,11 +55,12 @@ from kvcoord.errors import (
     UnknownRequestError,
 )
 from kvcoord.hashing import HashAlgoName, LoRA, MultiModalFeature
-from kvcoord.manager import KVCacheBlocks, KVCacheManager, PrefixCacheStats
+from kvcoord.manager import AllocateSlots, KVCacheManager, PrefixCacheStats
 
 __all__ = [
     "HASH_ALGOS",
     "AllBlocksCleared",
+    "AllocateSlots",
     "BlockHashes",
     "BlockPool",
     "BlockRemoved",

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Literal, Protocol, final, overload
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, Literal, Protocol, final, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -382,10 +382,16 @@ class CoordinatorCore:
         enable_caching: bool,
         hash_block_size: int,
         max_model_len: int,
+        result_type: Callable[[tuple[list[int], ...]], Any],
         retention_interval: int | None = None,
         arrangement: Literal["unitary", "hybrid"] = "unitary",
         enable_events: bool = False,
-    ) -> None: ...
+    ) -> None:
+        """``result_type`` builds ``allocate_slots``' result from a tuple of
+        per-group id lists (``kvcoord.KVCacheBlocks``)."""
+    @property
+    def empty(self) -> Any:
+        """The shared ``result_type`` value with no block in any group."""
     @property
     def block_pool(self) -> BlockPool:
         """A handle on the shared pool (the same state, not a copy)."""
@@ -403,16 +409,17 @@ class CoordinatorCore:
         request: Request,
         num_new_tokens: int,
         num_new_computed_tokens: int = 0,
-        new_computed_blocks: Sequence[Sequence[int]] | None = None,
+        new_computed_blocks: Any = None,
         num_lookahead_tokens: int = 0,
         num_encoder_tokens: int = 0,
         delay_cache_blocks: bool = False,
-    ) -> list[list[int]] | tuple[()] | None:
+    ) -> Any:
         """One scheduler step for ``request`` in every group: release blocks
-        that left the window, adopt the hits (first allocation), allocate,
-        cache the newly full blocks. New ids per group; ``()`` when no group
-        got a new block; ``None`` when the pool cannot hold them (nothing
-        changed)."""
+        that left the window, adopt the hits (first allocation; a
+        ``result_type`` value or a sequence of id lists), allocate, cache the
+        newly full blocks. New ids per group as a ``result_type`` value
+        (:attr:`empty` when no group got a new block); ``None`` when the pool
+        cannot hold them (nothing changed)."""
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """Cache the request's full blocks within its first ``num_tokens`` tokens."""
     def free(self, request_id: str) -> bool:

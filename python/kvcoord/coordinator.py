@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from kvcoord._core import BlockPool, CoordinatorCore, Request
+from kvcoord.blocks import KVCacheBlocks
 from kvcoord.config import (
     CrossAttentionSpec,
     FullAttentionSpec,
@@ -95,6 +96,7 @@ class KVCacheCoordinator:
             enable_caching=enable_caching,
             hash_block_size=hash_block_size,
             max_model_len=max_model_len,
+            result_type=KVCacheBlocks,
             retention_interval=config.prefix_cache_retention_interval,
             arrangement=self.arrangement or ("unitary" if len(config.groups) == 1 else "hybrid"),
             enable_events=enable_events,

@@ -14,47 +14,45 @@ decode step is one call into Rust whatever the number of groups.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Protocol
 
 from kvcoord._core import BlockPool, Request
+from kvcoord.blocks import KVCacheBlocks
 from kvcoord.config import KVCacheConfig
 from kvcoord.coordinator import KVCacheCoordinator, get_kv_cache_coordinator
 from kvcoord.errors import ConfigError, UnknownRequestError
 
-__all__ = ["KVCacheBlocks", "KVCacheManager", "PrefixCacheStats"]
+__all__ = ["AllocateSlots", "KVCacheBlocks", "KVCacheManager", "PrefixCacheStats"]
 
 
-class KVCacheBlocks:
-    """Block ids per KV cache group (``blocks[group][position]``; 0 is the
-    null block). Treat as immutable; a plain slotted class because one is
-    made per scheduled request per step."""
+class AllocateSlots(Protocol):
+    """``KVCacheManager.allocate_slots``: the per-request, per-step call."""
 
-    __slots__ = ("blocks",)
+    def __call__(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: KVCacheBlocks | None = None,
+        num_lookahead_tokens: int = 0,
+        num_encoder_tokens: int = 0,
+        delay_cache_blocks: bool = False,
+    ) -> KVCacheBlocks | None:
+        """Make room for ``num_new_tokens`` more tokens of ``request`` in every
+        group, adopting ``new_computed_blocks`` (from ``get_computed_blocks``)
+        on its first allocation, releasing blocks that left a sliding window
+        or local chunk, and caching the blocks that became full.
 
-    def __init__(self, blocks: tuple[list[int], ...]) -> None:
-        self.blocks = blocks
+        Returns the newly allocated block ids per group (a shared empty
+        :class:`KVCacheBlocks` when nothing was allocated), or ``None`` when
+        the pool cannot hold them; then nothing was allocated or pinned.
 
-    def __repr__(self) -> str:
-        return f"KVCacheBlocks({self.blocks!r})"
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, KVCacheBlocks) and self.blocks == other.blocks
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def get_block_ids(self) -> tuple[list[int], ...]:
-        """The ids per group (the lists themselves; do not mutate)."""
-        return self.blocks
-
-    @property
-    def num_groups(self) -> int:
-        return len(self.blocks)
-
-    def is_empty(self) -> bool:
-        return not any(self.blocks)
-
-    def __add__(self, other: KVCacheBlocks) -> KVCacheBlocks:
-        return KVCacheBlocks(tuple(a + b for a, b in zip(self.blocks, other.blocks, strict=True)))
+        Raises:
+            InvalidArgumentError: ``num_new_tokens`` is 0 with nothing to
+                adopt, hits for a running request, more tokens than
+                ``max_model_len``.
+        """
+        ...
 
 
 @dataclass(slots=True)
@@ -75,6 +73,9 @@ class PrefixCacheStats:
 
 class KVCacheManager:
     """Allocates and frees KV-cache blocks for requests, with prefix caching.
+
+    ``allocate_slots`` (see :class:`AllocateSlots`) is bound to the Rust core
+    at construction, so a decode step costs one call into Rust.
 
     Args:
         config: the pool size and KV cache groups.
@@ -114,10 +115,12 @@ class KVCacheManager:
         self.enable_caching = enable_caching
         self.hash_block_size = self.coordinator.hash_block_size
         self._core = self.coordinator.core
-        self._allocate: Any = self._core.allocate_slots  # bound once: the per-step call
+        # The per-step call goes straight to Rust: one boundary crossing and
+        # no Python frame (see `AllocateSlots` for its documentation).
+        self.allocate_slots: AllocateSlots = self._core.allocate_slots
         self._pool = self.coordinator.block_pool  # a handle on the shared pool, made once
         self._num_groups = len(config.groups)
-        self._empty = KVCacheBlocks(tuple([] for _ in range(self._num_groups)))
+        self._empty: KVCacheBlocks = self._core.empty
         self.prefix_cache_stats: PrefixCacheStats | None = PrefixCacheStats() if log_stats else None
 
     # ---- the scheduler's four questions --------------------------------
@@ -140,36 +143,6 @@ class KVCacheManager:
             self.prefix_cache_stats.queries += request.num_tokens
             self.prefix_cache_stats.hits += num_hit_tokens
         return KVCacheBlocks(blocks), num_hit_tokens
-
-    def allocate_slots(
-        self,
-        request: Request,
-        num_new_tokens: int,
-        num_new_computed_tokens: int = 0,
-        new_computed_blocks: KVCacheBlocks | None = None,
-        num_lookahead_tokens: int = 0,
-        num_encoder_tokens: int = 0,
-        delay_cache_blocks: bool = False,
-    ) -> KVCacheBlocks | None:
-        """Make room for ``num_new_tokens`` more tokens of ``request``
-        (adopting ``new_computed_blocks`` from :meth:`get_computed_blocks`
-        on its first allocation) and cache the blocks that became full.
-
-        Returns the newly allocated block ids per group, or ``None`` when the
-        pool cannot hold them (then nothing was allocated or pinned).
-        """
-        new = self._allocate(
-            request,
-            num_new_tokens,
-            num_new_computed_tokens,
-            None if new_computed_blocks is None else new_computed_blocks.blocks,
-            num_lookahead_tokens,
-            num_encoder_tokens,
-            delay_cache_blocks,
-        )
-        if not new:
-            return None if new is None else self._empty
-        return KVCacheBlocks(tuple(new))
 
     def free(self, request: Request) -> None:
         """Release every block of ``request`` (tail first, so its deepest

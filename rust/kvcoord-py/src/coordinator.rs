@@ -27,6 +27,13 @@ pub(crate) struct PyCoordinatorCore {
     /// Reused buffers for the per-step calls.
     out: NewBlocks,
     hits: Vec<Vec<BlockId>>,
+    /// The Python type `allocate_slots` returns (`kvcoord.KVCacheBlocks`,
+    /// built from a tuple of per-group id lists), and its shared empty value:
+    /// building the result here lets the facade hand `allocate_slots` to the
+    /// scheduler as this method itself, one boundary crossing and no Python
+    /// frame per decode step.
+    result_type: Py<PyAny>,
+    empty: Py<PyAny>,
 }
 
 fn spec_from_tuple(kind: &str, block_size: u32, param: u32) -> PyResult<GroupSpec> {
@@ -75,14 +82,17 @@ impl PyCoordinatorCore {
 impl PyCoordinatorCore {
     #[new]
     #[pyo3(signature = (num_blocks, groups, *, enable_caching, hash_block_size, max_model_len,
-                        retention_interval = None, arrangement = "unitary", enable_events = false))]
+                        result_type, retention_interval = None, arrangement = "unitary",
+                        enable_events = false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
+        py: Python<'_>,
         num_blocks: i64,
         groups: Vec<(String, u32, u32)>,
         enable_caching: bool,
         hash_block_size: u32,
         max_model_len: usize,
+        result_type: Py<PyAny>,
         retention_interval: Option<i64>,
         arrangement: &str,
         enable_events: bool,
@@ -106,12 +116,16 @@ impl PyCoordinatorCore {
         config.retention_interval = retention_interval;
         config.arrangement = arrangement;
         config.enable_events = enable_events;
+        let empty_lists = (0..groups.len()).map(|_| PyList::empty(py));
+        let empty = result_type.call1(py, (PyTuple::new(py, empty_lists)?,))?;
         Ok(Self {
             inner: core(CoordinatorCore::new(config))?,
             req_ids: HashMap::new(),
             next_req: 0,
             out: NewBlocks::new(),
             hits: Vec::new(),
+            result_type,
+            empty,
         })
     }
 
@@ -119,6 +133,12 @@ impl PyCoordinatorCore {
     #[getter]
     fn block_pool(slf: Bound<'_, Self>) -> PyBlockPool {
         PyBlockPool::of_coordinator(slf.unbind())
+    }
+
+    /// The shared empty result (no new block in any group).
+    #[getter]
+    fn empty(&self, py: Python<'_>) -> Py<PyAny> {
+        self.empty.clone_ref(py)
     }
 
     #[getter]
@@ -168,6 +188,15 @@ impl PyCoordinatorCore {
         let has_hits = match new_computed_blocks {
             None => false,
             Some(obj) => {
+                // A result of this manager (`KVCacheBlocks`), or a plain
+                // sequence of per-group id lists.
+                let unwrapped;
+                let obj = if obj.is_instance(self.result_type.bind(py))? {
+                    unwrapped = obj.getattr(pyo3::intern!(py, "blocks"))?;
+                    &unwrapped
+                } else {
+                    obj
+                };
                 let groups = obj
                     .cast::<PyTuple>()
                     .map(|t| t.as_sequence().clone())
@@ -210,12 +239,16 @@ impl PyCoordinatorCore {
                     self.next_req += 1;
                 }
                 if out.flat().is_empty() {
-                    // The common decode step: nothing new in any group. An
-                    // empty tuple costs no allocation.
-                    Ok(Some(PyTuple::empty(py).into_any()))
+                    // The common decode step: nothing new in any group.
+                    Ok(Some(self.empty.bind(py).clone()))
                 } else {
-                    per_group_lists(py, (0..out.num_groups()).map(|g| out.group(g)))
-                        .map(|l| Some(l.into_any()))
+                    let lists = (0..out.num_groups())
+                        .map(|g| convert::id_list(py, out.group(g)))
+                        .collect::<PyResult<Vec<_>>>()?;
+                    self.result_type
+                        .bind(py)
+                        .call1((PyTuple::new(py, lists)?,))
+                        .map(Some)
                 }
             }
             Ok(false) => Ok(None),
