@@ -181,3 +181,33 @@ def test_invalid_construction() -> None:
         KVCacheManager("not a config", max_model_len=10)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="max_model_len"):
         manager(max_model_len=-1)
+
+
+def test_hits_must_cover_the_computed_prefix() -> None:
+    mgr = manager()
+    admit(mgr, Request("a", list(range(40)), hash_block_size=B))
+    b = Request("b", list(range(40)), hash_block_size=B)
+    before = snapshot(mgr)
+    with pytest.raises(InvalidArgumentError, match="1 hit blocks for 32 computed tokens"):
+        mgr.allocate_slots(b, 8, 32, KVCacheBlocks(([1],)))
+    assert snapshot(mgr) == before
+
+
+def test_manager_pool_refuses_ownership_changes() -> None:
+    mgr = manager()
+    admit(mgr, Request("a", list(range(40)), hash_block_size=B))
+    pool = mgr.block_pool
+    before = snapshot(mgr)
+    for call in (
+        lambda: pool.free_blocks([1]),
+        lambda: pool.touch([1]),
+        lambda: pool.get_new_blocks(1),
+        lambda: pool.get_new_blocks_array(1),
+        lambda: pool.cache_full_blocks([5], [b"x" * 32], 0, 1, 0),
+    ):
+        with pytest.raises(kvcoord.BlockStateError, match="belongs to a KVCacheManager"):
+            call()
+    assert snapshot(mgr) == before
+    pool.evict_blocks([1])  # dropping cache keys is allowed (e.g. after a failed KV load)
+    assert not pool.cached_mask()[1]
+    mgr.check_invariants()

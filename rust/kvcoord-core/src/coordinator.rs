@@ -702,6 +702,16 @@ impl CoordinatorCore {
                     ),
                 });
             }
+            // A lookup result covers exactly the computed prefix, one entry
+            // (null included) per block.
+            let expected = num_local / m.block_size();
+            if list.len() != expected {
+                return Err(arg(format!(
+                    "group {}: {} hit blocks for {num_local} computed tokens (expected {expected})",
+                    m.group(),
+                    list.len()
+                )));
+            }
         }
         Ok(())
     }

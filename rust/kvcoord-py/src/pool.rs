@@ -8,7 +8,7 @@ use pyo3::types::{PyBytes, PyList};
 
 use crate::convert::{self, id_list};
 use crate::coordinator::PyCoordinatorCore;
-use crate::errors::{core, InvariantError};
+use crate::errors::{core, BlockStateError, InvariantError};
 use crate::events::{event_to_py, PyEventList};
 
 /// Where the pool lives: a standalone pool, or the one inside a manager's
@@ -47,6 +47,24 @@ impl PyBlockPool {
             PoolHandle::Owned(p) => Ok(f(p)),
             PoolHandle::Coordinator(c) => Ok(f(c.bind(py).try_borrow()?.inner.pool())),
         }
+    }
+
+    /// For calls that change which blocks are owned (allocate, free,
+    /// touch, cache): refused on a manager's pool, whose block tables would
+    /// no longer match the reference counts.
+    fn with_owned_mut<R>(
+        &mut self,
+        py: Python<'_>,
+        what: &str,
+        f: impl FnOnce(&mut BlockPool, &mut Vec<BlockId>) -> R,
+    ) -> PyResult<R> {
+        if matches!(self.handle, PoolHandle::Coordinator(_)) {
+            return Err(BlockStateError::new_err(format!(
+                "{what}: this pool belongs to a KVCacheManager; its blocks are allocated, \
+                 cached and freed through the manager"
+            )));
+        }
+        self.with_mut(py, f)
     }
 
     fn with_mut<R>(
@@ -140,7 +158,7 @@ impl PyBlockPool {
         num_blocks: i64,
     ) -> PyResult<Bound<'py, PyList>> {
         let n = convert::count(num_blocks, "num_blocks")?;
-        self.with_mut(py, |pool, scratch| {
+        self.with_owned_mut(py, "get_new_blocks", |pool, scratch| {
             scratch.clear();
             core(pool.get_new_blocks(n, scratch))?;
             id_list(py, scratch)
@@ -153,7 +171,7 @@ impl PyBlockPool {
         num_blocks: i64,
     ) -> PyResult<Bound<'py, PyArray1<u32>>> {
         let n = convert::count(num_blocks, "num_blocks")?;
-        self.with_mut(py, |pool, scratch| {
+        self.with_owned_mut(py, "get_new_blocks", |pool, scratch| {
             scratch.clear();
             core(pool.get_new_blocks(n, scratch))?;
             Ok(PyArray1::from_iter(py, scratch.iter().map(|b| b.0)))
@@ -161,7 +179,7 @@ impl PyBlockPool {
     }
 
     fn free_blocks(&mut self, py: Python<'_>, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
-        self.with_mut(py, |pool, scratch| {
+        self.with_owned_mut(py, "free_blocks", |pool, scratch| {
             scratch.clear();
             convert::extract_block_ids(block_ids, scratch)?;
             core(pool.free_blocks(scratch))
@@ -170,7 +188,7 @@ impl PyBlockPool {
 
     fn touch(&mut self, py: Python<'_>, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
         let ids = convert::block_ids(block_ids)?;
-        self.with_mut(py, |pool, _| core(pool.touch(&ids)))?
+        self.with_owned_mut(py, "touch", |pool, _| core(pool.touch(&ids)))?
     }
 
     #[pyo3(signature = (block_ids, block_hashes, num_cached_blocks, num_full_blocks, group_id, block_mask = None))]
@@ -190,7 +208,7 @@ impl PyBlockPool {
         let num_cached = convert::count(num_cached_blocks, "num_cached_blocks")?;
         let num_full = convert::count(num_full_blocks, "num_full_blocks")?;
         let group = convert::group_id(group_id)?;
-        self.with_mut(py, |pool, _| {
+        self.with_owned_mut(py, "cache_full_blocks", |pool, _| {
             core(pool.cache_full_blocks(
                 &ids,
                 &hashes,
