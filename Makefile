@@ -50,13 +50,14 @@ bench: build-dev ## criterion benches + pytest-benchmark suite
 	$(VENV)/bin/pytest benches --benchmark-enable -q
 
 .PHONY: lint
-lint: venv ## cargo fmt/clippy, ruff
+lint: build-dev ## cargo fmt/clippy, ruff, mypy, stubtest
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets --locked -- -D warnings
 	$(VENV)/bin/pip install -q ruff mypy types-tqdm
 	$(VENV)/bin/ruff check python tests benches
 	$(VENV)/bin/ruff format --check python tests benches
 	$(VENV)/bin/mypy
+	$(PY) -m mypy.stubtest kvcoord._core --allowlist .stubtest-allowlist
 
 .PHONY: clean
 clean: ## Remove build outputs and the virtualenv
