@@ -329,28 +329,25 @@ impl BlockPool {
     /// queue (a prefix hit on an evictable block). The null block is skipped.
     pub fn touch(&mut self, blocks: &[BlockId]) -> KvResult<()> {
         self.check_ids(blocks)?;
-        for (i, &b) in blocks.iter().enumerate() {
+        // Even if every entry named the same block, no count may overflow:
+        // checking that up front lets the one real pass below not fail.
+        let headroom = u32::MAX - u32::try_from(blocks.len()).unwrap_or(u32::MAX);
+        if let Some(&b) = blocks
+            .iter()
+            .find(|b| self.meta[b.index()].ref_cnt > headroom)
+        {
+            return Err(KvError::RefCountOverflow(b));
+        }
+        for &b in blocks {
             if b.is_null() {
                 continue;
             }
             let m = &mut self.meta[b.index()];
-            if m.ref_cnt == u32::MAX {
-                for &undo in &blocks[..i] {
-                    if !undo.is_null() {
-                        self.meta[undo.index()].ref_cnt -= 1;
-                    }
-                }
-                return Err(KvError::RefCountOverflow(b));
-            }
-            m.ref_cnt += 1;
-        }
-        // Counts are final; now unlink the blocks that were free. A block
-        // touched twice in one call was free iff its count equals the number
-        // of times it appears, and `contains` tells that without counting.
-        for &b in blocks {
-            if !b.is_null() && self.free.contains(b) {
+            if m.ref_cnt == 0 {
+                // An evictable (cached, free) block is now in use.
                 self.free.remove(b);
             }
+            m.ref_cnt += 1;
         }
         Ok(())
     }

@@ -11,18 +11,22 @@ use pyo3::types::{PyBytes, PyList, PyTuple};
 use crate::errors::{core, CoreError, InvalidBlockIdError, InvalidHashError};
 
 /// One block id (non-negative, 32-bit; the pool checks the upper bound).
+#[inline]
 pub(crate) fn block_id(v: i64) -> PyResult<BlockId> {
-    if v < 0 {
-        return Err(InvalidBlockIdError::new_err(format!(
-            "block id {v} is negative"
-        )));
-    }
     match u32::try_from(v) {
         Ok(x) => Ok(BlockId(x)),
-        Err(_) => Err(InvalidBlockIdError::new_err(format!(
-            "block id {v} does not fit in 32 bits"
-        ))),
+        Err(_) => Err(bad_block_id(v)),
     }
+}
+
+#[cold]
+fn bad_block_id(v: i64) -> PyErr {
+    let why = if v < 0 {
+        "is negative"
+    } else {
+        "does not fit in 32 bits"
+    };
+    InvalidBlockIdError::new_err(format!("block id {v} {why}"))
 }
 
 /// Try each integer dtype in turn: a failed `cast` is a cheap dtype check
