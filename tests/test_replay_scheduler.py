@@ -81,7 +81,7 @@ def test_evictions_counted_under_pressure(api: Any) -> None:
     wl = Workload("w", reqs)
     small = simulate(wl, SimConfig(PRESETS["full"], num_blocks=30))
     _check_clean(small, 20)
-    assert small.evictions is not None and small.evictions > 0
+    assert small.evictions > 0
     big = simulate(wl, SimConfig(PRESETS["full"], num_blocks=400))
     _check_clean(big, 20)
     assert big.evictions == 0

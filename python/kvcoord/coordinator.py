@@ -18,7 +18,6 @@ and how to reconcile their results:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -134,7 +133,6 @@ class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
         max_model_len: int,
         hash_block_size: int,
         enable_events: bool = False,
-        enable_caching: bool = False,
     ) -> None:
         super().__init__(
             config,
@@ -351,8 +349,3 @@ def get_kv_cache_coordinator(
     if len(config.groups) == 1:
         return UnitaryKVCacheCoordinator(config, enable_caching=True, **common)  # type: ignore[arg-type]
     return HybridKVCacheCoordinator(config, enable_caching=True, **common)  # type: ignore[arg-type]
-
-
-def spec_groups_of(coordinator: KVCacheCoordinator) -> Sequence[SpecGroup]:
-    """The spec groups a hybrid coordinator looks up (for introspection)."""
-    return getattr(coordinator, "spec_groups", ())

@@ -77,7 +77,7 @@ def _pct(x: float | None) -> str:
 
 def format_summary(s: dict[str, Any]) -> str:
     """A two-column text table of a replay summary."""
-    ev = "n/a (manager reports no evictions)" if s["evictions"] is None else f"{s['evictions']:,}"
+    ev = f"{s['evictions']:,}"
     rows = [
         ("workload", s["workload"]),
         ("layout", f"{s['layout']}: {s['layout_description']}"),
@@ -123,7 +123,7 @@ def format_sweep(rows: list[dict[str, Any]]) -> str:
                 _pct(s["prefix_hit_rate"]),
                 _pct(s["best_possible_hit_rate"]),
                 f"{s['preemptions']:,}",
-                "n/a" if s["evictions"] is None else f"{s['evictions']:,}",
+                f"{s['evictions']:,}",
                 _pct(s["peak_usage"]),
                 f"{s['throughput_tokens_per_s']:,.0f}",
                 f"{s['manager_seconds']:.3f}",

@@ -88,7 +88,7 @@ class SimResult:
     output_tokens: int = 0
     computed_tokens: int = 0
     preemptions: int = 0
-    evictions: int | None = 0
+    evictions: int = 0
     steps: int = 0
     sim_seconds: float = 0.0
     #: Simulated seconds with at least one request scheduled.
@@ -138,16 +138,13 @@ class EvictionCounter:
     from the pool's own counter (``BlockPool.num_evictions``; always 0 with
     prefix caching off)."""
 
-    def __init__(self, mgr: KVCacheManager, enable_caching: bool = True) -> None:
+    def __init__(self, mgr: KVCacheManager) -> None:
         self._pool = mgr.block_pool
         self._base = self._pool.num_evictions
 
     @property
     def count(self) -> int:
         return int(self._pool.num_evictions - self._base)
-
-    def poll(self) -> None:
-        """Kept for callers that poll once per step; the counter is always current."""
 
 
 # --------------------------------------------------------------------------- the loop
@@ -197,7 +194,7 @@ def simulate(
     hash_bs = math.gcd(*(g.spec.block_size for g in layout.groups))
     mgr = make_manager(layout, cfg.num_blocks, max_model_len)
     best = BestCaseTracker(layout.block_size) if cfg.track_best else None
-    evictions = EvictionCounter(mgr, layout.enable_caching)
+    evictions = EvictionCounter(mgr)
     pool = mgr.block_pool
 
     res = SimResult(num_requests=len(workload.requests), num_blocks=cfg.num_blocks)
@@ -339,7 +336,6 @@ def simulate(
             running = [r for r in running if r.out_pos >= 0]
             if progress is not None:
                 progress(len(finished))
-        evictions.poll()
 
         tokens = token_budget - budget
         res.computed_tokens += tokens
