@@ -72,6 +72,24 @@ def test_ids_as_numpy_and_tuples(pool: BlockPool) -> None:
     pool.check_invariants()
 
 
+@pytest.mark.parametrize("dtype", [np.uint32, np.int64, np.int32, np.uint8])
+def test_strided_and_read_only_id_arrays(pool: BlockPool, dtype: type) -> None:
+    """Ids are copied out of any 1-D integer array: strided views (no
+    contiguous slice to copy) and read-only arrays included."""
+    pool.get_new_blocks(6)
+    backing = np.array([1, 99, 2, 99, 3, 99], dtype=dtype)
+    strided = backing[::2]
+    assert not strided.flags.c_contiguous
+    pool.free_blocks(strided)
+    assert pool.free_block_ids().tolist()[:3] == [1, 2, 3]
+    frozen = np.array([4, 5, 6], dtype=dtype)
+    frozen.flags.writeable = False
+    pool.free_blocks(frozen)
+    assert pool.free_block_ids().tolist()[:6] == [4, 5, 6, 1, 2, 3]
+    assert pool.num_free_blocks == pool.num_blocks - 1
+    pool.check_invariants()
+
+
 def test_prefix_hit_and_touch(pool: BlockPool) -> None:
     blocks = pool.get_new_blocks(2)
     pool.cache_full_blocks(blocks, [h(1), h(2)], 0, 2, 0)

@@ -129,112 +129,44 @@ impl FreeQueue {
         (first != self.tail()).then_some(BlockId(first))
     }
 
-    /// Link `block` between the adjacent entries `prev` and `next`.
+    /// Remove the first `out.len()` blocks, writing them to `out` in queue
+    /// order.
+    ///
+    /// # Panics
+    /// If fewer than `out.len()` blocks are queued (callers check first).
     #[inline]
-    fn link_between(&mut self, prev: u32, block: u32, next: u32) {
-        debug_assert_eq!(
-            self.links[block as usize], UNLINKED,
-            "block {block} already linked"
+    pub fn pop_front_into(&mut self, out: &mut [BlockId]) {
+        let n = out.len();
+        assert!(
+            n <= self.len,
+            "pop_front_into({n}) on a queue of {}",
+            self.len
         );
-        debug_assert_eq!(self.links[prev as usize].next, next);
-        self.links[block as usize] = Link { prev, next };
-        self.links[prev as usize].next = block;
-        self.links[next as usize].prev = block;
-        self.len += 1;
-    }
-
-    /// Remove and return the front block.
-    #[inline]
-    pub fn pop_front(&mut self) -> Option<BlockId> {
-        let block = self.front()?;
-        self.remove(block);
-        Some(block)
-    }
-
-    /// Remove the first `n` blocks, calling `each` on them in queue order.
-    ///
-    /// # Panics
-    /// If fewer than `n` blocks are queued (callers check first).
-    #[inline]
-    pub fn pop_front_n_with(&mut self, n: usize, mut each: impl FnMut(BlockId)) {
-        assert!(n <= self.len, "pop_front_n({n}) on a queue of {}", self.len);
-        if n == 0 {
-            return;
-        }
         let head = self.head();
         let mut cur = self.links[head as usize].next;
-        for _ in 0..n {
+        for slot in out.iter_mut() {
             let next = self.links[cur as usize].next;
             self.links[cur as usize] = UNLINKED;
-            each(BlockId(cur));
+            *slot = BlockId(cur);
             cur = next;
         }
+        // One splice for the whole batch instead of one per block.
         self.links[head as usize].next = cur;
         self.links[cur as usize].prev = head;
         self.len -= n;
     }
 
-    /// Remove the first `n` blocks and append them, in queue order, to `out`.
-    ///
-    /// # Panics
-    /// If fewer than `n` blocks are queued (callers check first).
-    pub fn pop_front_n(&mut self, n: usize, out: &mut Vec<BlockId>) {
-        assert!(n <= self.len, "pop_front_n({n}) on a queue of {}", self.len);
-        if n == 0 {
-            return;
-        }
+    /// Start queueing a batch of blocks; see [`Enqueue`].
+    pub fn begin_enqueue(&mut self) -> Enqueue<'_> {
         let head = self.head();
-        let mut cur = self.links[head as usize].next;
-        out.reserve(n);
-        for _ in 0..n {
-            let next = self.links[cur as usize].next;
-            self.links[cur as usize] = UNLINKED;
-            out.push(BlockId(cur));
-            cur = next;
-        }
-        self.links[head as usize].next = cur;
-        self.links[cur as usize].prev = head;
-        self.len -= n;
-    }
-
-    /// Put `block` at the back (kept longest).
-    #[inline]
-    pub fn push_back(&mut self, block: BlockId) {
         let tail = self.tail();
-        let last = self.links[tail as usize].prev;
-        self.link_between(last, block.0, tail);
-    }
-
-    /// Put `block` at the front (handed out next).
-    #[inline]
-    pub fn push_front(&mut self, block: BlockId) {
-        let head = self.head();
-        let first = self.links[head as usize].next;
-        self.link_between(head, block.0, first);
-    }
-
-    /// Link `block` immediately before `anchor`, which must be queued.
-    ///
-    /// # Panics
-    /// If `anchor` is not in the queue.
-    #[inline]
-    pub fn insert_before(&mut self, anchor: BlockId, block: BlockId) {
-        let prev = self.links[anchor.index()].prev;
-        assert!(prev != NIL, "insert_before an unqueued anchor {anchor}");
-        self.link_between(prev, block.0, anchor.0);
-    }
-
-    /// Put `blocks`, in the given order, in front of the current front.
-    pub fn prepend_all(&mut self, blocks: &[BlockId]) {
-        for &b in blocks.iter().rev() {
-            self.push_front(b);
-        }
-    }
-
-    /// Put `blocks`, in the given order, behind the current back.
-    pub fn append_all(&mut self, blocks: &[BlockId]) {
-        for &b in blocks {
-            self.push_back(b);
+        Enqueue {
+            old_first: self.links[head as usize].next,
+            front_last: head,
+            back_last: tail,
+            staged: 0,
+            links: &mut self.links,
+            len: &mut self.len,
         }
     }
 
@@ -316,6 +248,121 @@ impl FreeQueue {
     }
 }
 
+/// A batch of blocks being queued: some for the front, some for the back,
+/// each side in the order staged. [`commit`](Self::commit) splices the batch
+/// in with O(1) link writes; dropping it uncommitted unstages every block,
+/// leaving the queue as it was (how `free_blocks` undoes a rejected call).
+///
+/// Each side grows as a detached chain hanging off a sentinel: the front
+/// chain off `head.next` (whose final value is the chain's first block), the
+/// back chain off `tail.next`, which is otherwise always NIL and holds the
+/// back chain's first block until the commit. Staging a block costs two link
+/// writes and touches neither `len` nor the old ends of the queue.
+///
+/// Only blocks that are not queued may be staged, each at most once (the
+/// pool stages a block when its count reaches zero, which happens once).
+pub struct Enqueue<'q> {
+    /// The queue's links, held as a slice (not through the `FreeQueue`) so
+    /// the staging loop need not reload the `Vec` header after each write.
+    links: &'q mut [Link],
+    /// The queue's `len`, updated once at commit.
+    len: &'q mut usize,
+    /// The queue's first block (or the tail) before the batch.
+    old_first: u32,
+    /// Last block of the front chain, or `head` while it is empty.
+    front_last: u32,
+    /// Last block of the back chain, or `tail` while it is empty.
+    back_last: u32,
+    /// Blocks staged so far.
+    staged: usize,
+}
+
+impl Enqueue<'_> {
+    /// Stage `block` for the back (`to_back`) or the front of the queue.
+    #[inline]
+    pub fn push(&mut self, block: BlockId, to_back: bool) {
+        debug_assert!(
+            self.links[block.index()].prev == NIL,
+            "block {block} is already queued"
+        );
+        let last = if to_back {
+            &mut self.back_last
+        } else {
+            &mut self.front_last
+        };
+        let anchor = std::mem::replace(last, block.0);
+        self.links[anchor as usize].next = block.0;
+        self.links[block.index()] = Link {
+            prev: anchor,
+            next: NIL,
+        };
+        self.staged += 1;
+    }
+
+    /// Splice the staged blocks in: the front chain before the old first
+    /// block, the back chain after the (then) last block.
+    pub fn commit(mut self) {
+        let (head, tail) = self.sentinels();
+        let links = &mut *self.links;
+        if self.front_last != head {
+            links[self.front_last as usize].next = self.old_first;
+            links[self.old_first as usize].prev = self.front_last;
+        }
+        if self.back_last != tail {
+            // Read `tail.prev` only now: on an empty queue the back chain
+            // goes after the front chain just linked.
+            let back_first = std::mem::replace(&mut links[tail as usize].next, NIL);
+            let last = links[tail as usize].prev;
+            links[last as usize].next = back_first;
+            links[back_first as usize].prev = last;
+            links[self.back_last as usize].next = tail;
+            links[tail as usize].prev = self.back_last;
+        }
+        *self.len += self.staged;
+        // Nothing left for `drop` to undo.
+        self.front_last = head;
+        self.back_last = tail;
+    }
+
+    /// The head and tail sentinels' indices.
+    #[inline]
+    fn sentinels(&self) -> (u32, u32) {
+        let n = self.links.len() as u32;
+        (n - 2, n - 1)
+    }
+
+    /// Unlink every block of the chain starting at `first` and ending at
+    /// `last` (a staged chain's blocks end with a NIL `next`).
+    fn unstage(links: &mut [Link], first: u32, last: u32) {
+        let mut cur = first;
+        loop {
+            let next = links[cur as usize].next;
+            links[cur as usize] = UNLINKED;
+            if cur == last {
+                break;
+            }
+            cur = next;
+        }
+    }
+}
+
+impl Drop for Enqueue<'_> {
+    /// Without a commit, put the queue back exactly as it was.
+    fn drop(&mut self) {
+        let (head, tail) = self.sentinels();
+        let links = &mut *self.links;
+        if self.front_last != head {
+            let first = links[head as usize].next;
+            Self::unstage(links, first, self.front_last);
+            links[head as usize].next = self.old_first;
+        }
+        if self.back_last != tail {
+            let first = std::mem::replace(&mut links[tail as usize].next, NIL);
+            Self::unstage(links, first, self.back_last);
+        }
+    }
+}
+
 impl<'a> IntoIterator for &'a FreeQueue {
     type Item = BlockId;
     type IntoIter = Iter<'a>;
@@ -352,6 +399,25 @@ mod tests {
         q.iter().map(|b| b.0).collect()
     }
 
+    /// Stage `(block, to_back)` pairs and commit.
+    fn enqueue(q: &mut FreeQueue, staged: &[(u32, bool)]) {
+        let mut batch = q.begin_enqueue();
+        for &(b, to_back) in staged {
+            batch.push(BlockId(b), to_back);
+        }
+        batch.commit();
+    }
+
+    /// A batch to stage: `(block, to_back)` pairs.
+    type Staged<'a> = &'a [(u32, bool)];
+
+    /// The order `enqueue` must produce, on a plain `Vec`.
+    fn model(queued: &[u32], staged: &[(u32, bool)]) -> Vec<u32> {
+        let front = staged.iter().filter(|s| !s.1).map(|s| s.0);
+        let back = staged.iter().filter(|s| s.1).map(|s| s.0);
+        front.chain(queued.iter().copied()).chain(back).collect()
+    }
+
     #[test]
     fn ascending_construction() {
         let q = FreeQueue::new_ascending(5, 1);
@@ -365,52 +431,100 @@ mod tests {
     }
 
     #[test]
-    fn pop_remove_append() {
-        // Queue surgery scenario: pop, remove from the middle, append, drain.
-        let mut q = FreeQueue::new_ascending(5, 0);
-        assert_eq!(q.pop_front(), Some(BlockId(0)));
-        q.remove(BlockId(2));
-        assert_eq!(ids(&q), vec![1, 3, 4]);
-        q.push_back(BlockId(2));
-        assert_eq!(ids(&q), vec![1, 3, 4, 2]);
-        q.check_invariants().unwrap();
-        for expect in [1, 3, 4, 2] {
-            assert_eq!(q.pop_front(), Some(BlockId(expect)));
+    fn batch_keeps_order_on_each_side() {
+        let cases: &[(&[u32], Staged)] = &[
+            // Empty queue: the back chain must land after the front chain.
+            (&[], &[(4, false), (5, true), (1, false), (2, true)]),
+            (&[], &[(4, false), (5, false)]),
+            (&[], &[(4, true), (5, true)]),
+            (&[], &[]),
+            // Non-empty queue: fronts before the old front, backs after the
+            // old back.
+            (&[7, 3], &[(4, false), (5, true), (1, false), (2, true)]),
+            (&[7, 3], &[(9, false)]),
+            (&[7, 3], &[(9, true)]),
+            (&[0], &[(15, false), (14, true), (13, false)]),
+        ];
+        for &(queued, staged) in cases {
+            let mut q = FreeQueue::new_empty(16);
+            enqueue(
+                &mut q,
+                &queued.iter().map(|&b| (b, true)).collect::<Vec<_>>(),
+            );
+            enqueue(&mut q, staged);
+            q.check_invariants().unwrap();
+            assert_eq!(ids(&q), model(queued, staged), "{queued:?} {staged:?}");
         }
-        assert_eq!(q.pop_front(), None);
-        q.check_invariants().unwrap();
     }
 
     #[test]
-    fn batch_prepend_keeps_order() {
+    fn dropped_batch_leaves_the_queue_as_it_was() {
+        for queued in [&[][..], &[7, 3][..]] {
+            let mut q = FreeQueue::new_empty(16);
+            enqueue(
+                &mut q,
+                &queued.iter().map(|&b| (b, true)).collect::<Vec<_>>(),
+            );
+            let before = q.clone();
+            for staged in [
+                &[(4, false), (5, true), (1, false)][..],
+                &[(2, true)],
+                &[(2, false)],
+            ] {
+                let mut batch = q.begin_enqueue();
+                for &(b, to_back) in staged {
+                    batch.push(BlockId(b), to_back);
+                }
+                drop(batch);
+                assert_eq!(q.links, before.links, "{queued:?} {staged:?}");
+                assert_eq!(q.len(), before.len());
+                q.check_invariants().unwrap();
+            }
+        }
+    }
+
+    #[test]
+    fn queue_surgery() {
         let mut q = FreeQueue::new_empty(6);
-        q.push_back(BlockId(0));
-        q.prepend_all(&[BlockId(4), BlockId(5)]);
-        q.prepend_all(&[BlockId(1), BlockId(2)]);
+        enqueue(&mut q, &[(0, true)]);
+        enqueue(&mut q, &[(4, false), (5, false)]);
+        enqueue(&mut q, &[(1, false), (2, false)]);
         assert_eq!(ids(&q), vec![1, 2, 4, 5, 0]);
-        q.append_all(&[BlockId(3)]);
+        enqueue(&mut q, &[(3, true)]);
         assert_eq!(ids(&q), vec![1, 2, 4, 5, 0, 3]);
         q.remove(BlockId(4));
-        q.insert_before(BlockId(0), BlockId(4));
-        assert_eq!(ids(&q), vec![1, 2, 5, 4, 0, 3]);
+        q.remove(BlockId(3));
+        assert_eq!(ids(&q), vec![1, 2, 5, 0]);
+        assert!(!q.contains(BlockId(4)));
+        enqueue(&mut q, &[(4, true), (3, false)]);
+        assert_eq!(ids(&q), vec![3, 1, 2, 5, 0, 4]);
         q.check_invariants().unwrap();
     }
 
     #[test]
-    fn pop_front_n_in_order() {
+    fn pop_front_into_in_order() {
         let mut q = FreeQueue::new_empty(6);
-        q.append_all(&[1, 3, 5, 4, 0, 2].map(BlockId));
-        let mut out = Vec::new();
-        q.pop_front_n(0, &mut out);
-        assert!(out.is_empty());
-        q.pop_front_n(1, &mut out);
-        q.pop_front_n(2, &mut out);
-        assert_eq!(out, [1, 3, 5].map(BlockId));
-        q.pop_front_n(3, &mut out);
-        assert_eq!(out.len(), 6);
+        enqueue(&mut q, &[1, 3, 5, 4, 0, 2].map(|b| (b, true)));
+        let mut out = [BlockId::NULL; 6];
+        q.pop_front_into(&mut out[..0]);
+        q.check_invariants().unwrap();
+        q.pop_front_into(&mut out[..1]);
+        q.pop_front_into(&mut out[1..3]);
+        assert_eq!(out[..3], [1, 3, 5].map(BlockId));
+        assert_eq!(q.front(), Some(BlockId(4)));
+        q.check_invariants().unwrap();
+        q.pop_front_into(&mut out[3..]);
+        assert_eq!(out, [1, 3, 5, 4, 0, 2].map(BlockId));
         assert!(q.is_empty());
         assert!(!q.contains(BlockId(4)));
         q.check_invariants().unwrap();
+    }
+
+    #[test]
+    #[should_panic(expected = "pop_front_into(2) on a queue of 1")]
+    fn pop_front_into_past_the_end_panics() {
+        let mut q = FreeQueue::new_ascending(2, 1);
+        q.pop_front_into(&mut [BlockId::NULL; 2]);
     }
 
     #[test]

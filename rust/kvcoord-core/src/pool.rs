@@ -234,24 +234,25 @@ impl BlockPool {
                 available: self.free.len(),
             });
         }
-        out.reserve(n);
-        let mut evicted = 0u64;
-        let Self { free, meta, .. } = self;
-        free.pop_front_n_with(n, |b| {
+        let start = out.len();
+        out.resize(start + n, BlockId::NULL);
+        let taken = &mut out[start..];
+        self.free.pop_front_into(taken);
+        let mut any_cached = false;
+        // A slice local, so the loop does not reload the Vec's header.
+        let meta = &mut self.meta[..];
+        for &b in &*taken {
             let m = &mut meta[b.index()];
             debug_assert_eq!(m.ref_cnt, 0, "queued block {b} has owners");
             m.ref_cnt = 1;
-            evicted += u64::from(m.key != NO_KEY);
-            out.push(b);
-        });
-        if evicted == 0 {
-            return Ok(());
+            any_cached |= m.key != NO_KEY;
         }
-        let start = out.len() - n;
-        for &b in &out[start..] {
-            if self.meta[b.index()].key != NO_KEY {
-                self.drop_key(b);
-                self.num_evictions += 1;
+        if any_cached {
+            for &b in &out[start..] {
+                if self.meta[b.index()].key != NO_KEY {
+                    self.drop_key(b);
+                    self.num_evictions += 1;
+                }
             }
         }
         Ok(())
@@ -259,54 +260,46 @@ impl BlockPool {
 
     /// Release one reference of each block, `blocks` ordered by eviction
     /// priority (first = evicted first). The null block is skipped.
+    ///
+    /// Blocks reaching zero are queued in the given order: uncached ones in
+    /// front of the current front (reused first), cached ones behind the
+    /// current back (kept longest). A block listed several times takes the
+    /// place of its last occurrence.
     pub fn free_blocks(&mut self, blocks: &[BlockId]) -> KvResult<()> {
-        // Check and decrement in one pass, undoing everything on the first
-        // bad id (a block listed several times is counted correctly).
-        for (i, &b) in blocks.iter().enumerate() {
+        // One pass: decrement, and stage each block whose count reaches zero
+        // (once per block, at its last occurrence) for the front or, if it
+        // is cached, the back of the free queue. On the first bad id the
+        // staged batch is dropped (unstaged) and the decrements undone.
+        let meta = &mut self.meta[..];
+        let mut batch = self.free.begin_enqueue();
+        for i in 0..blocks.len() {
+            let b = blocks[i];
             if b.is_null() {
                 continue;
             }
-            let err = match self.meta.get_mut(b.index()) {
+            let err = match meta.get_mut(b.index()) {
                 Some(m) if m.ref_cnt > 0 => {
                     m.ref_cnt -= 1;
+                    if m.ref_cnt == 0 {
+                        batch.push(b, m.key != NO_KEY);
+                    }
                     continue;
                 }
                 Some(_) => KvError::RefCountUnderflow(b),
                 None => KvError::BlockOutOfRange {
                     block: u64::from(b.0),
-                    num_blocks: self.meta.len(),
+                    num_blocks: meta.len(),
                 },
             };
+            drop(batch);
             for &undo in &blocks[..i] {
                 if !undo.is_null() {
-                    self.meta[undo.index()].ref_cnt += 1;
+                    meta[undo.index()].ref_cnt += 1;
                 }
             }
             return Err(err);
         }
-        // Queue the blocks that reached zero, walking backwards: a block
-        // reaches zero at its last occurrence, which the backward walk meets
-        // first, and queueing it marks it (`contains`) so earlier occurrences
-        // are skipped. Uncached blocks go to the front: pushing them in
-        // reverse leaves them in the given order (reused first, vLLM's
-        // "prepend"). Cached blocks go to the back in the given order: each is
-        // linked just before the one linked previously (vLLM's "append").
-        let mut back_anchor: Option<BlockId> = None;
-        for &b in blocks.iter().rev() {
-            let m = self.meta[b.index()];
-            if b.is_null() || m.ref_cnt != 0 || self.free.contains(b) {
-                continue;
-            }
-            if m.key == NO_KEY {
-                self.free.push_front(b);
-            } else {
-                match back_anchor {
-                    None => self.free.push_back(b),
-                    Some(anchor) => self.free.insert_before(anchor, b),
-                }
-                back_anchor = Some(b);
-            }
-        }
+        batch.commit();
         Ok(())
     }
 
@@ -688,6 +681,42 @@ mod tests {
             Err(KvError::RefCountUnderflow(b[0]))
         );
         p.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn rejected_free_unstages_blocks_bound_for_both_ends() {
+        // Regression guard for the one-pass free: blocks already staged for
+        // the front and the back when a bad id turns up must be unstaged.
+        for extra_free in [false, true] {
+            let mut p = pool(8);
+            let b = ids(&get(&mut p, 4));
+            p.cache_full_blocks(&b, &[h(1), h(2)], 0, 2, GroupId(0), None)
+                .unwrap();
+            if extra_free {
+                // Leave a cached block on the back so the queue is non-empty
+                // at both ends.
+                p.touch(&b[3..]).unwrap();
+                p.free_blocks(&b[3..]).unwrap();
+            }
+            let (queue_before, refs_before) = (queue(&p), p.ref_counts().collect::<Vec<_>>());
+            // b0 and b1 are cached (staged for the back), b2 is not (front);
+            // then an out-of-range id, or a second release of b2.
+            for bad in [BlockId(99), b[2]] {
+                let call = [b[0], b[2], b[1], bad];
+                assert!(p.free_blocks(&call).is_err(), "{call:?}");
+                assert_eq!(queue(&p), queue_before);
+                assert_eq!(p.ref_counts().collect::<Vec<_>>(), refs_before);
+                p.check_invariants().unwrap();
+            }
+            p.free_blocks(&b[..3]).unwrap();
+            let tail: Vec<u32> = queue(&p).into_iter().rev().take(2).collect();
+            assert_eq!(
+                tail,
+                vec![b[1].0, b[0].0],
+                "cached blocks at the back, in order"
+            );
+            p.check_invariants().unwrap();
+        }
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! numpy arrays. One pass per argument, no Python object per block kept.
 
 use kvcoord_core::{BlockHash, BlockId, GroupId, KvError};
-use numpy::{PyArray1, PyArrayMethods, PyReadonlyArray2, PyUntypedArray};
+use numpy::{Element, PyArray1, PyArrayMethods, PyReadonlyArray2, PyUntypedArray};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
@@ -29,16 +29,25 @@ fn bad_block_id(v: i64) -> PyErr {
     InvalidBlockIdError::new_err(format!("block id {v} {why}"))
 }
 
+/// The elements of a 1-D numpy array, copied out.
+///
+/// Copying 4-8 bytes per id costs less than numpy's borrow tracking, which
+/// registers and releases a borrow in a shared table on every call; the
+/// array is read once, while this thread holds the GIL.
+fn array_values<T: Element + Copy>(arr: &Bound<'_, PyArray1<T>>) -> Vec<T> {
+    arr.to_vec()
+        .unwrap_or_else(|_| arr.to_owned_array().iter().copied().collect())
+}
+
 /// Try each integer dtype in turn: a failed `cast` is a cheap dtype check
 /// (no Python exception is built), so the common `uint32` array pays one.
 macro_rules! try_int_array {
     ($arr:expr, $out:expr, $($t:ty),*) => {
         $(
             if let Ok(typed) = $arr.cast::<PyArray1<$t>>() {
-                let ro = typed.try_readonly()?;
-                let view = ro.as_array();
-                $out.reserve(view.len());
-                for &v in view.iter() {
+                let values = array_values(typed);
+                $out.reserve(values.len());
+                for v in values {
                     $out.push(block_id(i64::try_from(v).unwrap_or(i64::MAX))?);
                 }
                 return Ok(());
@@ -67,8 +76,7 @@ pub(crate) fn extract_block_ids(obj: &Bound<'_, PyAny>, out: &mut Vec<BlockId>) 
     if obj.cast::<PyUntypedArray>().is_ok() {
         if let Ok(typed) = obj.cast::<PyArray1<u32>>() {
             // The pool's own output type: every value is a valid u32 id.
-            let ro = typed.try_readonly()?;
-            out.extend(ro.as_array().iter().map(|&v| BlockId(v)));
+            out.extend(array_values(typed).into_iter().map(BlockId));
             return Ok(());
         }
         try_int_array!(obj, out, i64, i32, u64, i16, u16, i8, u8);
@@ -165,4 +173,25 @@ pub(crate) fn count(n: i64, name: &'static str) -> PyResult<usize> {
 /// Ids as a Python list of ints.
 pub(crate) fn id_list<'py>(py: Python<'py>, ids: &[BlockId]) -> PyResult<Bound<'py, PyList>> {
     PyList::new(py, ids.iter().map(|b| b.0))
+}
+
+/// Reusable buffers of a binding object, so that its hot calls allocate
+/// nothing on the Rust side.
+#[derive(Default)]
+pub(crate) struct Scratch {
+    /// Block ids going into or coming out of the core.
+    pub(crate) ids: Vec<BlockId>,
+    /// `ids` as raw `u32`, the source of a numpy copy.
+    raw: Vec<u32>,
+}
+
+impl Scratch {
+    /// `self.ids` as a new `uint32` numpy array. `from_slice` copies into
+    /// numpy-owned memory; `from_iter`/`into_pyarray` would allocate a `Vec`
+    /// and a capsule object to own it.
+    pub(crate) fn ids_array<'py>(&mut self, py: Python<'py>) -> Bound<'py, PyArray1<u32>> {
+        self.raw.clear();
+        self.raw.extend(self.ids.iter().map(|b| b.0));
+        PyArray1::from_slice(py, &self.raw)
+    }
 }

@@ -1,12 +1,12 @@
 //! `kvcoord.BlockPool`: conversion and delegation only; the logic is
 //! `kvcoord_core::BlockPool`.
 
-use kvcoord_core::{BlockId, BlockPool, KvEvent, PoolConfig};
+use kvcoord_core::{BlockPool, KvEvent, PoolConfig};
 use numpy::{IntoPyArray, PyArray1};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
 
-use crate::convert::{self, id_list};
+use crate::convert::{self, id_list, Scratch};
 use crate::coordinator::PyCoordinatorCore;
 use crate::errors::{core, BlockStateError, InvariantError};
 use crate::events::{event_to_py, PyEventList};
@@ -22,15 +22,15 @@ enum PoolHandle {
 #[pyclass(module = "kvcoord._core", name = "BlockPool")]
 pub(crate) struct PyBlockPool {
     handle: PoolHandle,
-    /// Reused id buffer (keeps `get_new_blocks`/`free_blocks` allocation-free).
-    scratch: Vec<BlockId>,
+    /// Reused buffers (keep `get_new_blocks`/`free_blocks` allocation-free).
+    scratch: Scratch,
 }
 
 impl PyBlockPool {
     fn owned(inner: BlockPool) -> Self {
         Self {
             handle: PoolHandle::Owned(Box::new(inner)),
-            scratch: Vec::new(),
+            scratch: Scratch::default(),
         }
     }
 
@@ -38,7 +38,7 @@ impl PyBlockPool {
     pub(crate) fn of_coordinator(coordinator: Py<PyCoordinatorCore>) -> Self {
         Self {
             handle: PoolHandle::Coordinator(coordinator),
-            scratch: Vec::new(),
+            scratch: Scratch::default(),
         }
     }
 
@@ -56,7 +56,7 @@ impl PyBlockPool {
         &mut self,
         py: Python<'_>,
         what: &str,
-        f: impl FnOnce(&mut BlockPool, &mut Vec<BlockId>) -> R,
+        f: impl FnOnce(&mut BlockPool, &mut Scratch) -> R,
     ) -> PyResult<R> {
         if matches!(self.handle, PoolHandle::Coordinator(_)) {
             return Err(BlockStateError::new_err(format!(
@@ -70,7 +70,7 @@ impl PyBlockPool {
     fn with_mut<R>(
         &mut self,
         py: Python<'_>,
-        f: impl FnOnce(&mut BlockPool, &mut Vec<BlockId>) -> R,
+        f: impl FnOnce(&mut BlockPool, &mut Scratch) -> R,
     ) -> PyResult<R> {
         let scratch = &mut self.scratch;
         match &mut self.handle {
@@ -159,9 +159,9 @@ impl PyBlockPool {
     ) -> PyResult<Bound<'py, PyList>> {
         let n = convert::count(num_blocks, "num_blocks")?;
         self.with_owned_mut(py, "get_new_blocks", |pool, scratch| {
-            scratch.clear();
-            core(pool.get_new_blocks(n, scratch))?;
-            id_list(py, scratch)
+            scratch.ids.clear();
+            core(pool.get_new_blocks(n, &mut scratch.ids))?;
+            id_list(py, &scratch.ids)
         })?
     }
 
@@ -172,17 +172,17 @@ impl PyBlockPool {
     ) -> PyResult<Bound<'py, PyArray1<u32>>> {
         let n = convert::count(num_blocks, "num_blocks")?;
         self.with_owned_mut(py, "get_new_blocks", |pool, scratch| {
-            scratch.clear();
-            core(pool.get_new_blocks(n, scratch))?;
-            Ok(PyArray1::from_iter(py, scratch.iter().map(|b| b.0)))
+            scratch.ids.clear();
+            core(pool.get_new_blocks(n, &mut scratch.ids))?;
+            Ok(scratch.ids_array(py))
         })?
     }
 
     fn free_blocks(&mut self, py: Python<'_>, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
         self.with_owned_mut(py, "free_blocks", |pool, scratch| {
-            scratch.clear();
-            convert::extract_block_ids(block_ids, scratch)?;
-            core(pool.free_blocks(scratch))
+            scratch.ids.clear();
+            convert::extract_block_ids(block_ids, &mut scratch.ids)?;
+            core(pool.free_blocks(&scratch.ids))
         })?
     }
 
