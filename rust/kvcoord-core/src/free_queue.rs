@@ -130,12 +130,13 @@ impl FreeQueue {
     }
 
     /// Remove the first `out.len()` blocks, writing them to `out` in queue
-    /// order.
+    /// order and passing each to `on_pop` (which lets the pool update its
+    /// metadata in the same loop).
     ///
     /// # Panics
     /// If fewer than `out.len()` blocks are queued (callers check first).
     #[inline]
-    pub fn pop_front_into(&mut self, out: &mut [BlockId]) {
+    pub fn pop_front_into(&mut self, out: &mut [BlockId], mut on_pop: impl FnMut(BlockId)) {
         let n = out.len();
         assert!(
             n <= self.len,
@@ -148,6 +149,7 @@ impl FreeQueue {
             let next = self.links[cur as usize].next;
             self.links[cur as usize] = UNLINKED;
             *slot = BlockId(cur);
+            on_pop(BlockId(cur));
             cur = next;
         }
         // One splice for the whole batch instead of one per block.
@@ -506,14 +508,14 @@ mod tests {
         let mut q = FreeQueue::new_empty(6);
         enqueue(&mut q, &[1, 3, 5, 4, 0, 2].map(|b| (b, true)));
         let mut out = [BlockId::NULL; 6];
-        q.pop_front_into(&mut out[..0]);
+        q.pop_front_into(&mut out[..0], |_| {});
         q.check_invariants().unwrap();
-        q.pop_front_into(&mut out[..1]);
-        q.pop_front_into(&mut out[1..3]);
+        q.pop_front_into(&mut out[..1], |_| {});
+        q.pop_front_into(&mut out[1..3], |_| {});
         assert_eq!(out[..3], [1, 3, 5].map(BlockId));
         assert_eq!(q.front(), Some(BlockId(4)));
         q.check_invariants().unwrap();
-        q.pop_front_into(&mut out[3..]);
+        q.pop_front_into(&mut out[3..], |_| {});
         assert_eq!(out, [1, 3, 5, 4, 0, 2].map(BlockId));
         assert!(q.is_empty());
         assert!(!q.contains(BlockId(4)));
@@ -524,7 +526,7 @@ mod tests {
     #[should_panic(expected = "pop_front_into(2) on a queue of 1")]
     fn pop_front_into_past_the_end_panics() {
         let mut q = FreeQueue::new_ascending(2, 1);
-        q.pop_front_into(&mut [BlockId::NULL; 2]);
+        q.pop_front_into(&mut [BlockId::NULL; 2], |_| {});
     }
 
     #[test]

@@ -236,17 +236,15 @@ impl BlockPool {
         }
         let start = out.len();
         out.resize(start + n, BlockId::NULL);
-        let taken = &mut out[start..];
-        self.free.pop_front_into(taken);
         let mut any_cached = false;
         // A slice local, so the loop does not reload the Vec's header.
         let meta = &mut self.meta[..];
-        for &b in &*taken {
+        self.free.pop_front_into(&mut out[start..], |b| {
             let m = &mut meta[b.index()];
             debug_assert_eq!(m.ref_cnt, 0, "queued block {b} has owners");
             m.ref_cnt = 1;
             any_cached |= m.key != NO_KEY;
-        }
+        });
         if any_cached {
             for &b in &out[start..] {
                 if self.meta[b.index()].key != NO_KEY {
