@@ -1,8 +1,8 @@
 """pytest-benchmark suites (run with `make bench`; they are skipped as timing
 in the normal test run, which passes --benchmark-disable).
 
-After the hashing benchmarks, prints tokens/s and the ratios to the Python
-baseline."""
+After the runs, prints the pool's ns per block for get+free and the hashing
+throughput in tokens/s, each with its ratio to the Python baseline."""
 
 from __future__ import annotations
 
@@ -14,13 +14,33 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
+    _pool_summary(terminalreporter)
+    _hashing_summary(terminalreporter)
+
+
+def _pool_summary(tr: Any) -> None:
+    try:
+        from test_bench_pool import BATCH, PER_BLOCK_NS
+    except ImportError:
+        return
+    if not PER_BLOCK_NS:
+        return
+    tr.section(f"pool get+free in batches of {BATCH} (median ns per block; target < 15)")
+    base = PER_BLOCK_NS.get("vLLM-style Python pool")
+    for case, ns in PER_BLOCK_NS.items():
+        ratio = ""
+        if base and ns != base:
+            ratio = f"  {base / ns:5.1f}x faster than the vLLM-style pool"
+        tr.write_line(f"{case:24s} {ns:8.1f} ns/block{ratio}")
+
+
+def _hashing_summary(tr: Any) -> None:
     try:
         from test_bench_hashing import RESULTS
     except ImportError:
         return
     if not RESULTS:
         return
-    tr = terminalreporter
     tr.section("hashing throughput (32k-token prompt, 16-token blocks; fastest round)")
     base_sha = RESULTS.get("python/sha256_cbor")
     for case, tps in sorted(RESULTS.items()):
