@@ -202,6 +202,14 @@ def test_metadata_bytes_per_block() -> None:
         (lambda p: p.free_blocks([1, 1]), BlockStateError, "block 1 holds no reference"),
         (lambda p: p.free_blocks([5]), BlockStateError, "block 5 holds no reference"),
         (lambda p: p.free_blocks([2, 11]), InvalidBlockIdError, "out of range"),
+        # Blocks already bound for the back (cached 3) and the front (1, 2)
+        # when the bad id turns up must be put back.
+        (lambda p: p.free_blocks([3, 1, 2, 11]), InvalidBlockIdError, "out of range"),
+        (
+            lambda p: p.free_blocks(np.array([3, 1, 3], dtype=np.int64)),
+            BlockStateError,
+            "block 3 holds no reference",
+        ),
         (lambda p: p.free_blocks([-1]), InvalidBlockIdError, "negative"),
         (lambda p: p.free_blocks([2**40]), InvalidBlockIdError, "32 bits"),
         (lambda p: p.free_blocks("12"), TypeError, "not str"),
