@@ -117,15 +117,25 @@ def test_mooncake_malformed_line_names_file_and_line(
     assert problem in str(ei.value)
 
 
-def test_unreadable_trace(tmp_path: Path) -> None:
+@pytest.mark.parametrize("reader", ["mooncake", "guessed format"])
+def test_unreadable_trace(tmp_path: Path, reader: str) -> None:
+    def read(path: Path) -> object:
+        if reader == "mooncake":
+            return read_mooncake(path)
+        return load_workload(path, None)  # sniffs the format first
+
     with pytest.raises(TraceFormatError, match="no such file"):
-        read_mooncake(tmp_path / "missing.jsonl")
+        read(tmp_path / "missing.jsonl")
     with pytest.raises(TraceFormatError, match="directory"):
-        read_mooncake(tmp_path)
+        read(tmp_path)
     bad = tmp_path / "bin.jsonl"
     bad.write_bytes(b"\xff\xfe\x00")
     with pytest.raises(TraceFormatError, match="UTF-8"):
-        read_mooncake(bad)
+        read(bad)
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text("\n{not json\n")
+    with pytest.raises(TraceFormatError, match=r"broken.jsonl:2: invalid JSON"):
+        read(broken)
 
 
 # --------------------------------------------------------------------------- token traces

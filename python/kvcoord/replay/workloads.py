@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -185,9 +186,11 @@ class Workload:
 # --------------------------------------------------------------------------- readers
 
 
-def _json_lines(path: Path) -> list[tuple[int, dict[str, object]]]:
+@contextmanager
+def _reading(path: Path) -> Iterator[None]:
+    """Turn the ways a trace file can fail to read into `TraceFormatError`."""
     try:
-        text = path.read_text(encoding="utf-8")
+        yield
     except FileNotFoundError:
         raise TraceFormatError(path, None, "no such file") from None
     except IsADirectoryError:
@@ -196,16 +199,27 @@ def _json_lines(path: Path) -> list[tuple[int, dict[str, object]]]:
         raise TraceFormatError(path, None, f"not UTF-8 text ({e.reason})") from None
     except OSError as e:
         raise TraceFormatError(path, None, f"cannot read: {e.strerror or e}") from None
+
+
+def _parse_line(path: Path, lineno: int, line: str) -> object | None:
+    """One JSON-lines record, or None for a blank line."""
+    if not line.strip():
+        return None
+    try:
+        obj: object = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise TraceFormatError(path, lineno, f"invalid JSON: {e.msg} (column {e.colno})") from None
+    return obj
+
+
+def _json_lines(path: Path) -> list[tuple[int, dict[str, object]]]:
+    with _reading(path):
+        text = path.read_text(encoding="utf-8")
     out: list[tuple[int, dict[str, object]]] = []
     for lineno, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
+        obj = _parse_line(path, lineno, line)
+        if obj is None:
             continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise TraceFormatError(
-                path, lineno, f"invalid JSON: {e.msg} (column {e.colno})"
-            ) from None
         if not isinstance(obj, dict):
             raise TraceFormatError(
                 path, lineno, f"expected a JSON object, got {type(obj).__name__}"
@@ -437,31 +451,19 @@ def load_workload(trace: str | Path | None, fmt: str | None, limit: int | None =
 
 
 def _guess_format(path: Path) -> str:
-    try:
-        with path.open(encoding="utf-8") as f:
-            for lineno, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise TraceFormatError(
-                        path, lineno, f"invalid JSON: {e.msg} (column {e.colno})"
-                    ) from None
-                if isinstance(obj, dict) and "hash_ids" in obj:
-                    return "mooncake"
-                if isinstance(obj, dict) and "prompt_token_ids" in obj:
-                    return "tokens"
-                raise TraceFormatError(
-                    path,
-                    lineno,
-                    "cannot tell the format: no 'hash_ids' (mooncake) or 'prompt_token_ids' "
-                    "(tokens); pass --format",
-                )
-    except FileNotFoundError:
-        raise TraceFormatError(path, None, "no such file") from None
-    except IsADirectoryError:
-        raise TraceFormatError(path, None, "is a directory, not a trace file") from None
-    except UnicodeDecodeError as e:
-        raise TraceFormatError(path, None, f"not UTF-8 text ({e.reason})") from None
+    with _reading(path), path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            obj = _parse_line(path, lineno, line)
+            if obj is None:
+                continue
+            if isinstance(obj, dict) and "hash_ids" in obj:
+                return "mooncake"
+            if isinstance(obj, dict) and "prompt_token_ids" in obj:
+                return "tokens"
+            raise TraceFormatError(
+                path,
+                lineno,
+                "cannot tell the format: no 'hash_ids' (mooncake) or 'prompt_token_ids' "
+                "(tokens); pass --format",
+            )
     raise TraceFormatError(path, None, "empty trace: no requests")
