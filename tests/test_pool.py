@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import kvcoord
+from gil import ticks_during
 from kvcoord import (
     BlockPool,
     BlockStateError,
@@ -279,3 +280,15 @@ def test_retention_interval_validation() -> None:
         kvcoord.validate_retention_interval(33, 16, True)
     with pytest.raises(ValueError, match=r"=-32: must be non-negative"):
         kvcoord.validate_retention_interval(-32, 16, True)
+
+
+def test_building_a_large_pool_releases_the_gil() -> None:
+    """Another Python thread runs while a multi-million-block pool (or a
+    manager's pool) is built."""
+    inside, seconds = ticks_during(lambda: BlockPool(8_000_000))
+    assert inside >= 5, (seconds, inside)
+    config = kvcoord.KVCacheConfig(
+        8_000_000, (kvcoord.KVCacheGroup(kvcoord.FullAttentionSpec(16)),)
+    )
+    inside, seconds = ticks_during(lambda: kvcoord.KVCacheManager(config, max_model_len=4096))
+    assert inside >= 5, (seconds, inside)

@@ -195,3 +195,21 @@ impl Scratch {
         PyArray1::from_slice(py, &self.raw)
     }
 }
+
+/// Pools at least this large are built without the GIL (about a millisecond
+/// of work at this size; construction is linear in the number of blocks).
+const DETACH_MIN_BLOCKS: usize = 1 << 16;
+
+/// Build a pool-sized structure, releasing the GIL while it is large enough
+/// for other Python threads to notice the wait.
+pub(crate) fn build_pool_sized<T: Send>(
+    py: Python<'_>,
+    num_blocks: usize,
+    build: impl FnOnce() -> T + Send,
+) -> T {
+    if num_blocks >= DETACH_MIN_BLOCKS {
+        py.detach(build)
+    } else {
+        build()
+    }
+}

@@ -118,8 +118,9 @@ impl PyCoordinatorCore {
         config.enable_events = enable_events;
         let empty_lists = (0..groups.len()).map(|_| PyList::empty(py));
         let empty = result_type.call1(py, (PyTuple::new(py, empty_lists)?,))?;
+        let inner = convert::build_pool_sized(py, num_blocks, || CoordinatorCore::new(config));
         Ok(Self {
-            inner: core(CoordinatorCore::new(config))?,
+            inner: core(inner)?,
             req_ids: HashMap::new(),
             next_req: 0,
             out: NewBlocks::new(),

@@ -87,6 +87,7 @@ impl PyBlockPool {
     #[new]
     #[pyo3(signature = (num_blocks, *, enable_caching = true, hash_block_size = 16, enable_events = false))]
     fn new(
+        py: Python<'_>,
         num_blocks: i64,
         enable_caching: bool,
         hash_block_size: i64,
@@ -104,7 +105,8 @@ impl PyBlockPool {
             hash_block_size,
             enable_events,
         };
-        Ok(Self::owned(core(BlockPool::new(config))?))
+        let pool = convert::build_pool_sized(py, num_blocks, || BlockPool::new(config));
+        Ok(Self::owned(core(pool)?))
     }
 
     #[getter]
