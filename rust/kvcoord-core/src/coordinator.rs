@@ -16,6 +16,7 @@
 //!   a running request before finding out whether the new slots fit (vLLM
 //!   does the same: those blocks are dead either way).
 
+use hashbrown::hash_map::Entry;
 use hashbrown::HashMap;
 
 use crate::block_hash::BlockHash;
@@ -577,31 +578,7 @@ impl CoordinatorCore {
                     .into(),
             ));
         }
-        let tracked = self.requests.contains_key(&req);
         let hits = new_computed_blocks.unwrap_or(&[]);
-        if new_computed_blocks.is_some() {
-            self.check_hits(
-                hits,
-                tracked,
-                num_new_computed_tokens + view.num_computed_tokens,
-            )?;
-        }
-        // Step 3 (no external tokens).
-        let local = view.num_computed_tokens + num_new_computed_tokens;
-        let total = local.min(self.config.max_model_len);
-        // Step 7.
-        let main = total + num_new_tokens;
-        if main > self.config.max_model_len {
-            return Err(arg(
-                "num_new_tokens",
-                format!(
-                    "{total} computed + {num_new_tokens} new tokens exceed max_model_len {}",
-                    self.config.max_model_len
-                ),
-            ));
-        }
-        let need_slots = (main + num_lookahead_tokens).min(self.config.max_model_len);
-
         let Self {
             pool,
             managers,
@@ -613,40 +590,70 @@ impl CoordinatorCore {
             retention,
             ..
         } = self;
+        // The request's tables are probed for once: a decode step is the
+        // hottest call, and a map lookup is a large part of its work.
+        let mut slot = requests.entry(req);
+        let tracked = matches!(slot, Entry::Occupied(_));
+        // Step 3 (no external tokens).
+        let local = view.num_computed_tokens + num_new_computed_tokens;
+        if new_computed_blocks.is_some() {
+            check_hits(managers, pool, config, hits, tracked, local)?;
+        }
+        let total = local.min(config.max_model_len);
+        // Step 7.
+        let main = total + num_new_tokens;
+        if main > config.max_model_len {
+            return Err(arg(
+                "num_new_tokens",
+                format!(
+                    "{total} computed + {num_new_tokens} new tokens exceed max_model_len {}",
+                    config.max_model_len
+                ),
+            ));
+        }
+        let need_slots = (main + num_lookahead_tokens).min(config.max_model_len);
         // Step 8: blocks that left the window are dead whether or not this
         // step fits; in-flight steps may still read the newest ones.
-        if let Some(tables) = requests.get_mut(&req) {
+        if let Entry::Occupied(tables) = &mut slot {
             let processed = total.saturating_sub(view.num_in_flight_tokens);
-            for (m, t) in managers.iter().zip(tables.iter_mut()) {
+            for (m, t) in managers.iter().zip(tables.get_mut().iter_mut()) {
                 m.remove_skipped_blocks(pool, t, processed, scratch)?;
             }
         }
         // Steps 9-10.
-        let tables = requests.get(&req);
+        let tracked_tables = match &slot {
+            Entry::Occupied(tables) => Some(tables.get()),
+            Entry::Vacant(_) => None,
+        };
         let mut needed = 0usize;
         for (g, m) in managers.iter().enumerate() {
             let tokens = Self::group_tokens(m, need_slots, num_encoder_tokens);
             let group_hits = hits.get(g).map_or(&[][..], Vec::as_slice);
-            needed +=
-                m.num_blocks_to_allocate(pool, tables.map(|t| &t[g]), tokens, group_hits, total);
+            needed += m.num_blocks_to_allocate(
+                pool,
+                tracked_tables.map(|t| &t[g]),
+                tokens,
+                group_hits,
+                total,
+            );
         }
         if needed > pool.num_free_blocks() {
             return Ok(false);
         }
         // Step 11: adopt hits (all groups are touched before any allocation,
         // so no group's allocation can evict another group's hit).
-        if !tracked {
-            let mut fresh = spare.pop().unwrap_or_default();
-            fresh.resize_with(managers.len(), GroupTable::default);
-            if new_computed_blocks.is_some() {
-                for (g, (m, t)) in managers.iter().zip(fresh.iter_mut()).enumerate() {
-                    m.add_local_computed_blocks(pool, t, &hits[g], total)?;
+        let tables = match slot {
+            Entry::Occupied(tables) => tables.into_mut(),
+            Entry::Vacant(vacant) => {
+                let mut fresh = spare.pop().unwrap_or_default();
+                fresh.resize_with(managers.len(), GroupTable::default);
+                if new_computed_blocks.is_some() {
+                    for (g, (m, t)) in managers.iter().zip(fresh.iter_mut()).enumerate() {
+                        m.add_local_computed_blocks(pool, t, &hits[g], total)?;
+                    }
                 }
+                vacant.insert(fresh)
             }
-            requests.insert(req, fresh);
-        }
-        let Some(tables) = requests.get_mut(&req) else {
-            return Err(KvError::UnknownRequest(req));
         };
         // Step 12.
         for (m, t) in managers.iter().zip(tables.iter_mut()) {
@@ -662,58 +669,6 @@ impl CoordinatorCore {
             )?;
         }
         Ok(true)
-    }
-
-    fn check_hits(&self, hits: &[Vec<BlockId>], tracked: bool, num_local: usize) -> KvResult<()> {
-        let arg = |detail: String| KvError::InvalidArgument {
-            name: "new_computed_blocks",
-            detail,
-        };
-        if hits.len() != self.managers.len() {
-            return Err(arg(format!(
-                "{} lists for {} groups",
-                hits.len(),
-                self.managers.len()
-            )));
-        }
-        for (m, list) in self.managers.iter().zip(hits) {
-            if list.is_empty() {
-                continue;
-            }
-            if tracked {
-                return Err(arg(
-                    "a running request cannot adopt prefix-cache hits".into()
-                ));
-            }
-            if !self.config.enable_caching || !m.spec().prefix_cacheable() {
-                return Err(arg(format!(
-                    "group {} cannot have prefix-cache hits",
-                    m.group()
-                )));
-            }
-            if !self.pool.ids_in_range(list) {
-                return Err(arg(format!("group {}: block id out of range", m.group())));
-            }
-            if num_local % m.block_size() != 0 {
-                return Err(KvError::Unsupported {
-                    what: format!(
-                        "partial-block hit ({num_local} tokens, block size {})",
-                        m.block_size()
-                    ),
-                });
-            }
-            // A lookup result covers exactly the computed prefix, one entry
-            // (null included) per block.
-            let expected = num_local / m.block_size();
-            if list.len() != expected {
-                return Err(arg(format!(
-                    "group {}: {} hit blocks for {num_local} computed tokens (expected {expected})",
-                    m.group(),
-                    list.len()
-                )));
-            }
-        }
-        Ok(())
     }
 
     /// Register `req`'s newly full blocks of its first `num_tokens` tokens in
@@ -845,6 +800,68 @@ impl CoordinatorCore {
         }
         Ok(())
     }
+}
+
+/// Validate hit lists passed to `allocate_slots`: one list per group, only
+/// for a new request, only where caching applies, in range, and covering
+/// exactly the `num_local` computed tokens.
+fn check_hits(
+    managers: &[Manager],
+    pool: &BlockPool,
+    config: &CoordinatorConfig,
+    hits: &[Vec<BlockId>],
+    tracked: bool,
+    num_local: usize,
+) -> KvResult<()> {
+    let arg = |detail: String| KvError::InvalidArgument {
+        name: "new_computed_blocks",
+        detail,
+    };
+    if hits.len() != managers.len() {
+        return Err(arg(format!(
+            "{} lists for {} groups",
+            hits.len(),
+            managers.len()
+        )));
+    }
+    for (m, list) in managers.iter().zip(hits) {
+        if list.is_empty() {
+            continue;
+        }
+        if tracked {
+            return Err(arg(
+                "a running request cannot adopt prefix-cache hits".into()
+            ));
+        }
+        if !config.enable_caching || !m.spec().prefix_cacheable() {
+            return Err(arg(format!(
+                "group {} cannot have prefix-cache hits",
+                m.group()
+            )));
+        }
+        if !pool.ids_in_range(list) {
+            return Err(arg(format!("group {}: block id out of range", m.group())));
+        }
+        if num_local % m.block_size() != 0 {
+            return Err(KvError::Unsupported {
+                what: format!(
+                    "partial-block hit ({num_local} tokens, block size {})",
+                    m.block_size()
+                ),
+            });
+        }
+        // A lookup result covers exactly the computed prefix, one entry
+        // (null included) per block.
+        let expected = num_local / m.block_size();
+        if list.len() != expected {
+            return Err(arg(format!(
+                "group {}: {} hit blocks for {num_local} computed tokens (expected {expected})",
+                m.group(),
+                list.len()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Cache every group's newly full blocks of the first `num_tokens` tokens.
