@@ -15,7 +15,7 @@
 
 use std::hash::{BuildHasher, Hash, Hasher};
 
-use hashbrown::HashTable;
+use hashbrown::{hash_table, HashTable};
 use smallvec::SmallVec;
 
 use crate::block_hash::BlockHash;
@@ -121,28 +121,44 @@ impl PrefixIndex {
     /// # Panics
     /// After 2^32 distinct live keys (more than any pool can hold).
     pub fn insert(&mut self, key: CacheKey, block: BlockId) -> KeySlot {
-        if let Some(slot) = self.find_slot(&key) {
-            self.entries[slot as usize].blocks.push(block);
-            return slot;
+        let Self {
+            table,
+            entries,
+            free_slots,
+            hasher,
+        } = self;
+        let h = hasher.hash_one(key);
+        // One probe finds the key or the place for it.
+        let live = &*entries;
+        let found = table.entry(
+            h,
+            |&s| live[s as usize].key == key,
+            |&s| hasher.hash_one(live[s as usize].key),
+        );
+        match found {
+            hash_table::Entry::Occupied(occupied) => {
+                let slot = *occupied.get();
+                entries[slot as usize].blocks.push(block);
+                slot
+            }
+            hash_table::Entry::Vacant(vacant) => {
+                let slot = if let Some(slot) = free_slots.pop() {
+                    let e = &mut entries[slot as usize];
+                    e.key = key;
+                    e.blocks.push(block);
+                    slot
+                } else {
+                    let slot =
+                        KeySlot::try_from(entries.len()).expect("fewer than 2^32 cached keys");
+                    let mut blocks = SmallVec::new();
+                    blocks.push(block);
+                    entries.push(Entry { key, blocks });
+                    slot
+                };
+                vacant.insert(slot);
+                slot
+            }
         }
-        let slot = if let Some(slot) = self.free_slots.pop() {
-            let e = &mut self.entries[slot as usize];
-            e.key = key;
-            e.blocks.push(block);
-            slot
-        } else {
-            let slot = KeySlot::try_from(self.entries.len()).expect("fewer than 2^32 cached keys");
-            let mut blocks = SmallVec::new();
-            blocks.push(block);
-            self.entries.push(Entry { key, blocks });
-            slot
-        };
-        let h = self.hasher.hash_one(key);
-        let entries = &self.entries;
-        let hasher = &self.hasher;
-        self.table
-            .insert_unique(h, slot, |&s| hasher.hash_one(entries[s as usize].key));
-        slot
     }
 
     /// Remove `block` from the entry at `slot`; returns the entry's key when
