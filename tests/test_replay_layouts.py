@@ -80,6 +80,18 @@ def test_json_and_toml_files(tmp_path: Path) -> None:
             "only applies to type sliding_window",
         ),
         ({"groups": [{"type": "chunked_local"}]}, "needs 'attention_chunk_size'"),
+        (
+            {
+                "groups": [
+                    {"type": "sliding_window", "sliding_window": 8, "attention_chunk_size": 4}
+                ]
+            },
+            "'attention_chunk_size' only applies to type chunked_local",
+        ),
+        (
+            {"groups": [{"type": "chunked_local", "attention_chunk_size": 0}]},
+            "attention_chunk_size must be a positive integer",
+        ),
         ({"groups": [{"type": "full", "heads": 4}]}, "unknown key(s) heads"),
         ({"groups": [{"type": "full", "layers": 0}]}, "layers must be a positive integer"),
         (

@@ -59,7 +59,7 @@ import itertools
 import math
 import operator
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -89,8 +89,18 @@ __all__ = [
 PAD_SLOT_ID = -1
 
 _INT32_MAX = int(np.iinfo(np.int32).max)
-_EMPTY_IDS: npt.NDArray[np.int64] = np.zeros(0, dtype=np.int64)
-_EMPTY_IDS.flags.writeable = False
+
+_T = TypeVar("_T", bound=np.generic)
+
+
+def _read_only(a: npt.NDArray[_T]) -> npt.NDArray[_T]:
+    """A view of `a` that callers cannot write through."""
+    v = a.view()
+    v.flags.writeable = False
+    return v
+
+
+_EMPTY_IDS: npt.NDArray[np.int64] = _read_only(np.zeros(0, dtype=np.int64))
 
 IntArray = npt.NDArray[np.integer[Any]]
 _Index = npt.NDArray[np.int64] | torch.Tensor
@@ -439,9 +449,7 @@ class BlockTable:
     @property
     def host_np(self) -> npt.NDArray[np.int32]:
         """Read-only numpy view of the host table."""
-        v = self._np.view()
-        v.flags.writeable = False
-        return v
+        return _read_only(self._np)
 
     @property
     def device_table(self) -> torch.Tensor:
@@ -463,9 +471,7 @@ class BlockTable:
     @property
     def num_blocks_per_row(self) -> npt.NDArray[np.int32]:
         """Read-only view of the per-row counts (in table columns, i.e. kernel blocks)."""
-        v = self._counts.view()
-        v.flags.writeable = False
-        return v
+        return _read_only(self._counts)
 
     def num_blocks(self, row: int) -> int:
         """Number of used columns in ``row``."""

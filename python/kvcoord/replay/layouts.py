@@ -137,6 +137,17 @@ PRESETS: dict[str, Layout] = {
 }
 
 
+def _type_field(g: dict[str, Any], where: str, kind: str, field: str, *, owner: str) -> int | None:
+    """A token count that groups of type `owner` need and other types refuse."""
+    if kind == owner:
+        if field not in g:
+            raise LayoutError(f"{where}: a {owner} group needs {field!r} (tokens)")
+        return _pos_int(g[field], f"{where}.{field}")
+    if field in g:
+        raise LayoutError(f"{where}: {field!r} only applies to type {owner}")
+    return None
+
+
 def _pos_int(v: Any, what: str) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
         raise LayoutError(f"{what} must be a positive integer, got {v!r}")
@@ -182,23 +193,8 @@ def parse_layout(data: Any, source: str = "<layout>") -> Layout:
                 f"{where}: unknown type {g['type']!r} (one of {', '.join(GROUP_TYPES)})"
             )
         bs = _pos_int(g.get("block_size", 16), f"{where}.block_size")
-        window = chunk = None
-        if kind == "sliding_window":
-            if "sliding_window" not in g:
-                raise LayoutError(
-                    f"{where}: a sliding_window group needs 'sliding_window' (tokens)"
-                )
-            window = _pos_int(g["sliding_window"], f"{where}.sliding_window")
-        elif "sliding_window" in g:
-            raise LayoutError(f"{where}: 'sliding_window' only applies to type sliding_window")
-        if kind == "chunked_local":
-            if "attention_chunk_size" not in g:
-                raise LayoutError(
-                    f"{where}: a chunked_local group needs 'attention_chunk_size' (tokens)"
-                )
-            chunk = _pos_int(g["attention_chunk_size"], f"{where}.attention_chunk_size")
-        elif "attention_chunk_size" in g:
-            raise LayoutError(f"{where}: 'attention_chunk_size' only applies to type chunked_local")
+        window = _type_field(g, where, kind, "sliding_window", owner="sliding_window")
+        chunk = _type_field(g, where, kind, "attention_chunk_size", owner="chunked_local")
         layers = g.get("layers", 1)
         if isinstance(layers, list):
             if not layers or not all(isinstance(x, str) and x for x in layers):

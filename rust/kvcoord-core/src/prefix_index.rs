@@ -52,8 +52,8 @@ impl Hash for CacheKey {
 
 /// Exactly one cache line (40-byte key, 24-byte block list), aligned to one:
 /// a lookup's key compare and the `blocks[0]` it returns then cost one miss,
-/// where a slab at the allocator's 16-byte offset split most entries over
-/// two lines.
+/// where a slab at the allocator's 16-byte offset split every entry over two
+/// lines.
 #[derive(Clone, Debug)]
 #[repr(align(64))]
 struct Entry {

@@ -189,8 +189,11 @@ impl PyBlockPool {
     }
 
     fn touch(&mut self, py: Python<'_>, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
-        let ids = convert::block_ids(block_ids)?;
-        self.with_owned_mut(py, "touch", |pool, _| core(pool.touch(&ids)))?
+        self.with_owned_mut(py, "touch", |pool, scratch| {
+            scratch.ids.clear();
+            convert::extract_block_ids(block_ids, &mut scratch.ids)?;
+            core(pool.touch(&scratch.ids))
+        })?
     }
 
     #[pyo3(signature = (block_ids, block_hashes, num_cached_blocks, num_full_blocks, group_id, block_mask = None))]
