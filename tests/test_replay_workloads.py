@@ -97,7 +97,7 @@ def test_mooncake_block_tokens_distinct_at_small_block_sizes() -> None:
         ('{"timestamp": 0, "input_length": 10, "output_length": 1}', "missing field 'hash_ids'"),
         (
             '{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": ["a"]}',
-            "list of non-negative",
+            "list of integers in [0, 2**63)",
         ),
         (
             '{"timestamp": 0, "input_length": 1000, "output_length": 1, "hash_ids": [1]}',
@@ -175,7 +175,10 @@ def test_token_trace_reader(tmp_path: Path) -> None:
         ({"prompt_token_ids": []}, "non-empty list"),
         ({"prompt_token_ids": [1, -2]}, "non-negative integers"),
         ({"prompt_token_ids": [1], "output_length": 0}, "'output_length' must be >= 1"),
-        ({"prompt_token_ids": [1], "output_token_ids": "ab"}, "'output_token_ids' must be a list"),
+        (
+            {"prompt_token_ids": [1], "output_token_ids": "ab"},
+            "'output_token_ids' must be a non-empty list",
+        ),
         (
             {"prompt_token_ids": [1], "output_token_ids": [1], "output_length": 2},
             "fewer than output_length",
