@@ -594,11 +594,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     prog = "kvcoord"
     try:
         parser = _parser()
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
         if args.command is None:
             parser.print_help()
             return EXIT_USAGE
         prog = f"kvcoord {args.command}"
+        if extra:
+            raise UsageError(f"unrecognized arguments: {' '.join(extra)}")
         if args.command == "replay":
             return _replay(args)
         return _sweep(args)
