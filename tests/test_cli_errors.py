@@ -428,7 +428,7 @@ def test_memory_error_is_one_line(
 def test_outputs_are_written_whole_or_not_at_all(
     tmp_path: Path, failure: type[BaseException]
 ) -> None:
-    from kvcoord.cli import _write_output
+    from kvcoord._cli_base import write_output
 
     target = tmp_path / "r.json"
 
@@ -437,14 +437,14 @@ def test_outputs_are_written_whole_or_not_at_all(
         raise failure()
 
     with pytest.raises(failure):
-        _write_output(str(target), partial)
+        write_output(str(target), partial)
     assert list(tmp_path.iterdir()) == []
     target.write_text("old")
     with pytest.raises(failure):
-        _write_output(str(target), partial)
+        write_output(str(target), partial)
     assert list(tmp_path.iterdir()) == [target]
     assert target.read_text() == "old"
-    _write_output(str(target), lambda name: Path(name).write_text("new"))
+    write_output(str(target), lambda name: Path(name).write_text("new"))
     assert target.read_text() == "new"
     assert list(tmp_path.iterdir()) == [target]
 

@@ -14,92 +14,43 @@ into place).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import multiprocessing
 import os
 import signal
 import sys
-import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
-from contextlib import contextmanager, suppress
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
+from kvcoord._cli_base import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    MAX_POOL_BLOCKS,
+    CliError,
+    Parser,
+    UsageError,
+    block_list,
+    bounded,
+    check_outputs,
+    describe,
+    int_list,
+    nonneg_float,
+    one_line,
+    pool_blocks,
+    pos_int,
+    say,
+    sigint_ignored,
+    write_json,
+    write_output,
+)
 from kvcoord.replay.workloads import MAX_REQUEST_TOKENS
 
 __all__ = ["main"]
 
 DEFAULT_CAPACITY_TOKENS = 65536
-#: Largest pool (blocks) the CLI builds: 16M blocks, beyond any real GPU's cache.
-MAX_POOL_BLOCKS = 1 << 24
-#: Exit statuses.
-EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
-
-
-class UsageError(Exception):
-    """A flag combination or value the CLI rejects (exit status 2)."""
-
-
-class CliError(Exception):
-    """A failure already described in one line (exit status 1); picklable, so a
-    ``sweep --jobs`` worker can hand it back."""
-
-
-def _shown(text: str) -> str:
-    r = repr(text)
-    return r if len(r) <= 40 else f"{r[:37]}..."
-
-
-def _bounded(maximum: int) -> Callable[[str], int]:
-    """An argparse type: an integer in ``[1, maximum]``."""
-
-    def parse(text: str) -> int:
-        try:
-            v = int(text)
-        except ValueError:  # also an integer string of thousands of digits
-            raise argparse.ArgumentTypeError(
-                f"expected a positive integer, got {_shown(text)}"
-            ) from None
-        if v <= 0:
-            raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
-        if v > maximum:
-            raise argparse.ArgumentTypeError(f"expected at most {maximum:,}, got {_shown(text)}")
-        return v
-
-    return parse
-
-
-_pos_int = _bounded(1 << 62)
-_pool_blocks = _bounded(MAX_POOL_BLOCKS)
-
-
-def _nonneg_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {_shown(text)}") from None
-    if not v >= 0 or v == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text}")
-    return v
-
-
-def _int_list(text: str, parse: Callable[[str], int] = _pos_int) -> list[int]:
-    out = []
-    for part in text.split(","):
-        part = part.strip()
-        if part:
-            out.append(parse(part))
-    if not out:
-        raise argparse.ArgumentTypeError("expected a comma-separated list of positive integers")
-    return sorted(set(out))
-
-
-def _block_list(text: str) -> list[int]:
-    return _int_list(text, _pool_blocks)
 
 
 def _add_workload_args(p: argparse.ArgumentParser) -> None:
@@ -112,10 +63,10 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
         choices=("mooncake", "tokens"),
         help="trace format (default: guessed from the first line)",
     )
-    g.add_argument("--limit", type=_pos_int, metavar="N", help="replay only the first N requests")
+    g.add_argument("--limit", type=pos_int, metavar="N", help="replay only the first N requests")
     g.add_argument(
         "--time-scale",
-        type=_nonneg_float,
+        type=nonneg_float,
         default=1.0,
         metavar="F",
         help="multiply arrival times by F (0: all requests arrive at once; default 1)",
@@ -130,20 +81,20 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--block-size",
-        type=_bounded(MAX_REQUEST_TOKENS),
+        type=bounded(MAX_REQUEST_TOKENS),
         metavar="B",
         help="block size of every group",
     )
     g.add_argument(
         "--max-running",
-        type=_bounded(1 << 24),
+        type=bounded(1 << 24),
         default=256,
         metavar="N",
         help="cap on running requests (256)",
     )
     g.add_argument(
         "--token-budget",
-        type=_bounded(1 << 31),
+        type=bounded(1 << 31),
         default=8192,
         metavar="N",
         help="tokens scheduled per step (8192)",
@@ -151,15 +102,8 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line (the sub-commands' parsers are this class too)."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {' '.join(message.split())}\n")
-
-
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = Parser(
         prog="kvcoord",
         description="KV-cache workload simulator: replay a trace against kvcoord's KVCacheManager.",
     )
@@ -170,13 +114,13 @@ def _parser() -> argparse.ArgumentParser:
     m = g.add_mutually_exclusive_group()
     m.add_argument(
         "--num-blocks",
-        type=_pool_blocks,
+        type=pool_blocks,
         metavar="N",
         help="pool size in blocks (null block included)",
     )
     m.add_argument(
         "--capacity-tokens",
-        type=_pos_int,
+        type=pos_int,
         metavar="T",
         help=f"pool size as tokens of context per group (default {DEFAULT_CAPACITY_TOKENS})",
     )
@@ -188,143 +132,20 @@ def _parser() -> argparse.ArgumentParser:
     _add_workload_args(s)
     g = s.add_argument_group("pool sizes (default: a geometric range)")
     m = g.add_mutually_exclusive_group()
-    m.add_argument("--sizes", type=_block_list, metavar="N,N,...", help="pool sizes in blocks")
-    m.add_argument("--capacities", type=_int_list, metavar="T,T,...", help="pool sizes in tokens")
+    m.add_argument("--sizes", type=block_list, metavar="N,N,...", help="pool sizes in blocks")
+    m.add_argument("--capacities", type=int_list, metavar="T,T,...", help="pool sizes in tokens")
+    g.add_argument("--min-blocks", type=pool_blocks, metavar="N", help="smallest pool of the range")
+    g.add_argument("--max-blocks", type=pool_blocks, metavar="N", help="largest pool of the range")
     g.add_argument(
-        "--min-blocks", type=_pool_blocks, metavar="N", help="smallest pool of the range"
-    )
-    g.add_argument("--max-blocks", type=_pool_blocks, metavar="N", help="largest pool of the range")
-    g.add_argument(
-        "--points", type=_bounded(1000), default=6, metavar="K", help="pool sizes in the range (6)"
+        "--points", type=bounded(1000), default=6, metavar="K", help="pool sizes in the range (6)"
     )
     g.add_argument(
-        "--jobs", type=_bounded(256), default=1, metavar="N", help="parallel processes (1)"
+        "--jobs", type=bounded(256), default=1, metavar="N", help="parallel processes (1)"
     )
     g = s.add_argument_group("output")
     g.add_argument("--json", metavar="FILE", help="write the rows as JSON")
     g.add_argument("--plot", metavar="FILE.png", help="PNG of hit rate against pool size")
     return p
-
-
-# --------------------------------------------------------------------------- errors
-
-
-def _one_line(text: str) -> str:
-    line = " ".join(text.split())
-    return line if len(line) <= 2000 else f"{line[:1997]}..."
-
-
-def _describe(e: BaseException) -> str:
-    """The one line a failure is reported as (the only place that words failures)."""
-    from kvcoord.errors import KvCoordError
-    from kvcoord.replay.scheduler import SimulationError
-
-    if isinstance(e, (CliError, UsageError, KvCoordError, SimulationError)):
-        text = str(e)
-    elif isinstance(e, MemoryError):
-        text = f"out of memory{': ' + str(e) if str(e) else ''}"
-    elif isinstance(e, BrokenProcessPool):
-        text = "a sweep worker process died (killed, or out of memory?)"
-    elif isinstance(e, OSError) and e.strerror:
-        text = f"{e.filename}: {e.strerror}" if e.filename else e.strerror
-    else:
-        text = f"unexpected {type(e).__name__}: {e} (KVCOORD_TRACEBACK=1 shows where)"
-    return _one_line(text)
-
-
-def _say(line: str) -> None:
-    with suppress(OSError):  # stderr closed: nothing more to say
-        print(line, file=sys.stderr, flush=True)
-
-
-@contextmanager
-def _sigint_ignored() -> Iterator[None]:
-    """Ctrl-C held off meanwhile (main thread only; elsewhere a no-op)."""
-    try:
-        old = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    except ValueError:  # not the main thread
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, old)
-
-
-# --------------------------------------------------------------------------- outputs
-
-
-def _check_output(path: str | None, flag: str, png: bool = False) -> None:
-    """Refuse an output path that cannot be written, before the replay runs."""
-    if path is None:
-        return
-    if png and not path.lower().endswith(".png"):
-        raise UsageError(f"{flag} {path!r}: the plot is a PNG, the file name must end in .png")
-    p = Path(path)
-    if p.is_dir():
-        raise UsageError(f"{flag} {path!r} is a directory")
-    if p.exists() and not p.is_file():  # a device or a pipe (/dev/stdout): written in place
-        if not os.access(p, os.W_OK):
-            raise UsageError(f"{flag} {path!r} is not writable")
-    else:
-        parent = os.path.dirname(os.path.abspath(path))
-        if not os.path.isdir(parent):
-            what = "is not a directory" if os.path.exists(parent) else "does not exist"
-            raise UsageError(f"{flag} {path!r}: directory {parent!r} {what}")
-        if p.exists() and not os.access(p, os.W_OK):
-            raise UsageError(f"{flag} {path!r} is not writable")
-        try:
-            fd, probe = tempfile.mkstemp(dir=parent, prefix=".kvcoord-probe-")
-            os.close(fd)
-            os.unlink(probe)
-        except OSError as e:
-            raise UsageError(f"{flag} {path!r}: cannot write in {parent!r}: {e.strerror}") from None
-    if png:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise UsageError(f"{flag} needs matplotlib: pip install 'kvcoord[plot]'") from None
-
-
-def _check_outputs(args: argparse.Namespace) -> None:
-    _check_output(args.json, "--json")
-    _check_output(args.plot, "--plot", png=True)
-    if args.json and args.plot and os.path.abspath(args.json) == os.path.abspath(args.plot):
-        raise UsageError(f"--json and --plot name the same file {args.plot!r}")
-
-
-def _new_file_mode(path: Path) -> int:
-    if path.exists():
-        return path.stat().st_mode & 0o7777
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask
-
-
-def _write_output(path: str, write: Callable[[str], object]) -> None:
-    """``write(name)`` into a temporary file beside ``path``, renamed over ``path`` once
-    complete: an interrupted or failed write leaves no partial file."""
-    p = Path(path)
-    if p.exists() and not p.is_file():
-        write(path)
-        return
-    fd, tmp = tempfile.mkstemp(
-        dir=os.path.dirname(os.path.abspath(path)), prefix=f".{p.name}.", suffix=f".tmp{p.suffix}"
-    )
-    try:
-        os.close(fd)
-        os.chmod(tmp, _new_file_mode(p))
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        with suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-def _write_json(path: str, doc: dict[str, Any]) -> None:
-    text = json.dumps(doc, indent=2, allow_nan=False) + "\n"  # never Infinity/NaN
-    _write_output(path, lambda name: Path(name).write_text(text, encoding="utf-8"))
 
 
 # --------------------------------------------------------------------------- validation
@@ -424,7 +245,7 @@ def _replay(args: argparse.Namespace) -> int:
     from kvcoord.replay.report import format_summary, plot_replay, summarize
     from kvcoord.replay.scheduler import simulate
 
-    _check_outputs(args)
+    check_outputs(args)
     st = _setup(args)
     if args.num_blocks is not None:
         num_blocks, flag = args.num_blocks, "--num-blocks"
@@ -438,9 +259,9 @@ def _replay(args: argparse.Namespace) -> int:
     summary = summarize(res, res.best, cfg, st.workload.name)
     print(format_summary(summary))
     if args.json:
-        _write_json(args.json, summary)
+        write_json(args.json, summary)
     if args.plot:
-        _write_output(args.plot, lambda name: plot_replay(res, summary, name))
+        write_output(args.plot, lambda name: plot_replay(res, summary, name))
     return 0
 
 
@@ -476,11 +297,11 @@ def _worker_point(args: argparse.Namespace, num_blocks: int) -> tuple[dict[str, 
         assert _WORKER_SETUP is not None, "worker started without its workload"
         return _sweep_point(args, num_blocks, _WORKER_SETUP)
     except Exception as e:
-        raise CliError(f"pool of {num_blocks:,} blocks: {_describe(e)}") from None
+        raise CliError(f"pool of {num_blocks:,} blocks: {describe(e)}") from None
 
 
 def _stop_workers(ex: ProcessPoolExecutor) -> None:
-    with _sigint_ignored():
+    with sigint_ignored():
         ex.shutdown(wait=False, cancel_futures=True)
         children = multiprocessing.active_children()
         for proc in children:
@@ -496,7 +317,7 @@ def _sweep_parallel(
 
     ctx = multiprocessing.get_context("spawn")
     # workers start with Ctrl-C ignored (inherited), so only this process reports it
-    with _sigint_ignored():
+    with sigint_ignored():
         ex = ProcessPoolExecutor(
             max_workers=jobs, mp_context=ctx, initializer=_worker_init, initargs=(st,)
         )
@@ -528,7 +349,7 @@ def _sweep(args: argparse.Namespace) -> int:
     from kvcoord.replay.layouts import num_blocks_for_capacity
     from kvcoord.replay.report import format_sweep, plot_sweep
 
-    _check_outputs(args)
+    check_outputs(args)
     if (args.sizes or args.capacities) and (args.min_blocks or args.max_blocks):
         raise UsageError(
             "--min-blocks/--max-blocks make a range; do not combine with --sizes/--capacities"
@@ -576,9 +397,9 @@ def _sweep(args: argparse.Namespace) -> int:
             "best_possible_hit_rate": best.hit_rate,
             "rows": rows,
         }
-        _write_json(args.json, doc)
+        write_json(args.json, doc)
     if args.plot:
-        _write_output(args.plot, lambda name: plot_sweep(rows, name))
+        write_output(args.plot, lambda name: plot_sweep(rows, name))
     return 0
 
 
@@ -605,9 +426,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _replay(args)
         return _sweep(args)
     except UsageError as e:
-        parser.exit(EXIT_USAGE, f"{prog}: error: {_one_line(str(e))}\n")
+        parser.exit(EXIT_USAGE, f"{prog}: error: {one_line(str(e))}\n")
     except KeyboardInterrupt:
-        _say(f"{prog}: interrupted")
+        say(f"{prog}: interrupted")
         return EXIT_INTERRUPTED
     except BrokenPipeError:  # pragma: no cover - `kvcoord | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -615,7 +436,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as e:
         if os.environ.get("KVCOORD_TRACEBACK"):
             raise
-        _say(f"{prog}: error: {_describe(e)}")
+        say(f"{prog}: error: {describe(e)}")
         return EXIT_FAILED
 
 
