@@ -222,6 +222,7 @@ def _unwritable_cases(tmp_path: Path) -> Iterator[tuple[str, str, str]]:
     yield "--json", str(a_file / "r.json"), "is not a directory"
     yield "--json", str(tmp_path), "is a directory"
     yield "--plot", str(tmp_path / "missing" / "r.png"), "does not exist"
+    yield "--json", str(tmp_path / ("n" * 300 + ".json")), "File name too long"
     if Path("/proc/self").is_dir():  # a file system nobody can create files in
         yield "--json", "/proc/kvcoord-test.json", "cannot write in"
         yield "--plot", "/proc/kvcoord-test.png", "cannot write in"
@@ -447,6 +448,9 @@ def test_outputs_are_written_whole_or_not_at_all(
     write_output(str(target), lambda name: Path(name).write_text("new"))
     assert target.read_text() == "new"
     assert list(tmp_path.iterdir()) == [target]
+    longest = tmp_path / ("x" * 250 + ".json")  # the temporary name must fit as well
+    write_output(str(longest), lambda name: Path(name).write_text("{}"))
+    assert sorted(tmp_path.iterdir()) == sorted([target, longest])
 
 
 def test_entry_points_agree() -> None:

@@ -167,6 +167,18 @@ def _check_output(path: str | None, flag: str, png: bool = False) -> None:
         return
     if png and not path.lower().endswith(".png"):
         raise UsageError(f"{flag} {path!r}: the plot is a PNG, the file name must end in .png")
+    try:
+        _check_writable(path, flag)
+    except (OSError, ValueError) as e:  # a name too long, a NUL byte, a loop of links
+        raise UsageError(f"{flag} {path!r}: {getattr(e, 'strerror', None) or e}") from None
+    if png:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise UsageError(f"{flag} needs matplotlib: pip install 'kvcoord[plot]'") from None
+
+
+def _check_writable(path: str, flag: str) -> None:
     p = Path(path)
     if p.is_dir():
         raise UsageError(f"{flag} {path!r} is a directory")
@@ -186,11 +198,6 @@ def _check_output(path: str | None, flag: str, png: bool = False) -> None:
             os.unlink(probe)
         except OSError as e:
             raise UsageError(f"{flag} {path!r}: cannot write in {parent!r}: {e.strerror}") from None
-    if png:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise UsageError(f"{flag} needs matplotlib: pip install 'kvcoord[plot]'") from None
 
 
 def check_outputs(args: argparse.Namespace) -> None:
@@ -216,7 +223,9 @@ def write_output(path: str, write: Callable[[str], object]) -> None:
         write(path)
         return
     fd, tmp = tempfile.mkstemp(
-        dir=os.path.dirname(os.path.abspath(path)), prefix=f".{p.name}.", suffix=f".tmp{p.suffix}"
+        dir=os.path.dirname(os.path.abspath(path)),
+        prefix=f".{p.name[:64]}.",  # stays short however long the name
+        suffix=f".tmp{p.suffix[:16]}",
     )
     try:
         os.close(fd)
