@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import json
+import math
+import os
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvcoord.replay.workloads import (
+    MAX_REQUEST_TOKENS,
     MOONCAKE_BLOCK_TOKENS,
+    TOKEN_ID_LIMIT,
     VOCAB_SIZE,
     TraceFormatError,
+    Workload,
     load_workload,
     mooncake_block_tokens,
     mooncake_prompt_tokens,
@@ -97,7 +104,7 @@ def test_mooncake_block_tokens_distinct_at_small_block_sizes() -> None:
         ('{"timestamp": 0, "input_length": 10, "output_length": 1}', "missing field 'hash_ids'"),
         (
             '{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": ["a"]}',
-            "list of non-negative",
+            "list of integers in [0, 2**63)",
         ),
         (
             '{"timestamp": 0, "input_length": 1000, "output_length": 1, "hash_ids": [1]}',
@@ -175,7 +182,10 @@ def test_token_trace_reader(tmp_path: Path) -> None:
         ({"prompt_token_ids": []}, "non-empty list"),
         ({"prompt_token_ids": [1, -2]}, "non-negative integers"),
         ({"prompt_token_ids": [1], "output_length": 0}, "'output_length' must be >= 1"),
-        ({"prompt_token_ids": [1], "output_token_ids": "ab"}, "'output_token_ids' must be a list"),
+        (
+            {"prompt_token_ids": [1], "output_token_ids": "ab"},
+            "'output_token_ids' must be a non-empty list",
+        ),
         (
             {"prompt_token_ids": [1], "output_token_ids": [1], "output_length": 2},
             "fewer than output_length",
@@ -228,3 +238,145 @@ def test_synthetic_chat_is_deterministic_and_shares_prefixes() -> None:
         assert r.arrival_s > prev.arrival_s
     firsts = {tuple(r.prompt_tokens()[:1024]) for r in a.requests}
     assert 1 < len(firsts) <= 4  # a few shared system prompts
+
+
+# --------------------------------------------------------------------------- hardening
+
+
+def test_gzip_trace_read_by_content(tmp_path: Path) -> None:
+    import gzip
+
+    plain = read_mooncake(MOONCAKE)
+    for name in ("t.jsonl.gz", "t.jsonl"):
+        p = tmp_path / name
+        p.write_bytes(gzip.compress(MOONCAKE.read_bytes()))
+        for wl in (read_mooncake(p), load_workload(p, None)):
+            assert [r.prompt_tokens() for r in wl.requests] == [
+                r.prompt_tokens() for r in plain.requests
+            ]
+    cut = tmp_path / "cut.gz"
+    cut.write_bytes(gzip.compress(MOONCAKE.read_bytes())[:60])
+    with pytest.raises(TraceFormatError, match="corrupt gzip data"):
+        read_mooncake(cut)
+
+
+def test_token_id_range_is_the_cores(tmp_path: Path) -> None:
+    top = TOKEN_ID_LIMIT - 1
+    p = _write(tmp_path, [{"prompt_token_ids": [0, top], "output_token_ids": [top]}])
+    r = read_token_trace(p).requests[0]
+    assert r.prompt_tokens() == [0, top] and r.output_tokens() == [top]
+    for bad in (
+        {"prompt_token_ids": [TOKEN_ID_LIMIT]},
+        {"prompt_token_ids": [1], "output_token_ids": [TOKEN_ID_LIMIT]},
+    ):
+        with pytest.raises(TraceFormatError, match="below 2\\*\\*32"):
+            read_token_trace(_write(tmp_path, [bad]))
+
+
+@pytest.mark.parametrize(
+    ("line", "problem"),
+    [
+        ('{"prompt_token_ids": [1], "arrival_time": 1e400}', "number 1e400 is out of range"),
+        ('{"prompt_token_ids": [1], "arrival_time": -Infinity}', "-Infinity is not a JSON number"),
+        ('{"prompt_token_ids": [NaN]}', "NaN is not a JSON number"),
+        ('{"prompt_token_ids": [1], "timestamp": ' + "1" * 400 + "}", "must be a finite"),
+        ('{"prompt_token_ids": [' + "1" * 5000 + "]}", "number is out of range"),
+        ('{"prompt_token_ids": ' + "[" * 50_000 + "]" * 50_000 + "}", "nested too deeply"),
+    ],
+)
+def test_unrepresentable_numbers_and_nesting(tmp_path: Path, line: str, problem: str) -> None:
+    p = _write(tmp_path, [line])
+    with pytest.raises(TraceFormatError, match=problem) as ei:
+        load_workload(p, None)
+    assert ei.value.line == 1
+
+
+def test_workload_refuses_non_finite_arrival() -> None:
+    r = synthetic_chat(num_conversations=1).requests[0]
+    r.arrival_s = float("inf")
+    with pytest.raises(ValueError, match="arrival time must be finite"):
+        Workload("w", [r])
+
+
+def test_overlong_line_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import kvcoord.replay.workloads as workloads
+
+    monkeypatch.setattr(workloads, "MAX_LINE_CHARS", 64)
+    p = _write(tmp_path, [{"prompt_token_ids": [1]}, {"prompt_token_ids": list(range(50))}])
+    with pytest.raises(TraceFormatError, match="line longer than 64 characters") as ei:
+        read_token_trace(p)
+    assert ei.value.line == 2
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs POSIX pipes")
+def test_trace_from_a_pipe_is_read_once(tmp_path: Path) -> None:
+    import threading
+
+    fifo = tmp_path / "t.jsonl"
+    os.mkfifo(fifo)
+    text = MOONCAKE.read_text()
+    writer = threading.Thread(target=lambda: fifo.write_text(text))
+    writer.start()
+    wl = load_workload(fifo, None)  # guesses the format from the same single pass
+    writer.join()
+    assert len(wl.requests) == 6
+
+
+_json_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.sampled_from([0, 1, 2**31, 2**32 - 1, 2**32, 2**63, 2**64, MAX_REQUEST_TOKENS]),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=5),
+)
+_json_values = st.recursive(_json_scalars, lambda inner: st.lists(inner, max_size=4), max_leaves=12)
+_KEYS = [
+    "timestamp",
+    "input_length",
+    "output_length",
+    "hash_ids",
+    "prompt_token_ids",
+    "output_token_ids",
+    "arrival_time",
+    "cache_salt",
+    "request_id",
+]
+_records = st.dictionaries(st.sampled_from(_KEYS), _json_values, max_size=6)
+_raw_lines = st.sampled_from(
+    ["1e400", "-1e400", "NaN", "Infinity", "9" * 5000, "[" * 3000, "{}", "", "[]", '"x"']
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    lines=st.lists(st.one_of(_records.map(json.dumps), _raw_lines), min_size=1, max_size=4),
+    fmt=st.sampled_from([None, "mooncake", "tokens"]),
+    compress=st.booleans(),
+)
+def test_any_trace_loads_checked_or_fails_with_trace_format_error(
+    tmp_path_factory: pytest.TempPathFactory, lines: list[str], fmt: str | None, compress: bool
+) -> None:
+    """Whatever a trace line holds, loading gives a workload whose every value the
+    replay can use, or a `TraceFormatError`, never another exception."""
+    import gzip
+
+    data = ("\n".join(lines) + "\n").encode()
+    p = tmp_path_factory.mktemp("fuzz") / "t.jsonl"
+    p.write_bytes(gzip.compress(data) if compress else data)
+    try:
+        wl = load_workload(p, fmt)
+    except TraceFormatError as e:
+        assert str(e).startswith(str(p)) and "\n" not in str(e)
+        return
+    for r in wl.requests:
+        assert math.isfinite(r.arrival_s) and r.arrival_s >= 0
+        assert r.prompt_len >= 1 and r.output_len >= 1
+        assert r.prompt_len + r.output_len <= MAX_REQUEST_TOKENS
+        toks = r.prompt_tokens()
+        assert len(toks) == r.prompt_len
+        assert all(0 <= t < TOKEN_ID_LIMIT for t in toks)
+        if r.output_len <= 4096:
+            out = r.output_tokens()
+            assert len(out) == r.output_len
+            assert all(0 <= t < TOKEN_ID_LIMIT for t in out)

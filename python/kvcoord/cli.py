@@ -2,58 +2,55 @@
 
 ``kvcoord`` with no arguments replays the bundled synthetic chat workload
 on a single full-attention layout and prints a summary.
+
+Every failure is one line on stderr, ``kvcoord <command>: error: ...``, and
+an exit status: 2 for a bad flag, layout or trace (all checked before the
+replay starts, output paths included), 1 for a failure while running
+(``KVCOORD_TRACEBACK=1`` shows the traceback), 130 for Ctrl-C. ``--json`` and
+``--plot`` files are written whole or not at all (a temporary file renamed
+into place).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import math
+import multiprocessing
 import os
+import signal
 import sys
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
+
+from kvcoord._cli_base import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    MAX_POOL_BLOCKS,
+    CliError,
+    Parser,
+    UsageError,
+    block_list,
+    bounded,
+    check_outputs,
+    describe,
+    int_list,
+    nonneg_float,
+    one_line,
+    pool_blocks,
+    pos_int,
+    say,
+    sigint_ignored,
+    write_json,
+    write_output,
+)
+from kvcoord.replay.workloads import MAX_REQUEST_TOKENS
 
 __all__ = ["main"]
 
 DEFAULT_CAPACITY_TOKENS = 65536
-
-
-class UsageError(Exception):
-    """A flag combination or value the CLI rejects (exit status 2)."""
-
-
-def _pos_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
-    return v
-
-
-def _nonneg_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not v >= 0 or v == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text}")
-    return v
-
-
-def _int_list(text: str) -> list[int]:
-    out = []
-    for part in text.split(","):
-        part = part.strip()
-        if part:
-            out.append(_pos_int(part))
-    if not out:
-        raise argparse.ArgumentTypeError("expected a comma-separated list of positive integers")
-    return sorted(set(out))
 
 
 def _add_workload_args(p: argparse.ArgumentParser) -> None:
@@ -66,10 +63,10 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
         choices=("mooncake", "tokens"),
         help="trace format (default: guessed from the first line)",
     )
-    g.add_argument("--limit", type=_pos_int, metavar="N", help="replay only the first N requests")
+    g.add_argument("--limit", type=pos_int, metavar="N", help="replay only the first N requests")
     g.add_argument(
         "--time-scale",
-        type=_nonneg_float,
+        type=nonneg_float,
         default=1.0,
         metavar="F",
         help="multiply arrival times by F (0: all requests arrive at once; default 1)",
@@ -82,17 +79,22 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
         help="preset (full, sliding-window, chunked-local, mamba, no-prefix-cache) "
         "or a .json/.toml layout file (default: full)",
     )
-    g.add_argument("--block-size", type=_pos_int, metavar="B", help="block size of every group")
+    g.add_argument(
+        "--block-size",
+        type=bounded(MAX_REQUEST_TOKENS),
+        metavar="B",
+        help="block size of every group",
+    )
     g.add_argument(
         "--max-running",
-        type=_pos_int,
+        type=bounded(1 << 24),
         default=256,
         metavar="N",
         help="cap on running requests (256)",
     )
     g.add_argument(
         "--token-budget",
-        type=_pos_int,
+        type=bounded(1 << 31),
         default=8192,
         metavar="N",
         help="tokens scheduled per step (8192)",
@@ -101,7 +103,7 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="kvcoord",
         description="KV-cache workload simulator: replay a trace against kvcoord's KVCacheManager.",
     )
@@ -111,11 +113,14 @@ def _parser() -> argparse.ArgumentParser:
     g = r.add_argument_group("pool size (one of)")
     m = g.add_mutually_exclusive_group()
     m.add_argument(
-        "--num-blocks", type=_pos_int, metavar="N", help="pool size in blocks (null block included)"
+        "--num-blocks",
+        type=pool_blocks,
+        metavar="N",
+        help="pool size in blocks (null block included)",
     )
     m.add_argument(
         "--capacity-tokens",
-        type=_pos_int,
+        type=pos_int,
         metavar="T",
         help=f"pool size as tokens of context per group (default {DEFAULT_CAPACITY_TOKENS})",
     )
@@ -127,38 +132,23 @@ def _parser() -> argparse.ArgumentParser:
     _add_workload_args(s)
     g = s.add_argument_group("pool sizes (default: a geometric range)")
     m = g.add_mutually_exclusive_group()
-    m.add_argument("--sizes", type=_int_list, metavar="N,N,...", help="pool sizes in blocks")
-    m.add_argument("--capacities", type=_int_list, metavar="T,T,...", help="pool sizes in tokens")
-    g.add_argument("--min-blocks", type=_pos_int, metavar="N", help="smallest pool of the range")
-    g.add_argument("--max-blocks", type=_pos_int, metavar="N", help="largest pool of the range")
+    m.add_argument("--sizes", type=block_list, metavar="N,N,...", help="pool sizes in blocks")
+    m.add_argument("--capacities", type=int_list, metavar="T,T,...", help="pool sizes in tokens")
+    g.add_argument("--min-blocks", type=pool_blocks, metavar="N", help="smallest pool of the range")
+    g.add_argument("--max-blocks", type=pool_blocks, metavar="N", help="largest pool of the range")
     g.add_argument(
-        "--points", type=_pos_int, default=6, metavar="K", help="pool sizes in the range (6)"
+        "--points", type=bounded(1000), default=6, metavar="K", help="pool sizes in the range (6)"
     )
-    g.add_argument("--jobs", type=_pos_int, default=1, metavar="N", help="parallel processes (1)")
+    g.add_argument(
+        "--jobs", type=bounded(256), default=1, metavar="N", help="parallel processes (1)"
+    )
     g = s.add_argument_group("output")
     g.add_argument("--json", metavar="FILE", help="write the rows as JSON")
     g.add_argument("--plot", metavar="FILE.png", help="PNG of hit rate against pool size")
     return p
 
 
-# --------------------------------------------------------------------------- validation helpers
-
-
-def _check_output(path: str | None, flag: str, png: bool = False) -> None:
-    if path is None:
-        return
-    if png and not path.lower().endswith(".png"):
-        raise UsageError(f"{flag} {path!r}: the plot is a PNG, the file name must end in .png")
-    parent = Path(path).resolve().parent
-    if not parent.is_dir():
-        raise UsageError(f"{flag} {path!r}: directory {str(parent)!r} does not exist")
-    if Path(path).is_dir():
-        raise UsageError(f"{flag} {path!r} is a directory")
-    if png:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise UsageError(f"{flag} needs matplotlib: pip install 'kvcoord[plot]'") from None
+# --------------------------------------------------------------------------- validation
 
 
 @dataclass
@@ -169,7 +159,7 @@ class _Setup:
 
 def _setup(args: argparse.Namespace) -> _Setup:
     from kvcoord.replay.layouts import LayoutError, load_layout
-    from kvcoord.replay.workloads import TraceFormatError, load_workload
+    from kvcoord.replay.workloads import load_workload
 
     if args.format is not None and args.trace is None:
         raise UsageError("--format needs --trace FILE (the bundled workload has no format)")
@@ -181,10 +171,22 @@ def _setup(args: argparse.Namespace) -> _Setup:
         raise UsageError(f"--layout: {e}") from None
     try:
         workload = load_workload(args.trace, args.format, args.limit)
-    except TraceFormatError as e:
+    except ValueError as e:  # TraceFormatError names the file and line
         raise UsageError(f"--trace: {e}") from None
     if not workload.requests:
         raise UsageError(f"--trace {args.trace}: the trace has no requests")
+    from kvcoord.replay.scheduler import make_manager
+
+    try:  # what the manager itself refuses (sizes beyond its range), before any run
+        make_manager(layout, 2, workload.max_sequence_len)
+    except (ValueError, TypeError, OverflowError) as e:
+        raise UsageError(f"--layout {args.layout}: {e}") from None
+    last = workload.requests[-1].arrival_s  # sorted by arrival
+    if not math.isfinite(last * args.time_scale):
+        raise UsageError(
+            f"--time-scale {args.time_scale:g}: the last arrival ({last:g} s) "
+            "scaled is beyond any finite time"
+        )
     return _Setup(workload, layout)
 
 
@@ -203,7 +205,13 @@ def _sim_config(args: argparse.Namespace, layout: Any, num_blocks: int) -> Any:
 def _check_pool(layout: Any, workload: Any, num_blocks: int, flag: str) -> None:
     if num_blocks < 2:
         raise UsageError(f"{flag}: a pool needs at least 2 blocks (block 0 is the null block)")
+    if num_blocks > MAX_POOL_BLOCKS:
+        raise UsageError(
+            f"{flag}: a pool of {num_blocks:,} blocks is larger than the "
+            f"{MAX_POOL_BLOCKS:,} the CLI builds"
+        )
     from kvcoord.replay.layouts import num_blocks_for_capacity
+    from kvcoord.replay.scheduler import build_config
 
     need = num_blocks_for_capacity(layout, workload.max_sequence_len)
     if layout.has_sparse_groups:
@@ -215,6 +223,10 @@ def _check_pool(layout: Any, workload: Any, num_blocks: int, flag: str) -> None:
             f"{flag}: {num_blocks} blocks cannot hold the longest request "
             f"({workload.max_sequence_len} tokens needs about {need} blocks)"
         )
+    try:  # the manager's own checks, before the run rather than in it
+        build_config(layout, num_blocks)
+    except (ValueError, TypeError, OverflowError) as e:
+        raise UsageError(f"{flag}: {e}") from None
 
 
 # --------------------------------------------------------------------------- replay
@@ -231,10 +243,9 @@ def _progress(total: int, disable: bool, desc: str) -> Any:
 def _replay(args: argparse.Namespace) -> int:
     from kvcoord.replay.layouts import num_blocks_for_capacity
     from kvcoord.replay.report import format_summary, plot_replay, summarize
-    from kvcoord.replay.scheduler import SimulationError, simulate
+    from kvcoord.replay.scheduler import simulate
 
-    _check_output(args.json, "--json")
-    _check_output(args.plot, "--plot", png=True)
+    check_outputs(args)
     st = _setup(args)
     if args.num_blocks is not None:
         num_blocks, flag = args.num_blocks, "--num-blocks"
@@ -243,20 +254,14 @@ def _replay(args: argparse.Namespace) -> int:
         num_blocks, flag = num_blocks_for_capacity(st.layout, cap), "--capacity-tokens"
     _check_pool(st.layout, st.workload, num_blocks, flag)
     cfg = _sim_config(args, st.layout, num_blocks)
-    bar = _progress(len(st.workload.requests), args.no_progress, "replay")
-    try:
+    with _progress(len(st.workload.requests), args.no_progress, "replay") as bar:
         res = simulate(st.workload, cfg, progress=bar.update)
-    except SimulationError as e:
-        print(f"kvcoord replay: error: {e}", file=sys.stderr)
-        return 1
-    finally:
-        bar.close()
     summary = summarize(res, res.best, cfg, st.workload.name)
     print(format_summary(summary))
     if args.json:
-        Path(args.json).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+        write_json(args.json, summary)
     if args.plot:
-        plot_replay(res, summary, args.plot)
+        write_output(args.plot, lambda name: plot_replay(res, summary, name))
     return 0
 
 
@@ -264,19 +269,73 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _sweep_point(
-    args: argparse.Namespace, num_blocks: int, st: _Setup | None = None, track_best: bool = False
+    args: argparse.Namespace, num_blocks: int, st: _Setup, track_best: bool = False
 ) -> tuple[dict[str, Any], Any]:
-    """One sweep size -> (summary, best case or None); in a worker process when
-    ``--jobs`` > 1 (``st`` None: the worker loads the workload itself)."""
+    """One sweep size -> (summary, best case or None)."""
     from kvcoord.replay.report import summarize
     from kvcoord.replay.scheduler import simulate
 
-    if st is None:
-        st = _setup(args)
     cfg = _sim_config(args, st.layout, num_blocks)
     cfg.track_best = track_best
     res = simulate(st.workload, cfg)
     return summarize(res, res.best, cfg, st.workload.name), res.best
+
+
+_WORKER_SETUP: _Setup | None = None
+
+
+def _worker_init(st: _Setup) -> None:
+    """A ``sweep --jobs`` worker: gets the parent's workload once; Ctrl-C is the parent's."""
+    global _WORKER_SETUP
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _WORKER_SETUP = st
+
+
+def _worker_point(args: argparse.Namespace, num_blocks: int) -> tuple[dict[str, Any], Any]:
+    """`_sweep_point` in a worker; a failure comes back as one picklable line."""
+    try:
+        assert _WORKER_SETUP is not None, "worker started without its workload"
+        return _sweep_point(args, num_blocks, _WORKER_SETUP)
+    except Exception as e:
+        raise CliError(f"pool of {num_blocks:,} blocks: {describe(e)}") from None
+
+
+def _stop_workers(ex: ProcessPoolExecutor) -> None:
+    with sigint_ignored():
+        ex.shutdown(wait=False, cancel_futures=True)
+        children = multiprocessing.active_children()
+        for proc in children:
+            proc.terminate()
+        for proc in children:
+            proc.join(5)
+
+
+def _sweep_parallel(
+    args: argparse.Namespace, st: _Setup, sizes: list[int], jobs: int, bar: Any
+) -> tuple[list[dict[str, Any]], Any]:
+    from kvcoord.replay.bestcase import best_possible_hits
+
+    ctx = multiprocessing.get_context("spawn")
+    # workers start with Ctrl-C ignored (inherited), so only this process reports it
+    with sigint_ignored():
+        ex = ProcessPoolExecutor(
+            max_workers=jobs, mp_context=ctx, initializer=_worker_init, initargs=(st,)
+        )
+        futs: list[Future[tuple[dict[str, Any], Any]]] = [
+            ex.submit(_worker_point, args, n) for n in sizes
+        ]
+    rows: list[dict[str, Any]] = []
+    try:
+        # this process would only wait: compute the best case meanwhile
+        best = best_possible_hits(st.workload, st.layout.block_size)
+        for f in futs:
+            rows.append(f.result()[0])
+            bar.update(1)
+    except BaseException:
+        _stop_workers(ex)
+        raise
+    ex.shutdown()
+    return rows, best
 
 
 def _geometric(lo: int, hi: int, k: int) -> list[int]:
@@ -287,13 +346,10 @@ def _geometric(lo: int, hi: int, k: int) -> list[int]:
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from kvcoord.replay.bestcase import best_possible_hits
     from kvcoord.replay.layouts import num_blocks_for_capacity
     from kvcoord.replay.report import format_sweep, plot_sweep
-    from kvcoord.replay.scheduler import SimulationError
 
-    _check_output(args.json, "--json")
-    _check_output(args.plot, "--plot", png=True)
+    check_outputs(args)
     if (args.sizes or args.capacities) and (args.min_blocks or args.max_blocks):
         raise UsageError(
             "--min-blocks/--max-blocks make a range; do not combine with --sizes/--capacities"
@@ -320,30 +376,15 @@ def _sweep(args: argparse.Namespace) -> int:
     jobs = min(args.jobs, len(sizes))
     rows: list[dict[str, Any]] = []
     best = None
-    bar = _progress(len(sizes), args.no_progress, "sweep")
-    try:
+    with _progress(len(sizes), args.no_progress, "sweep") as bar:
         if jobs > 1:
-            import multiprocessing
-
-            ctx = multiprocessing.get_context("spawn")
-            with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as ex:
-                futs = [ex.submit(_sweep_point, args, n) for n in sizes]
-                # this process would only wait: compute the best case meanwhile
-                best = best_possible_hits(st.workload, st.layout.block_size)
-                for f in futs:
-                    rows.append(f.result()[0])
-                    bar.update(1)
+            rows, best = _sweep_parallel(args, st, sizes, jobs, bar)
         else:
             for i, n in enumerate(sizes):
                 row, found = _sweep_point(args, n, st, track_best=i == 0)
                 best = best or found
                 rows.append(row)
                 bar.update(1)
-    except SimulationError as e:
-        print(f"kvcoord sweep: error: {e}", file=sys.stderr)
-        return 1
-    finally:
-        bar.close()
     assert best is not None
     for r in rows:
         r["best_possible_hit_rate"] = best.hit_rate
@@ -356,32 +397,47 @@ def _sweep(args: argparse.Namespace) -> int:
             "best_possible_hit_rate": best.hit_rate,
             "rows": rows,
         }
-        Path(args.json).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+        write_json(args.json, doc)
     if args.plot:
-        plot_sweep(rows, args.plot)
+        write_output(args.plot, lambda name: plot_sweep(rows, name))
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``kvcoord`` console script; returns the exit status."""
+    """Entry point of the ``kvcoord`` console script; returns the exit status.
+
+    The one place failures become a line on stderr: usage errors exit 2
+    (``SystemExit``), failures while running 1, Ctrl-C 130.
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
         argv = ["replay", *argv]  # `kvcoord [flags]` is `kvcoord replay [flags]`
-    parser = _parser()
-    args = parser.parse_args(argv)
-    if args.command is None:
-        parser.print_help()
-        return 2
+    prog = "kvcoord"
     try:
+        parser = _parser()
+        args, extra = parser.parse_known_args(argv)
+        if args.command is None:
+            parser.print_help()
+            return EXIT_USAGE
+        prog = f"kvcoord {args.command}"
+        if extra:
+            raise UsageError(f"unrecognized arguments: {' '.join(extra)}")
         if args.command == "replay":
             return _replay(args)
         return _sweep(args)
     except UsageError as e:
-        parser.exit(2, f"kvcoord {args.command}: error: {e}\n")
+        parser.exit(EXIT_USAGE, f"{prog}: error: {one_line(str(e))}\n")
+    except KeyboardInterrupt:
+        say(f"{prog}: interrupted")
+        return EXIT_INTERRUPTED
     except BrokenPipeError:  # pragma: no cover - `kvcoord | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
-    return 0
+        return EXIT_FAILED
+    except Exception as e:
+        if os.environ.get("KVCOORD_TRACEBACK"):
+            raise
+        say(f"{prog}: error: {describe(e)}")
+        return EXIT_FAILED
 
 
 if __name__ == "__main__":
