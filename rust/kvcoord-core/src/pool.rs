@@ -518,11 +518,7 @@ impl BlockPool {
         released: &[BlockId],
         now: u32,
     ) {
-        for &b in released.iter().rev() {
-            if meta[b.index()].key == NO_KEY {
-                queue.push_front(b, 0);
-            }
-        }
+        queue.prepend(released, |b| meta[b.index()].key == NO_KEY);
         let top = queue.levels() - 1;
         for &b in released {
             if meta[b.index()].key != NO_KEY {
@@ -600,17 +596,18 @@ impl BlockPool {
     /// [`Priority`](crate::eviction::Priority) policy acts on it; the others
     /// accept and ignore it, so a scheduler can pass priorities whatever the
     /// policy. The null block is skipped.
-    pub fn set_priority(&mut self, blocks: &[BlockId], priority: u8) -> KvResult<()> {
+    pub fn set_priority(&mut self, blocks: &[BlockId], priority: i64) -> KvResult<()> {
         self.check_ids(blocks)?;
-        if priority > crate::eviction::MAX_PRIORITY {
-            return Err(KvError::InvalidArgument {
+        let priority = u8::try_from(priority)
+            .ok()
+            .filter(|&p| p <= crate::eviction::MAX_PRIORITY)
+            .ok_or_else(|| KvError::InvalidArgument {
                 name: "priority",
                 detail: format!(
-                    "{priority} is above the highest priority {}",
+                    "must be 0 to {}, got {priority}",
                     crate::eviction::MAX_PRIORITY
                 ),
-            });
-        }
+            })?;
         if let Order::Ranked(r) = &mut self.free {
             let policy = r.policy.as_dyn_mut();
             for &b in blocks.iter().filter(|b| !b.is_null()) {
@@ -622,13 +619,14 @@ impl BlockPool {
 
     /// Advance the clock of time-based policies by `ticks` (for example one
     /// per scheduler step); retentions that expire are applied now.
-    pub fn advance_clock(&mut self, ticks: u32) -> KvResult<()> {
-        if ticks > i32::MAX as u32 {
-            return Err(KvError::InvalidArgument {
+    pub fn advance_clock(&mut self, ticks: i64) -> KvResult<()> {
+        let ticks = u32::try_from(ticks)
+            .ok()
+            .filter(|&t| i32::try_from(t).is_ok())
+            .ok_or_else(|| KvError::InvalidArgument {
                 name: "ticks",
-                detail: format!("{ticks} is above {} per call", i32::MAX),
-            });
-        }
+                detail: format!("must be 0 to {} per call, got {ticks}", i32::MAX),
+            })?;
         self.now = self.now.wrapping_add(ticks);
         if let Order::Ranked(r) = &mut self.free {
             let Ranked { queue, policy, .. } = &mut **r;
@@ -1151,7 +1149,7 @@ mod tests {
     fn policy_metadata_is_a_few_bytes_per_block() {
         // 16 bytes of metadata and links, plus the policy's slabs.
         for (spec, extra) in [
-            ("lfu", 5.0),
+            ("lfu", 4.0),
             ("prefix-depth", 1.0),
             ("priority:retention=1000", 5.0),
         ] {

@@ -399,12 +399,12 @@ fn run(policy: EvictionConfig, ops: Vec<Op>) -> Result<(), TestCaseError> {
             }
             Op::Priority(ids, p) => {
                 prop_assert_eq!(
-                    pool.set_priority(&bids(&ids), p).is_ok(),
+                    pool.set_priority(&bids(&ids), i64::from(p)).is_ok(),
                     model.set_priority(&ids, p)
                 );
             }
             Op::Clock(t) => {
-                pool.advance_clock(t).unwrap();
+                pool.advance_clock(i64::from(t)).unwrap();
                 model.clock(t);
             }
         }

@@ -327,7 +327,9 @@ fn scripted_double_sees_every_hook_and_orders_reuse() {
     assert!(pool.get_new_blocks(9, &mut Vec::new()).is_err());
     assert!(pool.set_priority(&[BlockId(1)], 8).is_err());
     assert!(pool.set_priority(&[BlockId(11)], 1).is_err());
-    assert!(pool.advance_clock(u32::MAX).is_err());
+    assert!(pool.advance_clock(i64::from(u32::MAX)).is_err());
+    assert!(pool.advance_clock(-1).is_err());
+    assert!(pool.set_priority(&[BlockId(1)], -1).is_err());
     assert!(take(&log).is_empty());
     assert_eq!(
         pool.free_block_ids().map(|b| b.0).collect::<Vec<_>>(),

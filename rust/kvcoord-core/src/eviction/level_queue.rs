@@ -167,6 +167,33 @@ impl LevelQueue {
         self.link(block, head, next);
     }
 
+    /// Queue the blocks of `blocks` for which `keep` holds in front of
+    /// level 0, in the given order (the first reused first). One splice for
+    /// the batch: two link writes per block.
+    #[inline]
+    pub fn prepend(&mut self, blocks: &[BlockId], mut keep: impl FnMut(BlockId) -> bool) {
+        let head = self.head_of(0);
+        let links = &mut self.links[..];
+        let old_first = links[head as usize].next;
+        let mut last = head;
+        let mut n = 0;
+        for &b in blocks {
+            if keep(b) {
+                debug_assert!(links[b.index()].prev == NIL, "block {b} is already queued");
+                links[last as usize].next = b.0;
+                links[b.index()] = Link {
+                    prev: last,
+                    next: NIL,
+                };
+                last = b.0;
+                n += 1;
+            }
+        }
+        links[last as usize].next = old_first;
+        links[old_first as usize].prev = last;
+        self.len += n;
+    }
+
     /// Unlink `block` from wherever it is.
     ///
     /// # Panics
@@ -348,6 +375,11 @@ mod tests {
         q.push_front(BlockId(7), 0);
         q.check_invariants().unwrap();
         assert_eq!(ids(&q), vec![7, 1, 3, 4, 5]);
+        q.prepend(&[BlockId(2), BlockId(6)], |b| b.0 != 6);
+        q.prepend(&[BlockId(6)], |_| false);
+        q.check_invariants().unwrap();
+        assert_eq!(ids(&q), vec![2, 7, 1, 3, 4, 5]);
+        q.remove(BlockId(2));
         assert_eq!(q.front(1), Some(BlockId(3)));
         q.remove(BlockId(3));
         let mut out = [BlockId::NULL; 3];

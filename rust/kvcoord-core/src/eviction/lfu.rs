@@ -16,42 +16,51 @@ const LEVELS: usize = 8;
 /// block. Every `half_life` blocks handed out, all counts halve (aging): free
 /// blocks move one level down, level 1 joining the back of level 0, so a
 /// block that was popular long ago is eventually evicted like any other.
-/// Without hits every block has count 1 and the order is exactly LRU.
+/// Without hits every count is 1 and the order is exactly LRU.
 ///
-/// State: a `u8` count and a `u32` aging stamp per block (the count is
-/// stored as of the stamp; its current value is `count >> (epoch - stamp)`).
+/// State: one `u32` per block, the count (low 8 bits) as of an aging stamp
+/// (high 24 bits, the epoch modulo 2^24); its current value is
+/// `count >> (epoch - stamp)`, 0 from 8 agings on. (A block held through a
+/// multiple of 2^24 agings would read its old count again.)
 #[derive(Clone, Debug)]
 pub struct Lfu {
-    /// Use count per block as of `stamp`.
-    count: Vec<u8>,
-    /// Aging epoch at which `count` was last written, per block.
-    stamp: Vec<u32>,
+    /// Per block: `stamp << 8 | count`.
+    state: Vec<u32>,
     clock: AgingClock,
     /// The configured half-life (0 = one pool turnover), for `name`.
     configured: u32,
 }
+
+/// Stamps are epochs modulo 2^24.
+const STAMP_MASK: u32 = (1 << 24) - 1;
 
 impl Lfu {
     /// State for `num_blocks` blocks, aging every `half_life` blocks handed
     /// out.
     pub fn new(num_blocks: usize, half_life: u32, configured: u32) -> Self {
         Self {
-            count: vec![0; num_blocks],
-            stamp: vec![0; num_blocks],
+            state: vec![0; num_blocks],
             clock: AgingClock::new(half_life),
             configured,
         }
     }
 
     /// `block`'s use count now (after aging).
+    #[inline]
     pub fn count(&self, block: BlockId) -> u8 {
-        let i = block.index();
-        let age = self.clock.epoch.wrapping_sub(self.stamp[i]);
+        let s = self.state[block.index()];
+        let age = self.clock.epoch.wrapping_sub(s >> 8) & STAMP_MASK;
         if age >= 8 {
             0
         } else {
-            self.count[i] >> age
+            (s as u8) >> age
         }
+    }
+
+    /// Store `count` as of the current epoch.
+    #[inline]
+    fn store(&mut self, block: BlockId, count: u8) {
+        self.state[block.index()] = ((self.clock.epoch & STAMP_MASK) << 8) | u32::from(count);
     }
 }
 
@@ -69,10 +78,10 @@ impl EvictionPolicy for Lfu {
 
     #[inline]
     fn on_allocate(&mut self, blocks: &[BlockId], queue: &mut LevelQueue) {
-        let epoch = self.clock.epoch;
+        let fresh = ((self.clock.epoch & STAMP_MASK) << 8) | 1;
+        let state = &mut self.state[..];
         for &b in blocks {
-            self.count[b.index()] = 1;
-            self.stamp[b.index()] = epoch;
+            state[b.index()] = fresh;
         }
         self.clock.advance(blocks.len(), queue);
     }
@@ -80,22 +89,20 @@ impl EvictionPolicy for Lfu {
     #[inline]
     fn on_hit(&mut self, block: BlockId) {
         let c = self.count(block).saturating_add(1);
-        self.count[block.index()] = c;
-        self.stamp[block.index()] = self.clock.epoch;
+        self.store(block, c);
     }
 
     #[inline]
     fn free_level(&mut self, block: BlockId, _now: u32) -> usize {
         let c = self.count(block);
-        self.count[block.index()] = c;
-        self.stamp[block.index()] = self.clock.epoch;
+        self.store(block, c);
         ilog2_level(u32::from(c), LEVELS)
     }
 
     fn check_invariants(&self, queue: &LevelQueue, _now: u32) -> Result<(), String> {
         self.clock.check()?;
-        if self.count.len() != queue.capacity() || self.stamp.len() != queue.capacity() {
-            return Err("lfu: state slabs differ from the pool size".into());
+        if self.state.len() != queue.capacity() {
+            return Err("lfu: state slab differs from the pool size".into());
         }
         // A block waiting at level l >= 1 has a count in 2^l..2^(l+1): aging
         // moves it down one level exactly when its count halves.
@@ -113,7 +120,7 @@ impl EvictionPolicy for Lfu {
     }
 
     fn heap_bytes(&self) -> usize {
-        self.count.capacity() + self.stamp.capacity() * 4
+        self.state.capacity() * 4
     }
 
     fn clone_box(&self) -> Box<dyn EvictionPolicy> {
