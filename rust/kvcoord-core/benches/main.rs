@@ -5,12 +5,14 @@
 
 use criterion::{criterion_group, criterion_main};
 
+mod eviction;
 mod hashing;
 mod pool;
 
 criterion_group!(
     benches,
     pool::register,
+    eviction::register,
     hashing::register,
     hashing::primitives
 );

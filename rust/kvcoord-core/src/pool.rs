@@ -13,6 +13,11 @@
 //!   the queue is an LRU of reusable prefixes).
 //! * `touch` pins a block; a free cached block leaves the queue wherever it is.
 //!
+//! That is the default eviction policy ([`EvictionConfig::Lru`]). Any other
+//! policy ([`crate::eviction`]) keeps the first three rules for unhashed
+//! blocks and the free count, and orders the cached free blocks by its own
+//! rule (`BlockPool::with_eviction`, `BlockPool::with_policy`).
+//!
 //! # Errors
 //!
 //! Every method validates its whole input before mutating anything; an `Err`
@@ -21,6 +26,7 @@
 use crate::block_hash::BlockHash;
 use crate::error::{KvError, KvResult};
 use crate::events::KvEvent;
+use crate::eviction::{with_policy, EvictionConfig, EvictionPolicy, LevelQueue, Ranker};
 use crate::free_queue::FreeQueue;
 use crate::ids::{BlockId, GroupId};
 use crate::prefix_index::{CacheKey, KeySlot, PrefixIndex};
@@ -72,11 +78,85 @@ impl PoolConfig {
     }
 }
 
+/// The free blocks and the order in which they are reused.
+#[derive(Clone, Debug)]
+enum Order {
+    /// vLLM's order on its own queue: the default path pays only this
+    /// variant's match for the seam.
+    Lru(FreeQueue),
+    /// Any other policy: levels chosen by the policy.
+    Ranked(Box<Ranked>),
+}
+
+/// A policy-ordered free queue.
+#[derive(Clone, Debug)]
+struct Ranked {
+    queue: LevelQueue,
+    policy: Ranker,
+    /// Blocks whose count reached zero in the current `free_blocks` call.
+    released: Vec<BlockId>,
+}
+
+impl Order {
+    #[inline]
+    fn len(&self) -> usize {
+        match self {
+            Self::Lru(q) => q.len(),
+            Self::Ranked(r) => r.queue.len(),
+        }
+    }
+
+    #[inline]
+    fn contains(&self, b: BlockId) -> bool {
+        match self {
+            Self::Lru(q) => q.contains(b),
+            Self::Ranked(r) => r.queue.contains(b),
+        }
+    }
+
+    fn capacity(&self) -> usize {
+        match self {
+            Self::Lru(q) => q.capacity(),
+            Self::Ranked(r) => r.queue.capacity(),
+        }
+    }
+
+    fn heap_bytes(&self) -> usize {
+        match self {
+            Self::Lru(q) => q.heap_bytes(),
+            Self::Ranked(r) => {
+                r.queue.heap_bytes() + r.policy.as_dyn().heap_bytes() + r.released.capacity() * 4
+            }
+        }
+    }
+
+    fn check_invariants(&self, now: u32) -> Result<(), String> {
+        match self {
+            Self::Lru(q) => q.check_invariants(),
+            Self::Ranked(r) => {
+                r.queue.check_invariants()?;
+                let levels = r.policy.as_dyn().num_levels();
+                if r.queue.levels() != levels {
+                    return Err(format!(
+                        "queue has {} levels, the policy {levels}",
+                        r.queue.levels()
+                    ));
+                }
+                if !r.released.is_empty() {
+                    return Err("released scratch not empty between calls".into());
+                }
+                r.policy.as_dyn().check_invariants(&r.queue, now)
+            }
+        }
+    }
+}
+
 /// The KV-cache block pool. One owner thread; not internally synchronised.
 #[derive(Clone, Debug)]
 pub struct BlockPool {
     meta: Vec<BlockMeta>,
-    free: FreeQueue,
+    /// Invariant: holds exactly the non-null blocks with `ref_cnt == 0`.
+    free: Order,
     index: PrefixIndex,
     config: PoolConfig,
     /// `Some` iff events are enabled.
@@ -84,11 +164,65 @@ pub struct BlockPool {
     /// Cached blocks handed out again by `get_new_blocks` (each one lost its
     /// cache key: a prefix eviction), since construction.
     num_evictions: u64,
+    /// The clock of time-based policies ([`Self::advance_clock`]), wrapping.
+    now: u32,
 }
 
 impl BlockPool {
-    /// A pool of `config.num_blocks` blocks, all free except the null block.
+    /// A pool of `config.num_blocks` blocks, all free except the null block,
+    /// reused in vLLM's order.
     pub fn new(config: PoolConfig) -> KvResult<Self> {
+        Self::with_eviction(config, EvictionConfig::Lru)
+    }
+
+    /// A pool reusing free blocks in the order of the built-in policy
+    /// `eviction`.
+    pub fn with_eviction(config: PoolConfig, eviction: EvictionConfig) -> KvResult<Self> {
+        eviction.validate()?;
+        let mut pool = Self::lru(config)?;
+        if let Some(policy) = eviction.build(config.num_blocks) {
+            pool.free = Self::ranked(config.num_blocks, policy);
+        }
+        Ok(pool)
+    }
+
+    /// A pool reusing free blocks in the order of `policy`, whose per-block
+    /// state must cover `config.num_blocks` blocks (a test double, an
+    /// experiment; the built-ins are chosen with [`Self::with_eviction`]).
+    pub fn with_policy(config: PoolConfig, policy: Box<dyn EvictionPolicy>) -> KvResult<Self> {
+        let levels = policy.num_levels();
+        if !(1..=crate::eviction::MAX_LEVELS).contains(&levels) {
+            return Err(KvError::InvalidConfig {
+                name: "eviction_policy",
+                value: policy.name(),
+                rule: format!(
+                    "must use 1 to {} levels, not {levels}",
+                    crate::eviction::MAX_LEVELS
+                ),
+            });
+        }
+        let mut pool = Self::lru(config)?;
+        pool.free = Self::ranked(config.num_blocks, Ranker::Custom(policy));
+        Ok(pool)
+    }
+
+    fn ranked(num_blocks: usize, policy: Ranker) -> Order {
+        Order::Ranked(Box::new(Ranked {
+            queue: LevelQueue::new_ascending(num_blocks, 1, policy.as_dyn().num_levels()),
+            policy,
+            released: Vec::new(),
+        }))
+    }
+
+    /// The spec string of the eviction policy (`"lru"` by default).
+    pub fn eviction_policy(&self) -> String {
+        match &self.free {
+            Order::Lru(_) => EvictionConfig::Lru.to_string(),
+            Order::Ranked(r) => r.policy.as_dyn().name(),
+        }
+    }
+
+    fn lru(config: PoolConfig) -> KvResult<Self> {
         let invalid = |name, rule: &str| KvError::InvalidConfig {
             name,
             value: match name {
@@ -111,11 +245,12 @@ impl BlockPool {
         }
         Ok(Self {
             meta: vec![FRESH; config.num_blocks],
-            free: FreeQueue::new_ascending(config.num_blocks, 1),
+            free: Order::Lru(FreeQueue::new_ascending(config.num_blocks, 1)),
             index: PrefixIndex::new(),
             config,
             events: config.enable_events.then(Vec::new),
             num_evictions: 0,
+            now: 0,
         })
     }
 
@@ -183,9 +318,17 @@ impl BlockPool {
 
     // ---- state export -----------------------------------------------------
 
-    /// The free queue, front (handed out next) to back.
+    /// The free queue, front (handed out next) to back. Under a ranked
+    /// policy: level 0 front to back, then level 1, ... (the order in which
+    /// `get_new_blocks` hands them out while the clock stands still).
     pub fn free_block_ids(&self) -> impl Iterator<Item = BlockId> + '_ {
-        self.free.iter()
+        let (lru, ranked) = match &self.free {
+            Order::Lru(q) => (Some(q.iter()), None),
+            Order::Ranked(r) => (None, Some(r.queue.iter())),
+        };
+        lru.into_iter()
+            .flatten()
+            .chain(ranked.into_iter().flatten())
     }
 
     /// Reference count of every block, by id.
@@ -239,12 +382,20 @@ impl BlockPool {
         let mut any_cached = false;
         // A slice local, so the loop does not reload the Vec's header.
         let meta = &mut self.meta[..];
-        self.free.pop_front_into(&mut out[start..], |b| {
+        let on_pop = |b: BlockId| {
             let m = &mut meta[b.index()];
             debug_assert_eq!(m.ref_cnt, 0, "queued block {b} has owners");
             m.ref_cnt = 1;
             any_cached |= m.key != NO_KEY;
-        });
+        };
+        match &mut self.free {
+            Order::Lru(q) => q.pop_front_into(&mut out[start..], on_pop),
+            Order::Ranked(r) => {
+                let Ranked { queue, policy, .. } = &mut **r;
+                queue.pop_front_into(&mut out[start..], on_pop);
+                with_policy!(policy, p => p.on_allocate(&out[start..], queue));
+            }
+        }
         if any_cached {
             for &b in &out[start..] {
                 if self.meta[b.index()].key != NO_KEY {
@@ -264,12 +415,28 @@ impl BlockPool {
     /// current back (kept longest). A block listed several times takes the
     /// place of its last occurrence.
     pub fn free_blocks(&mut self, blocks: &[BlockId]) -> KvResult<()> {
+        let q = match &mut self.free {
+            Order::Lru(q) => q,
+            Order::Ranked(r) => {
+                let Ranked {
+                    queue,
+                    policy,
+                    released,
+                } = &mut **r;
+                let meta = &mut self.meta[..];
+                Self::release(meta, blocks, released)?;
+                let now = self.now;
+                with_policy!(policy, p => Self::enqueue_ranked(meta, queue, p, released, now));
+                released.clear();
+                return Ok(());
+            }
+        };
         // One pass: decrement, and stage each block whose count reaches zero
         // (once per block, at its last occurrence) for the front or, if it
         // is cached, the back of the free queue. On the first bad id the
         // staged batch is dropped (unstaged) and the decrements undone.
         let meta = &mut self.meta[..];
-        let mut batch = self.free.begin_enqueue();
+        let mut batch = q.begin_enqueue();
         for i in 0..blocks.len() {
             let b = blocks[i];
             if b.is_null() {
@@ -301,6 +468,66 @@ impl BlockPool {
         Ok(())
     }
 
+    /// Decrement each block's count, collecting in `released` those reaching
+    /// zero (once each, at their last occurrence). On a bad id, undo the
+    /// decrements, clear `released` and refuse.
+    fn release(
+        meta: &mut [BlockMeta],
+        blocks: &[BlockId],
+        released: &mut Vec<BlockId>,
+    ) -> KvResult<()> {
+        released.clear();
+        for i in 0..blocks.len() {
+            let b = blocks[i];
+            if b.is_null() {
+                continue;
+            }
+            let err = match meta.get_mut(b.index()) {
+                Some(m) if m.ref_cnt > 0 => {
+                    m.ref_cnt -= 1;
+                    if m.ref_cnt == 0 {
+                        released.push(b);
+                    }
+                    continue;
+                }
+                Some(_) => KvError::RefCountUnderflow(b),
+                None => KvError::BlockOutOfRange {
+                    block: u64::from(b.0),
+                    num_blocks: meta.len(),
+                },
+            };
+            released.clear();
+            for &undo in &blocks[..i] {
+                if !undo.is_null() {
+                    meta[undo.index()].ref_cnt += 1;
+                }
+            }
+            return Err(err);
+        }
+        Ok(())
+    }
+
+    /// Queue released blocks under a ranked policy: unhashed ones in front
+    /// of level 0 in the given order (as the LRU path does), cached ones at
+    /// the back of the level the policy picks.
+    #[inline]
+    fn enqueue_ranked<P: EvictionPolicy + ?Sized>(
+        meta: &[BlockMeta],
+        queue: &mut LevelQueue,
+        policy: &mut P,
+        released: &[BlockId],
+        now: u32,
+    ) {
+        queue.prepend(released, |b| meta[b.index()].key == NO_KEY);
+        let top = queue.levels() - 1;
+        for &b in released {
+            if meta[b.index()].key != NO_KEY {
+                let level = policy.free_level(b, now).min(top);
+                queue.push_back(b, level);
+            }
+        }
+    }
+
     /// How many of `blocks` are non-null and unreferenced: a prefix hit on
     /// them pulls them out of the free queue, so they consume free capacity
     /// just like fresh blocks. Out-of-range ids count as 0 (callers validate).
@@ -329,18 +556,88 @@ impl BlockPool {
         {
             return Err(KvError::RefCountOverflow(b));
         }
-        for &b in blocks {
-            if b.is_null() {
-                continue;
+        match &mut self.free {
+            Order::Lru(q) => {
+                for &b in blocks {
+                    if b.is_null() {
+                        continue;
+                    }
+                    let m = &mut self.meta[b.index()];
+                    if m.ref_cnt == 0 {
+                        // An evictable (cached, free) block is now in use.
+                        q.remove(b);
+                    }
+                    m.ref_cnt += 1;
+                }
             }
-            let m = &mut self.meta[b.index()];
-            if m.ref_cnt == 0 {
-                // An evictable (cached, free) block is now in use.
-                self.free.remove(b);
+            Order::Ranked(r) => {
+                let Ranked { queue, policy, .. } = &mut **r;
+                let meta = &mut self.meta[..];
+                with_policy!(policy, p => {
+                    for &b in blocks {
+                        if b.is_null() {
+                            continue;
+                        }
+                        let m = &mut meta[b.index()];
+                        if m.ref_cnt == 0 {
+                            queue.remove(b);
+                        }
+                        m.ref_cnt += 1;
+                        p.on_hit(b);
+                    }
+                });
             }
-            m.ref_cnt += 1;
         }
         Ok(())
+    }
+
+    /// Mark `blocks` as held by a request of priority `priority` (0, the
+    /// default, to [`MAX_PRIORITY`](crate::eviction::MAX_PRIORITY)). Only the
+    /// [`Priority`](crate::eviction::Priority) policy acts on it; the others
+    /// accept and ignore it, so a scheduler can pass priorities whatever the
+    /// policy. The null block is skipped.
+    pub fn set_priority(&mut self, blocks: &[BlockId], priority: i64) -> KvResult<()> {
+        self.check_ids(blocks)?;
+        let priority = u8::try_from(priority)
+            .ok()
+            .filter(|&p| p <= crate::eviction::MAX_PRIORITY)
+            .ok_or_else(|| KvError::InvalidArgument {
+                name: "priority",
+                detail: format!(
+                    "must be 0 to {}, got {priority}",
+                    crate::eviction::MAX_PRIORITY
+                ),
+            })?;
+        if let Order::Ranked(r) = &mut self.free {
+            let policy = r.policy.as_dyn_mut();
+            for &b in blocks.iter().filter(|b| !b.is_null()) {
+                policy.set_priority(b, priority);
+            }
+        }
+        Ok(())
+    }
+
+    /// Advance the clock of time-based policies by `ticks` (for example one
+    /// per scheduler step); retentions that expire are applied now.
+    pub fn advance_clock(&mut self, ticks: i64) -> KvResult<()> {
+        let ticks = u32::try_from(ticks)
+            .ok()
+            .filter(|&t| i32::try_from(t).is_ok())
+            .ok_or_else(|| KvError::InvalidArgument {
+                name: "ticks",
+                detail: format!("must be 0 to {} per call, got {ticks}", i32::MAX),
+            })?;
+        self.now = self.now.wrapping_add(ticks);
+        if let Order::Ranked(r) = &mut self.free {
+            let Ranked { queue, policy, .. } = &mut **r;
+            policy.as_dyn_mut().on_clock(self.now, queue);
+        }
+        Ok(())
+    }
+
+    /// The clock (wrapping at 2^32 ticks).
+    pub fn clock(&self) -> u32 {
+        self.now
     }
 
     // ---- prefix index -----------------------------------------------------
@@ -452,6 +749,15 @@ impl BlockPool {
             stored_ids.push(b);
             if self.events.is_some() {
                 stored_hashes.push(hash);
+            }
+        }
+        if let Order::Ranked(r) = &mut self.free {
+            let policy = r.policy.as_dyn_mut();
+            for (i, &b) in new_blocks.iter().enumerate() {
+                if selected(i) && !b.is_null() {
+                    let depth = num_cached_blocks + i + 1;
+                    policy.on_cache(b, u32::try_from(depth).unwrap_or(u32::MAX));
+                }
             }
         }
         if let Some(events) = &mut self.events {
@@ -566,7 +872,7 @@ impl BlockPool {
     /// Check every invariant written on the fields above; `Err` names the
     /// first violation. `O(num_blocks)`; for tests and debugging.
     pub fn check_invariants(&self) -> Result<(), String> {
-        self.free.check_invariants()?;
+        self.free.check_invariants(self.now)?;
         self.index.check_invariants()?;
         let null = self.meta[0];
         if null != FRESH || self.free.contains(BlockId::NULL) {
@@ -837,5 +1143,25 @@ mod tests {
         let p = pool(1_000_000);
         let per_block = p.metadata_bytes() as f64 / 1e6;
         assert!(per_block <= 16.1, "{per_block} bytes per block");
+    }
+
+    #[test]
+    fn policy_metadata_is_a_few_bytes_per_block() {
+        // 16 bytes of metadata and links, plus the policy's slabs.
+        for (spec, extra) in [
+            ("lfu", 4.0),
+            ("prefix-depth", 1.0),
+            ("priority:retention=1000", 5.0),
+        ] {
+            let config = spec.parse().unwrap();
+            let p = BlockPool::with_eviction(PoolConfig::new(1_000_000), config).unwrap();
+            assert_eq!(p.eviction_policy(), spec);
+            let per_block = p.metadata_bytes() as f64 / 1e6;
+            assert!(
+                per_block <= 16.1 + extra,
+                "{spec}: {per_block} bytes per block"
+            );
+            p.check_invariants().unwrap();
+        }
     }
 }
