@@ -206,6 +206,48 @@ impl BlockPool {
         Ok(pool)
     }
 
+    /// Switch to the built-in policy `eviction`; refused while any block is
+    /// in use (the null block aside). The free blocks keep their current
+    /// order, all at the new policy's level 0, and its state starts fresh;
+    /// cached blocks stay cached. Lets a pool built elsewhere (a manager's)
+    /// take a policy without a new constructor parameter.
+    pub fn set_eviction(&mut self, eviction: EvictionConfig) -> KvResult<()> {
+        eviction.validate()?;
+        let in_use = self.num_used_blocks();
+        if in_use != 0 {
+            return Err(KvError::Unsupported {
+                what: format!(
+                    "switching the eviction policy to {eviction} while {in_use} blocks are in use"
+                ),
+            });
+        }
+        let order: Vec<BlockId> = self.free_block_ids().collect();
+        let n = self.meta.len();
+        self.free = match eviction.build(n) {
+            None => {
+                let mut q = FreeQueue::new_empty(n);
+                let mut batch = q.begin_enqueue();
+                for &b in &order {
+                    batch.push(b, true);
+                }
+                batch.commit();
+                Order::Lru(q)
+            }
+            Some(policy) => {
+                let mut queue = LevelQueue::new_empty(n, policy.as_dyn().num_levels());
+                for &b in &order {
+                    queue.push_back(b, 0);
+                }
+                Order::Ranked(Box::new(Ranked {
+                    queue,
+                    policy,
+                    released: Vec::new(),
+                }))
+            }
+        };
+        Ok(())
+    }
+
     fn ranked(num_blocks: usize, policy: Ranker) -> Order {
         Order::Ranked(Box::new(Ranked {
             queue: LevelQueue::new_ascending(num_blocks, 1, policy.as_dyn().num_levels()),
@@ -1143,6 +1185,35 @@ mod tests {
         let p = pool(1_000_000);
         let per_block = p.metadata_bytes() as f64 / 1e6;
         assert!(per_block <= 16.1, "{per_block} bytes per block");
+    }
+
+    #[test]
+    fn set_eviction_keeps_the_free_order_and_is_refused_in_use() {
+        let mut p = pool(6);
+        let b = ids(&get(&mut p, 3));
+        p.cache_full_blocks(&b, &[h(1), h(2)], 0, 2, GroupId(0), None)
+            .unwrap();
+        let err = p.set_eviction(EvictionConfig::Lfu { half_life: 0 });
+        assert!(matches!(err, Err(KvError::Unsupported { .. })), "{err:?}");
+        assert_eq!(p.eviction_policy(), "lru");
+        p.free_blocks(&[b[2], b[1], b[0]]).unwrap();
+        let before = queue(&p);
+        for spec in ["prefix-depth", "priority:retention=3", "lru", "lfu"] {
+            p.set_eviction(spec.parse().unwrap()).unwrap();
+            assert_eq!(p.eviction_policy(), spec);
+            assert_eq!(queue(&p), before, "{spec}");
+            assert!(p.is_cached(b[0]).unwrap());
+            p.check_invariants().unwrap();
+        }
+        // The new policy orders what is released from now on.
+        let mut hit = Vec::new();
+        assert!(p.get_cached_block(&h(1), &[GroupId(0)], &mut hit));
+        p.touch(&hit).unwrap();
+        p.touch(&hit).unwrap();
+        p.free_blocks(&hit).unwrap();
+        p.free_blocks(&hit).unwrap();
+        assert_eq!(queue(&p).last(), Some(&b[0].0));
+        p.check_invariants().unwrap();
     }
 
     #[test]
