@@ -179,11 +179,10 @@ impl BlockPool {
     /// `eviction`.
     pub fn with_eviction(config: PoolConfig, eviction: EvictionConfig) -> KvResult<Self> {
         eviction.validate()?;
-        let mut pool = Self::lru(config)?;
-        if let Some(policy) = eviction.build(config.num_blocks) {
-            pool.free = Self::ranked(config.num_blocks, policy);
-        }
-        Ok(pool)
+        Self::build(config, |n| match eviction.build(n) {
+            None => Order::Lru(FreeQueue::new_ascending(n, 1)),
+            Some(policy) => Self::ranked(n, policy),
+        })
     }
 
     /// A pool reusing free blocks in the order of `policy`, whose per-block
@@ -201,9 +200,7 @@ impl BlockPool {
                 ),
             });
         }
-        let mut pool = Self::lru(config)?;
-        pool.free = Self::ranked(config.num_blocks, Ranker::Custom(policy));
-        Ok(pool)
+        Self::build(config, |n| Self::ranked(n, Ranker::Custom(policy)))
     }
 
     /// Switch to the built-in policy `eviction`; refused while any block is
@@ -264,7 +261,9 @@ impl BlockPool {
         }
     }
 
-    fn lru(config: PoolConfig) -> KvResult<Self> {
+    /// Validate `config`, then build the pool with the free queue `make`
+    /// returns for `num_blocks` blocks (all free but the null block).
+    fn build(config: PoolConfig, make: impl FnOnce(usize) -> Order) -> KvResult<Self> {
         let invalid = |name, rule: &str| KvError::InvalidConfig {
             name,
             value: match name {
@@ -287,7 +286,7 @@ impl BlockPool {
         }
         Ok(Self {
             meta: vec![FRESH; config.num_blocks],
-            free: Order::Lru(FreeQueue::new_ascending(config.num_blocks, 1)),
+            free: make(config.num_blocks),
             index: PrefixIndex::new(),
             config,
             events: config.enable_events.then(Vec::new),
@@ -424,17 +423,15 @@ impl BlockPool {
         let mut any_cached = false;
         // A slice local, so the loop does not reload the Vec's header.
         let meta = &mut self.meta[..];
-        let on_pop = |b: BlockId| {
-            let m = &mut meta[b.index()];
-            debug_assert_eq!(m.ref_cnt, 0, "queued block {b} has owners");
-            m.ref_cnt = 1;
-            any_cached |= m.key != NO_KEY;
-        };
         match &mut self.free {
-            Order::Lru(q) => q.pop_front_into(&mut out[start..], on_pop),
+            Order::Lru(q) => q.pop_front_into(&mut out[start..], |b| {
+                any_cached |= Self::take(meta, b);
+            }),
             Order::Ranked(r) => {
                 let Ranked { queue, policy, .. } = &mut **r;
-                queue.pop_front_into(&mut out[start..], on_pop);
+                queue.pop_front_into(&mut out[start..], |b| {
+                    any_cached |= Self::take(meta, b);
+                });
                 with_policy!(policy, p => p.on_allocate(&out[start..], queue));
             }
         }
@@ -447,6 +444,16 @@ impl BlockPool {
             }
         }
         Ok(())
+    }
+
+    /// Give a block popped from the free queue its first reference; returns
+    /// whether it is still cached.
+    #[inline]
+    fn take(meta: &mut [BlockMeta], b: BlockId) -> bool {
+        let m = &mut meta[b.index()];
+        debug_assert_eq!(m.ref_cnt, 0, "queued block {b} has owners");
+        m.ref_cnt = 1;
+        m.key != NO_KEY
     }
 
     /// Release one reference of each block, `blocks` ordered by eviction
@@ -465,10 +472,47 @@ impl BlockPool {
                     policy,
                     released,
                 } = &mut **r;
+                // As below, in one pass: unhashed blocks staged for the
+                // front of level 0, cached ones kept for the policy, which
+                // sees them only once the whole call is accepted.
                 let meta = &mut self.meta[..];
-                Self::release(meta, blocks, released)?;
+                released.clear();
+                let mut front = queue.begin_prepend();
+                for i in 0..blocks.len() {
+                    let b = blocks[i];
+                    if b.is_null() {
+                        continue;
+                    }
+                    let err = match meta.get_mut(b.index()) {
+                        Some(m) if m.ref_cnt > 0 => {
+                            m.ref_cnt -= 1;
+                            if m.ref_cnt == 0 {
+                                if m.key == NO_KEY {
+                                    front.push(b);
+                                } else {
+                                    released.push(b);
+                                }
+                            }
+                            continue;
+                        }
+                        Some(_) => KvError::RefCountUnderflow(b),
+                        None => KvError::BlockOutOfRange {
+                            block: u64::from(b.0),
+                            num_blocks: meta.len(),
+                        },
+                    };
+                    drop(front);
+                    released.clear();
+                    for &undo in &blocks[..i] {
+                        if !undo.is_null() {
+                            meta[undo.index()].ref_cnt += 1;
+                        }
+                    }
+                    return Err(err);
+                }
+                front.commit();
                 let now = self.now;
-                with_policy!(policy, p => Self::enqueue_ranked(meta, queue, p, released, now));
+                with_policy!(policy, p => Self::enqueue_cached(queue, p, released, now));
                 released.clear();
                 return Ok(());
             }
@@ -510,63 +554,19 @@ impl BlockPool {
         Ok(())
     }
 
-    /// Decrement each block's count, collecting in `released` those reaching
-    /// zero (once each, at their last occurrence). On a bad id, undo the
-    /// decrements, clear `released` and refuse.
-    fn release(
-        meta: &mut [BlockMeta],
-        blocks: &[BlockId],
-        released: &mut Vec<BlockId>,
-    ) -> KvResult<()> {
-        released.clear();
-        for i in 0..blocks.len() {
-            let b = blocks[i];
-            if b.is_null() {
-                continue;
-            }
-            let err = match meta.get_mut(b.index()) {
-                Some(m) if m.ref_cnt > 0 => {
-                    m.ref_cnt -= 1;
-                    if m.ref_cnt == 0 {
-                        released.push(b);
-                    }
-                    continue;
-                }
-                Some(_) => KvError::RefCountUnderflow(b),
-                None => KvError::BlockOutOfRange {
-                    block: u64::from(b.0),
-                    num_blocks: meta.len(),
-                },
-            };
-            released.clear();
-            for &undo in &blocks[..i] {
-                if !undo.is_null() {
-                    meta[undo.index()].ref_cnt += 1;
-                }
-            }
-            return Err(err);
-        }
-        Ok(())
-    }
-
-    /// Queue released blocks under a ranked policy: unhashed ones in front
-    /// of level 0 in the given order (as the LRU path does), cached ones at
-    /// the back of the level the policy picks.
+    /// Queue released cached blocks at the back of the level the policy
+    /// picks for each, in the given order.
     #[inline]
-    fn enqueue_ranked<P: EvictionPolicy + ?Sized>(
-        meta: &[BlockMeta],
+    fn enqueue_cached<P: EvictionPolicy + ?Sized>(
         queue: &mut LevelQueue,
         policy: &mut P,
         released: &[BlockId],
         now: u32,
     ) {
-        queue.prepend(released, |b| meta[b.index()].key == NO_KEY);
         let top = queue.levels() - 1;
         for &b in released {
-            if meta[b.index()].key != NO_KEY {
-                let level = policy.free_level(b, now).min(top);
-                queue.push_back(b, level);
-            }
+            let level = policy.free_level(b, now).min(top);
+            queue.push_back(b, level);
         }
     }
 
