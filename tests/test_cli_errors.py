@@ -345,7 +345,7 @@ def test_ctrl_c_exits_130_with_one_line_and_no_files(tmp_path: Path, command: st
 
 @linux_only
 def test_sweep_worker_killed_is_one_line(tmp_path: Path) -> None:
-    # a worker killed from outside (the OOM killer, say): was a hang or a traceback
+    # a worker killed from outside (the OOM killer, _say): was a hang or a traceback
     argv = ["sweep", *LONG_RUN[2:], "--sizes", "20000,30000", "--jobs", "2"]
     proc, _ = _start_on_fifo(tmp_path, argv)
     workers = _workers(proc.pid, 2)
@@ -431,7 +431,7 @@ def test_memory_error_is_one_line(
 def test_outputs_are_written_whole_or_not_at_all(
     tmp_path: Path, failure: type[BaseException]
 ) -> None:
-    from kvcoord._cli_base import write_output
+    from kvcoord._cli_base import _write_output
 
     target = tmp_path / "r.json"
 
@@ -440,18 +440,18 @@ def test_outputs_are_written_whole_or_not_at_all(
         raise failure()
 
     with pytest.raises(failure):
-        write_output(str(target), partial)
+        _write_output(str(target), partial)
     assert list(tmp_path.iterdir()) == []
     target.write_text("old")
     with pytest.raises(failure):
-        write_output(str(target), partial)
+        _write_output(str(target), partial)
     assert list(tmp_path.iterdir()) == [target]
     assert target.read_text() == "old"
-    write_output(str(target), lambda name: Path(name).write_text("new"))
+    _write_output(str(target), lambda name: Path(name).write_text("new"))
     assert target.read_text() == "new"
     assert list(tmp_path.iterdir()) == [target]
     longest = tmp_path / ("x" * 250 + ".json")  # the temporary name must fit as well
-    write_output(str(longest), lambda name: Path(name).write_text("{}"))
+    _write_output(str(longest), lambda name: Path(name).write_text("{}"))
     assert sorted(tmp_path.iterdir()) == sorted([target, longest])
 
 
