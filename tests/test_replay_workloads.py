@@ -299,9 +299,9 @@ def test_workload_refuses_non_finite_arrival() -> None:
 
 
 def test_overlong_line_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import kvcoord.replay.workloads as workloads
+    import kvcoord.replay._jsonl as jsonl
 
-    monkeypatch.setattr(workloads, "MAX_LINE_CHARS", 64)
+    monkeypatch.setattr(jsonl, "MAX_LINE_CHARS", 64)
     p = _write(tmp_path, [{"prompt_token_ids": [1]}, {"prompt_token_ids": list(range(50))}])
     with pytest.raises(TraceFormatError, match="line longer than 64 characters") as ei:
         read_token_trace(p)

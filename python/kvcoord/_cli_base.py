@@ -21,21 +21,7 @@ __all__ = [
     "EXIT_USAGE",
     "MAX_POOL_BLOCKS",
     "CliError",
-    "Parser",
     "UsageError",
-    "block_list",
-    "bounded",
-    "check_outputs",
-    "describe",
-    "int_list",
-    "nonneg_float",
-    "one_line",
-    "pool_blocks",
-    "pos_int",
-    "say",
-    "sigint_ignored",
-    "write_json",
-    "write_output",
 ]
 
 #: Largest pool (blocks) the CLI builds: 16M blocks, beyond any real GPU's cache.
@@ -58,7 +44,7 @@ def _shown(text: str) -> str:
     return r if len(r) <= 40 else f"{r[:37]}..."
 
 
-def bounded(maximum: int) -> Callable[[str], int]:
+def _bounded(maximum: int) -> Callable[[str], int]:
     """An argparse type: an integer in ``[1, maximum]``."""
 
     def parse(text: str) -> int:
@@ -77,11 +63,11 @@ def bounded(maximum: int) -> Callable[[str], int]:
     return parse
 
 
-pos_int = bounded(1 << 62)
-pool_blocks = bounded(MAX_POOL_BLOCKS)
+_pos_int = _bounded(1 << 62)
+_pool_blocks = _bounded(MAX_POOL_BLOCKS)
 
 
-def nonneg_float(text: str) -> float:
+def _nonneg_float(text: str) -> float:
     try:
         v = float(text)
     except ValueError:
@@ -91,7 +77,7 @@ def nonneg_float(text: str) -> float:
     return v
 
 
-def int_list(text: str, parse: Callable[[str], int] = pos_int) -> list[int]:
+def _int_list(text: str, parse: Callable[[str], int] = _pos_int) -> list[int]:
     out = []
     for part in text.split(","):
         part = part.strip()
@@ -102,11 +88,11 @@ def int_list(text: str, parse: Callable[[str], int] = pos_int) -> list[int]:
     return sorted(set(out))
 
 
-def block_list(text: str) -> list[int]:
-    return int_list(text, pool_blocks)
+def _block_list(text: str) -> list[int]:
+    return _int_list(text, _pool_blocks)
 
 
-class Parser(argparse.ArgumentParser):
+class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (the sub-commands' parsers are this class too)."""
 
     def error(self, message: str) -> NoReturn:
@@ -116,12 +102,12 @@ class Parser(argparse.ArgumentParser):
 # --------------------------------------------------------------------------- errors
 
 
-def one_line(text: str) -> str:
+def _one_line(text: str) -> str:
     line = " ".join(text.split())
     return line if len(line) <= 2000 else f"{line[:1997]}..."
 
 
-def describe(e: BaseException) -> str:
+def _describe(e: BaseException) -> str:
     """The one line a failure is reported as (the only place that words failures)."""
     from kvcoord.errors import KvCoordError
     from kvcoord.replay.scheduler import SimulationError
@@ -136,16 +122,16 @@ def describe(e: BaseException) -> str:
         text = f"{e.filename}: {e.strerror}" if e.filename else e.strerror
     else:
         text = f"unexpected {type(e).__name__}: {e} (KVCOORD_TRACEBACK=1 shows where)"
-    return one_line(text)
+    return _one_line(text)
 
 
-def say(line: str) -> None:
-    with suppress(OSError):  # stderr closed: nothing more to say
+def _say(line: str) -> None:
+    with suppress(OSError):  # stderr closed: nothing more to _say
         print(line, file=sys.stderr, flush=True)
 
 
 @contextmanager
-def sigint_ignored() -> Iterator[None]:
+def _sigint_ignored() -> Iterator[None]:
     """Ctrl-C held off meanwhile (main thread only; elsewhere a no-op)."""
     try:
         old = signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -200,7 +186,7 @@ def _check_writable(path: str, flag: str) -> None:
             raise UsageError(f"{flag} {path!r}: cannot write in {parent!r}: {e.strerror}") from None
 
 
-def check_outputs(args: argparse.Namespace) -> None:
+def _check_outputs(args: argparse.Namespace) -> None:
     _check_output(args.json, "--json")
     _check_output(args.plot, "--plot", png=True)
     if args.json and args.plot and os.path.abspath(args.json) == os.path.abspath(args.plot):
@@ -215,7 +201,7 @@ def _new_file_mode(path: Path) -> int:
     return 0o666 & ~umask
 
 
-def write_output(path: str, write: Callable[[str], object]) -> None:
+def _write_output(path: str, write: Callable[[str], object]) -> None:
     """``write(name)`` into a temporary file beside ``path``, renamed over ``path`` once
     complete: an interrupted or failed write leaves no partial file."""
     p = Path(path)
@@ -238,6 +224,6 @@ def write_output(path: str, write: Callable[[str], object]) -> None:
         raise
 
 
-def write_json(path: str, doc: dict[str, Any]) -> None:
+def _write_json(path: str, doc: dict[str, Any]) -> None:
     text = json.dumps(doc, indent=2, allow_nan=False) + "\n"  # never Infinity/NaN
-    write_output(path, lambda name: Path(name).write_text(text, encoding="utf-8"))
+    _write_output(path, lambda name: Path(name).write_text(text, encoding="utf-8"))

@@ -51,11 +51,19 @@ class BlockPool:
         enable_caching: bool = True,
         hash_block_size: int = 16,
         enable_events: bool = False,
+        eviction_policy: str = "lru",
     ) -> None:
         """Create a pool of ``num_blocks`` blocks (the null block included).
 
+        ``eviction_policy`` orders the reuse of cached free blocks: ``"lru"``
+        (vLLM's order, the default), ``"lfu"``, ``"prefix-depth"`` or
+        ``"priority"``, optionally with its parameter
+        (``"lfu:half_life=N"``, ``"prefix-depth:half_life=N"``,
+        ``"priority:retention=N"``); see ``docs/eviction.md``.
+
         Raises:
-            ConfigError: ``num_blocks < 1`` or ``hash_block_size < 1``.
+            ConfigError: ``num_blocks < 1``, ``hash_block_size < 1`` or an
+                unknown ``eviction_policy``.
         """
     @property
     def num_blocks(self) -> int:
@@ -82,6 +90,26 @@ class BlockPool:
     @property
     def enable_events(self) -> bool:
         """Whether KV-cache events are recorded."""
+    @property
+    def eviction_policy(self) -> str:
+        """The eviction policy's spec string (``"lru"`` by default)."""
+    def set_priority(self, block_ids: BlockIds, priority: int) -> None:
+        """Mark blocks as held by a request of ``priority`` (0, ordinary, to 7).
+        Only the ``"priority"`` policy acts on it: a cached block released
+        with priority ``p > 0`` is reused after every ordinary free block
+        until its retention expires (see :meth:`advance_clock`).
+
+        Raises:
+            InvalidBlockIdError: an id is out of range.
+            InvalidArgumentError: ``priority`` is outside ``0..7``.
+        """
+    def advance_clock(self, ticks: int) -> None:
+        """Advance the clock of time-based eviction policies by ``ticks``
+        (for example one per scheduler step); expired retentions apply now.
+
+        Raises:
+            InvalidArgumentError: ``ticks`` is negative or above ``2**31 - 1``.
+        """
     @property
     def metadata_bytes(self) -> int:
         """Heap bytes of per-block metadata (16 per block), prefix index excluded."""

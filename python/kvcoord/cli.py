@@ -30,21 +30,21 @@ from kvcoord._cli_base import (
     EXIT_USAGE,
     MAX_POOL_BLOCKS,
     CliError,
-    Parser,
     UsageError,
-    block_list,
-    bounded,
-    check_outputs,
-    describe,
-    int_list,
-    nonneg_float,
-    one_line,
-    pool_blocks,
-    pos_int,
-    say,
-    sigint_ignored,
-    write_json,
-    write_output,
+    _block_list,
+    _bounded,
+    _check_outputs,
+    _describe,
+    _int_list,
+    _nonneg_float,
+    _one_line,
+    _Parser,
+    _pool_blocks,
+    _pos_int,
+    _say,
+    _sigint_ignored,
+    _write_json,
+    _write_output,
 )
 from kvcoord.replay.workloads import MAX_REQUEST_TOKENS
 
@@ -63,10 +63,10 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
         choices=("mooncake", "tokens"),
         help="trace format (default: guessed from the first line)",
     )
-    g.add_argument("--limit", type=pos_int, metavar="N", help="replay only the first N requests")
+    g.add_argument("--limit", type=_pos_int, metavar="N", help="replay only the first N requests")
     g.add_argument(
         "--time-scale",
-        type=nonneg_float,
+        type=_nonneg_float,
         default=1.0,
         metavar="F",
         help="multiply arrival times by F (0: all requests arrive at once; default 1)",
@@ -81,20 +81,20 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--block-size",
-        type=bounded(MAX_REQUEST_TOKENS),
+        type=_bounded(MAX_REQUEST_TOKENS),
         metavar="B",
         help="block size of every group",
     )
     g.add_argument(
         "--max-running",
-        type=bounded(1 << 24),
+        type=_bounded(1 << 24),
         default=256,
         metavar="N",
         help="cap on running requests (256)",
     )
     g.add_argument(
         "--token-budget",
-        type=bounded(1 << 31),
+        type=_bounded(1 << 31),
         default=8192,
         metavar="N",
         help="tokens scheduled per step (8192)",
@@ -103,7 +103,7 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = Parser(
+    p = _Parser(
         prog="kvcoord",
         description="KV-cache workload simulator: replay a trace against kvcoord's KVCacheManager.",
     )
@@ -114,13 +114,13 @@ def _parser() -> argparse.ArgumentParser:
     m = g.add_mutually_exclusive_group()
     m.add_argument(
         "--num-blocks",
-        type=pool_blocks,
+        type=_pool_blocks,
         metavar="N",
         help="pool size in blocks (null block included)",
     )
     m.add_argument(
         "--capacity-tokens",
-        type=pos_int,
+        type=_pos_int,
         metavar="T",
         help=f"pool size as tokens of context per group (default {DEFAULT_CAPACITY_TOKENS})",
     )
@@ -132,15 +132,17 @@ def _parser() -> argparse.ArgumentParser:
     _add_workload_args(s)
     g = s.add_argument_group("pool sizes (default: a geometric range)")
     m = g.add_mutually_exclusive_group()
-    m.add_argument("--sizes", type=block_list, metavar="N,N,...", help="pool sizes in blocks")
-    m.add_argument("--capacities", type=int_list, metavar="T,T,...", help="pool sizes in tokens")
-    g.add_argument("--min-blocks", type=pool_blocks, metavar="N", help="smallest pool of the range")
-    g.add_argument("--max-blocks", type=pool_blocks, metavar="N", help="largest pool of the range")
+    m.add_argument("--sizes", type=_block_list, metavar="N,N,...", help="pool sizes in blocks")
+    m.add_argument("--capacities", type=_int_list, metavar="T,T,...", help="pool sizes in tokens")
     g.add_argument(
-        "--points", type=bounded(1000), default=6, metavar="K", help="pool sizes in the range (6)"
+        "--min-blocks", type=_pool_blocks, metavar="N", help="smallest pool of the range"
+    )
+    g.add_argument("--max-blocks", type=_pool_blocks, metavar="N", help="largest pool of the range")
+    g.add_argument(
+        "--points", type=_bounded(1000), default=6, metavar="K", help="pool sizes in the range (6)"
     )
     g.add_argument(
-        "--jobs", type=bounded(256), default=1, metavar="N", help="parallel processes (1)"
+        "--jobs", type=_bounded(256), default=1, metavar="N", help="parallel processes (1)"
     )
     g = s.add_argument_group("output")
     g.add_argument("--json", metavar="FILE", help="write the rows as JSON")
@@ -245,7 +247,7 @@ def _replay(args: argparse.Namespace) -> int:
     from kvcoord.replay.report import format_summary, plot_replay, summarize
     from kvcoord.replay.scheduler import simulate
 
-    check_outputs(args)
+    _check_outputs(args)
     st = _setup(args)
     if args.num_blocks is not None:
         num_blocks, flag = args.num_blocks, "--num-blocks"
@@ -259,9 +261,9 @@ def _replay(args: argparse.Namespace) -> int:
     summary = summarize(res, res.best, cfg, st.workload.name)
     print(format_summary(summary))
     if args.json:
-        write_json(args.json, summary)
+        _write_json(args.json, summary)
     if args.plot:
-        write_output(args.plot, lambda name: plot_replay(res, summary, name))
+        _write_output(args.plot, lambda name: plot_replay(res, summary, name))
     return 0
 
 
@@ -297,11 +299,11 @@ def _worker_point(args: argparse.Namespace, num_blocks: int) -> tuple[dict[str, 
         assert _WORKER_SETUP is not None, "worker started without its workload"
         return _sweep_point(args, num_blocks, _WORKER_SETUP)
     except Exception as e:
-        raise CliError(f"pool of {num_blocks:,} blocks: {describe(e)}") from None
+        raise CliError(f"pool of {num_blocks:,} blocks: {_describe(e)}") from None
 
 
 def _stop_workers(ex: ProcessPoolExecutor) -> None:
-    with sigint_ignored():
+    with _sigint_ignored():
         ex.shutdown(wait=False, cancel_futures=True)
         children = multiprocessing.active_children()
         for proc in children:
@@ -317,7 +319,7 @@ def _sweep_parallel(
 
     ctx = multiprocessing.get_context("spawn")
     # workers start with Ctrl-C ignored (inherited), so only this process reports it
-    with sigint_ignored():
+    with _sigint_ignored():
         ex = ProcessPoolExecutor(
             max_workers=jobs, mp_context=ctx, initializer=_worker_init, initargs=(st,)
         )
@@ -349,7 +351,7 @@ def _sweep(args: argparse.Namespace) -> int:
     from kvcoord.replay.layouts import num_blocks_for_capacity
     from kvcoord.replay.report import format_sweep, plot_sweep
 
-    check_outputs(args)
+    _check_outputs(args)
     if (args.sizes or args.capacities) and (args.min_blocks or args.max_blocks):
         raise UsageError(
             "--min-blocks/--max-blocks make a range; do not combine with --sizes/--capacities"
@@ -397,9 +399,9 @@ def _sweep(args: argparse.Namespace) -> int:
             "best_possible_hit_rate": best.hit_rate,
             "rows": rows,
         }
-        write_json(args.json, doc)
+        _write_json(args.json, doc)
     if args.plot:
-        write_output(args.plot, lambda name: plot_sweep(rows, name))
+        _write_output(args.plot, lambda name: plot_sweep(rows, name))
     return 0
 
 
@@ -426,9 +428,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _replay(args)
         return _sweep(args)
     except UsageError as e:
-        parser.exit(EXIT_USAGE, f"{prog}: error: {one_line(str(e))}\n")
+        parser.exit(EXIT_USAGE, f"{prog}: error: {_one_line(str(e))}\n")
     except KeyboardInterrupt:
-        say(f"{prog}: interrupted")
+        _say(f"{prog}: interrupted")
         return EXIT_INTERRUPTED
     except BrokenPipeError:  # pragma: no cover - `kvcoord | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -436,7 +438,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as e:
         if os.environ.get("KVCOORD_TRACEBACK"):
             raise
-        say(f"{prog}: error: {describe(e)}")
+        _say(f"{prog}: error: {_describe(e)}")
         return EXIT_FAILED
 
 

@@ -7,11 +7,22 @@
 //!   evicts 64 of them (allocation), caches the new blocks as a 64-deep
 //!   chain, hits its first 16 blocks again (touch) and frees everything
 //!   tail first, so every cached block goes through the policy.
+//! * `admit_step/<policy>`: a `CoordinatorCore` (one full-attention group,
+//!   16-token blocks, 4096 blocks) admitting requests in steady state: a
+//!   prefix lookup, `allocate_slots` for the prompt (hits adopted, full
+//!   blocks cached), a priority for every fourth request, one clock tick,
+//!   and the oldest of 48 running requests freed. Prompts are 8 shared
+//!   blocks (one of 4 system prompts) and 0-23 private ones from 1024
+//!   conversations that recur, so the pool evicts all the time.
 
+use std::collections::VecDeque;
 use std::hint::black_box;
 
 use criterion::{Criterion, Throughput};
-use kvcoord_core::{BlockHash, BlockId, BlockPool, EvictionConfig, GroupId, PoolConfig};
+use kvcoord_core::{
+    BlockHash, BlockId, BlockPool, CoordinatorConfig, CoordinatorCore, EvictionConfig, GroupId,
+    GroupSpec, PoolConfig, ReqId, RequestView,
+};
 
 const NUM_BLOCKS: usize = 1_000_000;
 const BATCH: usize = 64;
@@ -77,5 +88,78 @@ pub(crate) fn register(c: &mut Criterion) {
             b.iter(|| round(black_box(&mut p), &mut ids));
         });
     }
+    for spec in POLICIES {
+        let mut admit = Admissions::new(spec);
+        for _ in 0..8192 {
+            admit.step();
+        }
+        g.throughput(Throughput::Elements(1));
+        g.bench_function(format!("admit_step/{spec}"), |b| b.iter(|| admit.step()));
+    }
     g.finish();
+}
+
+/// The steady-state admission loop of `admit_step`.
+struct Admissions {
+    core: CoordinatorCore,
+    /// (prompt length, block hashes) per conversation.
+    prompts: Vec<(usize, Vec<BlockHash>)>,
+    running: VecDeque<ReqId>,
+    next: u64,
+    hits: Vec<Vec<BlockId>>,
+}
+
+impl Admissions {
+    fn new(spec: &str) -> Self {
+        let mut cfg = CoordinatorConfig::new(vec![GroupSpec::full_attention(16)], 4096, true, 8192);
+        cfg.hash_block_size = 16;
+        let mut core = CoordinatorCore::new(cfg).unwrap();
+        core.pool_mut().set_eviction(spec.parse().unwrap()).unwrap();
+        let prompts = (0..1024u64)
+            .map(|t| {
+                let blocks = 8 + t % 24;
+                let hashes = (0..blocks)
+                    .map(|j| {
+                        if j < 8 {
+                            hash((t % 4) << 32 | j)
+                        } else {
+                            hash(1 << 40 | t << 8 | j)
+                        }
+                    })
+                    .collect();
+                (blocks as usize * 16 + 5, hashes)
+            })
+            .collect();
+        Self {
+            core,
+            prompts,
+            running: VecDeque::new(),
+            next: 0,
+            hits: vec![Vec::new()],
+        }
+    }
+
+    fn step(&mut self) {
+        let (len, hashes) = &self.prompts[(self.next % 1024) as usize];
+        let c = &mut self.core;
+        let hit = c
+            .find_longest_cache_hit_into(&[GroupId(0)], hashes, len - 1, 16, &mut self.hits)
+            .unwrap();
+        let view = RequestView::new(0, *len, *len, hashes);
+        let id = ReqId(self.next);
+        let new = c
+            .allocate_slots(id, &view, len - hit, hit, Some(&self.hits), 0, 0, false)
+            .unwrap();
+        assert!(new.is_some(), "the pool holds 48 running requests");
+        if self.next % 4 == 0 {
+            let held = c.block_ids(id).unwrap()[0].to_vec();
+            c.pool_mut().set_priority(&held, 3).unwrap();
+        }
+        c.pool_mut().advance_clock(1).unwrap();
+        self.running.push_back(id);
+        while self.running.len() > 48 {
+            c.free(self.running.pop_front().unwrap()).unwrap();
+        }
+        self.next += 1;
+    }
 }

@@ -179,11 +179,10 @@ impl BlockPool {
     /// `eviction`.
     pub fn with_eviction(config: PoolConfig, eviction: EvictionConfig) -> KvResult<Self> {
         eviction.validate()?;
-        let mut pool = Self::lru(config)?;
-        if let Some(policy) = eviction.build(config.num_blocks) {
-            pool.free = Self::ranked(config.num_blocks, policy);
-        }
-        Ok(pool)
+        Self::build(config, |n| match eviction.build(n) {
+            None => Order::Lru(FreeQueue::new_ascending(n, 1)),
+            Some(policy) => Self::ranked(n, policy),
+        })
     }
 
     /// A pool reusing free blocks in the order of `policy`, whose per-block
@@ -201,9 +200,49 @@ impl BlockPool {
                 ),
             });
         }
-        let mut pool = Self::lru(config)?;
-        pool.free = Self::ranked(config.num_blocks, Ranker::Custom(policy));
-        Ok(pool)
+        Self::build(config, |n| Self::ranked(n, Ranker::Custom(policy)))
+    }
+
+    /// Switch to the built-in policy `eviction`; refused while any block is
+    /// in use (the null block aside). The free blocks keep their current
+    /// order, all at the new policy's level 0, and its state starts fresh;
+    /// cached blocks stay cached. Lets a pool built elsewhere (a manager's)
+    /// take a policy without a new constructor parameter.
+    pub fn set_eviction(&mut self, eviction: EvictionConfig) -> KvResult<()> {
+        eviction.validate()?;
+        let in_use = self.num_used_blocks();
+        if in_use != 0 {
+            return Err(KvError::Unsupported {
+                what: format!(
+                    "switching the eviction policy to {eviction} while {in_use} blocks are in use"
+                ),
+            });
+        }
+        let order: Vec<BlockId> = self.free_block_ids().collect();
+        let n = self.meta.len();
+        self.free = match eviction.build(n) {
+            None => {
+                let mut q = FreeQueue::new_empty(n);
+                let mut batch = q.begin_enqueue();
+                for &b in &order {
+                    batch.push(b, true);
+                }
+                batch.commit();
+                Order::Lru(q)
+            }
+            Some(policy) => {
+                let mut queue = LevelQueue::new_empty(n, policy.as_dyn().num_levels());
+                for &b in &order {
+                    queue.push_back(b, 0);
+                }
+                Order::Ranked(Box::new(Ranked {
+                    queue,
+                    policy,
+                    released: Vec::new(),
+                }))
+            }
+        };
+        Ok(())
     }
 
     fn ranked(num_blocks: usize, policy: Ranker) -> Order {
@@ -222,7 +261,9 @@ impl BlockPool {
         }
     }
 
-    fn lru(config: PoolConfig) -> KvResult<Self> {
+    /// Validate `config`, then build the pool with the free queue `make`
+    /// returns for `num_blocks` blocks (all free but the null block).
+    fn build(config: PoolConfig, make: impl FnOnce(usize) -> Order) -> KvResult<Self> {
         let invalid = |name, rule: &str| KvError::InvalidConfig {
             name,
             value: match name {
@@ -245,7 +286,7 @@ impl BlockPool {
         }
         Ok(Self {
             meta: vec![FRESH; config.num_blocks],
-            free: Order::Lru(FreeQueue::new_ascending(config.num_blocks, 1)),
+            free: make(config.num_blocks),
             index: PrefixIndex::new(),
             config,
             events: config.enable_events.then(Vec::new),
@@ -382,17 +423,15 @@ impl BlockPool {
         let mut any_cached = false;
         // A slice local, so the loop does not reload the Vec's header.
         let meta = &mut self.meta[..];
-        let on_pop = |b: BlockId| {
-            let m = &mut meta[b.index()];
-            debug_assert_eq!(m.ref_cnt, 0, "queued block {b} has owners");
-            m.ref_cnt = 1;
-            any_cached |= m.key != NO_KEY;
-        };
         match &mut self.free {
-            Order::Lru(q) => q.pop_front_into(&mut out[start..], on_pop),
+            Order::Lru(q) => q.pop_front_into(&mut out[start..], |b| {
+                any_cached |= Self::take(meta, b);
+            }),
             Order::Ranked(r) => {
                 let Ranked { queue, policy, .. } = &mut **r;
-                queue.pop_front_into(&mut out[start..], on_pop);
+                queue.pop_front_into(&mut out[start..], |b| {
+                    any_cached |= Self::take(meta, b);
+                });
                 with_policy!(policy, p => p.on_allocate(&out[start..], queue));
             }
         }
@@ -405,6 +444,16 @@ impl BlockPool {
             }
         }
         Ok(())
+    }
+
+    /// Give a block popped from the free queue its first reference; returns
+    /// whether it is still cached.
+    #[inline]
+    fn take(meta: &mut [BlockMeta], b: BlockId) -> bool {
+        let m = &mut meta[b.index()];
+        debug_assert_eq!(m.ref_cnt, 0, "queued block {b} has owners");
+        m.ref_cnt = 1;
+        m.key != NO_KEY
     }
 
     /// Release one reference of each block, `blocks` ordered by eviction
@@ -423,10 +472,47 @@ impl BlockPool {
                     policy,
                     released,
                 } = &mut **r;
+                // As below, in one pass: unhashed blocks staged for the
+                // front of level 0, cached ones kept for the policy, which
+                // sees them only once the whole call is accepted.
                 let meta = &mut self.meta[..];
-                Self::release(meta, blocks, released)?;
+                released.clear();
+                let mut front = queue.begin_prepend();
+                for i in 0..blocks.len() {
+                    let b = blocks[i];
+                    if b.is_null() {
+                        continue;
+                    }
+                    let err = match meta.get_mut(b.index()) {
+                        Some(m) if m.ref_cnt > 0 => {
+                            m.ref_cnt -= 1;
+                            if m.ref_cnt == 0 {
+                                if m.key == NO_KEY {
+                                    front.push(b);
+                                } else {
+                                    released.push(b);
+                                }
+                            }
+                            continue;
+                        }
+                        Some(_) => KvError::RefCountUnderflow(b),
+                        None => KvError::BlockOutOfRange {
+                            block: u64::from(b.0),
+                            num_blocks: meta.len(),
+                        },
+                    };
+                    drop(front);
+                    released.clear();
+                    for &undo in &blocks[..i] {
+                        if !undo.is_null() {
+                            meta[undo.index()].ref_cnt += 1;
+                        }
+                    }
+                    return Err(err);
+                }
+                front.commit();
                 let now = self.now;
-                with_policy!(policy, p => Self::enqueue_ranked(meta, queue, p, released, now));
+                with_policy!(policy, p => Self::enqueue_cached(queue, p, released, now));
                 released.clear();
                 return Ok(());
             }
@@ -468,63 +554,19 @@ impl BlockPool {
         Ok(())
     }
 
-    /// Decrement each block's count, collecting in `released` those reaching
-    /// zero (once each, at their last occurrence). On a bad id, undo the
-    /// decrements, clear `released` and refuse.
-    fn release(
-        meta: &mut [BlockMeta],
-        blocks: &[BlockId],
-        released: &mut Vec<BlockId>,
-    ) -> KvResult<()> {
-        released.clear();
-        for i in 0..blocks.len() {
-            let b = blocks[i];
-            if b.is_null() {
-                continue;
-            }
-            let err = match meta.get_mut(b.index()) {
-                Some(m) if m.ref_cnt > 0 => {
-                    m.ref_cnt -= 1;
-                    if m.ref_cnt == 0 {
-                        released.push(b);
-                    }
-                    continue;
-                }
-                Some(_) => KvError::RefCountUnderflow(b),
-                None => KvError::BlockOutOfRange {
-                    block: u64::from(b.0),
-                    num_blocks: meta.len(),
-                },
-            };
-            released.clear();
-            for &undo in &blocks[..i] {
-                if !undo.is_null() {
-                    meta[undo.index()].ref_cnt += 1;
-                }
-            }
-            return Err(err);
-        }
-        Ok(())
-    }
-
-    /// Queue released blocks under a ranked policy: unhashed ones in front
-    /// of level 0 in the given order (as the LRU path does), cached ones at
-    /// the back of the level the policy picks.
+    /// Queue released cached blocks at the back of the level the policy
+    /// picks for each, in the given order.
     #[inline]
-    fn enqueue_ranked<P: EvictionPolicy + ?Sized>(
-        meta: &[BlockMeta],
+    fn enqueue_cached<P: EvictionPolicy + ?Sized>(
         queue: &mut LevelQueue,
         policy: &mut P,
         released: &[BlockId],
         now: u32,
     ) {
-        queue.prepend(released, |b| meta[b.index()].key == NO_KEY);
         let top = queue.levels() - 1;
         for &b in released {
-            if meta[b.index()].key != NO_KEY {
-                let level = policy.free_level(b, now).min(top);
-                queue.push_back(b, level);
-            }
+            let level = policy.free_level(b, now).min(top);
+            queue.push_back(b, level);
         }
     }
 
@@ -1143,6 +1185,35 @@ mod tests {
         let p = pool(1_000_000);
         let per_block = p.metadata_bytes() as f64 / 1e6;
         assert!(per_block <= 16.1, "{per_block} bytes per block");
+    }
+
+    #[test]
+    fn set_eviction_keeps_the_free_order_and_is_refused_in_use() {
+        let mut p = pool(6);
+        let b = ids(&get(&mut p, 3));
+        p.cache_full_blocks(&b, &[h(1), h(2)], 0, 2, GroupId(0), None)
+            .unwrap();
+        let err = p.set_eviction(EvictionConfig::Lfu { half_life: 0 });
+        assert!(matches!(err, Err(KvError::Unsupported { .. })), "{err:?}");
+        assert_eq!(p.eviction_policy(), "lru");
+        p.free_blocks(&[b[2], b[1], b[0]]).unwrap();
+        let before = queue(&p);
+        for spec in ["prefix-depth", "priority:retention=3", "lru", "lfu"] {
+            p.set_eviction(spec.parse().unwrap()).unwrap();
+            assert_eq!(p.eviction_policy(), spec);
+            assert_eq!(queue(&p), before, "{spec}");
+            assert!(p.is_cached(b[0]).unwrap());
+            p.check_invariants().unwrap();
+        }
+        // The new policy orders what is released from now on.
+        let mut hit = Vec::new();
+        assert!(p.get_cached_block(&h(1), &[GroupId(0)], &mut hit));
+        p.touch(&hit).unwrap();
+        p.touch(&hit).unwrap();
+        p.free_blocks(&hit).unwrap();
+        p.free_blocks(&hit).unwrap();
+        assert_eq!(queue(&p).last(), Some(&b[0].0));
+        p.check_invariants().unwrap();
     }
 
     #[test]

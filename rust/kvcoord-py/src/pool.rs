@@ -1,7 +1,7 @@
 //! `kvcoord.BlockPool`: conversion and delegation only; the logic is
 //! `kvcoord_core::BlockPool`.
 
-use kvcoord_core::{BlockPool, KvEvent, PoolConfig};
+use kvcoord_core::{BlockPool, EvictionConfig, KvEvent, PoolConfig};
 use numpy::{IntoPyArray, PyArray1};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
@@ -85,14 +85,16 @@ impl PyBlockPool {
 #[pymethods]
 impl PyBlockPool {
     #[new]
-    #[pyo3(signature = (num_blocks, *, enable_caching = true, hash_block_size = 16, enable_events = false))]
+    #[pyo3(signature = (num_blocks, *, enable_caching = true, hash_block_size = 16, enable_events = false, eviction_policy = "lru"))]
     fn new(
         py: Python<'_>,
         num_blocks: i64,
         enable_caching: bool,
         hash_block_size: i64,
         enable_events: bool,
+        eviction_policy: &str,
     ) -> PyResult<Self> {
+        let eviction: EvictionConfig = core(eviction_policy.parse())?;
         let num_blocks = convert::count(num_blocks, "num_blocks")?;
         let hash_block_size = u32::try_from(hash_block_size).map_err(|_| {
             crate::errors::ConfigError::new_err(format!(
@@ -105,7 +107,9 @@ impl PyBlockPool {
             hash_block_size,
             enable_events,
         };
-        let pool = convert::build_pool_sized(py, num_blocks, || BlockPool::new(config));
+        let pool = convert::build_pool_sized(py, num_blocks, || {
+            BlockPool::with_eviction(config, eviction)
+        });
         Ok(Self::owned(core(pool)?))
     }
 
@@ -147,6 +151,28 @@ impl PyBlockPool {
     #[getter]
     fn enable_events(&self, py: Python<'_>) -> PyResult<bool> {
         self.with(py, BlockPool::events_enabled)
+    }
+
+    #[getter]
+    fn eviction_policy(&self, py: Python<'_>) -> PyResult<String> {
+        self.with(py, BlockPool::eviction_policy)
+    }
+
+    fn set_priority(
+        &mut self,
+        py: Python<'_>,
+        block_ids: &Bound<'_, PyAny>,
+        priority: i64,
+    ) -> PyResult<()> {
+        self.with_mut(py, |pool, scratch| {
+            scratch.ids.clear();
+            convert::extract_block_ids(block_ids, &mut scratch.ids)?;
+            core(pool.set_priority(&scratch.ids, priority))
+        })?
+    }
+
+    fn advance_clock(&mut self, py: Python<'_>, ticks: i64) -> PyResult<()> {
+        self.with_mut(py, |pool, _| core(pool.advance_clock(ticks)))?
     }
 
     #[getter]

@@ -95,9 +95,23 @@ impl LevelQueue {
     /// A queue holding blocks `first .. capacity` ascending, all at level 0.
     pub fn new_ascending(capacity: usize, first: u32, levels: usize) -> Self {
         let mut q = Self::new_empty(capacity, levels);
-        for b in first..q.capacity {
-            q.push_back(BlockId(b), 0);
+        let cap = q.capacity;
+        if first >= cap {
+            return q;
         }
+        // One sequential pass, as for the LRU queue.
+        let head = q.head_of(0);
+        for b in first..cap {
+            q.links[b as usize] = Link {
+                prev: b.wrapping_sub(1),
+                next: b + 1,
+            };
+        }
+        q.links[first as usize].prev = head;
+        q.links[cap as usize - 1].next = head + 1;
+        q.links[head as usize].next = first;
+        q.links[head as usize + 1].prev = cap - 1;
+        q.len = (cap - first) as usize;
         q
     }
 
@@ -167,31 +181,17 @@ impl LevelQueue {
         self.link(block, head, next);
     }
 
-    /// Queue the blocks of `blocks` for which `keep` holds in front of
-    /// level 0, in the given order (the first reused first). One splice for
-    /// the batch: two link writes per block.
-    #[inline]
-    pub fn prepend(&mut self, blocks: &[BlockId], mut keep: impl FnMut(BlockId) -> bool) {
+    /// Start staging blocks for the front of level 0; see [`Prepend`].
+    pub fn begin_prepend(&mut self) -> Prepend<'_> {
         let head = self.head_of(0);
-        let links = &mut self.links[..];
-        let old_first = links[head as usize].next;
-        let mut last = head;
-        let mut n = 0;
-        for &b in blocks {
-            if keep(b) {
-                debug_assert!(links[b.index()].prev == NIL, "block {b} is already queued");
-                links[last as usize].next = b.0;
-                links[b.index()] = Link {
-                    prev: last,
-                    next: NIL,
-                };
-                last = b.0;
-                n += 1;
-            }
+        Prepend {
+            old_first: self.links[head as usize].next,
+            head,
+            last: head,
+            staged: 0,
+            links: &mut self.links,
+            len: &mut self.len,
         }
-        links[last as usize].next = old_first;
-        links[old_first as usize].prev = last;
-        self.len += n;
     }
 
     /// Unlink `block` from wherever it is.
@@ -349,6 +349,71 @@ impl LevelQueue {
     }
 }
 
+/// Blocks being queued in front of level 0, in the order staged (the first
+/// reused first): two link writes per block, one splice at
+/// [`commit`](Self::commit). Dropped uncommitted, it unstages every block and
+/// leaves the queue as it was (how `free_blocks` undoes a refused call).
+/// Only unqueued blocks may be staged, each once.
+pub struct Prepend<'q> {
+    links: &'q mut [Link],
+    len: &'q mut usize,
+    /// Level 0's head sentinel.
+    head: u32,
+    /// Level 0's first block (or its tail) before the batch.
+    old_first: u32,
+    /// Last staged block, or `head` while none is.
+    last: u32,
+    staged: usize,
+}
+
+impl Prepend<'_> {
+    /// Stage `block` after the ones already staged.
+    #[inline]
+    pub fn push(&mut self, block: BlockId) {
+        debug_assert!(
+            self.links[block.index()].prev == NIL,
+            "block {block} is already queued"
+        );
+        self.links[self.last as usize].next = block.0;
+        self.links[block.index()] = Link {
+            prev: self.last,
+            next: NIL,
+        };
+        self.last = block.0;
+        self.staged += 1;
+    }
+
+    /// Splice the staged blocks in before level 0's old first block.
+    pub fn commit(mut self) {
+        let links = &mut *self.links;
+        links[self.last as usize].next = self.old_first;
+        links[self.old_first as usize].prev = self.last;
+        *self.len += self.staged;
+        // Nothing left for `drop` to undo.
+        self.last = self.head;
+    }
+}
+
+impl Drop for Prepend<'_> {
+    /// Without a commit, put the queue back exactly as it was.
+    fn drop(&mut self) {
+        if self.last == self.head {
+            return;
+        }
+        let links = &mut *self.links;
+        let mut cur = links[self.head as usize].next;
+        loop {
+            let next = links[cur as usize].next;
+            links[cur as usize] = UNLINKED;
+            if cur == self.last {
+                break;
+            }
+            cur = next;
+        }
+        links[self.head as usize].next = self.old_first;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -375,11 +440,21 @@ mod tests {
         q.push_front(BlockId(7), 0);
         q.check_invariants().unwrap();
         assert_eq!(ids(&q), vec![7, 1, 3, 4, 5]);
-        q.prepend(&[BlockId(2), BlockId(6)], |b| b.0 != 6);
-        q.prepend(&[BlockId(6)], |_| false);
+        let mut batch = q.begin_prepend();
+        batch.push(BlockId(2));
+        batch.push(BlockId(6));
+        batch.commit();
+        q.begin_prepend().commit();
         q.check_invariants().unwrap();
-        assert_eq!(ids(&q), vec![2, 7, 1, 3, 4, 5]);
+        assert_eq!(ids(&q), vec![2, 6, 7, 1, 3, 4, 5]);
+        let before = q.clone();
+        let mut batch = q.begin_prepend();
+        batch.push(BlockId(0));
+        drop(batch);
+        assert_eq!(q.links, before.links);
+        q.check_invariants().unwrap();
         q.remove(BlockId(2));
+        q.remove(BlockId(6));
         assert_eq!(q.front(1), Some(BlockId(3)));
         q.remove(BlockId(3));
         let mut out = [BlockId::NULL; 3];

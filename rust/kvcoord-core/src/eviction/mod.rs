@@ -30,7 +30,7 @@ use std::fmt;
 use std::str::FromStr;
 
 pub use depth::PrefixDepth;
-pub use level_queue::{LevelQueue, MAX_LEVELS};
+pub use level_queue::{LevelQueue, Prepend, MAX_LEVELS};
 pub use lfu::Lfu;
 pub use priority::Priority;
 
