@@ -303,7 +303,12 @@ def simulate(
         res.step_hit_rate,
         res.step_cached,
     )
-    r_arrival, r_admit, r_first, r_finish = res.req_arrival, res.req_admit, res.req_first, res.req_finish
+    r_arrival, r_admit, r_first, r_finish = (
+        res.req_arrival,
+        res.req_admit,
+        res.req_first,
+        res.req_finish,
+    )
     window = model.window if model is not None and model.window_layers else 0
     arrived = 0
 

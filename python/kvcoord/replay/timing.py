@@ -32,6 +32,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from kvcoord.replay.hardware import GPUSpec
 from kvcoord.replay.models import DTYPE_BYTES, KVFootprint, ModelSpec
 
@@ -41,6 +43,7 @@ __all__ = [
     "STEP_OVERHEAD_S",
     "StepTimeModel",
     "attention_pairs",
+    "prefill_gpu_seconds_saved",
 ]
 
 COMPUTE_EFFICIENCY = 0.6
@@ -175,3 +178,21 @@ class StepTimeModel:
             f"{self.bytes_per_second / 1e12:.2f} TB/s achieved per GPU, "
             f"+{self.overhead_s * 1e3:.1f} ms per step"
         )
+
+
+def prefill_gpu_seconds_saved(model: StepTimeModel, hit_tokens: np.ndarray) -> float:
+    """GPU-seconds of prefill compute that ``hit_tokens`` (one entry per request) avoided.
+
+    A hit of ``h`` tokens skips the GEMMs of those tokens and their attention
+    among themselves (later tokens still attend to them): ``prefill_flops(h)``.
+    """
+    h = np.asarray(hit_tokens, dtype=np.float64)
+    m = model.model
+    flops = 2.0 * m.active_params * h + m.attention_flops_per_pair() * model.full_layers * (
+        h * (h + 1) / 2
+    )
+    if model.window_layers:
+        w = float(model.window)
+        pairs_w = np.where(h <= w, h * (h + 1) / 2, w * (w + 1) / 2 + (h - w) * w)
+        flops += m.attention_flops_per_pair() * model.window_layers * pairs_w
+    return float(flops.sum() / model.flops_per_second)
