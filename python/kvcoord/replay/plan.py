@@ -89,7 +89,9 @@ def parse_bytes(text: str) -> float:
 
 def format_bytes(n: float) -> str:
     """Bytes in GiB (or MiB below 1 GiB)."""
-    return f"{n / GiB:,.2f} GiB" if n >= GiB else f"{n / (1 << 20):,.1f} MiB"
+    if n >= GiB:
+        return f"{n / GiB:,.2f} GiB"
+    return f"{n / (1 << 20):,.1f} MiB" if n >= 1 << 20 else f"{n:,.0f} B"
 
 
 @dataclass

@@ -123,7 +123,7 @@ def plot_replay(res: SimResult, summary: dict[str, Any], path: str | Path) -> No
     """Write :func:`replay_figure` as a PNG."""
     plt = _pyplot()
     fig = replay_figure(res, summary)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
 
 
@@ -177,5 +177,5 @@ def plot_sweep(rows: list[dict[str, Any]], path: str | Path) -> None:
     """Write :func:`sweep_figure` as a PNG."""
     plt = _pyplot()
     fig = sweep_figure(rows)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
