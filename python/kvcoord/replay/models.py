@@ -423,13 +423,18 @@ def model_layout(
     """
     per_layer = model.kv_bytes_per_token_layer(tp)
     if layout is not None:
-        groups = layout.groups
-        n_attn = sum(1 for g in groups if not isinstance(g.spec, MambaSpec)) or 1
+        n_attn = sum(1 for g in layout.groups if not isinstance(g.spec, MambaSpec)) or 1
         group_size = max(1, model.attention_layers // n_attn)
         bs = layout.block_size
         page = bs * group_size * per_layer
         fp = KVFootprint(
-            model.name, tp, bs, group_size, page, len(groups), model.attention_layers * per_layer
+            model.name,
+            tp,
+            bs,
+            group_size,
+            page,
+            len(layout.groups),
+            model.attention_layers * per_layer,
         )
         return replace(layout, name=f"{layout.name} ({model.name} dims)"), fp
     counts = dict(model.layer_kinds)

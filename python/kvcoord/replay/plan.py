@@ -249,6 +249,12 @@ def make_plan(
             f"blocks, {format_bytes(fp.memory_for_blocks(need))} per GPU)"
         )
     plan = Plan(spec, g, tp, lay, fp, step, n, flag, why, notes=notes)
+    if plan.kv_bytes_per_gpu + spec.weight_bytes / tp > g.hbm_bytes:
+        notes.append(
+            f"{flag}: {format_bytes(plan.kv_bytes_per_gpu)} of KV + "
+            f"{format_bytes(spec.weight_bytes / tp)} of weights per GPU exceed a {g.name}'s "
+            f"{format_bytes(g.hbm_bytes)}: a what-if, not a deployable size"
+        )
     if host_memory is not None:
         if not lay.enable_caching:
             raise PlanError(f"--host-memory: {lay.name} has prefix caching off; nothing to offload")

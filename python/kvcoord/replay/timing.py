@@ -31,6 +31,7 @@ vLLM measurement and states the error.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -81,17 +82,38 @@ class StepTimeModel:
     overhead_s: float = STEP_OVERHEAD_S
 
     # ------------------------------------------------------------- per-layer constants
-    @property
+    @cached_property
     def full_layers(self) -> int:
         return sum(n for k, n in self.model.layer_kinds if k == "full_attention")
 
-    @property
+    @cached_property
     def window_layers(self) -> int:
         return sum(n for k, n in self.model.layer_kinds if k in ("sliding_window", "chunked_local"))
 
-    @property
+    @cached_property
     def mamba_layers(self) -> int:
         return sum(n for k, n in self.model.layer_kinds if k == "mamba")
+
+    @cached_property
+    def _coeffs(self) -> tuple[float, ...]:
+        """Per-step constants of :meth:`step_seconds` (computed once)."""
+        m, tp = self.model, self.tp
+        attn = m.attention_flops_per_pair()
+        per_layer = m.kv_bytes_per_token_layer(tp)
+        state = 0.0
+        if self.mamba_layers:
+            state = m.mamba_state_elems * DTYPE_BYTES[m.kv_dtype] / max(1, min(tp, 8))
+        return (
+            2.0 * m.active_params,
+            attn * self.full_layers,
+            attn * self.window_layers,
+            per_layer * self.full_layers,
+            per_layer * self.window_layers,
+            per_layer * (self.full_layers + self.window_layers),
+            2 * state * self.mamba_layers,
+            1.0 / (tp * self.flops_per_second),
+            1.0 / self.bytes_per_second,
+        )
 
     @property
     def window(self) -> int:
@@ -131,22 +153,12 @@ class StepTimeModel:
         """
         if tokens <= 0:
             return 0.0
-        m, tp = self.model, self.tp
-        flops = 2.0 * m.active_params * tokens + m.attention_flops_per_pair() * (
-            self.full_layers * full_pairs + self.window_layers * window_pairs
-        )
-        per_layer = m.kv_bytes_per_token_layer(tp)
-        kv_bytes = per_layer * (
-            self.full_layers * full_kv_read
-            + self.window_layers * window_kv_read
-            + (self.full_layers + self.window_layers) * tokens
-        )
-        if self.mamba_layers:
-            state = m.mamba_state_elems * DTYPE_BYTES[m.kv_dtype] / max(1, min(tp, 8))
-            kv_bytes += 2 * state * self.mamba_layers * num_seqs
-        w_bytes = m.weight_bytes * self.weight_share(tokens) / tp
-        t_gemm = flops / tp / self.flops_per_second
-        t_mem = (w_bytes + kv_bytes) / self.bytes_per_second
+        gemm, attn_f, attn_w, kv_f, kv_w, kv_new, state, inv_flops, inv_bytes = self._coeffs
+        flops = gemm * tokens + attn_f * full_pairs + attn_w * window_pairs
+        kv_bytes = kv_f * full_kv_read + kv_w * window_kv_read + kv_new * tokens + state * num_seqs
+        w_bytes = self.model.weight_bytes * self.weight_share(tokens) / self.tp
+        t_gemm = flops * inv_flops
+        t_mem = (w_bytes + kv_bytes) * inv_bytes
         return max(t_gemm, t_mem) + self.comm_seconds(tokens) + self.overhead_s
 
     def comm_seconds(self, tokens: int) -> float:
