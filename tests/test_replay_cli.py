@@ -24,6 +24,7 @@ def _fails(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) ->
     assert ei.value.code == 2
     err = capsys.readouterr().err
     assert message in err, err
+    assert len(err.splitlines()) == 1, err  # one line, no usage block, no traceback
 
 
 @pytest.mark.parametrize(

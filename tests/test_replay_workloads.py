@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -10,8 +11,10 @@ import pytest
 
 from kvcoord.replay.workloads import (
     MOONCAKE_BLOCK_TOKENS,
+    TOKEN_ID_LIMIT,
     VOCAB_SIZE,
     TraceFormatError,
+    Workload,
     load_workload,
     mooncake_block_tokens,
     mooncake_prompt_tokens,
@@ -97,7 +100,7 @@ def test_mooncake_block_tokens_distinct_at_small_block_sizes() -> None:
         ('{"timestamp": 0, "input_length": 10, "output_length": 1}', "missing field 'hash_ids'"),
         (
             '{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": ["a"]}',
-            "list of non-negative",
+            "list of integers in [0, 2**63)",
         ),
         (
             '{"timestamp": 0, "input_length": 1000, "output_length": 1, "hash_ids": [1]}',
@@ -175,7 +178,10 @@ def test_token_trace_reader(tmp_path: Path) -> None:
         ({"prompt_token_ids": []}, "non-empty list"),
         ({"prompt_token_ids": [1, -2]}, "non-negative integers"),
         ({"prompt_token_ids": [1], "output_length": 0}, "'output_length' must be >= 1"),
-        ({"prompt_token_ids": [1], "output_token_ids": "ab"}, "'output_token_ids' must be a list"),
+        (
+            {"prompt_token_ids": [1], "output_token_ids": "ab"},
+            "'output_token_ids' must be a non-empty list",
+        ),
         (
             {"prompt_token_ids": [1], "output_token_ids": [1], "output_length": 2},
             "fewer than output_length",
@@ -228,3 +234,85 @@ def test_synthetic_chat_is_deterministic_and_shares_prefixes() -> None:
         assert r.arrival_s > prev.arrival_s
     firsts = {tuple(r.prompt_tokens()[:1024]) for r in a.requests}
     assert 1 < len(firsts) <= 4  # a few shared system prompts
+
+
+# --------------------------------------------------------------------------- hardening
+
+
+def test_gzip_trace_read_by_content(tmp_path: Path) -> None:
+    import gzip
+
+    plain = read_mooncake(MOONCAKE)
+    for name in ("t.jsonl.gz", "t.jsonl"):
+        p = tmp_path / name
+        p.write_bytes(gzip.compress(MOONCAKE.read_bytes()))
+        for wl in (read_mooncake(p), load_workload(p, None)):
+            assert [r.prompt_tokens() for r in wl.requests] == [
+                r.prompt_tokens() for r in plain.requests
+            ]
+    cut = tmp_path / "cut.gz"
+    cut.write_bytes(gzip.compress(MOONCAKE.read_bytes())[:60])
+    with pytest.raises(TraceFormatError, match="corrupt gzip data"):
+        read_mooncake(cut)
+
+
+def test_token_id_range_is_the_cores(tmp_path: Path) -> None:
+    top = TOKEN_ID_LIMIT - 1
+    p = _write(tmp_path, [{"prompt_token_ids": [0, top], "output_token_ids": [top]}])
+    r = read_token_trace(p).requests[0]
+    assert r.prompt_tokens() == [0, top] and r.output_tokens() == [top]
+    for bad in (
+        {"prompt_token_ids": [TOKEN_ID_LIMIT]},
+        {"prompt_token_ids": [1], "output_token_ids": [TOKEN_ID_LIMIT]},
+    ):
+        with pytest.raises(TraceFormatError, match="below 2\\*\\*32"):
+            read_token_trace(_write(tmp_path, [bad]))
+
+
+@pytest.mark.parametrize(
+    ("line", "problem"),
+    [
+        ('{"prompt_token_ids": [1], "arrival_time": 1e400}', "number 1e400 is out of range"),
+        ('{"prompt_token_ids": [1], "arrival_time": -Infinity}', "-Infinity is not a JSON number"),
+        ('{"prompt_token_ids": [NaN]}', "NaN is not a JSON number"),
+        ('{"prompt_token_ids": [1], "timestamp": ' + "1" * 400 + "}", "must be a finite"),
+        ('{"prompt_token_ids": [' + "1" * 5000 + "]}", "number is out of range"),
+        ('{"prompt_token_ids": ' + "[" * 50_000 + "]" * 50_000 + "}", "nested too deeply"),
+    ],
+)
+def test_unrepresentable_numbers_and_nesting(tmp_path: Path, line: str, problem: str) -> None:
+    p = _write(tmp_path, [line])
+    with pytest.raises(TraceFormatError, match=problem) as ei:
+        load_workload(p, None)
+    assert ei.value.line == 1
+
+
+def test_workload_refuses_non_finite_arrival() -> None:
+    r = synthetic_chat(num_conversations=1).requests[0]
+    r.arrival_s = float("inf")
+    with pytest.raises(ValueError, match="arrival time must be finite"):
+        Workload("w", [r])
+
+
+def test_overlong_line_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import kvcoord.replay.workloads as workloads
+
+    monkeypatch.setattr(workloads, "MAX_LINE_CHARS", 64)
+    p = _write(tmp_path, [{"prompt_token_ids": [1]}, {"prompt_token_ids": list(range(50))}])
+    with pytest.raises(TraceFormatError, match="line longer than 64 characters") as ei:
+        read_token_trace(p)
+    assert ei.value.line == 2
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs POSIX pipes")
+def test_trace_from_a_pipe_is_read_once(tmp_path: Path) -> None:
+    import threading
+
+    fifo = tmp_path / "t.jsonl"
+    os.mkfifo(fifo)
+    text = MOONCAKE.read_text()
+    writer = threading.Thread(target=lambda: fifo.write_text(text))
+    writer.start()
+    wl = load_workload(fifo, None)  # guesses the format from the same single pass
+    writer.join()
+    assert len(wl.requests) == 6

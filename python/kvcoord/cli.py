@@ -1,55 +1,119 @@
 """The ``kvcoord`` command: ``kvcoord replay`` (the default) and ``kvcoord sweep``.
 
 ``kvcoord`` with no arguments replays the bundled synthetic chat workload
-on a single full-attention layout and prints a summary.
+with the default model and GPU (Llama-3.1-8B on one H100) and prints a
+summary; the planner's set-up (model, GPU, pool size, tiers) is resolved by
+:mod:`kvcoord.replay.plan`.
+
+Every failure is one line on stderr, ``kvcoord <command>: error: ...``, and
+an exit status: 2 for a bad flag, layout or trace (all checked before the
+replay starts, output paths included), 1 for a failure while running
+(``KVCOORD_TRACEBACK=1`` shows the traceback), 130 for Ctrl-C. ``--json`` and
+``--plot`` files are written whole or not at all (a temporary file renamed
+into place).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import multiprocessing
 import os
+import signal
 import sys
-from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
+
+from kvcoord.replay.workloads import MAX_REQUEST_TOKENS
 
 __all__ = ["main"]
+
+#: Largest pool (blocks) the CLI builds: 16M blocks, beyond any real GPU's cache.
+MAX_POOL_BLOCKS = 1 << 24
+#: Exit statuses.
+EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
 
 
 class UsageError(Exception):
     """A flag combination or value the CLI rejects (exit status 2)."""
 
 
-def _pos_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
-    return v
+class CliError(Exception):
+    """A failure already described in one line (exit status 1); picklable, so a
+    ``sweep --jobs`` worker can hand it back."""
+
+
+def _shown(text: str) -> str:
+    r = repr(text)
+    return r if len(r) <= 40 else f"{r[:37]}..."
+
+
+def _bounded(maximum: int) -> Callable[[str], int]:
+    """An argparse type: an integer in ``[1, maximum]``."""
+
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:  # also an integer string of thousands of digits
+            raise argparse.ArgumentTypeError(
+                f"expected a positive integer, got {_shown(text)}"
+            ) from None
+        if v <= 0:
+            raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+        if v > maximum:
+            raise argparse.ArgumentTypeError(f"expected at most {maximum:,}, got {_shown(text)}")
+        return v
+
+    return parse
+
+
+_pos_int = _bounded(1 << 62)
+_pool_blocks = _bounded(MAX_POOL_BLOCKS)
 
 
 def _nonneg_float(text: str) -> float:
     try:
         v = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected a number, got {_shown(text)}") from None
     if not v >= 0 or v == float("inf"):
         raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text}")
     return v
 
 
+def _int_list(text: str, parse: Callable[[str], int] = _pos_int) -> list[int]:
+    out = []
+    for part in text.split(","):
+        part = part.strip()
+        if part:
+            out.append(parse(part))
+    if not out:
+        raise argparse.ArgumentTypeError("expected a comma-separated list of positive integers")
+    return sorted(set(out))
+
+
+def _block_list(text: str) -> list[int]:
+    return _int_list(text, _pool_blocks)
+
+
 def _bytes(text: str) -> float:
+    """An argparse type: a size like ``40GiB`` (bytes)."""
     from kvcoord.replay.plan import parse_bytes
 
     try:
-        return parse_bytes(text)
+        v = parse_bytes(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+    if v > 1 << 60:
+        raise argparse.ArgumentTypeError(f"expected at most 1 EiB, got {_shown(text)}")
+    return v
 
 
 def _bytes_list(text: str) -> list[float]:
@@ -64,17 +128,6 @@ def _str_list(text: str) -> list[str]:
     if not out:
         raise argparse.ArgumentTypeError("expected a comma-separated list of names")
     return out
-
-
-def _int_list(text: str) -> list[int]:
-    out = []
-    for part in text.split(","):
-        part = part.strip()
-        if part:
-            out.append(_pos_int(part))
-    if not out:
-        raise argparse.ArgumentTypeError("expected a comma-separated list of positive integers")
-    return sorted(set(out))
 
 
 def _add_workload_args(p: argparse.ArgumentParser) -> None:
@@ -103,9 +156,7 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
 
     g = p.add_argument_group("model and hardware (the KV bytes and the step-time model)")
     g.add_argument(
-        "--model",
-        metavar="NAME",
-        help=f"model preset: {', '.join(MODELS)} (default llama-3.1-8b)",
+        "--model", metavar="NAME", help=f"model preset: {', '.join(MODELS)} (default llama-3.1-8b)"
     )
     g.add_argument(
         "--model-config", metavar="config.json", help="read the model from a Hugging Face config"
@@ -113,29 +164,36 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--kv-dtype",
         metavar="DTYPE",
-        help="KV-cache dtype: bf16, fp16, fp8, fp32 (default: model's)",
+        help="KV-cache dtype: bf16, fp16, fp8, fp32 (default: the model's)",
     )
     g.add_argument("--gpu", metavar="NAME", help=f"GPU preset: {', '.join(GPUS)} (default h100)")
-    g.add_argument("--tp", type=_pos_int, default=1, metavar="N", help="tensor-parallel GPUs (1)")
+    g.add_argument(
+        "--tp", type=_bounded(1024), default=1, metavar="N", help="tensor-parallel GPUs (1)"
+    )
     g = p.add_argument_group("cache layout and scheduler")
     g.add_argument(
         "--layout",
         metavar="NAME|FILE",
-        help="override the model's cache layout with a preset (full, sliding-window, "
+        help="replace the model's cache layout with a preset (full, sliding-window, "
         "chunked-local, mamba, no-prefix-cache) or a .json/.toml layout file; the "
         "model's attention layers are split evenly among its groups",
     )
-    g.add_argument("--block-size", type=_pos_int, metavar="B", help="block size of every group")
+    g.add_argument(
+        "--block-size",
+        type=_bounded(MAX_REQUEST_TOKENS),
+        metavar="B",
+        help="block size of every group",
+    )
     g.add_argument(
         "--max-running",
-        type=_pos_int,
+        type=_bounded(1 << 24),
         default=256,
         metavar="N",
         help="cap on running requests (256)",
     )
     g.add_argument(
         "--token-budget",
-        type=_pos_int,
+        type=_bounded(1 << 31),
         default=8192,
         metavar="N",
         help="tokens scheduled per step (8192)",
@@ -143,8 +201,15 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (the sub-commands' parsers are this class too)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {' '.join(message.split())}\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="kvcoord",
         description="KV-cache workload simulator: replay a trace against kvcoord's KVCacheManager.",
     )
@@ -159,7 +224,10 @@ def _parser() -> argparse.ArgumentParser:
         "--kv-memory", type=_bytes, metavar="SIZE", help="KV-cache memory per GPU, e.g. 40GiB"
     )
     m.add_argument(
-        "--num-blocks", type=_pos_int, metavar="N", help="pool size in blocks (null block included)"
+        "--num-blocks",
+        type=_pool_blocks,
+        metavar="N",
+        help="pool size in blocks (null block included)",
     )
     m.add_argument(
         "--capacity-tokens",
@@ -175,9 +243,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     g = r.add_argument_group("output")
     g.add_argument("--json", metavar="FILE", help="write the summary as JSON")
-    g.add_argument("--plot", metavar="FILE.png", help="PNG of pool usage and hit rate over time")
+    g.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        help="PNG of pool occupancy, hit rate and TTFT over simulated time",
+    )
 
-    s = sub.add_parser("sweep", help="replay one workload at several pool sizes")
+    s = sub.add_parser(
+        "sweep", help="replay one workload at several pool sizes x models x host tiers"
+    )
     _add_workload_args(s)
     g = s.add_argument_group("variants (every combination is replayed)")
     g.add_argument(
@@ -195,19 +269,21 @@ def _parser() -> argparse.ArgumentParser:
         "--kv-memories",
         type=_bytes_list,
         metavar="S,S,...",
-        help="KV memory per GPU, e.g. 8GiB,16GiB",
+        help="KV memory per GPU, e.g. 16GiB,32GiB",
     )
-    m.add_argument("--sizes", type=_int_list, metavar="N,N,...", help="pool sizes in blocks")
+    m.add_argument("--sizes", type=_block_list, metavar="N,N,...", help="pool sizes in blocks")
     m.add_argument("--capacities", type=_int_list, metavar="T,T,...", help="pool sizes in tokens")
-    g.add_argument("--min-blocks", type=_pos_int, metavar="N", help="smallest pool of the range")
-    g.add_argument("--max-blocks", type=_pos_int, metavar="N", help="largest pool of the range")
     g.add_argument(
-        "--points", type=_pos_int, default=6, metavar="K", help="pool sizes in the range (6)"
+        "--min-blocks", type=_pool_blocks, metavar="N", help="smallest pool of the range"
+    )
+    g.add_argument("--max-blocks", type=_pool_blocks, metavar="N", help="largest pool of the range")
+    g.add_argument(
+        "--points", type=_bounded(1000), default=6, metavar="K", help="pool sizes in the range (6)"
     )
     g.add_argument(
         "--jobs",
-        type=_pos_int,
-        default=os.cpu_count() or 1,
+        type=_bounded(256),
+        default=min(256, os.cpu_count() or 1),
         metavar="N",
         help="parallel processes (default: the number of CPUs)",
     )
@@ -221,24 +297,128 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-# --------------------------------------------------------------------------- validation helpers
+# --------------------------------------------------------------------------- errors
+
+
+def _one_line(text: str) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= 2000 else f"{line[:1997]}..."
+
+
+def _describe(e: BaseException) -> str:
+    """The one line a failure is reported as (the only place that words failures)."""
+    from kvcoord.errors import KvCoordError
+    from kvcoord.replay.scheduler import SimulationError
+
+    if isinstance(e, (CliError, UsageError, KvCoordError, SimulationError)):
+        text = str(e)
+    elif isinstance(e, MemoryError):
+        text = f"out of memory{': ' + str(e) if str(e) else ''}"
+    elif isinstance(e, BrokenProcessPool):
+        text = "a sweep worker process died (killed, or out of memory?)"
+    elif isinstance(e, OSError) and e.strerror:
+        text = f"{e.filename}: {e.strerror}" if e.filename else e.strerror
+    else:
+        text = f"unexpected {type(e).__name__}: {e} (KVCOORD_TRACEBACK=1 shows where)"
+    return _one_line(text)
+
+
+def _say(line: str) -> None:
+    with suppress(OSError):  # stderr closed: nothing more to say
+        print(line, file=sys.stderr, flush=True)
+
+
+@contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """Ctrl-C held off meanwhile (main thread only; elsewhere a no-op)."""
+    try:
+        old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+# --------------------------------------------------------------------------- outputs
 
 
 def _check_output(path: str | None, flag: str, png: bool = False) -> None:
+    """Refuse an output path that cannot be written, before the replay runs."""
     if path is None:
         return
     if png and not path.lower().endswith(".png"):
         raise UsageError(f"{flag} {path!r}: the plot is a PNG, the file name must end in .png")
-    parent = Path(path).resolve().parent
-    if not parent.is_dir():
-        raise UsageError(f"{flag} {path!r}: directory {str(parent)!r} does not exist")
-    if Path(path).is_dir():
+    p = Path(path)
+    if p.is_dir():
         raise UsageError(f"{flag} {path!r} is a directory")
+    if p.exists() and not p.is_file():  # a device or a pipe (/dev/stdout): written in place
+        if not os.access(p, os.W_OK):
+            raise UsageError(f"{flag} {path!r} is not writable")
+    else:
+        parent = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(parent):
+            what = "is not a directory" if os.path.exists(parent) else "does not exist"
+            raise UsageError(f"{flag} {path!r}: directory {parent!r} {what}")
+        if p.exists() and not os.access(p, os.W_OK):
+            raise UsageError(f"{flag} {path!r} is not writable")
+        try:
+            fd, probe = tempfile.mkstemp(dir=parent, prefix=".kvcoord-probe-")
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as e:
+            raise UsageError(f"{flag} {path!r}: cannot write in {parent!r}: {e.strerror}") from None
     if png:
         try:
             import matplotlib  # noqa: F401
         except ImportError:
             raise UsageError(f"{flag} needs matplotlib: pip install 'kvcoord[plot]'") from None
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    _check_output(args.json, "--json")
+    _check_output(args.plot, "--plot", png=True)
+    if args.json and args.plot and os.path.abspath(args.json) == os.path.abspath(args.plot):
+        raise UsageError(f"--json and --plot name the same file {args.plot!r}")
+
+
+def _new_file_mode(path: Path) -> int:
+    if path.exists():
+        return path.stat().st_mode & 0o7777
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def _write_output(path: str, write: Callable[[str], object]) -> None:
+    """``write(name)`` into a temporary file beside ``path``, renamed over ``path`` once
+    complete: an interrupted or failed write leaves no partial file."""
+    p = Path(path)
+    if p.exists() and not p.is_file():
+        write(path)
+        return
+    fd, tmp = tempfile.mkstemp(
+        dir=os.path.dirname(os.path.abspath(path)), prefix=f".{p.name}.", suffix=f".tmp{p.suffix}"
+    )
+    try:
+        os.close(fd)
+        os.chmod(tmp, _new_file_mode(p))
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        with suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _write_json(path: str, doc: dict[str, Any]) -> None:
+    text = json.dumps(doc, indent=2, allow_nan=False) + "\n"  # never Infinity/NaN
+    _write_output(path, lambda name: Path(name).write_text(text, encoding="utf-8"))
+
+
+# --------------------------------------------------------------------------- validation
 
 
 @dataclass
@@ -249,7 +429,7 @@ class _Setup:
 
 def _setup(args: argparse.Namespace) -> _Setup:
     from kvcoord.replay.layouts import LayoutError, load_layout
-    from kvcoord.replay.workloads import TraceFormatError, load_workload
+    from kvcoord.replay.workloads import load_workload
 
     if args.format is not None and args.trace is None:
         raise UsageError("--format needs --trace FILE (the bundled workload has no format)")
@@ -261,16 +441,28 @@ def _setup(args: argparse.Namespace) -> _Setup:
         raise UsageError(f"--layout: {e}") from None
     try:
         workload = load_workload(args.trace, args.format, args.limit)
-    except TraceFormatError as e:
+    except ValueError as e:  # TraceFormatError names the file and line
         raise UsageError(f"--trace: {e}") from None
     if not workload.requests:
         raise UsageError(f"--trace {args.trace}: the trace has no requests")
+    from kvcoord.replay.scheduler import make_manager
+
+    try:  # what the manager itself refuses (sizes beyond its range), before any run
+        make_manager(layout, 2, workload.max_sequence_len)
+    except (ValueError, TypeError, OverflowError) as e:
+        raise UsageError(f"--layout {args.layout or 'full'}: {e}") from None
+    last = workload.requests[-1].arrival_s  # sorted by arrival
+    if not math.isfinite(last * args.time_scale):
+        raise UsageError(
+            f"--time-scale {args.time_scale:g}: the last arrival ({last:g} s) "
+            "scaled is beyond any finite time"
+        )
     return _Setup(workload, layout)
 
 
 def _plan(args: argparse.Namespace, st: _Setup, **size: Any) -> Any:
     """The planner's set-up (model, GPU, layout, pool size, host tier) from the flags."""
-    from kvcoord.replay.plan import PlanError, make_plan
+    from kvcoord.replay.plan import make_plan
 
     opts: dict[str, Any] = {
         "num_blocks": getattr(args, "num_blocks", None),
@@ -281,7 +473,7 @@ def _plan(args: argparse.Namespace, st: _Setup, **size: Any) -> Any:
     }
     opts.update(size)
     try:
-        return make_plan(
+        plan = make_plan(
             st.workload,
             model_config=args.model_config,
             kv_dtype=args.kv_dtype,
@@ -291,8 +483,10 @@ def _plan(args: argparse.Namespace, st: _Setup, **size: Any) -> Any:
             block_size=args.block_size,
             **opts,
         )
-    except (PlanError, ValueError) as e:
+    except ValueError as e:  # PlanError names the flag
         raise UsageError(str(e)) from None
+    _check_pool(plan.layout, st.workload, plan.num_blocks, plan.size_flag)
+    return plan
 
 
 def _sim_config(args: argparse.Namespace, plan: Any) -> Any:
@@ -310,6 +504,23 @@ def _sim_config(args: argparse.Namespace, plan: Any) -> Any:
     )
 
 
+def _check_pool(layout: Any, workload: Any, num_blocks: int, flag: str) -> None:
+    if num_blocks < 2:
+        raise UsageError(f"{flag}: a pool needs at least 2 blocks (block 0 is the null block)")
+    if num_blocks > MAX_POOL_BLOCKS:
+        raise UsageError(
+            f"{flag}: a pool of {num_blocks:,} blocks is larger than the "
+            f"{MAX_POOL_BLOCKS:,} the CLI builds"
+        )
+    from kvcoord.replay.scheduler import build_config
+
+    del workload  # the planner already checked the longest request
+    try:  # the manager's own checks, before the run rather than in it
+        build_config(layout, num_blocks)
+    except (ValueError, TypeError, OverflowError) as e:
+        raise UsageError(f"{flag}: {e}") from None
+
+
 # --------------------------------------------------------------------------- replay
 
 
@@ -324,29 +535,20 @@ def _progress(total: int, disable: bool, desc: str) -> Any:
 def _replay(args: argparse.Namespace) -> int:
     from kvcoord.replay.plots import plot_replay
     from kvcoord.replay.report import format_summary, summarize
-    from kvcoord.replay.scheduler import SimulationError, simulate
+    from kvcoord.replay.scheduler import simulate
 
-    _check_output(args.json, "--json")
-    _check_output(args.plot, "--plot", png=True)
+    _check_outputs(args)
     st = _setup(args)
     plan = _plan(args, st)
-    for note in plan.notes:
-        print(f"note: {note}", file=sys.stderr)
     cfg = _sim_config(args, plan)
-    bar = _progress(len(st.workload.requests), args.no_progress, "replay")
-    try:
+    with _progress(len(st.workload.requests), args.no_progress, "replay") as bar:
         res = simulate(st.workload, cfg, progress=bar.update)
-    except SimulationError as e:
-        print(f"kvcoord replay: error: {e}", file=sys.stderr)
-        return 1
-    finally:
-        bar.close()
     summary = summarize(res, res.best, cfg, st.workload.name, plan)
     print(format_summary(summary))
     if args.json:
-        Path(args.json).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+        _write_json(args.json, summary)
     if args.plot:
-        plot_replay(res, summary, args.plot)
+        _write_output(args.plot, lambda name: plot_replay(res, summary, name))
     return 0
 
 
@@ -362,23 +564,81 @@ class _Point:
     host_memory: float | None
     size: dict[str, Any]
 
+    def describe(self) -> str:
+        from kvcoord.replay.plan import format_bytes
 
-def _sweep_point(
-    args: argparse.Namespace, point: _Point, st: _Setup | None = None
-) -> dict[str, Any]:
-    """One sweep point -> its summary row; in a worker process when ``--jobs`` > 1
-    (``st`` None: the worker loads the workload itself)."""
+        k, v = next(iter(self.size.items()))
+        if k == "num_blocks":
+            what = f"pool of {v:,} blocks"
+        elif k == "capacity_tokens":
+            what = f"pool of {v:,} tokens per group"
+        else:
+            what = f"{format_bytes(v)} of KV per GPU"
+        return f"{self.variant}, {what}"
+
+
+def _sweep_point(args: argparse.Namespace, point: _Point, st: _Setup) -> dict[str, Any]:
+    """One sweep point -> its summary row (the variant's own best case included)."""
     from kvcoord.replay.report import summarize
     from kvcoord.replay.scheduler import simulate
 
-    if st is None:
-        st = _setup(args)
     plan = _plan(args, st, model=point.model, host_memory=point.host_memory, **point.size)
     cfg = _sim_config(args, plan)
     res = simulate(st.workload, cfg)
     row = summarize(res, res.best, cfg, st.workload.name, plan)
     row["variant"] = point.variant
     return row
+
+
+_WORKER_SETUP: _Setup | None = None
+
+
+def _worker_init(st: _Setup) -> None:
+    """A ``sweep --jobs`` worker: gets the parent's workload once; Ctrl-C is the parent's."""
+    global _WORKER_SETUP
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _WORKER_SETUP = st
+
+
+def _worker_point(args: argparse.Namespace, point: _Point) -> dict[str, Any]:
+    """`_sweep_point` in a worker; a failure comes back as one picklable line."""
+    try:
+        assert _WORKER_SETUP is not None, "worker started without its workload"
+        return _sweep_point(args, point, _WORKER_SETUP)
+    except Exception as e:
+        raise CliError(f"{point.describe()}: {_describe(e)}") from None
+
+
+def _stop_workers(ex: ProcessPoolExecutor) -> None:
+    with _sigint_ignored():
+        ex.shutdown(wait=False, cancel_futures=True)
+        children = multiprocessing.active_children()
+        for proc in children:
+            proc.terminate()
+        for proc in children:
+            proc.join(5)
+
+
+def _sweep_parallel(
+    args: argparse.Namespace, st: _Setup, points: list[_Point], jobs: int, bar: Any
+) -> list[dict[str, Any]]:
+    ctx = multiprocessing.get_context("spawn")
+    # workers start with Ctrl-C ignored (inherited), so only this process reports it
+    with _sigint_ignored():
+        ex = ProcessPoolExecutor(
+            max_workers=jobs, mp_context=ctx, initializer=_worker_init, initargs=(st,)
+        )
+        futs: list[Future[dict[str, Any]]] = [ex.submit(_worker_point, args, p) for p in points]
+    rows: list[dict[str, Any]] = []
+    try:
+        for f in futs:
+            rows.append(f.result())
+            bar.update(1)
+    except BaseException:
+        _stop_workers(ex)
+        raise
+    ex.shutdown()
+    return rows
 
 
 def _geometric(lo: float, hi: float, k: int) -> list[float]:
@@ -389,17 +649,18 @@ def _geometric(lo: float, hi: float, k: int) -> list[float]:
 
 
 def _sweep_points(args: argparse.Namespace, st: _Setup) -> list[_Point]:
+    """Every (model, host tier, size) combination the flags ask for, each checked."""
     from kvcoord.replay.plan import GiB, min_blocks
 
-    models = args.models or [args.model]
-    hosts = args.host_memories or [0.0]
     points = []
-    for model in models:
-        base = _plan(args, st, model=model, host_memory=None)
-        for host in hosts:
+    for model in args.models or [args.model]:
+        base = _plan(args, st, model=model, host_memory=None, num_blocks=None,
+                     capacity_tokens=None, kv_memory=None)  # fmt: skip
+        for host in args.host_memories or [0.0]:
             name = base.model.name if args.layout is None else base.layout.name
             if host:
                 name += f" + host {host / GiB:,.0f} GiB"
+            sizes: list[dict[str, Any]]
             if args.kv_memories:
                 sizes = [{"kv_memory": m} for m in args.kv_memories]
             elif args.sizes:
@@ -409,32 +670,27 @@ def _sweep_points(args: argparse.Namespace, st: _Setup) -> list[_Point]:
             else:
                 fp = base.footprint
                 need = fp.memory_for_blocks(2 * min_blocks(base.layout, st.workload))
-                hi = (
-                    fp.memory_for_blocks(args.max_blocks)
-                    if args.max_blocks
-                    else base.kv_bytes_per_gpu
-                )
-                lo = (
-                    fp.memory_for_blocks(args.min_blocks) if args.min_blocks else max(need, hi / 64)
-                )
+                hi = fp.memory_for_blocks(args.max_blocks or base.num_blocks)
+                lo = fp.memory_for_blocks(args.min_blocks) if args.min_blocks else need
+                lo = max(lo, hi / 64) if not args.min_blocks else lo
                 if lo > hi:
                     raise UsageError(
-                        f"--min-blocks {args.min_blocks or fp.blocks_for_memory(lo)} is larger "
-                        f"than --max-blocks {args.max_blocks or fp.blocks_for_memory(hi)}"
+                        f"--min-blocks {fp.blocks_for_memory(lo)} is larger than "
+                        f"--max-blocks {fp.blocks_for_memory(hi)}"
                     )
                 sizes = [{"kv_memory": m} for m in _geometric(lo, hi, args.points)]
             for size in sizes:
-                points.append(_Point(name, model, host or None, size))
+                pt = _Point(name, model, host or None, size)
+                _plan(args, st, model=model, host_memory=pt.host_memory, **size)  # checks
+                points.append(pt)
     return points
 
 
 def _sweep(args: argparse.Namespace) -> int:
     from kvcoord.replay.plots import plot_sweep
     from kvcoord.replay.report import format_sweep
-    from kvcoord.replay.scheduler import SimulationError
 
-    _check_output(args.json, "--json")
-    _check_output(args.plot, "--plot", png=True)
+    _check_outputs(args)
     if (args.sizes or args.capacities or args.kv_memories) and (args.min_blocks or args.max_blocks):
         raise UsageError(
             "--min-blocks/--max-blocks make a range; do not combine with "
@@ -442,61 +698,59 @@ def _sweep(args: argparse.Namespace) -> int:
         )
     st = _setup(args)
     points = _sweep_points(args, st)
-    for pt in points:  # every size is checked before anything runs
-        _plan(args, st, model=pt.model, host_memory=pt.host_memory, **pt.size)
-
     jobs = min(args.jobs, len(points))
     rows: list[dict[str, Any]] = []
-    bar = _progress(len(points), args.no_progress, "sweep")
-    try:
+    with _progress(len(points), args.no_progress, "sweep") as bar:
         if jobs > 1:
-            import multiprocessing
-
-            ctx = multiprocessing.get_context("spawn")
-            with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as ex:
-                futs = [ex.submit(_sweep_point, args, pt) for pt in points]
-                for f in futs:
-                    rows.append(f.result())
-                    bar.update(1)
+            rows = _sweep_parallel(args, st, points, jobs, bar)
         else:
             for pt in points:
                 rows.append(_sweep_point(args, pt, st))
                 bar.update(1)
-    except SimulationError as e:
-        print(f"kvcoord sweep: error: {e}", file=sys.stderr)
-        return 1
-    finally:
-        bar.close()
     print(f"{st.workload.name}: {len(points)} replays")
     print(format_sweep(rows))
     if args.json:
-        doc = {"workload": st.workload.name, "rows": rows}
-        Path(args.json).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+        _write_json(args.json, {"workload": st.workload.name, "rows": rows})
     if args.plot:
-        plot_sweep(rows, args.plot)
+        _write_output(args.plot, lambda name: plot_sweep(rows, name))
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``kvcoord`` console script; returns the exit status."""
+    """Entry point of the ``kvcoord`` console script; returns the exit status.
+
+    The one place failures become a line on stderr: usage errors exit 2
+    (``SystemExit``), failures while running 1, Ctrl-C 130.
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
         argv = ["replay", *argv]  # `kvcoord [flags]` is `kvcoord replay [flags]`
-    parser = _parser()
-    args = parser.parse_args(argv)
-    if args.command is None:
-        parser.print_help()
-        return 2
+    prog = "kvcoord"
     try:
+        parser = _parser()
+        args, extra = parser.parse_known_args(argv)
+        if args.command is None:
+            parser.print_help()
+            return EXIT_USAGE
+        prog = f"kvcoord {args.command}"
+        if extra:
+            raise UsageError(f"unrecognized arguments: {' '.join(extra)}")
         if args.command == "replay":
             return _replay(args)
         return _sweep(args)
     except UsageError as e:
-        parser.exit(2, f"kvcoord {args.command}: error: {e}\n")
+        parser.exit(EXIT_USAGE, f"{prog}: error: {_one_line(str(e))}\n")
+    except KeyboardInterrupt:
+        _say(f"{prog}: interrupted")
+        return EXIT_INTERRUPTED
     except BrokenPipeError:  # pragma: no cover - `kvcoord | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
-    return 0
+        return EXIT_FAILED
+    except Exception as e:
+        if os.environ.get("KVCOORD_TRACEBACK"):
+            raise
+        _say(f"{prog}: error: {_describe(e)}")
+        return EXIT_FAILED
 
 
 if __name__ == "__main__":

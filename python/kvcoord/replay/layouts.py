@@ -256,7 +256,7 @@ def load_layout(name_or_path: str) -> Layout:
     if path.suffix.lower() == ".json":
         try:
             data = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        except (ValueError, RecursionError) as e:  # bad UTF-8 or JSON, a giant number, nesting
             raise LayoutError(f"{path}: invalid JSON: {e}") from None
     else:
         if sys.version_info >= (3, 11):
@@ -270,7 +270,7 @@ def load_layout(name_or_path: str) -> Layout:
                 ) from None
         try:
             data = tomllib.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        except (UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError) as e:
             raise LayoutError(f"{path}: invalid TOML: {e}") from None
     return parse_layout(data, str(path))
 

@@ -150,6 +150,7 @@ def summarize(
                 "prefill_gpu_seconds_saved": prefill_gpu_seconds_saved(step, all_hits),
                 "prefill_gpu_seconds_saved_gpu_tier": prefill_gpu_seconds_saved(step, gpu_hits),
                 "step_model": step.describe(),
+                "notes": list(plan.notes),
             }
         )
     s.update(
@@ -267,6 +268,7 @@ def format_summary(s: dict[str, Any]) -> str:
             f"best-possible pass {s['best_possible_seconds']:.2f}, scheduler loop the rest)",
         ),
     ]
+    rows += [("note", n) for n in s.get("notes", [])]
     if s.get("leaked_blocks"):
         rows.append(("LEAKED BLOCKS", str(s["leaked_blocks"])))
     width = max(len(k) for k, _ in rows)

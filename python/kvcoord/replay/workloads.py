@@ -17,21 +17,35 @@ Three sources:
 * :func:`read_token_trace` -- JSON Lines of explicit ``prompt_token_ids`` with
   optional ``output_length``, ``output_token_ids``, ``arrival_time`` (seconds),
   ``timestamp`` (ms), ``cache_salt`` and ``request_id``.
+
+Trace files may be gzip-compressed (recognised by their first bytes, whatever
+the name). Every value is checked when the trace is read, so a replay never
+fails half-way on bad input: token ids must be in ``[0, 2**32)`` (what the
+core accepts), a request may hold at most :data:`MAX_REQUEST_TOKENS` tokens
+(prompt and output), times must be finite and non-negative, and numbers the
+JSON cannot represent (``NaN``, ``Infinity``, ``1e400``) are refused.
 """
 
 from __future__ import annotations
 
 import functools
+import gzip
+import io
+import itertools
 import json
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+import math
+import zlib
+from collections.abc import Callable, Generator, Iterable, Sequence
+from contextlib import ExitStack, closing, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 __all__ = [
+    "MAX_REQUEST_TOKENS",
     "MOONCAKE_BLOCK_TOKENS",
+    "TOKEN_ID_LIMIT",
     "VOCAB_SIZE",
     "TraceFormatError",
     "Workload",
@@ -48,6 +62,15 @@ __all__ = [
 MOONCAKE_BLOCK_TOKENS = 512
 #: Synthesised token ids are in ``[0, VOCAB_SIZE)``.
 VOCAB_SIZE = 32000
+#: Token ids a trace may hold are in ``[0, TOKEN_ID_LIMIT)`` (the core's 32-bit range).
+TOKEN_ID_LIMIT = 1 << 32
+#: Most tokens (prompt + output) one trace request may have.
+MAX_REQUEST_TOKENS = 1 << 24
+#: Mooncake hash ids are in ``[0, 2**63)``.
+_HASH_ID_LIMIT = 1 << 63
+#: Longest trace line read (characters): a file without newlines is refused, not slurped.
+MAX_LINE_CHARS = 1 << 28
+_GZIP_MAGIC = b"\x1f\x8b"
 
 _M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 
@@ -171,6 +194,11 @@ class Workload:
 
     def __post_init__(self) -> None:
         for i, r in enumerate(self.requests):
+            if not (math.isfinite(r.arrival_s) and r.arrival_s >= 0):
+                raise ValueError(
+                    f"request {r.request_id!r}: arrival time must be finite and >= 0, "
+                    f"got {r.arrival_s!r}"
+                )
             r.index = i
         self.requests.sort(key=lambda r: r.arrival_s)
 
@@ -186,19 +214,22 @@ class Workload:
 # --------------------------------------------------------------------------- readers
 
 
-@contextmanager
-def _reading(path: Path) -> Iterator[None]:
-    """Turn the ways a trace file can fail to read into `TraceFormatError`."""
-    try:
-        yield
-    except FileNotFoundError:
-        raise TraceFormatError(path, None, "no such file") from None
-    except IsADirectoryError:
-        raise TraceFormatError(path, None, "is a directory, not a trace file") from None
-    except UnicodeDecodeError as e:
-        raise TraceFormatError(path, None, f"not UTF-8 text ({e.reason})") from None
-    except OSError as e:
-        raise TraceFormatError(path, None, f"cannot read: {e.strerror or e}") from None
+class _BadNumber(ValueError):
+    """A JSON number no field can hold (raised while decoding a line)."""
+
+
+def _finite_float(text: str) -> float:
+    v = float(text)
+    if not math.isfinite(v):
+        raise _BadNumber(f"number {text} is out of range")
+    return v
+
+
+def _no_constant(text: str) -> object:
+    raise _BadNumber(f"{text} is not a JSON number")
+
+
+_DECODER = json.JSONDecoder(parse_float=_finite_float, parse_constant=_no_constant)
 
 
 def _parse_line(path: Path, lineno: int, line: str) -> object | None:
@@ -206,26 +237,68 @@ def _parse_line(path: Path, lineno: int, line: str) -> object | None:
     if not line.strip():
         return None
     try:
-        obj: object = json.loads(line)
+        obj: object = _DECODER.decode(line)
     except json.JSONDecodeError as e:
         raise TraceFormatError(path, lineno, f"invalid JSON: {e.msg} (column {e.colno})") from None
+    except _BadNumber as e:
+        raise TraceFormatError(path, lineno, str(e)) from None
+    except RecursionError:
+        raise TraceFormatError(path, lineno, "invalid JSON: nested too deeply") from None
+    except ValueError:  # an integer with thousands of digits
+        raise TraceFormatError(path, lineno, "invalid JSON: a number is out of range") from None
     return obj
 
 
-def _json_lines(path: Path) -> list[tuple[int, dict[str, object]]]:
-    with _reading(path):
-        text = path.read_text(encoding="utf-8")
-    out: list[tuple[int, dict[str, object]]] = []
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        obj = _parse_line(path, lineno, line)
-        if obj is None:
-            continue
-        if not isinstance(obj, dict):
-            raise TraceFormatError(
-                path, lineno, f"expected a JSON object, got {type(obj).__name__}"
-            )
-        out.append((lineno, obj))
-    return out
+def _open_text(stack: ExitStack, path: Path) -> io.TextIOWrapper:
+    """``path`` as UTF-8 text, gunzipped when it starts with the gzip magic bytes."""
+    raw = stack.enter_context(open(path, "rb"))  # noqa: SIM115
+    stream: io.BufferedReader | gzip.GzipFile = raw
+    if raw.peek(2)[:2] == _GZIP_MAGIC:
+        stream = stack.enter_context(gzip.GzipFile(fileobj=raw, mode="rb"))
+    return stack.enter_context(io.TextIOWrapper(stream, encoding="utf-8-sig"))
+
+
+def _records(path: Path) -> Generator[tuple[int, dict[str, object]], None, None]:
+    """``(line number, object)`` of every non-blank line, read as a stream (one pass,
+    so a pipe works); every way the file can fail to read is a `TraceFormatError`."""
+    lineno = 0
+    try:
+        with ExitStack() as stack:
+            f = _open_text(stack, path)
+            while True:
+                line = f.readline(MAX_LINE_CHARS + 1)
+                if not line:
+                    return
+                lineno += 1
+                if len(line) > MAX_LINE_CHARS:
+                    raise TraceFormatError(
+                        path, lineno, f"line longer than {MAX_LINE_CHARS:,} characters"
+                    )
+                obj = _parse_line(path, lineno, line)
+                if obj is None:
+                    continue
+                if not isinstance(obj, dict):
+                    raise TraceFormatError(
+                        path, lineno, f"expected a JSON object, got {type(obj).__name__}"
+                    )
+                yield lineno, obj
+    except FileNotFoundError:
+        raise TraceFormatError(path, None, "no such file") from None
+    except IsADirectoryError:
+        raise TraceFormatError(path, None, "is a directory, not a trace file") from None
+    except UnicodeDecodeError as e:
+        raise TraceFormatError(path, lineno + 1, f"not UTF-8 text ({e.reason})") from None
+    except (EOFError, zlib.error, gzip.BadGzipFile) as e:
+        raise TraceFormatError(path, lineno + 1, f"corrupt gzip data ({e})") from None
+    except OSError as e:
+        raise TraceFormatError(path, None, f"cannot read: {e.strerror or e}") from None
+    except MemoryError:
+        raise TraceFormatError(path, lineno + 1, "out of memory reading the trace") from None
+
+
+def _shown(v: object) -> str:
+    r = repr(v)
+    return r if len(r) <= 60 else f"{r[:57]}..."
 
 
 def _int_field(
@@ -237,15 +310,20 @@ def _int_field(
     minimum: int,
     required: bool = True,
 ) -> int | None:
+    """An integer field in ``[minimum, MAX_REQUEST_TOKENS]``."""
     if key not in obj:
         if required:
             raise TraceFormatError(path, lineno, f"missing field {key!r}")
         return None
     v = obj[key]
     if isinstance(v, bool) or not isinstance(v, int):
-        raise TraceFormatError(path, lineno, f"{key!r} must be an integer, got {v!r}")
+        raise TraceFormatError(path, lineno, f"{key!r} must be an integer, got {_shown(v)}")
     if v < minimum:
         raise TraceFormatError(path, lineno, f"{key!r} must be >= {minimum}, got {v}")
+    if v > MAX_REQUEST_TOKENS:
+        raise TraceFormatError(
+            path, lineno, f"{key!r} must be <= {MAX_REQUEST_TOKENS:,}, got {_shown(v)}"
+        )
     return v
 
 
@@ -253,9 +331,36 @@ def _time_field(path: Path, lineno: int, obj: dict[str, object], key: str) -> fl
     if key not in obj:
         return None
     v = obj[key]
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v < 0:
-        raise TraceFormatError(path, lineno, f"{key!r} must be a non-negative number, got {v!r}")
-    return float(v)
+    t = math.nan
+    if not isinstance(v, bool) and isinstance(v, (int, float)):
+        with suppress(OverflowError):  # an integer beyond every float stays NaN
+            t = float(v)
+    if not (math.isfinite(t) and t >= 0):
+        raise TraceFormatError(
+            path, lineno, f"{key!r} must be a finite non-negative number, got {_shown(v)}"
+        )
+    return t
+
+
+def _token_list(v: object) -> bool:
+    """Whether ``v`` is a non-empty list of token ids the core accepts."""
+    return (
+        isinstance(v, list)
+        and len(v) > 0
+        and all(
+            isinstance(t, int) and not isinstance(t, bool) and 0 <= t < TOKEN_ID_LIMIT for t in v
+        )
+    )
+
+
+def _check_request_len(path: Path, lineno: int, n_prompt: int, n_out: int) -> None:
+    if n_prompt + n_out > MAX_REQUEST_TOKENS:
+        raise TraceFormatError(
+            path,
+            lineno,
+            f"{n_prompt:,} prompt + {n_out:,} output tokens is more than the "
+            f"{MAX_REQUEST_TOKENS:,} a request may have",
+        )
 
 
 def read_mooncake(path: str | Path, limit: int | None = None) -> Workload:
@@ -264,8 +369,15 @@ def read_mooncake(path: str | Path, limit: int | None = None) -> Workload:
     Every line is one request; ``limit`` stops after that many.
     """
     path = Path(path)
+    with closing(_records(path)) as recs:
+        return _mooncake(path, recs, limit)
+
+
+def _mooncake(
+    path: Path, records: Iterable[tuple[int, dict[str, object]]], limit: int | None
+) -> Workload:
     reqs: list[WorkloadRequest] = []
-    for lineno, obj in _json_lines(path):
+    for lineno, obj in records:
         if limit is not None and len(reqs) >= limit:
             break
         ts = _time_field(path, lineno, obj, "timestamp")
@@ -278,10 +390,10 @@ def read_mooncake(path: str | Path, limit: int | None = None) -> Workload:
         if ids is None:
             raise TraceFormatError(path, lineno, "missing field 'hash_ids'")
         if not isinstance(ids, list) or not all(
-            isinstance(h, int) and not isinstance(h, bool) and 0 <= h < 2**63 for h in ids
+            isinstance(h, int) and not isinstance(h, bool) and 0 <= h < _HASH_ID_LIMIT for h in ids
         ):
             raise TraceFormatError(
-                path, lineno, "'hash_ids' must be a list of non-negative integers"
+                path, lineno, "'hash_ids' must be a list of integers in [0, 2**63)"
             )
         need = -(-n_in // MOONCAKE_BLOCK_TOKENS)
         if len(ids) != need:
@@ -291,13 +403,15 @@ def read_mooncake(path: str | Path, limit: int | None = None) -> Workload:
                 f"input_length {n_in} needs {need} hash ids of {MOONCAKE_BLOCK_TOKENS} tokens, "
                 f"got {len(ids)}",
             )
+        n_out = max(1, n_out)
+        _check_request_len(path, lineno, n_in, n_out)
         hash_ids = tuple(ids)
         reqs.append(
             WorkloadRequest(
                 request_id=f"mc-{len(reqs)}",
                 arrival_s=ts / 1000.0,
                 prompt_len=n_in,
-                output_len=max(1, n_out),
+                output_len=n_out,
                 make_prompt=functools.partial(mooncake_prompt_tokens, hash_ids, n_in),
             )
         )
@@ -307,32 +421,36 @@ def read_mooncake(path: str | Path, limit: int | None = None) -> Workload:
 def read_token_trace(path: str | Path, limit: int | None = None) -> Workload:
     """Read JSON Lines of explicit ``prompt_token_ids`` (see the module docstring for fields)."""
     path = Path(path)
+    with closing(_records(path)) as recs:
+        return _token_trace(path, recs, limit)
+
+
+def _token_trace(
+    path: Path, records: Iterable[tuple[int, dict[str, object]]], limit: int | None
+) -> Workload:
     reqs: list[WorkloadRequest] = []
     seen: set[str] = set()
-    for lineno, obj in _json_lines(path):
+    for lineno, obj in records:
         if limit is not None and len(reqs) >= limit:
             break
         toks = obj.get("prompt_token_ids")
         if toks is None:
             raise TraceFormatError(path, lineno, "missing field 'prompt_token_ids'")
-        if (
-            not isinstance(toks, list)
-            or not toks
-            or not all(
-                isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**31 for t in toks
-            )
-        ):
+        if not _token_list(toks):
             raise TraceFormatError(
-                path, lineno, "'prompt_token_ids' must be a non-empty list of non-negative integers"
+                path,
+                lineno,
+                "'prompt_token_ids' must be a non-empty list of non-negative integers below 2**32",
             )
+        assert isinstance(toks, list)
         out_ids = obj.get("output_token_ids")
-        if out_ids is not None and (
-            not isinstance(out_ids, list)
-            or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in out_ids)
-        ):
+        if out_ids is not None and not _token_list(out_ids):
             raise TraceFormatError(
-                path, lineno, "'output_token_ids' must be a list of non-negative integers"
+                path,
+                lineno,
+                "'output_token_ids' must be a non-empty list of non-negative integers below 2**32",
             )
+        assert out_ids is None or isinstance(out_ids, list)
         n_out = _int_field(path, lineno, obj, "output_length", minimum=1, required=False)
         if n_out is None:
             n_out = len(out_ids) if out_ids else 16
@@ -342,20 +460,23 @@ def read_token_trace(path: str | Path, limit: int | None = None) -> Workload:
                 lineno,
                 f"'output_token_ids' has {len(out_ids)} tokens, fewer than output_length {n_out}",
             )
+        _check_request_len(path, lineno, len(toks), n_out)
         t = _time_field(path, lineno, obj, "arrival_time")
         if t is None:
             ms = _time_field(path, lineno, obj, "timestamp")
             t = ms / 1000.0 if ms is not None else 0.0
         salt = obj.get("cache_salt")
         if salt is not None and not isinstance(salt, str):
-            raise TraceFormatError(path, lineno, f"'cache_salt' must be a string, got {salt!r}")
+            raise TraceFormatError(
+                path, lineno, f"'cache_salt' must be a string, got {_shown(salt)}"
+            )
         rid = obj.get("request_id", f"req-{len(reqs)}")
         if not isinstance(rid, str) or not rid:
             raise TraceFormatError(
-                path, lineno, f"'request_id' must be a non-empty string, got {rid!r}"
+                path, lineno, f"'request_id' must be a non-empty string, got {_shown(rid)}"
             )
         if rid in seen:
-            raise TraceFormatError(path, lineno, f"duplicate request_id {rid!r}")
+            raise TraceFormatError(path, lineno, f"duplicate request_id {_shown(rid)}")
         seen.add(rid)
         prompt = tuple(toks)
         reqs.append(
@@ -366,7 +487,7 @@ def read_token_trace(path: str | Path, limit: int | None = None) -> Workload:
                 output_len=n_out,
                 make_prompt=functools.partial(_same, prompt),
                 cache_salt=salt,
-                output_token_ids=tuple(out_ids) if out_ids is not None else None,
+                output_token_ids=tuple(out_ids[:n_out]) if out_ids is not None else None,
             )
         )
     return Workload(f"tokens:{path.name}", reqs)
@@ -432,38 +553,38 @@ def synthetic_chat(
 def load_workload(trace: str | Path | None, fmt: str | None, limit: int | None = None) -> Workload:
     """The CLI's workload: the bundled default, or ``trace`` read as ``fmt``.
 
-    ``fmt`` None guesses from the first line (``hash_ids`` -> mooncake,
-    ``prompt_token_ids`` -> tokens).
+    ``fmt`` None guesses from the first record (``hash_ids`` -> mooncake,
+    ``prompt_token_ids`` -> tokens). The file is read once, as a stream, so
+    ``trace`` may be a pipe; gzip-compressed files are recognised by content.
     """
     if trace is None:
         wl = synthetic_chat()
         if limit is not None:
             wl.requests = wl.requests[:limit]
         return wl
+    if fmt not in (None, "mooncake", "tokens"):
+        raise ValueError(f"unknown trace format {fmt!r} (expected 'mooncake' or 'tokens')")
     path = Path(trace)
-    if fmt is None:
-        fmt = _guess_format(path)
-    if fmt == "mooncake":
-        return read_mooncake(path, limit)
-    if fmt == "tokens":
-        return read_token_trace(path, limit)
-    raise ValueError(f"unknown trace format {fmt!r} (expected 'mooncake' or 'tokens')")
+    with closing(_records(path)) as recs:
+        first = next(recs, None)
+        if fmt is None:
+            if first is None:
+                raise TraceFormatError(path, None, "empty trace: no requests")
+            fmt = _guess_format(path, *first)
+        records = recs if first is None else itertools.chain([first], recs)
+        if fmt == "mooncake":
+            return _mooncake(path, records, limit)
+        return _token_trace(path, records, limit)
 
 
-def _guess_format(path: Path) -> str:
-    with _reading(path), path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            obj = _parse_line(path, lineno, line)
-            if obj is None:
-                continue
-            if isinstance(obj, dict) and "hash_ids" in obj:
-                return "mooncake"
-            if isinstance(obj, dict) and "prompt_token_ids" in obj:
-                return "tokens"
-            raise TraceFormatError(
-                path,
-                lineno,
-                "cannot tell the format: no 'hash_ids' (mooncake) or 'prompt_token_ids' "
-                "(tokens); pass --format",
-            )
-    raise TraceFormatError(path, None, "empty trace: no requests")
+def _guess_format(path: Path, lineno: int, obj: dict[str, object]) -> str:
+    if "hash_ids" in obj:
+        return "mooncake"
+    if "prompt_token_ids" in obj:
+        return "tokens"
+    raise TraceFormatError(
+        path,
+        lineno,
+        "cannot tell the format: no 'hash_ids' (mooncake) or 'prompt_token_ids' "
+        "(tokens); pass --format",
+    )

@@ -1,0 +1,466 @@
+"""Every failure of ``kvcoord replay`` / ``kvcoord sweep`` is one line on stderr and an
+exit status, never a traceback, a hang or a partial output file (issue 11, class 9).
+
+The cases run the installed entry point in a subprocess: the ``kvcoord`` console
+script beside this interpreter, or ``python -m kvcoord`` where there is none.
+Exit statuses: 2 for bad flags, layouts and traces (refused before the replay
+starts), 1 for failures while running, 130 for Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import errno
+import gzip
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+DATA = Path(__file__).parent / "data"
+MOONCAKE = DATA / "mooncake_small.jsonl"
+_SCRIPT = Path(sys.executable).with_name("kvcoord")
+KVCOORD = [str(_SCRIPT)] if _SCRIPT.is_file() else [sys.executable, "-m", "kvcoord"]
+posix_only = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs POSIX pipes and signals")
+linux_only = pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
+
+
+def _run(argv: list[str], timeout: float = 120, **kw: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*KVCOORD, *argv], capture_output=True, text=True, timeout=timeout, check=False, **kw
+    )
+
+
+def _one_error(res: subprocess.CompletedProcess[str], code: int, *needles: str) -> str:
+    """The run failed with ``code`` and exactly one stderr line holding every needle."""
+    assert res.returncode == code, (res.returncode, res.stderr[-3000:])
+    lines = res.stderr.splitlines()
+    assert len(lines) == 1, res.stderr[-3000:]
+    line = lines[0]
+    assert line.startswith(("kvcoord replay: ", "kvcoord sweep: ")), line
+    for needle in needles:
+        assert needle in line, line
+    return line
+
+
+def _write(path: Path, records: list[object]) -> Path:
+    path.write_text(
+        "".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in records),
+        encoding="utf-8",
+    )
+    return path
+
+
+def _long_trace_lines(n: int = 64, output_length: int = 100_000) -> str:
+    """A trace that replays for tens of seconds with ``--max-running 1`` (one decode step
+    per output token), from a few lines."""
+    return "".join(
+        json.dumps(
+            {"timestamp": 0, "input_length": 16, "output_length": output_length, "hash_ids": [i]}
+        )
+        + "\n"
+        for i in range(n)
+    )
+
+
+LONG_RUN = ["--num-blocks", "20000", "--max-running", "1", "--no-progress"]
+
+
+@pytest.fixture
+def long_trace(tmp_path: Path) -> Path:
+    p = tmp_path / "long.jsonl"
+    p.write_text(_long_trace_lines())
+    return p
+
+
+# --------------------------------------------------------------------------- trace contents
+
+
+def test_deeply_nested_json_line(tmp_path: Path) -> None:
+    # was: RecursionError traceback
+    p = tmp_path / "t.jsonl"
+    p.write_text('{"prompt_token_ids": [1]}\n{"prompt_token_ids": ' + "[" * 100_000 + "}\n")
+    _one_error(_run(["replay", "--trace", str(p)]), 2, f"{p}:2:", "nested too deeply")
+
+
+def test_huge_number_json_line(tmp_path: Path) -> None:
+    # was: ValueError traceback ("Exceeds the limit (4300 digits)")
+    p = _write(tmp_path / "t.jsonl", ['{"prompt_token_ids": [' + "9" * 5000 + "]}"])
+    _one_error(_run(["replay", "--trace", str(p)]), 2, f"{p}:1:", "number is out of range")
+    # a big but parseable integer where a time goes (float() of it overflows)
+    q = _write(tmp_path / "q.jsonl", [f'{{"prompt_token_ids": [1], "timestamp": {10**400}}}'])
+    _one_error(_run(["replay", "--trace", str(q)]), 2, f"{q}:1:", "'timestamp' must be a finite")
+
+
+@pytest.mark.parametrize(
+    ("record", "problem"),
+    [
+        ({"prompt_token_ids": [1, 2**32]}, "'prompt_token_ids' must be"),
+        # was: OverflowError traceback in the middle of the run
+        ({"prompt_token_ids": [1, 2], "output_token_ids": [2**64]}, "'output_token_ids' must be"),
+        ({"prompt_token_ids": [1], "output_token_ids": [5, -1]}, "'output_token_ids' must be"),
+        # was: IndexError traceback in the middle of the run
+        ({"prompt_token_ids": [1], "output_token_ids": []}, "'output_token_ids' must be"),
+        ({"prompt_token_ids": [1], "output_length": 2**40}, "'output_length' must be <="),
+        (
+            {"timestamp": 0, "input_length": 10, "output_length": 2**62, "hash_ids": [1]},
+            "'output_length' must be <=",
+        ),
+        (
+            {"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [2**64]},
+            "'hash_ids' must be",
+        ),
+        (
+            {"timestamp": 0, "input_length": 512, "output_length": 2**24, "hash_ids": [1]},
+            "more than the 16,777,216 a request may have",
+        ),
+    ],
+)
+def test_out_of_range_trace_values_refused_when_loading(
+    tmp_path: Path, record: dict[str, object], problem: str
+) -> None:
+    p = _write(tmp_path / "t.jsonl", [record])
+    res = _run(["replay", "--trace", str(p)])
+    _one_error(res, 2, "--trace: ", f"{p}:1:", problem)
+    assert res.stdout == ""  # refused before the replay, not in it
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        '{"prompt_token_ids": [1], "arrival_time": 1e400}',
+        '{"prompt_token_ids": [1], "arrival_time": Infinity}',
+        '{"prompt_token_ids": [1], "timestamp": NaN}',
+        '{"timestamp": 1e400, "input_length": 10, "output_length": 1, "hash_ids": [1]}',
+    ],
+)
+def test_non_finite_timestamps_neither_hang_nor_reach_the_run(tmp_path: Path, line: str) -> None:
+    # was: `--time-scale 0` looped forever on 1e400 (inf * 0 is NaN)
+    p = _write(tmp_path / "t.jsonl", ['{"prompt_token_ids": [2]}', line])
+    for scale in ("0", "1"):
+        res = _run(["replay", "--trace", str(p), "--time-scale", scale], timeout=60)
+        _one_error(res, 2, f"{p}:2:")
+
+
+def test_json_output_is_always_valid_json(tmp_path: Path) -> None:
+    # was: a 1e400 timestamp wrote "simulated_seconds": Infinity; the largest finite
+    # times stay finite, and a time scale that would overflow them is refused
+    p = _write(
+        tmp_path / "t.jsonl",
+        [{"prompt_token_ids": [1, 2, 3]}, {"prompt_token_ids": [4], "timestamp": 1.7e308}],
+    )
+    out = tmp_path / "r.json"
+    res = _run(["replay", "--trace", str(p), "--num-blocks", "64", "--json", str(out)])
+    assert res.returncode == 0, res.stderr
+
+    def no_constants(name: str) -> object:
+        raise AssertionError(f"--json wrote {name}")
+
+    doc = json.loads(out.read_text(), parse_constant=no_constants)
+    assert doc["simulated_seconds"] >= 1e305
+    res = _run(["replay", "--trace", str(p), "--time-scale", "1e10", "--json", str(out)])
+    _one_error(res, 2, "--time-scale 1e+10", "beyond any finite time")
+
+
+# --------------------------------------------------------------------------- flags and layouts
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["replay", "--num-blocks", "99999999999999999999"], "argument --num-blocks: expected at"),
+        (["replay", "--num-blocks", "9" * 5000], "argument --num-blocks: expected a positive"),
+        (["replay", "--block-size", str(2**32)], "argument --block-size: expected at most"),
+        (["replay", "--capacity-tokens", str(10**14)], "larger than the 16,777,216"),
+        (["replay", "--token-budget", str(2**63)], "argument --token-budget"),
+        (["replay", "--max-running", str(2**40)], "argument --max-running"),
+        (["replay", "--time-scale", "1e400"], "argument --time-scale"),
+        (["sweep", "--sizes", f"100,{2**40}"], "argument --sizes: expected at most"),
+        (["sweep", "--capacities", f"{2**60}"], "larger than the 16,777,216"),
+        (["sweep", "--max-blocks", f"{2**40}"], "argument --max-blocks"),
+        (["sweep", "--points", "1000000"], "argument --points: expected at most 1,000"),
+        (["sweep", "--jobs", "100000"], "argument --jobs: expected at most 256"),
+        (["replay", "--bogus"], "unrecognized arguments: --bogus"),
+    ],
+)
+def test_out_of_range_sizes(argv: list[str], needle: str) -> None:
+    _one_error(_run(argv), 2, needle)
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ('{"groups": ' + "[" * 100_000 + "]" * 100_000 + "}", "invalid JSON"),
+        ('{"groups": [{"type": "full_attention", "block_size": ' + "9" * 5000 + "}]}", "JSON"),
+        ('{"groups": [{"type": "full_attention", "block_size": 1099511627776}]}', "--layout"),
+        (
+            '{"groups": [{"type": "full_attention", "block_size": 16}, {"type": '
+            '"sliding_window", "block_size": 16, "sliding_window": 1' + "0" * 30 + "}]}",
+            "--layout",
+        ),
+    ],
+)
+def test_layout_file_out_of_range(tmp_path: Path, text: str, needle: str) -> None:
+    p = tmp_path / "l.json"
+    p.write_text(text)
+    _one_error(_run(["replay", "--layout", str(p)]), 2, needle)
+
+
+# --------------------------------------------------------------------------- output paths
+
+
+def _unwritable_cases(tmp_path: Path) -> Iterator[tuple[str, str, str]]:
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    yield "--json", str(tmp_path / "missing" / "r.json"), "does not exist"
+    yield "--json", str(a_file / "r.json"), "is not a directory"
+    yield "--json", str(tmp_path), "is a directory"
+    yield "--plot", str(tmp_path / "missing" / "r.png"), "does not exist"
+    if Path("/proc/self").is_dir():  # a file system nobody can create files in
+        yield "--json", "/proc/kvcoord-test.json", "cannot write in"
+        yield "--plot", "/proc/kvcoord-test.png", "cannot write in"
+    if os.geteuid() != 0:  # permission bits do not bind root
+        ro = tmp_path / "ro"
+        ro.mkdir(mode=0o500)
+        yield "--json", str(ro / "r.json"), "cannot write in"
+
+
+def test_unwritable_outputs_refused_before_a_long_run(tmp_path: Path, long_trace: Path) -> None:
+    for flag, path, needle in _unwritable_cases(tmp_path):
+        for cmd in (["replay"], ["sweep", "--sizes", "20000,30000"]):
+            res = _run([*cmd, "--trace", str(long_trace), *LONG_RUN[2:], flag, path])
+            _one_error(res, 2, f"{flag} {path!r}", needle)
+            assert res.stdout == ""
+
+
+# --------------------------------------------------------------------------- sweep workers
+
+
+def test_sweep_worker_failure_is_one_line(tmp_path: Path) -> None:
+    # one 8,193-token request: 800 blocks pass the planner's estimate, but the first
+    # 8192-token chunk needs blocks in both groups at once, which only the replay finds out
+    p = _write(
+        tmp_path / "t.jsonl",
+        [{"timestamp": 0, "input_length": 8192, "output_length": 1, "hash_ids": list(range(16))}],
+    )
+    argv = ["sweep", "--trace", str(p), "--layout", "sliding-window", "--sizes", "800,1100"]
+    _one_error(_run([*argv, "--jobs", "2"]), 1, "pool of 800 blocks: request mc-0", "larger pool")
+    _one_error(_run([*argv, "--jobs", "1"]), 1, "request mc-0", "larger pool")
+
+
+# --------------------------------------------------------------------------- Ctrl-C and pipes
+
+
+def _start_on_fifo(tmp_path: Path, argv: list[str]) -> tuple[subprocess.Popen[str], Path]:
+    """Start ``kvcoord argv --trace FIFO`` and feed it the long trace; returns once the
+    command has opened the trace (so it is inside ``main``) and read all of it."""
+    fifo = tmp_path / "trace.jsonl"
+    os.mkfifo(fifo)
+    proc = subprocess.Popen(
+        [*KVCOORD, *argv, "--trace", str(fifo)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # a terminal's Ctrl-C reaches the whole group
+    )
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            break
+        except OSError as e:
+            assert e.errno == errno.ENXIO, e
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise AssertionError(f"kvcoord never opened the trace: {proc.communicate()}") from e
+            time.sleep(0.01)
+    os.set_blocking(fd, True)
+    with os.fdopen(fd, "w") as f:
+        f.write(_long_trace_lines())
+    return proc, fifo
+
+
+def _children(pid: int) -> list[int]:
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def _gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return True
+    return state in ("Z", "X")
+
+
+def _workers(pid: int, n: int) -> list[int]:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        found = [
+            c for c in _children(pid) if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()
+        ]
+        if len(found) >= n:
+            return found
+        time.sleep(0.05)
+    raise AssertionError("the sweep workers never started")
+
+
+@posix_only
+@pytest.mark.parametrize("command", ["replay", "sweep"])
+def test_ctrl_c_exits_130_with_one_line_and_no_files(tmp_path: Path, command: str) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    argv = [command, *LONG_RUN, "--json", str(out / "r.json"), "--plot", str(out / "r.png")]
+    if command == "sweep":
+        argv = [
+            "sweep",
+            *LONG_RUN[2:],
+            "--sizes",
+            "20000,30000",
+            "--jobs",
+            "2",
+            "--json",
+            str(out / "r.json"),
+        ]
+    proc, _ = _start_on_fifo(tmp_path, argv)
+    workers = _workers(proc.pid, 2) if command == "sweep" and Path("/proc").is_dir() else []
+    time.sleep(0.5)  # well inside the replay (it runs for tens of seconds)
+    assert proc.poll() is None, proc.communicate()
+    os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: every process of the group
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert stderr.splitlines() == [f"kvcoord {command}: interrupted"]
+    assert stdout == ""
+    assert list(out.iterdir()) == []  # no partial outputs, no temporary files
+    assert all(_gone(w) for w in workers)
+
+
+@linux_only
+def test_sweep_worker_killed_is_one_line(tmp_path: Path) -> None:
+    # a worker killed from outside (the OOM killer, say): was a hang or a traceback
+    argv = ["sweep", *LONG_RUN[2:], "--sizes", "20000,30000", "--jobs", "2"]
+    proc, _ = _start_on_fifo(tmp_path, argv)
+    workers = _workers(proc.pid, 2)
+    os.kill(workers[0], signal.SIGKILL)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 1, stderr
+    assert stderr.splitlines() == [
+        "kvcoord sweep: error: a sweep worker process died (killed, or out of memory?)"
+    ]
+    assert all(_gone(w) for w in workers)
+
+
+# --------------------------------------------------------------------------- gzip traces
+
+
+@pytest.mark.parametrize("name", ["t.jsonl.gz", "t.jsonl"])  # detected by content, not name
+def test_gzip_trace_replays_like_the_plain_one(tmp_path: Path, name: str) -> None:
+    gz = tmp_path / name
+    gz.write_bytes(gzip.compress(MOONCAKE.read_bytes()))
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    for trace, out in ((MOONCAKE, a), (gz, b)):
+        res = _run(["replay", "--trace", str(trace), "--num-blocks", "600", "--json", str(out)])
+        assert res.returncode == 0, res.stderr
+    x, y = json.loads(a.read_text()), json.loads(b.read_text())
+    for key in ("num_requests", "prompt_tokens", "prefix_hit_tokens", "evictions", "steps"):
+        assert x[key] == y[key]
+
+
+def test_broken_gzip_trace_is_one_line(tmp_path: Path) -> None:
+    whole = gzip.compress(MOONCAKE.read_bytes())
+    cut = tmp_path / "cut.gz"
+    cut.write_bytes(whole[: len(whole) // 2])
+    _one_error(_run(["replay", "--trace", str(cut)]), 2, f"{cut}:", "corrupt gzip data")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b"\x1f\x8b not really gzip")
+    _one_error(_run(["replay", "--trace", str(bad)]), 2, f"{bad}:", "corrupt gzip data")
+    binary = tmp_path / "bin.gz"
+    binary.write_bytes(gzip.compress(b"\xff\xfe\x00\x01" * 100))
+    _one_error(_run(["replay", "--trace", str(binary)]), 2, f"{binary}:1:", "not UTF-8")
+
+
+# --------------------------------------------------------------------------- in-process
+
+
+def test_unexpected_failure_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import kvcoord.replay.scheduler as scheduler
+    from kvcoord.cli import main
+
+    def boom(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("first line\nsecond line")
+
+    monkeypatch.setattr(scheduler, "simulate", boom)
+    monkeypatch.delenv("KVCOORD_TRACEBACK", raising=False)
+    assert main(["replay", "--limit", "3", "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert err.splitlines() == [
+        "kvcoord replay: error: unexpected RuntimeError: first line second line "
+        "(KVCOORD_TRACEBACK=1 shows where)"
+    ]
+    monkeypatch.setenv("KVCOORD_TRACEBACK", "1")
+    with pytest.raises(RuntimeError, match="first line"):
+        main(["replay", "--limit", "3", "--no-progress"])
+
+
+def test_memory_error_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import kvcoord.replay.scheduler as scheduler
+    from kvcoord.cli import main
+
+    def oom(*args: object, **kwargs: object) -> None:
+        raise MemoryError
+
+    monkeypatch.setattr(scheduler, "simulate", oom)
+    monkeypatch.delenv("KVCOORD_TRACEBACK", raising=False)
+    assert main(["sweep", "--limit", "3", "--sizes", "4000", "--no-progress"]) == 1
+    assert capsys.readouterr().err.splitlines() == ["kvcoord sweep: error: out of memory"]
+
+
+@pytest.mark.parametrize("failure", [KeyboardInterrupt, OSError])
+def test_outputs_are_written_whole_or_not_at_all(
+    tmp_path: Path, failure: type[BaseException]
+) -> None:
+    from kvcoord.cli import _write_output
+
+    target = tmp_path / "r.json"
+
+    def partial(name: str) -> None:
+        Path(name).write_text('{"half": ')
+        raise failure()
+
+    with pytest.raises(failure):
+        _write_output(str(target), partial)
+    assert list(tmp_path.iterdir()) == []
+    target.write_text("old")
+    with pytest.raises(failure):
+        _write_output(str(target), partial)
+    assert list(tmp_path.iterdir()) == [target]
+    assert target.read_text() == "old"
+    _write_output(str(target), lambda name: Path(name).write_text("new"))
+    assert target.read_text() == "new"
+    assert list(tmp_path.iterdir()) == [target]
+
+
+def test_entry_points_agree() -> None:
+    """The console script (when installed) and ``python -m kvcoord`` are the same command."""
+    res = subprocess.run(
+        [sys.executable, "-m", "kvcoord", "replay", "--num-blocks", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    _one_error(res, 2, "argument --num-blocks: expected a positive integer, got 0")
+    _one_error(
+        _run(["replay", "--num-blocks", "0"]),
+        2,
+        "argument --num-blocks: expected a positive integer, got 0",
+    )
