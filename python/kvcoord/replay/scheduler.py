@@ -49,7 +49,7 @@ from kvcoord.manager import KVCacheManager
 from kvcoord.replay.bestcase import BestCase, BestCaseTracker, prefix_block_keys
 from kvcoord.replay.layouts import Layout
 from kvcoord.replay.tiers import HostTier
-from kvcoord.replay.timing import StepTimeModel, attention_pairs
+from kvcoord.replay.timing import StepCost, StepTimeModel
 from kvcoord.replay.workloads import Workload, WorkloadRequest
 
 __all__ = [
@@ -224,25 +224,6 @@ class _Live:
         return self.out_pos >= self.out_len
 
 
-class _StepCost:
-    """Per-step work the step-time model needs, summed over scheduled requests."""
-
-    __slots__ = ("full_kv", "full_pairs", "seqs", "window", "window_kv", "window_pairs")
-
-    def __init__(self, window: int) -> None:
-        self.window = window
-        self.full_pairs = self.window_pairs = self.full_kv = self.window_kv = self.seqs = 0
-
-    def add(self, cached: int, new: int) -> None:
-        self.full_pairs += new * cached + new * (new + 1) // 2
-        self.full_kv += cached + new
-        self.seqs += 1
-        w = self.window
-        if w:
-            self.window_pairs += attention_pairs(cached, new, w)
-            self.window_kv += min(cached + new, w)
-
-
 def _occupancy(pool: Any) -> tuple[int, int, int]:
     """Exact (referenced, cached-but-free, empty) block counts of the pool (null block excluded)."""
     import numpy as np
@@ -328,7 +309,7 @@ def simulate(
         step_mgr_s = 0.0
         finished: list[_Live] = []
         first_token: list[_Live] = []
-        cost = _StepCost(window) if model is not None else None
+        cost = StepCost(window) if model is not None else None
         loaded_tokens = 0
         preempted = False
         # 2. running requests, in admission order. A scheduled request's step

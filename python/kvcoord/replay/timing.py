@@ -42,6 +42,7 @@ __all__ = [
     "BANDWIDTH_EFFICIENCY",
     "COMPUTE_EFFICIENCY",
     "STEP_OVERHEAD_S",
+    "StepCost",
     "StepTimeModel",
     "attention_pairs",
     "prefill_gpu_seconds_saved",
@@ -67,6 +68,25 @@ def attention_pairs(cached: int, new: int, window: int = 0) -> int:
     if hi > capped_start:
         total += (hi - capped_start) * window
     return total
+
+
+class StepCost:
+    """Per-step work :meth:`StepTimeModel.step_seconds` needs, summed over scheduled requests."""
+
+    __slots__ = ("full_kv", "full_pairs", "seqs", "window", "window_kv", "window_pairs")
+
+    def __init__(self, window: int) -> None:
+        self.window = window
+        self.full_pairs = self.window_pairs = self.full_kv = self.window_kv = self.seqs = 0
+
+    def add(self, cached: int, new: int) -> None:
+        self.full_pairs += new * cached + new * (new + 1) // 2
+        self.full_kv += cached + new
+        self.seqs += 1
+        w = self.window
+        if w:
+            self.window_pairs += attention_pairs(cached, new, w)
+            self.window_kv += min(cached + new, w)
 
 
 @dataclass(frozen=True)
