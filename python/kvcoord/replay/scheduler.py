@@ -269,7 +269,7 @@ def simulate(
     running: list[_Live] = []
     scale = cfg.time_scale
     last_arrival = workload.requests[-1].arrival_s * scale if workload.requests else 0.0
-    sample_every = last_arrival / 400 if last_arrival > 0 else 0.0
+    sample_every = last_arrival / 200 if last_arrival > 0 else 0.0
     next_sample = 0.0
     max_running, token_budget = cfg.max_running, cfg.token_budget
     now = busy = 0.0
@@ -309,7 +309,9 @@ def simulate(
         step_mgr_s = 0.0
         finished: list[_Live] = []
         first_token: list[_Live] = []
-        cost = StepCost(window) if model is not None else None
+        # work of the step for the step-time model (StepCost's sums, inlined: hot loop)
+        full_pairs = full_kv = seqs = 0
+        win = StepCost(window) if window else None
         loaded_tokens = 0
         preempted = False
         # 2. running requests, in admission order. A scheduled request's step
@@ -347,8 +349,12 @@ def simulate(
             if new is None:
                 break
             budget -= n
-            if cost is not None:
-                cost.add(live.computed, n)
+            c = live.computed
+            full_pairs += n * c + n * (n + 1) // 2
+            full_kv += c + n
+            seqs += 1
+            if win is not None:
+                win.add(c, n)
             pos = live.out_pos
             if live.advance(live.computed + n):
                 finished.append(live)
@@ -425,8 +431,12 @@ def simulate(
                 loaded_tokens += extra
                 running.append(live)
                 budget -= n
-                if cost is not None:
-                    cost.add(hit + extra, n)
+                c = hit + extra
+                full_pairs += n * c + n * (n + 1) // 2
+                full_kv += c + n
+                seqs += 1
+                if win is not None:
+                    win.add(c, n)
                 if live.advance(hit + extra + n):
                     finished.append(live)
                 if live.out_pos == 1:
@@ -450,14 +460,14 @@ def simulate(
 
         tokens = token_budget - budget
         res.computed_tokens += tokens
-        if cost is not None and model is not None:
+        if model is not None:
             dt = model.step_seconds(
                 tokens,
-                cost.full_pairs,
-                cost.window_pairs,
-                cost.full_kv,
-                cost.window_kv,
-                cost.seqs,
+                full_pairs,
+                win.window_pairs if win is not None else 0,
+                full_kv,
+                win.window_kv if win is not None else 0,
+                seqs,
             )
         else:
             dt = cfg.step_base_s + cfg.step_token_s * tokens
