@@ -261,7 +261,7 @@ def simulate(
     n_req = len(workload.requests)
     res = SimResult(num_requests=n_req, num_blocks=cfg.num_blocks)
     for name in ("req_arrival", "req_admit", "req_first", "req_finish"):
-        getattr(res, name).extend([math.nan] * n_req)
+        getattr(res, name).extend([float("nan")] * n_req)
     for name in ("req_output", "req_prompt", "req_gpu_hit", "req_host_hit"):
         getattr(res, name).extend([0] * n_req)
     pending = deque(workload.requests)
