@@ -79,16 +79,17 @@ def test_sweep_figure_labels_and_lines(tmp_path: Path) -> None:
     fig = sweep_figure(rows)
     axes = fig.axes
     assert [ax.get_ylabel() for ax in axes] == [
-        "prompt tokens hit (%)",
+        "prompt tokens hit,\nGPU + host (%)",
         "TTFT p90 (s)",
-        "throughput (tokens/s per busy s)",
+        "throughput\n(tokens/s per busy s)",
     ]
     assert axes[-1].get_xlabel() == "KV-cache memory per GPU (GiB)"
     labels = [t.get_text() for t in axes[0].get_legend().get_texts()]
     assert "llama-3.1-8b" in labels and "llama-3.1-8b + host" in labels
     assert any("best possible" in x for x in labels)
-    for ax in axes:
-        _legend_outside(fig, ax)
+    _legend_outside(fig, axes[0])  # one legend: the panels below share its colours
+    # one line per variant in every panel
+    assert all(len(ax.get_lines()) >= 2 for ax in axes)
     plt.close(fig)
     plot_sweep(rows, tmp_path / "s.png")
     assert (tmp_path / "s.png").stat().st_size > 10_000

@@ -110,12 +110,12 @@ def replay_figure(res: SimResult, summary: dict[str, Any]) -> Any:
         p90 = summary.get("ttft_p90_s")
         if p90 is not None:
             ax.axhline(p90, color="red", lw=1, ls=":", label=f"TTFT p90 ({p90:.3g} s)")
-        if ok.any() and np.nanmax(ttft[ok]) > 0:
-            ax.set_yscale("log")
+        if ok.any():
+            _scale(ax, "y", [float(ttft[ok].min()), float(ttft[ok].max())])
     ax.set_ylabel("time to first token (s)")
     ax.set_xlabel("simulated time (s)")
     _legend_outside(ax)
-    fig.tight_layout(rect=(0, 0, 0.78, 1))
+    fig.tight_layout()
     return fig
 
 
@@ -131,46 +131,66 @@ def _x(r: dict[str, Any]) -> float:
     return float(r.get("kv_memory_gib_per_gpu") or r["num_blocks"])
 
 
+def _plain_log(ax: Any, axis: str) -> None:
+    """A log axis labelled with plain numbers (8, 16, 32), not powers of ten."""
+    from matplotlib.ticker import FuncFormatter
+
+    fmt = FuncFormatter(lambda v, _: f"{v:g}")
+    a = ax.xaxis if axis == "x" else ax.yaxis
+    a.set_major_formatter(fmt)
+    a.set_minor_formatter(fmt)
+
+
+def _scale(ax: Any, axis: str, values: list[float]) -> None:
+    """Log scale (plain labels) when the values span more than a factor of 8."""
+    v = [x for x in values if x is not None and x > 0 and np.isfinite(x)]
+    if v and max(v) / min(v) > 8:
+        (ax.set_xscale if axis == "x" else ax.set_yscale)("log")
+        _plain_log(ax, axis)
+
+
 def sweep_figure(rows: list[dict[str, Any]]) -> Any:
-    """Hit rate, TTFT p90 and throughput against KV memory, one line per variant."""
+    """Hit rate, TTFT p90 and throughput against KV memory, one line per variant.
+
+    One legend (right of the top panel) names the variants; the panels below
+    use the same colours.
+    """
     plt = _pyplot()
-    fig, axes = plt.subplots(3, 1, figsize=(9, 9), sharex=True)
+    fig, axes = plt.subplots(3, 1, figsize=(11, 9), sharex=True)
     variants: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         variants.setdefault(str(r.get("variant", r["layout"])), []).append(r)
     by_gib = all("kv_memory_gib_per_gpu" in r for r in rows)
+    bests: dict[float, list[str]] = {}
     for i, (name, rs) in enumerate(variants.items()):
         rs = sorted(rs, key=_x)
         x = [_x(r) for r in rs]
         color = f"C{i % 10}"
-        axes[0].plot(
-            x, [100 * r["total_hit_rate"] for r in rs], marker="o", color=color, label=name
-        )
+        hit = [100 * r.get("total_hit_rate", r["prefix_hit_rate"]) for r in rs]
+        axes[0].plot(x, hit, marker="o", color=color, label=name)
+        ttft = [r.get("ttft_p90_s") for r in rs]
+        axes[1].plot(x, [np.nan if v is None else v for v in ttft], marker="o", color=color)
+        axes[2].plot(x, [r["throughput_tokens_per_s"] for r in rs], marker="o", color=color)
         best = rs[0].get("best_possible_hit_rate")
         if best is not None:
-            axes[0].axhline(
-                100 * best, ls="--", lw=1, color=color, label=f"{name}: best possible (unbounded)"
-            )
-        ttft = [r.get("ttft_p90_s") for r in rs]
-        axes[1].plot(
-            x, [np.nan if v is None else v for v in ttft], marker="o", color=color, label=name
-        )
-        axes[2].plot(
-            x, [r["throughput_tokens_per_s"] for r in rs], marker="o", color=color, label=name
-        )
-    axes[0].set_ylabel("prompt tokens hit (%)")
+            bests.setdefault(round(best, 6), []).append(color)
+    for best, colors in bests.items():
+        label = "best possible (unbounded cache)"
+        if len(bests) > 1:
+            label += f": {100 * best:.1f}%"
+        axes[0].axhline(100 * best, ls="--", lw=1, color=colors[0], label=label)
+    axes[0].set_ylabel("prompt tokens hit,\nGPU + host (%)")
     axes[0].set_ylim(0, 105)
     axes[1].set_ylabel("TTFT p90 (s)")
-    axes[1].set_yscale("log")
-    axes[2].set_ylabel("throughput (tokens/s per busy s)")
+    _scale(axes[1], "y", [r.get("ttft_p90_s") for r in rows])
+    axes[2].set_ylabel("throughput\n(tokens/s per busy s)")
     axes[2].set_xlabel("KV-cache memory per GPU (GiB)" if by_gib else "pool size (blocks)")
-    axes[2].set_xscale("log")
-    for ax in axes:
-        _legend_outside(ax)
+    _scale(axes[2], "x", [_x(r) for r in rows])
+    _legend_outside(axes[0])
     if rows:
         axes[0].set_title(f"{rows[0]['workload']}", fontsize=10)
-    fig.tight_layout(rect=(0, 0, 0.72, 1))
-    return fig  # fmt: skip
+    fig.tight_layout()
+    return fig
 
 
 def plot_sweep(rows: list[dict[str, Any]], path: str | Path) -> None:
