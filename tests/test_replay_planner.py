@@ -338,3 +338,20 @@ def test_sweep_over_models_and_tiers(tmp_path: Path, capsys: pytest.CaptureFixtu
         "gpt-oss-120b + host 1 GiB",
     }
     assert "KV GiB/GPU" in capsys.readouterr().out
+
+
+def test_scheduler_charges_the_roofline_step_times() -> None:
+    """One 1000-token request with 2 output tokens: TTFT is the prefill step, TPOT the
+    decode step, exactly as the hand-pinned step model gives them."""
+    from kvcoord.replay.report import latency_metrics
+    from kvcoord.replay.scheduler import SimConfig, simulate
+    from kvcoord.replay.workloads import Workload, WorkloadRequest
+
+    toks = list(range(1000))
+    wl = Workload("one", [WorkloadRequest("r", 0.0, 1000, 2, lambda: toks)])
+    plan = make_plan(wl, capacity_tokens=4096)
+    cfg = SimConfig(layout=plan.layout, num_blocks=plan.num_blocks, step_model=plan.step_model)
+    m = latency_metrics(simulate(wl, cfg))
+    assert m["ttft_p50_s"] == pytest.approx(0.02800658, rel=1e-6)  # test_roofline_prefill
+    assert m["tpot_p50_s"] == pytest.approx(0.006541543, rel=1e-6)  # test_roofline_decode
+    assert m["queue_p50_s"] == 0.0

@@ -145,8 +145,10 @@ def summarize(
                 "pool_token_slots": plan.token_slots,
                 "pool_context_tokens": plan.context_tokens,
                 "host_memory_gib": plan.host_bytes / GiB,
-                "prefill_gpu_seconds": step.prefill_gpu_seconds(0)
-                + prefill_gpu_seconds_saved(step, _arr(res.req_prompt, np.int64)),
+                # every prompt prefilled from scratch: the same formula over whole prompts
+                "prefill_gpu_seconds": prefill_gpu_seconds_saved(
+                    step, _arr(res.req_prompt, np.int64)
+                ),
                 "prefill_gpu_seconds_saved": prefill_gpu_seconds_saved(step, all_hits),
                 "prefill_gpu_seconds_saved_gpu_tier": prefill_gpu_seconds_saved(step, gpu_hits),
                 "step_model": step.describe(),
