@@ -672,7 +672,8 @@ def _sweep_points(args: argparse.Namespace, st: _Setup) -> list[_Point]:
                 need = fp.memory_for_blocks(2 * min_blocks(base.layout, st.workload))
                 hi = fp.memory_for_blocks(args.max_blocks or base.num_blocks)
                 lo = fp.memory_for_blocks(args.min_blocks) if args.min_blocks else need
-                lo = max(lo, hi / 64) if not args.min_blocks else lo
+                if not args.min_blocks:  # the default range: never above its top
+                    lo = min(max(lo, hi / 64), hi)
                 if lo > hi:
                     raise UsageError(
                         f"--min-blocks {fp.blocks_for_memory(lo)} is larger than "
