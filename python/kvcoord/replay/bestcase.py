@@ -9,8 +9,8 @@ output token, and all those full blocks stay cached forever.
 
 Prefixes are identified by a 64-bit key per block: a position-dependent mix
 of the block's tokens, summed over the prefix (numpy, no per-token Python).
-A request's hit is its leading run of keys that an earlier request also
-produced, found for all requests at once (:meth:`BestCaseTracker.hits`).
+Keys of earlier prefixes go into one set; because every prefix of a stored
+prefix is stored too, a request's hit length is found by binary search.
 """
 
 from __future__ import annotations
@@ -69,30 +69,23 @@ class BestCase:
 
 
 class BestCaseTracker:
-    """Feed requests in arrival order; the hits are resolved in one numpy pass at the end.
-
-    ``add`` only computes the request's prefix keys (numpy). :meth:`result`
-    concatenates them, finds each key's first request with one ``np.unique``
-    and gives every request the leading run of keys some earlier request
-    produced: the same answer as a growing set of seen keys, without a
-    Python set of millions of integers.
-    """
+    """Feed requests in arrival order; keeps the unbounded cache's prefix keys."""
 
     def __init__(self, block_size: int) -> None:
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
         self.block_size = block_size
-        self._keys: list[np.ndarray] = []
-        self._caps: list[int] = []
+        self._seen: set[int] = set()
         self.prompt_tokens = 0
+        self.hit_tokens = 0
 
     def add(
         self,
         prompt: Sequence[int] | np.ndarray,
         output: Sequence[int] | np.ndarray,
         salt: str | None = None,
-    ) -> None:
-        """Account one request (its prompt and all its output tokens)."""
+    ) -> int:
+        """Account one request (its prompt and all its output tokens); returns its hit tokens."""
         bs = self.block_size
         p = np.asarray(prompt, dtype=np.int64)
         n_prompt = p.shape[0]
@@ -100,38 +93,22 @@ class BestCaseTracker:
         # computed tokens at the end: the prompt and all but the last output token
         computed = np.concatenate([p, np.asarray(output, dtype=np.int64)])[: n_prompt + n_out - 1]
         keys = prefix_block_keys(computed, bs, salt)
-        self._keys.append(keys)
-        self._caps.append(min((n_prompt - 1) // bs, keys.shape[0]))
+        seen = self._seen
+        lo, hi = 0, min((n_prompt - 1) // bs, keys.shape[0])
+        # largest m <= hi with keys[:m] all seen (the seen set is prefix-closed)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if int(keys[mid - 1]) in seen:
+                lo = mid
+            else:
+                hi = mid - 1
+        seen.update(keys[lo:].tolist())
         self.prompt_tokens += n_prompt
-
-    def hits(self) -> np.ndarray:
-        """Hit tokens per request, in the order added."""
-        n = len(self._keys)
-        if n == 0:
-            return np.zeros(0, dtype=np.int64)
-        lens = np.fromiter((k.shape[0] for k in self._keys), dtype=np.int64, count=n)
-        caps = np.asarray(self._caps, dtype=np.int64)
-        if lens.sum() == 0:
-            return np.zeros(n, dtype=np.int64)
-        keys = np.concatenate(self._keys)
-        owner = np.repeat(np.arange(n, dtype=np.int64), lens)
-        _, first_pos, inverse = np.unique(keys, return_index=True, return_inverse=True)
-        # seen before: the key's first occurrence belongs to an earlier request
-        seen = owner[first_pos][inverse] < owner
-        starts = np.concatenate([[0], np.cumsum(lens)[:-1]])
-        pos = np.arange(keys.shape[0], dtype=np.int64) - starts[owner]
-        # first unseen position per request (its length when all are seen)
-        miss = np.where(seen, np.int64(1 << 62), pos)
-        first_miss = lens.copy()
-        nonempty = lens > 0
-        first_miss[nonempty] = np.minimum(
-            np.minimum.reduceat(miss, starts[nonempty]), lens[nonempty]
-        )
-        out: np.ndarray = np.minimum(first_miss, caps) * self.block_size
-        return out
+        self.hit_tokens += lo * bs
+        return lo * bs
 
     def result(self) -> BestCase:
-        return BestCase(self.prompt_tokens, int(self.hits().sum()))
+        return BestCase(self.prompt_tokens, self.hit_tokens)
 
 
 def best_possible_hits(workload: Workload, block_size: int) -> BestCase:
