@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvcoord.replay.workloads import (
+    MAX_REQUEST_TOKENS,
     MOONCAKE_BLOCK_TOKENS,
     TOKEN_ID_LIMIT,
     VOCAB_SIZE,
@@ -295,9 +299,9 @@ def test_workload_refuses_non_finite_arrival() -> None:
 
 
 def test_overlong_line_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import kvcoord.replay.workloads as workloads
+    import kvcoord.replay._jsonl as jsonl
 
-    monkeypatch.setattr(workloads, "MAX_LINE_CHARS", 64)
+    monkeypatch.setattr(jsonl, "MAX_LINE_CHARS", 64)
     p = _write(tmp_path, [{"prompt_token_ids": [1]}, {"prompt_token_ids": list(range(50))}])
     with pytest.raises(TraceFormatError, match="line longer than 64 characters") as ei:
         read_token_trace(p)
@@ -316,3 +320,63 @@ def test_trace_from_a_pipe_is_read_once(tmp_path: Path) -> None:
     wl = load_workload(fifo, None)  # guesses the format from the same single pass
     writer.join()
     assert len(wl.requests) == 6
+
+
+_json_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.sampled_from([0, 1, 2**31, 2**32 - 1, 2**32, 2**63, 2**64, MAX_REQUEST_TOKENS]),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=5),
+)
+_json_values = st.recursive(_json_scalars, lambda inner: st.lists(inner, max_size=4), max_leaves=12)
+_KEYS = [
+    "timestamp",
+    "input_length",
+    "output_length",
+    "hash_ids",
+    "prompt_token_ids",
+    "output_token_ids",
+    "arrival_time",
+    "cache_salt",
+    "request_id",
+]
+_records = st.dictionaries(st.sampled_from(_KEYS), _json_values, max_size=6)
+_raw_lines = st.sampled_from(
+    ["1e400", "-1e400", "NaN", "Infinity", "9" * 5000, "[" * 3000, "{}", "", "[]", '"x"']
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    lines=st.lists(st.one_of(_records.map(json.dumps), _raw_lines), min_size=1, max_size=4),
+    fmt=st.sampled_from([None, "mooncake", "tokens"]),
+    compress=st.booleans(),
+)
+def test_any_trace_loads_checked_or_fails_with_trace_format_error(
+    tmp_path_factory: pytest.TempPathFactory, lines: list[str], fmt: str | None, compress: bool
+) -> None:
+    """Whatever a trace line holds, loading gives a workload whose every value the
+    replay can use, or a `TraceFormatError`, never another exception."""
+    import gzip
+
+    data = ("\n".join(lines) + "\n").encode()
+    p = tmp_path_factory.mktemp("fuzz") / "t.jsonl"
+    p.write_bytes(gzip.compress(data) if compress else data)
+    try:
+        wl = load_workload(p, fmt)
+    except TraceFormatError as e:
+        assert str(e).startswith(str(p)) and "\n" not in str(e)
+        return
+    for r in wl.requests:
+        assert math.isfinite(r.arrival_s) and r.arrival_s >= 0
+        assert r.prompt_len >= 1 and r.output_len >= 1
+        assert r.prompt_len + r.output_len <= MAX_REQUEST_TOKENS
+        toks = r.prompt_tokens()
+        assert len(toks) == r.prompt_len
+        assert all(0 <= t < TOKEN_ID_LIMIT for t in toks)
+        if r.output_len <= 4096:
+            out = r.output_tokens()
+            assert len(out) == r.output_len
+            assert all(0 <= t < TOKEN_ID_LIMIT for t in out)

@@ -29,18 +29,26 @@ JSON cannot represent (``NaN``, ``Infinity``, ``1e400``) are refused.
 from __future__ import annotations
 
 import functools
-import gzip
-import io
 import itertools
-import json
 import math
-import zlib
-from collections.abc import Callable, Generator, Iterable, Sequence
-from contextlib import ExitStack, closing, suppress
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from kvcoord.replay._jsonl import (
+    MAX_REQUEST_TOKENS,
+    TOKEN_ID_LIMIT,
+    TraceFormatError,
+    check_request_len,
+    int_field,
+    read_records,
+    shown,
+    time_field,
+    token_list,
+)
 
 __all__ = [
     "MAX_REQUEST_TOKENS",
@@ -62,28 +70,10 @@ __all__ = [
 MOONCAKE_BLOCK_TOKENS = 512
 #: Synthesised token ids are in ``[0, VOCAB_SIZE)``.
 VOCAB_SIZE = 32000
-#: Token ids a trace may hold are in ``[0, TOKEN_ID_LIMIT)`` (the core's 32-bit range).
-TOKEN_ID_LIMIT = 1 << 32
-#: Most tokens (prompt + output) one trace request may have.
-MAX_REQUEST_TOKENS = 1 << 24
 #: Mooncake hash ids are in ``[0, 2**63)``.
 _HASH_ID_LIMIT = 1 << 63
-#: Longest trace line read (characters): a file without newlines is refused, not slurped.
-MAX_LINE_CHARS = 1 << 28
-_GZIP_MAGIC = b"\x1f\x8b"
 
 _M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
-
-
-class TraceFormatError(ValueError):
-    """A trace file could not be read: names the file, the line and the problem."""
-
-    def __init__(self, path: str | Path, line: int | None, problem: str) -> None:
-        self.path = str(path)
-        self.line = line
-        self.problem = problem
-        where = f"{self.path}:{line}" if line is not None else self.path
-        super().__init__(f"{where}: {problem}")
 
 
 def _splitmix64(x: np.ndarray) -> np.ndarray:
@@ -214,162 +204,13 @@ class Workload:
 # --------------------------------------------------------------------------- readers
 
 
-class _BadNumber(ValueError):
-    """A JSON number no field can hold (raised while decoding a line)."""
-
-
-def _finite_float(text: str) -> float:
-    v = float(text)
-    if not math.isfinite(v):
-        raise _BadNumber(f"number {text} is out of range")
-    return v
-
-
-def _no_constant(text: str) -> object:
-    raise _BadNumber(f"{text} is not a JSON number")
-
-
-_DECODER = json.JSONDecoder(parse_float=_finite_float, parse_constant=_no_constant)
-
-
-def _parse_line(path: Path, lineno: int, line: str) -> object | None:
-    """One JSON-lines record, or None for a blank line."""
-    if not line.strip():
-        return None
-    try:
-        obj: object = _DECODER.decode(line)
-    except json.JSONDecodeError as e:
-        raise TraceFormatError(path, lineno, f"invalid JSON: {e.msg} (column {e.colno})") from None
-    except _BadNumber as e:
-        raise TraceFormatError(path, lineno, str(e)) from None
-    except RecursionError:
-        raise TraceFormatError(path, lineno, "invalid JSON: nested too deeply") from None
-    except ValueError:  # an integer with thousands of digits
-        raise TraceFormatError(path, lineno, "invalid JSON: a number is out of range") from None
-    return obj
-
-
-def _open_text(stack: ExitStack, path: Path) -> io.TextIOWrapper:
-    """``path`` as UTF-8 text, gunzipped when it starts with the gzip magic bytes."""
-    raw = stack.enter_context(open(path, "rb"))  # noqa: SIM115
-    stream: io.BufferedReader | gzip.GzipFile = raw
-    if raw.peek(2)[:2] == _GZIP_MAGIC:
-        stream = stack.enter_context(gzip.GzipFile(fileobj=raw, mode="rb"))
-    return stack.enter_context(io.TextIOWrapper(stream, encoding="utf-8-sig"))
-
-
-def _records(path: Path) -> Generator[tuple[int, dict[str, object]], None, None]:
-    """``(line number, object)`` of every non-blank line, read as a stream (one pass,
-    so a pipe works); every way the file can fail to read is a `TraceFormatError`."""
-    lineno = 0
-    try:
-        with ExitStack() as stack:
-            f = _open_text(stack, path)
-            while True:
-                line = f.readline(MAX_LINE_CHARS + 1)
-                if not line:
-                    return
-                lineno += 1
-                if len(line) > MAX_LINE_CHARS:
-                    raise TraceFormatError(
-                        path, lineno, f"line longer than {MAX_LINE_CHARS:,} characters"
-                    )
-                obj = _parse_line(path, lineno, line)
-                if obj is None:
-                    continue
-                if not isinstance(obj, dict):
-                    raise TraceFormatError(
-                        path, lineno, f"expected a JSON object, got {type(obj).__name__}"
-                    )
-                yield lineno, obj
-    except FileNotFoundError:
-        raise TraceFormatError(path, None, "no such file") from None
-    except IsADirectoryError:
-        raise TraceFormatError(path, None, "is a directory, not a trace file") from None
-    except UnicodeDecodeError as e:
-        raise TraceFormatError(path, lineno + 1, f"not UTF-8 text ({e.reason})") from None
-    except (EOFError, zlib.error, gzip.BadGzipFile) as e:
-        raise TraceFormatError(path, lineno + 1, f"corrupt gzip data ({e})") from None
-    except OSError as e:
-        raise TraceFormatError(path, None, f"cannot read: {e.strerror or e}") from None
-    except MemoryError:
-        raise TraceFormatError(path, lineno + 1, "out of memory reading the trace") from None
-
-
-def _shown(v: object) -> str:
-    r = repr(v)
-    return r if len(r) <= 60 else f"{r[:57]}..."
-
-
-def _int_field(
-    path: Path,
-    lineno: int,
-    obj: dict[str, object],
-    key: str,
-    *,
-    minimum: int,
-    required: bool = True,
-) -> int | None:
-    """An integer field in ``[minimum, MAX_REQUEST_TOKENS]``."""
-    if key not in obj:
-        if required:
-            raise TraceFormatError(path, lineno, f"missing field {key!r}")
-        return None
-    v = obj[key]
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise TraceFormatError(path, lineno, f"{key!r} must be an integer, got {_shown(v)}")
-    if v < minimum:
-        raise TraceFormatError(path, lineno, f"{key!r} must be >= {minimum}, got {v}")
-    if v > MAX_REQUEST_TOKENS:
-        raise TraceFormatError(
-            path, lineno, f"{key!r} must be <= {MAX_REQUEST_TOKENS:,}, got {_shown(v)}"
-        )
-    return v
-
-
-def _time_field(path: Path, lineno: int, obj: dict[str, object], key: str) -> float | None:
-    if key not in obj:
-        return None
-    v = obj[key]
-    t = math.nan
-    if not isinstance(v, bool) and isinstance(v, (int, float)):
-        with suppress(OverflowError):  # an integer beyond every float stays NaN
-            t = float(v)
-    if not (math.isfinite(t) and t >= 0):
-        raise TraceFormatError(
-            path, lineno, f"{key!r} must be a finite non-negative number, got {_shown(v)}"
-        )
-    return t
-
-
-def _token_list(v: object) -> bool:
-    """Whether ``v`` is a non-empty list of token ids the core accepts."""
-    return (
-        isinstance(v, list)
-        and len(v) > 0
-        and all(
-            isinstance(t, int) and not isinstance(t, bool) and 0 <= t < TOKEN_ID_LIMIT for t in v
-        )
-    )
-
-
-def _check_request_len(path: Path, lineno: int, n_prompt: int, n_out: int) -> None:
-    if n_prompt + n_out > MAX_REQUEST_TOKENS:
-        raise TraceFormatError(
-            path,
-            lineno,
-            f"{n_prompt:,} prompt + {n_out:,} output tokens is more than the "
-            f"{MAX_REQUEST_TOKENS:,} a request may have",
-        )
-
-
 def read_mooncake(path: str | Path, limit: int | None = None) -> Workload:
     """Read a Mooncake trace (``timestamp`` ms, ``input_length``, ``output_length``, ``hash_ids``).
 
     Every line is one request; ``limit`` stops after that many.
     """
     path = Path(path)
-    with closing(_records(path)) as recs:
+    with closing(read_records(path)) as recs:
         return _mooncake(path, recs, limit)
 
 
@@ -380,11 +221,11 @@ def _mooncake(
     for lineno, obj in records:
         if limit is not None and len(reqs) >= limit:
             break
-        ts = _time_field(path, lineno, obj, "timestamp")
+        ts = time_field(path, lineno, obj, "timestamp")
         if ts is None:
             raise TraceFormatError(path, lineno, "missing field 'timestamp'")
-        n_in = _int_field(path, lineno, obj, "input_length", minimum=1)
-        n_out = _int_field(path, lineno, obj, "output_length", minimum=0)
+        n_in = int_field(path, lineno, obj, "input_length", minimum=1)
+        n_out = int_field(path, lineno, obj, "output_length", minimum=0)
         assert n_in is not None and n_out is not None
         ids = obj.get("hash_ids")
         if ids is None:
@@ -404,7 +245,7 @@ def _mooncake(
                 f"got {len(ids)}",
             )
         n_out = max(1, n_out)
-        _check_request_len(path, lineno, n_in, n_out)
+        check_request_len(path, lineno, n_in, n_out)
         hash_ids = tuple(ids)
         reqs.append(
             WorkloadRequest(
@@ -421,7 +262,7 @@ def _mooncake(
 def read_token_trace(path: str | Path, limit: int | None = None) -> Workload:
     """Read JSON Lines of explicit ``prompt_token_ids`` (see the module docstring for fields)."""
     path = Path(path)
-    with closing(_records(path)) as recs:
+    with closing(read_records(path)) as recs:
         return _token_trace(path, recs, limit)
 
 
@@ -436,7 +277,7 @@ def _token_trace(
         toks = obj.get("prompt_token_ids")
         if toks is None:
             raise TraceFormatError(path, lineno, "missing field 'prompt_token_ids'")
-        if not _token_list(toks):
+        if not token_list(toks):
             raise TraceFormatError(
                 path,
                 lineno,
@@ -444,14 +285,14 @@ def _token_trace(
             )
         assert isinstance(toks, list)
         out_ids = obj.get("output_token_ids")
-        if out_ids is not None and not _token_list(out_ids):
+        if out_ids is not None and not token_list(out_ids):
             raise TraceFormatError(
                 path,
                 lineno,
                 "'output_token_ids' must be a non-empty list of non-negative integers below 2**32",
             )
         assert out_ids is None or isinstance(out_ids, list)
-        n_out = _int_field(path, lineno, obj, "output_length", minimum=1, required=False)
+        n_out = int_field(path, lineno, obj, "output_length", minimum=1, required=False)
         if n_out is None:
             n_out = len(out_ids) if out_ids else 16
         elif out_ids is not None and len(out_ids) < n_out:
@@ -460,23 +301,23 @@ def _token_trace(
                 lineno,
                 f"'output_token_ids' has {len(out_ids)} tokens, fewer than output_length {n_out}",
             )
-        _check_request_len(path, lineno, len(toks), n_out)
-        t = _time_field(path, lineno, obj, "arrival_time")
+        check_request_len(path, lineno, len(toks), n_out)
+        t = time_field(path, lineno, obj, "arrival_time")
         if t is None:
-            ms = _time_field(path, lineno, obj, "timestamp")
+            ms = time_field(path, lineno, obj, "timestamp")
             t = ms / 1000.0 if ms is not None else 0.0
         salt = obj.get("cache_salt")
         if salt is not None and not isinstance(salt, str):
             raise TraceFormatError(
-                path, lineno, f"'cache_salt' must be a string, got {_shown(salt)}"
+                path, lineno, f"'cache_salt' must be a string, got {shown(salt)}"
             )
         rid = obj.get("request_id", f"req-{len(reqs)}")
         if not isinstance(rid, str) or not rid:
             raise TraceFormatError(
-                path, lineno, f"'request_id' must be a non-empty string, got {_shown(rid)}"
+                path, lineno, f"'request_id' must be a non-empty string, got {shown(rid)}"
             )
         if rid in seen:
-            raise TraceFormatError(path, lineno, f"duplicate request_id {_shown(rid)}")
+            raise TraceFormatError(path, lineno, f"duplicate request_id {shown(rid)}")
         seen.add(rid)
         prompt = tuple(toks)
         reqs.append(
@@ -565,7 +406,7 @@ def load_workload(trace: str | Path | None, fmt: str | None, limit: int | None =
     if fmt not in (None, "mooncake", "tokens"):
         raise ValueError(f"unknown trace format {fmt!r} (expected 'mooncake' or 'tokens')")
     path = Path(trace)
-    with closing(_records(path)) as recs:
+    with closing(read_records(path)) as recs:
         first = next(recs, None)
         if fmt is None:
             if first is None:
