@@ -141,7 +141,7 @@ def _plain_log(ax: Any, axis: str) -> None:
     a.set_minor_formatter(fmt)
 
 
-def _scale(ax: Any, axis: str, values: list[float]) -> None:
+def _scale(ax: Any, axis: str, values: list[float | None]) -> None:
     """Log scale (plain labels) when the values span more than a factor of 8."""
     v = [x for x in values if x is not None and x > 0 and np.isfinite(x)]
     if v and max(v) / min(v) > 8:
