@@ -232,7 +232,7 @@ def test_parse_bytes() -> None:
 def test_default_size_from_gpu_and_trace() -> None:
     wl = read_mooncake(MOONCAKE)
     plan = make_plan(wl, model="llama-3.1-70b", gpu="h100", tp=4)
-    free = 80e9 * 0.9 - 70.6e9 * 2 / 4 - 2 * GiB
+    free = 81559 * 2**20 * 0.9 - 70.6e9 * 2 / 4 - 2 * GiB  # nvidia-smi's H100 total
     assert plan.num_blocks == int(free // (16 * 80 * 1024))
     assert plan.size_flag == "default" and "weights" in plan.size_note
     plan = make_plan(wl, model="llama-3.1-8b", kv_memory=1 * GiB)

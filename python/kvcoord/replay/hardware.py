@@ -1,9 +1,10 @@
 """GPU presets for the step-time model: the one table of hardware facts.
 
 Figures are the vendors' published per-GPU datasheet numbers: dense (no
-sparsity) BF16 and FP8 tensor throughput, HBM capacity and bandwidth, the
-GPU-to-GPU link (NVLink, or PCIe where there is none; one direction) and the
-host link used by a host-memory tier (PCIe, one direction).
+sparsity) BF16 and FP8 tensor throughput, HBM bandwidth, the GPU-to-GPU link
+(NVLink, or PCIe where there is none; one direction) and the host link used
+by a host-memory tier (PCIe, one direction). Memory is the total
+``nvidia-smi`` reports for the part (MiB), not the marketing "80 GB".
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ __all__ = ["GPUS", "GPUSpec", "HardwareError", "load_gpu"]
 
 GB = 1e9
 TB = 1e12
+MiB = 1 << 20
 
 
 class HardwareError(ValueError):
@@ -45,17 +47,17 @@ class GPUSpec:
 GPUS: dict[str, GPUSpec] = {
     g.name: g
     for g in (
-        GPUSpec("a100", "NVIDIA A100 SXM 80GB", 312 * TB, 0.0, 80 * GB, 2.039 * TB,
+        GPUSpec("a100", "NVIDIA A100 SXM 80GB", 312 * TB, 0.0, 81920 * MiB, 2.039 * TB,
                 300 * GB, 5e-6, 25 * GB),
-        GPUSpec("a100-40gb", "NVIDIA A100 SXM 40GB", 312 * TB, 0.0, 40 * GB, 1.555 * TB,
+        GPUSpec("a100-40gb", "NVIDIA A100 SXM 40GB", 312 * TB, 0.0, 40960 * MiB, 1.555 * TB,
                 300 * GB, 5e-6, 25 * GB),
-        GPUSpec("h100", "NVIDIA H100 SXM 80GB", 989 * TB, 1979 * TB, 80 * GB, 3.35 * TB,
+        GPUSpec("h100", "NVIDIA H100 SXM 80GB", 989 * TB, 1979 * TB, 81559 * MiB, 3.35 * TB,
                 450 * GB, 4e-6, 55 * GB),
-        GPUSpec("h200", "NVIDIA H200 SXM 141GB", 989 * TB, 1979 * TB, 141 * GB, 4.8 * TB,
+        GPUSpec("h200", "NVIDIA H200 SXM 141GB", 989 * TB, 1979 * TB, 143771 * MiB, 4.8 * TB,
                 450 * GB, 4e-6, 55 * GB),
-        GPUSpec("b200", "NVIDIA B200 (HGX) 180GB", 2250 * TB, 4500 * TB, 180 * GB, 8.0 * TB,
+        GPUSpec("b200", "NVIDIA B200 (HGX) 180GB", 2250 * TB, 4500 * TB, 183359 * MiB, 8.0 * TB,
                 900 * GB, 3e-6, 55 * GB),
-        GPUSpec("l40s", "NVIDIA L40S 48GB (PCIe, no NVLink)", 362 * TB, 733 * TB, 48 * GB,
+        GPUSpec("l40s", "NVIDIA L40S 48GB (PCIe, no NVLink)", 362 * TB, 733 * TB, 46068 * MiB,
                 0.864 * TB, 25 * GB, 10e-6, 25 * GB),
     )
 }  # fmt: skip
