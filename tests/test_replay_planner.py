@@ -355,3 +355,69 @@ def test_scheduler_charges_the_roofline_step_times() -> None:
     assert m["ttft_p50_s"] == pytest.approx(0.02800658, rel=1e-6)  # test_roofline_prefill
     assert m["tpot_p50_s"] == pytest.approx(0.006541543, rel=1e-6)  # test_roofline_decode
     assert m["queue_p50_s"] == 0.0
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_every_preset_replays(name: str) -> None:
+    """Each preset's layout runs through the real manager; Mamba hybrids with caching off."""
+    from kvcoord.replay.report import summarize
+    from kvcoord.replay.scheduler import SimConfig, simulate
+
+    wl = read_mooncake(MOONCAKE)
+    plan = make_plan(wl, model=name, gpu="h200", tp=8, kv_memory=float(GiB))
+    cfg = SimConfig(layout=plan.layout, num_blocks=plan.num_blocks, step_model=plan.step_model)
+    res = simulate(wl, cfg)
+    s = summarize(res, res.best, cfg, wl.name, plan)
+    assert res.num_finished == len(wl.requests) and res.leaked_blocks == 0
+    assert s["kv_memory_gib_per_gpu"] <= 1.0
+    if plan.layout.enable_caching:
+        assert 0 < s["prefix_hit_rate"] <= s["best_possible_hit_rate"]
+    else:
+        assert name == "jamba-1.5-mini" and s["prefix_hit_rate"] == 0
+
+
+def test_hf_config_layer_types_and_chunked(tmp_path: Path) -> None:
+    oss = {
+        "num_hidden_layers": 4,
+        "hidden_size": 2880,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "sliding_window": 128,
+        "layer_types": ["sliding_attention", "full_attention"] * 2,
+        "num_local_experts": 128,
+        "experts_per_token": 4,
+    }
+    spec = read_hf_config(_write(tmp_path, oss))
+    assert dict(spec.layer_kinds) == {"sliding_window": 2, "full_attention": 2}
+    assert spec.window == 128 and spec.active_params < spec.params
+    scout = {
+        "text_config": {
+            "num_hidden_layers": 8,
+            "hidden_size": 5120,
+            "num_attention_heads": 40,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+            "attention_chunk_size": 8192,
+            "no_rope_layers": [1, 1, 1, 0, 1, 1, 1, 0],
+        }
+    }
+    spec = read_hf_config(_write(tmp_path, scout))
+    assert dict(spec.layer_kinds) == {"full_attention": 2, "chunked_local": 6}
+    lay, _ = model_layout(spec)
+    assert [g.spec.kind for g in lay.groups] == ["full_attention"] + ["chunked_local"] * 3
+
+
+def test_model_config_and_kv_dtype_flags(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = _write(
+        tmp_path,
+        {"num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
+         "num_key_value_heads": 8},
+    )  # fmt: skip
+    out = tmp_path / "r.json"
+    argv = ["replay", "--trace", MOONCAKE, "--model-config", cfg, "--kv-dtype", "fp8"]
+    assert main([*argv, "--kv-memory", "1GiB", "--no-progress", "--json", str(out)]) == 0
+    s = json.loads(out.read_text())
+    assert s["kv_dtype"] == "fp8" and s["kv_bytes_per_token"] == 32 * 2 * 8 * 128
