@@ -421,3 +421,22 @@ def test_model_config_and_kv_dtype_flags(
     assert main([*argv, "--kv-memory", "1GiB", "--no-progress", "--json", str(out)]) == 0
     s = json.loads(out.read_text())
     assert s["kv_dtype"] == "fp8" and s["kv_bytes_per_token"] == 32 * 2 * 8 * 128
+
+
+def test_occupancy_splits_the_pool_exactly() -> None:
+    """Referenced + cached-but-free + empty = every usable block, at every sample; a
+    small pool under reuse is mostly cache, not empty."""
+    from kvcoord.replay.report import occupancy_metrics
+    from kvcoord.replay.scheduler import SimConfig, simulate
+
+    wl = synthetic_chat(num_conversations=16)
+    plan = make_plan(wl, capacity_tokens=wl.max_sequence_len * 4)
+    res = simulate(
+        wl, SimConfig(layout=plan.layout, num_blocks=plan.num_blocks, step_model=plan.step_model)
+    )
+    assert res.occupancy_samples
+    for _, ref, cached_free, empty in res.occupancy_samples:
+        assert ref + cached_free + empty == plan.num_blocks - 1
+    m = occupancy_metrics(res)
+    assert m["occupancy_cached_free_mean"] > m["occupancy_empty_mean"]
+    assert m["occupancy_referenced_peak"] == pytest.approx(max(res.step_usage))
