@@ -355,11 +355,19 @@ def simulate(
             seqs += 1
             if win is not None:
                 win.add(c, n)
-            pos = live.out_pos
-            if live.advance(live.computed + n):
-                finished.append(live)
-            if pos == 0 and live.out_pos == 1:
-                first_token.append(live)
+            # live.advance(c + n), inlined (the hottest line of a replay)
+            done = c + n
+            live.computed = done
+            req.num_computed_tokens = done
+            if done >= live.num_tokens:
+                pos = live.out_pos
+                req.append_output_token_ids(live.out[pos])
+                live.out_pos = pos + 1
+                live.num_tokens += 1
+                if pos == 0:
+                    first_token.append(live)
+                if pos + 1 >= live.out_len:
+                    finished.append(live)
 
         # 3. admissions
         if not preempted:
