@@ -46,7 +46,7 @@ from typing import Any
 from kvcoord.config import KVCacheConfig
 from kvcoord.hashing import HashAlgoName
 from kvcoord.manager import KVCacheManager
-from kvcoord.replay.bestcase import BestCase, BestCaseTracker, prefix_block_keys
+from kvcoord.replay.bestcase import BestCase, BestCaseTracker
 from kvcoord.replay.layouts import Layout
 from kvcoord.replay.tiers import HostTier
 from kvcoord.replay.timing import StepCost, StepTimeModel
@@ -384,9 +384,7 @@ def simulate(
                     if best is not None:
                         best.add(toks, live.out, wr.cache_salt)
                     if host is not None:
-                        live.host_keys = prefix_block_keys(
-                            _as_array(toks), host.chunk_tokens, wr.cache_salt
-                        )
+                        live.host_keys = host.keys(toks, wr.cache_salt)
                     t2 = pc()
                     # The simulation only needs equal prefixes to hash equal, so it
                     # uses the fastest algorithm; hit rates do not depend on it.
@@ -513,9 +511,3 @@ def simulate(
     res.leaked_blocks = (pool.num_blocks - 1) - pool.num_free_blocks
     res.wall_seconds = perf_counter() - wall0
     return res
-
-
-def _as_array(toks: Any) -> Any:
-    import numpy as np
-
-    return toks if isinstance(toks, np.ndarray) else np.asarray(toks, dtype=np.int64)

@@ -18,8 +18,11 @@ bound on the transfer cost).
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 
 import numpy as np
+
+from kvcoord.replay.bestcase import prefix_block_keys
 
 __all__ = ["DEFAULT_CHUNK_TOKENS", "HostTier"]
 
@@ -44,6 +47,11 @@ class HostTier:
 
     def __len__(self) -> int:
         return len(self._lru)
+
+    def keys(self, tokens: Sequence[int] | np.ndarray, salt: str | None = None) -> np.ndarray:
+        """One prefix key per whole chunk of ``tokens`` (the best-possible pass's keys)."""
+        arr = tokens if isinstance(tokens, np.ndarray) else np.asarray(tokens, dtype=np.int64)
+        return prefix_block_keys(arr, self.chunk_tokens, salt)
 
     def lookup(self, keys: np.ndarray) -> int:
         """Tokens of the longest prefix of ``keys`` (one per chunk) held; touches them."""
