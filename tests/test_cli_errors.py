@@ -246,14 +246,14 @@ def test_unwritable_outputs_refused_before_a_long_run(tmp_path: Path, long_trace
 
 
 def test_sweep_worker_failure_is_one_line(tmp_path: Path) -> None:
-    # one 8,193-token request: 514 blocks hold its full-attention group but not the
-    # sliding-window group beside it, which only the replay finds out
+    # one 8,193-token request: 800 blocks pass the planner's estimate, but the first
+    # 8192-token chunk needs blocks in both groups at once, which only the replay finds out
     p = _write(
         tmp_path / "t.jsonl",
         [{"timestamp": 0, "input_length": 8192, "output_length": 1, "hash_ids": list(range(16))}],
     )
-    argv = ["sweep", "--trace", str(p), "--layout", "sliding-window", "--sizes", "514,515"]
-    _one_error(_run([*argv, "--jobs", "2"]), 1, "pool of 514 blocks: request mc-0", "larger pool")
+    argv = ["sweep", "--trace", str(p), "--layout", "sliding-window", "--sizes", "800,1100"]
+    _one_error(_run([*argv, "--jobs", "2"]), 1, "pool of 800 blocks: request mc-0", "larger pool")
     _one_error(_run([*argv, "--jobs", "1"]), 1, "request mc-0", "larger pool")
 
 

@@ -1,7 +1,9 @@
 """The ``kvcoord`` command: ``kvcoord replay`` (the default) and ``kvcoord sweep``.
 
 ``kvcoord`` with no arguments replays the bundled synthetic chat workload
-on a single full-attention layout and prints a summary.
+with the default model and GPU (Llama-3.1-8B on one H100) and prints a
+summary; the planner's set-up (model, GPU, pool size, tiers) is resolved by
+:mod:`kvcoord.replay.plan`.
 
 Every failure is one line on stderr, ``kvcoord <command>: error: ...``, and
 an exit status: 2 for a bad flag, layout or trace (all checked before the
@@ -42,6 +44,7 @@ from kvcoord._cli_base import (
     _pool_blocks,
     _pos_int,
     _say,
+    _shown,
     _sigint_ignored,
     _write_json,
     _write_output,
@@ -50,7 +53,32 @@ from kvcoord.replay.workloads import MAX_REQUEST_TOKENS
 
 __all__ = ["main"]
 
-DEFAULT_CAPACITY_TOKENS = 65536
+
+def _bytes(text: str) -> float:
+    """An argparse type: a size like ``40GiB`` (bytes)."""
+    from kvcoord.replay.plan import parse_bytes
+
+    try:
+        v = parse_bytes(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if v > 1 << 60:
+        raise argparse.ArgumentTypeError(f"expected at most 1 EiB, got {_shown(text)}")
+    return v
+
+
+def _bytes_list(text: str) -> list[float]:
+    out = [0.0 if p.strip() == "0" else _bytes(p) for p in text.split(",") if p.strip()]
+    if not out:
+        raise argparse.ArgumentTypeError("expected a comma-separated list of sizes")
+    return out
+
+
+def _str_list(text: str) -> list[str]:
+    out = [p.strip() for p in text.split(",") if p.strip()]
+    if not out:
+        raise argparse.ArgumentTypeError("expected a comma-separated list of names")
+    return out
 
 
 def _add_workload_args(p: argparse.ArgumentParser) -> None:
@@ -69,15 +97,37 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
         type=_nonneg_float,
         default=1.0,
         metavar="F",
-        help="multiply arrival times by F (0: all requests arrive at once; default 1)",
+        help="multiply every arrival time by F: 2 spreads the trace over twice the time "
+        "(half the request rate), 0.5 doubles the rate, 0 makes every request arrive at "
+        "once (a throughput test); TTFT and queueing delay are measured from the scaled "
+        "arrival (default 1: the trace's own timing)",
+    )
+    from kvcoord.replay.hardware import GPUS
+    from kvcoord.replay.models import MODELS
+
+    g = p.add_argument_group("model and hardware (the KV bytes and the step-time model)")
+    g.add_argument(
+        "--model", metavar="NAME", help=f"model preset: {', '.join(MODELS)} (default llama-3.1-8b)"
+    )
+    g.add_argument(
+        "--model-config", metavar="config.json", help="read the model from a Hugging Face config"
+    )
+    g.add_argument(
+        "--kv-dtype",
+        metavar="DTYPE",
+        help="KV-cache dtype: bf16, fp16, fp8, fp32 (default: the model's)",
+    )
+    g.add_argument("--gpu", metavar="NAME", help=f"GPU preset: {', '.join(GPUS)} (default h100)")
+    g.add_argument(
+        "--tp", type=_bounded(1024), default=1, metavar="N", help="tensor-parallel GPUs (1)"
     )
     g = p.add_argument_group("cache layout and scheduler")
     g.add_argument(
         "--layout",
-        default="full",
         metavar="NAME|FILE",
-        help="preset (full, sliding-window, chunked-local, mamba, no-prefix-cache) "
-        "or a .json/.toml layout file (default: full)",
+        help="replace the model's cache layout with a preset (full, sliding-window, "
+        "chunked-local, mamba, no-prefix-cache) or a .json/.toml layout file; the "
+        "model's attention layers are split evenly among its groups",
     )
     g.add_argument(
         "--block-size",
@@ -110,8 +160,13 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="{replay,sweep}")
     r = sub.add_parser("replay", help="replay one workload at one pool size (the default command)")
     _add_workload_args(r)
-    g = r.add_argument_group("pool size (one of)")
+    g = r.add_argument_group(
+        "pool size (one of; default: what vLLM leaves for KV on --gpu/--tp after the weights)"
+    )
     m = g.add_mutually_exclusive_group()
+    m.add_argument(
+        "--kv-memory", type=_bytes, metavar="SIZE", help="KV-cache memory per GPU, e.g. 40GiB"
+    )
     m.add_argument(
         "--num-blocks",
         type=_pool_blocks,
@@ -122,16 +177,44 @@ def _parser() -> argparse.ArgumentParser:
         "--capacity-tokens",
         type=_pos_int,
         metavar="T",
-        help=f"pool size as tokens of context per group (default {DEFAULT_CAPACITY_TOKENS})",
+        help="pool size as tokens of context per group",
+    )
+    r.add_argument_group("host-memory tier").add_argument(
+        "--host-memory",
+        type=_bytes,
+        metavar="SIZE",
+        help="KV offload tier in host memory per replica, e.g. 256GiB (LRU; hits load over PCIe)",
     )
     g = r.add_argument_group("output")
     g.add_argument("--json", metavar="FILE", help="write the summary as JSON")
-    g.add_argument("--plot", metavar="FILE.png", help="PNG of pool usage and hit rate over time")
+    g.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        help="PNG of pool occupancy, hit rate and TTFT over simulated time",
+    )
 
-    s = sub.add_parser("sweep", help="replay one workload at several pool sizes")
+    s = sub.add_parser(
+        "sweep", help="replay one workload at several pool sizes x models x host tiers"
+    )
     _add_workload_args(s)
-    g = s.add_argument_group("pool sizes (default: a geometric range)")
+    g = s.add_argument_group("variants (every combination is replayed)")
+    g.add_argument(
+        "--models", type=_str_list, metavar="A,B,...", help="models to compare (default: --model)"
+    )
+    g.add_argument(
+        "--host-memories",
+        type=_bytes_list,
+        metavar="S,S,...",
+        help="host tiers to compare, e.g. 0,256GiB (default: none)",
+    )
+    g = s.add_argument_group("pool sizes (default: a geometric range of KV memory)")
     m = g.add_mutually_exclusive_group()
+    m.add_argument(
+        "--kv-memories",
+        type=_bytes_list,
+        metavar="S,S,...",
+        help="KV memory per GPU, e.g. 16GiB,32GiB",
+    )
     m.add_argument("--sizes", type=_block_list, metavar="N,N,...", help="pool sizes in blocks")
     m.add_argument("--capacities", type=_int_list, metavar="T,T,...", help="pool sizes in tokens")
     g.add_argument(
@@ -142,11 +225,19 @@ def _parser() -> argparse.ArgumentParser:
         "--points", type=_bounded(1000), default=6, metavar="K", help="pool sizes in the range (6)"
     )
     g.add_argument(
-        "--jobs", type=_bounded(256), default=1, metavar="N", help="parallel processes (1)"
+        "--jobs",
+        type=_bounded(256),
+        default=min(256, os.cpu_count() or 1),
+        metavar="N",
+        help="parallel processes (default: the number of CPUs)",
     )
     g = s.add_argument_group("output")
     g.add_argument("--json", metavar="FILE", help="write the rows as JSON")
-    g.add_argument("--plot", metavar="FILE.png", help="PNG of hit rate against pool size")
+    g.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        help="PNG of hit rate, TTFT p90 and throughput against KV memory, one line per variant",
+    )
     return p
 
 
@@ -166,7 +257,7 @@ def _setup(args: argparse.Namespace) -> _Setup:
     if args.format is not None and args.trace is None:
         raise UsageError("--format needs --trace FILE (the bundled workload has no format)")
     try:
-        layout = load_layout(args.layout)
+        layout = load_layout(args.layout or "full")
         if args.block_size is not None:
             layout = layout.with_block_size(args.block_size)
     except LayoutError as e:
@@ -182,7 +273,7 @@ def _setup(args: argparse.Namespace) -> _Setup:
     try:  # what the manager itself refuses (sizes beyond its range), before any run
         make_manager(layout, 2, workload.max_sequence_len)
     except (ValueError, TypeError, OverflowError) as e:
-        raise UsageError(f"--layout {args.layout}: {e}") from None
+        raise UsageError(f"--layout {args.layout or 'full'}: {e}") from None
     last = workload.requests[-1].arrival_s  # sorted by arrival
     if not math.isfinite(last * args.time_scale):
         raise UsageError(
@@ -192,15 +283,47 @@ def _setup(args: argparse.Namespace) -> _Setup:
     return _Setup(workload, layout)
 
 
-def _sim_config(args: argparse.Namespace, layout: Any, num_blocks: int) -> Any:
+def _plan(args: argparse.Namespace, st: _Setup, **size: Any) -> Any:
+    """The planner's set-up (model, GPU, layout, pool size, host tier) from the flags."""
+    from kvcoord.replay.plan import make_plan
+
+    opts: dict[str, Any] = {
+        "num_blocks": getattr(args, "num_blocks", None),
+        "capacity_tokens": getattr(args, "capacity_tokens", None),
+        "kv_memory": getattr(args, "kv_memory", None),
+        "host_memory": getattr(args, "host_memory", None),
+        "model": args.model,
+    }
+    opts.update(size)
+    try:
+        plan = make_plan(
+            st.workload,
+            model_config=args.model_config,
+            kv_dtype=args.kv_dtype,
+            gpu=args.gpu,
+            tp=args.tp,
+            layout=args.layout,
+            block_size=args.block_size,
+            **opts,
+        )
+    except ValueError as e:  # PlanError names the flag
+        raise UsageError(str(e)) from None
+    _check_pool(plan.layout, st.workload, plan.num_blocks, plan.size_flag)
+    return plan
+
+
+def _sim_config(args: argparse.Namespace, plan: Any) -> Any:
     from kvcoord.replay.scheduler import SimConfig
 
     return SimConfig(
-        layout=layout,
-        num_blocks=num_blocks,
+        layout=plan.layout,
+        num_blocks=plan.num_blocks,
         max_running=args.max_running,
         token_budget=args.token_budget,
         time_scale=args.time_scale,
+        step_model=plan.step_model,
+        host_tier=plan.host_tier(),
+        token_bytes_per_gpu=plan.footprint.token_bytes_per_gpu,
     )
 
 
@@ -212,19 +335,9 @@ def _check_pool(layout: Any, workload: Any, num_blocks: int, flag: str) -> None:
             f"{flag}: a pool of {num_blocks:,} blocks is larger than the "
             f"{MAX_POOL_BLOCKS:,} the CLI builds"
         )
-    from kvcoord.replay.layouts import num_blocks_for_capacity
     from kvcoord.replay.scheduler import build_config
 
-    need = num_blocks_for_capacity(layout, workload.max_sequence_len)
-    if layout.has_sparse_groups:
-        need = num_blocks_for_capacity(
-            layout.__class__(layout.name, layout.groups[:1]), workload.max_sequence_len
-        )
-    if num_blocks < need:
-        raise UsageError(
-            f"{flag}: {num_blocks} blocks cannot hold the longest request "
-            f"({workload.max_sequence_len} tokens needs about {need} blocks)"
-        )
+    del workload  # the planner already checked the longest request
     try:  # the manager's own checks, before the run rather than in it
         build_config(layout, num_blocks)
     except (ValueError, TypeError, OverflowError) as e:
@@ -243,22 +356,17 @@ def _progress(total: int, disable: bool, desc: str) -> Any:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from kvcoord.replay.layouts import num_blocks_for_capacity
-    from kvcoord.replay.report import format_summary, plot_replay, summarize
+    from kvcoord.replay.plots import plot_replay
+    from kvcoord.replay.report import format_summary, summarize
     from kvcoord.replay.scheduler import simulate
 
     _check_outputs(args)
     st = _setup(args)
-    if args.num_blocks is not None:
-        num_blocks, flag = args.num_blocks, "--num-blocks"
-    else:
-        cap = args.capacity_tokens or DEFAULT_CAPACITY_TOKENS
-        num_blocks, flag = num_blocks_for_capacity(st.layout, cap), "--capacity-tokens"
-    _check_pool(st.layout, st.workload, num_blocks, flag)
-    cfg = _sim_config(args, st.layout, num_blocks)
+    plan = _plan(args, st)
+    cfg = _sim_config(args, plan)
     with _progress(len(st.workload.requests), args.no_progress, "replay") as bar:
         res = simulate(st.workload, cfg, progress=bar.update)
-    summary = summarize(res, res.best, cfg, st.workload.name)
+    summary = summarize(res, res.best, cfg, st.workload.name, plan)
     print(format_summary(summary))
     if args.json:
         _write_json(args.json, summary)
@@ -270,17 +378,39 @@ def _replay(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- sweep
 
 
-def _sweep_point(
-    args: argparse.Namespace, num_blocks: int, st: _Setup, track_best: bool = False
-) -> tuple[dict[str, Any], Any]:
-    """One sweep size -> (summary, best case or None)."""
+@dataclass
+class _Point:
+    """One sweep point: a variant (model, host tier) at one pool size."""
+
+    variant: str
+    model: str | None
+    host_memory: float | None
+    size: dict[str, Any]
+
+    def describe(self) -> str:
+        from kvcoord.replay.plan import format_bytes
+
+        k, v = next(iter(self.size.items()))
+        if k == "num_blocks":
+            what = f"pool of {v:,} blocks"
+        elif k == "capacity_tokens":
+            what = f"pool of {v:,} tokens per group"
+        else:
+            what = f"{format_bytes(v)} of KV per GPU"
+        return f"{self.variant}, {what}"
+
+
+def _sweep_point(args: argparse.Namespace, point: _Point, st: _Setup) -> dict[str, Any]:
+    """One sweep point -> its summary row (the variant's own best case included)."""
     from kvcoord.replay.report import summarize
     from kvcoord.replay.scheduler import simulate
 
-    cfg = _sim_config(args, st.layout, num_blocks)
-    cfg.track_best = track_best
+    plan = _plan(args, st, model=point.model, host_memory=point.host_memory, **point.size)
+    cfg = _sim_config(args, plan)
     res = simulate(st.workload, cfg)
-    return summarize(res, res.best, cfg, st.workload.name), res.best
+    row = summarize(res, res.best, cfg, st.workload.name, plan)
+    row["variant"] = point.variant
+    return row
 
 
 _WORKER_SETUP: _Setup | None = None
@@ -293,13 +423,13 @@ def _worker_init(st: _Setup) -> None:
     _WORKER_SETUP = st
 
 
-def _worker_point(args: argparse.Namespace, num_blocks: int) -> tuple[dict[str, Any], Any]:
+def _worker_point(args: argparse.Namespace, point: _Point) -> dict[str, Any]:
     """`_sweep_point` in a worker; a failure comes back as one picklable line."""
     try:
         assert _WORKER_SETUP is not None, "worker started without its workload"
-        return _sweep_point(args, num_blocks, _WORKER_SETUP)
+        return _sweep_point(args, point, _WORKER_SETUP)
     except Exception as e:
-        raise CliError(f"pool of {num_blocks:,} blocks: {_describe(e)}") from None
+        raise CliError(f"{point.describe()}: {_describe(e)}") from None
 
 
 def _stop_workers(ex: ProcessPoolExecutor) -> None:
@@ -313,93 +443,98 @@ def _stop_workers(ex: ProcessPoolExecutor) -> None:
 
 
 def _sweep_parallel(
-    args: argparse.Namespace, st: _Setup, sizes: list[int], jobs: int, bar: Any
-) -> tuple[list[dict[str, Any]], Any]:
-    from kvcoord.replay.bestcase import best_possible_hits
-
+    args: argparse.Namespace, st: _Setup, points: list[_Point], jobs: int, bar: Any
+) -> list[dict[str, Any]]:
     ctx = multiprocessing.get_context("spawn")
     # workers start with Ctrl-C ignored (inherited), so only this process reports it
     with _sigint_ignored():
         ex = ProcessPoolExecutor(
             max_workers=jobs, mp_context=ctx, initializer=_worker_init, initargs=(st,)
         )
-        futs: list[Future[tuple[dict[str, Any], Any]]] = [
-            ex.submit(_worker_point, args, n) for n in sizes
-        ]
+        futs: list[Future[dict[str, Any]]] = [ex.submit(_worker_point, args, p) for p in points]
     rows: list[dict[str, Any]] = []
     try:
-        # this process would only wait: compute the best case meanwhile
-        best = best_possible_hits(st.workload, st.layout.block_size)
         for f in futs:
-            rows.append(f.result()[0])
+            rows.append(f.result())
             bar.update(1)
     except BaseException:
         _stop_workers(ex)
         raise
     ex.shutdown()
-    return rows, best
+    return rows
 
 
-def _geometric(lo: int, hi: int, k: int) -> list[int]:
+def _geometric(lo: float, hi: float, k: int) -> list[float]:
     if k == 1 or lo >= hi:
         return [hi]
     ratio = (hi / lo) ** (1 / (k - 1))
-    return sorted({round(lo * ratio**i) for i in range(k)})
+    return [lo * ratio**i for i in range(k)]
+
+
+def _sweep_points(args: argparse.Namespace, st: _Setup) -> list[_Point]:
+    """Every (model, host tier, size) combination the flags ask for, each checked."""
+    from kvcoord.replay.plan import GiB, min_blocks
+
+    points = []
+    for model in args.models or [args.model]:
+        base = _plan(args, st, model=model, host_memory=None, num_blocks=None,
+                     capacity_tokens=None, kv_memory=None)  # fmt: skip
+        for host in args.host_memories or [0.0]:
+            name = base.model.name if args.layout is None else base.layout.name
+            if host:
+                name += f" + host {host / GiB:,.0f} GiB"
+            sizes: list[dict[str, Any]]
+            if args.kv_memories:
+                sizes = [{"kv_memory": m} for m in args.kv_memories]
+            elif args.sizes:
+                sizes = [{"num_blocks": n} for n in args.sizes]
+            elif args.capacities:
+                sizes = [{"capacity_tokens": c} for c in args.capacities]
+            else:
+                fp = base.footprint
+                need = fp.memory_for_blocks(2 * min_blocks(base.layout, st.workload))
+                hi = fp.memory_for_blocks(args.max_blocks or base.num_blocks)
+                lo = fp.memory_for_blocks(args.min_blocks) if args.min_blocks else need
+                if not args.min_blocks:  # the default range: never above its top
+                    lo = min(max(lo, hi / 64), hi)
+                if lo > hi:
+                    raise UsageError(
+                        f"--min-blocks {fp.blocks_for_memory(lo)} is larger than "
+                        f"--max-blocks {fp.blocks_for_memory(hi)}"
+                    )
+                sizes = [{"kv_memory": m} for m in _geometric(lo, hi, args.points)]
+            for size in sizes:
+                pt = _Point(name, model, host or None, size)
+                _plan(args, st, model=model, host_memory=pt.host_memory, **size)  # checks
+                points.append(pt)
+    return points
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from kvcoord.replay.layouts import num_blocks_for_capacity
-    from kvcoord.replay.report import format_sweep, plot_sweep
+    from kvcoord.replay.plots import plot_sweep
+    from kvcoord.replay.report import format_sweep
 
     _check_outputs(args)
-    if (args.sizes or args.capacities) and (args.min_blocks or args.max_blocks):
+    if (args.sizes or args.capacities or args.kv_memories) and (args.min_blocks or args.max_blocks):
         raise UsageError(
-            "--min-blocks/--max-blocks make a range; do not combine with --sizes/--capacities"
+            "--min-blocks/--max-blocks make a range; do not combine with "
+            "--sizes/--capacities/--kv-memories"
         )
     st = _setup(args)
-    if args.sizes:
-        sizes, flag = args.sizes, "--sizes"
-    elif args.capacities:
-        sizes = sorted({num_blocks_for_capacity(st.layout, c) for c in args.capacities})
-        flag = "--capacities"
-    else:
-        one = num_blocks_for_capacity(st.layout, st.workload.max_sequence_len)
-        total = sum(r.prompt_len + r.output_len for r in st.workload.requests)
-        hi = args.max_blocks or min(
-            max(num_blocks_for_capacity(st.layout, total), 2 * one), 1 << 22
-        )
-        lo = args.min_blocks or max(2 * one, hi // 64)
-        if lo > hi:
-            raise UsageError(f"--min-blocks {lo} is larger than --max-blocks {hi}")
-        sizes, flag = _geometric(lo, hi, args.points), "--min-blocks"
-    for n in sizes:
-        _check_pool(st.layout, st.workload, n, flag)
-
-    jobs = min(args.jobs, len(sizes))
+    points = _sweep_points(args, st)
+    jobs = min(args.jobs, len(points))
     rows: list[dict[str, Any]] = []
-    best = None
-    with _progress(len(sizes), args.no_progress, "sweep") as bar:
+    with _progress(len(points), args.no_progress, "sweep") as bar:
         if jobs > 1:
-            rows, best = _sweep_parallel(args, st, sizes, jobs, bar)
+            rows = _sweep_parallel(args, st, points, jobs, bar)
         else:
-            for i, n in enumerate(sizes):
-                row, found = _sweep_point(args, n, st, track_best=i == 0)
-                best = best or found
-                rows.append(row)
+            for pt in points:
+                rows.append(_sweep_point(args, pt, st))
                 bar.update(1)
-    assert best is not None
-    for r in rows:
-        r["best_possible_hit_rate"] = best.hit_rate
-    print(f"{st.workload.name} on {st.layout.name}: {st.layout.describe()}")
+    print(f"{st.workload.name}: {len(points)} replays")
     print(format_sweep(rows))
     if args.json:
-        doc = {
-            "workload": st.workload.name,
-            "layout": st.layout.name,
-            "best_possible_hit_rate": best.hit_rate,
-            "rows": rows,
-        }
-        _write_json(args.json, doc)
+        _write_json(args.json, {"workload": st.workload.name, "rows": rows})
     if args.plot:
         _write_output(args.plot, lambda name: plot_sweep(rows, name))
     return 0

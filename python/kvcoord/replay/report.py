@@ -1,37 +1,96 @@
-"""Metrics, tables and plots of ``kvcoord replay`` / ``kvcoord sweep``."""
+"""Metrics and tables of ``kvcoord replay`` / ``kvcoord sweep`` (plots: :mod:`.plots`)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from kvcoord.replay.bestcase import BestCase
+from kvcoord.replay.plan import GiB, Plan
 from kvcoord.replay.scheduler import SimConfig, SimResult
+from kvcoord.replay.timing import prefill_gpu_seconds_saved
 
 __all__ = [
-    "PlotUnavailable",
     "format_summary",
     "format_sweep",
-    "plot_replay",
-    "plot_sweep",
+    "latency_metrics",
+    "occupancy_metrics",
     "summarize",
 ]
 
 
-class PlotUnavailable(RuntimeError):
-    """matplotlib is not installed."""
+def _pcts(x: np.ndarray, prefix: str, out: dict[str, Any]) -> None:
+    x = x[~np.isnan(x)]
+    for q in (50, 90, 99):
+        out[f"{prefix}_p{q}_s"] = float(np.percentile(x, q)) if x.size else None
+    out[f"{prefix}_mean_s"] = float(x.mean()) if x.size else None
+
+
+def _arr(a: Any, dtype: Any) -> np.ndarray:
+    return np.frombuffer(a, dtype=dtype) if len(a) else np.zeros(0, dtype=dtype)
+
+
+def latency_metrics(res: SimResult) -> dict[str, Any]:
+    """TTFT, time per output token, queueing delay and end-to-end latency percentiles (s)."""
+    arrival = _arr(res.req_arrival, np.float64)
+    admit = _arr(res.req_admit, np.float64)
+    first = _arr(res.req_first, np.float64)
+    finish = _arr(res.req_finish, np.float64)
+    out_len = _arr(res.req_output, np.int64)
+    m: dict[str, Any] = {}
+    _pcts(first - arrival, "ttft", m)
+    _pcts(admit - arrival, "queue", m)
+    _pcts(finish - arrival, "e2e", m)
+    multi = out_len > 1
+    tpot = (finish[multi] - first[multi]) / (out_len[multi] - 1)
+    _pcts(tpot, "tpot", m)
+    span = float(np.nanmax(finish) - np.nanmin(arrival)) if finish.size else 0.0
+    m["makespan_seconds"] = span
+    m["output_tokens_per_s"] = res.output_tokens / span if span > 0 else 0.0
+    m["request_tokens_per_s"] = (res.prompt_tokens + res.output_tokens) / span if span > 0 else 0.0
+    return m
+
+
+def occupancy_metrics(res: SimResult) -> dict[str, Any]:
+    """Referenced / cached-but-free / empty blocks: per-step peaks and time-weighted means."""
+    usable = max(1, res.num_blocks - 1)
+    t = _arr(res.step_time, np.float64)
+    ref = _arr(res.step_usage, np.float64)
+    cached = _arr(res.step_cached, np.float64) / usable
+    dt = np.diff(np.concatenate([[0.0], t])) if t.size else np.ones(1)
+    if not t.size:
+        ref = cached = np.zeros(1)
+    w = dt / dt.sum() if dt.sum() > 0 else np.full(dt.shape, 1 / max(1, dt.size))
+    samples = np.asarray(res.occupancy_samples, dtype=np.float64).reshape(-1, 4)
+    m: dict[str, Any] = {
+        "peak_usage": float(ref.max()),
+        "mean_usage": float((ref * w).sum()),
+        "occupancy_referenced_peak": float(ref.max()),
+        "occupancy_referenced_mean": float((ref * w).sum()),
+        "occupancy_cached_peak": float(cached.max()),
+        "occupancy_cached_mean": float((cached * w).sum()),
+        "occupancy_samples": int(samples.shape[0]),
+    }
+    if samples.shape[0]:
+        m["occupancy_cached_free_mean"] = float(samples[:, 2].mean() / usable)
+        m["occupancy_empty_mean"] = float(samples[:, 3].mean() / usable)
+        m["occupancy_empty_min"] = float(samples[:, 3].min() / usable)
+    return m
 
 
 def summarize(
-    res: SimResult, best: BestCase | None, cfg: SimConfig, workload_name: str
+    res: SimResult,
+    best: BestCase | None,
+    cfg: SimConfig,
+    workload_name: str,
+    plan: Plan | None = None,
 ) -> dict[str, Any]:
-    """The replay's numbers as a JSON-ready dict (the keys ``--json`` writes)."""
+    """The replay's numbers as a JSON-ready dict (the keys ``--json`` writes; docs/replay.md)."""
     per_step = np.frombuffer(res.step_manager_s, dtype=np.float64) if res.steps else np.zeros(1)
-    usage = np.frombuffer(res.step_usage, dtype=np.float64) if res.steps else np.zeros(1)
     hit_rate = res.hit_tokens / res.prompt_tokens if res.prompt_tokens else 0.0
-    return {
+    host_rate = res.host_hit_tokens / res.prompt_tokens if res.prompt_tokens else 0.0
+    s: dict[str, Any] = {
         "workload": workload_name,
         "layout": cfg.layout.name,
         "layout_description": cfg.layout.describe(),
@@ -39,61 +98,166 @@ def summarize(
         "block_size": cfg.layout.block_size,
         "max_running": cfg.max_running,
         "token_budget": cfg.token_budget,
+        "time_scale": cfg.time_scale,
         "num_requests": res.num_requests,
         "num_finished": res.num_finished,
         "prompt_tokens": res.prompt_tokens,
         "output_tokens": res.output_tokens,
         "prefix_hit_tokens": res.hit_tokens,
         "prefix_hit_rate": hit_rate,
+        "host_hit_tokens": res.host_hit_tokens,
+        "host_hit_rate": host_rate,
+        "total_hit_rate": hit_rate + host_rate,
+        "host_transfer_seconds": res.host_transfer_seconds,
         "best_possible_hit_rate": best.hit_rate if best is not None else None,
         "preemptions": res.preemptions,
         "evictions": res.evictions,
-        "peak_usage": float(usage.max()),
-        "mean_usage": float(usage.mean()),
         "steps": res.steps,
         "simulated_seconds": res.sim_seconds,
         "busy_seconds": res.busy_seconds,
-        # throughput proxy: prompt + output tokens served per simulated busy second
+        # what the replica sustains at this mix: tokens per simulated busy second
         # (prefix hits shorten steps, preemptions add recomputation)
         "throughput_tokens_per_s": (
             (res.prompt_tokens + res.output_tokens) / res.busy_seconds
             if res.busy_seconds > 0
             else 0.0
         ),
-        "manager_seconds": res.manager_seconds,
-        "manager_us_per_step_p50": float(np.percentile(per_step, 50) * 1e6),
-        "manager_us_per_step_p99": float(np.percentile(per_step, 99) * 1e6),
-        "wall_seconds": res.wall_seconds,
-        "token_seconds": res.token_seconds,
-        "request_seconds": res.request_seconds,
-        "best_possible_seconds": res.best_seconds,
-        "leaked_blocks": res.leaked_blocks,
     }
+    s.update(occupancy_metrics(res))
+    s.update(latency_metrics(res))
+    if plan is not None:
+        fp = plan.footprint
+        step = plan.step_model
+        gpu_hits = _arr(res.req_gpu_hit, np.int64)
+        all_hits = gpu_hits + _arr(res.req_host_hit, np.int64)
+        s.update(
+            {
+                "model": plan.model.name,
+                "gpu": plan.gpu.name,
+                "tp": plan.tp,
+                "kv_dtype": plan.model.kv_dtype,
+                "size_source": plan.size_note,
+                "kv_bytes_per_token": fp.token_bytes,
+                "kv_bytes_per_token_per_gpu": fp.token_bytes_per_gpu,
+                "block_bytes_per_gpu": fp.page_bytes_per_gpu,
+                "kv_memory_gib_per_gpu": plan.kv_bytes_per_gpu / GiB,
+                "kv_memory_gib_total": plan.kv_bytes_per_gpu * plan.tp / GiB,
+                "pool_token_slots": plan.token_slots,
+                "pool_context_tokens": plan.context_tokens,
+                "host_memory_gib": plan.host_bytes / GiB,
+                # every prompt prefilled from scratch: the same formula over whole prompts
+                "prefill_gpu_seconds": prefill_gpu_seconds_saved(
+                    step, _arr(res.req_prompt, np.int64)
+                ),
+                "prefill_gpu_seconds_saved": prefill_gpu_seconds_saved(step, all_hits),
+                "prefill_gpu_seconds_saved_gpu_tier": prefill_gpu_seconds_saved(step, gpu_hits),
+                "step_model": step.describe(),
+                "notes": list(plan.notes),
+            }
+        )
+    s.update(
+        {
+            "manager_seconds": res.manager_seconds,
+            "manager_us_per_step_p50": float(np.percentile(per_step, 50) * 1e6),
+            "manager_us_per_step_p99": float(np.percentile(per_step, 99) * 1e6),
+            "wall_seconds": res.wall_seconds,
+            "token_seconds": res.token_seconds,
+            "request_seconds": res.request_seconds,
+            "best_possible_seconds": res.best_seconds,
+            "leaked_blocks": res.leaked_blocks,
+        }
+    )
+    return s
 
 
 def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:.1f}%"
 
 
+def _secs(x: float | None) -> str:
+    if x is None:
+        return "n/a"
+    return f"{x * 1e3:.1f} ms" if x < 1 else f"{x:,.2f} s"
+
+
+def _lat(s: dict[str, Any], key: str) -> str:
+    return ", ".join(f"p{q} {_secs(s.get(f'{key}_p{q}_s'))}" for q in (50, 90, 99))
+
+
 def format_summary(s: dict[str, Any]) -> str:
     """A two-column text table of a replay summary."""
-    ev = f"{s['evictions']:,}"
-    rows = [
-        ("workload", s["workload"]),
-        ("layout", f"{s['layout']}: {s['layout_description']}"),
-        ("pool", f"{s['num_blocks']:,} blocks"),
+    rows: list[tuple[str, str]] = [("workload", s["workload"])]
+    if "model" in s:
+        rows.append(
+            (
+                "model on GPUs",
+                f"{s['model']} on {s['tp']}x {s['gpu']}, KV {s['kv_dtype']}: "
+                f"{s['kv_bytes_per_token'] / 1024:,.1f} KiB per token "
+                f"({s['kv_bytes_per_token_per_gpu'] / 1024:,.1f} KiB per GPU)",
+            )
+        )
+    rows.append(("layout", f"{s['layout']}: {s['layout_description']}"))
+    if "model" in s:
+        rows.append(
+            (
+                "KV cache",
+                f"{s['kv_memory_gib_per_gpu']:,.2f} GiB per GPU ({s['kv_memory_gib_total']:,.2f} "
+                f"GiB total) = {s['num_blocks']:,} blocks of {s['block_size']} tokens = "
+                f"{s['pool_token_slots']:,} token slots",
+            )
+        )
+        rows.append(("  size from", s["size_source"]))
+        if s.get("host_memory_gib"):
+            rows.append(("host tier", f"{s['host_memory_gib']:,.1f} GiB (LRU, 256-token chunks)"))
+    else:
+        rows.append(("pool", f"{s['num_blocks']:,} blocks"))
+    rows += [
         ("requests", f"{s['num_finished']:,} finished of {s['num_requests']:,}"),
         ("prompt tokens", f"{s['prompt_tokens']:,}"),
         ("output tokens", f"{s['output_tokens']:,}"),
-        (
-            "prefix-cache hit rate",
-            f"{_pct(s['prefix_hit_rate'])}  (best possible, unbounded cache: "
-            f"{_pct(s['best_possible_hit_rate'])})",
-        ),
+    ]
+    hit = f"{_pct(s['prefix_hit_rate'])} from the GPU pool"
+    if s.get("host_memory_gib"):
+        hit += f" + {_pct(s['host_hit_rate'])} from the host tier = {_pct(s['total_hit_rate'])}"
+    hit += f"  (best possible, unbounded cache: {_pct(s['best_possible_hit_rate'])})"
+    rows.append(("prefix-cache hit rate", hit))
+    if s.get("host_memory_gib"):
+        rows.append(("host transfers", f"{s['host_transfer_seconds']:,.2f} s charged to steps"))
+    if s.get("ttft_p50_s") is not None:
+        rows += [
+            ("TTFT", _lat(s, "ttft")),
+            ("time per output token", _lat(s, "tpot")),
+            ("queueing delay", _lat(s, "queue")),
+            (
+                "throughput",
+                f"{s['output_tokens_per_s']:,.0f} output tok/s, {s['request_tokens_per_s']:,.0f} "
+                f"prompt+output tok/s over {s['makespan_seconds']:,.1f} s; "
+                f"{s['throughput_tokens_per_s']:,.0f} tok/s per busy second",
+            ),
+        ]
+    if "prefill_gpu_seconds_saved" in s:
+        total = s["prefill_gpu_seconds"]
+        saved = s["prefill_gpu_seconds_saved"]
+        share = saved / total if total else 0.0
+        rows.append(
+            (
+                "prefill compute",
+                f"{saved:,.0f} GPU-s saved by cache hits of {total:,.0f} GPU-s for all "
+                f"prompts ({_pct(share)})",
+            )
+        )
+    ev = f"{s['evictions']:,}"
+    rows += [
         ("evictions", ev),
         ("preemptions", f"{s['preemptions']:,}"),
-        ("pool usage", f"peak {_pct(s['peak_usage'])}, mean {_pct(s['mean_usage'])}"),
-        ("steps", f"{s['steps']:,} ({s['simulated_seconds']:.1f} simulated s)"),
+        (
+            "pool occupancy",
+            f"referenced peak {_pct(s['occupancy_referenced_peak'])}, mean "
+            f"{_pct(s['occupancy_referenced_mean'])}; cached-but-free mean "
+            f"{_pct(s.get('occupancy_cached_free_mean'))}; empty mean "
+            f"{_pct(s.get('occupancy_empty_mean'))}",
+        ),
+        ("steps", f"{s['steps']:,} ({s['simulated_seconds']:,.1f} simulated s)"),
         (
             "manager time",
             f"{s['manager_seconds']:.3f} s total; per step p50 "
@@ -106,6 +270,7 @@ def format_summary(s: dict[str, Any]) -> str:
             f"best-possible pass {s['best_possible_seconds']:.2f}, scheduler loop the rest)",
         ),
     ]
+    rows += [("note", n) for n in s.get("notes", [])]
     if s.get("leaked_blocks"):
         rows.append(("LEAKED BLOCKS", str(s["leaked_blocks"])))
     width = max(len(k) for k, _ in rows)
@@ -113,79 +278,35 @@ def format_summary(s: dict[str, Any]) -> str:
 
 
 def format_sweep(rows: list[dict[str, Any]]) -> str:
-    """A table of sweep results, one row per pool size."""
-    head = ("blocks", "hit rate", "best", "preempt", "evictions", "peak use", "tok/sim-s", "mgr s")
+    """A table of sweep results, one row per variant and pool size."""
+    head = (
+        "variant",
+        "KV GiB/GPU",
+        "blocks",
+        "hit rate",
+        "host hit",
+        "best",
+        "TTFT p90",
+        "tok/s busy",
+        "preempt",
+        "evictions",
+    )
     lines = []
     for s in rows:
         lines.append(
             (
+                str(s.get("variant", s["layout"])),
+                f"{s.get('kv_memory_gib_per_gpu', float('nan')):,.2f}",
                 f"{s['num_blocks']:,}",
                 _pct(s["prefix_hit_rate"]),
+                _pct(s.get("host_hit_rate")),
                 _pct(s["best_possible_hit_rate"]),
+                _secs(s.get("ttft_p90_s")),
+                f"{s['throughput_tokens_per_s']:,.0f}",
                 f"{s['preemptions']:,}",
                 f"{s['evictions']:,}",
-                _pct(s["peak_usage"]),
-                f"{s['throughput_tokens_per_s']:,.0f}",
-                f"{s['manager_seconds']:.3f}",
             )
         )
     widths = [max(len(h), *(len(r[i]) for r in lines)) for i, h in enumerate(head)]
     fmt = "  ".join(f"{{:>{w}}}" for w in widths)
     return "\n".join([fmt.format(*head), *(fmt.format(*r) for r in lines)])
-
-
-def _pyplot() -> Any:
-    try:
-        import matplotlib
-    except ImportError:
-        raise PlotUnavailable("--plot needs matplotlib: pip install 'kvcoord[plot]'") from None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def plot_replay(res: SimResult, summary: dict[str, Any], path: str | Path) -> None:
-    """PNG of pool usage and cumulative prefix hit rate against simulated time."""
-    plt = _pyplot()
-    t = np.frombuffer(res.step_time, dtype=np.float64)
-    usage = np.frombuffer(res.step_usage, dtype=np.float64)
-    hit = np.frombuffer(res.step_hit_rate, dtype=np.float64)
-    if t.shape[0] > 5000:  # keep the PNG cheap: every k-th step
-        k = -(-t.shape[0] // 5000)
-        t, usage, hit = t[::k], usage[::k], hit[::k]
-    fig, ax = plt.subplots(figsize=(9, 4.5))
-    ax.plot(t, 100 * usage, label="pool usage", lw=0.8)
-    ax.plot(t, 100 * hit, label="prefix hit rate (cumulative)", lw=1.5)
-    best = summary.get("best_possible_hit_rate")
-    if best is not None:
-        ax.axhline(100 * best, ls="--", color="gray", lw=1, label="best possible hit rate")
-    ax.set_xlabel("simulated time (s)")
-    ax.set_ylabel("%")
-    ax.set_ylim(0, 105)
-    ax.set_title(f"{summary['workload']} on {summary['layout']}, {summary['num_blocks']:,} blocks")
-    ax.legend(loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def plot_sweep(rows: list[dict[str, Any]], path: str | Path) -> None:
-    """PNG of prefix hit rate against pool capacity (blocks)."""
-    plt = _pyplot()
-    x = [r["num_blocks"] for r in rows]
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    ax.plot(x, [100 * r["prefix_hit_rate"] for r in rows], marker="o", label="prefix hit rate")
-    best = rows[0].get("best_possible_hit_rate") if rows else None
-    if best is not None:
-        ax.axhline(100 * best, ls="--", color="gray", lw=1, label="best possible (unbounded)")
-    ax.set_xscale("log")
-    ax.set_xlabel("pool size (blocks)")
-    ax.set_ylabel("prefix hit rate (%)")
-    ax.set_ylim(0, 105)
-    if rows:
-        ax.set_title(f"{rows[0]['workload']} on {rows[0]['layout']}")
-    ax.legend(loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)

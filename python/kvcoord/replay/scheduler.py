@@ -21,9 +21,16 @@ speculative decoding or a KV connector:
    computed samples one output token, and a request with all its output is
    freed.
 
-The simulated clock advances by ``step_base_s + step_token_s * tokens`` per
-step and jumps to the next arrival when idle. Time inside manager calls is
-measured with ``perf_counter`` per step.
+The simulated clock advances by the step time of
+:class:`~kvcoord.replay.timing.StepTimeModel` when ``SimConfig.step_model``
+is set (a roofline of the model on its GPUs), else by ``step_base_s +
+step_token_s * tokens``, and jumps to the next arrival when idle. Time inside
+manager calls is measured with ``perf_counter`` per step.
+
+With ``SimConfig.host_tier`` set, a request's prefix is also looked up in
+the host tier (:mod:`~kvcoord.replay.tiers`) after the GPU pool: the extra
+tokens found there are loaded (their transfer time is added to the step),
+not recomputed.
 """
 
 from __future__ import annotations
@@ -41,6 +48,8 @@ from kvcoord.hashing import HashAlgoName
 from kvcoord.manager import KVCacheManager
 from kvcoord.replay.bestcase import BestCase, BestCaseTracker
 from kvcoord.replay.layouts import Layout
+from kvcoord.replay.tiers import HostTier
+from kvcoord.replay.timing import StepCost, StepTimeModel
 from kvcoord.replay.workloads import Workload, WorkloadRequest
 
 __all__ = [
@@ -75,6 +84,12 @@ class SimConfig:
     #: Also compute the best possible hit rate (unbounded cache) from the same
     #: tokens, as each request is first scheduled (arrival order).
     track_best: bool = True
+    #: Roofline step time (None: the fixed ``step_base_s + step_token_s`` model).
+    step_model: StepTimeModel | None = None
+    #: Host-memory tier below the GPU pool (None: none).
+    host_tier: HostTier | None = None
+    #: Bytes of one token's KV on one GPU (host-tier transfer size).
+    token_bytes_per_gpu: float = 0.0
 
 
 @dataclass
@@ -109,6 +124,22 @@ class SimResult:
     step_usage: array[float] = field(default_factory=lambda: array("d"))
     step_time: array[float] = field(default_factory=lambda: array("d"))
     step_hit_rate: array[float] = field(default_factory=lambda: array("d"))
+    #: Per step: blocks in the prefix index (referenced or free).
+    step_cached: array[float] = field(default_factory=lambda: array("d"))
+    #: Sampled (time, referenced, cached-but-free, empty) block counts, exact at each sample.
+    occupancy_samples: list[tuple[float, int, int, int]] = field(default_factory=list)
+    #: Per request (arrival order): arrival, first scheduled, first token, finish (simulated s).
+    req_arrival: array[float] = field(default_factory=lambda: array("d"))
+    req_admit: array[float] = field(default_factory=lambda: array("d"))
+    req_first: array[float] = field(default_factory=lambda: array("d"))
+    req_finish: array[float] = field(default_factory=lambda: array("d"))
+    req_output: array[int] = field(default_factory=lambda: array("q"))
+    #: Per request: prompt tokens, hits served by the GPU pool and by the host tier.
+    req_prompt: array[int] = field(default_factory=lambda: array("q"))
+    req_gpu_hit: array[int] = field(default_factory=lambda: array("q"))
+    req_host_hit: array[int] = field(default_factory=lambda: array("q"))
+    host_hit_tokens: int = 0
+    host_transfer_seconds: float = 0.0
 
 
 # --------------------------------------------------------------------------- manager setup
@@ -153,7 +184,18 @@ class EvictionCounter:
 class _Live:
     """Scheduler-side state of one request."""
 
-    __slots__ = ("computed", "counted", "num_tokens", "out", "out_len", "out_pos", "req", "wr")
+    __slots__ = (
+        "computed",
+        "counted",
+        "host_keys",
+        "idx",
+        "num_tokens",
+        "out",
+        "out_len",
+        "out_pos",
+        "req",
+        "wr",
+    )
 
     def __init__(self, wr: WorkloadRequest) -> None:
         self.wr = wr
@@ -164,6 +206,8 @@ class _Live:
         self.num_tokens = wr.prompt_len
         self.computed = 0
         self.counted = False
+        self.host_keys: Any = None
+        self.idx = 0  # position in arrival order (per-request result arrays)
 
     def advance(self, computed: int) -> bool:
         """The step ran: ``computed`` tokens now have KV. A request whose known
@@ -178,6 +222,17 @@ class _Live:
         self.out_pos += 1
         self.num_tokens += 1
         return self.out_pos >= self.out_len
+
+
+def _occupancy(pool: Any) -> tuple[int, int, int]:
+    """Exact (referenced, cached-but-free, empty) block counts of the pool (null block excluded)."""
+    import numpy as np
+
+    refs = np.asarray(pool.ref_counts())[1:]
+    cached = np.asarray(pool.cached_mask())[1:]
+    referenced = int(np.count_nonzero(refs))
+    cached_free = int(np.count_nonzero(cached & (refs == 0)))
+    return referenced, cached_free, refs.shape[0] - referenced - cached_free
 
 
 def simulate(
@@ -196,28 +251,56 @@ def simulate(
     best = BestCaseTracker(layout.block_size) if cfg.track_best else None
     evictions = EvictionCounter(mgr)
     pool = mgr.block_pool
+    model = cfg.step_model
+    host = cfg.host_tier if layout.enable_caching else None
+    hit_bs = layout.block_size
+    host_bw = 1.0
+    if host is not None:
+        host_bw = model.gpu.host_bandwidth if model is not None else 25e9
 
-    res = SimResult(num_requests=len(workload.requests), num_blocks=cfg.num_blocks)
+    n_req = len(workload.requests)
+    res = SimResult(num_requests=n_req, num_blocks=cfg.num_blocks)
+    for name in ("req_arrival", "req_admit", "req_first", "req_finish"):
+        getattr(res, name).extend([float("nan")] * n_req)
+    for name in ("req_output", "req_prompt", "req_gpu_hit", "req_host_hit"):
+        getattr(res, name).extend([0] * n_req)
     pending = deque(workload.requests)
     waiting: deque[_Live] = deque()
     running: list[_Live] = []
     scale = cfg.time_scale
+    last_arrival = workload.requests[-1].arrival_s * scale if workload.requests else 0.0
+    sample_every = last_arrival / 200 if last_arrival > 0 else 0.0
+    next_sample = 0.0
     max_running, token_budget = cfg.max_running, cfg.token_budget
     now = busy = 0.0
     mgr_total = 0.0
     prompt_tokens = hit_tokens = 0
     pc = perf_counter
     allocate = mgr.allocate_slots
-    step_mgr, step_usage, step_time, step_hit = (
+    step_mgr, step_usage, step_time, step_hit, step_cached = (
         res.step_manager_s,
         res.step_usage,
         res.step_time,
         res.step_hit_rate,
+        res.step_cached,
     )
+    r_arrival, r_admit, r_first, r_finish = (
+        res.req_arrival,
+        res.req_admit,
+        res.req_first,
+        res.req_finish,
+    )
+    window = model.window if model is not None and model.window_layers else 0
+    arrived = 0
 
     while pending or waiting or running:
         while pending and pending[0].arrival_s * scale <= now:
-            waiting.append(_Live(pending.popleft()))
+            wr = pending.popleft()
+            r_arrival[arrived] = wr.arrival_s * scale
+            live = _Live(wr)
+            live.idx = arrived
+            arrived += 1
+            waiting.append(live)
         if not waiting and not running:
             now = pending[0].arrival_s * scale
             continue
@@ -225,6 +308,11 @@ def simulate(
         budget = token_budget
         step_mgr_s = 0.0
         finished: list[_Live] = []
+        first_token: list[_Live] = []
+        # work of the step for the step-time model (StepCost's sums, inlined: hot loop)
+        full_pairs = full_kv = seqs = 0
+        win = StepCost(window) if window else None
+        loaded_tokens = 0
         preempted = False
         # 2. running requests, in admission order. A scheduled request's step
         # outcome (tokens computed, token sampled) is applied right away: later
@@ -261,8 +349,25 @@ def simulate(
             if new is None:
                 break
             budget -= n
-            if live.advance(live.computed + n):
-                finished.append(live)
+            c = live.computed
+            full_pairs += n * c + n * (n + 1) // 2
+            full_kv += c + n
+            seqs += 1
+            if win is not None:
+                win.add(c, n)
+            # live.advance(c + n), inlined (the hottest line of a replay)
+            done = c + n
+            live.computed = done
+            req.num_computed_tokens = done
+            if done >= live.num_tokens:
+                pos = live.out_pos
+                req.append_output_token_ids(live.out[pos])
+                live.out_pos = pos + 1
+                live.num_tokens += 1
+                if pos == 0:
+                    first_token.append(live)
+                if pos + 1 >= live.out_len:
+                    finished.append(live)
 
         # 3. admissions
         if not preempted:
@@ -278,6 +383,8 @@ def simulate(
                     t1 = pc()
                     if best is not None:
                         best.add(toks, live.out, wr.cache_salt)
+                    if host is not None:
+                        live.host_keys = host.keys(toks, wr.cache_salt)
                     t2 = pc()
                     # The simulation only needs equal prefixes to hash equal, so it
                     # uses the fastest algorithm; hit rates do not depend on it.
@@ -295,12 +402,17 @@ def simulate(
                 t0 = pc()
                 blocks, hit = mgr.get_computed_blocks(req)
                 step_mgr_s += pc() - t0
-                n = live.num_tokens - hit
+                extra = 0
+                if host is not None and live.host_keys is not None:
+                    found = host.lookup(live.host_keys)
+                    cap = (wr.prompt_len - 1) // hit_bs * hit_bs
+                    extra = max(0, min(found, cap) // hit_bs * hit_bs - hit)
+                n = live.num_tokens - hit - extra
                 if n > budget:
                     n = budget
                 t0 = pc()
                 new = mgr.allocate_slots(
-                    req, n, num_new_computed_tokens=hit, new_computed_blocks=blocks
+                    req, n + extra, num_new_computed_tokens=hit, new_computed_blocks=blocks
                 )
                 step_mgr_s += pc() - t0
                 if new is None:
@@ -314,12 +426,27 @@ def simulate(
                 waiting.popleft()
                 if not live.counted:
                     live.counted = True
+                    i = live.idx
                     prompt_tokens += wr.prompt_len
                     hit_tokens += min(hit, wr.prompt_len)
+                    r_admit[i] = now
+                    res.req_prompt[i] = wr.prompt_len
+                    res.req_gpu_hit[i] = min(hit, wr.prompt_len)
+                    res.req_host_hit[i] = extra
+                    res.host_hit_tokens += extra
+                loaded_tokens += extra
                 running.append(live)
                 budget -= n
-                if live.advance(hit + n):
+                c = hit + extra
+                full_pairs += n * c + n * (n + 1) // 2
+                full_kv += c + n
+                seqs += 1
+                if win is not None:
+                    win.add(c, n)
+                if live.advance(hit + extra + n):
                     finished.append(live)
+                if live.out_pos == 1:
+                    first_token.append(live)
 
         usage = mgr.usage
 
@@ -339,14 +466,39 @@ def simulate(
 
         tokens = token_budget - budget
         res.computed_tokens += tokens
-        dt = cfg.step_base_s + cfg.step_token_s * tokens
+        if model is not None:
+            dt = model.step_seconds(
+                tokens,
+                full_pairs,
+                win.window_pairs if win is not None else 0,
+                full_kv,
+                win.window_kv if win is not None else 0,
+                seqs,
+            )
+        else:
+            dt = cfg.step_base_s + cfg.step_token_s * tokens
+        if loaded_tokens:
+            transfer = loaded_tokens * cfg.token_bytes_per_gpu / host_bw
+            res.host_transfer_seconds += transfer
+            dt += transfer
         now += dt
         busy += dt
+        for live in first_token:
+            r_first[live.idx] = now
+            if host is not None and live.host_keys is not None:
+                host.insert(live.host_keys)
+        for live in finished:
+            r_finish[live.idx] = now
+            res.req_output[live.idx] = live.out_len
         mgr_total += step_mgr_s
         step_mgr.append(step_mgr_s)
         step_usage.append(usage)
         step_time.append(now)
         step_hit.append(hit_tokens / prompt_tokens if prompt_tokens else 0.0)
+        step_cached.append(pool.num_cached_blocks)
+        if now >= next_sample:
+            res.occupancy_samples.append((now, *_occupancy(pool)))
+            next_sample = now + sample_every
 
     res.steps = len(step_mgr)
     res.sim_seconds = now

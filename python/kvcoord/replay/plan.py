@@ -1,0 +1,267 @@
+"""From the planner's flags to one replay set-up: model, GPU, layout, pool size, tiers.
+
+:func:`make_plan` resolves ``--model``/``--model-config``/``--kv-dtype``,
+``--gpu``/``--tp``, the pool size (``--kv-memory``, ``--capacity-tokens``,
+``--num-blocks`` or a default picked from the GPU and the trace) and
+``--host-memory`` into a :class:`Plan`; every problem is a :class:`PlanError`
+naming the flag the user passed (or the default that was used).
+
+Default size: what vLLM would leave for the KV cache, per GPU::
+
+    GPU memory x 0.9 (vLLM's gpu_memory_utilization) - weights / tp - 2 GiB activations
+
+raised to the smallest pool that holds the trace's longest request (with a
+note) when that is not enough.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from kvcoord.replay.hardware import GPUS, GPUSpec, HardwareError, load_gpu
+from kvcoord.replay.layouts import Layout, LayoutError, load_layout, num_blocks_for_capacity
+from kvcoord.replay.models import (
+    MODELS,
+    KVFootprint,
+    ModelError,
+    ModelSpec,
+    load_model,
+    model_layout,
+    read_hf_config,
+)
+from kvcoord.replay.tiers import DEFAULT_CHUNK_TOKENS, HostTier
+from kvcoord.replay.timing import StepTimeModel
+from kvcoord.replay.workloads import Workload
+
+__all__ = [
+    "ACTIVATION_RESERVE_BYTES",
+    "DEFAULT_GPU",
+    "DEFAULT_MODEL",
+    "GPU_MEMORY_UTILIZATION",
+    "GiB",
+    "Plan",
+    "PlanError",
+    "format_bytes",
+    "make_plan",
+    "min_blocks",
+    "parse_bytes",
+]
+
+GiB = 1 << 30
+DEFAULT_MODEL = "llama-3.1-8b"
+DEFAULT_GPU = "h100"
+GPU_MEMORY_UTILIZATION = 0.9
+ACTIVATION_RESERVE_BYTES = 2 * GiB
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1e3,
+    "kb": 1e3,
+    "m": 1e6,
+    "mb": 1e6,
+    "g": 1e9,
+    "gb": 1e9,
+    "t": 1e12,
+    "tb": 1e12,
+    "kib": 1 << 10,
+    "mib": 1 << 20,
+    "gib": 1 << 30,
+    "tib": 1 << 40,
+}
+
+
+class PlanError(ValueError):
+    """A flag value the planner cannot use; the message starts with the flag."""
+
+
+def parse_bytes(text: str) -> float:
+    """``40GiB``, ``512 MiB``, ``1.5TB`` or a plain number of bytes."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"expected a size like 40GiB, 512MiB or 2TB, got {text!r}")
+    v = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    if v <= 0:
+        raise ValueError(f"expected a positive size, got {text!r}")
+    return v
+
+
+def format_bytes(n: float) -> str:
+    """Bytes in GiB (or MiB below 1 GiB)."""
+    if n >= GiB:
+        return f"{n / GiB:,.2f} GiB"
+    return f"{n / (1 << 20):,.1f} MiB" if n >= 1 << 20 else f"{n:,.0f} B"
+
+
+@dataclass
+class Plan:
+    """Everything one replay needs besides the workload and scheduler knobs."""
+
+    model: ModelSpec
+    gpu: GPUSpec
+    tp: int
+    layout: Layout
+    footprint: KVFootprint
+    step_model: StepTimeModel
+    num_blocks: int
+    #: Flag that set the size ("--kv-memory", ...) or "default".
+    size_flag: str
+    #: Why this size, in words (printed and in --json).
+    size_note: str
+    host_bytes: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def kv_bytes_per_gpu(self) -> float:
+        return self.footprint.memory_for_blocks(self.num_blocks)
+
+    @property
+    def token_slots(self) -> int:
+        """Tokens the pool holds counting every group's slot (null block excluded)."""
+        return (self.num_blocks - 1) * self.footprint.block_size
+
+    @property
+    def context_tokens(self) -> int:
+        """Tokens of context the pool holds if every group keeps all of them."""
+        per = max(1, len(self.layout.groups))
+        return (self.num_blocks - 1) // per * self.footprint.block_size
+
+    def host_tier(self) -> HostTier | None:
+        if self.host_bytes <= 0 or not self.layout.enable_caching:
+            return None
+        tokens = int(self.host_bytes // self.footprint.token_bytes)
+        return HostTier(max(tokens, DEFAULT_CHUNK_TOKENS), DEFAULT_CHUNK_TOKENS)
+
+
+def min_blocks(layout: Layout, workload: Workload) -> int:
+    """Smallest pool that holds the workload's longest request alone."""
+    lay = layout
+    if layout.has_sparse_groups:
+        lay = Layout(layout.name, layout.groups[:1], layout.enable_caching)
+        need = num_blocks_for_capacity(lay, workload.max_sequence_len)
+        return need + len(layout.groups) - 1 + _sparse_blocks(layout, workload.max_sequence_len)
+    return num_blocks_for_capacity(lay, workload.max_sequence_len)
+
+
+def _sparse_blocks(layout: Layout, tokens: int) -> int:
+    out = 0
+    for g in layout.groups[1:]:
+        spec = g.spec
+        span = getattr(spec, "sliding_window", None) or getattr(spec, "attention_chunk_size", None)
+        out += -(-min(tokens, (span or spec.block_size) + spec.block_size) // spec.block_size)
+    return out
+
+
+def make_plan(
+    workload: Workload,
+    *,
+    model: str | None = None,
+    model_config: str | None = None,
+    kv_dtype: str | None = None,
+    gpu: str | None = None,
+    tp: int = 1,
+    layout: str | None = None,
+    block_size: int | None = None,
+    kv_memory: float | None = None,
+    capacity_tokens: int | None = None,
+    num_blocks: int | None = None,
+    host_memory: float | None = None,
+) -> Plan:
+    """Resolve the planner's flags (see the module docstring)."""
+    if model is not None and model_config is not None:
+        raise PlanError("--model and --model-config: give one")
+    try:
+        if model_config is not None:
+            load_model(DEFAULT_MODEL, kv_dtype)  # validates kv_dtype
+            spec = read_hf_config(model_config, kv_dtype)
+        else:
+            spec = load_model(model or DEFAULT_MODEL, kv_dtype)
+    except ModelError as e:
+        which = "--kv-dtype" if kv_dtype is not None and "KV dtype" in str(e) else None
+        raise PlanError(
+            f"{which or ('--model-config' if model_config else '--model')}: {e}"
+        ) from None
+    try:
+        g = load_gpu(gpu or DEFAULT_GPU)
+    except HardwareError as e:
+        raise PlanError(f"--gpu: {e}") from None
+    base_layout = None
+    if layout is not None:
+        try:
+            base_layout = load_layout(layout)
+            if block_size is not None:
+                base_layout = base_layout.with_block_size(block_size)
+        except LayoutError as e:
+            raise PlanError(f"--layout: {e}") from None
+    lay, fp = model_layout(spec, tp, block_size or 16, base_layout)
+    if block_size is not None and base_layout is None and fp.block_size != block_size:
+        raise PlanError(
+            f"--block-size {block_size}: {spec.name}'s Mamba state needs attention blocks of "
+            f"at least {fp.block_size} tokens"
+        )
+    step = StepTimeModel(spec, g, tp, fp)
+    need = min_blocks(lay, workload)
+    notes = []
+    if model is None and model_config is None:
+        notes.append(f"model: {DEFAULT_MODEL} (default; --model to choose: {', '.join(MODELS)})")
+    if gpu is None:
+        notes.append(f"GPU: {DEFAULT_GPU} (default; --gpu to choose: {', '.join(GPUS)})")
+    if not lay.enable_caching:
+        notes.append(f"prefix caching is off for {lay.name} ({spec.note or lay.description})")
+
+    if num_blocks is not None:
+        n, flag, why = num_blocks, "--num-blocks", f"--num-blocks {num_blocks}"
+    elif capacity_tokens is not None:
+        n = num_blocks_for_capacity(lay, capacity_tokens)
+        flag, why = "--capacity-tokens", f"--capacity-tokens {capacity_tokens:,} in every group"
+    elif kv_memory is not None:
+        n = fp.blocks_for_memory(kv_memory)
+        flag, why = "--kv-memory", f"--kv-memory {format_bytes(kv_memory)} per GPU"
+    else:
+        free = g.hbm_bytes * GPU_MEMORY_UTILIZATION - spec.weight_bytes / tp
+        free -= ACTIVATION_RESERVE_BYTES
+        if free <= 0:
+            raise PlanError(
+                f"--tp {tp}: {spec.name}'s weights "
+                f"({format_bytes(spec.weight_bytes / tp)} per GPU) leave no KV memory on "
+                f"a {g.description}; raise --tp or pass --kv-memory"
+            )
+        n = fp.blocks_for_memory(free)
+        flag = "default"
+        why = (
+            f"default: {g.name} {format_bytes(g.hbm_bytes)} x {GPU_MEMORY_UTILIZATION} - weights "
+            f"{format_bytes(spec.weight_bytes / tp)} - activations "
+            f"{format_bytes(ACTIVATION_RESERVE_BYTES)} = {format_bytes(free)} per GPU"
+        )
+        if n < need:
+            why += (
+                f"; raised to {need:,} blocks to hold the longest request "
+                f"({workload.max_sequence_len:,} tokens)"
+            )
+            n = need
+    if n < 2:
+        raise PlanError(f"{flag}: a pool needs at least 2 blocks (block 0 is the null block)")
+    if n < need:
+        raise PlanError(
+            f"{flag}: {n:,} blocks ({format_bytes(fp.memory_for_blocks(n))} per GPU) cannot hold "
+            f"the longest request ({workload.max_sequence_len:,} tokens needs about {need:,} "
+            f"blocks, {format_bytes(fp.memory_for_blocks(need))} per GPU)"
+        )
+    plan = Plan(spec, g, tp, lay, fp, step, n, flag, why, notes=notes)
+    if plan.kv_bytes_per_gpu + spec.weight_bytes / tp > g.hbm_bytes:
+        notes.append(
+            f"{flag}: {format_bytes(plan.kv_bytes_per_gpu)} of KV + "
+            f"{format_bytes(spec.weight_bytes / tp)} of weights per GPU exceed a {g.name}'s "
+            f"{format_bytes(g.hbm_bytes)}: a what-if, not a deployable size"
+        )
+    if host_memory is not None:
+        if not lay.enable_caching:
+            raise PlanError(f"--host-memory: {lay.name} has prefix caching off; nothing to offload")
+        if host_memory < fp.token_bytes * DEFAULT_CHUNK_TOKENS:
+            raise PlanError(
+                f"--host-memory {format_bytes(host_memory)}: smaller than one "
+                f"{DEFAULT_CHUNK_TOKENS}-token chunk ({format_bytes(fp.token_bytes * 256)})"
+            )
+        plan.host_bytes = host_memory
+    return plan
