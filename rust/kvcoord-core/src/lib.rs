@@ -6,6 +6,9 @@
 //!   [`FreeQueue`] that orders reuse and eviction, and the [`PrefixIndex`]
 //!   from `(block hash, group)` to cached blocks. Decisions follow vLLM
 //!   0.33.0's `BlockPool` exactly (same ids, same eviction order).
+//! * [`eviction`]: the order in which free blocks are reused, a policy
+//!   chosen at construction (vLLM's LRU by default; LFU, prefix depth,
+//!   priority with retention; any [`EvictionPolicy`]).
 //! * [`managers`]: the per-group rules of each attention kind (full,
 //!   sliding window, chunked local, Mamba "none", cross attention).
 //! * [`CoordinatorCore`]: one pool, one manager per group and every
