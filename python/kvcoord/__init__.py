@@ -14,6 +14,7 @@ from kvcoord._core import (
     AllBlocksCleared,
     BlockHashes,
     BlockPool,
+    BlockPoolView,
     BlockRemoved,
     BlockStored,
     CoordinatorKind,
@@ -58,7 +59,12 @@ from kvcoord.errors import (
     UnknownRequestError,
 )
 from kvcoord.hashing import HashAlgoName, LoRA, MultiModalFeature
-from kvcoord.manager import AllocateSlots, KVCacheManager, PrefixCacheStats
+from kvcoord.manager import (
+    AllocateSlots,
+    KVCacheManager,
+    KVCacheManagerOptions,
+    PrefixCacheStats,
+)
 
 __all__ = [
     "HASH_ALGOS",
@@ -66,6 +72,7 @@ __all__ = [
     "AllocateSlots",
     "BlockHashes",
     "BlockPool",
+    "BlockPoolView",
     "BlockRemoved",
     "BlockStateError",
     "BlockStored",
@@ -90,6 +97,7 @@ __all__ = [
     "KVCacheCoordinatorNoPrefixCache",
     "KVCacheGroup",
     "KVCacheManager",
+    "KVCacheManagerOptions",
     "KVCacheSpec",
     "KvCoordError",
     "LoRA",
