@@ -71,8 +71,14 @@ class KVCacheCoordinator:
         hash_block_size: int | None = None,
         enable_events: bool = False,
     ) -> None:
-        for name, value in (("max_model_len", max_model_len), ("hash_block_size", hash_block_size)):
-            if isinstance(value, bool) or not (value is None or isinstance(value, int)):
+        # Types only: the values' rules (and messages) are the core's.
+        for name, value, optional in (
+            ("max_model_len", max_model_len, False),
+            ("hash_block_size", hash_block_size, True),
+        ):
+            if value is None and optional:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int):
                 raise ConfigError(f"{name} must be a positive int, got {value!r}")
         self.config = config
         self.core = CoordinatorCore(
