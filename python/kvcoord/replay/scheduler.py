@@ -35,7 +35,6 @@ not recomputed.
 
 from __future__ import annotations
 
-import math
 from array import array
 from collections import deque
 from collections.abc import Callable
@@ -45,7 +44,7 @@ from typing import Any
 
 from kvcoord.config import KVCacheConfig
 from kvcoord.hashing import HashAlgoName
-from kvcoord.manager import KVCacheManager
+from kvcoord.manager import KVCacheManager, KVCacheManagerOptions
 from kvcoord.replay.bestcase import BestCase, BestCaseTracker
 from kvcoord.replay.layouts import Layout
 from kvcoord.replay.tiers import HostTier
@@ -160,7 +159,7 @@ def make_manager(layout: Layout, num_blocks: int, max_model_len: int) -> KVCache
     return KVCacheManager(
         build_config(layout, num_blocks),
         max_model_len=max_model_len,
-        enable_caching=layout.enable_caching,
+        options=KVCacheManagerOptions(enable_caching=layout.enable_caching),
     )
 
 
@@ -246,8 +245,8 @@ def simulate(
     wall0 = perf_counter()
     layout = cfg.layout
     max_model_len = cfg.max_model_len or workload.max_sequence_len
-    hash_bs = math.gcd(*(g.spec.block_size for g in layout.groups))
     mgr = make_manager(layout, cfg.num_blocks, max_model_len)
+    hash_bs = mgr.hash_block_size
     best = BestCaseTracker(layout.block_size) if cfg.track_best else None
     evictions = EvictionCounter(mgr)
     pool = mgr.block_pool
