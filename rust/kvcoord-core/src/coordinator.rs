@@ -17,13 +17,15 @@
 //!   does the same: those blocks are dead either way).
 
 use hashbrown::hash_map::Entry;
-use hashbrown::HashMap;
+use hashbrown::{HashMap, HashSet};
 
 use crate::block_hash::BlockHash;
 use crate::error::{KvError, KvResult};
 use crate::ids::{BlockId, GroupId, ReqId};
+use crate::managers::mamba_align;
 use crate::managers::{CachePolicy, GroupSpec, GroupTable, Manager, SpecKind};
 use crate::pool::{BlockPool, PoolConfig};
+use crate::prefix_index::CacheKey;
 use crate::retention::validate_retention_interval;
 
 /// How the groups are arranged, which decides hit alignment and how many
@@ -92,7 +94,7 @@ impl CoordinatorConfig {
         // block size.
         let has_mamba = groups
             .iter()
-            .any(|g| matches!(g.kind, SpecKind::Mamba { .. }));
+            .any(|g| matches!(g.kind, SpecKind::Mamba { .. } | SpecKind::MambaAlign { .. }));
         let hash_block_size = if enable_caching && !has_mamba {
             groups
                 .iter()
@@ -183,6 +185,18 @@ impl CoordinatorConfig {
                             "enable_caching",
                             "true".into(),
                             "cross-attention groups cannot be prefix-cached",
+                        ))
+                    }
+                    SpecKind::MambaAlign { .. } if g.block_size != hbs => {
+                        return Err(bad(
+                            "hash_block_size",
+                            hbs.to_string(),
+                            &format!(
+                                "Mamba prefix caching (mamba_cache_mode='align') needs \
+                                 hash_block_size == the Mamba block size ({}): partial-block \
+                                 state entries are not supported",
+                                g.block_size
+                            ),
                         ))
                     }
                     _ => {}
@@ -341,6 +355,16 @@ pub struct CoordinatorCore {
     mask_buf: Vec<bool>,
     /// Output buffer of [`allocate_slots`](Self::allocate_slots).
     out: NewBlocks,
+    /// Cache keys of Mamba "align" states registered during the current
+    /// step: a hit on one is refused until [`new_step_starts`](Self::new_step_starts)
+    /// (the state is written by this step's forward pass).
+    cached_this_step: HashSet<CacheKey>,
+    /// Per group, the prefill checkpoint decided by the current allocation's
+    /// prediction (Mamba "align" only).
+    checkpoints: Vec<Option<(usize, usize)>>,
+    /// Whether some group is Mamba "align" (the per-step bookkeeping above
+    /// is skipped otherwise).
+    has_align: bool,
 }
 
 impl CoordinatorCore {
@@ -359,6 +383,11 @@ impl CoordinatorCore {
             .enumerate()
             .map(|(g, &spec)| Manager::new(spec, GroupId(g as u32)))
             .collect::<KvResult<Vec<_>>>()?;
+        let managers_len = managers.len();
+        let has_align = config
+            .groups
+            .iter()
+            .any(|g| matches!(g.kind, SpecKind::MambaAlign { .. }));
         // Validated non-negative above.
         let retention = config
             .retention_interval
@@ -373,6 +402,9 @@ impl CoordinatorCore {
             scratch: Vec::new(),
             mask_buf: Vec::new(),
             out: NewBlocks::new(),
+            cached_this_step: HashSet::new(),
+            checkpoints: vec![None; managers_len],
+            has_align,
         })
     }
 
@@ -588,6 +620,9 @@ impl CoordinatorCore {
             mask_buf,
             config,
             retention,
+            cached_this_step,
+            checkpoints,
+            has_align,
             ..
         } = self;
         // The request's tables are probed for once: a decode step is the
@@ -617,7 +652,7 @@ impl CoordinatorCore {
         if let Entry::Occupied(tables) = &mut slot {
             let processed = total.saturating_sub(view.num_in_flight_tokens);
             for (m, t) in managers.iter().zip(tables.get_mut().iter_mut()) {
-                m.remove_skipped_blocks(pool, t, processed, scratch)?;
+                m.remove_skipped_blocks(pool, t, processed, Some(view.num_prompt_tokens), scratch)?;
             }
         }
         // Steps 9-10.
@@ -625,19 +660,53 @@ impl CoordinatorCore {
             Entry::Occupied(tables) => Some(tables.get()),
             Entry::Vacant(_) => None,
         };
-        let mut needed = 0usize;
+        let mut needed = 0i64;
         for (g, m) in managers.iter().enumerate() {
             let tokens = Self::group_tokens(m, need_slots, num_encoder_tokens);
             let group_hits = hits.get(g).map_or(&[][..], Vec::as_slice);
-            needed += m.num_blocks_to_allocate(
-                pool,
-                tracked_tables.map(|t| &t[g]),
-                tokens,
-                group_hits,
-                total,
-            );
+            let table = tracked_tables.map(|t| &t[g]);
+            if let SpecKind::MambaAlign {
+                prefill_checkpoint,
+                prefill_checkpoint_alignment,
+                ..
+            } = m.spec().kind
+            {
+                let input = mamba_align::AllocInput {
+                    main,
+                    total_computed: total,
+                    prefill_end: if *retention == Some(0) {
+                        view.num_prompt_tokens
+                            .max(view.num_tokens.saturating_sub(1))
+                    } else {
+                        0
+                    },
+                    // vLLM's `cache_hit_alignment_tokens` without partial hits.
+                    alignment: config.scheduler_block_size as usize,
+                    hash_block_size: config.hash_block_size as usize,
+                    hits: group_hits,
+                };
+                let (n, checkpoint) = mamba_align::num_blocks_to_allocate(
+                    m.block_size(),
+                    prefill_checkpoint.then_some(prefill_checkpoint_alignment.map(|a| a as usize)),
+                    pool,
+                    table,
+                    &input,
+                    cached_this_step,
+                );
+                checkpoints[g] = checkpoint;
+                needed += n;
+                continue;
+            }
+            needed += m.num_blocks_to_allocate(pool, table, tokens, group_hits, total) as i64;
         }
-        if needed > pool.num_free_blocks() {
+        if *has_align {
+            if let Entry::Occupied(tables) = &mut slot {
+                for (t, c) in tables.get_mut().iter_mut().zip(checkpoints.iter()) {
+                    t.align.checkpoint = *c;
+                }
+            }
+        }
+        if needed > pool.num_free_blocks() as i64 {
             return Ok(false);
         }
         // Step 11: adopt hits (all groups are touched before any allocation,
@@ -652,20 +721,38 @@ impl CoordinatorCore {
                         m.add_local_computed_blocks(pool, t, &hits[g], total)?;
                     }
                 }
+                if *has_align {
+                    for (t, c) in fresh.iter_mut().zip(checkpoints.iter()) {
+                        t.align.checkpoint = *c;
+                    }
+                }
                 vacant.insert(fresh)
             }
         };
         // Step 12.
         for (m, t) in managers.iter().zip(tables.iter_mut()) {
-            let tokens = Self::group_tokens(m, need_slots, num_encoder_tokens);
-            m.allocate_new_blocks(pool, t, tokens, &mut out.ids)?;
+            if let SpecKind::MambaAlign { .. } = m.spec().kind {
+                // Align mode sizes by the main model's tokens (no lookahead).
+                mamba_align::allocate_new_blocks(m.block_size(), pool, t, main, &mut out.ids)?;
+            } else {
+                let tokens = Self::group_tokens(m, need_slots, num_encoder_tokens);
+                m.allocate_new_blocks(pool, t, tokens, &mut out.ids)?;
+            }
             out.ends.push(out.ids.len());
         }
         // Steps 13-14: only final tokens (no drafts) are cached.
         if config.enable_caching && !delay_cache_blocks {
             let n = (total + num_new_tokens).min(view.num_tokens);
             cache_tables(
-                managers, pool, tables, config, *retention, view, n, mask_buf,
+                managers,
+                pool,
+                tables,
+                config,
+                *retention,
+                view,
+                n,
+                mask_buf,
+                cached_this_step,
             )?;
         }
         Ok(true)
@@ -686,6 +773,7 @@ impl CoordinatorCore {
             config,
             retention,
             mask_buf,
+            cached_this_step,
             ..
         } = self;
         let tables = requests.get_mut(&req).ok_or(KvError::UnknownRequest(req))?;
@@ -693,7 +781,15 @@ impl CoordinatorCore {
             return Ok(());
         }
         cache_tables(
-            managers, pool, tables, config, *retention, view, num_tokens, mask_buf,
+            managers,
+            pool,
+            tables,
+            config,
+            *retention,
+            view,
+            num_tokens,
+            mask_buf,
+            cached_this_step,
         )
     }
 
@@ -711,13 +807,22 @@ impl CoordinatorCore {
         res.map(|()| true)
     }
 
+    /// A new scheduler step begins: Mamba "align" states cached during the
+    /// previous step become usable as hits (a no-op for the other kinds).
+    pub fn new_step_starts(&mut self) {
+        self.cached_this_step.clear();
+    }
+
     /// Release `req`'s blocks that fell out of every group's attention window
     /// once `num_computed_tokens` tokens are processed (`allocate_slots` does
     /// this itself; schedulers call it for requests they skip this step).
+    /// With `num_prompt_tokens`, R-SWA groups free their decode gap; without
+    /// it they free nothing (vLLM's rule).
     pub fn remove_skipped_blocks(
         &mut self,
         req: ReqId,
         num_computed_tokens: usize,
+        num_prompt_tokens: Option<usize>,
     ) -> KvResult<()> {
         let Self {
             pool,
@@ -728,14 +833,16 @@ impl CoordinatorCore {
         } = self;
         let tables = requests.get_mut(&req).ok_or(KvError::UnknownRequest(req))?;
         for (m, t) in managers.iter().zip(tables.iter_mut()) {
-            m.remove_skipped_blocks(pool, t, num_computed_tokens, scratch)?;
+            m.remove_skipped_blocks(pool, t, num_computed_tokens, num_prompt_tokens, scratch)?;
         }
         Ok(())
     }
 
     /// Per group, how many leading blocks of `req`'s table are shared by all
     /// `num_running_requests` running requests (reference count equal to
-    /// that number).
+    /// that number): the prefix cascade attention can compute once. Only
+    /// full-attention kinds (full, MLA, R-SWA) have one; the other kinds
+    /// report 0 (their leading entries are null or per-request state).
     pub fn get_num_common_prefix_blocks(
         &self,
         req: ReqId,
@@ -744,7 +851,11 @@ impl CoordinatorCore {
         let tables = self.tables(req)?;
         Ok(tables
             .iter()
-            .map(|t| {
+            .zip(&self.managers)
+            .map(|(t, m)| {
+                if !m.spec().is_full_attention() {
+                    return 0;
+                }
                 t.blocks()
                     .iter()
                     .take_while(|&&b| {
@@ -779,7 +890,7 @@ impl CoordinatorCore {
                 ));
             }
             for (g, t) in tables.iter().enumerate() {
-                t.check_invariants()
+                t.check_invariants(self.managers[g].spec().has_interior_nulls())
                     .map_err(|e| format!("request {req} group {g}: {e}"))?;
                 for &b in t.blocks() {
                     let slot = owners.get_mut(b.index()).ok_or_else(|| {
@@ -876,6 +987,7 @@ fn cache_tables(
     view: &RequestView<'_>,
     num_tokens: usize,
     mask_buf: &mut Vec<bool>,
+    cached_this_step: &mut HashSet<CacheKey>,
 ) -> KvResult<()> {
     let sbs = config.scheduler_block_size as usize;
     let hbs = config.hash_block_size as usize;
@@ -915,7 +1027,23 @@ fn cache_tables(
         reachable_boundaries: &boundaries[..nb],
     };
     for (m, t) in managers.iter().zip(tables.iter_mut()) {
+        let before = t.num_cached();
         m.cache_blocks(pool, t, view.hashes, hbs, cacheable, &policy, mask_buf)?;
+        if let SpecKind::MambaAlign { .. } = m.spec().kind {
+            mamba_align::after_cache_blocks(
+                m.block_size(),
+                m.group(),
+                pool,
+                t,
+                view.hashes,
+                cacheable,
+                view.num_prompt_tokens,
+                view.shared_prefix_boundary,
+                &policy,
+                before,
+                cached_this_step,
+            )?;
+        }
     }
     Ok(())
 }
@@ -1392,9 +1520,9 @@ mod tests {
         assert_eq!(new.iter().map(Vec::len).collect::<Vec<_>>(), [0, 0, 0]);
         // Mamba kept only the block of the last computed token (+ scratch).
         assert_eq!(c.tables(r.id).unwrap()[1].num_leading_nulls(), 2);
-        c.remove_skipped_blocks(r.id, 13).unwrap();
+        c.remove_skipped_blocks(r.id, 13, None).unwrap();
         assert_eq!(c.tables(r.id).unwrap()[1].num_leading_nulls(), 3);
-        assert!(c.remove_skipped_blocks(ReqId(9), 13).is_err());
+        assert!(c.remove_skipped_blocks(ReqId(9), 13, None).is_err());
         c.check_invariants().unwrap();
         c.free(r.id).unwrap();
         assert_eq!(c.pool().num_free_blocks(), 39);

@@ -11,7 +11,11 @@ pub mod chunked_local;
 pub mod cross_attention;
 pub mod full_attention;
 pub mod mamba;
+pub mod mamba_align;
+pub mod mla_attention;
+pub mod rswa;
 pub mod sliding_window;
+pub mod sliding_window_mla;
 
 use crate::block_hash::BlockHash;
 use crate::error::{KvError, KvResult};
@@ -42,6 +46,37 @@ pub enum SpecKind {
     /// Cross-attention over the encoder output: one static allocation sized
     /// by the encoder tokens, never cached.
     CrossAttention,
+    /// Multi-head latent attention (one latent vector per token, DeepSeek
+    /// style): managed exactly like full attention, but a spec of its own
+    /// (hybrid lookups bucket it apart from plain full attention).
+    MlaAttention,
+    /// Sliding-window MLA: managed exactly like [`SpecKind::SlidingWindow`],
+    /// a spec of its own.
+    SlidingWindowMla {
+        /// Window length in tokens.
+        sliding_window: u32,
+    },
+    /// Reference sliding-window attention: full attention over the prompt,
+    /// only the last `rswa_window` generated tokens stay visible; the decode
+    /// gap between them is released (see [`rswa`]).
+    Rswa {
+        /// Generated tokens kept visible.
+        rswa_window: u32,
+    },
+    /// Mamba state, mode "align": states cached at block boundaries so that
+    /// prefix caching works (see [`mamba_align`]).
+    MambaAlign {
+        /// Extra scratch blocks for speculative decoding (0 only: see
+        /// [`GroupSpec::validate`]).
+        num_speculative_blocks: u32,
+        /// Whether a prefill chunk may export the state at the prompt's last
+        /// cacheable boundary into a reserved block (vLLM's
+        /// `num_prefill_checkpoint_blocks > 0`).
+        prefill_checkpoint: bool,
+        /// Token alignment of an exported checkpoint relative to the chunk
+        /// start (`None`: the backend cannot export one).
+        prefill_checkpoint_alignment: Option<u32>,
+    },
 }
 
 /// One KV-cache group's spec.
@@ -98,15 +133,59 @@ impl GroupSpec {
         }
     }
 
+    /// An MLA (full-attention) spec.
+    pub const fn mla_attention(block_size: u32) -> Self {
+        Self {
+            kind: SpecKind::MlaAttention,
+            block_size,
+        }
+    }
+
+    /// A sliding-window MLA spec.
+    pub const fn sliding_window_mla(block_size: u32, sliding_window: u32) -> Self {
+        Self {
+            kind: SpecKind::SlidingWindowMla { sliding_window },
+            block_size,
+        }
+    }
+
+    /// A reference sliding-window (R-SWA) spec.
+    pub const fn rswa(block_size: u32, rswa_window: u32) -> Self {
+        Self {
+            kind: SpecKind::Rswa { rswa_window },
+            block_size,
+        }
+    }
+
+    /// A Mamba spec in mode "align" (prefix caching of block-aligned states).
+    pub const fn mamba_align(
+        block_size: u32,
+        prefill_checkpoint: bool,
+        prefill_checkpoint_alignment: Option<u32>,
+    ) -> Self {
+        Self {
+            kind: SpecKind::MambaAlign {
+                num_speculative_blocks: 0,
+                prefill_checkpoint,
+                prefill_checkpoint_alignment,
+            },
+            block_size,
+        }
+    }
+
     /// Whether blocks of this group may be registered in the prefix cache.
     pub const fn prefix_cacheable(&self) -> bool {
         !matches!(self.kind, SpecKind::Mamba { .. } | SpecKind::CrossAttention)
     }
 
     /// Whether this is a full-attention group (hybrid lookups put these
-    /// first: their hit set is prefix-closed).
+    /// first: their hit set is prefix-closed, so they are looked up once and
+    /// truncated). MLA and R-SWA count as full attention, as in vLLM.
     pub const fn is_full_attention(&self) -> bool {
-        matches!(self.kind, SpecKind::FullAttention)
+        matches!(
+            self.kind,
+            SpecKind::FullAttention | SpecKind::MlaAttention | SpecKind::Rswa { .. }
+        )
     }
 
     /// Whether retention intervals apply to this group (sliding window and
@@ -114,7 +193,20 @@ impl GroupSpec {
     pub const fn is_sparse(&self) -> bool {
         matches!(
             self.kind,
-            SpecKind::SlidingWindow { .. } | SpecKind::Mamba { .. }
+            SpecKind::SlidingWindow { .. }
+                | SpecKind::SlidingWindowMla { .. }
+                | SpecKind::Mamba { .. }
+                | SpecKind::MambaAlign { .. }
+        )
+    }
+
+    /// Whether table entries after the first real block may be null (R-SWA
+    /// decode gaps, Mamba "align" skipped states); every other kind keeps
+    /// its nulls as a prefix.
+    pub const fn has_interior_nulls(&self) -> bool {
+        matches!(
+            self.kind,
+            SpecKind::Rswa { .. } | SpecKind::MambaAlign { .. }
         )
     }
 
@@ -129,10 +221,25 @@ impl GroupSpec {
             return Err(bad("block_size", 0));
         }
         match self.kind {
-            SpecKind::SlidingWindow { sliding_window: 0 } => Err(bad("sliding_window", 0)),
+            SpecKind::SlidingWindow { sliding_window: 0 }
+            | SpecKind::SlidingWindowMla { sliding_window: 0 } => Err(bad("sliding_window", 0)),
             SpecKind::ChunkedLocal {
                 attention_chunk_size: 0,
             } => Err(bad("attention_chunk_size", 0)),
+            SpecKind::Rswa { rswa_window: 0 } => Err(bad("rswa_window", 0)),
+            SpecKind::MambaAlign {
+                prefill_checkpoint_alignment: Some(0),
+                ..
+            } => Err(bad("prefill_checkpoint_alignment", 0)),
+            SpecKind::MambaAlign {
+                num_speculative_blocks,
+                ..
+            } if num_speculative_blocks != 0 => Err(KvError::InvalidConfig {
+                name: "num_speculative_blocks",
+                value: num_speculative_blocks.to_string(),
+                rule: "speculative scratch blocks are not supported with mamba_cache_mode='align'"
+                    .into(),
+            }),
             _ => Ok(()),
         }
     }
@@ -148,6 +255,8 @@ pub struct GroupTable {
     /// Leading entries already registered in the prefix cache (or hits that
     /// came from it). Invariant: `num_cached <= blocks.len()`.
     pub(crate) num_cached: usize,
+    /// Mamba "align" only (see [`mamba_align`]): per-request bookkeeping.
+    pub(crate) align: mamba_align::AlignState,
 }
 
 impl GroupTable {
@@ -168,8 +277,10 @@ impl GroupTable {
         self.blocks.iter().take_while(|b| b.is_null()).count()
     }
 
-    /// Check the invariants written on the fields.
-    pub fn check_invariants(&self) -> Result<(), String> {
+    /// Check the invariants written on the fields (`interior_nulls`: the
+    /// group's kind may leave null entries after real ones, see
+    /// [`GroupSpec::has_interior_nulls`]).
+    pub fn check_invariants(&self, interior_nulls: bool) -> Result<(), String> {
         if self.num_cached > self.blocks.len() {
             return Err(format!(
                 "num_cached {} exceeds the table length {}",
@@ -178,7 +289,7 @@ impl GroupTable {
             ));
         }
         let nulls = self.num_leading_nulls();
-        if self.blocks[nulls..].iter().any(|b| b.is_null()) {
+        if !interior_nulls && self.blocks[nulls..].iter().any(|b| b.is_null()) {
             return Err("null entry after a real block".into());
         }
         Ok(())
@@ -234,14 +345,18 @@ impl Manager {
     /// their blocks are no longer needed. 0 when nothing can be dropped.
     pub fn num_skipped_tokens(&self, n: usize) -> usize {
         match self.spec.kind {
-            SpecKind::FullAttention | SpecKind::CrossAttention => 0,
-            SpecKind::SlidingWindow { sliding_window } => {
+            SpecKind::FullAttention
+            | SpecKind::CrossAttention
+            | SpecKind::MlaAttention
+            | SpecKind::Rswa { .. } => 0,
+            SpecKind::SlidingWindow { sliding_window }
+            | SpecKind::SlidingWindowMla { sliding_window } => {
                 sliding_window::num_skipped_tokens(n, sliding_window as usize)
             }
             SpecKind::ChunkedLocal {
                 attention_chunk_size,
             } => chunked_local::num_skipped_tokens(n, attention_chunk_size as usize),
-            SpecKind::Mamba { .. } => mamba::num_skipped_tokens(n),
+            SpecKind::Mamba { .. } | SpecKind::MambaAlign { .. } => mamba::num_skipped_tokens(n),
         }
     }
 
@@ -289,10 +404,16 @@ impl Manager {
         }
         let view = HashView::new(hashes, hash_block_size, self.block_size)?;
         match self.spec.kind {
-            SpecKind::FullAttention => Ok(full_attention::find_longest_cache_hit(
+            SpecKind::FullAttention | SpecKind::MlaAttention | SpecKind::Rswa { .. } => {
+                Ok(full_attention::find_longest_cache_hit(
+                    pool, groups, &view, max_length, alignment, out,
+                ))
+            }
+            SpecKind::MambaAlign { .. } => Ok(mamba_align::find_longest_cache_hit(
                 pool, groups, &view, max_length, alignment, out,
             )),
-            SpecKind::SlidingWindow { sliding_window } => {
+            SpecKind::SlidingWindow { sliding_window }
+            | SpecKind::SlidingWindowMla { sliding_window } => {
                 Ok(sliding_window::find_longest_cache_hit(
                     pool,
                     groups,
@@ -429,14 +550,20 @@ impl Manager {
             });
         }
         let mask = match self.spec.kind {
-            SpecKind::SlidingWindow { sliding_window } => sliding_window::reachable_block_mask(
-                table.num_cached,
-                num_full,
-                bs,
-                sliding_window as usize,
-                policy,
-                mask_buf,
-            ),
+            SpecKind::MambaAlign { .. } => {
+                mamba_align::reachable_block_mask(table.num_cached, num_full, bs, policy, mask_buf)
+            }
+            SpecKind::SlidingWindow { sliding_window }
+            | SpecKind::SlidingWindowMla { sliding_window } => {
+                sliding_window::reachable_block_mask(
+                    table.num_cached,
+                    num_full,
+                    bs,
+                    sliding_window as usize,
+                    policy,
+                    mask_buf,
+                )
+            }
             _ => false,
         };
         pool.cache_full_blocks_scaled(
@@ -456,13 +583,34 @@ impl Manager {
     /// computed: entries `[0, k)` become null, walking back from `k-1` and
     /// stopping at the first null (nulls form a prefix); they are freed in
     /// that backward order. `scratch` is a reusable buffer.
+    ///
+    /// R-SWA frees its decode gap instead when `num_prompt_tokens` is given
+    /// (see [`rswa`]); Mamba "align" skips null gaps and also frees the
+    /// previous state (see [`mamba_align`]).
     pub fn remove_skipped_blocks(
         &self,
         pool: &mut BlockPool,
         table: &mut GroupTable,
         processed: usize,
+        num_prompt_tokens: Option<usize>,
         scratch: &mut Vec<BlockId>,
     ) -> KvResult<()> {
+        match (self.spec.kind, num_prompt_tokens) {
+            (SpecKind::Rswa { rswa_window }, Some(prompt)) => {
+                let range = rswa::gap(prompt, processed, rswa_window as usize, self.block_size);
+                return rswa::remove_gap(pool, &mut table.blocks, range, scratch);
+            }
+            (SpecKind::MambaAlign { .. }, _) => {
+                return mamba_align::remove_skipped_blocks(
+                    self.block_size,
+                    pool,
+                    table,
+                    processed,
+                    scratch,
+                );
+            }
+            _ => {}
+        }
         let skipped = self.num_skipped_tokens(processed);
         if skipped == 0 {
             return Ok(());
@@ -487,6 +635,7 @@ impl Manager {
         let res = pool.free_blocks(&table.blocks);
         table.blocks.clear();
         table.num_cached = 0;
+        table.align.clear();
         res
     }
 }
@@ -635,6 +784,7 @@ pub(crate) mod test_util {
         GroupTable {
             blocks: blocks.iter().map(|&b| BlockId(b)).collect(),
             num_cached: 0,
+            align: mamba_align::AlignState::default(),
         }
     }
 }
