@@ -31,6 +31,9 @@ from kvcoord.config import (
     KVCacheGroup,
     KVCacheSpec,
     MambaSpec,
+    MLAAttentionSpec,
+    RSWASpec,
+    SlidingWindowMLASpec,
     SlidingWindowSpec,
 )
 from kvcoord.coordinator import (
@@ -56,6 +59,7 @@ from kvcoord.errors import (
 )
 from kvcoord.hashing import HashAlgoName, LoRA, MultiModalFeature
 from kvcoord.manager import AllocateSlots, KVCacheManager, PrefixCacheStats
+from kvcoord.scheduling import MambaChunkRule, mamba_aligned_chunk, mamba_chunk_rule
 
 __all__ = [
     "HASH_ALGOS",
@@ -88,17 +92,23 @@ __all__ = [
     "KVCacheSpec",
     "KvCoordError",
     "LoRA",
+    "MLAAttentionSpec",
+    "MambaChunkRule",
     "MambaSpec",
     "MultiModalFeature",
     "OutOfBlocksError",
     "PrefixCacheStats",
+    "RSWASpec",
     "Request",
+    "SlidingWindowMLASpec",
     "SlidingWindowSpec",
     "UnitaryKVCacheCoordinator",
     "UnknownRequestError",
     "__version__",
     "compute_block_hashes",
     "get_kv_cache_coordinator",
+    "mamba_aligned_chunk",
+    "mamba_chunk_rule",
     "none_hash",
     "validate_retention_interval",
 ]

@@ -23,7 +23,10 @@ __all__ = [
     "KVCacheConfig",
     "KVCacheGroup",
     "KVCacheSpec",
+    "MLAAttentionSpec",
     "MambaSpec",
+    "RSWASpec",
+    "SlidingWindowMLASpec",
     "SlidingWindowSpec",
 ]
 
@@ -73,21 +76,64 @@ class ChunkedLocalAttentionSpec:
         _positive_int(self, "attention_chunk_size")
 
 
+def _non_negative_int(owner: object, name: str) -> None:
+    value = getattr(owner, name)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"{type(owner).__name__}.{name} must be an int >= 0, got {value!r}")
+
+
 @dataclass(frozen=True, slots=True)
 class MambaSpec:
-    """State-space (Mamba) layers: one state block per request, plus
-    ``num_speculative_blocks`` scratch blocks. Prefix caching of Mamba state
-    is not supported yet; such a model runs with caching off."""
+    """State-space (Mamba) layers.
+
+    ``mamba_cache_mode="none"`` (default): one state block per request plus
+    ``num_speculative_blocks`` scratch blocks, no prefix caching (build the
+    manager with ``enable_caching=False``).
+
+    ``mamba_cache_mode="align"``: states are cached at block boundaries, so
+    prefix caching works; a hit must agree with the attention groups' hit.
+    The scheduler must end prefill chunks where a state should be cached:
+    clip every prefill chunk with :func:`kvcoord.mamba_aligned_chunk` and
+    call :meth:`kvcoord.KVCacheManager.new_step_starts` at the top of each
+    step. ``num_prefill_checkpoint_blocks > 0`` lets a chunk export the state
+    at the prompt's last cacheable boundary into a reserved block (Mamba2),
+    when ``prefill_checkpoint_alignment`` (tokens, relative to the chunk
+    start) allows it; ``None`` means the backend cannot export one.
+    Align mode supports ``hash_block_size == block_size`` and no
+    speculative blocks.
+    """
 
     block_size: int
     num_speculative_blocks: int = 0
+    mamba_cache_mode: Literal["none", "align"] = "none"
+    num_prefill_checkpoint_blocks: int = 0
+    prefill_checkpoint_alignment: int | None = None
     kind: Literal["mamba"] = field(default="mamba", init=False, repr=False)
 
     def __post_init__(self) -> None:
         _positive_int(self, "block_size")
-        n = self.num_speculative_blocks
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise ConfigError(f"MambaSpec.num_speculative_blocks must be an int >= 0, got {n!r}")
+        _non_negative_int(self, "num_speculative_blocks")
+        _non_negative_int(self, "num_prefill_checkpoint_blocks")
+        mode = self.mamba_cache_mode
+        if mode not in ("none", "align"):
+            raise ConfigError(f"MambaSpec.mamba_cache_mode must be 'none' or 'align', got {mode!r}")
+        if self.prefill_checkpoint_alignment is not None:
+            _positive_int(self, "prefill_checkpoint_alignment")
+        if mode == "align" and self.num_speculative_blocks:
+            raise ConfigError(
+                "MambaSpec.num_speculative_blocks must be 0 with mamba_cache_mode='align' "
+                f"(speculative scratch blocks are not supported there), got {self.num_speculative_blocks}"
+            )
+        if mode == "none" and self.num_prefill_checkpoint_blocks:
+            raise ConfigError(
+                "MambaSpec.num_prefill_checkpoint_blocks needs mamba_cache_mode='align', got "
+                f"{self.num_prefill_checkpoint_blocks} with mode 'none'"
+            )
+
+    @property
+    def prefix_cacheable(self) -> bool:
+        """Whether states are prefix-cached (mode "align")."""
+        return self.mamba_cache_mode == "align"
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,12 +148,62 @@ class CrossAttentionSpec:
         _positive_int(self, "block_size")
 
 
+@dataclass(frozen=True, slots=True)
+class MLAAttentionSpec:
+    """Multi-head latent attention (one latent vector per token, DeepSeek
+    style): managed exactly like full attention, but a spec of its own (a
+    hybrid model looks MLA groups up apart from plain full attention)."""
+
+    block_size: int
+    kind: Literal["mla_attention"] = field(default="mla_attention", init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        _positive_int(self, "block_size")
+
+
+@dataclass(frozen=True, slots=True)
+class SlidingWindowMLASpec:
+    """Sliding-window MLA layers (DeepSeek-V4 style): managed exactly like
+    :class:`SlidingWindowSpec`, a spec of its own."""
+
+    block_size: int
+    sliding_window: int
+    kind: Literal["sliding_window_mla"] = field(
+        default="sliding_window_mla", init=False, repr=False
+    )
+
+    def __post_init__(self) -> None:
+        _positive_int(self, "block_size")
+        _positive_int(self, "sliding_window")
+
+
+@dataclass(frozen=True, slots=True)
+class RSWASpec:
+    """Reference sliding-window attention: the prompt stays fully visible,
+    only the last ``rswa_window`` generated tokens do. Every allocation frees
+    the decode gap between the prompt's last block and the window; freed gap
+    blocks keep their cache keys (with prefix caching on, a later request
+    whose prompt covers them can hit them although their KV was computed
+    under the window). Lookups count it as full attention."""
+
+    block_size: int
+    rswa_window: int
+    kind: Literal["rswa"] = field(default="rswa", init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        _positive_int(self, "block_size")
+        _positive_int(self, "rswa_window")
+
+
 KVCacheSpec: TypeAlias = (
     FullAttentionSpec
     | SlidingWindowSpec
     | ChunkedLocalAttentionSpec
     | MambaSpec
     | CrossAttentionSpec
+    | MLAAttentionSpec
+    | SlidingWindowMLASpec
+    | RSWASpec
 )
 _SPEC_TYPES = (
     FullAttentionSpec,
@@ -115,7 +211,13 @@ _SPEC_TYPES = (
     ChunkedLocalAttentionSpec,
     MambaSpec,
     CrossAttentionSpec,
+    MLAAttentionSpec,
+    SlidingWindowMLASpec,
+    RSWASpec,
 )
+#: Kinds that a hybrid lookup treats as full attention (looked up first,
+#: once, then truncated), as vLLM's ``FullAttentionSpec`` subclasses are.
+FULL_ATTENTION_SPECS = (FullAttentionSpec, MLAAttentionSpec, RSWASpec)
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,4 +272,7 @@ class KVCacheConfig:
     @property
     def has_sparse_groups(self) -> bool:
         """Whether some group is sliding-window or Mamba (retention applies)."""
-        return any(isinstance(g.spec, SlidingWindowSpec | MambaSpec) for g in self.groups)
+        return any(
+            isinstance(g.spec, SlidingWindowSpec | SlidingWindowMLASpec | MambaSpec)
+            for g in self.groups
+        )

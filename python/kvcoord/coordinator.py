@@ -24,8 +24,8 @@ from typing import Literal
 from kvcoord._core import BlockPool, CoordinatorCore, Request
 from kvcoord.blocks import KVCacheBlocks
 from kvcoord.config import (
+    FULL_ATTENTION_SPECS,
     CrossAttentionSpec,
-    FullAttentionSpec,
     KVCacheConfig,
     KVCacheSpec,
     MambaSpec,
@@ -41,14 +41,31 @@ __all__ = [
 ]
 
 BlockIdsPerGroup = tuple[list[int], ...]
+#: A lookup's result: blocks per group, the hit in tokens, and the tokens
+#: some spec group matched beyond that hit (vLLM's
+#: ``num_uncached_common_prefix_tokens``; 0 when every group agreed).
+CacheHit = tuple[BlockIdsPerGroup, int, int]
 
 
-def _spec_params(spec: KVCacheSpec) -> tuple[str, int, int]:
-    """The (kind, block_size, parameter) triple the Rust core is built from."""
-    param = getattr(spec, "sliding_window", 0) or getattr(spec, "attention_chunk_size", 0)
+def _spec_params(spec: KVCacheSpec) -> tuple[str, int, int, int, int | None]:
+    """The ``(kind, block_size, parameter, checkpoint_blocks,
+    checkpoint_alignment)`` tuple the Rust core is built from."""
     if isinstance(spec, MambaSpec):
-        param = spec.num_speculative_blocks
-    return spec.kind, spec.block_size, param
+        if spec.mamba_cache_mode == "align":
+            return (
+                "mamba_align",
+                spec.block_size,
+                spec.num_speculative_blocks,
+                spec.num_prefill_checkpoint_blocks,
+                spec.prefill_checkpoint_alignment,
+            )
+        return spec.kind, spec.block_size, spec.num_speculative_blocks, 0, None
+    param = (
+        getattr(spec, "sliding_window", 0)
+        or getattr(spec, "attention_chunk_size", 0)
+        or getattr(spec, "rswa_window", 0)
+    )
+    return spec.kind, spec.block_size, param, 0, None
 
 
 class KVCacheCoordinator:
@@ -114,11 +131,15 @@ class KVCacheCoordinator:
     def empty_hit(self) -> BlockIdsPerGroup:
         return tuple([] for _ in range(self.num_groups))
 
-    def find_longest_cache_hit(
-        self, request: Request, max_length: int
-    ) -> tuple[BlockIdsPerGroup, int]:
+    def new_step_starts(self) -> None:
+        """A scheduler step begins (Mamba "align" states cached during the
+        previous step become usable as hits)."""
+        self.core.new_step_starts()
+
+    def find_longest_cache_hit(self, request: Request, max_length: int) -> CacheHit:
         """Blocks per group for the longest cached prefix of at most
-        ``max_length`` tokens, and its length in tokens."""
+        ``max_length`` tokens, its length in tokens, and how many tokens some
+        spec group matched beyond it (0 unless hybrid)."""
         raise NotImplementedError
 
 
@@ -142,10 +163,8 @@ class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
             enable_events=enable_events,
         )
 
-    def find_longest_cache_hit(
-        self, request: Request, max_length: int
-    ) -> tuple[BlockIdsPerGroup, int]:
-        return self.empty_hit(), 0
+    def find_longest_cache_hit(self, request: Request, max_length: int) -> CacheHit:
+        return self.empty_hit(), 0, 0
 
 
 class UnitaryKVCacheCoordinator(KVCacheCoordinator):
@@ -184,11 +203,9 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
         )
         self._block_size = spec.block_size
 
-    def find_longest_cache_hit(
-        self, request: Request, max_length: int
-    ) -> tuple[BlockIdsPerGroup, int]:
+    def find_longest_cache_hit(self, request: Request, max_length: int) -> CacheHit:
         blocks, hit = self.core.find_longest_cache_hit([0], request, max_length, self._block_size)
-        return (blocks[0],), hit
+        return (blocks[0],), hit, 0
 
 
 @dataclass(frozen=True)
@@ -200,7 +217,8 @@ class SpecGroup:
 
     @property
     def is_full_attention(self) -> bool:
-        return isinstance(self.spec, FullAttentionSpec)
+        """Full attention, MLA and R-SWA: prefix-closed hit sets."""
+        return isinstance(self.spec, FULL_ATTENTION_SPECS)
 
 
 class HybridKVCacheCoordinator(KVCacheCoordinator):
@@ -267,12 +285,13 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         # the second scan already ran at the full-attention bound.
         self._single_pass = len(self.spec_groups) == 2 and self.spec_groups[0].is_full_attention
 
-    def find_longest_cache_hit(
-        self, request: Request, max_length: int
-    ) -> tuple[BlockIdsPerGroup, int]:
+    def find_longest_cache_hit(self, request: Request, max_length: int) -> CacheHit:
         hit_blocks: list[list[int]] = [[] for _ in range(self.num_groups)]
         full_lengths: dict[int, int] = {}
         candidate = max_length
+        # The longest hit any spec group reported on the way: beyond the
+        # reconciled hit it marks a shared prefix some group has not cached.
+        longest = 0
         while True:
             length = candidate
             for index, sg in enumerate(self.spec_groups):
@@ -287,6 +306,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
                     hit_blocks[gid] = ids
                 if sg.is_full_attention:
                     full_lengths[index] = length
+                longest = max(longest, length)
             if length >= candidate:
                 break
             candidate = length
@@ -297,14 +317,14 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
             keep = -(-candidate // sg.spec.block_size)
             for gid in sg.group_ids:
                 del hit_blocks[gid][keep:]
-        return tuple(hit_blocks), candidate
+        return tuple(hit_blocks), candidate, longest - candidate
 
 
 def _check_cacheable(spec: KVCacheSpec) -> None:
-    if isinstance(spec, MambaSpec):
+    if isinstance(spec, MambaSpec) and not spec.prefix_cacheable:
         raise ConfigError(
-            "prefix caching of Mamba state is not supported; build the manager with "
-            "enable_caching=False for models with Mamba layers"
+            "prefix caching of Mamba state needs MambaSpec(mamba_cache_mode='align'); with "
+            "mode 'none' build the manager with enable_caching=False"
         )
     if isinstance(spec, CrossAttentionSpec):
         raise ConfigError(

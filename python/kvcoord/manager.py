@@ -131,18 +131,33 @@ class KVCacheManager:
         At most ``num_tokens - 1`` tokens: the last prompt token is always
         recomputed to produce logits. Nothing is pinned until
         :meth:`allocate_slots` adopts the blocks.
+
+        Also sets ``request.shared_prefix_boundary`` to vLLM's third result:
+        the hit plus the tokens some group matched beyond it (a shared prefix
+        that a sliding-window or Mamba group has not cached), or 0 when every
+        group agreed. Sparse caching keeps the state at that boundary, and
+        Mamba chunking (:func:`kvcoord.mamba_aligned_chunk`) stops there.
         """
         self._check_hash_block_size(request)
         if not self.enable_caching or request.skip_reading_prefix_cache:
+            request.shared_prefix_boundary = 0
             return self._empty, 0
-        blocks, num_hit_tokens = self.coordinator.find_longest_cache_hit(
+        blocks, num_hit_tokens, uncached = self.coordinator.find_longest_cache_hit(
             request, request.num_tokens - 1
         )
+        request.shared_prefix_boundary = num_hit_tokens + uncached if uncached else 0
         if self.prefix_cache_stats is not None:
             self.prefix_cache_stats.requests += 1
             self.prefix_cache_stats.queries += request.num_tokens
             self.prefix_cache_stats.hits += num_hit_tokens
         return KVCacheBlocks(blocks), num_hit_tokens
+
+    def new_step_starts(self) -> None:
+        """Call at the top of every scheduler step: Mamba "align" states
+        cached during the previous step become usable as hits (a hit on a
+        state cached in the current step makes ``allocate_slots`` return
+        ``None``). A no-op for the other kinds."""
+        self.coordinator.new_step_starts()
 
     def free(self, request: Request) -> None:
         """Release every block of ``request`` (tail first, so its deepest
@@ -174,7 +189,10 @@ class KVCacheManager:
 
     def get_num_common_prefix_blocks(self, request_id: str) -> list[int]:
         """Per group, how many leading blocks of this request are shared by
-        every running request (usable for cascade attention)."""
+        every running request (usable for cascade attention). Only
+        full-attention kinds (full, MLA, R-SWA) can share a prefix; the other
+        groups report 0. (vLLM 0.33.0 removed cascade attention and always
+        reports 0; kvcoord keeps the count.)"""
         counts = self._core.num_common_prefix_blocks(request_id)
         if counts is None:
             raise UnknownRequestError(f"no request {request_id!r} in the KV cache manager")

@@ -36,17 +36,39 @@ pub(crate) struct PyCoordinatorCore {
     empty: Py<PyAny>,
 }
 
-fn spec_from_tuple(kind: &str, block_size: u32, param: u32) -> PyResult<GroupSpec> {
-    let spec = match kind {
+/// One group as `(kind, block_size, parameter, checkpoint_blocks,
+/// checkpoint_alignment)`; the last two matter only for `mamba_align`.
+type GroupTuple = (String, u32, u32, u32, Option<u32>);
+
+fn spec_from_tuple(group: &GroupTuple) -> PyResult<GroupSpec> {
+    let (kind, block_size, param, checkpoint_blocks, checkpoint_alignment) = group;
+    let (block_size, param) = (*block_size, *param);
+    let spec = match kind.as_str() {
         "full_attention" => GroupSpec::full_attention(block_size),
         "sliding_window" => GroupSpec::sliding_window(block_size, param),
         "chunked_local" => GroupSpec::chunked_local(block_size, param),
         "mamba" => GroupSpec::mamba(block_size, param),
         "cross_attention" => GroupSpec::cross_attention(block_size),
+        "mla_attention" => GroupSpec::mla_attention(block_size),
+        "sliding_window_mla" => GroupSpec::sliding_window_mla(block_size, param),
+        "rswa" => GroupSpec::rswa(block_size, param),
+        "mamba_align" => {
+            let mut spec =
+                GroupSpec::mamba_align(block_size, *checkpoint_blocks > 0, *checkpoint_alignment);
+            if let kvcoord_core::SpecKind::MambaAlign {
+                num_speculative_blocks,
+                ..
+            } = &mut spec.kind
+            {
+                *num_speculative_blocks = param;
+            }
+            spec
+        }
         other => {
             return Err(ConfigError::new_err(format!(
                 "unknown KV cache spec kind {other:?}: expected one of full_attention, \
-                 sliding_window, chunked_local, mamba, cross_attention"
+                 sliding_window, chunked_local, mamba, mamba_align, cross_attention, \
+                 mla_attention, sliding_window_mla, rswa"
             )))
         }
     };
@@ -54,12 +76,15 @@ fn spec_from_tuple(kind: &str, block_size: u32, param: u32) -> PyResult<GroupSpe
 }
 
 fn view(r: &PyRequest) -> RequestView<'_> {
-    RequestView::new(
-        r.num_computed_tokens_usize(),
-        r.num_tokens_usize(),
-        r.num_prompt_tokens_usize(),
-        r.block_hashes_slice(),
-    )
+    RequestView {
+        shared_prefix_boundary: r.shared_prefix_boundary_usize(),
+        ..RequestView::new(
+            r.num_computed_tokens_usize(),
+            r.num_tokens_usize(),
+            r.num_prompt_tokens_usize(),
+            r.block_hashes_slice(),
+        )
+    }
 }
 
 fn per_group_lists<'py, 'a>(
@@ -88,7 +113,7 @@ impl PyCoordinatorCore {
     fn new(
         py: Python<'_>,
         num_blocks: i64,
-        groups: Vec<(String, u32, u32)>,
+        groups: Vec<GroupTuple>,
         enable_caching: bool,
         hash_block_size: u32,
         max_model_len: usize,
@@ -99,7 +124,7 @@ impl PyCoordinatorCore {
     ) -> PyResult<Self> {
         let specs = groups
             .iter()
-            .map(|(k, bs, p)| spec_from_tuple(k, *bs, *p))
+            .map(spec_from_tuple)
             .collect::<PyResult<Vec<_>>>()?;
         let arrangement = match arrangement {
             "unitary" => Arrangement::Unitary,
@@ -268,6 +293,12 @@ impl PyCoordinatorCore {
             )));
         };
         core(self.inner.cache_blocks(req, &view(&request), n))
+    }
+
+    /// A new scheduler step begins (Mamba "align" states cached during the
+    /// previous step become usable as hits).
+    fn new_step_starts(&mut self) {
+        self.inner.new_step_starts();
     }
 
     /// Free a request's blocks; unknown ids are ignored (as in vLLM).

@@ -263,6 +263,10 @@ pub(crate) struct PyRequest {
     /// request wants prompt logprobs, which cached tokens cannot give).
     #[pyo3(get, set)]
     skip_reading_prefix_cache: bool,
+    /// The shared-prefix boundary of the request's last prefix-cache lookup
+    /// (vLLM's third `get_computed_blocks` result, kept on the request as
+    /// vLLM's scheduler does); 0 when none.
+    shared_prefix_boundary: usize,
 }
 
 impl PyRequest {
@@ -292,6 +296,11 @@ impl PyRequest {
     #[allow(dead_code)] // for the Rust manager
     pub(crate) fn num_prompt_tokens_usize(&self) -> usize {
         self.num_prompt_tokens
+    }
+
+    /// The shared-prefix boundary of the last lookup (0 = none).
+    pub(crate) fn shared_prefix_boundary_usize(&self) -> usize {
+        self.shared_prefix_boundary
     }
 
     /// Tokens whose KV is computed.
@@ -344,6 +353,7 @@ impl PyRequest {
             num_computed_tokens: 0,
             hasher,
             skip_reading_prefix_cache: false,
+            shared_prefix_boundary: 0,
         })
     }
 
@@ -385,6 +395,17 @@ impl PyRequest {
     #[getter]
     fn num_tokens(&self) -> usize {
         self.num_tokens_usize()
+    }
+
+    #[getter]
+    fn get_shared_prefix_boundary(&self) -> usize {
+        self.shared_prefix_boundary
+    }
+
+    #[setter]
+    fn set_shared_prefix_boundary(&mut self, value: i64) -> PyResult<()> {
+        self.shared_prefix_boundary = crate::convert::count(value, "shared_prefix_boundary")?;
+        Ok(())
     }
 
     #[getter]
