@@ -300,6 +300,13 @@ class Request:
     @num_computed_tokens.setter
     def num_computed_tokens(self, value: int) -> None: ...
     skip_reading_prefix_cache: bool
+    @property
+    def shared_prefix_boundary(self) -> int:
+        """The shared-prefix boundary of the last prefix-cache lookup
+        (``KVCacheManager.get_computed_blocks`` sets it; vLLM's third lookup
+        result): 0, or where some group matched beyond the reconciled hit."""
+    @shared_prefix_boundary.setter
+    def shared_prefix_boundary(self, value: int) -> None: ...
     """When True, ``KVCacheManager.get_computed_blocks`` reports no hit (e.g.
     the request wants prompt logprobs, which cached tokens cannot give)."""
     @property
@@ -375,16 +382,21 @@ class CoordinatorCore:
     block tables. Python policies (``kvcoord.coordinator``) decide which
     lookups to run; :class:`kvcoord.KVCacheManager` is the public facade.
 
-    ``groups`` lists ``(kind, block_size, parameter)`` per group, ``kind``
-    one of ``full_attention``, ``sliding_window`` (parameter: window in
-    tokens), ``chunked_local`` (chunk size), ``mamba`` (speculative blocks),
-    ``cross_attention`` (0).
+    ``groups`` lists ``(kind, block_size, parameter, checkpoint_blocks,
+    checkpoint_alignment)`` per group, ``kind`` one of ``full_attention``,
+    ``mla_attention``, ``sliding_window`` / ``sliding_window_mla``
+    (parameter: window in tokens), ``chunked_local`` (chunk size), ``rswa``
+    (R-SWA window in tokens), ``mamba`` (mode "none"; speculative blocks),
+    ``mamba_align`` (speculative blocks, which must be 0; the last two
+    fields are ``num_prefill_checkpoint_blocks`` and
+    ``prefill_checkpoint_alignment`` or ``None``), ``cross_attention`` (0).
+    The last two fields are 0 and ``None`` for every other kind.
     """
 
     def __init__(
         self,
         num_blocks: int,
-        groups: Sequence[tuple[str, int, int]],
+        groups: Sequence[tuple[str, int, int, int, int | None]],
         *,
         enable_caching: bool,
         hash_block_size: int,
@@ -429,6 +441,9 @@ class CoordinatorCore:
         cannot hold them (nothing changed)."""
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """Cache the request's full blocks within its first ``num_tokens`` tokens."""
+    def new_step_starts(self) -> None:
+        """A scheduler step begins: Mamba "align" states cached during the
+        previous step become usable as hits."""
     def free(self, request_id: str) -> bool:
         """Release the request's blocks (tail first); False for an unknown id."""
     def block_ids(self, request_id: str) -> list[list[int]] | None:

@@ -122,7 +122,8 @@ class MambaSpec:
         if mode == "align" and self.num_speculative_blocks:
             raise ConfigError(
                 "MambaSpec.num_speculative_blocks must be 0 with mamba_cache_mode='align' "
-                f"(speculative scratch blocks are not supported there), got {self.num_speculative_blocks}"
+                "(speculative scratch blocks are not supported there), "
+                f"got {self.num_speculative_blocks}"
             )
         if mode == "none" and self.num_prefill_checkpoint_blocks:
             raise ConfigError(

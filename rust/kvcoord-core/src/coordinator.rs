@@ -172,45 +172,7 @@ impl CoordinatorConfig {
         }
         if self.enable_caching {
             for g in &self.groups {
-                match g.kind {
-                    SpecKind::Mamba { .. } => {
-                        return Err(bad(
-                            "enable_caching",
-                            "true".into(),
-                            "Mamba prefix caching requires mamba_cache_mode='align' (only \"none\" is supported)",
-                        ))
-                    }
-                    SpecKind::CrossAttention => {
-                        return Err(bad(
-                            "enable_caching",
-                            "true".into(),
-                            "cross-attention groups cannot be prefix-cached",
-                        ))
-                    }
-                    SpecKind::MambaAlign { .. } if g.block_size != hbs => {
-                        return Err(bad(
-                            "hash_block_size",
-                            hbs.to_string(),
-                            &format!(
-                                "Mamba prefix caching (mamba_cache_mode='align') needs \
-                                 hash_block_size == the Mamba block size ({}): partial-block \
-                                 state entries are not supported",
-                                g.block_size
-                            ),
-                        ))
-                    }
-                    _ => {}
-                }
-                if g.block_size % hbs != 0 {
-                    return Err(bad(
-                        "hash_block_size",
-                        hbs.to_string(),
-                        &format!(
-                            "must divide every cacheable group's block size ({})",
-                            g.block_size
-                        ),
-                    ));
-                }
+                validate_cached_group(g, hbs)?;
             }
             if self.groups.is_empty() {
                 return Err(bad(
@@ -230,6 +192,54 @@ impl CoordinatorConfig {
         let sparse = self.groups.iter().any(GroupSpec::is_sparse);
         validate_retention_interval(self.retention_interval, sbs, sparse)
     }
+}
+
+/// The rules for a group when prefix caching is on (hash unit `hbs`).
+fn validate_cached_group(g: &GroupSpec, hbs: u32) -> KvResult<()> {
+    let bad = |name, value: String, rule: &str| KvError::InvalidConfig {
+        name,
+        value,
+        rule: rule.into(),
+    };
+    match g.kind {
+        SpecKind::Mamba { .. } => {
+            return Err(bad(
+                "enable_caching",
+                "true".into(),
+                "Mamba prefix caching requires mamba_cache_mode='align' (mode \"none\" has none)",
+            ))
+        }
+        SpecKind::CrossAttention => {
+            return Err(bad(
+                "enable_caching",
+                "true".into(),
+                "cross-attention groups cannot be prefix-cached",
+            ))
+        }
+        SpecKind::MambaAlign { .. } if g.block_size != hbs => {
+            return Err(bad(
+                "hash_block_size",
+                hbs.to_string(),
+                &format!(
+                    "Mamba prefix caching (mamba_cache_mode='align') needs hash_block_size == \
+                     the Mamba block size ({}): partial-block state entries are not supported",
+                    g.block_size
+                ),
+            ))
+        }
+        _ => {}
+    }
+    if g.block_size % hbs != 0 {
+        return Err(bad(
+            "hash_block_size",
+            hbs.to_string(),
+            &format!(
+                "must divide every cacheable group's block size ({})",
+                g.block_size
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn gcd(a: u32, b: u32) -> u32 {
@@ -651,62 +661,27 @@ impl CoordinatorCore {
         // step fits; in-flight steps may still read the newest ones.
         if let Entry::Occupied(tables) = &mut slot {
             let processed = total.saturating_sub(view.num_in_flight_tokens);
-            for (m, t) in managers.iter().zip(tables.get_mut().iter_mut()) {
-                m.remove_skipped_blocks(pool, t, processed, Some(view.num_prompt_tokens), scratch)?;
-            }
+            remove_skipped_all(managers, pool, tables.get_mut(), processed, view, scratch)?;
         }
         // Steps 9-10.
         let tracked_tables = match &slot {
-            Entry::Occupied(tables) => Some(tables.get()),
+            Entry::Occupied(tables) => Some(tables.get().as_slice()),
             Entry::Vacant(_) => None,
         };
-        let mut needed = 0i64;
-        for (g, m) in managers.iter().enumerate() {
-            let tokens = Self::group_tokens(m, need_slots, num_encoder_tokens);
-            let group_hits = hits.get(g).map_or(&[][..], Vec::as_slice);
-            let table = tracked_tables.map(|t| &t[g]);
-            if let SpecKind::MambaAlign {
-                prefill_checkpoint,
-                prefill_checkpoint_alignment,
-                ..
-            } = m.spec().kind
-            {
-                let input = mamba_align::AllocInput {
-                    main,
-                    total_computed: total,
-                    prefill_end: if *retention == Some(0) {
-                        view.num_prompt_tokens
-                            .max(view.num_tokens.saturating_sub(1))
-                    } else {
-                        0
-                    },
-                    // vLLM's `cache_hit_alignment_tokens` without partial hits.
-                    alignment: config.scheduler_block_size as usize,
-                    hash_block_size: config.hash_block_size as usize,
-                    hits: group_hits,
-                };
-                let (n, checkpoint) = mamba_align::num_blocks_to_allocate(
-                    m.block_size(),
-                    prefill_checkpoint.then_some(prefill_checkpoint_alignment.map(|a| a as usize)),
-                    pool,
-                    table,
-                    &input,
-                    cached_this_step,
-                );
-                checkpoints[g] = checkpoint;
-                needed += n;
-                continue;
-            }
-            needed += m.num_blocks_to_allocate(pool, table, tokens, group_hits, total) as i64;
-        }
-        if *has_align {
-            if let Entry::Occupied(tables) = &mut slot {
-                for (t, c) in tables.get_mut().iter_mut().zip(checkpoints.iter()) {
-                    t.align.checkpoint = *c;
-                }
-            }
-        }
-        if needed > pool.num_free_blocks() as i64 {
+        let step = StepSize::new(main, need_slots, total, num_encoder_tokens);
+        let needed = predict(
+            managers,
+            pool,
+            config,
+            *retention,
+            view,
+            tracked_tables,
+            hits,
+            &step,
+            cached_this_step,
+            checkpoints,
+        );
+        if needed > pool.num_free_blocks() {
             return Ok(false);
         }
         // Step 11: adopt hits (all groups are touched before any allocation,
@@ -721,25 +696,16 @@ impl CoordinatorCore {
                         m.add_local_computed_blocks(pool, t, &hits[g], total)?;
                     }
                 }
-                if *has_align {
-                    for (t, c) in fresh.iter_mut().zip(checkpoints.iter()) {
-                        t.align.checkpoint = *c;
-                    }
-                }
                 vacant.insert(fresh)
             }
         };
-        // Step 12.
-        for (m, t) in managers.iter().zip(tables.iter_mut()) {
-            if let SpecKind::MambaAlign { .. } = m.spec().kind {
-                // Align mode sizes by the main model's tokens (no lookahead).
-                mamba_align::allocate_new_blocks(m.block_size(), pool, t, main, &mut out.ids)?;
-            } else {
-                let tokens = Self::group_tokens(m, need_slots, num_encoder_tokens);
-                m.allocate_new_blocks(pool, t, tokens, &mut out.ids)?;
+        if *has_align {
+            for (t, c) in tables.iter_mut().zip(checkpoints.iter()) {
+                t.align.checkpoint = *c;
             }
-            out.ends.push(out.ids.len());
         }
+        // Step 12.
+        allocate_groups(managers, pool, tables, &step, out)?;
         // Steps 13-14: only final tokens (no drafts) are cached.
         if config.enable_caching && !delay_cache_blocks {
             let n = (total + num_new_tokens).min(view.num_tokens);
@@ -911,6 +877,115 @@ impl CoordinatorCore {
         }
         Ok(())
     }
+}
+
+/// Token counts of one `allocate_slots` call.
+struct StepSize {
+    /// Tokens of the main model after the step (computed + new).
+    main: usize,
+    /// Slots needed (main + lookahead, capped at `max_model_len`).
+    need_slots: usize,
+    /// Computed tokens before the step (hits included).
+    total: usize,
+    /// Encoder tokens (cross-attention groups).
+    num_encoder_tokens: usize,
+}
+
+impl StepSize {
+    fn new(main: usize, need_slots: usize, total: usize, num_encoder_tokens: usize) -> Self {
+        Self {
+            main,
+            need_slots,
+            total,
+            num_encoder_tokens,
+        }
+    }
+}
+
+/// Step 8 of `allocate_slots` in every group (R-SWA measures its gap from
+/// the request's prompt).
+fn remove_skipped_all(
+    managers: &[Manager],
+    pool: &mut BlockPool,
+    tables: &mut [GroupTable],
+    processed: usize,
+    view: &RequestView<'_>,
+    scratch: &mut Vec<BlockId>,
+) -> KvResult<()> {
+    let prompt = Some(view.num_prompt_tokens);
+    for (m, t) in managers.iter().zip(tables.iter_mut()) {
+        m.remove_skipped_blocks(pool, t, processed, prompt, scratch)?;
+    }
+    Ok(())
+}
+
+/// Grow every group's table for the step (vLLM's `allocate_new_blocks` per
+/// group), appending each group's new ids to `out`.
+fn allocate_groups(
+    managers: &[Manager],
+    pool: &mut BlockPool,
+    tables: &mut [GroupTable],
+    step: &StepSize,
+    out: &mut NewBlocks,
+) -> KvResult<()> {
+    for (m, t) in managers.iter().zip(tables.iter_mut()) {
+        if let SpecKind::MambaAlign { .. } = m.spec().kind {
+            // Align mode sizes by the main model's tokens (no lookahead).
+            mamba_align::allocate_new_blocks(m.block_size(), pool, t, step.main, &mut out.ids)?;
+        } else {
+            let tokens = CoordinatorCore::group_tokens(m, step.need_slots, step.num_encoder_tokens);
+            m.allocate_new_blocks(pool, t, tokens, &mut out.ids)?;
+        }
+        out.ends.push(out.ids.len());
+    }
+    Ok(())
+}
+
+/// Blocks the step pulls from the pool over all groups (vLLM's signed sum:
+/// a Mamba "align" table longer than needed lowers the total, floored at 0).
+/// Records each Mamba "align" group's prefill checkpoint in `checkpoints`.
+#[allow(clippy::too_many_arguments)]
+fn predict(
+    managers: &[Manager],
+    pool: &BlockPool,
+    config: &CoordinatorConfig,
+    retention: Option<usize>,
+    view: &RequestView<'_>,
+    tables: Option<&[GroupTable]>,
+    hits: &[Vec<BlockId>],
+    step: &StepSize,
+    cached_this_step: &HashSet<CacheKey>,
+    checkpoints: &mut [Option<(usize, usize)>],
+) -> usize {
+    let (mut needed, mut surplus) = (0usize, 0usize);
+    for (g, m) in managers.iter().enumerate() {
+        let group_hits = hits.get(g).map_or(&[][..], Vec::as_slice);
+        let table = tables.map(|t| &t[g]);
+        if let SpecKind::MambaAlign { .. } = m.spec().kind {
+            let input = mamba_align::AllocInput {
+                main: step.main,
+                total_computed: step.total,
+                prefill_end: if retention == Some(0) {
+                    view.num_prompt_tokens
+                        .max(view.num_tokens.saturating_sub(1))
+                } else {
+                    0
+                },
+                // vLLM's `cache_hit_alignment_tokens` without partial hits.
+                alignment: config.scheduler_block_size as usize,
+                hash_block_size: config.hash_block_size as usize,
+                hits: group_hits,
+            };
+            let n = mamba_align::num_blocks_to_allocate(m, pool, table, &input, cached_this_step);
+            checkpoints[g] = n.checkpoint;
+            needed += n.take;
+            surplus += n.give_back;
+        } else {
+            let tokens = CoordinatorCore::group_tokens(m, step.need_slots, step.num_encoder_tokens);
+            needed += m.num_blocks_to_allocate(pool, table, tokens, group_hits, step.total);
+        }
+    }
+    needed.saturating_sub(surplus)
 }
 
 /// Validate hit lists passed to `allocate_slots`: one list per group, only

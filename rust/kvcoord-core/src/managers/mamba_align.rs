@@ -17,7 +17,7 @@
 
 use hashbrown::HashSet;
 
-use super::{cdiv, lookup_all, CachePolicy, GroupTable, HashView, HitLists};
+use super::{cdiv, lookup_all, CachePolicy, GroupTable, HashView, HitLists, Manager, SpecKind};
 use crate::block_hash::BlockHash;
 use crate::error::KvResult;
 use crate::ids::{BlockId, GroupId};
@@ -69,16 +69,13 @@ pub fn prefill_checkpoint_valid(
     let Some(alignment) = alignment else {
         return false;
     };
-    // Column of the state the chunk starts from (-1 before the first token)
-    // and of the reserved block; both as signed values.
-    let initial_col = if start == 0 {
-        -1
-    } else {
-        ((start - 1) / block_size) as i64
-    };
-    let checkpoint_col = cdiv(end, block_size) as i64 - 2;
+    // The reserved block's column (`cdiv(end, bs) - 2`) must lie past the
+    // column of the state the chunk starts from (`(start - 1) / bs`, -1 for
+    // a chunk starting at 0).
+    let end_cols = cdiv(end, block_size);
     start % hash_block_size == 0
-        && checkpoint_col > initial_col
+        && end_cols >= 2
+        && (start == 0 || end_cols - 2 > (start - 1) / block_size)
         && start + hash_block_size <= checkpoint
         && start < checkpoint
         && checkpoint < end
@@ -135,53 +132,77 @@ pub(crate) struct AllocInput<'a> {
     pub hits: &'a [BlockId],
 }
 
-/// Blocks this allocation pulls from the pool (signed, as vLLM's: a table
-/// longer than needed gives a negative count that the coordinator sums),
-/// and the prefill checkpoint it reserves. A hit whose state was cached
-/// during the current step cannot be used yet: the count is then larger
-/// than the pool.
+/// What an allocation will pull from the pool, as vLLM's signed count:
+/// `take - give_back` (a table already longer than needed gives a negative
+/// count, which the coordinator sums with the other groups').
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Needed {
+    /// Blocks taken (new blocks and evictable hits).
+    pub take: usize,
+    /// Surplus table entries counted against the other groups.
+    pub give_back: usize,
+    /// The prefill checkpoint reserved: (token position, table index).
+    pub checkpoint: Option<(usize, usize)>,
+}
+
+/// Blocks this allocation of `manager`'s group (a Mamba "align" group)
+/// pulls from the pool and the prefill checkpoint it reserves. A hit whose
+/// state was cached during the current step cannot be used yet: the count
+/// is then larger than the pool.
 pub(crate) fn num_blocks_to_allocate(
-    spec_bs: usize,
-    checkpoint_alignment: Option<Option<usize>>,
+    manager: &Manager,
     pool: &BlockPool,
     table: Option<&GroupTable>,
     input: &AllocInput<'_>,
     cached_this_step: &HashSet<CacheKey>,
-) -> (i64, Option<(usize, usize)>) {
+) -> Needed {
+    let spec_bs = manager.block_size();
+    let SpecKind::MambaAlign {
+        prefill_checkpoint,
+        prefill_checkpoint_alignment,
+        ..
+    } = manager.spec().kind
+    else {
+        return Needed::default();
+    };
+    let checkpoint_alignment = prefill_checkpoint_alignment.map(|a| a as usize);
     if let Some(&last) = input.hits.last() {
         if let Ok(Some(key)) = pool.cache_key(last) {
             if cached_this_step.contains(&key) {
-                return ((pool.num_blocks() + 1) as i64, None);
+                return Needed {
+                    take: pool.num_blocks() + 1,
+                    ..Needed::default()
+                };
             }
         }
     }
     let required = cdiv(input.main, spec_bs);
     let table_len = table.map_or(0, |t| t.blocks.len());
-    let mut num_new = required as i64 - input.hits.len() as i64 - table_len as i64;
+    let have = input.hits.len() + table_len;
     let position = prefill_checkpoint_position(input.main, input.alignment);
-    let checkpoint_idx = cdiv(input.main, spec_bs) as i64 - 2;
-    let reserves = checkpoint_alignment.is_some_and(|alignment| {
-        input.main >= input.prefill_end
-            && prefill_checkpoint_valid(
-                input.total_computed,
-                input.main,
-                position,
-                input.hash_block_size,
-                spec_bs,
-                alignment,
-            )
-            && checkpoint_idx >= 0
-            && (checkpoint_idx as usize >= table_len
-                || table.is_some_and(|t| t.blocks[checkpoint_idx as usize].is_null()))
-    });
-    let checkpoint = reserves.then_some((position, checkpoint_idx as usize));
-    if num_new > 0 {
-        num_new = num_new.min(1 + i64::from(reserves));
-    }
-    (
-        num_new + pool.num_unreferenced(input.hits) as i64,
+    // The reserved block sits just before the running state's entry.
+    let checkpoint_idx = required.checked_sub(2);
+    let reserves = prefill_checkpoint
+        && input.main >= input.prefill_end
+        && prefill_checkpoint_valid(
+            input.total_computed,
+            input.main,
+            position,
+            input.hash_block_size,
+            spec_bs,
+            checkpoint_alignment,
+        )
+        && checkpoint_idx
+            .is_some_and(|idx| idx >= table_len || table.is_some_and(|t| t.blocks[idx].is_null()));
+    let checkpoint = checkpoint_idx
+        .filter(|_| reserves)
+        .map(|idx| (position, idx));
+    let new = required.saturating_sub(have).min(1 + usize::from(reserves));
+    Needed {
+        take: new + pool.num_unreferenced(input.hits),
+        give_back: have.saturating_sub(required),
         checkpoint,
-    )
+    }
 }
 
 /// Grow the table for `main` tokens: nulls up to the entry before the
@@ -252,7 +273,8 @@ pub(crate) fn remove_skipped_blocks(
         }
     }
     if let Some(idx) = table.align.last_state {
-        if (idx as i64) < cdiv(processed, spec_bs) as i64 - 1 && !table.blocks[idx].is_null() {
+        // Past it: the block of the last computed token is further on.
+        if idx + 1 < cdiv(processed, spec_bs) && !table.blocks[idx].is_null() {
             let b = std::mem::replace(&mut table.blocks[idx], BlockId::NULL);
             pool.free_blocks(&[b])?;
         }
@@ -389,7 +411,8 @@ mod tests {
         assert!(!prefill_checkpoint_valid(0, 100, 96, 16, 16, None));
         // Start mid-block, checkpoint too close, or not past the start.
         assert!(!prefill_checkpoint_valid(8, 100, 96, 16, 16, Some(1)));
-        assert!(!prefill_checkpoint_valid(96, 120, 112, 16, 16, Some(1)));
+        assert!(!prefill_checkpoint_valid(96, 110, 104, 16, 16, Some(1)));
+        assert!(prefill_checkpoint_valid(96, 120, 112, 16, 16, Some(1)));
         assert!(!prefill_checkpoint_valid(0, 96, 96, 16, 16, Some(1)));
         // Alignment relative to the start.
         assert!(!prefill_checkpoint_valid(16, 100, 96, 16, 16, Some(64)));

@@ -46,7 +46,7 @@ pub enum SpecKind {
     /// Cross-attention over the encoder output: one static allocation sized
     /// by the encoder tokens, never cached.
     CrossAttention,
-    /// Multi-head latent attention (one latent vector per token, DeepSeek
+    /// Multi-head latent attention (one latent vector per token, `DeepSeek`
     /// style): managed exactly like full attention, but a spec of its own
     /// (hybrid lookups bucket it apart from plain full attention).
     MlaAttention,

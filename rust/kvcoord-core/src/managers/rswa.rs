@@ -81,10 +81,11 @@ mod tests {
         m.remove_skipped_blocks(&mut p, &mut t, 36, Some(16), &mut scratch)
             .unwrap();
         assert_eq!(ids(&t.blocks), [1, 2, 3, 4, 0, 0, 0, 8, 9]);
-        // Freed uncached blocks go to the front of the queue, 6 before 7.
+        // Freed uncached blocks go to the front of the queue in the order
+        // freed: the second call's 7 and 6 ahead of the first call's 5.
         assert_eq!(
             ids(&p.free_block_ids().take(3).collect::<Vec<_>>()),
-            [6, 7, 5]
+            [7, 6, 5]
         );
         // Without the prompt length nothing is freed (plain full attention).
         m.remove_skipped_blocks(&mut p, &mut t, 60, None, &mut scratch)
