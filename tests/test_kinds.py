@@ -263,3 +263,28 @@ def test_common_prefix_blocks_per_group() -> None:
     # "b" shares a's four full-attention blocks; sliding-window groups never
     # report a shared prefix (their leading entries are released).
     assert m.get_num_common_prefix_blocks("b") == [4, 0]
+
+
+# ---- replay presets ------------------------------------------------------------
+
+
+def test_replay_hybrid_mamba_preset_splits_prefill_chunks() -> None:
+    """The replay scheduler applies the chunk rule: a 100-token prompt runs
+    as 96 + 4, so a later request with the same first 96 tokens hits them
+    (in one 100-token chunk no Mamba state would be cached at all)."""
+    from kvcoord.replay.layouts import PRESETS
+    from kvcoord.replay.scheduler import SimConfig, simulate
+    from kvcoord.replay.workloads import Workload, WorkloadRequest
+
+    def req(rid: str, prompt: list[int], t: float) -> WorkloadRequest:
+        out = tuple(range(30000, 30004))
+        return WorkloadRequest(rid, t, len(prompt), 4, lambda p=tuple(prompt): p, None, out)
+
+    p = list(range(100, 200))
+    wl = Workload("w", [req("a", p, 0.0), req("b", [*p[:96], 7, 7, 7, 7, 7], 10.0)])
+    res = simulate(wl, SimConfig(PRESETS["hybrid-mamba"], num_blocks=64))
+    assert (res.num_finished, res.leaked_blocks) == (2, 0)
+    assert res.hit_tokens == 96
+    for name in ("mla", "hybrid-swa-mla", "rswa", "hybrid-mamba2"):
+        res = simulate(wl, SimConfig(PRESETS[name], num_blocks=64))
+        assert (res.num_finished, res.leaked_blocks) == (2, 0), name

@@ -79,7 +79,8 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
         "--layout",
         default="full",
         metavar="NAME|FILE",
-        help="preset (full, sliding-window, chunked-local, mamba, no-prefix-cache) "
+        help="preset (full, sliding-window, chunked-local, mamba, hybrid-mamba, "
+        "hybrid-mamba2, mla, hybrid-swa-mla, rswa, no-prefix-cache) "
         "or a .json/.toml layout file (default: full)",
     )
     g.add_argument("--block-size", type=_pos_int, metavar="B", help="block size of every group")

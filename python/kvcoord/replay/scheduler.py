@@ -42,6 +42,7 @@ from kvcoord.manager import KVCacheManager
 from kvcoord.replay.bestcase import BestCase, BestCaseTracker
 from kvcoord.replay.layouts import Layout
 from kvcoord.replay.workloads import Workload, WorkloadRequest
+from kvcoord.scheduling import mamba_chunk_rule
 
 __all__ = [
     "EvictionCounter",
@@ -208,6 +209,8 @@ def simulate(
     prompt_tokens = hit_tokens = 0
     pc = perf_counter
     allocate = mgr.allocate_slots
+    # Mamba "align" layouts: prefill chunks end where a state must be cached.
+    split = mamba_chunk_rule(mgr.config, mgr.hash_block_size)
     step_mgr, step_usage, step_time, step_hit = (
         res.step_manager_s,
         res.step_usage,
@@ -226,6 +229,7 @@ def simulate(
         step_mgr_s = 0.0
         finished: list[_Live] = []
         preempted = False
+        mgr.new_step_starts()
         # 2. running requests, in admission order. A scheduled request's step
         # outcome (tokens computed, token sampled) is applied right away: later
         # requests of the step never depend on it, and frees wait for the end.
@@ -236,6 +240,17 @@ def simulate(
             if n > budget:
                 n = budget
             req = live.req
+            if split is not None:
+                n = split(
+                    n,
+                    start=live.computed,
+                    num_tokens=live.num_tokens,
+                    num_prompt_tokens=req.num_prompt_tokens,
+                    shared_prefix_boundary=req.shared_prefix_boundary,
+                    max_chunk_tokens=token_budget,
+                )
+                if n == 0:
+                    continue
             while True:
                 t0 = pc()
                 new = allocate(req, n)
@@ -298,6 +313,17 @@ def simulate(
                 n = live.num_tokens - hit
                 if n > budget:
                     n = budget
+                if split is not None:
+                    n = split(
+                        n,
+                        start=hit,
+                        num_tokens=live.num_tokens,
+                        num_prompt_tokens=req.num_prompt_tokens,
+                        shared_prefix_boundary=req.shared_prefix_boundary,
+                        max_chunk_tokens=token_budget,
+                    )
+                    if n == 0:
+                        break
                 t0 = pc()
                 new = mgr.allocate_slots(
                     req, n, num_new_computed_tokens=hit, new_computed_blocks=blocks
