@@ -59,6 +59,7 @@ from kvcoord.errors import (
 )
 from kvcoord.hashing import HashAlgoName, LoRA, MultiModalFeature
 from kvcoord.manager import AllocateSlots, KVCacheManager, PrefixCacheStats
+from kvcoord.residency import EvictionRecord, ResidencySnapshot
 from kvcoord.scheduling import MambaChunkRule, mamba_aligned_chunk, mamba_chunk_rule
 
 __all__ = [
@@ -75,6 +76,7 @@ __all__ = [
     "ChunkedLocalAttentionSpec",
     "ConfigError",
     "CrossAttentionSpec",
+    "EvictionRecord",
     "FullAttentionSpec",
     "HashAlgoName",
     "HybridKVCacheCoordinator",
@@ -100,6 +102,7 @@ __all__ = [
     "PrefixCacheStats",
     "RSWASpec",
     "Request",
+    "ResidencySnapshot",
     "SlidingWindowMLASpec",
     "SlidingWindowSpec",
     "UnitaryKVCacheCoordinator",

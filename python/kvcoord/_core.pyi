@@ -141,6 +141,22 @@ class BlockPool:
     def evict_blocks(self, block_ids: BlockIds) -> None:
         """Drop these blocks' cache keys; reference counts and queue positions
         are unchanged."""
+    def enable_residency(self) -> None:
+        """Start tracking residency metrics for every block (45 bytes per
+        block; clock at 0). Enabling again keeps the data gathered so far."""
+    @property
+    def residency_enabled(self) -> bool:
+        """Whether residency metrics are tracked."""
+    def set_residency_clock(self, now: int) -> None:
+        """Move the residency clock to ``now`` (ignored when metrics are off
+        or when ``now`` is earlier than the clock)."""
+    def residency_snapshot(self) -> dict[str, tuple[list[int], int, int, int]] | None:
+        """Histograms ``lifetime``, ``idle_before_eviction``, ``reuse_gap``,
+        ``hits_per_block`` as ``(log2 buckets, count, sum, max)``; ``None``
+        when metrics are off."""
+    def drain_eviction_records(self) -> list[tuple[int, int, int, list[int], int]]:
+        """Take the eviction records since the last drain: ``(block_id,
+        lifetime, idle, reuse_gaps, hits)`` per evicted block."""
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix. Returns False (logging a warning on the
         ``kvcoord`` logger) unless only the null block is in use."""

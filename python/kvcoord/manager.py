@@ -21,6 +21,7 @@ from kvcoord.blocks import KVCacheBlocks
 from kvcoord.config import KVCacheConfig
 from kvcoord.coordinator import KVCacheCoordinator, get_kv_cache_coordinator
 from kvcoord.errors import ConfigError, UnknownRequestError
+from kvcoord.residency import EvictionRecord, ResidencySnapshot
 
 __all__ = ["AllocateSlots", "KVCacheBlocks", "KVCacheManager", "PrefixCacheStats"]
 
@@ -85,6 +86,8 @@ class KVCacheManager:
             (one group) or the GCD of the groups' block sizes.
         enable_events: record KV-cache events (see :meth:`take_events`).
         log_stats: keep prefix-cache hit statistics.
+        residency_metrics: track every block's residency (lifetime, idle
+            time before eviction, reuse gaps, hits; see :mod:`kvcoord.residency`).
     """
 
     def __init__(
@@ -96,6 +99,7 @@ class KVCacheManager:
         hash_block_size: int | None = None,
         enable_events: bool = False,
         log_stats: bool = True,
+        residency_metrics: bool = False,
         dcp_world_size: int = 1,
         pcp_world_size: int = 1,
     ) -> None:
@@ -122,6 +126,8 @@ class KVCacheManager:
         self._num_groups = len(config.groups)
         self._empty: KVCacheBlocks = self._core.empty
         self.prefix_cache_stats: PrefixCacheStats | None = PrefixCacheStats() if log_stats else None
+        if residency_metrics:
+            self._pool.enable_residency()
 
     # ---- the scheduler's four questions --------------------------------
 
@@ -226,6 +232,24 @@ class KVCacheManager:
             return None
         self.prefix_cache_stats = PrefixCacheStats()
         return stats
+
+    def set_residency_clock(self, now: int) -> None:
+        """Move the residency metrics' clock to ``now`` (any unit: simulated
+        microseconds, steps...; never backwards). A no-op when metrics are off."""
+        self._pool.set_residency_clock(now)
+
+    def residency_snapshot(self) -> ResidencySnapshot | None:
+        """The residency histograms so far (``None`` when metrics are off)."""
+        raw = self._pool.residency_snapshot()
+        return None if raw is None else ResidencySnapshot.from_core(raw)
+
+    def drain_eviction_records(self) -> list[EvictionRecord]:
+        """Take the per-eviction records gathered since the last drain (the
+        content of vLLM's ``KVCacheEvictionEvent``, for every block)."""
+        return [
+            EvictionRecord(b, life, idle, tuple(gaps), hits)
+            for b, life, idle, gaps, hits in self._pool.drain_eviction_records()
+        ]
 
     def take_events(self) -> list[object]:
         """Drain the pool's KV-cache events (empty unless ``enable_events``)."""

@@ -34,6 +34,7 @@ pub mod ids;
 pub mod managers;
 pub mod pool;
 pub mod prefix_index;
+pub mod residency;
 pub mod retention;
 
 pub use block_hash::BlockHash;
@@ -46,4 +47,5 @@ pub use ids::{BlockId, GroupId, ReqId};
 pub use managers::{GroupSpec, GroupTable, Manager, SpecKind};
 pub use pool::{BlockPool, PoolConfig};
 pub use prefix_index::{CacheKey, PrefixIndex};
+pub use residency::{EvictionRecord, Histogram, Residency, ResidencySnapshot};
 pub use retention::validate_retention_interval;

@@ -24,6 +24,7 @@ use crate::events::KvEvent;
 use crate::free_queue::FreeQueue;
 use crate::ids::{BlockId, GroupId};
 use crate::prefix_index::{CacheKey, KeySlot, PrefixIndex};
+use crate::residency::Residency;
 
 /// `BlockMeta::key` of a block that is not in the prefix index.
 const NO_KEY: KeySlot = KeySlot::MAX;
@@ -84,6 +85,8 @@ pub struct BlockPool {
     /// Cached blocks handed out again by `get_new_blocks` (each one lost its
     /// cache key: a prefix eviction), since construction.
     num_evictions: u64,
+    /// Residency metrics, when enabled (see [`crate::residency`]).
+    residency: Option<Box<Residency>>,
 }
 
 impl BlockPool {
@@ -116,7 +119,28 @@ impl BlockPool {
             config,
             events: config.enable_events.then(Vec::new),
             num_evictions: 0,
+            residency: None,
         })
+    }
+
+    // ---- residency metrics ----------------------------------------------
+
+    /// Start tracking residency metrics for every block (clock at 0).
+    /// Enabling again keeps the data gathered so far.
+    pub fn enable_residency(&mut self) {
+        if self.residency.is_none() {
+            self.residency = Some(Box::new(Residency::new(self.meta.len())));
+        }
+    }
+
+    /// The residency metrics, when enabled.
+    pub fn residency(&self) -> Option<&Residency> {
+        self.residency.as_deref()
+    }
+
+    /// The residency metrics, mutably (clock, drain), when enabled.
+    pub fn residency_mut(&mut self) -> Option<&mut Residency> {
+        self.residency.as_deref_mut()
     }
 
     // ---- counters -------------------------------------------------------
@@ -245,6 +269,14 @@ impl BlockPool {
             m.ref_cnt = 1;
             any_cached |= m.key != NO_KEY;
         });
+        if let Some(r) = self.residency.as_deref_mut() {
+            for &b in &out[start..] {
+                if self.meta[b.index()].key != NO_KEY {
+                    r.on_evict(b);
+                }
+                r.on_allocate(b);
+            }
+        }
         if any_cached {
             for &b in &out[start..] {
                 if self.meta[b.index()].key != NO_KEY {
@@ -339,6 +371,9 @@ impl BlockPool {
                 self.free.remove(b);
             }
             m.ref_cnt += 1;
+            if let Some(r) = self.residency.as_deref_mut() {
+                r.on_hit(b);
+            }
         }
         Ok(())
     }
@@ -504,6 +539,9 @@ impl BlockPool {
         self.check_ids(blocks)?;
         for &b in blocks {
             if self.meta[b.index()].key != NO_KEY {
+                if let Some(r) = self.residency.as_deref_mut() {
+                    r.on_evict(b);
+                }
                 self.drop_key(b);
             }
         }
@@ -517,7 +555,12 @@ impl BlockPool {
             return false;
         }
         self.index.clear();
-        for m in &mut self.meta {
+        for (i, m) in self.meta.iter_mut().enumerate() {
+            if m.key != NO_KEY {
+                if let Some(r) = self.residency.as_deref_mut() {
+                    r.on_evict(BlockId(i as u32));
+                }
+            }
             m.key = NO_KEY;
         }
         if let Some(events) = &mut self.events {

@@ -1,10 +1,10 @@
 //! `kvcoord.BlockPool`: conversion and delegation only; the logic is
 //! `kvcoord_core::BlockPool`.
 
-use kvcoord_core::{BlockPool, KvEvent, PoolConfig};
+use kvcoord_core::{BlockPool, Histogram, KvEvent, PoolConfig};
 use numpy::{IntoPyArray, PyArray1};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList};
+use pyo3::types::{PyBytes, PyDict, PyList};
 
 use crate::convert::{self, id_list, Scratch};
 use crate::coordinator::PyCoordinatorCore;
@@ -244,6 +244,59 @@ impl PyBlockPool {
     fn evict_blocks(&mut self, py: Python<'_>, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
         let ids = convert::block_ids(block_ids)?;
         self.with_mut(py, |pool, _| core(pool.evict_blocks(&ids)))?
+    }
+
+    /// Start tracking residency metrics for every block (see `_core.pyi`).
+    fn enable_residency(&mut self, py: Python<'_>) -> PyResult<()> {
+        self.with_mut(py, |p, _| p.enable_residency())
+    }
+
+    #[getter]
+    fn residency_enabled(&self, py: Python<'_>) -> PyResult<bool> {
+        self.with(py, |p| p.residency().is_some())
+    }
+
+    /// Move the residency clock (ignored when metrics are off or when `now`
+    /// is earlier than the clock).
+    fn set_residency_clock(&mut self, py: Python<'_>, now: u64) -> PyResult<()> {
+        self.with_mut(py, |p, _| {
+            if let Some(r) = p.residency_mut() {
+                r.set_now(now);
+            }
+        })
+    }
+
+    /// The residency histograms (`None` when metrics are off): a dict of
+    /// name -> (buckets, count, sum, max).
+    fn residency_snapshot<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let Some(snap) = self.with(py, |p| p.residency().map(kvcoord_core::Residency::snapshot))?
+        else {
+            return Ok(None);
+        };
+        let d = PyDict::new(py);
+        let hist = |h: &Histogram| (h.buckets.to_vec(), h.count, h.sum, h.max);
+        d.set_item("lifetime", hist(&snap.lifetime))?;
+        d.set_item("idle_before_eviction", hist(&snap.idle_before_eviction))?;
+        d.set_item("reuse_gap", hist(&snap.reuse_gap))?;
+        d.set_item("hits_per_block", hist(&snap.hits_per_block))?;
+        Ok(Some(d))
+    }
+
+    /// Take the eviction records gathered since the last drain: one
+    /// `(block_id, lifetime, idle, reuse_gaps, hits)` per eviction.
+    #[allow(clippy::type_complexity)]
+    fn drain_eviction_records(
+        &mut self,
+        py: Python<'_>,
+    ) -> PyResult<Vec<(u32, u64, u64, Vec<u64>, u32)>> {
+        self.with_mut(py, |p, _| {
+            p.residency_mut()
+                .map(kvcoord_core::Residency::drain_records)
+                .unwrap_or_default()
+                .into_iter()
+                .map(|r| (r.block.0, r.lifetime, r.idle, r.reuse_gaps, r.hits))
+                .collect()
+        })
     }
 
     fn reset_prefix_cache(&mut self, py: Python<'_>) -> PyResult<bool> {
