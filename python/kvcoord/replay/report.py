@@ -68,7 +68,26 @@ def summarize(
         "request_seconds": res.request_seconds,
         "best_possible_seconds": res.best_seconds,
         "leaked_blocks": res.leaked_blocks,
+        **_residency_keys(res),
     }
+
+
+def _residency_keys(res: SimResult) -> dict[str, Any]:
+    """Block residency (simulated seconds): median and p90 of lifetime, idle
+    time before eviction and reuse gap, mean hits per evicted block."""
+    r = res.residency
+    if r is None:
+        return {}
+    out: dict[str, Any] = {"residency_evicted_blocks": r.lifetime.count}
+    for name, h in (
+        ("lifetime", r.lifetime),
+        ("idle_before_eviction", r.idle_before_eviction),
+        ("reuse_gap", r.reuse_gap),
+    ):
+        out[f"residency_{name}_s_p50"] = h.quantile(0.5) / 1e6
+        out[f"residency_{name}_s_p90"] = h.quantile(0.9) / 1e6
+    out["residency_hits_per_evicted_block"] = r.hits_per_block.mean
+    return out
 
 
 def _pct(x: float | None) -> str:
@@ -106,6 +125,18 @@ def format_summary(s: dict[str, Any]) -> str:
             f"best-possible pass {s['best_possible_seconds']:.2f}, scheduler loop the rest)",
         ),
     ]
+    if "residency_evicted_blocks" in s:
+        rows.append(
+            (
+                "block residency",
+                f"{s['residency_evicted_blocks']:,} evicted; lifetime p50 "
+                f"{s['residency_lifetime_s_p50']:.2f} s, idle before eviction p50 "
+                f"{s['residency_idle_before_eviction_s_p50']:.2f} s, reuse gap p50 "
+                f"{s['residency_reuse_gap_s_p50']:.2f} s, "
+                f"{s['residency_hits_per_evicted_block']:.2f} hits per evicted block "
+                "(log2 buckets: upper bounds)",
+            )
+        )
     if s.get("leaked_blocks"):
         rows.append(("LEAKED BLOCKS", str(s["leaked_blocks"])))
     width = max(len(k) for k, _ in rows)
@@ -154,7 +185,14 @@ def plot_replay(res: SimResult, summary: dict[str, Any], path: str | Path) -> No
     if t.shape[0] > 5000:  # keep the PNG cheap: every k-th step
         k = -(-t.shape[0] // 5000)
         t, usage, hit = t[::k], usage[::k], hit[::k]
-    fig, ax = plt.subplots(figsize=(9, 4.5))
+    residency = (
+        res.residency if res.residency is not None and res.residency.lifetime.count else None
+    )
+    if residency is None:
+        fig, ax = plt.subplots(figsize=(9, 4.5))
+    else:
+        fig, (ax, bottom) = plt.subplots(2, 1, figsize=(9, 8))
+        _plot_residency(bottom, residency)
     ax.plot(t, 100 * usage, label="pool usage", lw=0.8)
     ax.plot(t, 100 * hit, label="prefix hit rate (cumulative)", lw=1.5)
     best = summary.get("best_possible_hit_rate")
@@ -168,6 +206,26 @@ def plot_replay(res: SimResult, summary: dict[str, Any], path: str | Path) -> No
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _plot_residency(bottom: Any, r: Any) -> None:
+    """Log2-bucket histograms of block lifetime, idle time before eviction
+    and reuse gap (simulated seconds) on the axes ``bottom``."""
+    for name, h in (
+        ("lifetime", r.lifetime),
+        ("idle before eviction", r.idle_before_eviction),
+        ("reuse gap", r.reuse_gap),
+    ):
+        edges = [0.0] + [(1 << k) / 1e6 for k in range(64)]
+        ks = [k for k, n in enumerate(h.buckets) if n]
+        if ks:
+            bottom.step(
+                [edges[k] for k in ks], [h.buckets[k] for k in ks], where="post", label=name
+            )
+    bottom.set_xscale("symlog", linthresh=1e-3)
+    bottom.set(xlabel="simulated seconds (log2 buckets)", ylabel="blocks / hits")
+    bottom.set_title("block residency")
+    bottom.legend(loc="upper right")
 
 
 def plot_sweep(rows: list[dict[str, Any]], path: str | Path) -> None:

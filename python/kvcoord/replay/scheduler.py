@@ -42,6 +42,7 @@ from kvcoord.manager import KVCacheManager
 from kvcoord.replay.bestcase import BestCase, BestCaseTracker
 from kvcoord.replay.layouts import Layout
 from kvcoord.replay.workloads import Workload, WorkloadRequest
+from kvcoord.residency import ResidencySnapshot
 from kvcoord.scheduling import mamba_chunk_rule
 
 __all__ = [
@@ -110,6 +111,8 @@ class SimResult:
     step_usage: array[float] = field(default_factory=lambda: array("d"))
     step_time: array[float] = field(default_factory=lambda: array("d"))
     step_hit_rate: array[float] = field(default_factory=lambda: array("d"))
+    #: Block residency histograms, in simulated microseconds.
+    residency: ResidencySnapshot | None = None
 
 
 # --------------------------------------------------------------------------- manager setup
@@ -131,6 +134,7 @@ def make_manager(layout: Layout, num_blocks: int, max_model_len: int) -> KVCache
         build_config(layout, num_blocks),
         max_model_len=max_model_len,
         enable_caching=layout.enable_caching,
+        residency_metrics=True,
     )
 
 
@@ -230,6 +234,7 @@ def simulate(
         finished: list[_Live] = []
         preempted = False
         mgr.new_step_starts()
+        mgr.set_residency_clock(int(now * 1e6))  # microseconds of simulated time
         # 2. running requests, in admission order. A scheduled request's step
         # outcome (tokens computed, token sampled) is applied right away: later
         # requests of the step never depend on it, and frees wait for the end.
@@ -374,6 +379,7 @@ def simulate(
         step_time.append(now)
         step_hit.append(hit_tokens / prompt_tokens if prompt_tokens else 0.0)
 
+    res.residency = mgr.residency_snapshot()
     res.steps = len(step_mgr)
     res.sim_seconds = now
     res.busy_seconds = busy
