@@ -8,12 +8,12 @@ pool of ``num_blocks`` blocks. Invalid values raise :class:`ConfigError`
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Literal, TypeAlias
+from typing import ClassVar, Literal, TypeAlias
 
-from kvcoord._core import validate_retention_interval
+from kvcoord._core import GroupSpec, validate_retention_interval
+from kvcoord._core import scheduler_block_size as _scheduler_block_size
 from kvcoord.errors import ConfigError
 
 __all__ = [
@@ -31,10 +31,14 @@ __all__ = [
 ]
 
 
-def _positive_int(owner: object, name: str) -> None:
-    value = getattr(owner, name)
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+def _int_field(owner: object, name: str, value: object) -> None:
+    """Type check only; the value's rules (and their messages) are the core's."""
+    if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(f"{type(owner).__name__}.{name} must be a positive int, got {value!r}")
+
+
+def _set_core(owner: object, core: GroupSpec) -> None:
+    object.__setattr__(owner, "core", core)
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,10 +46,14 @@ class FullAttentionSpec:
     """Layers attending to every previous token: every block is kept."""
 
     block_size: int
-    kind: Literal["full_attention"] = field(default="full_attention", init=False, repr=False)
+    #: Display name only; every fact about the kind comes from :attr:`core`.
+    kind: ClassVar[str] = "full_attention"
+    #: The core's spec (its facts: ``prefix_cacheable``, ``sparse``, ...).
+    core: GroupSpec = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        _positive_int(self, "block_size")
+        _int_field(self, "block_size", self.block_size)
+        _set_core(self, GroupSpec.full_attention(self.block_size))
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,11 +63,13 @@ class SlidingWindowSpec:
 
     block_size: int
     sliding_window: int
-    kind: Literal["sliding_window"] = field(default="sliding_window", init=False, repr=False)
+    kind: ClassVar[str] = "sliding_window"
+    core: GroupSpec = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        _positive_int(self, "block_size")
-        _positive_int(self, "sliding_window")
+        _int_field(self, "block_size", self.block_size)
+        _int_field(self, "sliding_window", self.sliding_window)
+        _set_core(self, GroupSpec.sliding_window(self.block_size, self.sliding_window))
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,17 +79,13 @@ class ChunkedLocalAttentionSpec:
 
     block_size: int
     attention_chunk_size: int
-    kind: Literal["chunked_local"] = field(default="chunked_local", init=False, repr=False)
+    kind: ClassVar[str] = "chunked_local"
+    core: GroupSpec = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        _positive_int(self, "block_size")
-        _positive_int(self, "attention_chunk_size")
-
-
-def _non_negative_int(owner: object, name: str) -> None:
-    value = getattr(owner, name)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigError(f"{type(owner).__name__}.{name} must be an int >= 0, got {value!r}")
+        _int_field(self, "block_size", self.block_size)
+        _int_field(self, "attention_chunk_size", self.attention_chunk_size)
+        _set_core(self, GroupSpec.chunked_local(self.block_size, self.attention_chunk_size))
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,33 +114,43 @@ class MambaSpec:
     mamba_cache_mode: Literal["none", "align"] = "none"
     num_prefill_checkpoint_blocks: int = 0
     prefill_checkpoint_alignment: int | None = None
-    kind: Literal["mamba"] = field(default="mamba", init=False, repr=False)
+    kind: ClassVar[str] = "mamba"
+    core: GroupSpec = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        _positive_int(self, "block_size")
-        _non_negative_int(self, "num_speculative_blocks")
-        _non_negative_int(self, "num_prefill_checkpoint_blocks")
+        _int_field(self, "block_size", self.block_size)
+        for name in ("num_speculative_blocks", "num_prefill_checkpoint_blocks"):
+            n = getattr(self, name)
+            if isinstance(n, bool) or not isinstance(n, int):
+                raise ConfigError(f"MambaSpec.{name} must be an int >= 0, got {n!r}")
+        a = self.prefill_checkpoint_alignment
+        if a is not None:
+            _int_field(self, "prefill_checkpoint_alignment", a)
         mode = self.mamba_cache_mode
-        if mode not in ("none", "align"):
+        if mode == "none":
+            if self.num_prefill_checkpoint_blocks:
+                raise ConfigError(
+                    "MambaSpec.num_prefill_checkpoint_blocks needs mamba_cache_mode='align', "
+                    f"got {self.num_prefill_checkpoint_blocks} with mode 'none'"
+                )
+            _set_core(self, GroupSpec.mamba(self.block_size, self.num_speculative_blocks))
+        elif mode == "align":
+            _set_core(
+                self,
+                GroupSpec.mamba_align(
+                    self.block_size,
+                    self.num_speculative_blocks,
+                    self.num_prefill_checkpoint_blocks,
+                    a,
+                ),
+            )
+        else:
             raise ConfigError(f"MambaSpec.mamba_cache_mode must be 'none' or 'align', got {mode!r}")
-        if self.prefill_checkpoint_alignment is not None:
-            _positive_int(self, "prefill_checkpoint_alignment")
-        if mode == "align" and self.num_speculative_blocks:
-            raise ConfigError(
-                "MambaSpec.num_speculative_blocks must be 0 with mamba_cache_mode='align' "
-                "(speculative scratch blocks are not supported there), "
-                f"got {self.num_speculative_blocks}"
-            )
-        if mode == "none" and self.num_prefill_checkpoint_blocks:
-            raise ConfigError(
-                "MambaSpec.num_prefill_checkpoint_blocks needs mamba_cache_mode='align', got "
-                f"{self.num_prefill_checkpoint_blocks} with mode 'none'"
-            )
 
     @property
     def prefix_cacheable(self) -> bool:
-        """Whether states are prefix-cached (mode "align")."""
-        return self.mamba_cache_mode == "align"
+        """Whether states are prefix-cached (mode "align"; the core's fact)."""
+        return bool(self.core.prefix_cacheable)
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,10 +159,12 @@ class CrossAttentionSpec:
     encoder's token count, never prefix-cached."""
 
     block_size: int
-    kind: Literal["cross_attention"] = field(default="cross_attention", init=False, repr=False)
+    kind: ClassVar[str] = "cross_attention"
+    core: GroupSpec = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        _positive_int(self, "block_size")
+        _int_field(self, "block_size", self.block_size)
+        _set_core(self, GroupSpec.cross_attention(self.block_size))
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,10 +174,12 @@ class MLAAttentionSpec:
     hybrid model looks MLA groups up apart from plain full attention)."""
 
     block_size: int
-    kind: Literal["mla_attention"] = field(default="mla_attention", init=False, repr=False)
+    kind: ClassVar[str] = "mla_attention"
+    core: GroupSpec = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        _positive_int(self, "block_size")
+        _int_field(self, "block_size", self.block_size)
+        _set_core(self, GroupSpec.mla_attention(self.block_size))
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,13 +189,13 @@ class SlidingWindowMLASpec:
 
     block_size: int
     sliding_window: int
-    kind: Literal["sliding_window_mla"] = field(
-        default="sliding_window_mla", init=False, repr=False
-    )
+    kind: ClassVar[str] = "sliding_window_mla"
+    core: GroupSpec = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        _positive_int(self, "block_size")
-        _positive_int(self, "sliding_window")
+        _int_field(self, "block_size", self.block_size)
+        _int_field(self, "sliding_window", self.sliding_window)
+        _set_core(self, GroupSpec.sliding_window_mla(self.block_size, self.sliding_window))
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,11 +209,13 @@ class RSWASpec:
 
     block_size: int
     rswa_window: int
-    kind: Literal["rswa"] = field(default="rswa", init=False, repr=False)
+    kind: ClassVar[str] = "rswa"
+    core: GroupSpec = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        _positive_int(self, "block_size")
-        _positive_int(self, "rswa_window")
+        _int_field(self, "block_size", self.block_size)
+        _int_field(self, "rswa_window", self.rswa_window)
+        _set_core(self, GroupSpec.rswa(self.block_size, self.rswa_window))
 
 
 KVCacheSpec: TypeAlias = (
@@ -216,9 +238,6 @@ _SPEC_TYPES = (
     SlidingWindowMLASpec,
     RSWASpec,
 )
-#: Kinds that a hybrid lookup treats as full attention (looked up first,
-#: once, then truncated), as vLLM's ``FullAttentionSpec`` subclasses are.
-FULL_ATTENTION_SPECS = (FullAttentionSpec, MLAAttentionSpec, RSWASpec)
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,7 +270,9 @@ class KVCacheConfig:
     prefix_cache_retention_interval: int | None = None
 
     def __post_init__(self) -> None:
-        _positive_int(self, "num_blocks")
+        n = self.num_blocks
+        if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+            raise ConfigError(f"KVCacheConfig.num_blocks must be a positive int, got {n!r}")
         groups: Iterable[KVCacheGroup] = self.groups
         object.__setattr__(self, "groups", tuple(groups))
         for i, g in enumerate(self.groups):
@@ -262,18 +283,21 @@ class KVCacheConfig:
             raise ConfigError(
                 f"KVCacheConfig.prefix_cache_retention_interval must be an int or None, got {r!r}"
             )
-        validate_retention_interval(r, self.scheduler_block_size, self.has_sparse_groups)
+        validate_retention_interval(r, self.scheduler_block_size, self.retention_applies)
+
+    @property
+    def specs(self) -> list[GroupSpec]:
+        """The core specs of the groups, by group id."""
+        return [g.spec.core for g in self.groups]
 
     @property
     def scheduler_block_size(self) -> int:
         """LCM of the groups' block sizes: the granularity at which every
-        group agrees on block boundaries."""
-        return math.lcm(*(g.spec.block_size for g in self.groups)) if self.groups else 1
+        group agrees on block boundaries (computed by the core)."""
+        return int(_scheduler_block_size(self.specs))
 
     @property
-    def has_sparse_groups(self) -> bool:
-        """Whether some group is sliding-window or Mamba (retention applies)."""
-        return any(
-            isinstance(g.spec, SlidingWindowSpec | SlidingWindowMLASpec | MambaSpec)
-            for g in self.groups
-        )
+    def retention_applies(self) -> bool:
+        """Whether some group caches sparsely, so that a retention interval
+        applies (sliding window, Mamba; the core's kind facts decide)."""
+        return any(g.spec.core.sparse for g in self.groups)

@@ -100,8 +100,6 @@ class KVCacheManager:
         enable_events: bool = False,
         log_stats: bool = True,
         residency_metrics: bool = False,
-        dcp_world_size: int = 1,
-        pcp_world_size: int = 1,
     ) -> None:
         if not isinstance(config, KVCacheConfig):
             raise ConfigError(f"config must be a KVCacheConfig, got {type(config).__name__}")
@@ -113,8 +111,6 @@ class KVCacheManager:
             enable_caching=enable_caching,
             hash_block_size=hash_block_size,
             enable_events=enable_events,
-            dcp_world_size=dcp_world_size,
-            pcp_world_size=pcp_world_size,
         )
         self.enable_caching = enable_caching
         self.hash_block_size = self.coordinator.hash_block_size

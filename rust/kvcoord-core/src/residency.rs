@@ -191,7 +191,9 @@ impl Residency {
         let n = self.num_accesses[i] as usize;
         let a = &self.accesses[i][..n];
         let lifetime = self.now.saturating_sub(self.born[i]);
-        let idle = self.now.saturating_sub(a.last().copied().unwrap_or(self.born[i]));
+        let idle = self
+            .now
+            .saturating_sub(a.last().copied().unwrap_or(self.born[i]));
         self.lifetime.record(lifetime);
         self.idle.record(idle);
         self.hits_per_block.record(u64::from(self.hits[i]));
@@ -258,7 +260,10 @@ mod tests {
             }]
         );
         let s = r.snapshot();
-        assert_eq!((s.reuse_gap.count, s.reuse_gap.sum, s.reuse_gap.max), (4, 20, 9));
+        assert_eq!(
+            (s.reuse_gap.count, s.reuse_gap.sum, s.reuse_gap.max),
+            (4, 20, 9)
+        );
         assert_eq!(s.hits_per_block.buckets[Histogram::bucket(4)], 1);
         assert!(r.drain_records().is_empty());
     }

@@ -173,74 +173,233 @@ impl GroupSpec {
         }
     }
 
+    /// The kind's facts (see [`KindFacts`]): the one table every layer
+    /// asks, the bindings and Python included.
+    pub const fn facts(&self) -> KindFacts {
+        self.kind.facts()
+    }
+
     /// Whether blocks of this group may be registered in the prefix cache.
     pub const fn prefix_cacheable(&self) -> bool {
-        !matches!(self.kind, SpecKind::Mamba { .. } | SpecKind::CrossAttention)
+        self.kind.facts().prefix_cacheable
     }
 
-    /// Whether this is a full-attention group (hybrid lookups put these
-    /// first: their hit set is prefix-closed, so they are looked up once and
-    /// truncated). MLA and R-SWA count as full attention, as in vLLM.
+    /// Whether this group's hits are prefix-closed (full attention): hybrid
+    /// lookups put these first and never re-scan them.
     pub const fn is_full_attention(&self) -> bool {
-        matches!(
-            self.kind,
-            SpecKind::FullAttention | SpecKind::MlaAttention | SpecKind::Rswa { .. }
-        )
+        matches!(self.kind.facts().hit_search, HitSearch::PrefixClosed)
     }
 
-    /// Whether retention intervals apply to this group (sliding window and
-    /// Mamba cache sparsely).
+    /// Whether retention intervals apply to this group (it caches sparsely).
     pub const fn is_sparse(&self) -> bool {
-        matches!(
-            self.kind,
-            SpecKind::SlidingWindow { .. }
-                | SpecKind::SlidingWindowMla { .. }
-                | SpecKind::Mamba { .. }
-                | SpecKind::MambaAlign { .. }
-        )
+        self.kind.facts().sparse
     }
 
     /// Whether table entries after the first real block may be null (R-SWA
     /// decode gaps, Mamba "align" skipped states); every other kind keeps
     /// its nulls as a prefix.
     pub const fn has_interior_nulls(&self) -> bool {
-        matches!(
-            self.kind,
-            SpecKind::Rswa { .. } | SpecKind::MambaAlign { .. }
-        )
+        self.kind.facts().interior_nulls
     }
 
-    /// Check the parameters (positive sizes).
+    /// Check the parameters (positive sizes); messages name the public spec
+    /// field (`SlidingWindowSpec.sliding_window`).
     pub fn validate(&self) -> KvResult<()> {
+        let facts = self.kind.facts();
         let bad = |name, value: u32| KvError::InvalidConfig {
             name,
             value: value.to_string(),
             rule: "must be positive".into(),
         };
         if self.block_size == 0 {
-            return Err(bad("block_size", 0));
+            return Err(bad(facts.block_size_field, 0));
         }
-        match self.kind {
-            SpecKind::SlidingWindow { sliding_window: 0 }
-            | SpecKind::SlidingWindowMla { sliding_window: 0 } => Err(bad("sliding_window", 0)),
-            SpecKind::ChunkedLocal {
-                attention_chunk_size: 0,
-            } => Err(bad("attention_chunk_size", 0)),
-            SpecKind::Rswa { rswa_window: 0 } => Err(bad("rswa_window", 0)),
-            SpecKind::MambaAlign {
-                prefill_checkpoint_alignment: Some(0),
-                ..
-            } => Err(bad("prefill_checkpoint_alignment", 0)),
-            SpecKind::MambaAlign {
-                num_speculative_blocks,
-                ..
-            } if num_speculative_blocks != 0 => Err(KvError::InvalidConfig {
-                name: "num_speculative_blocks",
-                value: num_speculative_blocks.to_string(),
-                rule: "speculative scratch blocks are not supported with mamba_cache_mode='align'"
-                    .into(),
-            }),
+        match (self.param(), facts.param_field) {
+            (Some(0), Some((name, true))) => Err(bad(name, 0)),
+            (_, _)
+                if matches!(
+                    self.kind,
+                    SpecKind::MambaAlign {
+                        prefill_checkpoint_alignment: Some(0),
+                        ..
+                    }
+                ) =>
+            {
+                Err(bad("MambaSpec.prefill_checkpoint_alignment", 0))
+            }
+            (Some(n), _) if n != 0 && matches!(self.kind, SpecKind::MambaAlign { .. }) => {
+                Err(KvError::InvalidConfig {
+                    name: "MambaSpec.num_speculative_blocks",
+                    value: n.to_string(),
+                    rule: "speculative scratch blocks are not supported with \
+                           mamba_cache_mode='align'"
+                        .into(),
+                })
+            }
             _ => Ok(()),
+        }
+    }
+
+    /// The kind's one parameter (window, chunk, speculative blocks), if any.
+    pub const fn param(&self) -> Option<u32> {
+        match self.kind {
+            SpecKind::SlidingWindow { sliding_window: v }
+            | SpecKind::ChunkedLocal {
+                attention_chunk_size: v,
+            }
+            | SpecKind::Mamba {
+                num_speculative_blocks: v,
+            }
+            | SpecKind::SlidingWindowMla { sliding_window: v }
+            | SpecKind::Rswa { rswa_window: v }
+            | SpecKind::MambaAlign {
+                num_speculative_blocks: v,
+                ..
+            } => Some(v),
+            SpecKind::FullAttention | SpecKind::CrossAttention | SpecKind::MlaAttention => None,
+        }
+    }
+}
+
+/// How a kind searches the prefix cache for hits.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum HitSearch {
+    /// Left to right, stop at the first miss: the hit set is prefix-closed
+    /// (full attention).
+    PrefixClosed,
+    /// Right to left, for a run of consecutive hits covering the window
+    /// (sliding window).
+    Window,
+    /// Blocks before the last chunk boundary are skipped (chunked local).
+    Chunk,
+    /// Right to left, the latest cached state at or below the bound: one
+    /// real block after nulls (Mamba "align").
+    LastState,
+    /// Never searched (Mamba mode "none", cross-attention).
+    Never,
+}
+
+/// Everything the layers above the managers know about a KV kind, written
+/// once here. Adding a kind adds one arm to [`SpecKind::facts`] (the
+/// compiler lists every other match that needs one).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct KindFacts {
+    /// Name of the public spec type (the Python dataclass), for messages.
+    pub spec_name: &'static str,
+    /// `<spec_name>.block_size`, for messages.
+    pub block_size_field: &'static str,
+    /// `<spec_name>.<parameter>` of the kind's one parameter, if it has
+    /// one, and whether it must be positive (else non-negative).
+    pub param_field: Option<(&'static str, bool)>,
+    /// How hits are searched.
+    pub hit_search: HitSearch,
+    /// Whether its blocks may enter the prefix cache (a caching manager
+    /// refuses a group whose kind is not cacheable).
+    pub prefix_cacheable: bool,
+    /// Whether retention intervals (sparse caching) apply.
+    pub sparse: bool,
+    /// Whether slots are sized by the encoder's tokens rather than the
+    /// decoder's.
+    pub sized_by_encoder: bool,
+    /// Whether table entries after the first real block may be null (R-SWA
+    /// decode gaps, Mamba "align" skipped states).
+    pub interior_nulls: bool,
+}
+
+impl SpecKind {
+    /// The kind's facts.
+    pub const fn facts(self) -> KindFacts {
+        match self {
+            Self::FullAttention => KindFacts {
+                spec_name: "FullAttentionSpec",
+                block_size_field: "FullAttentionSpec.block_size",
+                param_field: None,
+                hit_search: HitSearch::PrefixClosed,
+                prefix_cacheable: true,
+                sparse: false,
+                sized_by_encoder: false,
+                interior_nulls: false,
+            },
+            Self::SlidingWindow { .. } => KindFacts {
+                spec_name: "SlidingWindowSpec",
+                block_size_field: "SlidingWindowSpec.block_size",
+                param_field: Some(("SlidingWindowSpec.sliding_window", true)),
+                hit_search: HitSearch::Window,
+                prefix_cacheable: true,
+                sparse: true,
+                sized_by_encoder: false,
+                interior_nulls: false,
+            },
+            Self::ChunkedLocal { .. } => KindFacts {
+                spec_name: "ChunkedLocalAttentionSpec",
+                block_size_field: "ChunkedLocalAttentionSpec.block_size",
+                param_field: Some(("ChunkedLocalAttentionSpec.attention_chunk_size", true)),
+                hit_search: HitSearch::Chunk,
+                prefix_cacheable: true,
+                sparse: false,
+                sized_by_encoder: false,
+                interior_nulls: false,
+            },
+            Self::Mamba { .. } => KindFacts {
+                spec_name: "MambaSpec",
+                block_size_field: "MambaSpec.block_size",
+                param_field: Some(("MambaSpec.num_speculative_blocks", false)),
+                hit_search: HitSearch::Never,
+                prefix_cacheable: false,
+                sparse: true,
+                sized_by_encoder: false,
+                interior_nulls: false,
+            },
+            Self::CrossAttention => KindFacts {
+                spec_name: "CrossAttentionSpec",
+                block_size_field: "CrossAttentionSpec.block_size",
+                param_field: None,
+                hit_search: HitSearch::Never,
+                prefix_cacheable: false,
+                sparse: false,
+                sized_by_encoder: true,
+                interior_nulls: false,
+            },
+            Self::MlaAttention => KindFacts {
+                spec_name: "MLAAttentionSpec",
+                block_size_field: "MLAAttentionSpec.block_size",
+                param_field: None,
+                hit_search: HitSearch::PrefixClosed,
+                prefix_cacheable: true,
+                sparse: false,
+                sized_by_encoder: false,
+                interior_nulls: false,
+            },
+            Self::SlidingWindowMla { .. } => KindFacts {
+                spec_name: "SlidingWindowMLASpec",
+                block_size_field: "SlidingWindowMLASpec.block_size",
+                param_field: Some(("SlidingWindowMLASpec.sliding_window", true)),
+                hit_search: HitSearch::Window,
+                prefix_cacheable: true,
+                sparse: true,
+                sized_by_encoder: false,
+                interior_nulls: false,
+            },
+            Self::Rswa { .. } => KindFacts {
+                spec_name: "RSWASpec",
+                block_size_field: "RSWASpec.block_size",
+                param_field: Some(("RSWASpec.rswa_window", true)),
+                hit_search: HitSearch::PrefixClosed,
+                prefix_cacheable: true,
+                sparse: false,
+                sized_by_encoder: false,
+                interior_nulls: true,
+            },
+            Self::MambaAlign { .. } => KindFacts {
+                spec_name: "MambaSpec",
+                block_size_field: "MambaSpec.block_size",
+                param_field: Some(("MambaSpec.num_speculative_blocks", false)),
+                hit_search: HitSearch::LastState,
+                prefix_cacheable: true,
+                sparse: true,
+                sized_by_encoder: false,
+                interior_nulls: true,
+            },
         }
     }
 }
@@ -367,7 +526,15 @@ impl Manager {
             SpecKind::Mamba {
                 num_speculative_blocks,
             } => mamba::tokens_to_allocate(num_tokens, num_speculative_blocks, self.block_size),
-            _ => num_tokens,
+            SpecKind::FullAttention
+            | SpecKind::SlidingWindow { .. }
+            | SpecKind::ChunkedLocal { .. }
+            | SpecKind::CrossAttention
+            | SpecKind::MlaAttention
+            | SpecKind::SlidingWindowMla { .. }
+            | SpecKind::Rswa { .. }
+            // Align mode sizes by the main model's tokens (its own path).
+            | SpecKind::MambaAlign { .. } => num_tokens,
         }
     }
 
@@ -564,7 +731,12 @@ impl Manager {
                     mask_buf,
                 )
             }
-            _ => false,
+            SpecKind::FullAttention
+            | SpecKind::MlaAttention
+            | SpecKind::Rswa { .. }
+            | SpecKind::ChunkedLocal { .. }
+            | SpecKind::Mamba { .. }
+            | SpecKind::CrossAttention => false,
         };
         pool.cache_full_blocks_scaled(
             &table.blocks,
@@ -595,12 +767,14 @@ impl Manager {
         num_prompt_tokens: Option<usize>,
         scratch: &mut Vec<BlockId>,
     ) -> KvResult<()> {
-        match (self.spec.kind, num_prompt_tokens) {
-            (SpecKind::Rswa { rswa_window }, Some(prompt)) => {
-                let range = rswa::gap(prompt, processed, rswa_window as usize, self.block_size);
-                return rswa::remove_gap(pool, &mut table.blocks, range, scratch);
+        match self.spec.kind {
+            SpecKind::Rswa { rswa_window } => {
+                if let Some(prompt) = num_prompt_tokens {
+                    let range = rswa::gap(prompt, processed, rswa_window as usize, self.block_size);
+                    return rswa::remove_gap(pool, &mut table.blocks, range, scratch);
+                }
             }
-            (SpecKind::MambaAlign { .. }, _) => {
+            SpecKind::MambaAlign { .. } => {
                 return mamba_align::remove_skipped_blocks(
                     self.block_size,
                     pool,
@@ -609,7 +783,13 @@ impl Manager {
                     scratch,
                 );
             }
-            _ => {}
+            SpecKind::FullAttention
+            | SpecKind::SlidingWindow { .. }
+            | SpecKind::ChunkedLocal { .. }
+            | SpecKind::Mamba { .. }
+            | SpecKind::CrossAttention
+            | SpecKind::MlaAttention
+            | SpecKind::SlidingWindowMla { .. } => {}
         }
         let skipped = self.num_skipped_tokens(processed);
         if skipped == 0 {
