@@ -47,7 +47,7 @@ pub use events::KvEvent;
 pub use free_queue::FreeQueue;
 pub use hashing::{ExtraKeys, HashAlgo, HashConfig, LoraKey, MmFeature, RequestHasher};
 pub use ids::{BlockId, GroupId, ReqId};
-pub use managers::{GroupSpec, GroupTable, HitSearch, KindFacts, Manager, SpecKind};
+pub use managers::{GroupSpec, GroupTable, HitSearch, KindFacts, Manager, NullEntries, SpecKind};
 pub use pool::{BlockPool, PoolConfig};
 pub use prefix_index::{CacheKey, PrefixIndex};
 pub use residency::{EvictionRecord, Histogram, Residency, ResidencySnapshot};

@@ -199,7 +199,7 @@ impl GroupSpec {
     /// decode gaps, Mamba "align" skipped states); every other kind keeps
     /// its nulls as a prefix.
     pub const fn has_interior_nulls(&self) -> bool {
-        self.kind.facts().interior_nulls
+        matches!(self.kind.facts().nulls, NullEntries::Anywhere)
     }
 
     /// Check the parameters (positive sizes); messages name the public spec
@@ -301,9 +301,18 @@ pub struct KindFacts {
     /// Whether slots are sized by the encoder's tokens rather than the
     /// decoder's.
     pub sized_by_encoder: bool,
-    /// Whether table entries after the first real block may be null (R-SWA
-    /// decode gaps, Mamba "align" skipped states).
-    pub interior_nulls: bool,
+    /// Where a request's table may hold null entries.
+    pub nulls: NullEntries,
+}
+
+/// Where a kind's block tables may hold the null block.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum NullEntries {
+    /// Only as a prefix (skipped positions before the window or chunk).
+    Prefix,
+    /// Also after real entries (R-SWA decode gaps, Mamba "align" skipped
+    /// states).
+    Anywhere,
 }
 
 impl SpecKind {
@@ -318,7 +327,7 @@ impl SpecKind {
                 prefix_cacheable: true,
                 sparse: false,
                 sized_by_encoder: false,
-                interior_nulls: false,
+                nulls: NullEntries::Prefix,
             },
             Self::SlidingWindow { .. } => KindFacts {
                 spec_name: "SlidingWindowSpec",
@@ -328,7 +337,7 @@ impl SpecKind {
                 prefix_cacheable: true,
                 sparse: true,
                 sized_by_encoder: false,
-                interior_nulls: false,
+                nulls: NullEntries::Prefix,
             },
             Self::ChunkedLocal { .. } => KindFacts {
                 spec_name: "ChunkedLocalAttentionSpec",
@@ -338,7 +347,7 @@ impl SpecKind {
                 prefix_cacheable: true,
                 sparse: false,
                 sized_by_encoder: false,
-                interior_nulls: false,
+                nulls: NullEntries::Prefix,
             },
             Self::Mamba { .. } => KindFacts {
                 spec_name: "MambaSpec",
@@ -348,7 +357,7 @@ impl SpecKind {
                 prefix_cacheable: false,
                 sparse: true,
                 sized_by_encoder: false,
-                interior_nulls: false,
+                nulls: NullEntries::Prefix,
             },
             Self::CrossAttention => KindFacts {
                 spec_name: "CrossAttentionSpec",
@@ -358,7 +367,7 @@ impl SpecKind {
                 prefix_cacheable: false,
                 sparse: false,
                 sized_by_encoder: true,
-                interior_nulls: false,
+                nulls: NullEntries::Prefix,
             },
             Self::MlaAttention => KindFacts {
                 spec_name: "MLAAttentionSpec",
@@ -368,7 +377,7 @@ impl SpecKind {
                 prefix_cacheable: true,
                 sparse: false,
                 sized_by_encoder: false,
-                interior_nulls: false,
+                nulls: NullEntries::Prefix,
             },
             Self::SlidingWindowMla { .. } => KindFacts {
                 spec_name: "SlidingWindowMLASpec",
@@ -378,7 +387,7 @@ impl SpecKind {
                 prefix_cacheable: true,
                 sparse: true,
                 sized_by_encoder: false,
-                interior_nulls: false,
+                nulls: NullEntries::Prefix,
             },
             Self::Rswa { .. } => KindFacts {
                 spec_name: "RSWASpec",
@@ -388,7 +397,7 @@ impl SpecKind {
                 prefix_cacheable: true,
                 sparse: false,
                 sized_by_encoder: false,
-                interior_nulls: true,
+                nulls: NullEntries::Anywhere,
             },
             Self::MambaAlign { .. } => KindFacts {
                 spec_name: "MambaSpec",
@@ -398,7 +407,7 @@ impl SpecKind {
                 prefix_cacheable: true,
                 sparse: true,
                 sized_by_encoder: false,
-                interior_nulls: true,
+                nulls: NullEntries::Anywhere,
             },
         }
     }
