@@ -26,7 +26,9 @@ from kvcoord import (
 
 def manager(*specs: object, num_blocks: int = 100, caching: bool = True) -> KVCacheManager:
     config = KVCacheConfig(num_blocks=num_blocks, groups=tuple(KVCacheGroup(s) for s in specs))  # type: ignore[arg-type]
-    return KVCacheManager(config, max_model_len=4096, enable_caching=caching)
+    return KVCacheManager(
+        config, max_model_len=4096, options=kvcoord.KVCacheManagerOptions(enable_caching=caching)
+    )
 
 
 def run_prefill(m: KVCacheManager, req: Request, chunks: list[int]) -> None:
@@ -89,7 +91,9 @@ def test_mamba_align_needs_hash_unit_equal_to_block_size() -> None:
         ),
     )
     with pytest.raises(ConfigError, match="hash_block_size"):
-        KVCacheManager(config, max_model_len=1000, hash_block_size=8)
+        KVCacheManager(
+            config, max_model_len=1000, options=kvcoord.KVCacheManagerOptions(hash_block_size=8)
+        )
 
 
 # ---- MLA and sliding-window MLA ----------------------------------------------

@@ -110,7 +110,9 @@ def test_off_by_default_and_vllm_event_fields(tmp_path: Path) -> None:
     )
     m = kvcoord.KVCacheManager(cfg, max_model_len=100)
     assert m.residency_snapshot() is None and m.drain_eviction_records() == []
-    m = kvcoord.KVCacheManager(cfg, max_model_len=100, residency_metrics=True)
+    m = kvcoord.KVCacheManager(
+        cfg, max_model_len=100, options=kvcoord.KVCacheManagerOptions(residency_metrics=True)
+    )
     a = kvcoord.Request("a", [1, 2, 3, 4, 5], hash_block_size=4)
     m.allocate_slots(a, 5)
     m.free(a)

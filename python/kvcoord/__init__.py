@@ -14,12 +14,14 @@ from kvcoord._core import (
     AllBlocksCleared,
     BlockHashes,
     BlockPool,
+    BlockPoolView,
     BlockRemoved,
     BlockStored,
     CoordinatorKind,
     GroupSpec,
     Request,
     __version__,
+    advance_requests,
     compute_block_hashes,
     default_hash_block_size,
     none_hash,
@@ -61,7 +63,12 @@ from kvcoord.errors import (
     UnknownRequestError,
 )
 from kvcoord.hashing import HashAlgoName, LoRA, MultiModalFeature
-from kvcoord.manager import AllocateSlots, KVCacheManager, PrefixCacheStats
+from kvcoord.manager import (
+    AllocateSlots,
+    KVCacheManager,
+    KVCacheManagerOptions,
+    PrefixCacheStats,
+)
 from kvcoord.residency import EvictionRecord, ResidencySnapshot
 from kvcoord.scheduling import MambaChunkRule, mamba_aligned_chunk, mamba_chunk_rule
 
@@ -71,6 +78,7 @@ __all__ = [
     "AllocateSlots",
     "BlockHashes",
     "BlockPool",
+    "BlockPoolView",
     "BlockRemoved",
     "BlockStateError",
     "BlockStored",
@@ -96,6 +104,7 @@ __all__ = [
     "KVCacheCoordinatorNoPrefixCache",
     "KVCacheGroup",
     "KVCacheManager",
+    "KVCacheManagerOptions",
     "KVCacheSpec",
     "KvCoordError",
     "LoRA",
@@ -113,6 +122,7 @@ __all__ = [
     "UnitaryKVCacheCoordinator",
     "UnknownRequestError",
     "__version__",
+    "advance_requests",
     "compute_block_hashes",
     "default_hash_block_size",
     "get_kv_cache_coordinator",

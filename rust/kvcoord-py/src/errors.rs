@@ -40,7 +40,9 @@ impl From<CoreError> for PyErr {
             KvError::InvalidArgument { .. }
             | KvError::UnknownGroup(_)
             | KvError::Unsupported { .. } => InvalidArgumentError::new_err(msg),
-            KvError::UnknownRequest(_) => UnknownRequestError::new_err(msg),
+            KvError::UnknownRequest(_) | KvError::NoSuchRequest(_) => {
+                UnknownRequestError::new_err(msg)
+            }
             KvError::InvalidTokenId { .. } => InvalidTokenError::new_err(msg),
             KvError::InvalidConfig { .. } => ConfigError::new_err(msg),
         }

@@ -1,85 +1,118 @@
 //! `kvcoord.BlockPool`: conversion and delegation only; the logic is
 //! `kvcoord_core::BlockPool`.
 
-use kvcoord_core::{BlockPool, Histogram, KvEvent, PoolConfig};
+use kvcoord_core::{BlockPool, KvEvent, PoolConfig};
 use numpy::{IntoPyArray, PyArray1};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
 use crate::convert::{self, id_list, Scratch};
-use crate::coordinator::PyCoordinatorCore;
-use crate::errors::{core, BlockStateError, InvariantError};
+use crate::errors::{core, InvariantError};
 use crate::events::{event_to_py, PyEventList};
+use crate::residency;
 
-/// Where the pool lives: a standalone pool, or the one inside a manager's
-/// coordinator (so `manager.block_pool` is the very pool the manager uses).
-enum PoolHandle {
-    Owned(Box<BlockPool>),
-    Coordinator(Py<PyCoordinatorCore>),
-}
-
-/// The KV-cache block pool (see `_core.pyi` for the documented surface).
+/// A standalone KV-cache block pool (see `_core.pyi` for the documented
+/// surface). A manager's pool is exposed read-only by
+/// [`PyBlockPoolView`](crate::pool_view::PyBlockPoolView) instead.
 #[pyclass(module = "kvcoord._core", name = "BlockPool")]
 pub(crate) struct PyBlockPool {
-    handle: PoolHandle,
+    inner: BlockPool,
     /// Reused buffers (keep `get_new_blocks`/`free_blocks` allocation-free).
     scratch: Scratch,
 }
 
+// Same shape as the view's fallible borrow, so the methods read alike.
+#[allow(clippy::unnecessary_wraps)]
 impl PyBlockPool {
-    fn owned(inner: BlockPool) -> Self {
-        Self {
-            handle: PoolHandle::Owned(Box::new(inner)),
-            scratch: Scratch::default(),
-        }
-    }
-
-    /// A handle on the pool of a coordinator.
-    pub(crate) fn of_coordinator(coordinator: Py<PyCoordinatorCore>) -> Self {
-        Self {
-            handle: PoolHandle::Coordinator(coordinator),
-            scratch: Scratch::default(),
-        }
-    }
-
-    fn with<R>(&self, py: Python<'_>, f: impl FnOnce(&BlockPool) -> R) -> PyResult<R> {
-        match &self.handle {
-            PoolHandle::Owned(p) => Ok(f(p)),
-            PoolHandle::Coordinator(c) => Ok(f(c.bind(py).try_borrow()?.inner.pool())),
-        }
-    }
-
-    /// For calls that change which blocks are owned (allocate, free,
-    /// touch, cache): refused on a manager's pool, whose block tables would
-    /// no longer match the reference counts.
-    fn with_owned_mut<R>(
-        &mut self,
-        py: Python<'_>,
-        what: &str,
-        f: impl FnOnce(&mut BlockPool, &mut Scratch) -> R,
-    ) -> PyResult<R> {
-        if matches!(self.handle, PoolHandle::Coordinator(_)) {
-            return Err(BlockStateError::new_err(format!(
-                "{what}: this pool belongs to a KVCacheManager; its blocks are allocated, \
-                 cached and freed through the manager"
-            )));
-        }
-        self.with_mut(py, f)
+    fn with<R>(&self, _py: Python<'_>, f: impl FnOnce(&BlockPool) -> R) -> PyResult<R> {
+        Ok(f(&self.inner))
     }
 
     fn with_mut<R>(
         &mut self,
-        py: Python<'_>,
+        _py: Python<'_>,
         f: impl FnOnce(&mut BlockPool, &mut Scratch) -> R,
     ) -> PyResult<R> {
-        let scratch = &mut self.scratch;
-        match &mut self.handle {
-            PoolHandle::Owned(p) => Ok(f(p, scratch)),
-            PoolHandle::Coordinator(c) => {
-                Ok(f(c.bind(py).try_borrow_mut()?.inner.pool_mut(), scratch))
-            }
-        }
+        Ok(f(&mut self.inner, &mut self.scratch))
     }
+}
+
+// ---- read-only operations shared with the manager's pool view ------------
+
+pub(crate) fn get_cached_block<'py>(
+    py: Python<'py>,
+    pool: &BlockPool,
+    block_hash: &Bound<'_, PyAny>,
+    group_ids: &Bound<'_, PyAny>,
+) -> PyResult<Option<Bound<'py, PyList>>> {
+    let hash = convert::block_hash(block_hash)?;
+    let groups = convert::group_ids(group_ids)?;
+    let mut out = Vec::with_capacity(groups.len());
+    if pool.get_cached_block(&hash, &groups, &mut out) {
+        Ok(Some(id_list(py, &out)?))
+    } else {
+        Ok(None)
+    }
+}
+
+pub(crate) fn free_block_ids<'py>(py: Python<'py>, p: &BlockPool) -> Bound<'py, PyArray1<u32>> {
+    p.free_block_ids()
+        .map(|b| b.0)
+        .collect::<Vec<u32>>()
+        .into_pyarray(py)
+}
+
+pub(crate) fn ref_counts<'py>(py: Python<'py>, p: &BlockPool) -> Bound<'py, PyArray1<u32>> {
+    p.ref_counts().collect::<Vec<u32>>().into_pyarray(py)
+}
+
+pub(crate) fn cached_mask<'py>(py: Python<'py>, p: &BlockPool) -> Bound<'py, PyArray1<bool>> {
+    p.cached_mask().collect::<Vec<bool>>().into_pyarray(py)
+}
+
+pub(crate) fn block_hash<'py>(
+    py: Python<'py>,
+    p: &BlockPool,
+    block_id: i64,
+) -> PyResult<Option<(Bound<'py, PyBytes>, u32)>> {
+    let b = convert::block_id(block_id)?;
+    let key = core(p.cache_key(b))?;
+    Ok(key.map(|k| (PyBytes::new(py, k.hash.as_bytes()), k.group.0)))
+}
+
+pub(crate) fn repr(p: &BlockPool, name: &str) -> String {
+    format!(
+        "{name}(num_blocks={}, free={}, cached_keys={}, enable_caching={})",
+        p.num_blocks(),
+        p.num_free_blocks(),
+        p.num_cached_keys(),
+        if p.caching_enabled() { "True" } else { "False" }
+    )
+}
+
+/// Forget every cached prefix; logs a warning (as vLLM does) when refused.
+pub(crate) fn reset_prefix_cache(py: Python<'_>, pool: &mut BlockPool) -> PyResult<bool> {
+    let ok = pool.reset_prefix_cache();
+    if !ok {
+        let in_use = pool.num_used_blocks();
+        let logger = py
+            .import("logging")?
+            .call_method1("getLogger", ("kvcoord",))?;
+        logger.call_method1(
+            "warning",
+            (format!(
+                "Failed to reset the prefix cache: {in_use} blocks are still in use"
+            ),),
+        )?;
+    }
+    Ok(ok)
+}
+
+pub(crate) fn take_events(py: Python<'_>, pool: &mut BlockPool) -> PyResult<PyEventList> {
+    pool.take_events()
+        .iter()
+        .map(|e: &KvEvent| event_to_py(py, e))
+        .collect()
 }
 
 #[pymethods]
@@ -106,7 +139,10 @@ impl PyBlockPool {
             enable_events,
         };
         let pool = convert::build_pool_sized(py, num_blocks, || BlockPool::new(config));
-        Ok(Self::owned(core(pool)?))
+        Ok(Self {
+            inner: core(pool)?,
+            scratch: Scratch::default(),
+        })
     }
 
     #[getter]
@@ -160,7 +196,7 @@ impl PyBlockPool {
         num_blocks: i64,
     ) -> PyResult<Bound<'py, PyList>> {
         let n = convert::count(num_blocks, "num_blocks")?;
-        self.with_owned_mut(py, "get_new_blocks", |pool, scratch| {
+        self.with_mut(py, |pool, scratch| {
             scratch.ids.clear();
             core(pool.get_new_blocks(n, &mut scratch.ids))?;
             id_list(py, &scratch.ids)
@@ -173,7 +209,7 @@ impl PyBlockPool {
         num_blocks: i64,
     ) -> PyResult<Bound<'py, PyArray1<u32>>> {
         let n = convert::count(num_blocks, "num_blocks")?;
-        self.with_owned_mut(py, "get_new_blocks", |pool, scratch| {
+        self.with_mut(py, |pool, scratch| {
             scratch.ids.clear();
             core(pool.get_new_blocks(n, &mut scratch.ids))?;
             Ok(scratch.ids_array(py))
@@ -181,7 +217,7 @@ impl PyBlockPool {
     }
 
     fn free_blocks(&mut self, py: Python<'_>, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
-        self.with_owned_mut(py, "free_blocks", |pool, scratch| {
+        self.with_mut(py, |pool, scratch| {
             scratch.ids.clear();
             convert::extract_block_ids(block_ids, &mut scratch.ids)?;
             core(pool.free_blocks(&scratch.ids))
@@ -189,7 +225,7 @@ impl PyBlockPool {
     }
 
     fn touch(&mut self, py: Python<'_>, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
-        self.with_owned_mut(py, "touch", |pool, scratch| {
+        self.with_mut(py, |pool, scratch| {
             scratch.ids.clear();
             convert::extract_block_ids(block_ids, &mut scratch.ids)?;
             core(pool.touch(&scratch.ids))
@@ -213,7 +249,7 @@ impl PyBlockPool {
         let num_cached = convert::count(num_cached_blocks, "num_cached_blocks")?;
         let num_full = convert::count(num_full_blocks, "num_full_blocks")?;
         let group = convert::group_id(group_id)?;
-        self.with_owned_mut(py, "cache_full_blocks", |pool, _| {
+        self.with_mut(py, |pool, _| {
             core(pool.cache_full_blocks(
                 &ids,
                 &hashes,
@@ -231,117 +267,54 @@ impl PyBlockPool {
         block_hash: &Bound<'_, PyAny>,
         group_ids: &Bound<'_, PyAny>,
     ) -> PyResult<Option<Bound<'py, PyList>>> {
-        let hash = convert::block_hash(block_hash)?;
-        let groups = convert::group_ids(group_ids)?;
-        let mut out = Vec::with_capacity(groups.len());
-        if self.with(py, |pool| pool.get_cached_block(&hash, &groups, &mut out))? {
-            Ok(Some(id_list(py, &out)?))
-        } else {
-            Ok(None)
-        }
+        get_cached_block(py, &self.inner, block_hash, group_ids)
     }
 
-    fn evict_blocks(&mut self, py: Python<'_>, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
+    fn evict_blocks(&mut self, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
         let ids = convert::block_ids(block_ids)?;
-        self.with_mut(py, |pool, _| core(pool.evict_blocks(&ids)))?
+        core(self.inner.evict_blocks(&ids))
     }
 
     /// Start tracking residency metrics for every block (see `_core.pyi`).
-    fn enable_residency(&mut self, py: Python<'_>) -> PyResult<()> {
-        self.with_mut(py, |p, _| p.enable_residency())
+    fn enable_residency(&mut self) {
+        self.inner.enable_residency();
     }
 
     #[getter]
-    fn residency_enabled(&self, py: Python<'_>) -> PyResult<bool> {
-        self.with(py, |p| p.residency().is_some())
+    fn residency_enabled(&self) -> bool {
+        self.inner.residency().is_some()
     }
 
-    /// Move the residency clock (ignored when metrics are off or when `now`
-    /// is earlier than the clock).
-    fn set_residency_clock(&mut self, py: Python<'_>, now: u64) -> PyResult<()> {
-        self.with_mut(py, |p, _| {
-            if let Some(r) = p.residency_mut() {
-                r.set_now(now);
-            }
-        })
+    fn set_residency_clock(&mut self, now: u64) {
+        residency::set_clock(&mut self.inner, now);
     }
 
-    /// The residency histograms (`None` when metrics are off): a dict of
-    /// name -> (buckets, count, sum, max).
     fn residency_snapshot<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
-        let Some(snap) = self.with(py, |p| p.residency().map(kvcoord_core::Residency::snapshot))?
-        else {
-            return Ok(None);
-        };
-        let d = PyDict::new(py);
-        let hist = |h: &Histogram| (h.buckets.to_vec(), h.count, h.sum, h.max);
-        d.set_item("lifetime", hist(&snap.lifetime))?;
-        d.set_item("idle_before_eviction", hist(&snap.idle_before_eviction))?;
-        d.set_item("reuse_gap", hist(&snap.reuse_gap))?;
-        d.set_item("hits_per_block", hist(&snap.hits_per_block))?;
-        Ok(Some(d))
+        residency::snapshot(py, &self.inner)
     }
 
-    /// Take the eviction records gathered since the last drain: one
-    /// `(block_id, lifetime, idle, reuse_gaps, hits)` per eviction.
-    #[allow(clippy::type_complexity)]
-    fn drain_eviction_records(
-        &mut self,
-        py: Python<'_>,
-    ) -> PyResult<Vec<(u32, u64, u64, Vec<u64>, u32)>> {
-        self.with_mut(py, |p, _| {
-            p.residency_mut()
-                .map(kvcoord_core::Residency::drain_records)
-                .unwrap_or_default()
-                .into_iter()
-                .map(|r| (r.block.0, r.lifetime, r.idle, r.reuse_gaps, r.hits))
-                .collect()
-        })
+    fn drain_eviction_records(&mut self) -> Vec<residency::RecordTuple> {
+        residency::drain(&mut self.inner)
     }
 
     fn reset_prefix_cache(&mut self, py: Python<'_>) -> PyResult<bool> {
-        let (ok, in_use) = self.with_mut(py, |pool, _| {
-            (pool.reset_prefix_cache(), pool.num_used_blocks())
-        })?;
-        if !ok {
-            let logger = py
-                .import("logging")?
-                .call_method1("getLogger", ("kvcoord",))?;
-            logger.call_method1(
-                "warning",
-                (format!(
-                    "Failed to reset the prefix cache: {in_use} blocks are still in use"
-                ),),
-            )?;
-        }
-        Ok(ok)
+        reset_prefix_cache(py, &mut self.inner)
     }
 
     fn take_events(&mut self, py: Python<'_>) -> PyResult<PyEventList> {
-        let events = self.with_mut(py, |pool, _| pool.take_events())?;
-        events
-            .iter()
-            .map(|e: &KvEvent| event_to_py(py, e))
-            .collect()
+        take_events(py, &mut self.inner)
     }
 
-    fn free_block_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<u32>>> {
-        let ids = self.with(py, |p| {
-            p.free_block_ids().map(|b| b.0).collect::<Vec<u32>>()
-        })?;
-        Ok(ids.into_pyarray(py))
+    fn free_block_ids<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<u32>> {
+        free_block_ids(py, &self.inner)
     }
 
-    fn ref_counts<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<u32>>> {
-        Ok(self
-            .with(py, |p| p.ref_counts().collect::<Vec<u32>>())?
-            .into_pyarray(py))
+    fn ref_counts<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<u32>> {
+        ref_counts(py, &self.inner)
     }
 
-    fn cached_mask<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<bool>>> {
-        Ok(self
-            .with(py, |p| p.cached_mask().collect::<Vec<bool>>())?
-            .into_pyarray(py))
+    fn cached_mask<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<bool>> {
+        cached_mask(py, &self.inner)
     }
 
     fn block_hash<'py>(
@@ -349,9 +322,7 @@ impl PyBlockPool {
         py: Python<'py>,
         block_id: i64,
     ) -> PyResult<Option<(Bound<'py, PyBytes>, u32)>> {
-        let b = convert::block_id(block_id)?;
-        let key = core(self.with(py, |p| p.cache_key(b))?)?;
-        Ok(key.map(|k| (PyBytes::new(py, k.hash.as_bytes()), k.group.0)))
+        block_hash(py, &self.inner, block_id)
     }
 
     fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
@@ -359,15 +330,7 @@ impl PyBlockPool {
             .map_err(InvariantError::new_err)
     }
 
-    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
-        self.with(py, |p| {
-            format!(
-                "BlockPool(num_blocks={}, free={}, cached_keys={}, enable_caching={})",
-                p.num_blocks(),
-                p.num_free_blocks(),
-                p.num_cached_keys(),
-                if p.caching_enabled() { "True" } else { "False" }
-            )
-        })
+    fn __repr__(&self) -> String {
+        repr(&self.inner, "BlockPool")
     }
 }
