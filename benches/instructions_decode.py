@@ -80,9 +80,7 @@ def main() -> None:
     print("decode step (append one token + allocate_slots), instructions per step (callgrind)")
     for name, specs in CASES.items():
         code = LOOP.format(specs=specs)
-        total = count(code, args.iterations, args.python_path) - count(
-            code, 0, args.python_path
-        )
+        total = count(code, args.iterations, args.python_path) - count(code, 0, args.python_path)
         print(f"  {name:24s} {total / (args.iterations * 32):9,.0f}")
 
 
