@@ -125,7 +125,14 @@ def format_summary(s: dict[str, Any]) -> str:
             f"best-possible pass {s['best_possible_seconds']:.2f}, scheduler loop the rest)",
         ),
     ]
-    if "residency_evicted_blocks" in s:
+    if s.get("residency_evicted_blocks") == 0:
+        rows.append(
+            (
+                "block residency",
+                f"no cached block evicted; reuse gap p50 {s['residency_reuse_gap_s_p50']:.2f} s",
+            )
+        )
+    elif "residency_evicted_blocks" in s:
         rows.append(
             (
                 "block residency",
