@@ -292,3 +292,18 @@ def test_replay_hybrid_mamba_preset_splits_prefill_chunks() -> None:
     for name in ("mla", "hybrid-swa-mla", "rswa", "hybrid-mamba2"):
         res = simulate(wl, SimConfig(PRESETS[name], num_blocks=64))
         assert (res.num_finished, res.leaked_blocks) == (2, 0), name
+
+
+def test_mamba_align_alone_uses_the_unitary_lookup() -> None:
+    """A model of Mamba layers only (one group): the unitary coordinator asks
+    the Mamba finder directly; the split prompt leaves a state at 96."""
+    m = manager(MambaSpec(16, mamba_cache_mode="align"), num_blocks=40)
+    prompt = list(range(3000, 3100))
+    run_prefill(m, Request("a", prompt, hash_block_size=16), [96, 4])
+    m.new_step_starts()
+    b = Request("b", [*prompt, 1], hash_block_size=16)
+    blocks, hit = m.get_computed_blocks(b)
+    (ids,) = blocks.get_block_ids()
+    assert hit == 96 and ids[:5] == [0] * 5 and ids[5] != 0
+    assert m.allocate_slots(b, b.num_tokens - hit, hit, blocks) is not None
+    m.check_invariants()
