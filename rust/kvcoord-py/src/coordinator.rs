@@ -11,7 +11,7 @@ use pyo3::types::{PyList, PyTuple};
 
 use crate::blocks::PyKVCacheBlocks;
 use crate::convert;
-use crate::errors::{core, CoreError, InvariantError};
+use crate::errors::{core, CoreError};
 use crate::events::PyEventList;
 use crate::kinds::{self, PyCoordinatorKind, PyGroupSpec};
 use crate::pool;
@@ -246,9 +246,7 @@ impl PyCoordinatorCore {
     }
 
     fn check_invariants(&self) -> PyResult<()> {
-        self.inner
-            .check_invariants()
-            .map_err(InvariantError::new_err)
+        crate::errors::invariants(self.inner.check_invariants())
     }
 }
 

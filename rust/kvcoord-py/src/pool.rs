@@ -7,7 +7,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
 use crate::convert::{self, id_list, Scratch};
-use crate::errors::{core, InvariantError};
+use crate::errors::core;
 use crate::events::{event_to_py, PyEventList};
 use crate::residency;
 
@@ -127,11 +127,7 @@ impl PyBlockPool {
         enable_events: bool,
     ) -> PyResult<Self> {
         let num_blocks = convert::count(num_blocks, "num_blocks")?;
-        let hash_block_size = u32::try_from(hash_block_size).map_err(|_| {
-            crate::errors::ConfigError::new_err(format!(
-                "invalid hash_block_size={hash_block_size}: must be positive"
-            ))
-        })?;
+        let hash_block_size = convert::config_count(hash_block_size, "hash_block_size")?;
         let config = PoolConfig {
             num_blocks,
             enable_caching,
@@ -326,8 +322,7 @@ impl PyBlockPool {
     }
 
     fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
-        self.with(py, BlockPool::check_invariants)?
-            .map_err(InvariantError::new_err)
+        crate::errors::invariants(self.with(py, BlockPool::check_invariants)?)
     }
 
     fn __repr__(&self) -> String {

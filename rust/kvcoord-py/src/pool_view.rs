@@ -8,7 +8,6 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
 
 use crate::coordinator::PyCoordinatorCore;
-use crate::errors::InvariantError;
 use crate::pool;
 
 /// Read-only view of the pool inside a `CoordinatorCore`.
@@ -100,8 +99,7 @@ impl PyBlockPoolView {
     }
 
     fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
-        self.with(py, BlockPool::check_invariants)?
-            .map_err(InvariantError::new_err)
+        crate::errors::invariants(self.with(py, BlockPool::check_invariants)?)
     }
 
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
