@@ -996,6 +996,7 @@ impl StepSize {
 
 /// Computed tokens (capped at `max_model_len`), tokens after the step
 /// (refused beyond `max_model_len`) and slots needed with the lookahead.
+#[inline]
 fn step_tokens(
     local: usize,
     args: &AllocateArgs,
@@ -1021,6 +1022,7 @@ fn step_tokens(
 
 /// Step 8 of `allocate_slots` in every group (R-SWA measures its gap from
 /// the request's prompt).
+#[inline]
 fn remove_skipped_all(
     managers: &[Manager],
     pool: &mut BlockPool,
@@ -1038,6 +1040,7 @@ fn remove_skipped_all(
 
 /// Grow every group's table for the step (vLLM's `allocate_new_blocks` per
 /// group), appending each group's new ids to `out`.
+#[inline]
 fn allocate_groups(
     managers: &[Manager],
     pool: &mut BlockPool,
@@ -1062,6 +1065,7 @@ fn allocate_groups(
 /// a Mamba "align" table longer than needed lowers the total, floored at 0).
 /// Records each Mamba "align" group's prefill checkpoint in `checkpoints`.
 #[allow(clippy::too_many_arguments)]
+#[inline]
 fn predict(
     managers: &[Manager],
     pool: &BlockPool,
