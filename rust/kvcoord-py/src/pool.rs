@@ -13,7 +13,7 @@ use crate::residency;
 
 /// A standalone KV-cache block pool (see `_core.pyi` for the documented
 /// surface). A manager's pool is exposed read-only by
-/// [`PyBlockPoolView`](crate::pool_view::PyBlockPoolView) instead.
+/// [`PyBlockPoolView`](crate::coordinator::PyBlockPoolView) instead.
 #[pyclass(module = "kvcoord._core", name = "BlockPool")]
 pub(crate) struct PyBlockPool {
     inner: BlockPool,
