@@ -4,6 +4,14 @@ It drives any object with kvcoord's `KVCacheManager` surface through a
 recorded vLLM 0.33.0 scheduler session and reports the first divergence with
 the trace file, line number and both values. Used by the conformance tests
 and usable from a debugger or a benchmark (`replay(path, check=False)`).
+
+Traces with a `loop` header (see the data README, "Later layouts") carry
+`new_step` ops (-> `new_step_starts()`), the hit's own `advance` right after
+an admitting allocation, and the `shared_prefix_boundary` of every lookup
+(checked against `request.shared_prefix_boundary`). In Mamba "align"
+layouts every prefill chunk must already obey the block-aligned split:
+the replayer re-applies `kvcoord.mamba_chunk_rule` to each recorded chunk
+and fails if the rule would clip it.
 """
 
 from __future__ import annotations
@@ -22,6 +30,9 @@ from kvcoord.config import (
     KVCacheGroup,
     KVCacheSpec,
     MambaSpec,
+    MLAAttentionSpec,
+    RSWASpec,
+    SlidingWindowMLASpec,
     SlidingWindowSpec,
 )
 
@@ -39,7 +50,18 @@ def spec_from_layout(group: dict[str, Any]) -> KVCacheSpec:
     if kind == "chunked_local":
         return ChunkedLocalAttentionSpec(bs, group["attention_chunk_size"])
     if kind == "mamba":
-        return MambaSpec(bs)
+        return MambaSpec(
+            bs,
+            mamba_cache_mode=group.get("mamba_cache_mode", "none"),
+            num_prefill_checkpoint_blocks=group.get("num_prefill_checkpoint_blocks", 0),
+            prefill_checkpoint_alignment=group.get("prefill_checkpoint_alignment"),
+        )
+    if kind == "mla_attention":
+        return MLAAttentionSpec(bs)
+    if kind == "sliding_window_mla":
+        return SlidingWindowMLASpec(bs, group["sliding_window"])
+    if kind == "rswa":
+        return RSWASpec(bs, group["rswa_window"])
     raise ValueError(f"unknown group type {kind!r}")
 
 
@@ -69,6 +91,9 @@ class ReplayStats:
     checks: int = 0
     hits: int = 0
     allocations: int = 0
+    steps: int = 0
+    boundaries: int = 0  # lookups with a non-zero shared_prefix_boundary
+    chunks_checked: int = 0  # prefill chunks checked against the Mamba split
 
 
 def replay(
@@ -82,6 +107,12 @@ def replay(
     header, ops = read_trace(path)
     manager = manager_for(header)
     hash_block_size = header["hash_block_size"]
+    loop = header.get("loop") or {}
+    split = (
+        kvcoord.mamba_chunk_rule(manager.config, hash_block_size)
+        if loop.get("mamba_block_aligned_split")
+        else None
+    )
     requests: dict[str, kvcoord.Request] = {}
     last_hit: dict[str, kvcoord.KVCacheBlocks] = {}
     stats = ReplayStats()
@@ -102,13 +133,32 @@ def replay(
                 cache_salt=op.get("cache_salt"),
             )
         elif kind == "get_computed_blocks":
-            blocks, num_tokens = manager.get_computed_blocks(requests[op["req"]])
+            req = requests[op["req"]]
+            blocks, num_tokens = manager.get_computed_blocks(req)
             last_hit[op["req"]] = blocks
             stats.hits += num_tokens
             expect(where, [list(g) for g in blocks.get_block_ids()], op["expect"]["blocks"])
             expect(where, num_tokens, op["expect"]["num_computed_tokens"])
+            if "shared_prefix_boundary" in op:
+                stats.boundaries += req.shared_prefix_boundary != 0
+                expect(
+                    f"{where} shared_prefix_boundary",
+                    req.shared_prefix_boundary,
+                    op["shared_prefix_boundary"],
+                )
         elif kind == "allocate_slots":
             req = requests[op["req"]]
+            if split is not None:
+                n = op["num_new_tokens"]
+                clipped = split(
+                    n,
+                    start=req.num_computed_tokens + op["num_new_computed_tokens"],
+                    num_tokens=req.num_tokens,
+                    num_prompt_tokens=req.num_prompt_tokens,
+                    shared_prefix_boundary=req.shared_prefix_boundary,
+                )
+                stats.chunks_checked += clipped != n or n > 1
+                expect(f"{where} mamba chunk", clipped, n)
             new = manager.allocate_slots(
                 req,
                 op["num_new_tokens"],
@@ -118,6 +168,9 @@ def replay(
             stats.allocations += 1
             got = None if new is None else [list(g) for g in new.get_block_ids()]
             expect(where, got, op["expect"])
+        elif kind == "new_step":
+            stats.steps += 1
+            manager.new_step_starts()
         elif kind == "advance":
             requests[op["req"]].num_computed_tokens += op["n"]
         elif kind == "append_token":

@@ -28,6 +28,13 @@ def test_every_layout_is_covered() -> None:
         "hybrid_mamba_nocache",
         "hybrid_swa",
         "no_cache",
+        "mla",
+        "hybrid_swa_mla",
+        "rswa",
+        "rswa_nocache",
+        "hybrid_rswa",
+        "hybrid_mamba_align",
+        "hybrid_mamba_align_ckpt",
     }
 
 

@@ -19,15 +19,50 @@ from kvcoord.replay.layouts import (
 
 
 def test_presets() -> None:
-    assert set(PRESETS) == {"full", "sliding-window", "chunked-local", "mamba", "no-prefix-cache"}
+    assert set(PRESETS) == {
+        "full",
+        "sliding-window",
+        "chunked-local",
+        "mamba",
+        "no-prefix-cache",
+        "hybrid-mamba",
+        "hybrid-mamba2",
+        "mla",
+        "hybrid-swa-mla",
+        "rswa",
+    }
     for name, layout in PRESETS.items():
         assert load_layout(name) is layout
-        assert layout.groups[0].spec.kind == "full_attention"
+        assert layout.groups[0].spec.kind in ("full_attention", "mla_attention", "rswa")
         assert layout.describe()
+    assert PRESETS["hybrid-mamba"].enable_caching
+    assert "align" in PRESETS["hybrid-mamba2"].describe()
     assert not PRESETS["mamba"].enable_caching
     assert not PRESETS["no-prefix-cache"].enable_caching
     assert PRESETS["sliding-window"].groups[1].spec == SlidingWindowSpec(16, 4096)
     assert PRESETS["chunked-local"].groups[1].spec.attention_chunk_size == 8192  # type: ignore[union-attr]
+
+
+def test_new_kinds_in_layout_files() -> None:
+    layout = parse_layout(
+        {
+            "groups": [
+                {"type": "mla", "block_size": 64},
+                {"type": "sliding_window_mla", "block_size": 64, "sliding_window": 128},
+                {"type": "rswa", "block_size": 64, "rswa_window": 256},
+                {
+                    "type": "mamba",
+                    "block_size": 64,
+                    "mamba_cache_mode": "align",
+                    "num_prefill_checkpoint_blocks": 1,
+                    "prefill_checkpoint_alignment": 1,
+                },
+            ]
+        }
+    )
+    kinds = [g.spec.kind for g in layout.groups]
+    assert kinds == ["mla_attention", "sliding_window_mla", "rswa", "mamba"]
+    assert layout.enable_caching
 
 
 def test_json_and_toml_files(tmp_path: Path) -> None:
@@ -105,6 +140,9 @@ def test_json_and_toml_files(tmp_path: Path) -> None:
         ),
         ({"groups": [{"type": "mamba"}], "enable_caching": False}, "at least one attention group"),
         ({"groups": [{"type": "full"}, {"type": "mamba"}]}, "set enable_caching = false"),
+        ({"groups": [{"type": "full", "rswa_window": 4}]}, "only applies to type rswa"),
+        ({"groups": [{"type": "full", "mamba_cache_mode": "align"}]}, "only apply to mamba"),
+        ({"groups": [{"type": "mamba", "mamba_cache_mode": "x"}]}, "mamba_cache_mode"),
         ({"groups": [{"type": "full"}], "enable_caching": "yes"}, "must be true or false"),
     ],
 )

@@ -36,6 +36,9 @@ from kvcoord.config import (
     KVCacheGroup,
     KVCacheSpec,
     MambaSpec,
+    MLAAttentionSpec,
+    RSWASpec,
+    SlidingWindowMLASpec,
     SlidingWindowSpec,
 )
 from kvcoord.coordinator import (
@@ -66,6 +69,8 @@ from kvcoord.manager import (
     KVCacheManagerOptions,
     PrefixCacheStats,
 )
+from kvcoord.residency import EvictionRecord, ResidencySnapshot
+from kvcoord.scheduling import MambaChunkRule, mamba_aligned_chunk, mamba_chunk_rule
 
 __all__ = [
     "HASH_ALGOS",
@@ -83,6 +88,7 @@ __all__ = [
     "ConfigError",
     "CoordinatorKind",
     "CrossAttentionSpec",
+    "EvictionRecord",
     "FullAttentionSpec",
     "GroupSpec",
     "HashAlgoName",
@@ -102,11 +108,16 @@ __all__ = [
     "KVCacheSpec",
     "KvCoordError",
     "LoRA",
+    "MLAAttentionSpec",
+    "MambaChunkRule",
     "MambaSpec",
     "MultiModalFeature",
     "OutOfBlocksError",
     "PrefixCacheStats",
+    "RSWASpec",
     "Request",
+    "ResidencySnapshot",
+    "SlidingWindowMLASpec",
     "SlidingWindowSpec",
     "UnitaryKVCacheCoordinator",
     "UnknownRequestError",
@@ -115,6 +126,8 @@ __all__ = [
     "compute_block_hashes",
     "default_hash_block_size",
     "get_kv_cache_coordinator",
+    "mamba_aligned_chunk",
+    "mamba_chunk_rule",
     "none_hash",
     "validate_retention_interval",
 ]

@@ -177,6 +177,22 @@ class BlockPool:
     def evict_blocks(self, block_ids: BlockIds) -> None:
         """Drop these blocks' cache keys; reference counts and queue positions
         are unchanged."""
+    def enable_residency(self) -> None:
+        """Start tracking residency metrics for every block (45 bytes per
+        block; clock at 0). Enabling again keeps the data gathered so far."""
+    @property
+    def residency_enabled(self) -> bool:
+        """Whether residency metrics are tracked."""
+    def set_residency_clock(self, now: int) -> None:
+        """Move the residency clock to ``now`` (ignored when metrics are off
+        or when ``now`` is earlier than the clock)."""
+    def residency_snapshot(self) -> dict[str, tuple[list[int], int, int, int]] | None:
+        """Histograms ``lifetime``, ``idle_before_eviction``, ``reuse_gap``,
+        ``hits_per_block`` as ``(log2 buckets, count, sum, max)``; ``None``
+        when metrics are off."""
+    def drain_eviction_records(self) -> list[tuple[int, int, int, list[int], int]]:
+        """Take the eviction records since the last drain: ``(block_id,
+        lifetime, idle, reuse_gaps, hits)`` per evicted block."""
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix. Returns False (logging a warning on the
         ``kvcoord`` logger) unless only the null block is in use."""
@@ -336,6 +352,13 @@ class Request:
     @num_computed_tokens.setter
     def num_computed_tokens(self, value: int) -> None: ...
     skip_reading_prefix_cache: bool
+    @property
+    def shared_prefix_boundary(self) -> int:
+        """The shared-prefix boundary of the last prefix-cache lookup
+        (``KVCacheManager.get_computed_blocks`` sets it; vLLM's third lookup
+        result): 0, or where some group matched beyond the reconciled hit."""
+    @shared_prefix_boundary.setter
+    def shared_prefix_boundary(self, value: int) -> None: ...
     """When True, ``KVCacheManager.get_computed_blocks`` reports no hit (e.g.
     the request wants prompt logprobs, which cached tokens cannot give)."""
     @property
@@ -467,6 +490,19 @@ class CoordinatorCore:
         (nothing changed)."""
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """Cache the request's full blocks within its first ``num_tokens`` tokens."""
+    def new_step_starts(self) -> None:
+        """A scheduler step begins: Mamba "align" states cached during the
+        previous step become usable as hits."""
+    def enable_residency(self) -> None:
+        """Start tracking residency metrics of the pool's blocks (see
+        :meth:`BlockPool.enable_residency`)."""
+    def set_residency_clock(self, now: int) -> None:
+        """Move the residency clock (see :meth:`BlockPool.set_residency_clock`)."""
+    def residency_snapshot(self) -> dict[str, tuple[list[int], int, int, int]] | None:
+        """The residency histograms (see :meth:`BlockPool.residency_snapshot`)."""
+    def drain_eviction_records(self) -> list[tuple[int, int, int, list[int], int]]:
+        """The eviction records since the last drain (see
+        :meth:`BlockPool.drain_eviction_records`)."""
     def free(self, request_id: str) -> bool:
         """Release the request's blocks (tail first); False for an unknown id."""
     def blocks(self, request_id: str) -> KVCacheBlocks:
@@ -570,6 +606,21 @@ class GroupSpec:
     def mamba(block_size: int, num_speculative_blocks: int) -> GroupSpec: ...
     @staticmethod
     def cross_attention(block_size: int) -> GroupSpec: ...
+    @staticmethod
+    def mla_attention(block_size: int) -> GroupSpec: ...
+    @staticmethod
+    def sliding_window_mla(block_size: int, sliding_window: int) -> GroupSpec: ...
+    @staticmethod
+    def rswa(block_size: int, rswa_window: int) -> GroupSpec: ...
+    @staticmethod
+    def mamba_align(
+        block_size: int,
+        num_speculative_blocks: int,
+        num_prefill_checkpoint_blocks: int,
+        prefill_checkpoint_alignment: int | None,
+    ) -> GroupSpec:
+        """Mamba with ``mamba_cache_mode="align"`` (states cached at block
+        boundaries); ``num_speculative_blocks`` must be 0."""
     @property
     def block_size(self) -> int: ...
     @property

@@ -126,7 +126,8 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
         "--layout",
         metavar="NAME|FILE",
         help="replace the model's cache layout with a preset (full, sliding-window, "
-        "chunked-local, mamba, no-prefix-cache) or a .json/.toml layout file; the "
+        "chunked-local, mamba, hybrid-mamba, hybrid-mamba2, mla, hybrid-swa-mla, rswa, "
+        "no-prefix-cache) or a .json/.toml layout file; the "
         "model's attention layers are split evenly among its groups",
     )
     g.add_argument(

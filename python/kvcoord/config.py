@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import ClassVar, TypeAlias
+from typing import ClassVar, Literal, TypeAlias
 
 from kvcoord._core import GroupSpec, validate_retention_interval
 from kvcoord._core import scheduler_block_size as _scheduler_block_size
@@ -23,7 +23,10 @@ __all__ = [
     "KVCacheConfig",
     "KVCacheGroup",
     "KVCacheSpec",
+    "MLAAttentionSpec",
     "MambaSpec",
+    "RSWASpec",
+    "SlidingWindowMLASpec",
     "SlidingWindowSpec",
 ]
 
@@ -87,21 +90,67 @@ class ChunkedLocalAttentionSpec:
 
 @dataclass(frozen=True, slots=True)
 class MambaSpec:
-    """State-space (Mamba) layers: one state block per request, plus
-    ``num_speculative_blocks`` scratch blocks. Prefix caching of Mamba state
-    is not supported yet; such a model runs with caching off."""
+    """State-space (Mamba) layers.
+
+    ``mamba_cache_mode="none"`` (default): one state block per request plus
+    ``num_speculative_blocks`` scratch blocks, no prefix caching (build the
+    manager with ``enable_caching=False``).
+
+    ``mamba_cache_mode="align"``: states are cached at block boundaries, so
+    prefix caching works; a hit must agree with the attention groups' hit.
+    The scheduler must end prefill chunks where a state should be cached:
+    clip every prefill chunk with :func:`kvcoord.mamba_aligned_chunk` and
+    call :meth:`kvcoord.KVCacheManager.new_step_starts` at the top of each
+    step. ``num_prefill_checkpoint_blocks > 0`` lets a chunk export the state
+    at the prompt's last cacheable boundary into a reserved block (Mamba2),
+    when ``prefill_checkpoint_alignment`` (tokens, relative to the chunk
+    start) allows it; ``None`` means the backend cannot export one.
+    Align mode supports ``hash_block_size == block_size`` and no
+    speculative blocks.
+    """
 
     block_size: int
     num_speculative_blocks: int = 0
+    mamba_cache_mode: Literal["none", "align"] = "none"
+    num_prefill_checkpoint_blocks: int = 0
+    prefill_checkpoint_alignment: int | None = None
     kind: ClassVar[str] = "mamba"
     core: GroupSpec = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         _int_field(self, "block_size", self.block_size)
-        n = self.num_speculative_blocks
-        if isinstance(n, bool) or not isinstance(n, int):
-            raise ConfigError(f"MambaSpec.num_speculative_blocks must be an int >= 0, got {n!r}")
-        _set_core(self, GroupSpec.mamba(self.block_size, n))
+        for name in ("num_speculative_blocks", "num_prefill_checkpoint_blocks"):
+            n = getattr(self, name)
+            if isinstance(n, bool) or not isinstance(n, int):
+                raise ConfigError(f"MambaSpec.{name} must be an int >= 0, got {n!r}")
+        a = self.prefill_checkpoint_alignment
+        if a is not None:
+            _int_field(self, "prefill_checkpoint_alignment", a)
+        mode = self.mamba_cache_mode
+        if mode == "none":
+            if self.num_prefill_checkpoint_blocks:
+                raise ConfigError(
+                    "MambaSpec.num_prefill_checkpoint_blocks needs mamba_cache_mode='align', "
+                    f"got {self.num_prefill_checkpoint_blocks} with mode 'none'"
+                )
+            _set_core(self, GroupSpec.mamba(self.block_size, self.num_speculative_blocks))
+        elif mode == "align":
+            _set_core(
+                self,
+                GroupSpec.mamba_align(
+                    self.block_size,
+                    self.num_speculative_blocks,
+                    self.num_prefill_checkpoint_blocks,
+                    a,
+                ),
+            )
+        else:
+            raise ConfigError(f"MambaSpec.mamba_cache_mode must be 'none' or 'align', got {mode!r}")
+
+    @property
+    def prefix_cacheable(self) -> bool:
+        """Whether states are prefix-cached (mode "align"; the core's fact)."""
+        return bool(self.core.prefix_cacheable)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,12 +167,66 @@ class CrossAttentionSpec:
         _set_core(self, GroupSpec.cross_attention(self.block_size))
 
 
+@dataclass(frozen=True, slots=True)
+class MLAAttentionSpec:
+    """Multi-head latent attention (one latent vector per token, DeepSeek
+    style): managed exactly like full attention, but a spec of its own (a
+    hybrid model looks MLA groups up apart from plain full attention)."""
+
+    block_size: int
+    kind: ClassVar[str] = "mla_attention"
+    core: GroupSpec = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        _int_field(self, "block_size", self.block_size)
+        _set_core(self, GroupSpec.mla_attention(self.block_size))
+
+
+@dataclass(frozen=True, slots=True)
+class SlidingWindowMLASpec:
+    """Sliding-window MLA layers (DeepSeek-V4 style): managed exactly like
+    :class:`SlidingWindowSpec`, a spec of its own."""
+
+    block_size: int
+    sliding_window: int
+    kind: ClassVar[str] = "sliding_window_mla"
+    core: GroupSpec = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        _int_field(self, "block_size", self.block_size)
+        _int_field(self, "sliding_window", self.sliding_window)
+        _set_core(self, GroupSpec.sliding_window_mla(self.block_size, self.sliding_window))
+
+
+@dataclass(frozen=True, slots=True)
+class RSWASpec:
+    """Reference sliding-window attention: the prompt stays fully visible,
+    only the last ``rswa_window`` generated tokens do. Every allocation frees
+    the decode gap between the prompt's last block and the window; freed gap
+    blocks keep their cache keys (with prefix caching on, a later request
+    whose prompt covers them can hit them although their KV was computed
+    under the window). Lookups count it as full attention."""
+
+    block_size: int
+    rswa_window: int
+    kind: ClassVar[str] = "rswa"
+    core: GroupSpec = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        _int_field(self, "block_size", self.block_size)
+        _int_field(self, "rswa_window", self.rswa_window)
+        _set_core(self, GroupSpec.rswa(self.block_size, self.rswa_window))
+
+
 KVCacheSpec: TypeAlias = (
     FullAttentionSpec
     | SlidingWindowSpec
     | ChunkedLocalAttentionSpec
     | MambaSpec
     | CrossAttentionSpec
+    | MLAAttentionSpec
+    | SlidingWindowMLASpec
+    | RSWASpec
 )
 _SPEC_TYPES = (
     FullAttentionSpec,
@@ -131,6 +234,9 @@ _SPEC_TYPES = (
     ChunkedLocalAttentionSpec,
     MambaSpec,
     CrossAttentionSpec,
+    MLAAttentionSpec,
+    SlidingWindowMLASpec,
+    RSWASpec,
 )
 
 

@@ -43,6 +43,10 @@ __all__ = [
 
 #: Hit blocks per group: ``uint32`` arrays from the core.
 BlockIdsPerGroup = tuple[npt.NDArray[np.uint32], ...]
+#: A lookup's result: blocks per group, the hit in tokens, and the tokens
+#: some spec group matched beyond that hit (vLLM's
+#: ``num_uncached_common_prefix_tokens``; 0 when every group agreed).
+CacheHit = tuple[BlockIdsPerGroup, int, int]
 
 _NO_BLOCKS: npt.NDArray[np.uint32] = np.zeros(0, np.uint32)
 _NO_BLOCKS.flags.writeable = False
@@ -110,11 +114,15 @@ class KVCacheCoordinator:
     def empty_hit(self) -> BlockIdsPerGroup:
         return (_NO_BLOCKS,) * self.num_groups
 
-    def find_longest_cache_hit(
-        self, request: Request, max_length: int
-    ) -> tuple[BlockIdsPerGroup, int]:
+    def new_step_starts(self) -> None:
+        """A scheduler step begins (Mamba "align" states cached during the
+        previous step become usable as hits)."""
+        self.core.new_step_starts()
+
+    def find_longest_cache_hit(self, request: Request, max_length: int) -> CacheHit:
         """Blocks per group for the longest cached prefix of at most
-        ``max_length`` tokens, and its length in tokens."""
+        ``max_length`` tokens, its length in tokens, and how many tokens some
+        spec group matched beyond it (0 unless hybrid)."""
         raise NotImplementedError
 
 
@@ -124,10 +132,8 @@ class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
 
     kind = CoordinatorKind.NoPrefixCache
 
-    def find_longest_cache_hit(
-        self, request: Request, max_length: int
-    ) -> tuple[BlockIdsPerGroup, int]:
-        return self.empty_hit(), 0
+    def find_longest_cache_hit(self, request: Request, max_length: int) -> CacheHit:
+        return self.empty_hit(), 0, 0
 
 
 class UnitaryKVCacheCoordinator(KVCacheCoordinator):
@@ -151,11 +157,9 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
         )
         self._block_size = config.groups[0].spec.block_size
 
-    def find_longest_cache_hit(
-        self, request: Request, max_length: int
-    ) -> tuple[BlockIdsPerGroup, int]:
+    def find_longest_cache_hit(self, request: Request, max_length: int) -> CacheHit:
         blocks, hit = self.core.find_longest_cache_hit([0], request, max_length, self._block_size)
-        return (blocks[0],), hit
+        return (blocks[0],), hit, 0
 
 
 @dataclass(frozen=True)
@@ -222,13 +226,14 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
             for sg in self.spec_groups
         )
 
-    def find_longest_cache_hit(
-        self, request: Request, max_length: int
-    ) -> tuple[BlockIdsPerGroup, int]:
+    def find_longest_cache_hit(self, request: Request, max_length: int) -> CacheHit:
         # Every group is assigned by its spec group's first scan.
         hit_blocks: list[npt.NDArray[np.uint32]] = [_NO_BLOCKS] * self.num_groups
         full_lengths: dict[int, int] = {}
         candidate = max_length
+        # The longest hit any spec group reported on the way: beyond the
+        # reconciled hit it marks a shared prefix some group has not cached.
+        longest = 0
         while True:
             length = candidate
             for index, (group_ids, prefix_closed, _) in enumerate(self._scans):
@@ -243,6 +248,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
                     hit_blocks[gid] = ids
                 if prefix_closed:
                     full_lengths[index] = length
+                longest = max(longest, length)
             if length >= candidate:
                 break
             candidate = length
@@ -253,7 +259,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
             keep = -(-candidate // block_size)
             for gid in group_ids:
                 hit_blocks[gid] = hit_blocks[gid][:keep]
-        return tuple(hit_blocks), candidate
+        return tuple(hit_blocks), candidate, longest - candidate
 
 
 _POLICIES: dict[CoordinatorKind, type[KVCacheCoordinator]] = {

@@ -25,6 +25,7 @@ from kvcoord.blocks import KVCacheBlocks
 from kvcoord.config import KVCacheConfig
 from kvcoord.coordinator import KVCacheCoordinator, get_kv_cache_coordinator
 from kvcoord.errors import ConfigError
+from kvcoord.residency import EvictionRecord, ResidencySnapshot
 
 __all__ = [
     "AllocateSlots",
@@ -78,15 +79,18 @@ class KVCacheManagerOptions:
         enable_events: record KV-cache events (see
             :meth:`KVCacheManager.take_events`).
         log_stats: keep prefix-cache hit statistics.
+        residency_metrics: track every block's residency (lifetime, idle
+            time before eviction, reuse gaps, hits; see :mod:`kvcoord.residency`).
     """
 
     enable_caching: bool = True
     hash_block_size: int | None = None
     enable_events: bool = False
     log_stats: bool = True
+    residency_metrics: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("enable_caching", "enable_events", "log_stats"):
+        for name in ("enable_caching", "enable_events", "log_stats", "residency_metrics"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(
                     f"KVCacheManagerOptions.{name} must be a bool, got {getattr(self, name)!r}"
@@ -160,6 +164,8 @@ class KVCacheManager:
         self.prefix_cache_stats: PrefixCacheStats | None = (
             PrefixCacheStats() if options.log_stats else None
         )
+        if options.residency_metrics:
+            self._core.enable_residency()
 
     # ---- the scheduler's four questions --------------------------------
 
@@ -169,13 +175,21 @@ class KVCacheManager:
         At most ``num_tokens - 1`` tokens: the last prompt token is always
         recomputed to produce logits. Nothing is pinned until
         :meth:`allocate_slots` adopts the blocks.
+
+        Also sets ``request.shared_prefix_boundary`` to vLLM's third result:
+        the hit plus the tokens some group matched beyond it (a shared prefix
+        that a sliding-window or Mamba group has not cached), or 0 when every
+        group agreed. Sparse caching keeps the state at that boundary, and
+        Mamba chunking (:func:`kvcoord.mamba_aligned_chunk`) stops there.
         """
         self._check_hash_block_size(request)
         if not self.enable_caching or request.skip_reading_prefix_cache:
+            request.shared_prefix_boundary = 0
             return self._empty, 0
-        blocks, num_hit_tokens = self.coordinator.find_longest_cache_hit(
+        blocks, num_hit_tokens, uncached = self.coordinator.find_longest_cache_hit(
             request, request.num_tokens - 1
         )
+        request.shared_prefix_boundary = num_hit_tokens + uncached if uncached else 0
         if self.prefix_cache_stats is not None:
             self.prefix_cache_stats.requests += 1
             self.prefix_cache_stats.queries += request.num_tokens
@@ -183,6 +197,13 @@ class KVCacheManager:
         if not num_hit_tokens:
             return self._empty, 0
         return KVCacheBlocks.from_arrays(blocks), num_hit_tokens
+
+    def new_step_starts(self) -> None:
+        """Call at the top of every scheduler step: Mamba "align" states
+        cached during the previous step become usable as hits (a hit on a
+        state cached in the current step makes ``allocate_slots`` return
+        ``None``). A no-op for the other kinds."""
+        self.coordinator.new_step_starts()
 
     def free(self, request: Request) -> None:
         """Release every block of ``request`` (tail first, so its deepest
@@ -230,7 +251,10 @@ class KVCacheManager:
 
     def get_num_common_prefix_blocks(self, request_id: str) -> list[int]:
         """Per group, how many leading blocks of this request are shared by
-        every running request (usable for cascade attention)."""
+        every running request (usable for cascade attention). Only
+        full-attention kinds (full, MLA, R-SWA) can share a prefix; the other
+        groups report 0. (vLLM 0.33.0 removed cascade attention and always
+        reports 0; kvcoord keeps the count.)"""
         return list(self._core.num_common_prefix_blocks(request_id))
 
     @property
@@ -262,6 +286,24 @@ class KVCacheManager:
             return None
         self.prefix_cache_stats = PrefixCacheStats()
         return stats
+
+    def set_residency_clock(self, now: int) -> None:
+        """Move the residency metrics' clock to ``now`` (any unit: simulated
+        microseconds, steps...; never backwards). A no-op when metrics are off."""
+        self._core.set_residency_clock(now)
+
+    def residency_snapshot(self) -> ResidencySnapshot | None:
+        """The residency histograms so far (``None`` when metrics are off)."""
+        raw = self._core.residency_snapshot()
+        return None if raw is None else ResidencySnapshot.from_core(raw)
+
+    def drain_eviction_records(self) -> list[EvictionRecord]:
+        """Take the per-eviction records gathered since the last drain (the
+        content of vLLM's ``KVCacheEvictionEvent``, for every block)."""
+        return [
+            EvictionRecord(b, life, idle, tuple(gaps), hits)
+            for b, life, idle, gaps, hits in self._core.drain_eviction_records()
+        ]
 
     def take_events(self) -> list[object]:
         """Drain the pool's KV-cache events (empty unless ``enable_events``)."""

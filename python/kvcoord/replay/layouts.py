@@ -11,12 +11,18 @@ Layout file (JSON or TOML)::
     enable_caching = true        # optional, default true
     [[groups]]
     type = "full_attention"      # full_attention | sliding_window | chunked_local | mamba
+                                 # | mla_attention | sliding_window_mla | rswa
     block_size = 16
     layers = 24                  # optional: number of layers, or a list of names
     [[groups]]
     type = "sliding_window"
     block_size = 16
     sliding_window = 4096
+
+Type-specific keys: ``sliding_window`` (sliding_window, sliding_window_mla),
+``attention_chunk_size`` (chunked_local), ``rswa_window`` (rswa),
+``mamba_cache_mode`` ("none" or "align"), ``num_prefill_checkpoint_blocks``
+and ``prefill_checkpoint_alignment`` (mamba).
 
 JSON: ``{"name": ..., "enable_caching": ..., "groups": [{...}, ...]}``.
 """
@@ -36,6 +42,9 @@ from kvcoord.config import (
     KVCacheGroup,
     KVCacheSpec,
     MambaSpec,
+    MLAAttentionSpec,
+    RSWASpec,
+    SlidingWindowMLASpec,
     SlidingWindowSpec,
 )
 from kvcoord.errors import ConfigError
@@ -50,12 +59,22 @@ __all__ = [
     "parse_layout",
 ]
 
-GROUP_TYPES = ("full_attention", "sliding_window", "chunked_local", "mamba")
+GROUP_TYPES = (
+    "full_attention",
+    "sliding_window",
+    "chunked_local",
+    "mamba",
+    "mla_attention",
+    "sliding_window_mla",
+    "rswa",
+)
 _ALIASES = {
     "full": "full_attention",
     "swa": "sliding_window",
     "chunked_local_attention": "chunked_local",
     "local": "chunked_local",
+    "mla": "mla_attention",
+    "swa_mla": "sliding_window_mla",
 }
 
 
@@ -79,7 +98,7 @@ class Layout:
     @property
     def has_sparse_groups(self) -> bool:
         """Whether some group keeps only part of a long context (window, chunk, state)."""
-        return any(g.spec.kind != "full_attention" for g in self.groups)
+        return any(g.spec.kind not in ("full_attention", "mla_attention") for g in self.groups)
 
     def with_block_size(self, block_size: int) -> Layout:
         """The same layout with every group's block size set to ``block_size``."""
@@ -93,8 +112,13 @@ class Layout:
         for g in self.groups:
             spec = g.spec
             extra = ""
-            if isinstance(spec, SlidingWindowSpec):
+            if isinstance(spec, SlidingWindowSpec | SlidingWindowMLASpec):
                 extra = f", window {spec.sliding_window}"
+            elif isinstance(spec, RSWASpec):
+                extra = f", decode window {spec.rswa_window}"
+            elif isinstance(spec, MambaSpec) and spec.mamba_cache_mode == "align":
+                ckpt = ", checkpoint" if spec.num_prefill_checkpoint_blocks else ""
+                extra = f", align{ckpt}"
             elif isinstance(spec, ChunkedLocalAttentionSpec):
                 extra = f", chunk {spec.attention_chunk_size}"
             parts.append(f"{spec.kind}(bs {spec.block_size}{extra})")
@@ -127,6 +151,49 @@ PRESETS: dict[str, Layout] = {
         (_full(), _group(MambaSpec(16), "mamba.0")),
         enable_caching=False,
         description="full attention + Mamba state (Jamba/Nemotron-H-style), prefix caching off",
+    ),
+    "hybrid-mamba": Layout(
+        "hybrid-mamba",
+        (_full(), _group(MambaSpec(16, mamba_cache_mode="align"), "mamba.0")),
+        description="full attention + Mamba state cached at block boundaries "
+        '(mamba_cache_mode="align", Jamba/Nemotron-H-style); prefill chunks block-aligned',
+    ),
+    "hybrid-mamba2": Layout(
+        "hybrid-mamba2",
+        (
+            _full(),
+            _group(
+                MambaSpec(
+                    16,
+                    mamba_cache_mode="align",
+                    num_prefill_checkpoint_blocks=1,
+                    prefill_checkpoint_alignment=1,
+                ),
+                "mamba.0",
+            ),
+        ),
+        description="full attention + Mamba2 state, align mode with a prefill checkpoint block "
+        "(Qwen3-Next/Nemotron-H-style)",
+    ),
+    "mla": Layout(
+        "mla",
+        (_group(MLAAttentionSpec(64), "mla.0"),),
+        description="multi-head latent attention, 64-token pages (DeepSeek-V3/R1-style)",
+    ),
+    "hybrid-swa-mla": Layout(
+        "hybrid-swa-mla",
+        (
+            _group(MLAAttentionSpec(64), "mla.0"),
+            _group(SlidingWindowMLASpec(64, sliding_window=128), "swa_mla.0"),
+        ),
+        description="MLA + 128-token sliding-window MLA, 64-token pages (DeepSeek-V4-style)",
+    ),
+    "rswa": Layout(
+        "rswa",
+        (_group(RSWASpec(16, rswa_window=1024), "rswa.0"),),
+        enable_caching=False,
+        description="reference sliding window: prompt visible, last 1024 generated tokens kept "
+        "(Unlimited-OCR-style; prefix caching off as vLLM configures it)",
     ),
     "no-prefix-cache": Layout(
         "no-prefix-cache",
@@ -180,6 +247,10 @@ def parse_layout(data: Any, source: str = "<layout>") -> Layout:
             "block_size",
             "sliding_window",
             "attention_chunk_size",
+            "rswa_window",
+            "mamba_cache_mode",
+            "num_prefill_checkpoint_blocks",
+            "prefill_checkpoint_alignment",
             "layers",
         }
         if unknown:
@@ -193,7 +264,15 @@ def parse_layout(data: Any, source: str = "<layout>") -> Layout:
                 f"{where}: unknown type {g['type']!r} (one of {', '.join(GROUP_TYPES)})"
             )
         bs = _pos_int(g.get("block_size", 16), f"{where}.block_size")
-        window = _type_field(g, where, kind, "sliding_window", owner="sliding_window")
+        window_owner = "sliding_window_mla" if kind == "sliding_window_mla" else "sliding_window"
+        window = _type_field(g, where, kind, "sliding_window", owner=window_owner)
+        rswa_window = _type_field(g, where, kind, "rswa_window", owner="rswa")
+        mamba_keys = {"mamba_cache_mode", "num_prefill_checkpoint_blocks"}
+        mamba_keys.add("prefill_checkpoint_alignment")
+        if kind != "mamba" and mamba_keys & set(g):
+            raise LayoutError(
+                f"{where}: {', '.join(sorted(mamba_keys & set(g)))} only apply to mamba"
+            )
         chunk = _type_field(g, where, kind, "attention_chunk_size", owner="chunked_local")
         layers = g.get("layers", 1)
         if isinstance(layers, list):
@@ -213,8 +292,19 @@ def parse_layout(data: Any, source: str = "<layout>") -> Layout:
                 spec = SlidingWindowSpec(bs, window)  # type: ignore[arg-type]
             elif kind == "chunked_local":
                 spec = ChunkedLocalAttentionSpec(bs, chunk)  # type: ignore[arg-type]
+            elif kind == "sliding_window_mla":
+                spec = SlidingWindowMLASpec(bs, window)  # type: ignore[arg-type]
+            elif kind == "mla_attention":
+                spec = MLAAttentionSpec(bs)
+            elif kind == "rswa":
+                spec = RSWASpec(bs, rswa_window)  # type: ignore[arg-type]
             else:
-                spec = MambaSpec(bs)
+                spec = MambaSpec(
+                    bs,
+                    mamba_cache_mode=g.get("mamba_cache_mode", "none"),
+                    num_prefill_checkpoint_blocks=g.get("num_prefill_checkpoint_blocks", 0),
+                    prefill_checkpoint_alignment=g.get("prefill_checkpoint_alignment"),
+                )
         except ConfigError as e:
             raise LayoutError(f"{where}: {e}") from None
         out.append(KVCacheGroup(spec, layer_names=names))
@@ -228,10 +318,10 @@ def parse_layout(data: Any, source: str = "<layout>") -> Layout:
         seen.update(g.layer_names)
     if all(isinstance(g.spec, MambaSpec) for g in out):
         raise LayoutError(f"{source}: a layout needs at least one attention group")
-    if caching and any(isinstance(g.spec, MambaSpec) for g in out):
+    if caching and any(isinstance(g.spec, MambaSpec) and not g.spec.prefix_cacheable for g in out):
         raise LayoutError(
-            f"{source}: prefix caching with a mamba group is not supported; "
-            "set enable_caching = false"
+            f'{source}: prefix caching with a mamba group needs mamba_cache_mode = "align"; '
+            "or set enable_caching = false"
         )
     desc = data.get("description", "")
     return Layout(name, tuple(out), caching, desc if isinstance(desc, str) else "")

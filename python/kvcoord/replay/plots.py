@@ -67,7 +67,15 @@ def replay_figure(res: SimResult, summary: dict[str, Any]) -> Any:
     t = np.frombuffer(res.step_time, dtype=np.float64) if res.steps else np.zeros(1)
     usage = np.frombuffer(res.step_usage, dtype=np.float64) if res.steps else np.zeros(1)
     hit = np.frombuffer(res.step_hit_rate, dtype=np.float64) if res.steps else np.zeros(1)
-    fig, axes = plt.subplots(3, 1, figsize=(10, 8.5), sharex=True)
+    residency = res.residency if res.residency is not None and res.residency.lifetime.count else None
+    if residency is None:
+        fig, axes = plt.subplots(3, 1, figsize=(10, 8.5), sharex=True)
+    else:
+        fig = plt.figure(figsize=(10, 11))
+        grid = fig.add_gridspec(4, 1)
+        first = fig.add_subplot(grid[0])
+        axes = [first, *(fig.add_subplot(grid[i], sharex=first) for i in (1, 2))]
+        _plot_residency(fig.add_subplot(grid[3]), residency)
     ax = axes[0]
     samples = np.asarray(res.occupancy_samples, dtype=np.float64).reshape(-1, 4)
     if samples.shape[0]:
@@ -117,6 +125,25 @@ def replay_figure(res: SimResult, summary: dict[str, Any]) -> Any:
     _legend_outside(ax)
     fig.tight_layout()
     return fig
+
+
+def _plot_residency(ax: Any, r: Any) -> None:
+    """Log2-bucket histograms of block lifetime, idle time before eviction and
+    reuse gap (the core records them in simulated microseconds)."""
+    edges = [0.0] + [(1 << k) / 1e6 for k in range(64)]
+    for name, h in (
+        ("lifetime", r.lifetime),
+        ("idle before eviction", r.idle_before_eviction),
+        ("reuse gap", r.reuse_gap),
+    ):
+        ks = [k for k, n in enumerate(h.buckets) if n]
+        if ks:
+            ax.step([edges[k] for k in ks], [h.buckets[k] for k in ks], where="post", label=name)
+    ax.set_xscale("symlog", linthresh=1e-3)
+    ax.set_xlabel("simulated time (s, log2 buckets)")
+    ax.set_ylabel("evicted blocks / reuses")
+    ax.set_title("block residency", fontsize=10)
+    _legend_outside(ax)
 
 
 def plot_replay(res: SimResult, summary: dict[str, Any], path: str | Path) -> None:

@@ -165,9 +165,28 @@ def summarize(
             "request_seconds": res.request_seconds,
             "best_possible_seconds": res.best_seconds,
             "leaked_blocks": res.leaked_blocks,
+            **_residency_keys(res),
         }
     )
     return s
+
+
+def _residency_keys(res: SimResult) -> dict[str, Any]:
+    """Block residency (simulated seconds): median and p90 of lifetime, idle
+    time before eviction and reuse gap, mean hits per evicted block."""
+    r = res.residency
+    if r is None:
+        return {}
+    out: dict[str, Any] = {"residency_evicted_blocks": r.lifetime.count}
+    for name, h in (
+        ("lifetime", r.lifetime),
+        ("idle_before_eviction", r.idle_before_eviction),
+        ("reuse_gap", r.reuse_gap),
+    ):
+        out[f"residency_{name}_s_p50"] = h.quantile(0.5) / 1e6
+        out[f"residency_{name}_s_p90"] = h.quantile(0.9) / 1e6
+    out["residency_hits_per_evicted_block"] = r.hits_per_block.mean
+    return out
 
 
 def _pct(x: float | None) -> str:
@@ -270,7 +289,25 @@ def format_summary(s: dict[str, Any]) -> str:
             f"best-possible pass {s['best_possible_seconds']:.2f}, scheduler loop the rest)",
         ),
     ]
-    rows += [("note", n) for n in s.get("notes", [])]
+    rows += [("note", n) for n in s.get("notes", [])]    if s.get("residency_evicted_blocks") == 0:
+        rows.append(
+            (
+                "block residency",
+                f"no cached block evicted; reuse gap p50 {s['residency_reuse_gap_s_p50']:.2f} s",
+            )
+        )
+    elif "residency_evicted_blocks" in s:
+        rows.append(
+            (
+                "block residency",
+                f"{s['residency_evicted_blocks']:,} evicted; lifetime p50 "
+                f"{s['residency_lifetime_s_p50']:.2f} s, idle before eviction p50 "
+                f"{s['residency_idle_before_eviction_s_p50']:.2f} s, reuse gap p50 "
+                f"{s['residency_reuse_gap_s_p50']:.2f} s, "
+                f"{s['residency_hits_per_evicted_block']:.2f} hits per evicted block "
+                "(log2 buckets: upper bounds)",
+            )
+        )
     if s.get("leaked_blocks"):
         rows.append(("LEAKED BLOCKS", str(s["leaked_blocks"])))
     width = max(len(k) for k, _ in rows)

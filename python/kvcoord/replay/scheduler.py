@@ -50,6 +50,8 @@ from kvcoord.replay.layouts import Layout
 from kvcoord.replay.tiers import HostTier
 from kvcoord.replay.timing import StepCost, StepTimeModel
 from kvcoord.replay.workloads import Workload, WorkloadRequest
+from kvcoord.residency import ResidencySnapshot
+from kvcoord.scheduling import mamba_chunk_rule
 
 __all__ = [
     "EvictionCounter",
@@ -139,6 +141,8 @@ class SimResult:
     req_host_hit: array[int] = field(default_factory=lambda: array("q"))
     host_hit_tokens: int = 0
     host_transfer_seconds: float = 0.0
+    #: Block residency histograms, in simulated microseconds.
+    residency: ResidencySnapshot | None = None
 
 
 # --------------------------------------------------------------------------- manager setup
@@ -159,7 +163,7 @@ def make_manager(layout: Layout, num_blocks: int, max_model_len: int) -> KVCache
     return KVCacheManager(
         build_config(layout, num_blocks),
         max_model_len=max_model_len,
-        options=KVCacheManagerOptions(enable_caching=layout.enable_caching),
+        options=KVCacheManagerOptions(enable_caching=layout.enable_caching, residency_metrics=True),
     )
 
 
@@ -276,7 +280,9 @@ def simulate(
     prompt_tokens = hit_tokens = 0
     pc = perf_counter
     allocate = mgr.allocate_slots
-    step_mgr, step_usage, step_time, step_hit, step_cached = (
+    # Mamba "align" layouts: prefill chunks end where a state must be cached.
+    split = mamba_chunk_rule(mgr.config, mgr.hash_block_size)
+        step_mgr, step_usage, step_time, step_hit, step_cached = (
         res.step_manager_s,
         res.step_usage,
         res.step_time,
@@ -313,6 +319,8 @@ def simulate(
         win = StepCost(window) if window else None
         loaded_tokens = 0
         preempted = False
+        mgr.new_step_starts()
+        mgr.set_residency_clock(int(now * 1e6))  # microseconds of simulated time
         # 2. running requests, in admission order. A scheduled request's step
         # outcome (tokens computed, token sampled) is applied right away: later
         # requests of the step never depend on it, and frees wait for the end.
@@ -323,6 +331,17 @@ def simulate(
             if n > budget:
                 n = budget
             req = live.req
+            if split is not None:
+                n = split(
+                    n,
+                    start=live.computed,
+                    num_tokens=live.num_tokens,
+                    num_prompt_tokens=req.num_prompt_tokens,
+                    shared_prefix_boundary=req.shared_prefix_boundary,
+                    max_chunk_tokens=token_budget,
+                )
+                if n == 0:
+                    continue
             while True:
                 t0 = pc()
                 new = allocate(req, n)
@@ -409,6 +428,17 @@ def simulate(
                 n = live.num_tokens - hit - extra
                 if n > budget:
                     n = budget
+                if split is not None:
+                    n = split(
+                        n,
+                        start=hit,
+                        num_tokens=live.num_tokens,
+                        num_prompt_tokens=req.num_prompt_tokens,
+                        shared_prefix_boundary=req.shared_prefix_boundary,
+                        max_chunk_tokens=token_budget,
+                    )
+                    if n == 0:
+                        break
                 t0 = pc()
                 new = mgr.allocate_slots(
                     req, n + extra, num_new_computed_tokens=hit, new_computed_blocks=blocks
@@ -499,6 +529,7 @@ def simulate(
             res.occupancy_samples.append((now, *_occupancy(pool)))
             next_sample = now + sample_every
 
+    res.residency = mgr.residency_snapshot()
     res.steps = len(step_mgr)
     res.sim_seconds = now
     res.busy_seconds = busy

@@ -17,13 +17,15 @@
 //!   does the same: those blocks are dead either way).
 
 use hashbrown::hash_map::Entry;
-use hashbrown::HashMap;
+use hashbrown::{HashMap, HashSet};
 
 use crate::block_hash::BlockHash;
 use crate::error::{KvError, KvResult};
 use crate::ids::{BlockId, GroupId, ReqId};
-use crate::managers::{CachePolicy, GroupSpec, GroupTable, Manager};
+use crate::managers::mamba_align;
+use crate::managers::{CachePolicy, GroupSpec, GroupTable, Manager, SpecKind};
 use crate::pool::{BlockPool, PoolConfig};
+use crate::prefix_index::CacheKey;
 pub use crate::request::RequestView;
 use crate::request::{Request, RequestRegistry};
 use crate::retention::validate_retention_interval;
@@ -212,9 +214,22 @@ impl CoordinatorConfig {
                     "enable_caching",
                     "true".into(),
                     format!(
-                        "{} groups cannot be prefix-cached (Mamba state with mode \"none\", \
-                         cross-attention); build the manager with caching off",
+                        "{} groups cannot be prefix-cached (Mamba state with mode \"none\": \
+                         use mamba_cache_mode='align'; cross-attention); build the manager \
+                         with caching off",
                         facts.spec_name
+                    ),
+                ));
+            }
+            if matches!(g.kind, SpecKind::MambaAlign { .. }) && g.block_size != hbs {
+                return Err(bad(
+                    "hash_block_size",
+                    hbs.to_string(),
+                    format!(
+                        "Mamba prefix caching (mamba_cache_mode='align') needs hash_block_size \
+                         == the Mamba block size ({}): partial-block state entries are not \
+                         supported",
+                        g.block_size
                     ),
                 ));
             }
@@ -366,6 +381,16 @@ pub struct CoordinatorCore {
     mask_buf: Vec<bool>,
     /// Output buffer of [`allocate_slots`](Self::allocate_slots).
     out: NewBlocks,
+    /// Cache keys of Mamba "align" states registered during the current
+    /// step: a hit on one is refused until [`new_step_starts`](Self::new_step_starts)
+    /// (the state is written by this step's forward pass).
+    cached_this_step: HashSet<CacheKey>,
+    /// Per group, the prefill checkpoint decided by the current allocation's
+    /// prediction (Mamba "align" only).
+    checkpoints: Vec<Option<(usize, usize)>>,
+    /// Whether some group is Mamba "align" (the per-step bookkeeping above
+    /// is skipped otherwise).
+    has_align: bool,
     /// Scheduler ids of the tracked requests. Invariant: its ids are exactly
     /// the keys of `requests`.
     registry: RequestRegistry,
@@ -387,6 +412,11 @@ impl CoordinatorCore {
             .enumerate()
             .map(|(g, &spec)| Manager::new(spec, GroupId(g as u32)))
             .collect::<KvResult<Vec<_>>>()?;
+        let managers_len = managers.len();
+        let has_align = config
+            .groups
+            .iter()
+            .any(|g| matches!(g.kind, SpecKind::MambaAlign { .. }));
         // Validated non-negative above.
         let retention = config
             .retention_interval
@@ -401,6 +431,9 @@ impl CoordinatorCore {
             scratch: Vec::new(),
             mask_buf: Vec::new(),
             out: NewBlocks::new(),
+            cached_this_step: HashSet::new(),
+            checkpoints: vec![None; managers_len],
+            has_align,
             registry: RequestRegistry::default(),
         })
     }
@@ -633,7 +666,7 @@ impl CoordinatorCore {
         let AllocateArgs {
             num_new_tokens,
             num_new_computed_tokens,
-            num_lookahead_tokens,
+            num_lookahead_tokens: _,
             num_encoder_tokens,
             delay_cache_blocks,
         } = *args;
@@ -656,6 +689,9 @@ impl CoordinatorCore {
             mask_buf,
             config,
             retention,
+            cached_this_step,
+            checkpoints,
+            has_align,
             ..
         } = self;
         // The request's tables are probed for once: a decode step is the
@@ -667,44 +703,32 @@ impl CoordinatorCore {
         if new_computed_blocks.is_some() {
             check_hits(managers, pool, config, hits, tracked, local)?;
         }
-        let total = local.min(config.max_model_len);
-        // Step 7.
-        let main = total + num_new_tokens;
-        if main > config.max_model_len {
-            return Err(arg(
-                "num_new_tokens",
-                format!(
-                    "{total} computed + {num_new_tokens} new tokens exceed max_model_len {}",
-                    config.max_model_len
-                ),
-            ));
-        }
-        let need_slots = (main + num_lookahead_tokens).min(config.max_model_len);
+        // Steps 3 and 7.
+        let (total, main, need_slots) = step_tokens(local, args, config.max_model_len)?;
         // Step 8: blocks that left the window are dead whether or not this
         // step fits; in-flight steps may still read the newest ones.
         if let Entry::Occupied(tables) = &mut slot {
             let processed = total.saturating_sub(view.num_in_flight_tokens);
-            for (m, t) in managers.iter().zip(tables.get_mut().iter_mut()) {
-                m.remove_skipped_blocks(pool, t, processed, scratch)?;
-            }
+            remove_skipped_all(managers, pool, tables.get_mut(), processed, view, scratch)?;
         }
         // Steps 9-10.
         let tracked_tables = match &slot {
-            Entry::Occupied(tables) => Some(tables.get()),
+            Entry::Occupied(tables) => Some(tables.get().as_slice()),
             Entry::Vacant(_) => None,
         };
-        let mut needed = 0usize;
-        for (g, m) in managers.iter().enumerate() {
-            let tokens = Self::group_tokens(m, need_slots, num_encoder_tokens);
-            let group_hits = hits.get(g).map_or(&[][..], Vec::as_slice);
-            needed += m.num_blocks_to_allocate(
-                pool,
-                tracked_tables.map(|t| &t[g]),
-                tokens,
-                group_hits,
-                total,
-            );
-        }
+        let step = StepSize::new(main, need_slots, total, num_encoder_tokens);
+        let needed = predict(
+            managers,
+            pool,
+            config,
+            *retention,
+            view,
+            tracked_tables,
+            hits,
+            &step,
+            cached_this_step,
+            checkpoints,
+        );
         if needed > pool.num_free_blocks() {
             return Ok(false);
         }
@@ -723,17 +747,26 @@ impl CoordinatorCore {
                 vacant.insert(fresh)
             }
         };
-        // Step 12.
-        for (m, t) in managers.iter().zip(tables.iter_mut()) {
-            let tokens = Self::group_tokens(m, need_slots, num_encoder_tokens);
-            m.allocate_new_blocks(pool, t, tokens, &mut out.ids)?;
-            out.ends.push(out.ids.len());
+        if *has_align {
+            for (t, c) in tables.iter_mut().zip(checkpoints.iter()) {
+                t.align.checkpoint = *c;
+            }
         }
+        // Step 12.
+        allocate_groups(managers, pool, tables, &step, out)?;
         // Steps 13-14: only final tokens (no drafts) are cached.
         if config.enable_caching() && !delay_cache_blocks {
             let n = (total + num_new_tokens).min(view.num_tokens);
             cache_tables(
-                managers, pool, tables, config, *retention, view, n, mask_buf,
+                managers,
+                pool,
+                tables,
+                config,
+                *retention,
+                view,
+                n,
+                mask_buf,
+                cached_this_step,
             )?;
         }
         Ok(true)
@@ -754,6 +787,7 @@ impl CoordinatorCore {
             config,
             retention,
             mask_buf,
+            cached_this_step,
             ..
         } = self;
         let tables = requests.get_mut(&req).ok_or(KvError::UnknownRequest(req))?;
@@ -761,7 +795,15 @@ impl CoordinatorCore {
             return Ok(());
         }
         cache_tables(
-            managers, pool, tables, config, *retention, view, num_tokens, mask_buf,
+            managers,
+            pool,
+            tables,
+            config,
+            *retention,
+            view,
+            num_tokens,
+            mask_buf,
+            cached_this_step,
         )
     }
 
@@ -779,13 +821,22 @@ impl CoordinatorCore {
         res.map(|()| true)
     }
 
+    /// A new scheduler step begins: Mamba "align" states cached during the
+    /// previous step become usable as hits (a no-op for the other kinds).
+    pub fn new_step_starts(&mut self) {
+        self.cached_this_step.clear();
+    }
+
     /// Release `req`'s blocks that fell out of every group's attention window
     /// once `num_computed_tokens` tokens are processed (`allocate_slots` does
     /// this itself; schedulers call it for requests they skip this step).
+    /// With `num_prompt_tokens`, R-SWA groups free their decode gap; without
+    /// it they free nothing (vLLM's rule).
     pub fn remove_skipped_blocks(
         &mut self,
         req: ReqId,
         num_computed_tokens: usize,
+        num_prompt_tokens: Option<usize>,
     ) -> KvResult<()> {
         let Self {
             pool,
@@ -796,14 +847,16 @@ impl CoordinatorCore {
         } = self;
         let tables = requests.get_mut(&req).ok_or(KvError::UnknownRequest(req))?;
         for (m, t) in managers.iter().zip(tables.iter_mut()) {
-            m.remove_skipped_blocks(pool, t, num_computed_tokens, scratch)?;
+            m.remove_skipped_blocks(pool, t, num_computed_tokens, num_prompt_tokens, scratch)?;
         }
         Ok(())
     }
 
     /// Per group, how many leading blocks of `req`'s table are shared by all
     /// `num_running_requests` running requests (reference count equal to
-    /// that number).
+    /// that number): the prefix cascade attention can compute once. Only
+    /// full-attention kinds (full, MLA, R-SWA) have one; the other kinds
+    /// report 0 (their leading entries are null or per-request state).
     pub fn get_num_common_prefix_blocks(
         &self,
         req: ReqId,
@@ -812,7 +865,11 @@ impl CoordinatorCore {
         let tables = self.tables(req)?;
         Ok(tables
             .iter()
-            .map(|t| {
+            .zip(&self.managers)
+            .map(|(t, m)| {
+                if !m.spec().is_full_attention() {
+                    return 0;
+                }
                 t.blocks()
                     .iter()
                     .take_while(|&&b| {
@@ -847,7 +904,7 @@ impl CoordinatorCore {
                 ));
             }
             for (g, t) in tables.iter().enumerate() {
-                t.check_invariants()
+                t.check_invariants(self.managers[g].spec().has_interior_nulls())
                     .map_err(|e| format!("request {req} group {g}: {e}"))?;
                 for &b in t.blocks() {
                     let slot = owners.get_mut(b.index()).ok_or_else(|| {
@@ -875,6 +932,144 @@ impl CoordinatorCore {
         }
         Ok(())
     }
+}
+
+/// Token counts of one `allocate_slots` call.
+struct StepSize {
+    /// Tokens of the main model after the step (computed + new).
+    main: usize,
+    /// Slots needed (main + lookahead, capped at `max_model_len`).
+    need_slots: usize,
+    /// Computed tokens before the step (hits included).
+    total: usize,
+    /// Encoder tokens (cross-attention groups).
+    num_encoder_tokens: usize,
+}
+
+impl StepSize {
+    fn new(main: usize, need_slots: usize, total: usize, num_encoder_tokens: usize) -> Self {
+        Self {
+            main,
+            need_slots,
+            total,
+            num_encoder_tokens,
+        }
+    }
+}
+
+/// Computed tokens (capped at `max_model_len`), tokens after the step
+/// (refused beyond `max_model_len`) and slots needed with the lookahead.
+#[inline]
+fn step_tokens(
+    local: usize,
+    args: &AllocateArgs,
+    max_model_len: usize,
+) -> KvResult<(usize, usize, usize)> {
+    let total = local.min(max_model_len);
+    let main = total + args.num_new_tokens;
+    if main > max_model_len {
+        return Err(KvError::InvalidArgument {
+            name: "num_new_tokens",
+            detail: format!(
+                "{total} computed + {} new tokens exceed max_model_len {max_model_len}",
+                args.num_new_tokens
+            ),
+        });
+    }
+    Ok((
+        total,
+        main,
+        (main + args.num_lookahead_tokens).min(max_model_len),
+    ))
+}
+
+/// Step 8 of `allocate_slots` in every group (R-SWA measures its gap from
+/// the request's prompt).
+#[inline]
+fn remove_skipped_all(
+    managers: &[Manager],
+    pool: &mut BlockPool,
+    tables: &mut [GroupTable],
+    processed: usize,
+    view: &RequestView<'_>,
+    scratch: &mut Vec<BlockId>,
+) -> KvResult<()> {
+    let prompt = Some(view.num_prompt_tokens);
+    for (m, t) in managers.iter().zip(tables.iter_mut()) {
+        m.remove_skipped_blocks(pool, t, processed, prompt, scratch)?;
+    }
+    Ok(())
+}
+
+/// Grow every group's table for the step (vLLM's `allocate_new_blocks` per
+/// group), appending each group's new ids to `out`.
+#[inline]
+fn allocate_groups(
+    managers: &[Manager],
+    pool: &mut BlockPool,
+    tables: &mut [GroupTable],
+    step: &StepSize,
+    out: &mut NewBlocks,
+) -> KvResult<()> {
+    for (m, t) in managers.iter().zip(tables.iter_mut()) {
+        if let SpecKind::MambaAlign { .. } = m.spec().kind {
+            // Align mode sizes by the main model's tokens (no lookahead).
+            mamba_align::allocate_new_blocks(m.block_size(), pool, t, step.main, &mut out.ids)?;
+        } else {
+            let tokens = CoordinatorCore::group_tokens(m, step.need_slots, step.num_encoder_tokens);
+            m.allocate_new_blocks(pool, t, tokens, &mut out.ids)?;
+        }
+        out.ends.push(out.ids.len());
+    }
+    Ok(())
+}
+
+/// Blocks the step pulls from the pool over all groups (vLLM's signed sum:
+/// a Mamba "align" table longer than needed lowers the total, floored at 0).
+/// Records each Mamba "align" group's prefill checkpoint in `checkpoints`.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+fn predict(
+    managers: &[Manager],
+    pool: &BlockPool,
+    config: &CoordinatorConfig,
+    retention: Option<usize>,
+    view: &RequestView<'_>,
+    tables: Option<&[GroupTable]>,
+    hits: &[Vec<BlockId>],
+    step: &StepSize,
+    cached_this_step: &HashSet<CacheKey>,
+    checkpoints: &mut [Option<(usize, usize)>],
+) -> usize {
+    let (mut needed, mut surplus) = (0usize, 0usize);
+    for (g, m) in managers.iter().enumerate() {
+        let group_hits = hits.get(g).map_or(&[][..], Vec::as_slice);
+        let table = tables.map(|t| &t[g]);
+        if let SpecKind::MambaAlign { .. } = m.spec().kind {
+            let input = mamba_align::AllocInput {
+                main: step.main,
+                total_computed: step.total,
+                prefill_end: if retention == Some(0) {
+                    view.num_prompt_tokens
+                        .max(view.num_tokens.saturating_sub(1))
+                } else {
+                    0
+                },
+                // vLLM's `cache_hit_alignment_tokens` without partial hits.
+                alignment: config.scheduler_block_size as usize,
+                hash_block_size: config.hash_block_size as usize,
+                hits: group_hits,
+            };
+            let n = mamba_align::num_blocks_to_allocate(m, pool, table, &input, cached_this_step);
+            checkpoints[g] = n.checkpoint;
+            needed += n.take;
+            surplus += n.give_back;
+        } else {
+            let tokens = CoordinatorCore::group_tokens(m, step.need_slots, step.num_encoder_tokens);
+            needed += m.num_blocks_to_allocate(pool, table, tokens, group_hits, step.total);
+        }
+    }
+    needed.saturating_sub(surplus)
 }
 
 /// Validate hit lists passed to `allocate_slots`: one list per group, only
@@ -951,6 +1146,7 @@ fn cache_tables(
     view: &RequestView<'_>,
     num_tokens: usize,
     mask_buf: &mut Vec<bool>,
+    cached_this_step: &mut HashSet<CacheKey>,
 ) -> KvResult<()> {
     let sbs = config.scheduler_block_size as usize;
     let hbs = config.hash_block_size as usize;
@@ -990,7 +1186,23 @@ fn cache_tables(
         reachable_boundaries: &boundaries[..nb],
     };
     for (m, t) in managers.iter().zip(tables.iter_mut()) {
+        let before = t.num_cached();
         m.cache_blocks(pool, t, view.hashes, hbs, cacheable, &policy, mask_buf)?;
+        if let SpecKind::MambaAlign { .. } = m.spec().kind {
+            mamba_align::after_cache_blocks(
+                m.block_size(),
+                m.group(),
+                pool,
+                t,
+                view.hashes,
+                cacheable,
+                view.num_prompt_tokens,
+                view.shared_prefix_boundary,
+                &policy,
+                before,
+                cached_this_step,
+            )?;
+        }
     }
     Ok(())
 }
@@ -1623,9 +1835,9 @@ mod tests {
         assert_eq!(new.iter().map(Vec::len).collect::<Vec<_>>(), [0, 0, 0]);
         // Mamba kept only the block of the last computed token (+ scratch).
         assert_eq!(c.tables(r.id).unwrap()[1].num_leading_nulls(), 2);
-        c.remove_skipped_blocks(r.id, 13).unwrap();
+        c.remove_skipped_blocks(r.id, 13, None).unwrap();
         assert_eq!(c.tables(r.id).unwrap()[1].num_leading_nulls(), 3);
-        assert!(c.remove_skipped_blocks(ReqId(9), 13).is_err());
+        assert!(c.remove_skipped_blocks(ReqId(9), 13, None).is_err());
         c.check_invariants().unwrap();
         c.free(r.id).unwrap();
         assert_eq!(c.pool().num_free_blocks(), 39);

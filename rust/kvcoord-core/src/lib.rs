@@ -39,6 +39,7 @@ pub mod managers;
 pub mod pool;
 pub mod prefix_index;
 pub mod request;
+pub mod residency;
 pub mod retention;
 
 pub use block_hash::BlockHash;
@@ -52,8 +53,9 @@ pub use eviction::{EvictionConfig, EvictionPolicy, LevelQueue};
 pub use free_queue::FreeQueue;
 pub use hashing::{ExtraKeys, HashAlgo, HashConfig, LoraKey, MmFeature, RequestHasher};
 pub use ids::{BlockId, GroupId, ReqId};
-pub use managers::{GroupSpec, GroupTable, HitSearch, KindFacts, Manager, SpecKind};
+pub use managers::{GroupSpec, GroupTable, HitSearch, KindFacts, Manager, NullEntries, SpecKind};
 pub use pool::{BlockPool, PoolConfig};
 pub use prefix_index::{CacheKey, PrefixIndex};
 pub use request::{Request, RequestRegistry};
+pub use residency::{EvictionRecord, Histogram, Residency, ResidencySnapshot};
 pub use retention::validate_retention_interval;

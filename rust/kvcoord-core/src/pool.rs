@@ -30,6 +30,7 @@ use crate::eviction::{with_policy, EvictionConfig, EvictionPolicy, LevelQueue, R
 use crate::free_queue::FreeQueue;
 use crate::ids::{BlockId, GroupId};
 use crate::prefix_index::{CacheKey, KeySlot, PrefixIndex};
+use crate::residency::Residency;
 
 /// `BlockMeta::key` of a block that is not in the prefix index.
 const NO_KEY: KeySlot = KeySlot::MAX;
@@ -166,6 +167,8 @@ pub struct BlockPool {
     num_evictions: u64,
     /// The clock of time-based policies ([`Self::advance_clock`]), wrapping.
     now: u32,
+    /// Residency metrics, when enabled (see [`crate::residency`]).
+    residency: Option<Box<Residency>>,
 }
 
 impl BlockPool {
@@ -292,7 +295,28 @@ impl BlockPool {
             events: config.enable_events.then(Vec::new),
             num_evictions: 0,
             now: 0,
+            residency: None,
         })
+    }
+
+    // ---- residency metrics ----------------------------------------------
+
+    /// Start tracking residency metrics for every block (clock at 0).
+    /// Enabling again keeps the data gathered so far.
+    pub fn enable_residency(&mut self) {
+        if self.residency.is_none() {
+            self.residency = Some(Box::new(Residency::new(self.meta.len())));
+        }
+    }
+
+    /// The residency metrics, when enabled.
+    pub fn residency(&self) -> Option<&Residency> {
+        self.residency.as_deref()
+    }
+
+    /// The residency metrics, mutably (clock, drain), when enabled.
+    pub fn residency_mut(&mut self) -> Option<&mut Residency> {
+        self.residency.as_deref_mut()
     }
 
     // ---- counters -------------------------------------------------------
@@ -433,6 +457,14 @@ impl BlockPool {
                     any_cached |= Self::take(meta, b);
                 });
                 with_policy!(policy, p => p.on_allocate(&out[start..], queue));
+            }
+        }
+        if let Some(r) = self.residency.as_deref_mut() {
+            for &b in &out[start..] {
+                if self.meta[b.index()].key != NO_KEY {
+                    r.on_evict(b);
+                }
+                r.on_allocate(b);
             }
         }
         if any_cached {
@@ -628,6 +660,11 @@ impl BlockPool {
                         p.on_hit(b);
                     }
                 });
+            }
+        }
+        if let Some(r) = self.residency.as_deref_mut() {
+            for &b in blocks.iter().filter(|b| !b.is_null()) {
+                r.on_hit(b);
             }
         }
         Ok(())
@@ -852,6 +889,9 @@ impl BlockPool {
         self.check_ids(blocks)?;
         for &b in blocks {
             if self.meta[b.index()].key != NO_KEY {
+                if let Some(r) = self.residency.as_deref_mut() {
+                    r.on_evict(b);
+                }
                 self.drop_key(b);
             }
         }
@@ -865,7 +905,12 @@ impl BlockPool {
             return false;
         }
         self.index.clear();
-        for m in &mut self.meta {
+        for (i, m) in self.meta.iter_mut().enumerate() {
+            if m.key != NO_KEY {
+                if let Some(r) = self.residency.as_deref_mut() {
+                    r.on_evict(BlockId(i as u32));
+                }
+            }
             m.key = NO_KEY;
         }
         if let Some(events) = &mut self.events {

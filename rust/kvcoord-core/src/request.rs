@@ -67,6 +67,10 @@ pub struct Request {
     hasher: RequestHasher,
     /// Whether lookups must ignore the prefix cache (e.g. prompt logprobs).
     pub skip_reading_prefix_cache: bool,
+    /// The shared-prefix boundary of the last prefix-cache lookup (vLLM's
+    /// third `get_computed_blocks` result, kept on the request as vLLM's
+    /// scheduler does): 0, or where some group matched beyond the hit.
+    pub shared_prefix_boundary: usize,
 }
 
 impl Request {
@@ -80,6 +84,7 @@ impl Request {
             num_computed_tokens: 0,
             hasher,
             skip_reading_prefix_cache: false,
+            shared_prefix_boundary: 0,
         }
     }
 
@@ -98,6 +103,7 @@ impl Request {
             num_computed_tokens: 0,
             hasher,
             skip_reading_prefix_cache: false,
+            shared_prefix_boundary: 0,
         }
     }
 
@@ -154,12 +160,15 @@ impl Request {
 
     /// What `allocate_slots` and `cache_blocks` read.
     pub fn view(&self) -> RequestView<'_> {
-        RequestView::new(
-            self.num_computed_tokens,
-            self.tokens.len(),
-            self.num_prompt_tokens,
-            self.hasher.block_hashes(),
-        )
+        RequestView {
+            shared_prefix_boundary: self.shared_prefix_boundary,
+            ..RequestView::new(
+                self.num_computed_tokens,
+                self.tokens.len(),
+                self.num_prompt_tokens,
+                self.hasher.block_hashes(),
+            )
+        }
     }
 }
 

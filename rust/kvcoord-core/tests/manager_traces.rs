@@ -72,6 +72,9 @@ struct Request {
     hashes: Vec<BlockHash>,
     /// The last lookup's result, adopted by the next `allocate_slots`.
     last_hit: Vec<Vec<BlockId>>,
+    /// The last lookup's shared-prefix boundary (kept on the request, as
+    /// vLLM's scheduler does).
+    shared_prefix_boundary: usize,
 }
 
 impl Request {
@@ -88,12 +91,15 @@ impl Request {
     }
 
     fn view(&self) -> RequestView<'_> {
-        RequestView::new(
-            self.computed,
-            self.tokens.len(),
-            self.num_prompt_tokens,
-            &self.hashes,
-        )
+        RequestView {
+            shared_prefix_boundary: self.shared_prefix_boundary,
+            ..RequestView::new(
+                self.computed,
+                self.tokens.len(),
+                self.num_prompt_tokens,
+                &self.hashes,
+            )
+        }
     }
 }
 
@@ -107,7 +113,20 @@ fn spec_of(g: &Value) -> GroupSpec {
         "chunked_local" => {
             GroupSpec::chunked_local(bs, g["attention_chunk_size"].as_u64().unwrap() as u32)
         }
-        "mamba" => GroupSpec::mamba(bs, 0),
+        "mamba" => match g["mamba_cache_mode"].as_str().unwrap_or("none") {
+            "none" => GroupSpec::mamba(bs, 0),
+            "align" => GroupSpec::mamba_align(
+                bs,
+                g["num_prefill_checkpoint_blocks"].as_u64().unwrap_or(0) > 0,
+                g["prefill_checkpoint_alignment"].as_u64().map(|a| a as u32),
+            ),
+            other => panic!("unknown mamba_cache_mode {other}"),
+        },
+        "mla_attention" => GroupSpec::mla_attention(bs),
+        "sliding_window_mla" => {
+            GroupSpec::sliding_window_mla(bs, g["sliding_window"].as_u64().unwrap() as u32)
+        }
+        "rswa" => GroupSpec::rswa(bs, g["rswa_window"].as_u64().unwrap() as u32),
         other => panic!("unknown group type {other}"),
     }
 }
@@ -175,6 +194,7 @@ fn replay(path: &Path) -> usize {
                     computed: 0,
                     hashes: Vec::new(),
                     last_hit: vec![Vec::new(); specs.len()],
+                    shared_prefix_boundary: 0,
                 };
                 next_id += 1;
                 r.update_hashes(unit);
@@ -203,6 +223,11 @@ fn replay(path: &Path) -> usize {
                 );
                 assert_eq!(lists(&blocks), expect_lists(&expect["blocks"]), "{at}");
                 r.last_hit = blocks;
+                // The policy's third result (checked by the pytest replay
+                // through the shipped policy) lives on the request, as in
+                // vLLM's scheduler; the core reads it when caching.
+                r.shared_prefix_boundary =
+                    op["shared_prefix_boundary"].as_u64().unwrap_or(0) as usize;
             }
             "allocate_slots" => {
                 let r = &reqs[&key];
@@ -228,6 +253,7 @@ fn replay(path: &Path) -> usize {
                 let expect = (!op["expect"].is_null()).then(|| expect_lists(&op["expect"]));
                 assert_eq!(got.as_deref().map(lists), expect, "{at}");
             }
+            "new_step" => c.new_step_starts(),
             "advance" => reqs.get_mut(&key).unwrap().computed += op["n"].as_u64().unwrap() as usize,
             "append_token" => {
                 let r = reqs.get_mut(&key).unwrap();
@@ -315,4 +341,66 @@ fn hybrid_chunked_local() {
 #[test]
 fn hybrid_mamba_no_cache() {
     replay_layout("hybrid_mamba_nocache");
+}
+
+#[test]
+fn mla() {
+    replay_layout("mla");
+}
+
+#[test]
+fn hybrid_swa_mla() {
+    replay_layout("hybrid_swa_mla");
+}
+
+#[test]
+fn rswa() {
+    replay_layout("rswa");
+}
+
+#[test]
+fn rswa_no_cache() {
+    replay_layout("rswa_nocache");
+}
+
+#[test]
+fn hybrid_rswa() {
+    replay_layout("hybrid_rswa");
+}
+
+#[test]
+fn hybrid_mamba_align() {
+    replay_layout("hybrid_mamba_align");
+}
+
+#[test]
+fn hybrid_mamba_align_checkpoint() {
+    replay_layout("hybrid_mamba_align_ckpt");
+}
+
+/// Every trace file in the data folder belongs to a layout replayed above.
+#[test]
+fn every_trace_layout_is_replayed() {
+    let known = [
+        "full",
+        "no_cache",
+        "hybrid_swa",
+        "hybrid_3g",
+        "hybrid_local",
+        "hybrid_mamba_nocache",
+        "mla",
+        "hybrid_swa_mla",
+        "rswa",
+        "rswa_nocache",
+        "hybrid_rswa",
+        "hybrid_mamba_align",
+        "hybrid_mamba_align_ckpt",
+    ];
+    for e in std::fs::read_dir(data_dir()).unwrap() {
+        let name = e.unwrap().file_name().to_string_lossy().into_owned();
+        if let Some(rest) = name.strip_prefix("manager-") {
+            let layout = rest.rsplit_once("-s").unwrap().0;
+            assert!(known.contains(&layout), "trace {name} has no replay test");
+        }
+    }
 }

@@ -186,6 +186,32 @@ impl PyCoordinatorCore {
         core(self.inner.cache_request(&request.inner, n))
     }
 
+    /// A new scheduler step begins (Mamba "align" states cached during the
+    /// previous step become usable as hits).
+    fn new_step_starts(&mut self) {
+        self.inner.new_step_starts();
+    }
+
+    /// Start tracking residency metrics of the pool's blocks.
+    fn enable_residency(&mut self) {
+        self.inner.pool_mut().enable_residency();
+    }
+
+    fn set_residency_clock(&mut self, now: u64) {
+        crate::residency::set_clock(self.inner.pool_mut(), now);
+    }
+
+    fn residency_snapshot<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<Option<Bound<'py, pyo3::types::PyDict>>> {
+        crate::residency::snapshot(py, self.inner.pool())
+    }
+
+    fn drain_eviction_records(&mut self) -> Vec<crate::residency::RecordTuple> {
+        crate::residency::drain(self.inner.pool_mut())
+    }
+
     /// Free a request's blocks; unknown ids are ignored (as in vLLM).
     fn free(&mut self, request_id: &str) -> PyResult<bool> {
         core(self.inner.free_request(request_id))

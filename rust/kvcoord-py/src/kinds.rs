@@ -103,6 +103,69 @@ impl PyGroupSpec {
         checked(GroupSpec::cross_attention(bs))
     }
 
+    #[staticmethod]
+    fn mla_attention(block_size: i64) -> PyResult<Self> {
+        let bs = block_size_of(SpecKind::MlaAttention, block_size)?;
+        checked(GroupSpec::mla_attention(bs))
+    }
+
+    #[staticmethod]
+    fn sliding_window_mla(block_size: i64, sliding_window: i64) -> PyResult<Self> {
+        let kind = SpecKind::SlidingWindowMla { sliding_window: 1 };
+        let (bs, w) = (
+            block_size_of(kind, block_size)?,
+            param_of(kind, sliding_window)?,
+        );
+        checked(GroupSpec::sliding_window_mla(bs, w))
+    }
+
+    #[staticmethod]
+    fn rswa(block_size: i64, rswa_window: i64) -> PyResult<Self> {
+        let kind = SpecKind::Rswa { rswa_window: 1 };
+        let (bs, w) = (
+            block_size_of(kind, block_size)?,
+            param_of(kind, rswa_window)?,
+        );
+        checked(GroupSpec::rswa(bs, w))
+    }
+
+    /// Mamba with `mamba_cache_mode="align"` (prefix caching of states at
+    /// block boundaries).
+    #[staticmethod]
+    #[pyo3(signature = (block_size, num_speculative_blocks, num_prefill_checkpoint_blocks,
+                        prefill_checkpoint_alignment))]
+    fn mamba_align(
+        block_size: i64,
+        num_speculative_blocks: i64,
+        num_prefill_checkpoint_blocks: i64,
+        prefill_checkpoint_alignment: Option<i64>,
+    ) -> PyResult<Self> {
+        let kind = SpecKind::MambaAlign {
+            num_speculative_blocks: 0,
+            prefill_checkpoint: false,
+            prefill_checkpoint_alignment: None,
+        };
+        let bs = block_size_of(kind, block_size)?;
+        let spec_blocks = param_of(kind, num_speculative_blocks)?;
+        let checkpoint = size(
+            num_prefill_checkpoint_blocks,
+            "MambaSpec.num_prefill_checkpoint_blocks",
+            false,
+        )? > 0;
+        let alignment = prefill_checkpoint_alignment
+            .map(|a| size(a, "MambaSpec.prefill_checkpoint_alignment", true))
+            .transpose()?;
+        let mut spec = GroupSpec::mamba_align(bs, checkpoint, alignment);
+        if let SpecKind::MambaAlign {
+            num_speculative_blocks,
+            ..
+        } = &mut spec.kind
+        {
+            *num_speculative_blocks = spec_blocks;
+        }
+        checked(spec)
+    }
+
     #[getter]
     fn block_size(&self) -> u32 {
         self.0.block_size

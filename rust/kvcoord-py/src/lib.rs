@@ -16,6 +16,7 @@ mod events;
 mod kinds;
 mod pool;
 mod request;
+mod residency;
 mod retention;
 
 use pyo3::prelude::*;

@@ -4,11 +4,12 @@
 use kvcoord_core::{BlockPool, EvictionConfig, KvEvent, PoolConfig};
 use numpy::{IntoPyArray, PyArray1};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList};
+use pyo3::types::{PyBytes, PyDict, PyList};
 
 use crate::convert::{self, id_list, Scratch};
 use crate::errors::core;
 use crate::events::{event_to_py, PyEventList};
+use crate::residency;
 
 /// A standalone KV-cache block pool (see `_core.pyi` for the documented
 /// surface). A manager's pool is exposed read-only by
@@ -294,6 +295,28 @@ impl PyBlockPool {
     fn evict_blocks(&mut self, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
         let ids = convert::block_ids(block_ids)?;
         core(self.inner.evict_blocks(&ids))
+    }
+
+    /// Start tracking residency metrics for every block (see `_core.pyi`).
+    fn enable_residency(&mut self) {
+        self.inner.enable_residency();
+    }
+
+    #[getter]
+    fn residency_enabled(&self) -> bool {
+        self.inner.residency().is_some()
+    }
+
+    fn set_residency_clock(&mut self, now: u64) {
+        residency::set_clock(&mut self.inner, now);
+    }
+
+    fn residency_snapshot<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        residency::snapshot(py, &self.inner)
+    }
+
+    fn drain_eviction_records(&mut self) -> Vec<residency::RecordTuple> {
+        residency::drain(&mut self.inner)
     }
 
     fn reset_prefix_cache(&mut self, py: Python<'_>) -> PyResult<bool> {

@@ -336,6 +336,17 @@ impl PyRequest {
     }
 
     #[getter]
+    fn get_shared_prefix_boundary(&self) -> usize {
+        self.inner.shared_prefix_boundary
+    }
+
+    #[setter]
+    fn set_shared_prefix_boundary(&mut self, value: i64) -> PyResult<()> {
+        self.inner.shared_prefix_boundary = crate::convert::count(value, "shared_prefix_boundary")?;
+        Ok(())
+    }
+
+    #[getter]
     fn get_num_computed_tokens(&self) -> usize {
         self.inner.num_computed_tokens
     }

@@ -113,7 +113,7 @@ mod tests {
             .unwrap();
         let mut scratch = Vec::new();
         for (processed, nulls) in [(4, 2), (6, 2), (12, 6)] {
-            m.remove_skipped_blocks(&mut p, &mut t, processed, &mut scratch)
+            m.remove_skipped_blocks(&mut p, &mut t, processed, None, &mut scratch)
                 .unwrap();
             assert_eq!(t.num_leading_nulls(), nulls);
         }

@@ -36,11 +36,11 @@ mod tests {
         m.allocate_new_blocks(&mut p, &mut t, 10, &mut new).unwrap();
         assert_eq!(new.len(), 4);
         let mut scratch = Vec::new();
-        m.remove_skipped_blocks(&mut p, &mut t, 10, &mut scratch)
+        m.remove_skipped_blocks(&mut p, &mut t, 10, None, &mut scratch)
             .unwrap();
         // 9 skipped tokens: the first two blocks go.
         assert_eq!(t.num_leading_nulls(), 2);
-        m.remove_skipped_blocks(&mut p, &mut t, 0, &mut scratch)
+        m.remove_skipped_blocks(&mut p, &mut t, 0, None, &mut scratch)
             .unwrap();
         assert_eq!(t.num_leading_nulls(), 2);
         let mut out = vec![Vec::new()];

@@ -11,7 +11,11 @@ pub mod chunked_local;
 pub mod cross_attention;
 pub mod full_attention;
 pub mod mamba;
+pub mod mamba_align;
+pub mod mla_attention;
+pub mod rswa;
 pub mod sliding_window;
+pub mod sliding_window_mla;
 
 use crate::block_hash::BlockHash;
 use crate::error::{KvError, KvResult};
@@ -42,6 +46,37 @@ pub enum SpecKind {
     /// Cross-attention over the encoder output: one static allocation sized
     /// by the encoder tokens, never cached.
     CrossAttention,
+    /// Multi-head latent attention (one latent vector per token, `DeepSeek`
+    /// style): managed exactly like full attention, but a spec of its own
+    /// (hybrid lookups bucket it apart from plain full attention).
+    MlaAttention,
+    /// Sliding-window MLA: managed exactly like [`SpecKind::SlidingWindow`],
+    /// a spec of its own.
+    SlidingWindowMla {
+        /// Window length in tokens.
+        sliding_window: u32,
+    },
+    /// Reference sliding-window attention: full attention over the prompt,
+    /// only the last `rswa_window` generated tokens stay visible; the decode
+    /// gap between them is released (see [`rswa`]).
+    Rswa {
+        /// Generated tokens kept visible.
+        rswa_window: u32,
+    },
+    /// Mamba state, mode "align": states cached at block boundaries so that
+    /// prefix caching works (see [`mamba_align`]).
+    MambaAlign {
+        /// Extra scratch blocks for speculative decoding (0 only: see
+        /// [`GroupSpec::validate`]).
+        num_speculative_blocks: u32,
+        /// Whether a prefill chunk may export the state at the prompt's last
+        /// cacheable boundary into a reserved block (vLLM's
+        /// `num_prefill_checkpoint_blocks > 0`).
+        prefill_checkpoint: bool,
+        /// Token alignment of an exported checkpoint relative to the chunk
+        /// start (`None`: the backend cannot export one).
+        prefill_checkpoint_alignment: Option<u32>,
+    },
 }
 
 /// One KV-cache group's spec.
@@ -98,6 +133,46 @@ impl GroupSpec {
         }
     }
 
+    /// An MLA (full-attention) spec.
+    pub const fn mla_attention(block_size: u32) -> Self {
+        Self {
+            kind: SpecKind::MlaAttention,
+            block_size,
+        }
+    }
+
+    /// A sliding-window MLA spec.
+    pub const fn sliding_window_mla(block_size: u32, sliding_window: u32) -> Self {
+        Self {
+            kind: SpecKind::SlidingWindowMla { sliding_window },
+            block_size,
+        }
+    }
+
+    /// A reference sliding-window (R-SWA) spec.
+    pub const fn rswa(block_size: u32, rswa_window: u32) -> Self {
+        Self {
+            kind: SpecKind::Rswa { rswa_window },
+            block_size,
+        }
+    }
+
+    /// A Mamba spec in mode "align" (prefix caching of block-aligned states).
+    pub const fn mamba_align(
+        block_size: u32,
+        prefill_checkpoint: bool,
+        prefill_checkpoint_alignment: Option<u32>,
+    ) -> Self {
+        Self {
+            kind: SpecKind::MambaAlign {
+                num_speculative_blocks: 0,
+                prefill_checkpoint,
+                prefill_checkpoint_alignment,
+            },
+            block_size,
+        }
+    }
+
     /// The kind's facts (see [`KindFacts`]): the one table every layer
     /// asks, the bindings and Python included.
     pub const fn facts(&self) -> KindFacts {
@@ -120,6 +195,13 @@ impl GroupSpec {
         self.kind.facts().sparse
     }
 
+    /// Whether table entries after the first real block may be null (R-SWA
+    /// decode gaps, Mamba "align" skipped states); every other kind keeps
+    /// its nulls as a prefix.
+    pub const fn has_interior_nulls(&self) -> bool {
+        matches!(self.kind.facts().nulls, NullEntries::Anywhere)
+    }
+
     /// Check the parameters (positive sizes); messages name the public spec
     /// field (`SlidingWindowSpec.sliding_window`).
     pub fn validate(&self) -> KvResult<()> {
@@ -134,6 +216,26 @@ impl GroupSpec {
         }
         match (self.param(), facts.param_field) {
             (Some(0), Some((name, true))) => Err(bad(name, 0)),
+            (_, _)
+                if matches!(
+                    self.kind,
+                    SpecKind::MambaAlign {
+                        prefill_checkpoint_alignment: Some(0),
+                        ..
+                    }
+                ) =>
+            {
+                Err(bad("MambaSpec.prefill_checkpoint_alignment", 0))
+            }
+            (Some(n), _) if n != 0 && matches!(self.kind, SpecKind::MambaAlign { .. }) => {
+                Err(KvError::InvalidConfig {
+                    name: "MambaSpec.num_speculative_blocks",
+                    value: n.to_string(),
+                    rule: "speculative scratch blocks are not supported with \
+                           mamba_cache_mode='align'"
+                        .into(),
+                })
+            }
             _ => Ok(()),
         }
     }
@@ -147,8 +249,14 @@ impl GroupSpec {
             }
             | SpecKind::Mamba {
                 num_speculative_blocks: v,
+            }
+            | SpecKind::SlidingWindowMla { sliding_window: v }
+            | SpecKind::Rswa { rswa_window: v }
+            | SpecKind::MambaAlign {
+                num_speculative_blocks: v,
+                ..
             } => Some(v),
-            SpecKind::FullAttention | SpecKind::CrossAttention => None,
+            SpecKind::FullAttention | SpecKind::CrossAttention | SpecKind::MlaAttention => None,
         }
     }
 }
@@ -164,6 +272,9 @@ pub enum HitSearch {
     Window,
     /// Blocks before the last chunk boundary are skipped (chunked local).
     Chunk,
+    /// Right to left, the latest cached state at or below the bound: one
+    /// real block after nulls (Mamba "align").
+    LastState,
     /// Never searched (Mamba mode "none", cross-attention).
     Never,
 }
@@ -190,6 +301,18 @@ pub struct KindFacts {
     /// Whether slots are sized by the encoder's tokens rather than the
     /// decoder's.
     pub sized_by_encoder: bool,
+    /// Where a request's table may hold null entries.
+    pub nulls: NullEntries,
+}
+
+/// Where a kind's block tables may hold the null block.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum NullEntries {
+    /// Only as a prefix (skipped positions before the window or chunk).
+    Prefix,
+    /// Also after real entries (R-SWA decode gaps, Mamba "align" skipped
+    /// states).
+    Anywhere,
 }
 
 impl SpecKind {
@@ -204,6 +327,7 @@ impl SpecKind {
                 prefix_cacheable: true,
                 sparse: false,
                 sized_by_encoder: false,
+                nulls: NullEntries::Prefix,
             },
             Self::SlidingWindow { .. } => KindFacts {
                 spec_name: "SlidingWindowSpec",
@@ -213,6 +337,7 @@ impl SpecKind {
                 prefix_cacheable: true,
                 sparse: true,
                 sized_by_encoder: false,
+                nulls: NullEntries::Prefix,
             },
             Self::ChunkedLocal { .. } => KindFacts {
                 spec_name: "ChunkedLocalAttentionSpec",
@@ -222,6 +347,7 @@ impl SpecKind {
                 prefix_cacheable: true,
                 sparse: false,
                 sized_by_encoder: false,
+                nulls: NullEntries::Prefix,
             },
             Self::Mamba { .. } => KindFacts {
                 spec_name: "MambaSpec",
@@ -231,6 +357,7 @@ impl SpecKind {
                 prefix_cacheable: false,
                 sparse: true,
                 sized_by_encoder: false,
+                nulls: NullEntries::Prefix,
             },
             Self::CrossAttention => KindFacts {
                 spec_name: "CrossAttentionSpec",
@@ -240,6 +367,47 @@ impl SpecKind {
                 prefix_cacheable: false,
                 sparse: false,
                 sized_by_encoder: true,
+                nulls: NullEntries::Prefix,
+            },
+            Self::MlaAttention => KindFacts {
+                spec_name: "MLAAttentionSpec",
+                block_size_field: "MLAAttentionSpec.block_size",
+                param_field: None,
+                hit_search: HitSearch::PrefixClosed,
+                prefix_cacheable: true,
+                sparse: false,
+                sized_by_encoder: false,
+                nulls: NullEntries::Prefix,
+            },
+            Self::SlidingWindowMla { .. } => KindFacts {
+                spec_name: "SlidingWindowMLASpec",
+                block_size_field: "SlidingWindowMLASpec.block_size",
+                param_field: Some(("SlidingWindowMLASpec.sliding_window", true)),
+                hit_search: HitSearch::Window,
+                prefix_cacheable: true,
+                sparse: true,
+                sized_by_encoder: false,
+                nulls: NullEntries::Prefix,
+            },
+            Self::Rswa { .. } => KindFacts {
+                spec_name: "RSWASpec",
+                block_size_field: "RSWASpec.block_size",
+                param_field: Some(("RSWASpec.rswa_window", true)),
+                hit_search: HitSearch::PrefixClosed,
+                prefix_cacheable: true,
+                sparse: false,
+                sized_by_encoder: false,
+                nulls: NullEntries::Anywhere,
+            },
+            Self::MambaAlign { .. } => KindFacts {
+                spec_name: "MambaSpec",
+                block_size_field: "MambaSpec.block_size",
+                param_field: Some(("MambaSpec.num_speculative_blocks", false)),
+                hit_search: HitSearch::LastState,
+                prefix_cacheable: true,
+                sparse: true,
+                sized_by_encoder: false,
+                nulls: NullEntries::Anywhere,
             },
         }
     }
@@ -255,6 +423,8 @@ pub struct GroupTable {
     /// Leading entries already registered in the prefix cache (or hits that
     /// came from it). Invariant: `num_cached <= blocks.len()`.
     pub(crate) num_cached: usize,
+    /// Mamba "align" only (see [`mamba_align`]): per-request bookkeeping.
+    pub(crate) align: mamba_align::AlignState,
 }
 
 impl GroupTable {
@@ -275,8 +445,10 @@ impl GroupTable {
         self.blocks.iter().take_while(|b| b.is_null()).count()
     }
 
-    /// Check the invariants written on the fields.
-    pub fn check_invariants(&self) -> Result<(), String> {
+    /// Check the invariants written on the fields (`interior_nulls`: the
+    /// group's kind may leave null entries after real ones, see
+    /// [`GroupSpec::has_interior_nulls`]).
+    pub fn check_invariants(&self, interior_nulls: bool) -> Result<(), String> {
         if self.num_cached > self.blocks.len() {
             return Err(format!(
                 "num_cached {} exceeds the table length {}",
@@ -285,7 +457,7 @@ impl GroupTable {
             ));
         }
         let nulls = self.num_leading_nulls();
-        if self.blocks[nulls..].iter().any(|b| b.is_null()) {
+        if !interior_nulls && self.blocks[nulls..].iter().any(|b| b.is_null()) {
             return Err("null entry after a real block".into());
         }
         Ok(())
@@ -341,14 +513,18 @@ impl Manager {
     /// their blocks are no longer needed. 0 when nothing can be dropped.
     pub fn num_skipped_tokens(&self, n: usize) -> usize {
         match self.spec.kind {
-            SpecKind::FullAttention | SpecKind::CrossAttention => 0,
-            SpecKind::SlidingWindow { sliding_window } => {
+            SpecKind::FullAttention
+            | SpecKind::CrossAttention
+            | SpecKind::MlaAttention
+            | SpecKind::Rswa { .. } => 0,
+            SpecKind::SlidingWindow { sliding_window }
+            | SpecKind::SlidingWindowMla { sliding_window } => {
                 sliding_window::num_skipped_tokens(n, sliding_window as usize)
             }
             SpecKind::ChunkedLocal {
                 attention_chunk_size,
             } => chunked_local::num_skipped_tokens(n, attention_chunk_size as usize),
-            SpecKind::Mamba { .. } => mamba::num_skipped_tokens(n),
+            SpecKind::Mamba { .. } | SpecKind::MambaAlign { .. } => mamba::num_skipped_tokens(n),
         }
     }
 
@@ -362,7 +538,12 @@ impl Manager {
             SpecKind::FullAttention
             | SpecKind::SlidingWindow { .. }
             | SpecKind::ChunkedLocal { .. }
-            | SpecKind::CrossAttention => num_tokens,
+            | SpecKind::CrossAttention
+            | SpecKind::MlaAttention
+            | SpecKind::SlidingWindowMla { .. }
+            | SpecKind::Rswa { .. }
+            // Align mode sizes by the main model's tokens (its own path).
+            | SpecKind::MambaAlign { .. } => num_tokens,
         }
     }
 
@@ -399,10 +580,16 @@ impl Manager {
         }
         let view = HashView::new(hashes, hash_block_size, self.block_size)?;
         match self.spec.kind {
-            SpecKind::FullAttention => Ok(full_attention::find_longest_cache_hit(
+            SpecKind::FullAttention | SpecKind::MlaAttention | SpecKind::Rswa { .. } => {
+                Ok(full_attention::find_longest_cache_hit(
+                    pool, groups, &view, max_length, alignment, out,
+                ))
+            }
+            SpecKind::MambaAlign { .. } => Ok(mamba_align::find_longest_cache_hit(
                 pool, groups, &view, max_length, alignment, out,
             )),
-            SpecKind::SlidingWindow { sliding_window } => {
+            SpecKind::SlidingWindow { sliding_window }
+            | SpecKind::SlidingWindowMla { sliding_window } => {
                 Ok(sliding_window::find_longest_cache_hit(
                     pool,
                     groups,
@@ -539,15 +726,23 @@ impl Manager {
             });
         }
         let mask = match self.spec.kind {
-            SpecKind::SlidingWindow { sliding_window } => sliding_window::reachable_block_mask(
-                table.num_cached,
-                num_full,
-                bs,
-                sliding_window as usize,
-                policy,
-                mask_buf,
-            ),
+            SpecKind::MambaAlign { .. } => {
+                mamba_align::reachable_block_mask(table.num_cached, num_full, bs, policy, mask_buf)
+            }
+            SpecKind::SlidingWindow { sliding_window }
+            | SpecKind::SlidingWindowMla { sliding_window } => {
+                sliding_window::reachable_block_mask(
+                    table.num_cached,
+                    num_full,
+                    bs,
+                    sliding_window as usize,
+                    policy,
+                    mask_buf,
+                )
+            }
             SpecKind::FullAttention
+            | SpecKind::MlaAttention
+            | SpecKind::Rswa { .. }
             | SpecKind::ChunkedLocal { .. }
             | SpecKind::Mamba { .. }
             | SpecKind::CrossAttention => false,
@@ -569,13 +764,42 @@ impl Manager {
     /// computed: entries `[0, k)` become null, walking back from `k-1` and
     /// stopping at the first null (nulls form a prefix); they are freed in
     /// that backward order. `scratch` is a reusable buffer.
+    ///
+    /// R-SWA frees its decode gap instead when `num_prompt_tokens` is given
+    /// (see [`rswa`]); Mamba "align" skips null gaps and also frees the
+    /// previous state (see [`mamba_align`]).
     pub fn remove_skipped_blocks(
         &self,
         pool: &mut BlockPool,
         table: &mut GroupTable,
         processed: usize,
+        num_prompt_tokens: Option<usize>,
         scratch: &mut Vec<BlockId>,
     ) -> KvResult<()> {
+        match self.spec.kind {
+            SpecKind::Rswa { rswa_window } => {
+                if let Some(prompt) = num_prompt_tokens {
+                    let range = rswa::gap(prompt, processed, rswa_window as usize, self.block_size);
+                    return rswa::remove_gap(pool, &mut table.blocks, range, scratch);
+                }
+            }
+            SpecKind::MambaAlign { .. } => {
+                return mamba_align::remove_skipped_blocks(
+                    self.block_size,
+                    pool,
+                    table,
+                    processed,
+                    scratch,
+                );
+            }
+            SpecKind::FullAttention
+            | SpecKind::SlidingWindow { .. }
+            | SpecKind::ChunkedLocal { .. }
+            | SpecKind::Mamba { .. }
+            | SpecKind::CrossAttention
+            | SpecKind::MlaAttention
+            | SpecKind::SlidingWindowMla { .. } => {}
+        }
         let skipped = self.num_skipped_tokens(processed);
         if skipped == 0 {
             return Ok(());
@@ -600,6 +824,7 @@ impl Manager {
         let res = pool.free_blocks(&table.blocks);
         table.blocks.clear();
         table.num_cached = 0;
+        table.align.clear();
         res
     }
 }
@@ -748,6 +973,7 @@ pub(crate) mod test_util {
         GroupTable {
             blocks: blocks.iter().map(|&b| BlockId(b)).collect(),
             num_cached: 0,
+            align: mamba_align::AlignState::default(),
         }
     }
 }

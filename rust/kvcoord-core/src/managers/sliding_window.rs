@@ -210,10 +210,10 @@ mod tests {
         let mut scratch = Vec::new();
         let nulls = |t: &GroupTable| t.num_leading_nulls();
         for (processed, expect) in [(0, 0), (4, 0), (5, 1), (6, 1), (7, 2), (11, 4)] {
-            m.remove_skipped_blocks(&mut p, &mut t, processed, &mut scratch)
+            m.remove_skipped_blocks(&mut p, &mut t, processed, None, &mut scratch)
                 .unwrap();
             assert_eq!(nulls(&t), expect, "processed {processed}");
-            t.check_invariants().unwrap();
+            t.check_invariants(false).unwrap();
         }
         // The last call freed 1004 then 1003 (backward walk); unhashed
         // blocks are prepended in the given order, ahead of 1002 and 1001.
@@ -266,7 +266,7 @@ mod tests {
         let mut tracked = false;
         for step in 1..=4 {
             let tokens = step * 4;
-            m.remove_skipped_blocks(&mut p, &mut t, tokens - 4, &mut scratch)
+            m.remove_skipped_blocks(&mut p, &mut t, tokens - 4, None, &mut scratch)
                 .unwrap();
             let predicted =
                 m.num_blocks_to_allocate(&p, tracked.then_some(&t), tokens, &[], tokens - 4);

@@ -1,0 +1,421 @@
+//! Mamba, mode "align": prefix caching of Mamba state (vLLM 0.33.0's
+//! `MambaManager` with `mamba_cache_mode="align"`).
+//!
+//! The table is indexed by token position like an attention table (entry `i`
+//! covers tokens `[i*bs, (i+1)*bs)`) but is mostly null. The real entries
+//! are the block holding the running state (the entry of the block being
+//! filled), the block of the previous state (the kernel copies from it; a
+//! later allocation frees it once the request has moved past it) and,
+//! optionally, a reserved prefill checkpoint block in the entry just before
+//! the running one. A real block gets its cache key when a step ends exactly
+//! at its boundary (the key is registered before the state exists, so a hit
+//! on a key cached during the current step is refused until the next step).
+//!
+//! Supported here: hash unit = block size (no partial-block entries) and no
+//! speculative scratch blocks; [`GroupSpec::validate`](super::GroupSpec::validate)
+//! and the coordinator's configuration check refuse the rest.
+
+use hashbrown::HashSet;
+
+use super::{cdiv, lookup_all, CachePolicy, GroupTable, HashView, HitLists, Manager, SpecKind};
+use crate::block_hash::BlockHash;
+use crate::error::KvResult;
+use crate::ids::{BlockId, GroupId};
+use crate::pool::BlockPool;
+use crate::prefix_index::CacheKey;
+
+/// Per-request bookkeeping of an align-mode table (all zero for every other
+/// kind).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AlignState {
+    /// Entry of the previous running state, freed once the request is past
+    /// it.
+    pub(crate) last_state: Option<usize>,
+    /// Entries below this index were already released by skipped-block
+    /// removal (the walk does not stop at nulls, so it needs a frontier).
+    pub(crate) retired: usize,
+    /// Whether an allocation has run for the request since admission.
+    pub(crate) allocated: bool,
+    /// The prefill checkpoint of the latest allocation: (token position,
+    /// table index of the reserved block).
+    pub(crate) checkpoint: Option<(usize, usize)>,
+}
+
+impl AlignState {
+    /// Forget everything (the request freed its blocks).
+    pub(crate) fn clear(&mut self) {
+        *self = Self::default();
+    }
+}
+
+/// The checkpoint boundary of a prefill reaching `num_tokens`: the last
+/// multiple of `unit` strictly below it (one token is always recomputed for
+/// the logits).
+#[inline]
+pub fn prefill_checkpoint_position(num_tokens: usize, unit: usize) -> usize {
+    num_tokens.saturating_sub(1) / unit * unit
+}
+
+/// Whether a chunk `[start, end)` can export the state at `checkpoint` into
+/// the reserved block (vLLM's `is_mamba_prefill_checkpoint_valid`).
+pub fn prefill_checkpoint_valid(
+    start: usize,
+    end: usize,
+    checkpoint: usize,
+    hash_block_size: usize,
+    block_size: usize,
+    alignment: Option<usize>,
+) -> bool {
+    let Some(alignment) = alignment else {
+        return false;
+    };
+    // The reserved block's column (`cdiv(end, bs) - 2`) must lie past the
+    // column of the state the chunk starts from (`(start - 1) / bs`, -1 for
+    // a chunk starting at 0).
+    let end_cols = cdiv(end, block_size);
+    start % hash_block_size == 0
+        && end_cols >= 2
+        && (start == 0 || end_cols - 2 > (start - 1) / block_size)
+        && start + hash_block_size <= checkpoint
+        && start < checkpoint
+        && checkpoint < end
+        && (checkpoint - start) % alignment == 0
+}
+
+/// Scan right to left; the first cached block whose end is aligned wins:
+/// nulls before it, one real block (the state at that boundary).
+pub(crate) fn find_longest_cache_hit(
+    pool: &BlockPool,
+    groups: &[GroupId],
+    view: &HashView<'_>,
+    max_length: usize,
+    alignment: usize,
+    out: &mut HitLists,
+) -> usize {
+    let bs = view.block_size();
+    let max_blocks = (max_length / bs).min(view.len());
+    for i in (0..max_blocks).rev() {
+        if !lookup_all(pool, groups, view.get(i), out) {
+            continue;
+        }
+        if bs != alignment && ((i + 1) * bs) % alignment != 0 {
+            for list in out.iter_mut() {
+                list.clear();
+            }
+            continue;
+        }
+        for list in out.iter_mut() {
+            let b = list.pop().unwrap_or(BlockId::NULL);
+            list.resize(i, BlockId::NULL);
+            list.push(b);
+        }
+        return (i + 1) * bs;
+    }
+    0
+}
+
+/// What one allocation needs to know beyond the table.
+#[derive(Copy, Clone, Debug)]
+pub(crate) struct AllocInput<'a> {
+    /// Tokens of the main model after this step (`computed + new`).
+    pub main: usize,
+    /// Computed tokens (local and external) before this step.
+    pub total_computed: usize,
+    /// The request's prefill end when only the prefill-end chunk may export
+    /// a checkpoint (retention 0); 0 otherwise.
+    pub prefill_end: usize,
+    /// Tokens a hit must end on a multiple of.
+    pub alignment: usize,
+    /// Tokens per hash unit.
+    pub hash_block_size: usize,
+    /// This request's hits in this group (first allocation only).
+    pub hits: &'a [BlockId],
+}
+
+/// What an allocation will pull from the pool, as vLLM's signed count:
+/// `take - give_back` (a table already longer than needed gives a negative
+/// count, which the coordinator sums with the other groups').
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Needed {
+    /// Blocks taken (new blocks and evictable hits).
+    pub take: usize,
+    /// Surplus table entries counted against the other groups.
+    pub give_back: usize,
+    /// The prefill checkpoint reserved: (token position, table index).
+    pub checkpoint: Option<(usize, usize)>,
+}
+
+/// Blocks this allocation of `manager`'s group (a Mamba "align" group)
+/// pulls from the pool and the prefill checkpoint it reserves. A hit whose
+/// state was cached during the current step cannot be used yet: the count
+/// is then larger than the pool.
+pub(crate) fn num_blocks_to_allocate(
+    manager: &Manager,
+    pool: &BlockPool,
+    table: Option<&GroupTable>,
+    input: &AllocInput<'_>,
+    cached_this_step: &HashSet<CacheKey>,
+) -> Needed {
+    let spec_bs = manager.block_size();
+    let SpecKind::MambaAlign {
+        prefill_checkpoint,
+        prefill_checkpoint_alignment,
+        ..
+    } = manager.spec().kind
+    else {
+        return Needed::default();
+    };
+    let checkpoint_alignment = prefill_checkpoint_alignment.map(|a| a as usize);
+    if let Some(&last) = input.hits.last() {
+        if let Ok(Some(key)) = pool.cache_key(last) {
+            if cached_this_step.contains(&key) {
+                return Needed {
+                    take: pool.num_blocks() + 1,
+                    ..Needed::default()
+                };
+            }
+        }
+    }
+    let required = cdiv(input.main, spec_bs);
+    let table_len = table.map_or(0, |t| t.blocks.len());
+    let have = input.hits.len() + table_len;
+    let position = prefill_checkpoint_position(input.main, input.alignment);
+    // The reserved block sits just before the running state's entry.
+    let checkpoint_idx = required.checked_sub(2);
+    let reserves = prefill_checkpoint
+        && input.main >= input.prefill_end
+        && prefill_checkpoint_valid(
+            input.total_computed,
+            input.main,
+            position,
+            input.hash_block_size,
+            spec_bs,
+            checkpoint_alignment,
+        )
+        && checkpoint_idx
+            .is_some_and(|idx| idx >= table_len || table.is_some_and(|t| t.blocks[idx].is_null()));
+    let checkpoint = checkpoint_idx
+        .filter(|_| reserves)
+        .map(|idx| (position, idx));
+    let new = required.saturating_sub(have).min(1 + usize::from(reserves));
+    Needed {
+        take: new + pool.num_unreferenced(input.hits),
+        give_back: have.saturating_sub(required),
+        checkpoint,
+    }
+}
+
+/// Grow the table for `main` tokens: nulls up to the entry before the
+/// running state (or before the reserved checkpoint), then fresh blocks.
+/// The nulls and the fresh blocks are appended to `new_blocks` (vLLM returns
+/// the padded entries too).
+pub(crate) fn allocate_new_blocks(
+    spec_bs: usize,
+    pool: &mut BlockPool,
+    table: &mut GroupTable,
+    main: usize,
+    new_blocks: &mut Vec<BlockId>,
+) -> KvResult<()> {
+    let required = cdiv(main, spec_bs);
+    let checkpoint_block = usize::from(table.align.checkpoint.is_some());
+    let prev_len = table.blocks.len();
+    if required <= prev_len && checkpoint_block == 0 {
+        table.align.allocated = true;
+        return Ok(());
+    }
+    if table.align.allocated || prev_len > 0 {
+        // The running state (or, right after admission, the hit state) is
+        // the last entry; the kernel copies from it this step.
+        table.align.last_state = Some(prev_len - 1);
+    }
+    let skipped_blocks = required.saturating_sub(1);
+    let start = new_blocks.len();
+    if prev_len < skipped_blocks {
+        let null_end = skipped_blocks - checkpoint_block;
+        if null_end > prev_len {
+            table.blocks.resize(null_end, BlockId::NULL);
+            new_blocks.resize(start + (null_end - prev_len), BlockId::NULL);
+        }
+    }
+    let n = required.saturating_sub(table.blocks.len());
+    let fresh = new_blocks.len();
+    pool.get_new_blocks(n, new_blocks)?;
+    table.blocks.extend_from_slice(&new_blocks[fresh..]);
+    table.align.allocated = true;
+    Ok(())
+}
+
+/// Release the states that no longer matter once `processed` tokens are
+/// computed: every real entry below the block of the last computed token
+/// (walking down from the highest, not stopping at nulls, never below the
+/// retired frontier), then the previous running state once the request is
+/// past it. Each is one `free_blocks` call, in that order.
+pub(crate) fn remove_skipped_blocks(
+    spec_bs: usize,
+    pool: &mut BlockPool,
+    table: &mut GroupTable,
+    processed: usize,
+    scratch: &mut Vec<BlockId>,
+) -> KvResult<()> {
+    let skipped = processed.saturating_sub(1);
+    if skipped > 0 {
+        let last = (skipped / spec_bs).min(table.blocks.len());
+        let first = table.align.retired;
+        if first < last {
+            scratch.clear();
+            for entry in table.blocks[first..last].iter_mut().rev() {
+                if !entry.is_null() {
+                    scratch.push(std::mem::replace(entry, BlockId::NULL));
+                }
+            }
+            pool.free_blocks(scratch)?;
+            table.align.retired = last;
+        }
+    }
+    if let Some(idx) = table.align.last_state {
+        // Past it: the block of the last computed token is further on.
+        if idx + 1 < cdiv(processed, spec_bs) && !table.blocks[idx].is_null() {
+            let b = std::mem::replace(&mut table.blocks[idx], BlockId::NULL);
+            pool.free_blocks(&[b])?;
+        }
+    }
+    Ok(())
+}
+
+/// Which of the blocks `[start, end)` keep their state under a retention
+/// interval (one per segment, plus the block ending at each reachable
+/// boundary). Writes `buf` and returns `true` when a mask applies; `false`
+/// means every block is kept (dense caching).
+pub(crate) fn reachable_block_mask(
+    start: usize,
+    end: usize,
+    bs: usize,
+    policy: &CachePolicy<'_>,
+    buf: &mut Vec<bool>,
+) -> bool {
+    let Some(retention) = policy.retention else {
+        return false;
+    };
+    buf.clear();
+    buf.resize(end - start, false);
+    if retention != 0 {
+        let per_segment = retention / bs;
+        if per_segment <= 1 {
+            return false;
+        }
+        let first = (start + per_segment) / per_segment * per_segment - 1;
+        let mut i = first - start;
+        while i < buf.len() {
+            buf[i] = true;
+            i += per_segment;
+        }
+    }
+    for &boundary in policy.reachable_boundaries {
+        let aligned = boundary / policy.alignment * policy.alignment;
+        if aligned < bs {
+            continue;
+        }
+        let block = aligned / bs - 1;
+        if (start..end).contains(&block) {
+            buf[block - start] = true;
+        }
+    }
+    true
+}
+
+/// After the group's regular caching: make sure the reserved checkpoint (or,
+/// without one, the prompt's last cacheable boundary) is keyed, drop a
+/// transient checkpoint's key under a retention interval, and record every
+/// key registered by this call in `cached_this_step`. `before` is the
+/// table's cached count before the regular caching.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn after_cache_blocks(
+    spec_bs: usize,
+    group: GroupId,
+    pool: &mut BlockPool,
+    table: &mut GroupTable,
+    hashes: &[BlockHash],
+    num_tokens: usize,
+    num_prompt_tokens: usize,
+    shared_prefix_boundary: usize,
+    policy: &CachePolicy<'_>,
+    before: usize,
+    cached_this_step: &mut HashSet<CacheKey>,
+) -> KvResult<()> {
+    // Only whole-block boundaries exist with hash unit = block size, so a
+    // boundary entry is "already keyed" exactly when its block has a key.
+    let boundary_block = if let Some((position, idx)) = table.align.checkpoint {
+        let is_prompt =
+            position == prefill_checkpoint_position(num_prompt_tokens, policy.alignment);
+        let retained = position % spec_bs == 0 && position >= spec_bs && {
+            let block = position / spec_bs - 1;
+            let mut buf = Vec::new();
+            let no_boundaries = CachePolicy {
+                reachable_boundaries: &[],
+                ..policy.clone()
+            };
+            !reachable_block_mask(block, block + 1, spec_bs, &no_boundaries, &mut buf) || buf[0]
+        };
+        let b = table.blocks.get(idx).copied().unwrap_or(BlockId::NULL);
+        if !is_prompt && !retained && position != shared_prefix_boundary {
+            // A transient state overwrites this slot: its key is useless.
+            if !b.is_null() {
+                pool.evict_blocks(&[b])?;
+            }
+            None
+        } else if position % spec_bs == 0 && idx + 1 == position / spec_bs {
+            Some(idx)
+        } else {
+            None
+        }
+    } else if num_tokens > 0
+        && num_tokens % spec_bs == 0
+        && num_tokens == prefill_checkpoint_position(num_prompt_tokens, spec_bs)
+    {
+        Some(num_tokens / spec_bs - 1)
+    } else {
+        None
+    };
+    if let Some(idx) = boundary_block {
+        if let Some(&b) = table.blocks.get(idx) {
+            if !b.is_null() && pool.cache_key(b)?.is_none() && idx < hashes.len() {
+                pool.cache_full_blocks(&table.blocks, hashes, idx, idx + 1, group, None)?;
+                if let Some(key) = pool.cache_key(b)? {
+                    cached_this_step.insert(key);
+                }
+            }
+        }
+    }
+    for &b in table.blocks.get(before..table.num_cached).unwrap_or(&[]) {
+        if b.is_null() {
+            continue;
+        }
+        if let Some(key) = pool.cache_key(b)? {
+            cached_this_step.insert(key);
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn checkpoint_position_and_validity() {
+        assert_eq!(prefill_checkpoint_position(100, 16), 96);
+        assert_eq!(prefill_checkpoint_position(96, 16), 80);
+        assert_eq!(prefill_checkpoint_position(1, 16), 0);
+        // A 100-token prompt from 0: the state at 96 goes to column 5.
+        assert!(prefill_checkpoint_valid(0, 100, 96, 16, 16, Some(1)));
+        assert!(!prefill_checkpoint_valid(0, 100, 96, 16, 16, None));
+        // Start mid-block, checkpoint too close, or not past the start.
+        assert!(!prefill_checkpoint_valid(8, 100, 96, 16, 16, Some(1)));
+        assert!(!prefill_checkpoint_valid(96, 110, 104, 16, 16, Some(1)));
+        assert!(prefill_checkpoint_valid(96, 120, 112, 16, 16, Some(1)));
+        assert!(!prefill_checkpoint_valid(0, 96, 96, 16, 16, Some(1)));
+        // Alignment relative to the start.
+        assert!(!prefill_checkpoint_valid(16, 100, 96, 16, 16, Some(64)));
+        assert!(prefill_checkpoint_valid(32, 100, 96, 16, 16, Some(64)));
+    }
+}
