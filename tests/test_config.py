@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import pickle
 
 import pytest
+
+import kvcoord
 
 from kvcoord.config import (
     ChunkedLocalAttentionSpec,
@@ -115,3 +118,25 @@ def test_core_config_rules() -> None:
     assert choose_coordinator(2, False) == kinds.NoPrefixCache
     assert choose_coordinator(1, True) == kinds.Unitary
     assert choose_coordinator(3, True) == kinds.Hybrid
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        kvcoord.FullAttentionSpec(16),
+        kvcoord.SlidingWindowSpec(16, 64),
+        kvcoord.ChunkedLocalAttentionSpec(16, 64),
+        kvcoord.MambaSpec(16, mamba_cache_mode="align"),
+        kvcoord.CrossAttentionSpec(16),
+        kvcoord.MLAAttentionSpec(64),
+        kvcoord.SlidingWindowMLASpec(64, 128),
+        kvcoord.RSWASpec(16, 64),
+    ],
+)
+def test_specs_pickle_by_their_arguments(spec: kvcoord.KVCacheSpec) -> None:
+    # Regression: `kvcoord sweep --jobs` sends layouts to worker processes; the
+    # core spec inside a spec could not be pickled.
+    config = kvcoord.KVCacheConfig(8, (kvcoord.KVCacheGroup(spec),))
+    loaded = pickle.loads(pickle.dumps(config))
+    assert loaded == config
+    assert loaded.groups[0].spec.core.block_size == spec.block_size

@@ -9,7 +9,7 @@ pool of ``num_blocks`` blocks. Invalid values raise :class:`ConfigError`
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import ClassVar, Literal, TypeAlias
 
 from kvcoord._core import GroupSpec, validate_retention_interval
@@ -41,8 +41,20 @@ def _set_core(owner: object, core: GroupSpec) -> None:
     object.__setattr__(owner, "core", core)
 
 
+class _Spec:
+    """Base of the spec classes: a spec pickles as its constructor arguments,
+    so the core spec is rebuilt (and validated again) where it is loaded, for
+    instance in a ``kvcoord sweep`` worker process."""
+
+    __slots__ = ()
+
+    def __reduce__(self) -> tuple[type, tuple[object, ...]]:
+        args = tuple(getattr(self, f.name) for f in fields(self) if f.init)  # type: ignore[arg-type]
+        return type(self), args
+
+
 @dataclass(frozen=True, slots=True)
-class FullAttentionSpec:
+class FullAttentionSpec(_Spec):
     """Layers attending to every previous token: every block is kept."""
 
     block_size: int
@@ -57,7 +69,7 @@ class FullAttentionSpec:
 
 
 @dataclass(frozen=True, slots=True)
-class SlidingWindowSpec:
+class SlidingWindowSpec(_Spec):
     """Layers attending to the last ``sliding_window`` tokens: blocks that fall
     out of the window are released and replaced by the null block."""
 
@@ -73,7 +85,7 @@ class SlidingWindowSpec:
 
 
 @dataclass(frozen=True, slots=True)
-class ChunkedLocalAttentionSpec:
+class ChunkedLocalAttentionSpec(_Spec):
     """Layers attending within fixed chunks of ``attention_chunk_size`` tokens:
     blocks before the current chunk are released."""
 
@@ -89,7 +101,7 @@ class ChunkedLocalAttentionSpec:
 
 
 @dataclass(frozen=True, slots=True)
-class MambaSpec:
+class MambaSpec(_Spec):
     """State-space (Mamba) layers.
 
     ``mamba_cache_mode="none"`` (default): one state block per request plus
@@ -154,7 +166,7 @@ class MambaSpec:
 
 
 @dataclass(frozen=True, slots=True)
-class CrossAttentionSpec:
+class CrossAttentionSpec(_Spec):
     """Encoder-decoder cross-attention: one static allocation sized by the
     encoder's token count, never prefix-cached."""
 
@@ -168,7 +180,7 @@ class CrossAttentionSpec:
 
 
 @dataclass(frozen=True, slots=True)
-class MLAAttentionSpec:
+class MLAAttentionSpec(_Spec):
     """Multi-head latent attention (one latent vector per token, DeepSeek
     style): managed exactly like full attention, but a spec of its own (a
     hybrid model looks MLA groups up apart from plain full attention)."""
@@ -183,7 +195,7 @@ class MLAAttentionSpec:
 
 
 @dataclass(frozen=True, slots=True)
-class SlidingWindowMLASpec:
+class SlidingWindowMLASpec(_Spec):
     """Sliding-window MLA layers (DeepSeek-V4 style): managed exactly like
     :class:`SlidingWindowSpec`, a spec of its own."""
 
@@ -199,7 +211,7 @@ class SlidingWindowMLASpec:
 
 
 @dataclass(frozen=True, slots=True)
-class RSWASpec:
+class RSWASpec(_Spec):
     """Reference sliding-window attention: the prompt stays fully visible,
     only the last ``rswa_window`` generated tokens do. Every allocation frees
     the decode gap between the prompt's last block and the window; freed gap

@@ -289,7 +289,8 @@ def format_summary(s: dict[str, Any]) -> str:
             f"best-possible pass {s['best_possible_seconds']:.2f}, scheduler loop the rest)",
         ),
     ]
-    rows += [("note", n) for n in s.get("notes", [])]    if s.get("residency_evicted_blocks") == 0:
+    rows += [("note", n) for n in s.get("notes", [])]
+    if s.get("residency_evicted_blocks") == 0:
         rows.append(
             (
                 "block residency",

@@ -282,7 +282,7 @@ def simulate(
     allocate = mgr.allocate_slots
     # Mamba "align" layouts: prefill chunks end where a state must be cached.
     split = mamba_chunk_rule(mgr.config, mgr.hash_block_size)
-        step_mgr, step_usage, step_time, step_hit, step_cached = (
+    step_mgr, step_usage, step_time, step_hit, step_cached = (
         res.step_manager_s,
         res.step_usage,
         res.step_time,
