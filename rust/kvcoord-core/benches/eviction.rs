@@ -20,8 +20,8 @@ use std::hint::black_box;
 
 use criterion::{Criterion, Throughput};
 use kvcoord_core::{
-    BlockHash, BlockId, BlockPool, CoordinatorConfig, CoordinatorCore, EvictionConfig, GroupId,
-    GroupSpec, PoolConfig, ReqId, RequestView,
+    AllocateArgs, BlockHash, BlockId, BlockPool, CoordinatorConfig, CoordinatorCore,
+    EvictionConfig, GroupId, GroupSpec, PoolConfig, ReqId, RequestView,
 };
 
 const NUM_BLOCKS: usize = 1_000_000;
@@ -148,7 +148,18 @@ impl Admissions {
         let view = RequestView::new(0, *len, *len, hashes);
         let id = ReqId(self.next);
         let new = c
-            .allocate_slots(id, &view, len - hit, hit, Some(&self.hits), 0, 0, false)
+            .allocate_slots(
+                id,
+                &view,
+                &AllocateArgs {
+                    num_new_tokens: len - hit,
+                    num_new_computed_tokens: hit,
+                    num_lookahead_tokens: 0,
+                    num_encoder_tokens: 0,
+                    delay_cache_blocks: false,
+                },
+                Some(&self.hits),
+            )
             .unwrap();
         assert!(new.is_some(), "the pool holds 48 running requests");
         if self.next % 4 == 0 {

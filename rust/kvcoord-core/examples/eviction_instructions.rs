@@ -18,8 +18,8 @@ use std::collections::VecDeque;
 use std::hint::black_box;
 
 use kvcoord_core::{
-    BlockHash, BlockId, BlockPool, CoordinatorConfig, CoordinatorCore, GroupId, GroupSpec,
-    PoolConfig, ReqId, RequestView,
+    AllocateArgs, BlockHash, BlockId, BlockPool, CoordinatorConfig, CoordinatorCore, GroupId,
+    GroupSpec, PoolConfig, ReqId, RequestView,
 };
 
 fn hash(i: u64) -> BlockHash {
@@ -128,9 +128,20 @@ fn main() {
                 }
                 let view = RequestView::new(0, *len, *len, hashes);
                 let id = ReqId(next);
-                c.allocate_slots(id, &view, len - hit, hit, Some(&hits), 0, 0, false)
-                    .unwrap()
-                    .unwrap();
+                c.allocate_slots(
+                    id,
+                    &view,
+                    &AllocateArgs {
+                        num_new_tokens: len - hit,
+                        num_new_computed_tokens: hit,
+                        num_lookahead_tokens: 0,
+                        num_encoder_tokens: 0,
+                        delay_cache_blocks: false,
+                    },
+                    Some(&hits),
+                )
+                .unwrap()
+                .unwrap();
                 if next % 4 == 0 {
                     let held = c.block_ids(id).unwrap()[0].to_vec();
                     c.pool_mut().set_priority(&held, 3).unwrap();
