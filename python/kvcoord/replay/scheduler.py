@@ -53,6 +53,8 @@ from kvcoord.replay.workloads import Workload, WorkloadRequest
 from kvcoord.residency import ResidencySnapshot
 from kvcoord.scheduling import mamba_chunk_rule
 
+_MAX_CLOCK_US = float(1 << 63)
+
 __all__ = [
     "EvictionCounter",
     "SimConfig",
@@ -320,7 +322,9 @@ def simulate(
         loaded_tokens = 0
         preempted = False
         mgr.new_step_starts()
-        mgr.set_residency_clock(int(now * 1e6))  # microseconds of simulated time
+        # microseconds of simulated time; the core's clock is a u64 and traces may
+        # carry times up to the largest finite float (the clock then saturates)
+        mgr.set_residency_clock(int(min(now * 1e6, _MAX_CLOCK_US)))
         # 2. running requests, in admission order. A scheduled request's step
         # outcome (tokens computed, token sampled) is applied right away: later
         # requests of the step never depend on it, and frees wait for the end.
