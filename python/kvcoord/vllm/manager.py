@@ -316,7 +316,7 @@ class KVCacheManager:
             return None
         if result is self._core_empty:
             return self.empty_kv_cache_blocks
-        new = result.blocks
+        new = result.arrays()  # read-only int32 ids per group
         if num_external_computed_tokens:
             # vLLM returns the blocks past the external (connector) tokens only.
             new = self._past_external(new, num_local, num_local + num_external_computed_tokens)
