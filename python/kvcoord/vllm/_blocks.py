@@ -174,6 +174,16 @@ class PoolView:
         """Every block, indexed by id (one view each: for inspection only)."""
         return [BlockView(self.pool, i) for i in range(self.pool.num_blocks)]
 
+    @property
+    def free_block_queue(self) -> Any:
+        """``num_free_blocks`` and the ids front to back (inspection only)."""
+        from types import SimpleNamespace
+
+        return SimpleNamespace(
+            num_free_blocks=int(self.pool.num_free_blocks),
+            get_all_free_blocks=lambda: [BlockView(self.pool, int(i)) for i in self.pool.free_block_ids()],
+        )
+
     def get_num_free_blocks(self) -> int:
         return int(self.pool.num_free_blocks)
 

@@ -1,6 +1,7 @@
 """Switching kvcoord on inside vLLM: a process-wide, idempotent patch of the
 ``KVCacheManager`` name that vLLM's scheduler (and code importing it later)
-resolves.
+resolves, and of ``get_request_block_hasher`` (kvcoord hashes requests; see
+:mod:`kvcoord.vllm._hasher`).
 
 vLLM's ``Scheduler`` looks ``KVCacheManager`` up in its module's globals when
 it is built, so replacing that name (and the one in
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 from typing import Any
 
 __all__ = ["disable", "enable", "is_enabled", "original_manager_class", "register"]
@@ -19,6 +21,7 @@ __all__ = ["disable", "enable", "is_enabled", "original_manager_class", "registe
 # Modules whose global ``KVCacheManager`` is replaced.
 _TARGETS = ("vllm.v1.core.kv_cache_manager", "vllm.v1.core.sched.scheduler")
 _original: dict[str, Any] = {}
+_original_hasher: dict[str, Any] = {}
 _enabled = False
 
 
@@ -41,11 +44,26 @@ def enable() -> None:
         return
     from kvcoord.vllm.manager import KVCacheManager
 
+    from kvcoord.vllm._hasher import make_block_hasher
+
     for name in _TARGETS:
         module = importlib.import_module(name)
         _original[name] = module.KVCacheManager
     for name in _TARGETS:
         importlib.import_module(name).KVCacheManager = KVCacheManager
+    utils = importlib.import_module("vllm.v1.core.kv_cache_utils")
+    _original_hasher[utils.__name__] = utils.get_request_block_hasher
+    fast = make_block_hasher(utils.get_request_block_hasher)
+    utils.get_request_block_hasher = fast
+    engine = sys.modules.get("vllm.v1.engine.core")
+    if engine is None:
+        try:
+            engine = importlib.import_module("vllm.v1.engine.core")
+        except Exception:  # engine not importable here (e.g. a bare CPU test venv)
+            engine = None
+    if engine is not None:
+        _original_hasher[engine.__name__] = engine.get_request_block_hasher
+        engine.get_request_block_hasher = fast
     _enabled = True
 
 
@@ -56,7 +74,10 @@ def disable() -> None:
         return
     for name, cls in _original.items():
         importlib.import_module(name).KVCacheManager = cls
+    for name, fn in _original_hasher.items():
+        importlib.import_module(name).get_request_block_hasher = fn
     _original.clear()
+    _original_hasher.clear()
     _enabled = False
 
 

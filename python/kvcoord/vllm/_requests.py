@@ -26,6 +26,7 @@ import numpy as np
 from kvcoord._core import Request
 from kvcoord.errors import InvalidTokenError
 from kvcoord.hashing import HashAlgoName
+from kvcoord.vllm._hasher import ATTR
 
 __all__ = ["RequestRegistry", "stats"]
 
@@ -54,6 +55,11 @@ class RequestRegistry:
     def get(self, request: Any) -> Request:
         """kvcoord's request for ``request`` (a vLLM ``Request``), in step with it."""
         mine = self._by_id.get(request.request_id)
+        if mine is None:
+            # The request's own hashing request (kvcoord as vLLM's block hasher).
+            shared = request.__dict__.get(ATTR)
+            if isinstance(shared, Request) and shared.hash_block_size == self.hash_block_size:
+                mine = self._by_id[request.request_id] = shared
         num_tokens = request.num_tokens
         if mine is None or mine.num_tokens > num_tokens:
             if mine is not None:
@@ -68,6 +74,10 @@ class RequestRegistry:
                 mine.append_output_token_ids(_tokens(new))
         mine.num_computed_tokens = request.num_computed_tokens
         return mine
+
+    def ids(self) -> list[str]:
+        """Ids of the requests seen and not yet dropped."""
+        return list(self._by_id)
 
     def drop(self, request_id: str) -> None:
         self._by_id.pop(request_id, None)
@@ -95,7 +105,7 @@ class RequestRegistry:
             "hash_block_size": self.hash_block_size,
             "hash_algo": self.hash_algo,
             "cache_salt": salt,
-            "lora": (lora.lora_name, lora.lora_path) if lora else None,
+            "lora": (lora.lora_name, lora.lora_path or "") if lora else None,
             "mm_features": [
                 (f.identifier, f.mm_position.offset, f.mm_position.length)
                 for f in (request.mm_features or ())

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from kvcoord.coordinator import KVCacheCoordinator, get_kv_cache_coordinator
-from kvcoord.vllm._blocks import KVCacheBlocks, PoolView, ids_of
+from kvcoord.vllm._blocks import BlockView, KVCacheBlocks, PoolView, ids_of
 from kvcoord.vllm._requests import RequestRegistry
 from kvcoord.vllm._support import to_kvcoord_config, unsupported_reason
 
@@ -79,15 +80,41 @@ def _vllm_manager_class() -> type:
     return _patch.original_manager_class()
 
 
+class _RequestTables(Mapping[str, list[BlockView]]):
+    """``req_to_blocks`` of one group: request id -> block views (read-only;
+    built from the core's table on each access, for inspection only)."""
+
+    def __init__(self, manager: KVCacheManager, group_id: int) -> None:
+        self._manager = manager
+        self._group_id = group_id
+
+    def __getitem__(self, request_id: str) -> list[BlockView]:
+        held = self._manager._held(request_id)
+        if held is None:
+            raise KeyError(request_id)
+        pool = self._manager._pool
+        return [BlockView(pool, int(i)) for i in held[self._group_id]]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([r for r in self._manager._requests.ids() if r in self])
+
+    def __len__(self) -> int:
+        return int(self._manager._core.num_requests)
+
+    def __contains__(self, request_id: object) -> bool:
+        return isinstance(request_id, str) and self._manager._held(request_id) is not None
+
+
 class _SingleTypeView:
     """What the scheduler reads of each of vLLM's single-type managers."""
 
-    __slots__ = ("block_size", "kv_cache_group_id", "kv_cache_spec")
+    __slots__ = ("block_size", "kv_cache_group_id", "kv_cache_spec", "req_to_blocks")
 
-    def __init__(self, group_id: int, spec: Any) -> None:
+    def __init__(self, manager: KVCacheManager, group_id: int, spec: Any) -> None:
         self.kv_cache_group_id = group_id
         self.kv_cache_spec = spec
         self.block_size = int(spec.block_size)
+        self.req_to_blocks = _RequestTables(manager, group_id)
 
 
 class CoordinatorView:
@@ -101,7 +128,7 @@ class CoordinatorView:
         self._manager = manager
         self.core = core
         self.single_type_managers = [
-            _SingleTypeView(i, g.kv_cache_spec)
+            _SingleTypeView(manager, i, g.kv_cache_spec)
             for i, g in enumerate(manager.kv_cache_config.kv_cache_groups)
         ]
 
