@@ -53,7 +53,7 @@ def ensure_venv(venv: Path, python: str) -> Path:
             subprocess.run([python, "-m", "venv", str(venv)], check=True)
         env = dict(os.environ, VLLM_TARGET_DEVICE="cpu")
         subprocess.run(
-            [str(py), "-m", "pip", "install", "-q", f"vllm=={VLLM}", "pytest", "numpy"],
+            [str(py), "-m", "pip", "install", "-q", f"vllm=={VLLM}", "pytest", "numpy", "tblib"],
             check=True,
             env=env,
         )

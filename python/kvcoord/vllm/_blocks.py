@@ -14,7 +14,7 @@ methods of vLLM's ``BlockPool`` that the scheduler calls
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -148,10 +148,13 @@ class KVCacheBlocks:
 class PoolView:
     """vLLM ``BlockPool`` methods the scheduler calls, over kvcoord's pool."""
 
-    __slots__ = ("pool",)
+    __slots__ = ("_free_parked", "pool")
 
-    def __init__(self, pool: BlockPool) -> None:
+    def __init__(
+        self, pool: BlockPool, free_parked: Callable[[list[int]], bool] | None = None
+    ) -> None:
         self.pool = pool
+        self._free_parked = free_parked
 
     @property
     def num_gpu_blocks(self) -> int:
@@ -191,8 +194,13 @@ class PoolView:
         return float(self.pool.usage)
 
     def free_blocks(self, ordered_blocks: Iterable[Any]) -> None:
-        """Release one reference of each block (ids or block objects), first = evicted first."""
-        self.pool.free_blocks(ids_of(ordered_blocks))
+        """Release one reference of each block (ids or block objects), first =
+        evicted first. On a manager's pool, only the blocks of one
+        ``pop_blocks_for_free`` call can be freed this way."""
+        ids = ids_of(ordered_blocks)
+        if self._free_parked is not None and self._free_parked(ids):
+            return
+        self.pool.free_blocks(ids)
 
     def touch(self, blocks: Iterable[Any]) -> None:
         self.pool.touch(ids_of(blocks))

@@ -50,8 +50,6 @@ def _spec_reason(spec: Any) -> str | None:
             return f"{kind} with DeepSeek-V4 fields"
     else:
         return f"KV cache spec {kind} (only full attention is served yet)"
-    if getattr(spec, "dcp_sharded", False):
-        return f"{kind} sharded for decode context parallelism"
     if not spec.prefix_cacheable:
         return f"{kind} that is not prefix-cacheable"
     return None

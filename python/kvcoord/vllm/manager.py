@@ -16,10 +16,12 @@ mid-run.
 from __future__ import annotations
 
 import logging
+import sys
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from kvcoord._core import Request
 from kvcoord.coordinator import KVCacheCoordinator, get_kv_cache_coordinator
 from kvcoord.vllm._blocks import BlockView, KVCacheBlocks, PoolView, ids_of
 from kvcoord.vllm._requests import RequestRegistry
@@ -72,6 +74,23 @@ def _bind(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
         if name not in bound:
             raise TypeError(f"KVCacheManager missing required argument {name!r}")
     return bound
+
+
+def _caller_reason() -> str | None:
+    """Why the vLLM scheduler building this manager needs vLLM's own (a KV
+    connector binds to the manager's internals), or None. Read from the
+    scheduler under construction, which sets its connector first."""
+    frame = sys._getframe(2)
+    for _ in range(4):
+        if frame is None:
+            return None
+        owner = frame.f_locals.get("self")
+        if owner is not None and hasattr(owner, "defer_block_free"):
+            if getattr(owner, "connector", None) is not None:
+                return "a KV connector (it binds to vLLM's manager internals)"
+            return None
+        frame = frame.f_back
+    return None
 
 
 def _vllm_manager_class() -> type:
@@ -158,7 +177,7 @@ class KVCacheManager:
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         bound = _bind(args, kwargs)
-        reason = unsupported_reason(bound["kv_cache_config"], bound)
+        reason = unsupported_reason(bound["kv_cache_config"], bound) or _caller_reason()
         if reason is None:
             return super().__new__(cls)
         fallbacks[reason] += 1
@@ -194,7 +213,9 @@ class KVCacheManager:
         )
         self._core = self._core_coordinator.core
         self._pool = self._core_coordinator.block_pool
-        self.block_pool = PoolView(self._pool)
+        self._parked: dict[tuple[int, ...], list[str]] = {}
+        self._park_seq = 0
+        self.block_pool = PoolView(self._pool, self._free_parked)
         self.coordinator = CoordinatorView(self, self._core_coordinator)
         self._block_sizes = tuple(int(g.kv_cache_spec.block_size) for g in cfg.kv_cache_groups)
         self._requests = RequestRegistry(self.hash_block_size)
@@ -369,15 +390,51 @@ class KVCacheManager:
 
     def pop_blocks_for_free(self, request: Any) -> list[int]:
         """Forget the request but keep its blocks' references; the caller frees
-        the returned ids later through ``block_pool.free_blocks`` (reversed)."""
-        held = self._held(request.request_id)
-        self._requests.drop(request.request_id)
+        the returned ids later through ``block_pool.free_blocks`` (reversed).
+
+        The blocks are handed to a parking request inside the core (adopted as
+        its computed prefix, so no reference count changes); freeing exactly
+        these ids through :attr:`block_pool` frees the parking request, tail
+        first, as vLLM frees them.
+        """
+        rid = request.request_id
+        held = self._held(rid)
+        self._requests.drop(rid)
         if held is None:
             return []
-        ids = [i for g in held for i in g if i]
-        self._pool.touch(ids)
-        self._core.free(request.request_id)
+        ids = [int(i) for g in held for i in g if i]
+        if not ids:
+            self._core.free(rid)
+            return []
+        if not self.enable_caching:
+            raise NotImplementedError(
+                "pop_blocks_for_free without prefix caching needs core support in kvcoord"
+            )
+        self._park_seq += 1
+        park_id = f"\x00kvcoord-parked-{self._park_seq}"
+        num_blocks = max(len(g) for g in held)
+        bs = self._block_sizes[0]
+        tokens = num_blocks * bs if len(set(self._block_sizes)) == 1 else 0
+        if not tokens or any(len(g) != num_blocks for g in held):
+            raise NotImplementedError("pop_blocks_for_free of ragged multi-group tables")
+        parked = Request(park_id, [0] * (tokens + 1), hash_block_size=self.hash_block_size)
+        if self._core.allocate_slots(parked, 0, tokens, held) is None:  # pragma: no cover
+            raise RuntimeError("kvcoord: parking adopted blocks cannot need new blocks")
+        self._core.free(rid)
+        self._parked.setdefault(tuple(sorted(ids)), []).append(park_id)
         return ids
+
+    def _free_parked(self, ids: list[int]) -> bool:
+        """Free the parking request holding exactly ``ids``; False if none does."""
+        key = tuple(sorted(ids))
+        parked = self._parked.get(key)
+        if not parked:
+            return False
+        park_id = parked.pop()
+        if not parked:
+            del self._parked[key]
+        self._core.free(park_id)
+        return True
 
     def remove_skipped_blocks(
         self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
