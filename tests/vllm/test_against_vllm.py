@@ -92,7 +92,9 @@ def test_random_schedule_matches_vllm(seed: int, groups: int) -> None:
     running: list[Request] = []
     for step in range(120):
         if rng.random() < 0.5:
-            tokens = rng.choice(prefixes) + [rng.randrange(1000) for _ in range(rng.randrange(1, 12))]
+            tokens = rng.choice(prefixes) + [
+                rng.randrange(1000) for _ in range(rng.randrange(1, 12))
+            ]
             waiting.append(make_request(f"r{step}", tokens))
         for req in list(running):  # decode: one token each, preempt the last on failure
             req.append_output_token_ids(rng.randrange(1000))
@@ -110,7 +112,10 @@ def test_random_schedule_matches_vllm(seed: int, groups: int) -> None:
                 req.num_computed_tokens = req.num_tokens
         while waiting:
             req = waiting[0]
-            (ha, na, _), (hb, nb, _) = theirs.get_computed_blocks(req), ours.get_computed_blocks(req)
+            (ha, na, _), (hb, nb, _) = (
+                theirs.get_computed_blocks(req),
+                ours.get_computed_blocks(req),
+            )
             assert (na, ids(ha)) == (nb, ids(hb))
             kwargs = {
                 "num_new_computed_tokens": na,
@@ -146,7 +151,7 @@ def test_pop_blocks_for_free_keeps_references_until_freed() -> None:
     theirs, ours = managers(cfg)
     for m in (theirs, ours):
         req = make_request("a", list(range(10)))
-        blocks, hit, _ = m.get_computed_blocks(req)
+        m.get_computed_blocks(req)
         m.allocate_slots(req, 10)
         popped = m.pop_blocks_for_free(req)
         assert m.block_pool.get_num_free_blocks() == 12

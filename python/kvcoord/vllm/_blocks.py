@@ -184,7 +184,9 @@ class PoolView:
 
         return SimpleNamespace(
             num_free_blocks=int(self.pool.num_free_blocks),
-            get_all_free_blocks=lambda: [BlockView(self.pool, int(i)) for i in self.pool.free_block_ids()],
+            get_all_free_blocks=lambda: [
+                BlockView(self.pool, int(i)) for i in self.pool.free_block_ids()
+            ],
         )
 
     def get_num_free_blocks(self) -> int:

@@ -16,6 +16,7 @@ hash lookahead) keep vLLM's own hasher; :data:`stats` counts both paths.
 
 from __future__ import annotations
 
+import importlib
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -34,8 +35,7 @@ _NOT_OURS = object()
 
 
 def _algo_name(hash_fn: Callable[[Any], bytes]) -> str | None:
-    from vllm.utils import hashing
-
+    hashing: Any = importlib.import_module("vllm.utils.hashing")
     if hash_fn is hashing.sha256_cbor:
         return "sha256_cbor"
     if hash_fn is hashing.xxhash_cbor:
@@ -97,8 +97,7 @@ def make_block_hasher(
 def _start(request: Any, hash_block_size: int, algo: str) -> Request | None:
     """kvcoord's hashing request for ``request``, or None when it cannot be
     byte-identical to vLLM's hashes."""
-    from vllm.v1.core.kv_cache_utils import get_none_hash_seed
-
+    utils: Any = importlib.import_module("vllm.v1.core.kv_cache_utils")
     if getattr(request, "prompt_embeds", None) is not None or request.prompt_token_ids is None:
         return None
     lora = request.lora_request
@@ -108,7 +107,7 @@ def _start(request: Any, hash_block_size: int, algo: str) -> Request | None:
             list(request.prompt_token_ids),
             hash_block_size=hash_block_size,
             hash_algo=algo,  # type: ignore[arg-type]
-            hash_seed=get_none_hash_seed(),
+            hash_seed=utils.get_none_hash_seed(),
             cache_salt=request.cache_salt or None,
             lora=(lora.lora_name, lora.lora_path or "") if lora else None,
             mm_features=[

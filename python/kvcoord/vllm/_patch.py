@@ -22,6 +22,7 @@ __all__ = ["disable", "enable", "is_enabled", "original_manager_class", "registe
 _TARGETS = ("vllm.v1.core.kv_cache_manager", "vllm.v1.core.sched.scheduler")
 _original: dict[str, Any] = {}
 _original_hasher: dict[str, Any] = {}
+_HASHER = "get_request_block_hasher"
 _enabled = False
 
 
@@ -31,8 +32,8 @@ def original_manager_class() -> type:
         cls: type = _original["vllm.v1.core.kv_cache_manager"]
         return cls
     module = importlib.import_module("vllm.v1.core.kv_cache_manager")
-    cls = module.KVCacheManager
-    return cls
+    original: type = getattr(module, "KVCacheManager")  # noqa: B009
+    return original
 
 
 def enable() -> None:
@@ -42,19 +43,18 @@ def enable() -> None:
     global _enabled
     if _enabled:
         return
-    from kvcoord.vllm.manager import KVCacheManager
-
     from kvcoord.vllm._hasher import make_block_hasher
+    from kvcoord.vllm.manager import KVCacheManager
 
     for name in _TARGETS:
         module = importlib.import_module(name)
-        _original[name] = module.KVCacheManager
+        _original[name] = getattr(module, "KVCacheManager")  # noqa: B009
     for name in _TARGETS:
-        importlib.import_module(name).KVCacheManager = KVCacheManager
+        setattr(importlib.import_module(name), "KVCacheManager", KVCacheManager)  # noqa: B010
     utils = importlib.import_module("vllm.v1.core.kv_cache_utils")
-    _original_hasher[utils.__name__] = utils.get_request_block_hasher
-    fast = make_block_hasher(utils.get_request_block_hasher)
-    utils.get_request_block_hasher = fast
+    _original_hasher[utils.__name__] = getattr(utils, _HASHER)
+    fast = make_block_hasher(getattr(utils, _HASHER))
+    setattr(utils, _HASHER, fast)
     engine = sys.modules.get("vllm.v1.engine.core")
     if engine is None:
         try:
@@ -62,8 +62,8 @@ def enable() -> None:
         except Exception:  # engine not importable here (e.g. a bare CPU test venv)
             engine = None
     if engine is not None:
-        _original_hasher[engine.__name__] = engine.get_request_block_hasher
-        engine.get_request_block_hasher = fast
+        _original_hasher[engine.__name__] = getattr(engine, _HASHER)
+        setattr(engine, _HASHER, fast)
     _enabled = True
 
 
@@ -73,9 +73,9 @@ def disable() -> None:
     if not _enabled:
         return
     for name, cls in _original.items():
-        importlib.import_module(name).KVCacheManager = cls
+        setattr(importlib.import_module(name), "KVCacheManager", cls)  # noqa: B010
     for name, fn in _original_hasher.items():
-        importlib.import_module(name).get_request_block_hasher = fn
+        setattr(importlib.import_module(name), _HASHER, fn)
     _original.clear()
     _original_hasher.clear()
     _enabled = False

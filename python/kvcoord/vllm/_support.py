@@ -10,6 +10,7 @@ decision: nothing falls back mid-run.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -39,9 +40,8 @@ def _spec_reason(spec: Any) -> str | None:
     """Why a vLLM spec is not served, or None. Served: plain full attention
     (``FullAttentionSpec``, and MLA without DeepSeek-V4 fields), whose block
     management does not depend on the attention variant."""
-    from vllm.v1.kv_cache_interface import FullAttentionSpec as VFull
-    from vllm.v1.kv_cache_interface import MLAAttentionSpec
-
+    interface: Any = importlib.import_module("vllm.v1.kv_cache_interface")
+    VFull, MLAAttentionSpec = interface.FullAttentionSpec, interface.MLAAttentionSpec
     kind = type(spec).__name__
     if type(spec) is VFull:
         pass
@@ -58,9 +58,9 @@ def _spec_reason(spec: Any) -> str | None:
 def unsupported_reason(kv_cache_config: Any, args: Mapping[str, Any]) -> str | None:
     """None when kvcoord serves this manager configuration exactly; otherwise
     the reason it does not (one line)."""
-    for name, default, reason in _UNSERVED_ARGS:
+    for name, default, why in _UNSERVED_ARGS:
         if args.get(name, default) != default:
-            return reason
+            return why
     if args.get("watermark", 0.0) < 0:
         return "negative watermark"
     groups = list(kv_cache_config.kv_cache_groups)
@@ -82,9 +82,9 @@ def unsupported_reason(kv_cache_config: Any, args: Mapping[str, Any]) -> str | N
     block_sizes = {g.kv_cache_spec.block_size for g in groups}
     if args.get("enable_caching", True) and any(b % hash_block_size for b in block_sizes):
         return f"hash_block_size={hash_block_size} not dividing the block sizes {block_sizes}"
-    if args.get("enable_caching", True) and len(groups) == 1:
-        if hash_block_size != groups[0].kv_cache_spec.block_size:
-            return "sub-block (partial) prefix hits: hash_block_size below the block size"
+    caching = args.get("enable_caching", True)
+    if caching and len(groups) == 1 and hash_block_size != groups[0].kv_cache_spec.block_size:
+        return "sub-block (partial) prefix hits: hash_block_size below the block size"
     if args.get("enable_caching", True) and len(groups) > 1 and hash_block_size not in block_sizes:
         return "sub-block (partial) prefix hits: hash_block_size below every block size"
     return None

@@ -15,10 +15,12 @@ mid-run.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import sys
 from collections import Counter
 from collections.abc import Iterator, Mapping
+from types import FrameType
 from typing import Any
 
 from kvcoord._core import Request
@@ -80,7 +82,7 @@ def _caller_reason() -> str | None:
     """Why the vLLM scheduler building this manager needs vLLM's own (a KV
     connector binds to the manager's internals), or None. Read from the
     scheduler under construction, which sets its connector first."""
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     for _ in range(4):
         if frame is None:
             return None
@@ -223,16 +225,14 @@ class KVCacheManager:
             tuple(() for _ in range(self.num_kv_cache_groups)), self._pool
         )
         self._core_empty = self._core.empty
-        self.prefix_cache_stats = self._new_stats() if self.log_stats else None
+        self.prefix_cache_stats: Any = self._new_stats() if self.log_stats else None
         served["managers"] += 1
 
     # ---- statistics ------------------------------------------------------
 
     @staticmethod
     def _new_stats() -> Any:
-        from vllm.v1.metrics.stats import PrefixCacheStats
-
-        return PrefixCacheStats()
+        return importlib.import_module("vllm.v1.metrics.stats").PrefixCacheStats()
 
     @property
     def usage(self) -> float:
@@ -251,7 +251,8 @@ class KVCacheManager:
     def record_prefix_cache_stats(self, request: Any, num_hits: int) -> None:
         if not self.log_stats or not self.prefix_cache_lookup_enabled(request):
             return
-        self.prefix_cache_stats.record(
+        stats: Any = self.prefix_cache_stats
+        stats.record(
             num_tokens=request.num_tokens,
             num_hits=num_hits,
             preempted=request.num_preemptions > 0,
@@ -321,12 +322,19 @@ class KVCacheManager:
         skip_zeroing_group_ids: tuple[int, ...] = (),
     ) -> KVCacheBlocks | None:
         """vLLM's ``allocate_slots``: new blocks per group, or None (nothing changed)."""
-        if num_new_tokens == 0 and num_external_computed_tokens == 0 and num_new_computed_tokens == 0:
+        if (
+            num_new_tokens == 0
+            and num_external_computed_tokens == 0
+            and num_new_computed_tokens == 0
+        ):
             raise ValueError(
                 "num_new_tokens must be greater than 0 when there are no computed tokens to adopt"
             )
         hits: tuple[list[int], ...] = ()
-        if new_computed_blocks is not None and new_computed_blocks is not self.empty_kv_cache_blocks:
+        if (
+            new_computed_blocks is not None
+            and new_computed_blocks is not self.empty_kv_cache_blocks
+        ):
             if isinstance(new_computed_blocks, KVCacheBlocks):
                 if any(len(g) for g in new_computed_blocks.ids):
                     hits = tuple(ids_of(g) for g in new_computed_blocks.ids)
@@ -334,9 +342,8 @@ class KVCacheManager:
                 hits = tuple(ids_of(g) for g in new_computed_blocks.blocks)
         watermark = 0
         if self.watermark_blocks and has_scheduled_reqs:
-            from vllm.v1.request import RequestStatus
-
-            if request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
+            status = importlib.import_module("vllm.v1.request").RequestStatus
+            if request.status in (status.WAITING, status.PREEMPTED):
                 watermark = self.watermark_blocks
         rid = request.request_id
         num_local = request.num_computed_tokens + num_new_computed_tokens
@@ -447,7 +454,7 @@ class KVCacheManager:
     def reset_prefix_cache(self) -> bool:
         if not self._pool.reset_prefix_cache():
             return False
-        if self.log_stats:
+        if self.prefix_cache_stats is not None:
             self.prefix_cache_stats.reset = True
         return True
 
@@ -479,7 +486,8 @@ class KVCacheManager:
     ) -> tuple[list[int], ...]:
         ids = self.get_block_ids(request_id)
         return tuple(
-            g[: _cdiv(num_computed_tokens, bs)] for g, bs in zip(ids, self._block_sizes, strict=True)
+            g[: _cdiv(num_computed_tokens, bs)]
+            for g, bs in zip(ids, self._block_sizes, strict=True)
         )
 
     def estimate_cached_tokens(self, request: Any) -> int:

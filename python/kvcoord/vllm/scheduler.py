@@ -3,11 +3,12 @@ scheduler, built with kvcoord as its KV-cache manager."""
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
-from vllm.v1.core.sched.scheduler import Scheduler as _VllmScheduler
-
 from kvcoord.vllm._patch import enable
+
+_VllmScheduler: Any = importlib.import_module("vllm.v1.core.sched.scheduler").Scheduler
 
 __all__ = ["Scheduler"]
 
