@@ -16,8 +16,11 @@
    ``config.json``: ``--hf-home`` points at an offline cache holding it
    (``HF_HUB_OFFLINE=1``).
 
-Exit status 0 when every run completed (test failures are reported, not
-fatal: the table is the result).
+4. Runs this repository's ``tests/vllm`` (kvcoord beside vLLM's own manager)
+   in the same virtualenv.
+
+Exit status: that of step 4 (vLLM's own test failures are reported in the
+table, not fatal: the table is the result).
 """
 
 from __future__ import annotations
@@ -53,7 +56,20 @@ def ensure_venv(venv: Path, python: str) -> Path:
             subprocess.run([python, "-m", "venv", str(venv)], check=True)
         env = dict(os.environ, VLLM_TARGET_DEVICE="cpu")
         subprocess.run(
-            [str(py), "-m", "pip", "install", "-q", f"vllm=={VLLM}", "pytest", "numpy", "tblib"],
+            [
+                str(py),
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                f"vllm=={VLLM}",
+                "pytest",
+                "numpy",
+                "tblib",
+                "xxhash",
+                "pytest-benchmark",
+                "hypothesis",
+            ],
             check=True,
             env=env,
         )
@@ -163,9 +179,19 @@ def main() -> int:
     print("|---|---|---|")
     for test_file, v, k in rows:
         print(f"| `{test_file}` | {v['passed']} / {v['total']} | {k['passed']} / {k['total']} |")
+    # kvcoord's own tests against vLLM's manager (skipped by `make test`).
+    own = subprocess.run(
+        [str(py), "-m", "pytest", "tests/vllm", "-q", "-p", "no:cacheprovider"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    print()
+    print("kvcoord's tests/vllm in the vLLM venv:", (own.stdout.strip().splitlines() or [""])[-1])
     if args.json:
         args.json.write_text(json.dumps([{"file": f, "vllm": v, "kvcoord": k} for f, v, k in rows]))
-    return 0
+    return own.returncode
 
 
 if __name__ == "__main__":

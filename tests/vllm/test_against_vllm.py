@@ -233,3 +233,77 @@ def test_enable_is_idempotent_and_patches_the_scheduler() -> None:
     finally:
         if was:
             kv.enable()
+
+
+@pytest.mark.parametrize("algo", ["sha256_cbor", "xxhash_cbor"])
+def test_kvcoord_block_hasher_is_byte_identical(algo: str) -> None:
+    from vllm.lora.request import LoRARequest
+    from vllm.multimodal.inputs import (
+        MultiModalFeatureSpec,
+        MultiModalKwargsItem,
+        PlaceholderRange,
+    )
+    from vllm.utils import hashing
+
+    from kvcoord.vllm._hasher import make_block_hasher
+
+    fn = getattr(hashing, algo)
+    init_none_hash(fn)
+    theirs = get_request_block_hasher(BS, fn)
+    ours = make_block_hasher(get_request_block_hasher)(BS, fn)
+    mm = [
+        MultiModalFeatureSpec(
+            data=MultiModalKwargsItem.dummy(),
+            mm_position=PlaceholderRange(offset=off, length=n),
+            identifier=f"img{off}",
+            modality="image",
+        )
+        for off, n in ((3, 6), (14, 2))
+    ]
+    variants = [
+        {},
+        {"cache_salt": "tenant"},
+        {"lora_request": LoRARequest("ad", 1, "/path/ad")},
+        {"mm_features": mm},
+    ]
+    rng = random.Random(0)
+    for extra in variants:
+        tokens = [rng.randrange(50000) for _ in range(23)]
+        reqs = []
+        for hasher in (theirs, ours):
+            params = SamplingParams(max_tokens=100)
+            params.update_from_generation_config({}, eos_token_id=100)
+            reqs.append(
+                Request(
+                    request_id="r",
+                    prompt_token_ids=list(tokens),
+                    sampling_params=params,
+                    pooling_params=None,
+                    block_hasher=hasher,
+                    **extra,
+                )
+            )
+        for _ in range(9):
+            token = rng.randrange(50000)
+            for r in reqs:
+                r.append_output_token_ids(token)
+        assert len(reqs[1].block_hashes) == 8
+        assert reqs[0].block_hashes == reqs[1].block_hashes, extra
+
+
+def test_pickle_hashes_stay_vllms() -> None:
+    from kvcoord.vllm._hasher import make_block_hasher, stats
+
+    before = stats["vllm_hashers"]
+    hasher = make_block_hasher(get_request_block_hasher)(BS, sha256)
+    assert stats["vllm_hashers"] == before + 1
+    params = SamplingParams(max_tokens=10)
+    params.update_from_generation_config({}, eos_token_id=100)
+    req = Request(
+        request_id="a",
+        prompt_token_ids=list(range(9)),
+        sampling_params=params,
+        pooling_params=None,
+        block_hasher=hasher,
+    )
+    assert req.block_hashes == make_request("b", list(range(9))).block_hashes
