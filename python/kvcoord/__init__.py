@@ -14,11 +14,16 @@ from kvcoord._core import (
     AllBlocksCleared,
     BlockHashes,
     BlockPool,
+    BlockPoolView,
     BlockRemoved,
     BlockStored,
+    CoordinatorKind,
+    GroupSpec,
     Request,
     __version__,
+    advance_requests,
     compute_block_hashes,
+    default_hash_block_size,
     none_hash,
     validate_retention_interval,
 )
@@ -55,7 +60,12 @@ from kvcoord.errors import (
     UnknownRequestError,
 )
 from kvcoord.hashing import HashAlgoName, LoRA, MultiModalFeature
-from kvcoord.manager import AllocateSlots, KVCacheManager, PrefixCacheStats
+from kvcoord.manager import (
+    AllocateSlots,
+    KVCacheManager,
+    KVCacheManagerOptions,
+    PrefixCacheStats,
+)
 
 __all__ = [
     "HASH_ALGOS",
@@ -63,6 +73,7 @@ __all__ = [
     "AllocateSlots",
     "BlockHashes",
     "BlockPool",
+    "BlockPoolView",
     "BlockRemoved",
     "BlockStateError",
     "BlockStored",
@@ -70,8 +81,10 @@ __all__ = [
     "BlockTableIndexError",
     "ChunkedLocalAttentionSpec",
     "ConfigError",
+    "CoordinatorKind",
     "CrossAttentionSpec",
     "FullAttentionSpec",
+    "GroupSpec",
     "HashAlgoName",
     "HybridKVCacheCoordinator",
     "InvalidArgumentError",
@@ -85,6 +98,7 @@ __all__ = [
     "KVCacheCoordinatorNoPrefixCache",
     "KVCacheGroup",
     "KVCacheManager",
+    "KVCacheManagerOptions",
     "KVCacheSpec",
     "KvCoordError",
     "LoRA",
@@ -97,7 +111,9 @@ __all__ = [
     "UnitaryKVCacheCoordinator",
     "UnknownRequestError",
     "__version__",
+    "advance_requests",
     "compute_block_hashes",
+    "default_hash_block_size",
     "get_kv_cache_coordinator",
     "none_hash",
     "validate_retention_interval",

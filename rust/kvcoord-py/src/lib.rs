@@ -8,11 +8,14 @@
 // dunder methods, which these two pedantic lints flag without a fix.
 #![allow(clippy::needless_pass_by_value, clippy::unused_self)]
 
+mod blocks;
 mod convert;
 mod coordinator;
 mod errors;
 mod events;
+mod kinds;
 mod pool;
+mod pool_view;
 mod request;
 mod retention;
 
@@ -23,13 +26,24 @@ use pyo3::prelude::*;
 #[pyo3(name = "_core")]
 mod core_module {
     #[pymodule_export]
+    use crate::blocks::PyKVCacheBlocks;
+    #[pymodule_export]
     use crate::coordinator::PyCoordinatorCore;
     #[pymodule_export]
     use crate::events::{AllBlocksCleared, BlockRemoved, BlockStored};
     #[pymodule_export]
+    use crate::kinds::{
+        choose_coordinator, default_hash_block_size, scheduler_block_size, PyCoordinatorKind,
+        PyGroupSpec,
+    };
+    #[pymodule_export]
     use crate::pool::PyBlockPool;
     #[pymodule_export]
-    use crate::request::{compute_block_hashes, none_hash, BlockHashes, PyRequest};
+    use crate::pool_view::PyBlockPoolView;
+    #[pymodule_export]
+    use crate::request::{
+        advance_requests, compute_block_hashes, none_hash, BlockHashes, PyRequest,
+    };
     #[pymodule_export]
     use crate::retention::validate_retention_interval;
 
