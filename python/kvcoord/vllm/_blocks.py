@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from kvcoord._core import BlockPool
+from kvcoord.errors import BlockStateError
 
 __all__ = ["BlockView", "KVCacheBlocks", "PoolView", "ids_of"]
 
@@ -49,7 +49,7 @@ class BlockView:
 
     __slots__ = ("_pool", "block_id")
 
-    def __init__(self, pool: BlockPool, block_id: int) -> None:
+    def __init__(self, pool: Any, block_id: int) -> None:
         self._pool = pool
         self.block_id = block_id
 
@@ -86,7 +86,7 @@ class KVCacheBlocks:
 
     __slots__ = ("_pool", "ids")
 
-    def __init__(self, ids: Sequence[Any], pool: BlockPool | None = None) -> None:
+    def __init__(self, ids: Sequence[Any], pool: Any = None) -> None:
         self.ids: tuple[Any, ...] = tuple(ids)
         self._pool = pool
 
@@ -148,12 +148,13 @@ class KVCacheBlocks:
 class PoolView:
     """vLLM ``BlockPool`` methods the scheduler calls, over kvcoord's pool."""
 
-    __slots__ = ("_free_parked", "pool")
+    __slots__ = ("_core", "_free_parked", "pool")
 
     def __init__(
-        self, pool: BlockPool, free_parked: Callable[[list[int]], bool] | None = None
+        self, pool: Any, core: Any = None, free_parked: Callable[[list[int]], bool] | None = None
     ) -> None:
         self.pool = pool
+        self._core = core  # the manager's CoordinatorCore; None for a plain pool
         self._free_parked = free_parked
 
     @property
@@ -202,19 +203,24 @@ class PoolView:
         ids = ids_of(ordered_blocks)
         if self._free_parked is not None and self._free_parked(ids):
             return
+        if self._core is not None:
+            raise BlockStateError(
+                "free_blocks on a kvcoord manager's pool frees only the blocks returned by "
+                "one pop_blocks_for_free call"
+            )
         self.pool.free_blocks(ids)
 
-    def touch(self, blocks: Iterable[Any]) -> None:
-        self.pool.touch(ids_of(blocks))
+    def _owner(self) -> Any:
+        return self.pool if self._core is None else self._core
 
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
-        self.pool.evict_blocks(sorted(int(i) for i in block_ids))
+        self._owner().evict_blocks(sorted(int(i) for i in block_ids))
 
     def reset_prefix_cache(self) -> bool:
-        return bool(self.pool.reset_prefix_cache())
+        return bool(self._owner().reset_prefix_cache())
 
     def take_events(self) -> list[Any]:
-        return list(self.pool.take_events())
+        return list(self._owner().take_events())
 
     def __getattr__(self, name: str) -> Any:
         # Anything else (num_blocks, ref_counts, cached_mask...) is kvcoord's own.

@@ -25,6 +25,7 @@ from typing import Any
 
 from kvcoord._core import Request
 from kvcoord.coordinator import KVCacheCoordinator, get_kv_cache_coordinator
+from kvcoord.errors import UnknownRequestError
 from kvcoord.vllm._blocks import BlockView, KVCacheBlocks, PoolView, ids_of
 from kvcoord.vllm._requests import RequestRegistry
 from kvcoord.vllm._support import to_kvcoord_config, unsupported_reason
@@ -217,14 +218,13 @@ class KVCacheManager:
         self._pool = self._core_coordinator.block_pool
         self._parked: dict[tuple[int, ...], list[str]] = {}
         self._park_seq = 0
-        self.block_pool = PoolView(self._pool, self._free_parked)
+        self.block_pool = PoolView(self._pool, self._core, self._free_parked)
         self.coordinator = CoordinatorView(self, self._core_coordinator)
         self._block_sizes = tuple(int(g.kv_cache_spec.block_size) for g in cfg.kv_cache_groups)
         self._requests = RequestRegistry(self.hash_block_size)
         self.empty_kv_cache_blocks = KVCacheBlocks(
             tuple(() for _ in range(self.num_kv_cache_groups)), self._pool
         )
-        self._core_empty = self._core.empty
         self.prefix_cache_stats: Any = self._new_stats() if self.log_stats else None
         served["managers"] += 1
 
@@ -280,9 +280,14 @@ class KVCacheManager:
     ) -> tuple[KVCacheBlocks, int, int, bool]:
         return (*self.get_computed_blocks(request, max_cache_hit_length), False)
 
-    def _held(self, request_id: str) -> tuple[list[int], ...] | None:
-        ids = self._core.block_ids(request_id)
-        return None if ids is None else tuple(ids)
+    def _held(self, request_id: str) -> tuple[Any, ...] | None:
+        """The request's block table per group (read-only int32 arrays), or None."""
+        try:
+            blocks = self._core.blocks(request_id)
+        except UnknownRequestError:
+            return None
+        arrays: tuple[Any, ...] = blocks.arrays()
+        return arrays
 
     def _predict(self, request_id: str, num_tokens: int, hits: tuple[list[int], ...]) -> int:
         """vLLM's block prediction for full-attention groups: blocks still
@@ -369,7 +374,7 @@ class KVCacheManager:
         )
         if result is None:
             return None
-        if result is self._core_empty:
+        if result.is_empty():
             return self.empty_kv_cache_blocks
         new = result.arrays()  # read-only int32 ids per group
         if num_external_computed_tokens:
@@ -385,7 +390,7 @@ class KVCacheManager:
         return tuple(out)
 
     def cache_blocks(self, request: Any, num_computed_tokens: int) -> None:
-        if self.enable_caching and self._core.block_ids(request.request_id) is not None:
+        if self.enable_caching and self._held(request.request_id) is not None:
             self._core.cache_blocks(self._requests.get(request), num_computed_tokens)
 
     # ---- freeing ---------------------------------------------------------
@@ -409,7 +414,7 @@ class KVCacheManager:
         self._requests.drop(rid)
         if held is None:
             return []
-        ids = [int(i) for g in held for i in g if i]
+        ids = [i for g in held for i in g.tolist() if i]
         if not ids:
             self._core.free(rid)
             return []
@@ -452,7 +457,7 @@ class KVCacheManager:
         self.block_pool.evict_blocks(block_ids)
 
     def reset_prefix_cache(self) -> bool:
-        if not self._pool.reset_prefix_cache():
+        if not self._core.reset_prefix_cache():
             return False
         if self.prefix_cache_stats is not None:
             self.prefix_cache_stats.reset = True
@@ -479,7 +484,7 @@ class KVCacheManager:
         held = self._held(request_id)
         if held is None:
             return tuple([] for _ in range(self.num_kv_cache_groups))
-        return tuple(list(g) for g in held)
+        return tuple(g.tolist() for g in held)
 
     def get_block_ids_for_computed_tokens(
         self, request_id: str, num_computed_tokens: int
@@ -499,6 +504,7 @@ class KVCacheManager:
         result: int | None = None
         for g, bs in zip(held, self._block_sizes, strict=True):
             tokens = 0
+            g = g.tolist()
             for index in range(len(g) - 1, -1, -1):
                 if g[index] and cached[g[index]]:
                     tokens = (index + 1) * bs
