@@ -376,17 +376,17 @@ class KVCacheManager:
             return None
         if result.is_empty():
             return self.empty_kv_cache_blocks
-        new = result.arrays()  # read-only int32 ids per group
+        new: tuple[Any, ...] = result.arrays()  # read-only int32 ids per group
         if num_external_computed_tokens:
             # vLLM returns the blocks past the external (connector) tokens only.
             new = self._past_external(new, num_local, num_local + num_external_computed_tokens)
         return KVCacheBlocks(new, self._pool)
 
-    def _past_external(self, new: Any, local: int, computed: int) -> tuple[list[int], ...]:
+    def _past_external(self, new: Any, local: int, computed: int) -> tuple[Any, ...]:
         out = []
         for g, bs in enumerate(self._block_sizes):
             skip = _cdiv(computed, bs) - _cdiv(local, bs)
-            out.append(list(new[g])[max(skip, 0) :])
+            out.append(new[g][max(skip, 0) :])
         return tuple(out)
 
     def cache_blocks(self, request: Any, num_computed_tokens: int) -> None:
