@@ -78,7 +78,7 @@ def run_engine(engine: str, running: int, prefix: int, suffix: int, steps: int) 
     from vllm.v1.structured_output import StructuredOutputManager
 
     block_size = 16
-    max_len = prefix + suffix + steps + 64
+    max_len = prefix + suffix + steps + 64  # opt-125m allows 2048 positions
     num_blocks = running * (max_len // block_size + 2) + 16
     model = ModelConfig(model="facebook/opt-125m", dtype="float16", seed=0, max_model_len=max_len)
     sched_cfg = SchedulerConfig(
@@ -190,7 +190,7 @@ def run_engine(engine: str, running: int, prefix: int, suffix: int, steps: int) 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--running", type=int, nargs="+", default=[256, 1024])
-    ap.add_argument("--prefix", type=int, default=2048)
+    ap.add_argument("--prefix", type=int, default=1792)
     ap.add_argument("--suffix", type=int, default=64)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--rounds", type=int, default=1)
