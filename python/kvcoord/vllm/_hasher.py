@@ -60,6 +60,10 @@ def make_block_hasher(
             return fallback
 
         def request_block_hasher(request: Any) -> list[bytes]:
+            if (len(request.block_hashes) + 1) * hash_block_size > request.num_tokens:
+                # No block completed (most decode steps): nothing to hash yet;
+                # new tokens reach kvcoord's request when one does.
+                return []
             mine = request.__dict__.get(ATTR)
             if mine is _NOT_OURS:
                 return fallback(request)
