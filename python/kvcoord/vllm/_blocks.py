@@ -145,6 +145,22 @@ class KVCacheBlocks:
         return f"KVCacheBlocks({self.get_block_ids()!r})"
 
 
+class FreeQueueView:
+    """What vLLM code reads of its free queue, live over kvcoord's pool."""
+
+    __slots__ = ("_pool",)
+
+    def __init__(self, pool: Any) -> None:
+        self._pool = pool
+
+    @property
+    def num_free_blocks(self) -> int:
+        return int(self._pool.num_free_blocks)
+
+    def get_all_free_blocks(self) -> list[BlockView]:
+        return [BlockView(self._pool, int(i)) for i in self._pool.free_block_ids()]
+
+
 class PoolView:
     """vLLM ``BlockPool`` methods the scheduler calls, over kvcoord's pool."""
 
@@ -179,16 +195,9 @@ class PoolView:
         return [BlockView(self.pool, i) for i in range(self.pool.num_blocks)]
 
     @property
-    def free_block_queue(self) -> Any:
-        """``num_free_blocks`` and the ids front to back (inspection only)."""
-        from types import SimpleNamespace
-
-        return SimpleNamespace(
-            num_free_blocks=int(self.pool.num_free_blocks),
-            get_all_free_blocks=lambda: [
-                BlockView(self.pool, int(i)) for i in self.pool.free_block_ids()
-            ],
-        )
+    def free_block_queue(self) -> FreeQueueView:
+        """Live ``num_free_blocks`` and the blocks front to back (inspection only)."""
+        return FreeQueueView(self.pool)
 
     def get_num_free_blocks(self) -> int:
         return int(self.pool.num_free_blocks)
