@@ -91,6 +91,9 @@ def _caller_reason() -> str | None:
         if owner is not None and hasattr(owner, "defer_block_free"):
             if getattr(owner, "connector", None) is not None:
                 return "a KV connector (it binds to vLLM's manager internals)"
+            aux = getattr(getattr(owner, "vllm_config", None), "aux_output_config", None)
+            if getattr(aux, "enabled", False):
+                return "auxiliary outputs (their connector reads vLLM's pool by block hash)"
             return None
         frame = frame.f_back
     return None
@@ -269,6 +272,10 @@ class KVCacheManager:
             return self.empty_kv_cache_blocks, 0, 0
         if max_cache_hit_length is None:
             max_cache_hit_length = request.num_tokens - 1
+        # vLLM looks up only the blocks its request has hashes for.
+        max_cache_hit_length = min(
+            max_cache_hit_length, len(request.block_hashes) * self.hash_block_size
+        )
         mine = self._requests.get(request)
         blocks, hit = self._core_coordinator.find_longest_cache_hit(mine, max_cache_hit_length)
         if not hit:
@@ -363,6 +370,11 @@ class KVCacheManager:
             if self._predict(rid, need, hits) + watermark > free:
                 return None
         mine = self._requests.get(request)
+        # vLLM caches only blocks its request has hashes for; when those lag
+        # (no hasher, or a hash-lookahead hasher waiting for its token),
+        # caching is done here, clipped to them.
+        hashed = len(request.block_hashes) * self.hash_block_size
+        lagging = hashed < request.num_tokens - self.hash_block_size + 1
         result = self._core.allocate_slots(
             mine,
             num_new_tokens + num_external_computed_tokens,
@@ -370,10 +382,13 @@ class KVCacheManager:
             hits or None,
             num_lookahead_tokens,
             num_encoder_tokens,
-            delay_cache_blocks,
+            delay_cache_blocks or lagging,
         )
         if result is None:
             return None
+        if lagging and not delay_cache_blocks and self.enable_caching:
+            done = min(total_computed + num_new_tokens, request.num_tokens, hashed)
+            self._core.cache_blocks(mine, done)
         if result.is_empty():
             return self.empty_kv_cache_blocks
         new: tuple[Any, ...] = result.arrays()  # read-only int32 ids per group
@@ -391,7 +406,8 @@ class KVCacheManager:
 
     def cache_blocks(self, request: Any, num_computed_tokens: int) -> None:
         if self.enable_caching and self._held(request.request_id) is not None:
-            self._core.cache_blocks(self._requests.get(request), num_computed_tokens)
+            hashed = len(request.block_hashes) * self.hash_block_size
+            self._core.cache_blocks(self._requests.get(request), min(num_computed_tokens, hashed))
 
     # ---- freeing ---------------------------------------------------------
 
