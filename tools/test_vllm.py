@@ -16,7 +16,7 @@
    ``config.json``: ``--hf-home`` points at an offline cache holding it
    (``HF_HUB_OFFLINE=1``).
 
-4. Runs this repository's ``tests/vllm`` (kvcoord beside vLLM's own manager)
+4. Runs this repository's ``tests/kvcoord_vllm`` (kvcoord beside vLLM's own manager)
    in the same virtualenv.
 
 Exit status: that of step 4 (vLLM's own test failures are reported in the
@@ -188,14 +188,17 @@ def main() -> int:
         )
     # kvcoord's own tests against vLLM's manager (skipped by `make test`).
     own = subprocess.run(
-        [str(py), "-m", "pytest", "tests/vllm", "-q", "-p", "no:cacheprovider"],
+        [str(py), "-m", "pytest", "tests/kvcoord_vllm", "-q", "-p", "no:cacheprovider"],
         cwd=ROOT,
         env=env,
         capture_output=True,
         text=True,
     )
     print()
-    print("kvcoord's tests/vllm in the vLLM venv:", (own.stdout.strip().splitlines() or [""])[-1])
+    print(
+        "kvcoord's tests/kvcoord_vllm in the vLLM venv:",
+        (own.stdout.strip().splitlines() or [""])[-1],
+    )
     if args.json:
         args.json.write_text(json.dumps([{"file": f, "vllm": v, "kvcoord": k} for f, v, k in rows]))
     return own.returncode

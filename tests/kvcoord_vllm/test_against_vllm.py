@@ -13,7 +13,9 @@ import random
 
 import pytest
 
-vllm = pytest.importorskip("vllm", reason="needs vLLM 0.33.0 (pip install kvcoord[vllm])")
+vllm = pytest.importorskip(
+    "vllm.v1.core.kv_cache_manager", reason="needs vLLM 0.33.0 (pip install kvcoord[vllm])"
+)
 
 import torch  # noqa: E402
 from vllm.sampling_params import SamplingParams  # noqa: E402
