@@ -44,6 +44,10 @@ test-python: build-dev ## pytest (Python surface, conformance traces, hypothesis
 .PHONY: test
 test: test-rust test-python ## Run every test (cargo test + pytest)
 
+.PHONY: test-vllm
+test-vllm: build-dev ## vLLM 0.33.0's own tests on vLLM and on kvcoord (own venv .venv-vllm; needs the index)
+	python3 tools/test_vllm.py --venv .venv-vllm --json .vllm-sdist/table.json
+
 .PHONY: bench
 bench: build-dev ## criterion benches + pytest-benchmark suite
 	cargo bench -p kvcoord-core --locked

@@ -1,0 +1,234 @@
+"""vLLM 0.33.0's real Scheduler on vLLM's KV-cache manager and on kvcoord's.
+
+    VLLM_TARGET_DEVICE=cpu HF_HOME=../shared/vllm/hf HF_HUB_OFFLINE=1 \\
+        .venv-vllm/bin/python benches/bench_vllm_scheduler.py --running 256 1024
+
+Each engine runs in its own process (kvcoord.vllm.enable() is process-wide),
+alternating. A run builds vLLM's ``Scheduler`` the way vLLM's scheduler tests
+do (opt-125m config, one full-attention group, prefix caching on,
+``sha256_cbor`` block hashes), admits N requests whose prompts share a long
+prefix, then times ``schedule()`` + ``update_from_output()`` (synthetic model
+output: one sampled token per request) over decode steps. The time inside
+the KV manager (every manager method the scheduler calls, timed by a
+wrapper) and in block hashing (the request block hasher) is reported apart.
+Request creation (where vLLM hashes prompts) is timed separately.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MANAGER_METHODS = (
+    "get_computed_blocks",
+    "get_computed_blocks_for_connector",
+    "allocate_slots",
+    "free",
+    "cache_blocks",
+    "get_blocks",
+    "get_block_ids",
+    "new_step_starts",
+    "take_events",
+    "make_prefix_cache_stats",
+    "record_prefix_cache_stats",
+    "estimate_cached_tokens",
+    "take_new_block_ids",
+    "take_kv_cache_block_copies",
+    "take_boundary_state_offloads",
+    "remove_skipped_blocks",
+    "get_block_ids_for_computed_tokens",
+    "pop_blocks_for_free",
+)
+
+
+def _timed(fn, acc):
+    clock = time.perf_counter
+
+    def wrapper(*args, **kwargs):
+        t0 = clock()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            acc[0] += clock() - t0
+
+    return wrapper
+
+
+def run_engine(engine: str, running: int, prefix: int, suffix: int, steps: int) -> dict:
+    if engine == "kvcoord":
+        import kvcoord.vllm
+
+        kvcoord.vllm.enable()
+    import torch
+    from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256_cbor
+    from vllm.v1.core import kv_cache_utils
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.outputs import ModelRunnerOutput
+    from vllm.v1.request import Request
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    block_size = 16
+    max_len = prefix + suffix + steps + 64  # opt-125m allows 2048 positions
+    num_blocks = running * (max_len // block_size + 2) + 16
+    model = ModelConfig(model="facebook/opt-125m", dtype="float16", seed=0, max_model_len=max_len)
+    sched_cfg = SchedulerConfig(
+        max_num_seqs=running,
+        max_num_batched_tokens=running * (prefix + suffix),
+        max_model_len=max_len,
+        is_encoder_decoder=False,
+        enable_chunked_prefill=True,
+    )
+    cache = CacheConfig(block_size=block_size, enable_prefix_caching=True)
+    cache.prefix_caching_hash_algo = "sha256_cbor"
+    vcfg = VllmConfig(scheduler_config=sched_cfg, model_config=model, cache_config=cache)
+    spec = FullAttentionSpec(
+        block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32
+    )
+    kv_cfg = KVCacheConfig(
+        num_blocks=num_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)],
+    )
+    cache.num_gpu_blocks = num_blocks
+    register_all_kvcache_specs(vcfg)
+    scheduler = Scheduler(
+        vllm_config=vcfg,
+        kv_cache_config=kv_cfg,
+        block_size=block_size,
+        log_stats=True,
+        structured_output_manager=StructuredOutputManager(vcfg),
+    )
+    manager = scheduler.kv_cache_manager
+    served = type(manager).__module__.startswith("kvcoord")
+    kv_time = [0.0]
+    for name in MANAGER_METHODS:
+        if hasattr(manager, name):
+            setattr(manager, name, _timed(getattr(manager, name), kv_time))
+
+    kv_cache_utils.init_none_hash(sha256_cbor)
+    hash_time = [0.0]
+    hasher = _timed(kv_cache_utils.get_request_block_hasher(block_size, sha256_cbor), hash_time)
+    params = SamplingParams(max_tokens=steps + 8, ignore_eos=True)
+    params.update_from_generation_config({}, 50256)
+    shared = [(7 * i) % 50000 + 1 for i in range(prefix)]
+    t0 = time.perf_counter()
+    requests = [
+        Request(
+            request_id=str(i),
+            prompt_token_ids=shared + [(i * 31 + j) % 50000 + 1 for j in range(suffix)],
+            sampling_params=params,
+            pooling_params=None,
+            block_hasher=hasher,
+        )
+        for i in range(running)
+    ]
+    creation = time.perf_counter() - t0
+    creation_hash = hash_time[0]
+    for r in requests:
+        scheduler.add_request(r)
+
+    step_times, kv_times, hash_times = [], [], []
+    for step in range(steps + 1):
+        kv0, h0 = kv_time[0], hash_time[0]
+        t0 = time.perf_counter()
+        out = scheduler.schedule()
+        t1 = time.perf_counter()
+        ids = list(out.num_scheduled_tokens)
+        mro = ModelRunnerOutput(
+            req_ids=ids,
+            req_id_to_index={r: i for i, r in enumerate(ids)},
+            sampled_token_ids=[[1000 + step] for _ in ids],
+            logprobs=None,
+            prompt_logprobs_dict={},
+            pooler_output=[],
+        )
+        t2 = time.perf_counter()
+        scheduler.update_from_output(out, mro)
+        t3 = time.perf_counter()
+        if step == 0:
+            admit = {"admit_step_s": (t1 - t0) + (t3 - t2), "admitted": len(ids)}
+            admit["admit_kv_s"] = kv_time[0] - kv0
+            continue
+        step_times.append((t1 - t0) + (t3 - t2))
+        kv_times.append(kv_time[0] - kv0)
+        hash_times.append(hash_time[0] - h0)
+
+    def pct(xs: list[float], q: float) -> float:
+        s = sorted(xs)
+        return s[min(len(s) - 1, int(q * len(s)))]
+
+    total = sum(step_times)
+    return {
+        "engine": engine,
+        "served_by_kvcoord": served,
+        "running": running,
+        "prefix_tokens": prefix,
+        "suffix_tokens": suffix,
+        "decode_steps": len(step_times),
+        "step_p50_ms": 1e3 * pct(step_times, 0.5),
+        "step_p99_ms": 1e3 * pct(step_times, 0.99),
+        "kv_share": sum(kv_times) / total,
+        "hash_share": sum(hash_times) / total,
+        "kv_ms_per_step": 1e3 * sum(kv_times) / len(kv_times),
+        "hash_ms_per_step": 1e3 * sum(hash_times) / len(hash_times),
+        "creation_s": creation,
+        "creation_hash_s": creation_hash,
+        **admit,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--running", type=int, nargs="+", default=[256, 1024])
+    ap.add_argument("--prefix", type=int, default=1792)
+    ap.add_argument("--suffix", type=int, default=64)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--engine", choices=["vllm", "kvcoord"], help=argparse.SUPPRESS)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    if args.engine:
+        res = run_engine(args.engine, args.running[0], args.prefix, args.suffix, args.steps)
+        print(json.dumps(res))
+        return 0
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "python"), env.get("PYTHONPATH")]))
+    results = []
+    for n in args.running:
+        for _ in range(args.rounds):
+            for engine in ("vllm", "kvcoord"):
+                cmd = [sys.executable, __file__, "--engine", engine, "--running", str(n)]
+                cmd += ["--prefix", str(args.prefix), "--suffix", str(args.suffix)]
+                cmd += ["--steps", str(args.steps)]
+                proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+                if proc.returncode:
+                    print(proc.stderr[-3000:], file=sys.stderr)
+                    return proc.returncode
+                res = json.loads(proc.stdout.strip().splitlines()[-1])
+                results.append(res)
+                print(
+                    f"N={n:5d} {engine:8s} step p50 {res['step_p50_ms']:8.2f} ms "
+                    f"p99 {res['step_p99_ms']:8.2f} ms | KV manager {res['kv_ms_per_step']:7.2f} ms"
+                    f" ({100 * res['kv_share']:4.1f}%) hashing {res['hash_ms_per_step']:6.3f} ms"
+                    f" | admission step {res['admit_step_s']:.2f} s (KV {res['admit_kv_s']:.2f} s)"
+                    f" | request creation {res['creation_s']:.2f} s"
+                    f" (hashing {res['creation_hash_s']:.2f} s)",
+                    flush=True,
+                )
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,236 @@
+"""What vLLM's scheduler, workers and tests read from block results and the
+pool, served from kvcoord's integer ids.
+
+:class:`KVCacheBlocks` holds one id list per KV cache group and answers
+vLLM's ``KVCacheBlocks`` interface (``get_block_ids``, ``+``, ``new_empty``,
+``get_unhashed_block_ids``...). Its ``blocks`` attribute, which vLLM code
+outside the hot path reads block by block, is built on demand from
+:class:`BlockView` objects: one Python object per block only when asked for.
+
+:class:`PoolView` wraps kvcoord's :class:`~kvcoord.BlockPool` with the
+methods of vLLM's ``BlockPool`` that the scheduler calls
+(``free_blocks`` of popped blocks, ``get_num_free_blocks``, ``get_usage``...).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from kvcoord.errors import BlockStateError
+
+__all__ = ["BlockView", "KVCacheBlocks", "PoolView", "ids_of"]
+
+
+def _as_list(ids: Any) -> list[int]:
+    """A fresh list of ints from a list, tuple or numpy array of ids."""
+    if isinstance(ids, np.ndarray):
+        out: list[int] = ids.tolist()
+        return out
+    return list(ids)
+
+
+def ids_of(group: Any) -> list[int]:
+    """Ids of one group given as ints, numpy ids or block objects (``block_id``)."""
+    if isinstance(group, np.ndarray):
+        out: list[int] = group.tolist()
+        return out
+    items = list(group)
+    if items and not isinstance(items[0], int | np.integer):
+        return [int(b.block_id) for b in items]
+    return [int(i) for i in items]
+
+
+class BlockView:
+    """A read-only stand-in for vLLM's ``KVCacheBlock``: ``block_id`` plus the
+    pool's live reference count and cache key. Made only on inspection paths."""
+
+    __slots__ = ("_pool", "block_id")
+
+    def __init__(self, pool: Any, block_id: int) -> None:
+        self._pool = pool
+        self.block_id = block_id
+
+    @property
+    def is_null(self) -> bool:
+        return self.block_id == 0
+
+    @property
+    def ref_cnt(self) -> int:
+        return int(self._pool.ref_counts()[self.block_id])
+
+    @property
+    def block_hash(self) -> bytes | None:
+        """The cache key as vLLM spells it: digest + 4-byte big-endian group id."""
+        key = self._pool.block_hash(self.block_id)
+        if key is None:
+            return None
+        digest, group_id = key
+        return bytes(digest) + int(group_id).to_bytes(4, "big")
+
+    def __eq__(self, other: object) -> bool:
+        other_id = getattr(other, "block_id", None)
+        return other_id is not None and other_id == self.block_id
+
+    def __hash__(self) -> int:
+        return hash(self.block_id)
+
+    def __repr__(self) -> str:
+        return f"BlockView(block_id={self.block_id})"
+
+
+class KVCacheBlocks:
+    """Block ids per KV cache group with vLLM 0.33.0's ``KVCacheBlocks`` interface."""
+
+    __slots__ = ("_pool", "ids")
+
+    def __init__(self, ids: Sequence[Any], pool: Any = None) -> None:
+        self.ids: tuple[Any, ...] = tuple(ids)
+        self._pool = pool
+
+    @property
+    def blocks(self) -> tuple[list[BlockView], ...]:
+        """Per group, one :class:`BlockView` per id (built on each access)."""
+        pool = self._pool
+        if pool is None:
+            raise AttributeError("these KVCacheBlocks carry ids only (no pool to describe blocks)")
+        return tuple([BlockView(pool, i) for i in _as_list(g)] for g in self.ids)
+
+    def get_block_ids(
+        self, allow_none: bool = False, *, group_ids: Sequence[int] | None = None
+    ) -> tuple[list[int], ...] | None:
+        groups = self.ids if group_ids is None else tuple(self.ids[g] for g in group_ids)
+        if allow_none and not any(len(g) for g in groups):
+            return None
+        return tuple(_as_list(g) for g in groups)
+
+    def get_unhashed_block_ids(self) -> list[int]:
+        if len(self.ids) != 1:
+            raise ValueError("get_unhashed_block_ids supports one KV cache group only")
+        return self._unhashed(self.ids[0], skip_null=False)
+
+    def get_unhashed_block_ids_all_groups(self) -> list[list[int]]:
+        return [self._unhashed(g, skip_null=True) for g in self.ids]
+
+    def _unhashed(self, group: Any, *, skip_null: bool) -> list[int]:
+        ids = _as_list(group)
+        if self._pool is None or not ids:
+            return [i for i in ids if i or not skip_null]
+        cached = self._pool.cached_mask()
+        return [i for i in ids if not cached[i] and (i or not skip_null)]
+
+    def new_empty(self) -> KVCacheBlocks:
+        return KVCacheBlocks(tuple(() for _ in self.ids), self._pool)
+
+    def __add__(self, other: Any) -> KVCacheBlocks:
+        other_ids = other.ids if isinstance(other, KVCacheBlocks) else other.blocks
+        return KVCacheBlocks(
+            tuple(_as_list(a) + ids_of(b) for a, b in zip(self.ids, other_ids, strict=True)),
+            self._pool,
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, KVCacheBlocks):
+            return self.get_block_ids() == other.get_block_ids()
+        blocks = getattr(other, "blocks", None)
+        if blocks is None:
+            return NotImplemented
+        return self.get_block_ids() == tuple(ids_of(g) for g in blocks)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"KVCacheBlocks({self.get_block_ids()!r})"
+
+
+class FreeQueueView:
+    """What vLLM code reads of its free queue, live over kvcoord's pool."""
+
+    __slots__ = ("_pool",)
+
+    def __init__(self, pool: Any) -> None:
+        self._pool = pool
+
+    @property
+    def num_free_blocks(self) -> int:
+        return int(self._pool.num_free_blocks)
+
+    def get_all_free_blocks(self) -> list[BlockView]:
+        return [BlockView(self._pool, int(i)) for i in self._pool.free_block_ids()]
+
+
+class PoolView:
+    """vLLM ``BlockPool`` methods the scheduler calls, over kvcoord's pool."""
+
+    __slots__ = ("_core", "_free_parked", "pool")
+
+    def __init__(
+        self, pool: Any, core: Any = None, free_parked: Callable[[list[int]], bool] | None = None
+    ) -> None:
+        self.pool = pool
+        self._core = core  # the manager's CoordinatorCore; None for a plain pool
+        self._free_parked = free_parked
+
+    @property
+    def num_gpu_blocks(self) -> int:
+        return int(self.pool.num_blocks)
+
+    @property
+    def enable_caching(self) -> bool:
+        return bool(self.pool.enable_caching)
+
+    @property
+    def hash_block_size(self) -> int:
+        return int(self.pool.hash_block_size)
+
+    @property
+    def null_block(self) -> BlockView:
+        return BlockView(self.pool, 0)
+
+    @property
+    def blocks(self) -> list[BlockView]:
+        """Every block, indexed by id (one view each: for inspection only)."""
+        return [BlockView(self.pool, i) for i in range(self.pool.num_blocks)]
+
+    @property
+    def free_block_queue(self) -> FreeQueueView:
+        """Live ``num_free_blocks`` and the blocks front to back (inspection only)."""
+        return FreeQueueView(self.pool)
+
+    def get_num_free_blocks(self) -> int:
+        return int(self.pool.num_free_blocks)
+
+    def get_usage(self) -> float:
+        return float(self.pool.usage)
+
+    def free_blocks(self, ordered_blocks: Iterable[Any]) -> None:
+        """Release one reference of each block (ids or block objects), first =
+        evicted first. On a manager's pool, only the blocks of one
+        ``pop_blocks_for_free`` call can be freed this way."""
+        ids = ids_of(ordered_blocks)
+        if self._free_parked is not None and self._free_parked(ids):
+            return
+        if self._core is not None:
+            raise BlockStateError(
+                "free_blocks on a kvcoord manager's pool frees only the blocks returned by "
+                "one pop_blocks_for_free call"
+            )
+        self.pool.free_blocks(ids)
+
+    def _owner(self) -> Any:
+        return self.pool if self._core is None else self._core
+
+    def evict_blocks(self, block_ids: Iterable[int]) -> None:
+        self._owner().evict_blocks(sorted(int(i) for i in block_ids))
+
+    def reset_prefix_cache(self) -> bool:
+        return bool(self._owner().reset_prefix_cache())
+
+    def take_events(self) -> list[Any]:
+        return list(self._owner().take_events())
+
+    def __getattr__(self, name: str) -> Any:
+        # Anything else (num_blocks, ref_counts, cached_mask...) is kvcoord's own.
+        return getattr(self.pool, name)

@@ -1,0 +1,128 @@
+"""vLLM's request block hasher, computed by kvcoord in Rust.
+
+vLLM hashes every full block of every request in Python
+(``get_request_block_hasher``). With kvcoord enabled, the hasher for
+``sha256_cbor`` and ``xxhash_cbor`` is kvcoord's: byte-identical digests
+(same CBOR encoding, same ``NONE_HASH`` seed, the same LoRA, multimodal and
+cache-salt extra keys), so ``request.block_hashes`` holds exactly what vLLM
+would have computed. The :class:`kvcoord.Request` doing the hashing is kept
+on the vLLM request and reused by :class:`kvcoord.vllm.KVCacheManager`, so a
+prompt is hashed once.
+
+Requests kvcoord cannot hash byte-identically (prompt embeddings, placeholder
+token ids below 0) and other algorithms (pickle-based ``sha256``/``xxhash``,
+hash lookahead) keep vLLM's own hasher; :data:`stats` counts both paths.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from kvcoord._core import Request
+from kvcoord.errors import InvalidTokenError
+
+__all__ = ["ATTR", "make_block_hasher", "stats"]
+
+#: Attribute of a vLLM request holding its hashing :class:`kvcoord.Request`.
+ATTR = "_kvcoord_hashes"
+#: ``kvcoord_requests`` / ``vllm_requests``: requests hashed by each;
+#: ``vllm_hashers``: hashers left to vLLM (algorithm or lookahead).
+stats: Counter[str] = Counter()
+_NOT_OURS = object()
+
+
+def _algo_name(hash_fn: Callable[[Any], bytes]) -> str | None:
+    hashing: Any = importlib.import_module("vllm.utils.hashing")
+    if hash_fn is hashing.sha256_cbor:
+        return "sha256_cbor"
+    if hash_fn is hashing.xxhash_cbor:
+        return "xxhash_cbor"
+    return None
+
+
+def make_block_hasher(
+    original: Callable[..., Callable[[Any], list[bytes]]],
+) -> Callable[..., Callable[[Any], list[bytes]]]:
+    """A drop-in for vLLM's ``get_request_block_hasher`` built over ``original``."""
+
+    def get_request_block_hasher(
+        hash_block_size: int,
+        caching_hash_fn: Callable[[Any], bytes],
+        num_hash_lookahead_tokens: int = 0,
+    ) -> Callable[[Any], list[bytes]]:
+        fallback = original(hash_block_size, caching_hash_fn, num_hash_lookahead_tokens)
+        algo = _algo_name(caching_hash_fn)
+        if algo is None or num_hash_lookahead_tokens:
+            stats["vllm_hashers"] += 1
+            return fallback
+
+        def request_block_hasher(request: Any) -> list[bytes]:
+            if (len(request.block_hashes) + 1) * hash_block_size > request.num_tokens:
+                # No block completed (most decode steps): nothing to hash yet;
+                # new tokens reach kvcoord's request when one does.
+                return []
+            mine = request.__dict__.get(ATTR)
+            if mine is _NOT_OURS:
+                return fallback(request)
+            if mine is None:
+                mine = _start(request, hash_block_size, algo)
+                if mine is None:
+                    request.__dict__[ATTR] = _NOT_OURS
+                    stats["vllm_requests"] += 1
+                    return fallback(request)
+                request.__dict__[ATTR] = mine
+                stats["kvcoord_requests"] += 1
+            elif mine.num_tokens < request.num_tokens:
+                try:
+                    mine.append_output_token_ids(
+                        request.all_token_ids[mine.num_tokens : request.num_tokens]
+                    )
+                except InvalidTokenError:
+                    # From here on vLLM hashes this request (same digests so far).
+                    request.__dict__[ATTR] = _NOT_OURS
+                    return fallback(request)
+            elif mine.num_tokens > request.num_tokens:
+                request.__dict__[ATTR] = _NOT_OURS
+                return fallback(request)
+            done = len(request.block_hashes)
+            if mine.num_block_hashes <= done:
+                return []
+            new: list[bytes] = mine.block_hashes[done:]
+            return new
+
+        return request_block_hasher
+
+    return get_request_block_hasher
+
+
+def _start(request: Any, hash_block_size: int, algo: str) -> Request | None:
+    """kvcoord's hashing request for ``request``, or None when it cannot be
+    byte-identical to vLLM's hashes."""
+    utils: Any = importlib.import_module("vllm.v1.core.kv_cache_utils")
+    if getattr(request, "prompt_embeds", None) is not None or request.prompt_token_ids is None:
+        return None
+    lora = request.lora_request
+    try:
+        mine = Request(
+            request.request_id,
+            list(request.prompt_token_ids),
+            hash_block_size=hash_block_size,
+            hash_algo=algo,  # type: ignore[arg-type]
+            hash_seed=utils.get_none_hash_seed(),
+            cache_salt=request.cache_salt or None,
+            lora=(lora.lora_name, lora.lora_path or "") if lora else None,
+            mm_features=[
+                (f.identifier, f.mm_position.offset, f.mm_position.length)
+                for f in (request.mm_features or ())
+            ],
+        )
+        if request.num_tokens > mine.num_tokens:
+            mine.append_output_token_ids(
+                request.all_token_ids[mine.num_tokens : request.num_tokens]
+            )
+    except (InvalidTokenError, ValueError, TypeError):
+        return None
+    return mine

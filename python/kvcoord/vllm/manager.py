@@ -1,0 +1,564 @@
+"""``kvcoord.vllm.KVCacheManager``: vLLM 0.33.0's ``KVCacheManager`` surface
+(constructor, the methods and attributes its ``Scheduler`` uses) on
+kvcoord's core.
+
+It takes vLLM's own ``Request`` objects and returns what vLLM's scheduler and
+workers accept unchanged (:class:`~kvcoord.vllm._blocks.KVCacheBlocks`).
+Decisions (hit lengths, block ids, eviction order, admission) equal vLLM's.
+
+Construction decides, once, whether kvcoord serves the configuration (see
+:mod:`kvcoord.vllm._support`). When it does not, the constructor returns
+vLLM's own ``KVCacheManager`` instead, logs one line naming the reason and
+counts it in :data:`fallbacks`: never a silent fallback, never a switch
+mid-run.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from types import FrameType
+from typing import Any
+
+from kvcoord._core import Request
+from kvcoord.coordinator import KVCacheCoordinator, get_kv_cache_coordinator
+from kvcoord.errors import UnknownRequestError
+from kvcoord.vllm._blocks import BlockView, KVCacheBlocks, PoolView, ids_of
+from kvcoord.vllm._requests import RequestRegistry
+from kvcoord.vllm._support import to_kvcoord_config, unsupported_reason
+
+__all__ = ["KVCacheManager", "fallbacks", "served"]
+
+logger = logging.getLogger("kvcoord.vllm")
+
+#: Constructions handed to vLLM's own manager, by reason.
+fallbacks: Counter[str] = Counter()
+#: Constructions served by kvcoord.
+served: Counter[str] = Counter({"managers": 0})
+
+_ARG_NAMES = (
+    "kv_cache_config",
+    "max_model_len",
+    "scheduler_block_size",
+    "hash_block_size",
+    "max_in_flight_tokens",
+    "enable_caching",
+    "use_eagle",
+    "num_hash_lookahead_tokens",
+    "num_prefill_lookahead",
+    "log_stats",
+    "enable_kv_cache_events",
+    "dcp_world_size",
+    "pcp_world_size",
+    "metrics_collector",
+    "watermark",
+    "enable_mamba_shared_prefix_checkpoint",
+)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _bind(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    if len(args) > len(_ARG_NAMES):
+        raise TypeError(f"KVCacheManager takes at most {len(_ARG_NAMES)} arguments")
+    bound = dict(zip(_ARG_NAMES, args, strict=False))
+    for name, value in kwargs.items():
+        if name not in _ARG_NAMES:
+            raise TypeError(f"KVCacheManager got an unexpected keyword argument {name!r}")
+        if name in bound:
+            raise TypeError(f"KVCacheManager got multiple values for argument {name!r}")
+        bound[name] = value
+    for name in ("kv_cache_config", "max_model_len", "scheduler_block_size", "hash_block_size"):
+        if name not in bound:
+            raise TypeError(f"KVCacheManager missing required argument {name!r}")
+    return bound
+
+
+def _caller_reason() -> str | None:
+    """Why the vLLM scheduler building this manager needs vLLM's own (a KV
+    connector binds to the manager's internals), or None. Read from the
+    scheduler under construction, which sets its connector first."""
+    frame: FrameType | None = sys._getframe(2)
+    for _ in range(4):
+        if frame is None:
+            return None
+        owner = frame.f_locals.get("self")
+        if owner is not None and hasattr(owner, "defer_block_free"):
+            if getattr(owner, "connector", None) is not None:
+                return "a KV connector (it binds to vLLM's manager internals)"
+            aux = getattr(getattr(owner, "vllm_config", None), "aux_output_config", None)
+            if getattr(aux, "enabled", False):
+                return "auxiliary outputs (their connector reads vLLM's pool by block hash)"
+            return None
+        frame = frame.f_back
+    return None
+
+
+def _vllm_manager_class() -> type:
+    from kvcoord.vllm import _patch
+
+    return _patch.original_manager_class()
+
+
+class _RequestTables(Mapping[str, list[BlockView]]):
+    """``req_to_blocks`` of one group: request id -> block views (read-only;
+    built from the core's table on each access, for inspection only)."""
+
+    def __init__(self, manager: KVCacheManager, group_id: int) -> None:
+        self._manager = manager
+        self._group_id = group_id
+
+    def __getitem__(self, request_id: str) -> list[BlockView]:
+        held = self._manager._held(request_id)
+        if held is None:
+            raise KeyError(request_id)
+        pool = self._manager._pool
+        return [BlockView(pool, int(i)) for i in held[self._group_id]]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([r for r in self._manager._requests.ids() if r in self])
+
+    def __len__(self) -> int:
+        return int(self._manager._core.num_requests)
+
+    def __contains__(self, request_id: object) -> bool:
+        return isinstance(request_id, str) and self._manager._held(request_id) is not None
+
+
+class _SingleTypeView:
+    """What the scheduler reads of each of vLLM's single-type managers."""
+
+    __slots__ = ("block_size", "kv_cache_group_id", "kv_cache_spec", "req_to_blocks")
+
+    def __init__(self, manager: KVCacheManager, group_id: int, spec: Any) -> None:
+        self.kv_cache_group_id = group_id
+        self.kv_cache_spec = spec
+        self.block_size = int(spec.block_size)
+        self.req_to_blocks = _RequestTables(manager, group_id)
+
+
+class CoordinatorView:
+    """What the scheduler and its helpers read of vLLM's coordinator."""
+
+    enable_partial_hash_hits = False
+    eagle_group_ids: tuple[int, ...] = ()
+    num_reprefillable_tokens = 0
+
+    def __init__(self, manager: KVCacheManager, core: KVCacheCoordinator) -> None:
+        self._manager = manager
+        self.core = core
+        self.single_type_managers = [
+            _SingleTypeView(manager, i, g.kv_cache_spec)
+            for i, g in enumerate(manager.kv_cache_config.kv_cache_groups)
+        ]
+
+    @property
+    def block_pool(self) -> PoolView:
+        return self._manager.block_pool
+
+    def get_num_blocks_to_allocate(
+        self,
+        request_id: str,
+        num_tokens: int,
+        new_computed_blocks: Any,
+        num_encoder_tokens: int = 0,
+        total_computed_tokens: int = 0,
+        num_local_computed_tokens: int = 0,
+        num_tokens_main_model: int = 0,
+        apply_admission_cap: bool = False,
+        prefill_end: int = 0,
+    ) -> int:
+        """Blocks an allocation of ``num_tokens`` slots would take (full attention)."""
+        hits = tuple(ids_of(g) for g in new_computed_blocks) if any(new_computed_blocks) else ()
+        return self._manager._predict(request_id, num_tokens, hits)
+
+
+class KVCacheManager:
+    """vLLM 0.33.0's ``KVCacheManager`` on kvcoord's core (same constructor)."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        bound = _bind(args, kwargs)
+        reason = unsupported_reason(bound["kv_cache_config"], bound) or _caller_reason()
+        if reason is None:
+            return super().__new__(cls)
+        fallbacks[reason] += 1
+        logger.warning(
+            "kvcoord.vllm: %s is not served by kvcoord; this KVCacheManager is vLLM's own "
+            "(fallback #%d)",
+            reason,
+            sum(fallbacks.values()),
+        )
+        return _vllm_manager_class()(*args, **kwargs)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        a = _bind(args, kwargs)
+        cfg = a["kv_cache_config"]
+        self.kv_cache_config = cfg
+        self.max_model_len = int(a["max_model_len"])
+        self.enable_caching = bool(a.get("enable_caching", True))
+        self.enable_kv_cache_events = False
+        self.use_eagle = False
+        self.log_stats = bool(a.get("log_stats", False))
+        self.metrics_collector = None
+        self.mamba_shared_prefix_checkpoint = False
+        self.retained_hit_group_ids: tuple[int, ...] = ()
+        self.num_kv_cache_groups = len(cfg.kv_cache_groups)
+        self.hash_block_size = int(a["hash_block_size"])
+        watermark = float(a.get("watermark", 0.0))
+        self.watermark_blocks = int(watermark * cfg.num_blocks)
+        self._core_coordinator = get_kv_cache_coordinator(
+            to_kvcoord_config(cfg),
+            max_model_len=self.max_model_len,
+            enable_caching=self.enable_caching,
+            hash_block_size=self.hash_block_size,
+        )
+        self._core = self._core_coordinator.core
+        self._pool = self._core_coordinator.block_pool
+        self._parked: dict[tuple[int, ...], list[str]] = {}
+        self._park_seq = 0
+        self.block_pool = PoolView(self._pool, self._core, self._free_parked)
+        self.coordinator = CoordinatorView(self, self._core_coordinator)
+        self._block_sizes = tuple(int(g.kv_cache_spec.block_size) for g in cfg.kv_cache_groups)
+        self._requests = RequestRegistry(self.hash_block_size)
+        self.empty_kv_cache_blocks = KVCacheBlocks(
+            tuple(() for _ in range(self.num_kv_cache_groups)), self._pool
+        )
+        self.prefix_cache_stats: Any = self._new_stats() if self.log_stats else None
+        served["managers"] += 1
+
+    # ---- statistics ------------------------------------------------------
+
+    @staticmethod
+    def _new_stats() -> Any:
+        return importlib.import_module("vllm.v1.metrics.stats").PrefixCacheStats()
+
+    @property
+    def usage(self) -> float:
+        return float(self._pool.usage)
+
+    def make_prefix_cache_stats(self) -> Any:
+        if not self.log_stats:
+            return None
+        stats = self.prefix_cache_stats
+        self.prefix_cache_stats = self._new_stats()
+        return stats
+
+    def prefix_cache_lookup_enabled(self, request: Any) -> bool:
+        return self.enable_caching and not request.skip_reading_prefix_cache
+
+    def record_prefix_cache_stats(self, request: Any, num_hits: int) -> None:
+        if not self.log_stats or not self.prefix_cache_lookup_enabled(request):
+            return
+        stats: Any = self.prefix_cache_stats
+        stats.record(
+            num_tokens=request.num_tokens,
+            num_hits=num_hits,
+            preempted=request.num_preemptions > 0,
+        )
+
+    # ---- lookups ---------------------------------------------------------
+
+    def get_computed_blocks(
+        self, request: Any, max_cache_hit_length: int | None = None
+    ) -> tuple[KVCacheBlocks, int, int]:
+        """Longest cached prefix: (blocks per group, hit tokens, shared-prefix
+        boundary; always 0 for full attention). Pins nothing."""
+        if not self.prefix_cache_lookup_enabled(request):
+            return self.empty_kv_cache_blocks, 0, 0
+        if max_cache_hit_length is None:
+            max_cache_hit_length = request.num_tokens - 1
+        # vLLM looks up only the blocks its request has hashes for.
+        max_cache_hit_length = min(
+            max_cache_hit_length, len(request.block_hashes) * self.hash_block_size
+        )
+        mine = self._requests.get(request)
+        blocks, hit = self._core_coordinator.find_longest_cache_hit(mine, max_cache_hit_length)
+        if not hit:
+            return self.empty_kv_cache_blocks, 0, 0
+        return KVCacheBlocks(blocks, self._pool), hit, 0
+
+    def get_computed_blocks_for_connector(
+        self, request: Any, max_cache_hit_length: int | None = None
+    ) -> tuple[KVCacheBlocks, int, int, bool]:
+        return (*self.get_computed_blocks(request, max_cache_hit_length), False)
+
+    def _held(self, request_id: str) -> tuple[Any, ...] | None:
+        """The request's block table per group (read-only int32 arrays), or None."""
+        try:
+            blocks = self._core.blocks(request_id)
+        except UnknownRequestError:
+            return None
+        arrays: tuple[Any, ...] = blocks.arrays()
+        return arrays
+
+    def _predict(self, request_id: str, num_tokens: int, hits: tuple[list[int], ...]) -> int:
+        """vLLM's block prediction for full-attention groups: blocks still
+        needed for ``num_tokens`` slots, plus the hit blocks that sit in the
+        free queue (touching them takes them out of it)."""
+        held = self._held(request_id)
+        total = 0
+        ref_counts = None
+        for g, bs in enumerate(self._block_sizes):
+            required = _cdiv(num_tokens, bs)
+            if held is not None:
+                total += max(required - len(held[g]), 0)
+                continue
+            group_hits = hits[g] if hits else []
+            total += max(required - len(group_hits), 0)
+            if group_hits:
+                if ref_counts is None:
+                    ref_counts = self._pool.ref_counts()
+                total += int((ref_counts[group_hits] == 0).sum())
+        return total
+
+    # ---- the per-step call -----------------------------------------------
+
+    def allocate_slots(
+        self,
+        request: Any,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: Any = None,
+        num_lookahead_tokens: int = 0,
+        num_external_computed_tokens: int = 0,
+        delay_cache_blocks: bool = False,
+        num_encoder_tokens: int = 0,
+        full_sequence_must_fit: bool = False,
+        reserved_blocks: int = 0,
+        has_scheduled_reqs: bool = True,
+        skip_zeroing_group_ids: tuple[int, ...] = (),
+    ) -> KVCacheBlocks | None:
+        """vLLM's ``allocate_slots``: new blocks per group, or None (nothing changed)."""
+        if (
+            num_new_tokens == 0
+            and num_external_computed_tokens == 0
+            and num_new_computed_tokens == 0
+        ):
+            raise ValueError(
+                "num_new_tokens must be greater than 0 when there are no computed tokens to adopt"
+            )
+        hits: tuple[list[int], ...] = ()
+        if (
+            new_computed_blocks is not None
+            and new_computed_blocks is not self.empty_kv_cache_blocks
+        ):
+            if isinstance(new_computed_blocks, KVCacheBlocks):
+                if any(len(g) for g in new_computed_blocks.ids):
+                    hits = tuple(ids_of(g) for g in new_computed_blocks.ids)
+            elif any(new_computed_blocks.blocks):
+                hits = tuple(ids_of(g) for g in new_computed_blocks.blocks)
+        watermark = 0
+        if self.watermark_blocks and has_scheduled_reqs:
+            status = importlib.import_module("vllm.v1.request").RequestStatus
+            if request.status in (status.WAITING, status.PREEMPTED):
+                watermark = self.watermark_blocks
+        rid = request.request_id
+        num_local = request.num_computed_tokens + num_new_computed_tokens
+        total_computed = min(num_local + num_external_computed_tokens, self.max_model_len)
+        if full_sequence_must_fit:
+            full = min(request.num_tokens, self.max_model_len)
+            if self._predict(rid, full, hits) + watermark > self._pool.num_free_blocks:
+                return None
+        if watermark or reserved_blocks:
+            need = min(total_computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
+            free = self._pool.num_free_blocks - reserved_blocks
+            if self._predict(rid, need, hits) + watermark > free:
+                return None
+        mine = self._requests.get(request)
+        # vLLM caches only blocks its request has hashes for; when those lag
+        # (no hasher, or a hash-lookahead hasher waiting for its token),
+        # caching is done here, clipped to them.
+        hashed = len(request.block_hashes) * self.hash_block_size
+        lagging = hashed < request.num_tokens - self.hash_block_size + 1
+        result = self._core.allocate_slots(
+            mine,
+            num_new_tokens + num_external_computed_tokens,
+            num_new_computed_tokens,
+            hits or None,
+            num_lookahead_tokens,
+            num_encoder_tokens,
+            delay_cache_blocks or lagging,
+        )
+        if result is None:
+            return None
+        if lagging and not delay_cache_blocks and self.enable_caching:
+            done = min(total_computed + num_new_tokens, request.num_tokens, hashed)
+            self._core.cache_blocks(mine, done)
+        if result.is_empty():
+            return self.empty_kv_cache_blocks
+        new: tuple[Any, ...] = result.arrays()  # read-only int32 ids per group
+        if num_external_computed_tokens:
+            # vLLM returns the blocks past the external (connector) tokens only.
+            new = self._past_external(new, num_local, num_local + num_external_computed_tokens)
+        return KVCacheBlocks(new, self._pool)
+
+    def _past_external(self, new: Any, local: int, computed: int) -> tuple[Any, ...]:
+        out = []
+        for g, bs in enumerate(self._block_sizes):
+            skip = _cdiv(computed, bs) - _cdiv(local, bs)
+            out.append(new[g][max(skip, 0) :])
+        return tuple(out)
+
+    def cache_blocks(self, request: Any, num_computed_tokens: int) -> None:
+        if self.enable_caching and self._held(request.request_id) is not None:
+            hashed = len(request.block_hashes) * self.hash_block_size
+            self._core.cache_blocks(self._requests.get(request), min(num_computed_tokens, hashed))
+
+    # ---- freeing ---------------------------------------------------------
+
+    def free(self, request: Any) -> None:
+        """Release the request's blocks, tail first (unknown ids: no-op)."""
+        self._core.free(request.request_id)
+        self._requests.drop(request.request_id)
+
+    def pop_blocks_for_free(self, request: Any) -> list[int]:
+        """Forget the request but keep its blocks' references; the caller frees
+        the returned ids later through ``block_pool.free_blocks`` (reversed).
+
+        The blocks are handed to a parking request inside the core (adopted as
+        its computed prefix, so no reference count changes); freeing exactly
+        these ids through :attr:`block_pool` frees the parking request, tail
+        first, as vLLM frees them.
+        """
+        rid = request.request_id
+        held = self._held(rid)
+        self._requests.drop(rid)
+        if held is None:
+            return []
+        ids = [i for g in held for i in g.tolist() if i]
+        if not ids:
+            self._core.free(rid)
+            return []
+        if not self.enable_caching:
+            raise NotImplementedError(
+                "pop_blocks_for_free without prefix caching needs core support in kvcoord"
+            )
+        self._park_seq += 1
+        park_id = f"\x00kvcoord-parked-{self._park_seq}"
+        num_blocks = max(len(g) for g in held)
+        bs = self._block_sizes[0]
+        tokens = num_blocks * bs if len(set(self._block_sizes)) == 1 else 0
+        if not tokens or any(len(g) != num_blocks for g in held):
+            raise NotImplementedError("pop_blocks_for_free of ragged multi-group tables")
+        parked = Request(park_id, [0] * (tokens + 1), hash_block_size=self.hash_block_size)
+        if self._core.allocate_slots(parked, 0, tokens, held) is None:  # pragma: no cover
+            raise RuntimeError("kvcoord: parking adopted blocks cannot need new blocks")
+        self._core.free(rid)
+        self._parked.setdefault(tuple(sorted(ids)), []).append(park_id)
+        return ids
+
+    def _free_parked(self, ids: list[int]) -> bool:
+        """Free the parking request holding exactly ``ids``; False if none does."""
+        key = tuple(sorted(ids))
+        parked = self._parked.get(key)
+        if not parked:
+            return False
+        park_id = parked.pop()
+        if not parked:
+            del self._parked[key]
+        self._core.free(park_id)
+        return True
+
+    def remove_skipped_blocks(
+        self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> None:
+        """Full attention skips no blocks: nothing to release."""
+
+    def evict_blocks(self, block_ids: Any) -> None:
+        self.block_pool.evict_blocks(block_ids)
+
+    def reset_prefix_cache(self) -> bool:
+        if not self._core.reset_prefix_cache():
+            return False
+        if self.prefix_cache_stats is not None:
+            self.prefix_cache_stats.reset = True
+        return True
+
+    # ---- inspection --------------------------------------------------------
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
+        return [0] * self.num_kv_cache_groups
+
+    def take_events(self) -> list[Any]:
+        return []
+
+    def create_kv_cache_blocks(self, blocks: Any) -> KVCacheBlocks:
+        if not any(len(g) for g in blocks):
+            return self.empty_kv_cache_blocks
+        return KVCacheBlocks(tuple(ids_of(g) for g in blocks), self._pool)
+
+    def get_blocks(self, request_id: str) -> KVCacheBlocks:
+        held = self._held(request_id)
+        return self.empty_kv_cache_blocks if held is None else self.create_kv_cache_blocks(held)
+
+    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
+        held = self._held(request_id)
+        if held is None:
+            return tuple([] for _ in range(self.num_kv_cache_groups))
+        return tuple(g.tolist() for g in held)
+
+    def get_block_ids_for_computed_tokens(
+        self, request_id: str, num_computed_tokens: int
+    ) -> tuple[list[int], ...]:
+        ids = self.get_block_ids(request_id)
+        return tuple(
+            g[: _cdiv(num_computed_tokens, bs)]
+            for g, bs in zip(ids, self._block_sizes, strict=True)
+        )
+
+    def estimate_cached_tokens(self, request: Any) -> int:
+        """Tokens covered by the request's cached blocks (min over groups)."""
+        held = self._held(request.request_id)
+        if held is None:
+            return 0
+        cached = self._pool.cached_mask()
+        result: int | None = None
+        for g, bs in zip(held, self._block_sizes, strict=True):
+            tokens = 0
+            g = g.tolist()
+            for index in range(len(g) - 1, -1, -1):
+                if g[index] and cached[g[index]]:
+                    tokens = (index + 1) * bs
+                    break
+            result = tokens if result is None else min(result, tokens)
+        return result or 0
+
+    def truncate_computed_blocks(self, blocks: Any, num_computed_tokens: int) -> KVCacheBlocks:
+        groups = blocks.ids if isinstance(blocks, KVCacheBlocks) else blocks.blocks
+        out = []
+        for g, bs in zip(groups, self._block_sizes, strict=True):
+            if num_computed_tokens % bs:
+                raise ValueError(f"{num_computed_tokens} tokens is not a multiple of {bs}")
+            n = num_computed_tokens // bs
+            if n > len(g):
+                raise ValueError(f"cannot truncate {len(g)} blocks to {n}")
+            out.append(ids_of(g)[:n])
+        return self.create_kv_cache_blocks(tuple(out))
+
+    # ---- per-step hand-offs (none for full attention) ----------------------
+
+    def take_new_block_ids(self) -> list[int]:
+        return []
+
+    def record_blocks_for_zeroing(self, request_id: str, start_token: int) -> None:
+        """No group records blocks for zeroing in a served configuration."""
+
+    def take_kv_cache_block_copies(self) -> tuple[list[Any], list[int]]:
+        return [], []
+
+    def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
+        return {}
+
+    def finalize_partial_tail_offloads(self, request: Any) -> list[tuple[int, int, int]]:
+        return []
+
+    def new_step_starts(self) -> None:
+        """Nothing is step-scoped for full attention."""
+
+    def check_invariants(self) -> None:
+        self._core.check_invariants()

@@ -1,0 +1,81 @@
+"""pytest plugin: ``pytest -p kvcoord.vllm.pytest_plugin tests/v1/core`` runs
+vLLM's own tests with kvcoord as the KV-cache manager.
+
+Loaded with ``-p``, this module is imported before any test module, so
+:func:`kvcoord.vllm.enable` has replaced vLLM's ``KVCacheManager`` by the
+time test modules import it.
+
+A test that passes only because vLLM's own machinery served it does not
+count for kvcoord: the plugin counts, per test, the constructions of vLLM's
+``BlockPool`` (every vLLM manager, coordinator and single-type manager sits
+on one) and the fallbacks of :class:`kvcoord.vllm.KVCacheManager`. Each
+test's junit record carries the property ``kvcoord_pure`` (``1`` when
+neither happened), and the terminal summary splits the passes.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Generator
+from typing import Any
+
+import pytest
+
+import kvcoord.vllm as _kv
+
+_kv.enable()
+
+_vllm_pools = [0]
+_passes = {"pure": 0, "vllm": 0}
+
+
+def _count_vllm_pools() -> None:
+    pool_cls: Any = importlib.import_module("vllm.v1.core.block_pool").BlockPool
+    original = pool_cls.__init__
+
+    def counted_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        _vllm_pools[0] += 1
+        original(self, *args, **kwargs)
+
+    pool_cls.__init__ = counted_init
+
+
+_count_vllm_pools()
+
+
+def _mark() -> int:
+    return _vllm_pools[0] + sum(_kv.fallbacks.values())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: Any, nextitem: Any) -> Generator[None, None, None]:
+    item._kvcoord_mark = _mark()
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: Any, call: Any) -> Generator[None, Any, None]:
+    outcome = yield
+    report = outcome.get_result()
+    if report.when != "call":
+        return
+    pure = _mark() == getattr(item, "_kvcoord_mark", -1)
+    item.user_properties.append(("kvcoord_pure", "1" if pure else "0"))
+    report.user_properties = list(item.user_properties)
+    if report.passed:
+        _passes["pure" if pure else "vllm"] += 1
+
+
+def pytest_report_header(config: Any) -> str:
+    return "kvcoord.vllm: vLLM's KVCacheManager is kvcoord's (fallbacks are logged)"
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    tr = terminalreporter
+    tr.write_line(
+        f"kvcoord.vllm: {_passes['pure']} passed on kvcoord alone, {_passes['vllm']} passed "
+        f"only with vLLM's own BlockPool or a fallback; {_kv.served['managers']} managers "
+        f"served by kvcoord, {sum(_kv.fallbacks.values())} fell back to vLLM's own"
+    )
+    for reason, count in _kv.fallbacks.most_common():
+        tr.write_line(f"  fallback x{count}: {reason}")

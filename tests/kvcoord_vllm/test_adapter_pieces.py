@@ -1,0 +1,167 @@
+"""The parts of kvcoord.vllm that need no vLLM: the request registry that
+keeps kvcoord's request in step with a vLLM-shaped one, and the vLLM-shaped
+block results and pool view."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+import kvcoord
+from kvcoord.vllm._blocks import KVCacheBlocks, PoolView, ids_of
+from kvcoord.vllm._requests import RequestRegistry, stats
+
+
+class FakeRequest:
+    """The attributes of vLLM's Request that the registry reads."""
+
+    def __init__(self, rid: str, prompt: list[int], **extra: object) -> None:
+        self.request_id = rid
+        self.prompt_token_ids = list(prompt)
+        self._all = list(prompt)
+        self.num_prompt_tokens = len(prompt)
+        self.num_computed_tokens = 0
+        self.cache_salt = extra.get("cache_salt")
+        self.lora_request = extra.get("lora_request")
+        self.mm_features = extra.get("mm_features", [])
+        self.prompt_embeds = extra.get("prompt_embeds")
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self._all)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self._all
+
+
+def hashes(tokens: list[int], **kw: object) -> list[bytes]:
+    return kvcoord.compute_block_hashes(
+        tokens, hash_block_size=4, hash_algo="xxh3_native", hash_seed="s", **kw
+    )
+
+
+def test_registry_follows_appended_tokens_and_computed_count() -> None:
+    reg = RequestRegistry(4)
+    req = FakeRequest("a", list(range(10)))
+    mine = reg.get(req)
+    assert (mine.num_tokens, mine.num_prompt_tokens, mine.num_block_hashes) == (10, 10, 2)
+    req._all += [10, 11, 12]
+    req.num_computed_tokens = 9
+    again = reg.get(req)
+    assert again is mine
+    assert (mine.num_tokens, mine.num_block_hashes, mine.num_computed_tokens) == (13, 3, 9)
+    assert mine.all_token_ids == list(range(13))
+
+
+def test_registry_hashes_equal_a_fresh_request_of_the_same_tokens() -> None:
+    reg = RequestRegistry(4)
+    reg.hash_algo = "sha256_cbor"
+    req = FakeRequest("a", list(range(6)))
+    reg.get(req)
+    req._all += list(range(6, 17))
+    mine = reg.get(req)
+    assert list(mine.block_hashes) == kvcoord.compute_block_hashes(
+        list(range(17)), hash_block_size=4
+    )
+
+
+def test_negative_placeholder_tokens_are_taken_modulo_2_32() -> None:
+    reg = RequestRegistry(4)
+    req = FakeRequest("a", [1, -1, 3, 4, 5])
+    mine = reg.get(req)
+    assert mine.all_token_ids == [1, 2**32 - 1, 3, 4, 5]
+    req._all += [-2, 7, 8]
+    assert reg.get(req).all_token_ids[-3:] == [2**32 - 2, 7, 8]
+
+
+def test_shrunk_request_is_rebuilt() -> None:
+    reg = RequestRegistry(4)
+    req = FakeRequest("a", list(range(8)))
+    req._all += [8, 9, 10]
+    first = reg.get(req)
+    del req._all[-2:]
+    before = stats["rebuilt"]
+    second = reg.get(req)
+    assert second is not first and second.num_tokens == 9
+    assert stats["rebuilt"] == before + 1
+
+
+def test_extra_keys_reach_the_hashes() -> None:
+    reg = RequestRegistry(4)
+    plain = reg.get(FakeRequest("p", list(range(8)))).block_hashes_bytes()
+    lora = SimpleNamespace(lora_name="ad", lora_path="/p")
+    mm = [SimpleNamespace(identifier="img", mm_position=SimpleNamespace(offset=4, length=2))]
+    with_lora = reg.get(FakeRequest("l", list(range(8)), lora_request=lora))
+    with_mm = reg.get(FakeRequest("m", list(range(8)), mm_features=mm))
+    salted = reg.get(FakeRequest("s", list(range(8)), cache_salt="x"))
+    digests = {plain, *(r.block_hashes_bytes() for r in (with_lora, with_mm, salted))}
+    assert len(digests) == 4
+    assert with_lora.lora == ("ad", "/p")
+    assert with_mm.mm_features == [("img", 4, 2)]
+    # The multimodal item starts in block 1: block 0 equals the plain request's.
+    assert with_mm.block_hashes[0] == reg.get(FakeRequest("q", list(range(8)))).block_hashes[0]
+
+
+def test_prompt_embeds_requests_never_share_blocks() -> None:
+    reg = RequestRegistry(4)
+    before = stats["prompt_embeds_isolated"]
+    a = FakeRequest("a", [0] * 8, prompt_embeds=object())
+    b = FakeRequest("b", [0] * 8, prompt_embeds=object())
+    ha, hb = reg.get(a).block_hashes[0], reg.get(b).block_hashes[0]
+    assert ha != hb
+    assert stats["prompt_embeds_isolated"] == before + 2
+
+
+def test_drop_forgets() -> None:
+    reg = RequestRegistry(4)
+    req = FakeRequest("a", list(range(8)))
+    first = reg.get(req)
+    reg.drop("a")
+    reg.drop("never-seen")
+    assert len(reg) == 0 and reg.get(req) is not first
+
+
+def test_kv_cache_blocks_interface() -> None:
+    pool = kvcoord.BlockPool(16, hash_block_size=4)
+    a = KVCacheBlocks(([1, 2], []), pool)
+    b = KVCacheBlocks((np.array([3], dtype=np.uint32), [4]), pool)
+    assert a.get_block_ids() == ([1, 2], [])
+    assert a.get_block_ids(group_ids=[1], allow_none=True) is None
+    assert b.get_block_ids() == ([3], [4])
+    assert (a + b).get_block_ids() == ([1, 2, 3], [4])
+    assert a.new_empty().get_block_ids(allow_none=True) is None
+    assert a == KVCacheBlocks(([1, 2], []))
+    assert [v.block_id for v in a.blocks[0]] == [1, 2]
+    assert a.blocks[0][0].ref_cnt == 0 and not a.blocks[0][0].is_null
+    ids = a.get_block_ids()
+    ids[0].append(99)
+    assert a.get_block_ids() == ([1, 2], [])  # callers get fresh lists
+
+
+def test_unhashed_ids_and_block_views_follow_the_pool() -> None:
+    pool = kvcoord.BlockPool(16, hash_block_size=4)
+    got = pool.get_new_blocks(3)
+    digest = b"\x01" * 32
+    pool.cache_full_blocks(got, [digest], 0, 1, group_id=2)
+    blocks = KVCacheBlocks(([0, *got],), pool)
+    assert blocks.get_unhashed_block_ids() == [0, *got[1:]]
+    assert blocks.get_unhashed_block_ids_all_groups() == [got[1:]]
+    view = blocks.blocks[0][1]
+    assert view.block_hash == digest + (2).to_bytes(4, "big")
+    assert view.ref_cnt == 1 and blocks.blocks[0][0].is_null
+    with pytest.raises(ValueError):
+        KVCacheBlocks(([1], [2])).get_unhashed_block_ids()
+
+
+def test_pool_view_frees_block_objects_and_ids() -> None:
+    pool = kvcoord.BlockPool(8, hash_block_size=4)
+    view = PoolView(pool)
+    got = pool.get_new_blocks(3)
+    assert view.get_num_free_blocks() == 4 and view.num_gpu_blocks == 8
+    view.free_blocks(reversed(KVCacheBlocks((got,), pool).blocks[0]))
+    assert view.get_num_free_blocks() == 7 and view.get_usage() == 0.0
+    assert view.free_block_ids().tolist()[:3] == got[::-1]
+    assert ids_of([]) == [] and ids_of(np.array([5, 6])) == [5, 6]

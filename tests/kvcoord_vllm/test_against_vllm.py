@@ -1,0 +1,311 @@
+"""kvcoord.vllm.KVCacheManager beside vLLM 0.33.0's own manager, both driven
+with the same vLLM ``Request`` objects: every hit, every allocation result,
+every block table and the free queue (eviction order) must be equal.
+
+Skipped when vLLM is not installed (``make test-vllm`` runs it in a
+virtualenv with vLLM 0.33.0).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+
+import pytest
+
+vllm = pytest.importorskip(
+    "vllm.v1.core.kv_cache_manager", reason="needs vLLM 0.33.0 (pip install kvcoord[vllm])"
+)
+
+import torch  # noqa: E402
+from vllm.sampling_params import SamplingParams  # noqa: E402
+from vllm.utils.hashing import sha256  # noqa: E402
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
+from vllm.v1.kv_cache_interface import (  # noqa: E402
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    SlidingWindowSpec,
+)
+from vllm.v1.request import Request, RequestStatus  # noqa: E402
+
+import kvcoord.vllm as kv  # noqa: E402
+
+BS = 4
+
+
+def full_spec(block_size: int = BS) -> FullAttentionSpec:
+    return FullAttentionSpec(
+        block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32
+    )
+
+
+def config(num_blocks: int, specs: list) -> KVCacheConfig:
+    return KVCacheConfig(
+        num_blocks=num_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec([f"l{i}"], s) for i, s in enumerate(specs)],
+    )
+
+
+def make_request(rid: str, tokens: list[int], hash_block_size: int = BS) -> Request:
+    params = SamplingParams(max_tokens=1000)
+    params.update_from_generation_config({}, eos_token_id=100)
+    return Request(
+        request_id=rid,
+        prompt_token_ids=tokens,
+        sampling_params=params,
+        pooling_params=None,
+        block_hasher=get_request_block_hasher(hash_block_size, sha256),
+    )
+
+
+def managers(cfg: KVCacheConfig, **kw: object) -> tuple[object, object]:
+    args = {"max_model_len": 512, "scheduler_block_size": BS, "hash_block_size": BS, **kw}
+    theirs = kv.original_manager_class()(cfg, **args)
+    ours = kv.KVCacheManager(cfg, **args)
+    assert isinstance(ours, kv.KVCacheManager)
+    return theirs, ours
+
+
+def free_queue(manager: object) -> list[int]:
+    if isinstance(manager, kv.KVCacheManager):
+        return manager.block_pool.free_block_ids().tolist()
+    return [b.block_id for b in manager.block_pool.free_block_queue.get_all_free_blocks()]
+
+
+def ids(blocks: object) -> object:
+    return None if blocks is None else blocks.get_block_ids()
+
+
+@pytest.fixture(autouse=True)
+def _none_hash() -> None:
+    init_none_hash(sha256)
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("groups", [1, 2])
+def test_random_schedule_matches_vllm(seed: int, groups: int) -> None:
+    rng = random.Random(seed)
+    cfg = config(48, [full_spec() for _ in range(groups)])
+    theirs, ours = managers(cfg, watermark=rng.choice([0.0, 0.05]))
+    prefixes = [[rng.randrange(1000) for _ in range(rng.randrange(4, 30))] for _ in range(3)]
+    waiting: list[Request] = []
+    running: list[Request] = []
+    for step in range(120):
+        if rng.random() < 0.5:
+            tokens = rng.choice(prefixes) + [
+                rng.randrange(1000) for _ in range(rng.randrange(1, 12))
+            ]
+            waiting.append(make_request(f"r{step}", tokens))
+        for req in list(running):  # decode: one token each, preempt the last on failure
+            req.append_output_token_ids(rng.randrange(1000))
+            a = theirs.allocate_slots(req, 1)
+            b = ours.allocate_slots(req, 1)
+            assert ids(a) == ids(b)
+            if a is None:
+                for m in (theirs, ours):
+                    m.free(req)
+                running.remove(req)
+                req.num_computed_tokens = 0
+                req.status = RequestStatus.PREEMPTED
+                waiting.insert(0, req)
+            else:
+                req.num_computed_tokens = req.num_tokens
+        while waiting:
+            req = waiting[0]
+            (ha, na, _), (hb, nb, _) = (
+                theirs.get_computed_blocks(req),
+                ours.get_computed_blocks(req),
+            )
+            assert (na, ids(ha)) == (nb, ids(hb))
+            kwargs = {
+                "num_new_computed_tokens": na,
+                "full_sequence_must_fit": rng.random() < 0.7,
+                "has_scheduled_reqs": bool(running),
+                "reserved_blocks": rng.choice([0, 0, 3]),
+            }
+            a = theirs.allocate_slots(req, req.num_tokens - na, new_computed_blocks=ha, **kwargs)
+            b = ours.allocate_slots(req, req.num_tokens - nb, new_computed_blocks=hb, **kwargs)
+            assert ids(a) == ids(b)
+            if a is None:
+                break
+            waiting.pop(0)
+            req.num_computed_tokens = req.num_tokens
+            req.status = RequestStatus.RUNNING
+            running.append(req)
+        for req in list(running):
+            if rng.random() < 0.08:
+                running.remove(req)
+                for m in (theirs, ours):
+                    m.free(req)
+        assert theirs.block_pool.get_num_free_blocks() == ours.block_pool.get_num_free_blocks()
+        assert free_queue(theirs) == free_queue(ours)
+        for req in running:
+            assert theirs.get_block_ids(req.request_id) == ours.get_block_ids(req.request_id)
+            assert theirs.estimate_cached_tokens(req) == ours.estimate_cached_tokens(req)
+        ours.check_invariants()
+    assert theirs.usage == pytest.approx(ours.usage)
+
+
+def test_pop_blocks_for_free_keeps_references_until_freed() -> None:
+    cfg = config(16, [full_spec()])
+    theirs, ours = managers(cfg)
+    for m in (theirs, ours):
+        req = make_request("a", list(range(10)))
+        m.get_computed_blocks(req)
+        m.allocate_slots(req, 10)
+        popped = m.pop_blocks_for_free(req)
+        assert m.block_pool.get_num_free_blocks() == 12
+        assert m.get_block_ids("a") == ([],) or m is theirs
+        m.block_pool.free_blocks(reversed(popped))
+        assert m.block_pool.get_num_free_blocks() == 15
+    assert free_queue(theirs) == free_queue(ours)
+
+
+def test_external_tokens_allocate_like_vllm() -> None:
+    cfg = config(32, [full_spec()])
+    theirs, ours = managers(cfg)
+    req = make_request("a", list(range(30)))
+    a = theirs.allocate_slots(req, 6, num_external_computed_tokens=16)
+    b = ours.allocate_slots(req, 6, num_external_computed_tokens=16)
+    assert ids(a) == ids(b)
+    assert theirs.get_block_ids("a") == ours.get_block_ids("a")
+
+
+def test_unknown_request_and_zero_tokens_behave_like_vllm() -> None:
+    cfg = config(16, [full_spec()])
+    theirs, ours = managers(cfg)
+    assert ours.get_block_ids("nope") == theirs.get_block_ids("nope") == ([],)
+    req = make_request("a", list(range(5)))
+    for m in (theirs, ours):
+        with pytest.raises(ValueError, match="num_new_tokens"):
+            m.allocate_slots(req, 0)
+        m.free(req)  # never allocated: a no-op
+
+
+def test_stats_are_vllms_record_per_scheduled_request() -> None:
+    cfg = config(16, [full_spec()])
+    theirs, ours = managers(cfg, log_stats=True)
+    req = make_request("a", list(range(9)))
+    for m in (theirs, ours):
+        m.record_prefix_cache_stats(req, 4)
+    a, b = theirs.make_prefix_cache_stats(), ours.make_prefix_cache_stats()
+    assert (a.requests, a.queries, a.hits) == (b.requests, b.queries, b.hits) == (1, 9, 4)
+
+
+def test_unserved_configuration_falls_back_with_one_log_line(caplog) -> None:
+    swa = SlidingWindowSpec(
+        block_size=BS, num_kv_heads=1, head_size=1, dtype=torch.float32, sliding_window=8
+    )
+    before = sum(kv.fallbacks.values())
+    with caplog.at_level(logging.WARNING, logger="kvcoord.vllm"):
+        m = kv.KVCacheManager(
+            config(16, [full_spec(), swa]),
+            max_model_len=64,
+            scheduler_block_size=BS,
+            hash_block_size=BS,
+        )
+    assert type(m) is kv.original_manager_class()
+    assert sum(kv.fallbacks.values()) == before + 1
+    assert [r.getMessage() for r in caplog.records if "SlidingWindowSpec" in r.getMessage()]
+    m2 = kv.KVCacheManager(
+        config(16, [full_spec()]),
+        max_model_len=64,
+        scheduler_block_size=BS,
+        hash_block_size=BS,
+        use_eagle=True,
+    )
+    assert type(m2) is kv.original_manager_class()
+
+
+def test_enable_is_idempotent_and_patches_the_scheduler() -> None:
+    import vllm.v1.core.kv_cache_manager as km
+    import vllm.v1.core.sched.scheduler as sched
+
+    was = kv.is_enabled()
+    original = kv.original_manager_class()
+    try:
+        kv.enable()
+        kv.enable()
+        assert sched.KVCacheManager is kv.KVCacheManager is km.KVCacheManager
+        assert kv.original_manager_class() is original
+        kv.disable()
+        assert sched.KVCacheManager is original
+    finally:
+        if was:
+            kv.enable()
+
+
+@pytest.mark.parametrize("algo", ["sha256_cbor", "xxhash_cbor"])
+def test_kvcoord_block_hasher_is_byte_identical(algo: str) -> None:
+    from vllm.lora.request import LoRARequest
+    from vllm.multimodal.inputs import (
+        MultiModalFeatureSpec,
+        MultiModalKwargsItem,
+        PlaceholderRange,
+    )
+    from vllm.utils import hashing
+
+    from kvcoord.vllm._hasher import make_block_hasher
+
+    fn = getattr(hashing, algo)
+    init_none_hash(fn)
+    theirs = get_request_block_hasher(BS, fn)
+    ours = make_block_hasher(get_request_block_hasher)(BS, fn)
+    mm = [
+        MultiModalFeatureSpec(
+            data=MultiModalKwargsItem.dummy(),
+            mm_position=PlaceholderRange(offset=off, length=n),
+            identifier=f"img{off}",
+            modality="image",
+        )
+        for off, n in ((3, 6), (14, 2))
+    ]
+    variants = [
+        {},
+        {"cache_salt": "tenant"},
+        {"lora_request": LoRARequest("ad", 1, "/path/ad")},
+        {"mm_features": mm},
+    ]
+    rng = random.Random(0)
+    for extra in variants:
+        tokens = [rng.randrange(50000) for _ in range(23)]
+        reqs = []
+        for hasher in (theirs, ours):
+            params = SamplingParams(max_tokens=100)
+            params.update_from_generation_config({}, eos_token_id=100)
+            reqs.append(
+                Request(
+                    request_id="r",
+                    prompt_token_ids=list(tokens),
+                    sampling_params=params,
+                    pooling_params=None,
+                    block_hasher=hasher,
+                    **extra,
+                )
+            )
+        for _ in range(9):
+            token = rng.randrange(50000)
+            for r in reqs:
+                r.append_output_token_ids(token)
+        assert len(reqs[1].block_hashes) == 8
+        assert reqs[0].block_hashes == reqs[1].block_hashes, extra
+
+
+def test_pickle_hashes_stay_vllms() -> None:
+    from kvcoord.vllm._hasher import make_block_hasher, stats
+
+    before = stats["vllm_hashers"]
+    hasher = make_block_hasher(get_request_block_hasher)(BS, sha256)
+    assert stats["vllm_hashers"] == before + 1
+    params = SamplingParams(max_tokens=10)
+    params.update_from_generation_config({}, eos_token_id=100)
+    req = Request(
+        request_id="a",
+        prompt_token_ids=list(range(9)),
+        sampling_params=params,
+        pooling_params=None,
+        block_hasher=hasher,
+    )
+    assert req.block_hashes == make_request("b", list(range(9))).block_hashes
