@@ -193,7 +193,7 @@ impl PyCoordinatorCore {
                 // sequence of per-group id lists.
                 let unwrapped;
                 let obj = if obj.is_instance(self.result_type.bind(py))? {
-                    unwrapped = obj.getattr(pyo3::intern!(py, "blocks"))?;
+                    unwrapped = obj.call_method0(pyo3::intern!(py, "arrays"))?;
                     &unwrapped
                 } else {
                     obj
