@@ -201,8 +201,10 @@ def main() -> None:
     prefill_counts = [args.prefills] if args.prefills is not None else [0, 16]
     paths = ["arrays", "lists"] if args.path == "both" else [args.path]
     print(f"{NUM_RUNNING} running requests, median of {args.steps} steps, microseconds per step")
-    print(f"{'layout':7s} {'prefills':>8s} {'path':7s} {'manager':>9s} {'table':>8s} "
-          f"{'slots':>8s} {'step':>9s} {'table+slots':>12s}")
+    print(
+        f"{'layout':7s} {'prefills':>8s} {'path':7s} {'manager':>9s} {'table':>8s} "
+        f"{'slots':>8s} {'step':>9s} {'table+slots':>12s}"
+    )
     for layout in layouts:
         for prefills in prefill_counts:
             for path in paths:
