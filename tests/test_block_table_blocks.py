@@ -78,6 +78,12 @@ def test_batched_from_manager_results(no_id_checks):
     assert [mg[1].row(r).tolist() for r in range(4)] == [[4], [], [], [3, 7, 8]]
     mg.add_blocks([kvb([4], [])], [3])
     assert mg[0].host_np[3].tolist() == [4, 0, 0, 0] and mg[1].num_blocks(3) == 0
+    before = snapshots(mg)
+    mg.append_blocks([KVCacheBlocks.empty(2)] * 3, [0, 1, 2])  # a decode step, no new block
+    assert_unchanged(mg, before)
+    one = MultiGroupBlockTable([16], 3, 4, 16)
+    one.append_blocks([kvb([1]), kvb([]), kvb([2, 3])], [2, 0, 1])
+    assert [one[0].row(r).tolist() for r in range(3)] == [[], [2, 3], [1]]
 
 
 @pytest.mark.parametrize(
@@ -98,6 +104,8 @@ def test_batched_from_manager_results(no_id_checks):
         ("append_blocks", (kvb([1], [2]), [0]), BlockTableError),
         ("add_blocks", ([kvb([1], [2]), kvb([1], [2], [3])], [0, 1]), BlockTableError),
         ("add_blocks", ([kvb([1], [2, 2, 2])], [1]), BlockTableError),
+        ("append_blocks", ([kvb([], []), KVCacheBlocks.empty(3)], [0, 1]), BlockTableError),
+        ("append_blocks", ([KVCacheBlocks.empty(1)], [0]), BlockTableError),
     ],
 )
 def test_errors_leave_every_group_unchanged(call, args, exc):

@@ -174,6 +174,10 @@ def check_blocks(blocks: Any, num_groups: int) -> KVCacheBlocks:
     return blocks
 
 
+_FLAT = operator.attrgetter("flat")
+_OFFSETS = operator.attrgetter("offsets")
+
+
 def blocks_by_group(
     blocks_per_row: Sequence[Any], num_groups: int
 ) -> list[tuple[npt.NDArray[np.int32], npt.NDArray[np.int64]]]:
@@ -181,25 +185,40 @@ def blocks_by_group(
     each group's ids of all rows concatenated in row order, with the per-row
     counts: ``[(ids, lens)] * num_groups``.
 
-    Per step, not per block: one attribute read per row, then a fixed number
-    of numpy calls per group. The ids are trusted (see the module docstring).
+    Per step, not per block: a few C-level ``map`` passes over the rows (no
+    Python frame per row), then a fixed number of numpy calls per group over
+    the rows that got blocks. The ids are trusted (see the module docstring);
+    the type and group count of every item are checked.
     """
-    items = [check_blocks(b, num_groups) for b in blocks_per_row]
+    items = list(blocks_per_row)
     n = len(items)
-    if n == 0:
-        empty = np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.int64)
+    if set(map(type, items)) - {KVCacheBlocks}:
+        for b in items:  # a subclass is fine; anything else is named
+            check_blocks(b, num_groups)
+    offs = list(map(_OFFSETS, items))
+    if set(map(len, offs)) - {num_groups + 1}:
+        for b in items:
+            check_blocks(b, num_groups)
+    flats = list(map(_FLAT, items))
+    sizes = np.fromiter(map(len, flats), dtype=np.int64, count=n)
+    # Only rows that got blocks take part (in a decode step, most get none).
+    nz = np.flatnonzero(sizes)
+    out: list[tuple[npt.NDArray[np.int32], npt.NDArray[np.int64]]] = []
+    if nz.shape[0] == 0:
+        empty = np.zeros(0, dtype=np.int32), np.zeros(n, dtype=np.int64)
         return [empty] * num_groups
-    flats = [b.flat for b in items]
-    offsets = np.stack([b.offsets for b in items])  # [n, G + 1], int64
-    # where each row's `flat` starts in the concatenation
-    sizes = offsets[:, -1]
-    base = np.cumsum(sizes) - sizes
-    flat_all = np.concatenate(flats)
-    out = []
+    idx = nz.tolist()
+    flat_nz: npt.NDArray[np.int32] = np.concatenate([flats[i] for i in idx])
+    if num_groups == 1:
+        return [(flat_nz, sizes)]
+    off_nz = np.concatenate([offs[i] for i in idx]).reshape(len(idx), num_groups + 1)
+    sizes_nz = sizes[nz]
+    base = np.cumsum(sizes_nz) - sizes_nz  # where each row's ids start in flat_nz
     for g in range(num_groups):
-        lens = offsets[:, g + 1] - offsets[:, g]
-        ids = flat_all[ragged_columns(base + offsets[:, g], lens)]
-        out.append((ids, lens))
+        lens_nz = off_nz[:, g + 1] - off_nz[:, g]
+        lens = np.zeros(n, dtype=np.int64)
+        lens[nz] = lens_nz
+        out.append((flat_nz[ragged_columns(base + off_nz[:, g], lens_nz)], lens))
     return out
 
 
@@ -260,6 +279,8 @@ def host_rows(rows: Any, n: int, max_num_reqs: int) -> npt.NDArray[np.int64]:
     if lo < 0 or hi >= max_num_reqs:
         bad = lo if lo < 0 else hi
         raise BlockTableIndexError(f"row {bad} out of range [0, {max_num_reqs})")
-    if np.unique(rows_np).shape[0] != n:
+    seen = np.zeros(max_num_reqs, dtype=np.bool_)
+    seen[rows_np] = True
+    if int(np.count_nonzero(seen)) != n:
         raise BlockTableError("a row appears more than once in one batched write")
     return rows_np
