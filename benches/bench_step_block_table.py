@@ -24,7 +24,7 @@ Two paths take the same manager results to the same tensors:
 The scheduler's own bookkeeping between steps (advancing
 ``num_computed_tokens``, appending the sampled token, freeing finished
 requests, building new ones) is outside the timed step. Each part is timed
-with ``perf_counter`` per step; the median over the steps is printed.
+with ``perf_counter`` per step; the median and the fastest step are printed.
 
 The table lives on the CPU device here (no GPU on the development machine),
 so ``commit`` is a host-to-host torch copy. torch runs it on its intra-op
@@ -168,30 +168,42 @@ class StepBench:
         return self.slots_lists(computed, scheduled)
 
 
-def run(layout: str, prefills: int, steps: int, path: str) -> dict[str, float]:
-    """Median microseconds per step of each part."""
-    bench = StepBench(layout, prefills)
-    table = bench.table_arrays if path == "arrays" else bench.table_lists
-    slots = bench.slots_arrays if path == "arrays" else bench.slots_lists
-    parts: dict[str, list[float]] = {"manager": [], "table": [], "slots": [], "step": []}
+def run(layout: str, prefills: int, steps: int, paths: list[str]) -> dict[str, dict[str, Any]]:
+    """Per path and part: (median, fastest) microseconds per step. The paths
+    run on twin benches (same seed, same decisions), alternating step by step
+    so that both see the same machine load."""
+    benches = {path: StepBench(layout, prefills) for path in paths}
+    samples = {path: {k: [] for k in PARTS} for path in paths}
     pc = time.perf_counter
     for _ in range(steps):
-        bench.after_step()
-        t0 = pc()
-        appended, added, computed, scheduled = bench.allocate()
-        t1 = pc()
-        table(appended, added)
-        t2 = pc()
-        slots(computed, scheduled)
-        t3 = pc()
-        for name, dt in (("manager", t1 - t0), ("table", t2 - t1), ("slots", t3 - t2)):
-            parts[name].append(dt)
-        parts["step"].append(t3 - t0)
-    return {k: statistics.median(v) * 1e6 for k, v in parts.items()}
+        for path, bench in benches.items():
+            table = bench.table_arrays if path == "arrays" else bench.table_lists
+            slots = bench.slots_arrays if path == "arrays" else bench.slots_lists
+            bench.after_step()
+            t0 = pc()
+            appended, added, computed, scheduled = bench.allocate()
+            t1 = pc()
+            table(appended, added)
+            t2 = pc()
+            slots(computed, scheduled)
+            t3 = pc()
+            got = samples[path]
+            got["manager"].append(t1 - t0)
+            got["table"].append(t2 - t1)
+            got["slots"].append(t3 - t2)
+            got["table+slots"].append(t3 - t1)
+            got["step"].append(t3 - t0)
+    return {
+        path: {k: (statistics.median(v) * 1e6, min(v) * 1e6) for k, v in parts.items()}
+        for path, parts in samples.items()
+    }
+
+
+PARTS = ("manager", "table", "slots", "table+slots", "step")
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--layout", choices=sorted(LAYOUTS), default=None)
     ap.add_argument("--prefills", type=int, default=None)
     ap.add_argument("--steps", type=int, default=200)
@@ -200,18 +212,22 @@ def main() -> None:
     layouts = [args.layout] if args.layout else sorted(LAYOUTS)
     prefill_counts = [args.prefills] if args.prefills is not None else [0, 16]
     paths = ["arrays", "lists"] if args.path == "both" else [args.path]
-    print(f"{NUM_RUNNING} running requests, median of {args.steps} steps, microseconds per step")
     print(
-        f"{'layout':7s} {'prefills':>8s} {'path':7s} {'manager':>9s} {'table':>8s} "
-        f"{'slots':>8s} {'step':>9s} {'table+slots':>12s}"
+        f"{NUM_RUNNING} running requests, {args.steps} steps per path (paths alternated "
+        "step by step); microseconds per step as median / fastest"
     )
+    print(f"{'layout':7s} {'prefills':>8s} {'path':7s}" + "".join(f"{p:>16s}" for p in PARTS))
     for layout in layouts:
         for prefills in prefill_counts:
+            res = run(layout, prefills, args.steps, paths)
             for path in paths:
-                r = run(layout, prefills, args.steps, path)
+                cells = "".join(f"{m:9.0f} /{f:5.0f}" for m, f in (res[path][p] for p in PARTS))
+                print(f"{layout:7s} {prefills:8d} {path:7s}{cells}")
+            if len(paths) == 2:
+                a, b = res["arrays"]["table+slots"], res["lists"]["table+slots"]
                 print(
-                    f"{layout:7s} {prefills:8d} {path:7s} {r['manager']:9.1f} {r['table']:8.1f} "
-                    f"{r['slots']:8.1f} {r['step']:9.1f} {r['table'] + r['slots']:12.1f}"
+                    f"{'':24s}table+slots, lists / arrays: {b[0] / a[0]:.1f}x median, "
+                    f"{b[1] / a[1]:.1f}x fastest"
                 )
 
 

@@ -20,6 +20,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from kvcoord import KVCacheBlocks  # noqa: E402
 from kvcoord.block_table import BlockTable  # noqa: E402
 
 BLOCK_SIZE = 16
@@ -42,6 +43,8 @@ def _workload():
 
 
 IDS_LIST, IDS_NP, POSITIONS, QSL = _workload()
+# the same ids as manager results (KVCacheBlocks, one group): written as they are
+IDS_BLOCKS = [KVCacheBlocks.from_arrays([a]) for a in IDS_NP]
 
 
 def naive_build(ids_per_req, positions, qsl):
@@ -80,12 +83,28 @@ def batched_build(table, ids_per_req, positions, qsl):
     return table.device_table, table.compute_slot_mapping(positions, query_start_loc=qsl)
 
 
+def blocks_build(table, blocks_per_req, positions, qsl):
+    """One add_blocks call for the whole batch of manager results."""
+    table.add_blocks(blocks_per_req, ROWS)
+    table.commit(NUM_REQS)
+    return table.device_table, table.compute_slot_mapping(positions, query_start_loc=qsl)
+
+
 def _table():
     return BlockTable(BLOCK_SIZE, NUM_REQS, BLOCKS_PER_REQ, STEP_TOKENS, "cpu")
 
 
-@pytest.mark.parametrize("build", [fast_build, batched_build])
-@pytest.mark.parametrize("ids", [IDS_LIST, IDS_NP], ids=["lists", "numpy"])
+@pytest.mark.parametrize(
+    ("build", "ids"),
+    [
+        (fast_build, IDS_LIST),
+        (fast_build, IDS_NP),
+        (batched_build, IDS_LIST),
+        (batched_build, IDS_NP),
+        (blocks_build, IDS_BLOCKS),
+    ],
+    ids=["row-lists", "row-numpy", "batch-lists", "batch-numpy", "batch-blocks"],
+)
 def test_results_agree(build, ids):
     want_table, want_slots = naive_build(IDS_LIST, POSITIONS, QSL)
     got_table, got_slots = build(_table(), ids, POSITIONS, QSL)
@@ -115,6 +134,11 @@ def test_bench_block_table_batched_from_lists(benchmark):
 def test_bench_block_table_batched_from_numpy(benchmark):
     table = _table()
     benchmark(batched_build, table, IDS_NP, POSITIONS, QSL)
+
+
+def test_bench_block_table_batched_from_blocks(benchmark):
+    table = _table()
+    benchmark(blocks_build, table, IDS_BLOCKS, POSITIONS, QSL)
 
 
 def test_bench_slot_mapping_only(benchmark):

@@ -118,6 +118,26 @@ def test_errors_leave_every_group_unchanged(call, args, exc):
     assert_unchanged(mg, snaps)
 
 
+def test_one_group_table_takes_batches_of_results(no_id_checks):
+    t = BlockTable(64, 3, 2, 8, kernel_block_size=32)
+    t.add_blocks([kvb([1]), kvb([2, 3])], [2, 0])
+    t.append_blocks([kvb([]), kvb([4])], np.array([0, 2]))
+    assert [t.row(r).tolist() for r in range(3)] == [[4, 5, 6, 7], [], [2, 3, 8, 9]]
+    before = t.host_np.copy(), t.num_blocks_per_row.copy()
+    for blocks, rows in [
+        ([kvb([1], [2])], [1]),  # two groups for one
+        ([kvb([1, 2, 3])], [1]),  # overflow
+        ([kvb([1]), kvb([1])], [1, 1]),  # repeated row
+        ([kvb([1])], [3]),
+        ([[1]], [1]),
+        (kvb([1]), [1]),
+    ]:
+        with pytest.raises(BlockTableError):
+            t.append_blocks(blocks, rows)
+        assert np.array_equal(t.host_np, before[0])
+        assert np.array_equal(t.num_blocks_per_row, before[1])
+
+
 def test_one_group_table_refuses_multi_group_results():
     t = BlockTable(16, 2, 4, 8)
     with pytest.raises(BlockTableError):

@@ -21,7 +21,6 @@ from __future__ import annotations
 import array
 import itertools
 import operator
-from collections.abc import Sequence
 from typing import Any, TypeVar
 
 import numpy as np
@@ -179,7 +178,7 @@ _OFFSETS = operator.attrgetter("offsets")
 
 
 def blocks_by_group(
-    blocks_per_row: Sequence[Any], num_groups: int
+    blocks_per_row: Any, num_groups: int
 ) -> list[tuple[npt.NDArray[np.int32], npt.NDArray[np.int64]]]:
     """For a batch of manager results (one :class:`KVCacheBlocks` per row),
     each group's ids of all rows concatenated in row order, with the per-row
@@ -190,6 +189,10 @@ def blocks_by_group(
     the rows that got blocks. The ids are trusted (see the module docstring);
     the type and group count of every item are checked.
     """
+    if isinstance(blocks_per_row, (str, bytes, KVCacheBlocks)) or not hasattr(
+        blocks_per_row, "__len__"
+    ):
+        raise BlockTableError("blocks must be a sequence of KVCacheBlocks, one per row")
     items = list(blocks_per_row)
     n = len(items)
     if set(map(type, items)) - {KVCacheBlocks}:

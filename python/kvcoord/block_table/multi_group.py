@@ -160,10 +160,8 @@ class MultiGroupBlockTable:
         self._write_batch(block_ids, rows, overwrite=True)
 
     def _write_blocks(self, blocks: Sequence[KVCacheBlocks], rows: Any, overwrite: bool) -> None:
-        if isinstance(blocks, (str, bytes, KVCacheBlocks)) or not hasattr(blocks, "__len__"):
-            raise BlockTableError("blocks must be a sequence of KVCacheBlocks, one per row")
-        rows_np = host_rows(rows, len(blocks), self.max_num_reqs)
         by_group = blocks_by_group(blocks, len(self.tables))
+        rows_np = host_rows(rows, by_group[0][1].shape[0], self.max_num_reqs)
         prepared = [
             t._prepare_batch_checked(rows_np, ids, lens, overwrite)
             for t, (ids, lens) in zip(self.tables, by_group, strict=True)

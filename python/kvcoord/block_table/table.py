@@ -11,6 +11,7 @@ docstring (:mod:`kvcoord.block_table`).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -21,6 +22,7 @@ from kvcoord.block_table.ids import (
     INT32_MAX,
     IntArray,
     as_block_ids,
+    blocks_by_group,
     check_blocks,
     check_index,
     flatten_block_ids,
@@ -329,13 +331,30 @@ class BlockTable:
         ``block_ids_per_row``: a sequence of id sequences (lists, tuples, numpy
         arrays); ``rows``: distinct row indices (list, numpy array, CPU
         tensor). Everything is checked before anything is written. (Manager
-        results go to :meth:`MultiGroupBlockTable.append_blocks`.)
+        results go to :meth:`append_blocks`.)
         """
         self._apply_batch(self._prepare_batch(block_ids_per_row, rows, overwrite=False))
 
     def add_rows(self, block_ids_per_row: Any, rows: Any) -> None:
         """Batched :meth:`add_row` (see :meth:`append_rows`)."""
         self._apply_batch(self._prepare_batch(block_ids_per_row, rows, overwrite=True))
+
+    def _prepare_blocks(self, blocks: Any, rows: Any, overwrite: bool) -> BatchWrite | None:
+        """Check a batched write of manager results (trusted ids)."""
+        ((ids, lens),) = blocks_by_group(blocks, 1)
+        rows_np = host_rows(rows, lens.shape[0], self.max_num_reqs)
+        return self._prepare_batch_checked(rows_np, ids, lens, overwrite)
+
+    def append_blocks(self, blocks: Sequence[KVCacheBlocks], rows: Any) -> None:
+        """Batched :meth:`append_row` from one-group manager results:
+        ``blocks[i]`` goes after the blocks in ``rows[i]``, written as it is
+        (see :meth:`MultiGroupBlockTable.append_blocks`)."""
+        self._apply_batch(self._prepare_blocks(blocks, rows, overwrite=False))
+
+    def add_blocks(self, blocks: Sequence[KVCacheBlocks], rows: Any) -> None:
+        """Batched :meth:`add_row` from one-group manager results (see
+        :meth:`append_blocks`)."""
+        self._apply_batch(self._prepare_blocks(blocks, rows, overwrite=True))
 
     def clear_row(self, row: int) -> None:
         """Zero ``row`` and set its count to 0."""
