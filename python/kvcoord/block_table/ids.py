@@ -206,7 +206,6 @@ def blocks_by_group(
     sizes = np.fromiter(map(len, flats), dtype=np.int64, count=n)
     # Only rows that got blocks take part (in a decode step, most get none).
     nz = np.flatnonzero(sizes)
-    out: list[tuple[npt.NDArray[np.int32], npt.NDArray[np.int64]]] = []
     if nz.shape[0] == 0:
         empty = np.zeros(0, dtype=np.int32), np.zeros(n, dtype=np.int64)
         return [empty] * num_groups
@@ -217,6 +216,7 @@ def blocks_by_group(
     off_nz = np.concatenate([offs[i] for i in idx]).reshape(len(idx), num_groups + 1)
     sizes_nz = sizes[nz]
     base = np.cumsum(sizes_nz) - sizes_nz  # where each row's ids start in flat_nz
+    out = []
     for g in range(num_groups):
         lens_nz = off_nz[:, g + 1] - off_nz[:, g]
         lens = np.zeros(n, dtype=np.int64)
