@@ -267,3 +267,30 @@ def test_modules_import_one_way():
         assert "kvcoord.block_table" not in {
             n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
         }  # never the package itself
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="torch.cuda.is_available() is False: no CUDA device on this machine",
+)
+def test_cuda_step_from_results_matches_cpu():
+    tables = [MultiGroupBlockTable([16, 32], 4, 8, 64, device=d) for d in ("cpu", "cuda")]
+    steps = [
+        ([kvb([1, 2], [3]), kvb([4], [5]), kvb([], [])], [0, 2, 3], [0, 0, 0], [20, 9, 0]),
+        ([kvb([6], [9]), KVCacheBlocks.empty(2), kvb([7], [8])], [0, 2, 3], [20, 9, 0], [17, 1, 1]),
+    ]
+    for blocks, rows, computed, scheduled in steps:
+        out = []
+        for mg in tables:
+            mg.append_blocks(blocks, rows)
+            mg.commit(4)
+            out.append(
+                [
+                    s.cpu().tolist()
+                    for s in mg.compute_step_slot_mapping(computed, scheduled, rows=rows)
+                ]
+            )
+        assert out[0] == out[1]
+        for a, b in zip(*tables, strict=True):
+            assert torch.equal(a.host_table, b.host_table)
