@@ -8,12 +8,12 @@ pool of ``num_blocks`` blocks. Invalid values raise :class:`ConfigError`
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Literal, TypeAlias
+from typing import ClassVar, TypeAlias
 
-from kvcoord._core import validate_retention_interval
+from kvcoord._core import GroupSpec, validate_retention_interval
+from kvcoord._core import scheduler_block_size as _scheduler_block_size
 from kvcoord.errors import ConfigError
 
 __all__ = [
@@ -28,10 +28,14 @@ __all__ = [
 ]
 
 
-def _positive_int(owner: object, name: str) -> None:
-    value = getattr(owner, name)
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+def _int_field(owner: object, name: str, value: object) -> None:
+    """Type check only; the value's rules (and their messages) are the core's."""
+    if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(f"{type(owner).__name__}.{name} must be a positive int, got {value!r}")
+
+
+def _set_core(owner: object, core: GroupSpec) -> None:
+    object.__setattr__(owner, "core", core)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,10 +43,14 @@ class FullAttentionSpec:
     """Layers attending to every previous token: every block is kept."""
 
     block_size: int
-    kind: Literal["full_attention"] = field(default="full_attention", init=False, repr=False)
+    #: Display name only; every fact about the kind comes from :attr:`core`.
+    kind: ClassVar[str] = "full_attention"
+    #: The core's spec (its facts: ``prefix_cacheable``, ``sparse``, ...).
+    core: GroupSpec = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        _positive_int(self, "block_size")
+        _int_field(self, "block_size", self.block_size)
+        _set_core(self, GroupSpec.full_attention(self.block_size))
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,11 +60,13 @@ class SlidingWindowSpec:
 
     block_size: int
     sliding_window: int
-    kind: Literal["sliding_window"] = field(default="sliding_window", init=False, repr=False)
+    kind: ClassVar[str] = "sliding_window"
+    core: GroupSpec = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        _positive_int(self, "block_size")
-        _positive_int(self, "sliding_window")
+        _int_field(self, "block_size", self.block_size)
+        _int_field(self, "sliding_window", self.sliding_window)
+        _set_core(self, GroupSpec.sliding_window(self.block_size, self.sliding_window))
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,11 +76,13 @@ class ChunkedLocalAttentionSpec:
 
     block_size: int
     attention_chunk_size: int
-    kind: Literal["chunked_local"] = field(default="chunked_local", init=False, repr=False)
+    kind: ClassVar[str] = "chunked_local"
+    core: GroupSpec = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        _positive_int(self, "block_size")
-        _positive_int(self, "attention_chunk_size")
+        _int_field(self, "block_size", self.block_size)
+        _int_field(self, "attention_chunk_size", self.attention_chunk_size)
+        _set_core(self, GroupSpec.chunked_local(self.block_size, self.attention_chunk_size))
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,13 +93,15 @@ class MambaSpec:
 
     block_size: int
     num_speculative_blocks: int = 0
-    kind: Literal["mamba"] = field(default="mamba", init=False, repr=False)
+    kind: ClassVar[str] = "mamba"
+    core: GroupSpec = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        _positive_int(self, "block_size")
+        _int_field(self, "block_size", self.block_size)
         n = self.num_speculative_blocks
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        if isinstance(n, bool) or not isinstance(n, int):
             raise ConfigError(f"MambaSpec.num_speculative_blocks must be an int >= 0, got {n!r}")
+        _set_core(self, GroupSpec.mamba(self.block_size, n))
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,10 +110,12 @@ class CrossAttentionSpec:
     encoder's token count, never prefix-cached."""
 
     block_size: int
-    kind: Literal["cross_attention"] = field(default="cross_attention", init=False, repr=False)
+    kind: ClassVar[str] = "cross_attention"
+    core: GroupSpec = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        _positive_int(self, "block_size")
+        _int_field(self, "block_size", self.block_size)
+        _set_core(self, GroupSpec.cross_attention(self.block_size))
 
 
 KVCacheSpec: TypeAlias = (
@@ -148,7 +164,9 @@ class KVCacheConfig:
     prefix_cache_retention_interval: int | None = None
 
     def __post_init__(self) -> None:
-        _positive_int(self, "num_blocks")
+        n = self.num_blocks
+        if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+            raise ConfigError(f"KVCacheConfig.num_blocks must be a positive int, got {n!r}")
         groups: Iterable[KVCacheGroup] = self.groups
         object.__setattr__(self, "groups", tuple(groups))
         for i, g in enumerate(self.groups):
@@ -159,15 +177,21 @@ class KVCacheConfig:
             raise ConfigError(
                 f"KVCacheConfig.prefix_cache_retention_interval must be an int or None, got {r!r}"
             )
-        validate_retention_interval(r, self.scheduler_block_size, self.has_sparse_groups)
+        validate_retention_interval(r, self.scheduler_block_size, self.retention_applies)
+
+    @property
+    def specs(self) -> list[GroupSpec]:
+        """The core specs of the groups, by group id."""
+        return [g.spec.core for g in self.groups]
 
     @property
     def scheduler_block_size(self) -> int:
         """LCM of the groups' block sizes: the granularity at which every
-        group agrees on block boundaries."""
-        return math.lcm(*(g.spec.block_size for g in self.groups)) if self.groups else 1
+        group agrees on block boundaries (computed by the core)."""
+        return int(_scheduler_block_size(self.specs))
 
     @property
-    def has_sparse_groups(self) -> bool:
-        """Whether some group is sliding-window or Mamba (retention applies)."""
-        return any(isinstance(g.spec, SlidingWindowSpec | MambaSpec) for g in self.groups)
+    def retention_applies(self) -> bool:
+        """Whether some group caches sparsely, so that a retention interval
+        applies (sliding window, Mamba; the core's kind facts decide)."""
+        return any(g.spec.core.sparse for g in self.groups)

@@ -170,6 +170,19 @@ pub(crate) fn count(n: i64, name: &'static str) -> PyResult<usize> {
     })
 }
 
+/// A positive configuration count (`max_model_len`, `hash_block_size`).
+pub(crate) fn config_count<T: TryFrom<i64>>(n: i64, name: &'static str) -> PyResult<T> {
+    match T::try_from(n) {
+        Ok(v) if n > 0 => Ok(v),
+        _ => Err(CoreError(KvError::InvalidConfig {
+            name,
+            value: n.to_string(),
+            rule: "must be a positive int".into(),
+        })
+        .into()),
+    }
+}
+
 /// Ids as a Python list of ints.
 pub(crate) fn id_list<'py>(py: Python<'py>, ids: &[BlockId]) -> PyResult<Bound<'py, PyList>> {
     PyList::new(py, ids.iter().map(|b| b.0))

@@ -4,15 +4,15 @@
 
 use hashbrown::HashMap;
 use kvcoord_core::coordinator::{
-    Arrangement, CoordinatorConfig, CoordinatorCore, NewBlocks, RequestView,
+    CoordinatorConfig, CoordinatorCore, CoordinatorKind, NewBlocks, RequestView,
 };
-use kvcoord_core::managers::GroupSpec;
 use kvcoord_core::{BlockId, KvError, ReqId};
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 
 use crate::convert;
-use crate::errors::{core, ConfigError, CoreError, InvariantError};
+use crate::errors::{core, CoreError, InvariantError};
+use crate::kinds::{self, PyCoordinatorKind, PyGroupSpec};
 use crate::pool::PyBlockPool;
 use crate::request::PyRequest;
 
@@ -34,23 +34,6 @@ pub(crate) struct PyCoordinatorCore {
     /// frame per decode step.
     result_type: Py<PyAny>,
     empty: Py<PyAny>,
-}
-
-fn spec_from_tuple(kind: &str, block_size: u32, param: u32) -> PyResult<GroupSpec> {
-    let spec = match kind {
-        "full_attention" => GroupSpec::full_attention(block_size),
-        "sliding_window" => GroupSpec::sliding_window(block_size, param),
-        "chunked_local" => GroupSpec::chunked_local(block_size, param),
-        "mamba" => GroupSpec::mamba(block_size, param),
-        "cross_attention" => GroupSpec::cross_attention(block_size),
-        other => {
-            return Err(ConfigError::new_err(format!(
-                "unknown KV cache spec kind {other:?}: expected one of full_attention, \
-                 sliding_window, chunked_local, mamba, cross_attention"
-            )))
-        }
-    };
-    Ok(spec)
 }
 
 fn view(r: &PyRequest) -> RequestView<'_> {
@@ -81,40 +64,33 @@ impl PyCoordinatorCore {
 #[pymethods]
 impl PyCoordinatorCore {
     #[new]
-    #[pyo3(signature = (num_blocks, groups, *, enable_caching, hash_block_size, max_model_len,
-                        result_type, retention_interval = None, arrangement = "unitary",
-                        enable_events = false))]
+    #[pyo3(signature = (num_blocks, groups, *, kind, hash_block_size, max_model_len,
+                        result_type, retention_interval = None, enable_events = false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         num_blocks: i64,
-        groups: Vec<(String, u32, u32)>,
-        enable_caching: bool,
-        hash_block_size: u32,
-        max_model_len: usize,
+        groups: Vec<PyGroupSpec>,
+        kind: PyCoordinatorKind,
+        hash_block_size: Option<i64>,
+        max_model_len: i64,
         result_type: Py<PyAny>,
         retention_interval: Option<i64>,
-        arrangement: &str,
         enable_events: bool,
     ) -> PyResult<Self> {
-        let specs = groups
-            .iter()
-            .map(|(k, bs, p)| spec_from_tuple(k, *bs, *p))
-            .collect::<PyResult<Vec<_>>>()?;
-        let arrangement = match arrangement {
-            "unitary" => Arrangement::Unitary,
-            "hybrid" => Arrangement::Hybrid,
-            other => {
-                return Err(ConfigError::new_err(format!(
-                    "unknown arrangement {other:?}: expected 'unitary' or 'hybrid'"
-                )))
-            }
-        };
         let num_blocks = convert::count(num_blocks, "num_blocks")?;
-        let mut config = CoordinatorConfig::new(specs, num_blocks, enable_caching, max_model_len);
-        config.hash_block_size = hash_block_size;
+        let kind = CoordinatorKind::from(kind);
+        let mut config = CoordinatorConfig::new(
+            kinds::specs(&groups),
+            num_blocks,
+            kind.enable_caching(),
+            convert::config_count(max_model_len, "max_model_len")?,
+        );
+        config.kind = kind;
+        if let Some(hbs) = hash_block_size {
+            config.hash_block_size = convert::config_count(hbs, "hash_block_size")?;
+        }
         config.retention_interval = retention_interval;
-        config.arrangement = arrangement;
         config.enable_events = enable_events;
         let empty_lists = (0..groups.len()).map(|_| PyList::empty(py));
         let empty = result_type.call1(py, (PyTuple::new(py, empty_lists)?,))?;
@@ -128,6 +104,18 @@ impl PyCoordinatorCore {
             result_type,
             empty,
         })
+    }
+
+    /// Tokens per hash unit (requests must be hashed with it).
+    #[getter]
+    fn hash_block_size(&self) -> u32 {
+        self.inner.config().hash_block_size
+    }
+
+    /// LCM of the groups' block sizes.
+    #[getter]
+    fn scheduler_block_size(&self) -> u32 {
+        self.inner.config().scheduler_block_size
     }
 
     /// The shared pool (a handle on this coordinator's pool, not a copy).

@@ -12,6 +12,7 @@ mod convert;
 mod coordinator;
 mod errors;
 mod events;
+mod kinds;
 mod pool;
 mod request;
 mod retention;
@@ -26,6 +27,11 @@ mod core_module {
     use crate::coordinator::PyCoordinatorCore;
     #[pymodule_export]
     use crate::events::{AllBlocksCleared, BlockRemoved, BlockStored};
+    #[pymodule_export]
+    use crate::kinds::{
+        choose_coordinator, default_hash_block_size, scheduler_block_size, PyCoordinatorKind,
+        PyGroupSpec,
+    };
     #[pymodule_export]
     use crate::pool::PyBlockPool;
     #[pymodule_export]
