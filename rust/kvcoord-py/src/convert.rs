@@ -8,7 +8,7 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
 
-use crate::errors::{core, CoreError, InvalidBlockIdError, InvalidHashError};
+use crate::errors::{core, err, CoreError};
 
 /// One block id (non-negative, 32-bit; the pool checks the upper bound).
 #[inline]
@@ -21,12 +21,9 @@ pub(crate) fn block_id(v: i64) -> PyResult<BlockId> {
 
 #[cold]
 fn bad_block_id(v: i64) -> PyErr {
-    let why = if v < 0 {
-        "is negative"
-    } else {
-        "does not fit in 32 bits"
-    };
-    InvalidBlockIdError::new_err(format!("block id {v} {why}"))
+    err(KvError::InvalidBlockId {
+        value: Some(i128::from(v)),
+    })
 }
 
 /// The elements of a 1-D numpy array, copied out.
@@ -129,10 +126,9 @@ pub(crate) fn block_hash(obj: &Bound<'_, PyAny>) -> PyResult<BlockHash> {
             return core(BlockHash::from_slice(&b));
         }
     }
-    Err(InvalidHashError::new_err(format!(
-        "block hash must be bytes, got {}",
-        obj.get_type().name()?
-    )))
+    Err(err(KvError::InvalidHash {
+        detail: format!("must be bytes, got {}", obj.get_type().name()?),
+    }))
 }
 
 /// Block hashes from a sequence of bytes or a 2-D uint8 numpy array
@@ -148,9 +144,11 @@ pub(crate) fn block_hashes(obj: &Bound<'_, PyAny>) -> PyResult<Vec<BlockHash>> {
         return Ok(out);
     }
     if obj.is_instance_of::<PyBytes>() {
-        return Err(InvalidHashError::new_err(
-            "block_hashes must be a sequence of bytes (one per block), not a single bytes object",
-        ));
+        return Err(err(KvError::InvalidHash {
+            detail: "block_hashes must be a sequence of bytes (one per block), \
+                     not a single bytes object"
+                .into(),
+        }));
     }
     let mut out = Vec::new();
     for item in obj.try_iter()? {
@@ -168,6 +166,17 @@ pub(crate) fn count(n: i64, name: &'static str) -> PyResult<usize> {
         })
         .into()
     })
+}
+
+/// Integers from a list/tuple of ints or a 1-D integer numpy array.
+pub(crate) fn int_vec(obj: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
+    if let Ok(arr) = obj.cast::<PyArray1<i64>>() {
+        return Ok(array_values(arr));
+    }
+    if let Ok(arr) = obj.cast::<PyArray1<i32>>() {
+        return Ok(array_values(arr).into_iter().map(i64::from).collect());
+    }
+    obj.extract()
 }
 
 /// A positive configuration count (`max_model_len`, `hash_block_size`).

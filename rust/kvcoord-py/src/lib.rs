@@ -8,12 +8,14 @@
 // dunder methods, which these two pedantic lints flag without a fix.
 #![allow(clippy::needless_pass_by_value, clippy::unused_self)]
 
+mod blocks;
 mod convert;
 mod coordinator;
 mod errors;
 mod events;
 mod kinds;
 mod pool;
+mod pool_view;
 mod request;
 mod retention;
 
@@ -23,6 +25,8 @@ use pyo3::prelude::*;
 #[pymodule(gil_used = false)]
 #[pyo3(name = "_core")]
 mod core_module {
+    #[pymodule_export]
+    use crate::blocks::PyKVCacheBlocks;
     #[pymodule_export]
     use crate::coordinator::PyCoordinatorCore;
     #[pymodule_export]
@@ -35,7 +39,11 @@ mod core_module {
     #[pymodule_export]
     use crate::pool::PyBlockPool;
     #[pymodule_export]
-    use crate::request::{compute_block_hashes, none_hash, BlockHashes, PyRequest};
+    use crate::pool_view::PyBlockPoolView;
+    #[pymodule_export]
+    use crate::request::{
+        advance_requests, compute_block_hashes, none_hash, BlockHashes, PyRequest,
+    };
     #[pymodule_export]
     use crate::retention::validate_retention_interval;
 
