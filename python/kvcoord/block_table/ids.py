@@ -175,6 +175,8 @@ def check_blocks(blocks: Any, num_groups: int) -> KVCacheBlocks:
 
 _FLAT = operator.attrgetter("flat")
 _OFFSETS = operator.attrgetter("offsets")
+_NUM_GROUPS = operator.attrgetter("num_groups")
+_IS_EMPTY = operator.methodcaller("is_empty")
 
 
 def blocks_by_group(
@@ -186,7 +188,8 @@ def blocks_by_group(
 
     Per step, not per block: a few C-level ``map`` passes over the rows (no
     Python frame per row), then a fixed number of numpy calls per group over
-    the rows that got blocks. The ids are trusted (see the module docstring);
+    the rows that got blocks; empty results (most rows of a decode step) are
+    never asked for arrays. The ids are trusted (see the module docstring);
     the type and group count of every item are checked.
     """
     if isinstance(blocks_per_row, (str, bytes, KVCacheBlocks)) or not hasattr(
@@ -195,27 +198,22 @@ def blocks_by_group(
         raise BlockTableError("blocks must be a sequence of KVCacheBlocks, one per row")
     items = list(blocks_per_row)
     n = len(items)
-    if set(map(type, items)) - {KVCacheBlocks}:
+    if set(map(type, items)) - {KVCacheBlocks} or set(map(_NUM_GROUPS, items)) - {num_groups}:
         for b in items:  # a subclass is fine; anything else is named
             check_blocks(b, num_groups)
-    offs = list(map(_OFFSETS, items))
-    if set(map(len, offs)) - {num_groups + 1}:
-        for b in items:
-            check_blocks(b, num_groups)
-    flats = list(map(_FLAT, items))
-    sizes = np.fromiter(map(len, flats), dtype=np.int64, count=n)
-    # Only rows that got blocks take part (in a decode step, most get none).
-    nz = np.flatnonzero(sizes)
+    nz = np.flatnonzero(~np.fromiter(map(_IS_EMPTY, items), dtype=np.bool_, count=n))
     if nz.shape[0] == 0:
         empty = np.zeros(0, dtype=np.int32), np.zeros(n, dtype=np.int64)
         return [empty] * num_groups
-    idx = nz.tolist()
-    flat_nz: npt.NDArray[np.int32] = np.concatenate([flats[i] for i in idx])
-    if num_groups == 1:
-        return [(flat_nz, sizes)]
-    off_nz = np.concatenate([offs[i] for i in idx]).reshape(len(idx), num_groups + 1)
-    sizes_nz = sizes[nz]
-    base = np.cumsum(sizes_nz) - sizes_nz  # where each row's ids start in flat_nz
+    chosen = [items[i] for i in nz.tolist()]
+    flats = list(map(_FLAT, chosen))
+    flat_nz: npt.NDArray[np.int32] = np.concatenate(flats)
+    if num_groups == 1:  # lengths without building `offsets` arrays
+        lens = np.zeros(n, dtype=np.int64)
+        lens[nz] = np.fromiter(map(len, flats), dtype=np.int64, count=len(flats))
+        return [(flat_nz, lens)]
+    off_nz = np.concatenate(list(map(_OFFSETS, chosen))).reshape(len(chosen), num_groups + 1)
+    base = np.cumsum(off_nz[:, -1]) - off_nz[:, -1]  # where each row's ids start in flat_nz
     out = []
     for g in range(num_groups):
         lens_nz = off_nz[:, g + 1] - off_nz[:, g]
