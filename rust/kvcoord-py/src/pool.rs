@@ -12,7 +12,7 @@ use crate::events::{event_to_py, PyEventList};
 
 /// A standalone KV-cache block pool (see `_core.pyi` for the documented
 /// surface). A manager's pool is exposed read-only by
-/// [`PyBlockPoolView`](crate::pool_view::PyBlockPoolView) instead.
+/// [`PyBlockPoolView`](crate::coordinator::PyBlockPoolView) instead.
 #[pyclass(module = "kvcoord._core", name = "BlockPool")]
 pub(crate) struct PyBlockPool {
     inner: BlockPool,
