@@ -8,7 +8,6 @@ import pickle
 import pytest
 
 import kvcoord
-
 from kvcoord.config import (
     ChunkedLocalAttentionSpec,
     CrossAttentionSpec,

@@ -48,6 +48,15 @@ BlockIdsPerGroup = tuple[npt.NDArray[np.uint32], ...]
 #: ``num_uncached_common_prefix_tokens``; 0 when every group agreed).
 CacheHit = tuple[BlockIdsPerGroup, int, int]
 
+
+def shared_prefix_boundary(num_hit_tokens: int, num_uncached: int) -> int:
+    """vLLM's ``shared_prefix_boundary`` for a lookup that hit ``num_hit_tokens``
+    while some spec group matched ``num_uncached`` tokens further: the end of
+    that longest single-group match (a junction sparse retention must keep),
+    or 0 when every group stopped at the hit."""
+    return num_hit_tokens + num_uncached if num_uncached else 0
+
+
 _NO_BLOCKS: npt.NDArray[np.uint32] = np.zeros(0, np.uint32)
 _NO_BLOCKS.flags.writeable = False
 

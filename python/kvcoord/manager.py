@@ -23,7 +23,11 @@ import numpy.typing as npt
 from kvcoord._core import BlockPoolView, Request, advance_requests
 from kvcoord.blocks import KVCacheBlocks
 from kvcoord.config import KVCacheConfig
-from kvcoord.coordinator import KVCacheCoordinator, get_kv_cache_coordinator
+from kvcoord.coordinator import (
+    KVCacheCoordinator,
+    get_kv_cache_coordinator,
+    shared_prefix_boundary,
+)
 from kvcoord.errors import ConfigError
 from kvcoord.residency import EvictionRecord, ResidencySnapshot
 
@@ -189,7 +193,7 @@ class KVCacheManager:
         blocks, num_hit_tokens, uncached = self.coordinator.find_longest_cache_hit(
             request, request.num_tokens - 1
         )
-        request.shared_prefix_boundary = num_hit_tokens + uncached if uncached else 0
+        request.shared_prefix_boundary = shared_prefix_boundary(num_hit_tokens, uncached)
         if self.prefix_cache_stats is not None:
             self.prefix_cache_stats.requests += 1
             self.prefix_cache_stats.queries += request.num_tokens

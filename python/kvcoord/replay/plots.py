@@ -67,7 +67,9 @@ def replay_figure(res: SimResult, summary: dict[str, Any]) -> Any:
     t = np.frombuffer(res.step_time, dtype=np.float64) if res.steps else np.zeros(1)
     usage = np.frombuffer(res.step_usage, dtype=np.float64) if res.steps else np.zeros(1)
     hit = np.frombuffer(res.step_hit_rate, dtype=np.float64) if res.steps else np.zeros(1)
-    residency = res.residency if res.residency is not None and res.residency.lifetime.count else None
+    residency = (
+        res.residency if res.residency is not None and res.residency.lifetime.count else None
+    )
     if residency is None:
         fig, axes = plt.subplots(3, 1, figsize=(10, 8.5), sharex=True)
     else:

@@ -24,7 +24,11 @@ from types import FrameType
 from typing import Any
 
 from kvcoord._core import Request
-from kvcoord.coordinator import KVCacheCoordinator, get_kv_cache_coordinator
+from kvcoord.coordinator import (
+    KVCacheCoordinator,
+    get_kv_cache_coordinator,
+    shared_prefix_boundary,
+)
 from kvcoord.errors import UnknownRequestError
 from kvcoord.vllm._blocks import BlockView, KVCacheBlocks, PoolView, ids_of
 from kvcoord.vllm._requests import RequestRegistry
@@ -277,10 +281,12 @@ class KVCacheManager:
             max_cache_hit_length, len(request.block_hashes) * self.hash_block_size
         )
         mine = self._requests.get(request)
-        blocks, hit = self._core_coordinator.find_longest_cache_hit(mine, max_cache_hit_length)
+        blocks, hit, uncached = self._core_coordinator.find_longest_cache_hit(
+            mine, max_cache_hit_length
+        )
         if not hit:
             return self.empty_kv_cache_blocks, 0, 0
-        return KVCacheBlocks(blocks, self._pool), hit, 0
+        return KVCacheBlocks(blocks, self._pool), hit, shared_prefix_boundary(hit, uncached)
 
     def get_computed_blocks_for_connector(
         self, request: Any, max_cache_hit_length: int | None = None
