@@ -9,12 +9,13 @@ pool of ``num_blocks`` blocks. Invalid values raise :class:`ConfigError`
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal, TypeAlias
 
 from kvcoord._core import validate_retention_interval
-from kvcoord.errors import ConfigError
+from kvcoord.errors import ConfigError, ConfigTypeError
 
 __all__ = [
     "ChunkedLocalAttentionSpec",
@@ -28,10 +29,43 @@ __all__ = [
 ]
 
 
-def _positive_int(owner: object, name: str) -> None:
-    value = getattr(owner, name)
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(f"{type(owner).__name__}.{name} must be a positive int, got {value!r}")
+#: Exclusive upper bound of sizes in tokens or blocks that the core stores
+#: in 32 bits (block sizes, windows, chunks, pool sizes).
+LIMIT_32 = 2**32
+#: Exclusive upper bound of token counts (``max_model_len``), as in the core.
+MAX_TOKENS = 2**48
+
+
+def as_int(value: object, name: str, *, minimum: int = 1, limit: int = LIMIT_32) -> int:
+    """``value`` as a plain int in ``[minimum, limit)``; numpy integer
+    scalars count as ints, bools do not.
+
+    Raises:
+        ConfigTypeError: not an int (also a ``TypeError``).
+        ConfigError: out of range (names ``name``).
+    """
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        raise ConfigTypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    n = operator.index(value)  # type: ignore[call-overload]
+    if not minimum <= n < limit:
+        raise ConfigError(f"{name} must be in [{minimum}, {limit}), got {n}")
+    return n
+
+
+def as_bool(value: object, name: str) -> bool:
+    """``value`` if it is a bool.
+
+    Raises:
+        ConfigTypeError: anything else (``"no"`` is not ``False``).
+    """
+    if not isinstance(value, bool):
+        raise ConfigTypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _positive_int(owner: object, name: str, *, minimum: int = 1) -> None:
+    value = as_int(getattr(owner, name), f"{type(owner).__name__}.{name}", minimum=minimum)
+    object.__setattr__(owner, name, value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,9 +119,7 @@ class MambaSpec:
 
     def __post_init__(self) -> None:
         _positive_int(self, "block_size")
-        n = self.num_speculative_blocks
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise ConfigError(f"MambaSpec.num_speculative_blocks must be an int >= 0, got {n!r}")
+        _positive_int(self, "num_speculative_blocks", minimum=0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +161,8 @@ class KVCacheGroup:
         if not isinstance(self.spec, _SPEC_TYPES):
             raise ConfigError(f"KVCacheGroup.spec must be a KV cache spec, got {self.spec!r}")
         names = self.layer_names
+        if not isinstance(names, str) and isinstance(names, Iterable):
+            names = tuple(names)  # a generator is read once, here
         if isinstance(names, str) or not all(isinstance(n, str) for n in names):
             raise ConfigError(f"KVCacheGroup.layer_names must be a sequence of str, got {names!r}")
         object.__setattr__(self, "layer_names", tuple(names))
@@ -150,14 +184,23 @@ class KVCacheConfig:
     def __post_init__(self) -> None:
         _positive_int(self, "num_blocks")
         groups: Iterable[KVCacheGroup] = self.groups
+        if not isinstance(groups, Iterable) or isinstance(groups, str | KVCacheGroup):
+            raise ConfigTypeError(f"KVCacheConfig.groups must be a sequence of KVCacheGroup, got {groups!r}")
         object.__setattr__(self, "groups", tuple(groups))
         for i, g in enumerate(self.groups):
             if not isinstance(g, KVCacheGroup):
                 raise ConfigError(f"KVCacheConfig.groups[{i}] must be a KVCacheGroup, got {g!r}")
         r = self.prefix_cache_retention_interval
-        if r is not None and (isinstance(r, bool) or not isinstance(r, int)):
+        if r is not None:
+            # The sign rule and its message are the core's (below).
+            r = as_int(
+                r, "KVCacheConfig.prefix_cache_retention_interval", minimum=-(2**63), limit=MAX_TOKENS
+            )
+            object.__setattr__(self, "prefix_cache_retention_interval", r)
+        if self.scheduler_block_size >= LIMIT_32:
             raise ConfigError(
-                f"KVCacheConfig.prefix_cache_retention_interval must be an int or None, got {r!r}"
+                f"KVCacheConfig: the LCM of the groups' block sizes ({self.scheduler_block_size}) "
+                "must be below 2^32"
             )
         validate_retention_interval(r, self.scheduler_block_size, self.has_sparse_groups)
 

@@ -24,11 +24,14 @@ from typing import Literal
 from kvcoord._core import BlockPool, CoordinatorCore, Request
 from kvcoord.blocks import KVCacheBlocks
 from kvcoord.config import (
+    MAX_TOKENS,
     CrossAttentionSpec,
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheSpec,
     MambaSpec,
+    as_bool,
+    as_int,
 )
 from kvcoord.errors import ConfigError
 
@@ -68,18 +71,10 @@ class KVCacheCoordinator:
         hash_block_size: int,
         enable_events: bool = False,
     ) -> None:
-        if (
-            isinstance(max_model_len, bool)
-            or not isinstance(max_model_len, int)
-            or max_model_len <= 0
-        ):
-            raise ConfigError(f"max_model_len must be a positive int, got {max_model_len!r}")
-        if (
-            isinstance(hash_block_size, bool)
-            or not isinstance(hash_block_size, int)
-            or hash_block_size <= 0
-        ):
-            raise ConfigError(f"hash_block_size must be a positive int, got {hash_block_size!r}")
+        max_model_len = as_int(max_model_len, "max_model_len", limit=MAX_TOKENS)
+        hash_block_size = as_int(hash_block_size, "hash_block_size")
+        enable_caching = as_bool(enable_caching, "enable_caching")
+        enable_events = as_bool(enable_events, "enable_events")
         self.config = config
         self.enable_caching = enable_caching
         self.hash_block_size = hash_block_size
@@ -235,6 +230,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
             )
         if not config.groups:
             raise ConfigError("prefix caching needs at least one KV cache group")
+        hash_block_size = as_int(hash_block_size, "hash_block_size")
         for g in config.groups:
             _check_cacheable(g.spec)
             if g.spec.block_size % hash_block_size:
@@ -332,6 +328,9 @@ def get_kv_cache_coordinator(
     pcp_world_size: int = 1,
 ) -> KVCacheCoordinator:
     """Caching off -> NoPrefixCache; one group -> Unitary; otherwise Hybrid."""
+    enable_caching = as_bool(enable_caching, "enable_caching")
+    if hash_block_size is not None:
+        hash_block_size = as_int(hash_block_size, "hash_block_size")
     if hash_block_size is None:
         hash_block_size = default_hash_block_size(config, enable_caching)
     if (dcp_world_size, pcp_world_size) != (1, 1):

@@ -18,9 +18,9 @@ from typing import Protocol
 
 from kvcoord._core import BlockPool, Request
 from kvcoord.blocks import KVCacheBlocks
-from kvcoord.config import KVCacheConfig
+from kvcoord.config import KVCacheConfig, as_bool
 from kvcoord.coordinator import KVCacheCoordinator, get_kv_cache_coordinator
-from kvcoord.errors import ConfigError, UnknownRequestError
+from kvcoord.errors import ArgumentTypeError, ConfigError, ConfigTypeError, UnknownRequestError
 
 __all__ = ["AllocateSlots", "KVCacheBlocks", "KVCacheManager", "PrefixCacheStats"]
 
@@ -100,7 +100,10 @@ class KVCacheManager:
         pcp_world_size: int = 1,
     ) -> None:
         if not isinstance(config, KVCacheConfig):
-            raise ConfigError(f"config must be a KVCacheConfig, got {type(config).__name__}")
+            raise ConfigTypeError(f"config must be a KVCacheConfig, got {type(config).__name__}")
+        enable_caching = as_bool(enable_caching, "enable_caching")
+        enable_events = as_bool(enable_events, "enable_events")
+        log_stats = as_bool(log_stats, "log_stats")
         self.config = config
         self.max_model_len = max_model_len
         self.coordinator: KVCacheCoordinator = get_kv_cache_coordinator(
@@ -132,7 +135,7 @@ class KVCacheManager:
         recomputed to produce logits. Nothing is pinned until
         :meth:`allocate_slots` adopts the blocks.
         """
-        self._check_hash_block_size(request)
+        self._check_hash_block_size(_request(request))
         if not self.enable_caching or request.skip_reading_prefix_cache:
             return self._empty, 0
         blocks, num_hit_tokens = self.coordinator.find_longest_cache_hit(
@@ -148,7 +151,7 @@ class KVCacheManager:
         """Release every block of ``request`` (tail first, so its deepest
         cached blocks are evicted before its shallower ones). Freeing an
         unknown or already freed request is a no-op, as in vLLM."""
-        self._core.free(request.request_id)
+        self._core.free(_request(request).request_id)
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         """Register the request's full blocks up to ``num_computed_tokens``."""
@@ -167,7 +170,7 @@ class KVCacheManager:
         Raises:
             UnknownRequestError: the manager holds no blocks for this id.
         """
-        ids = self._core.block_ids(request_id)
+        ids = self._core.block_ids(_request_id(request_id))
         if ids is None:
             raise UnknownRequestError(f"no request {request_id!r} in the KV cache manager")
         return tuple(ids)
@@ -175,7 +178,7 @@ class KVCacheManager:
     def get_num_common_prefix_blocks(self, request_id: str) -> list[int]:
         """Per group, how many leading blocks of this request are shared by
         every running request (usable for cascade attention)."""
-        counts = self._core.num_common_prefix_blocks(request_id)
+        counts = self._core.num_common_prefix_blocks(_request_id(request_id))
         if counts is None:
             raise UnknownRequestError(f"no request {request_id!r} in the KV cache manager")
         return list(counts)
@@ -227,3 +230,19 @@ class KVCacheManager:
                 f"request {request.request_id!r} is hashed in units of {request.hash_block_size} "
                 f"tokens but this manager uses hash_block_size={self.hash_block_size}"
             )
+
+
+def _request(request: object) -> Request:
+    if not isinstance(request, Request):
+        raise ArgumentTypeError(
+            f"request must be a kvcoord.Request, got {type(request).__name__} {request!r}"
+        )
+    return request
+
+
+def _request_id(request_id: object) -> str:
+    if not isinstance(request_id, str):
+        raise ArgumentTypeError(
+            f"request_id must be a str, got {type(request_id).__name__} {request_id!r}"
+        )
+    return request_id

@@ -152,6 +152,13 @@ impl CoordinatorConfig {
         if self.max_model_len == 0 {
             return Err(bad("max_model_len", "0".into(), "must be positive"));
         }
+        if self.max_model_len >= crate::limits::MAX_TOKENS {
+            return Err(bad(
+                "max_model_len",
+                self.max_model_len.to_string(),
+                "must be below 2^48 tokens",
+            ));
+        }
         if self.arrangement == Arrangement::Unitary {
             if self.groups.len() != 1 {
                 return Err(bad(
@@ -226,8 +233,10 @@ fn gcd(a: u32, b: u32) -> u32 {
     }
 }
 
+/// Saturates at `u32::MAX`, which then fails validation (no group's block
+/// size divides it unless the true LCM fits).
 fn lcm(a: u32, b: u32) -> u32 {
-    a / gcd(a, b) * b
+    (a / gcd(a, b)).saturating_mul(b)
 }
 
 /// What `allocate_slots` and `cache_blocks` need to know about a request.
@@ -570,6 +579,14 @@ impl CoordinatorCore {
     ) -> KvResult<bool> {
         out.clear();
         let arg = |name, detail: String| KvError::InvalidArgument { name, detail };
+        // Every count is below 2^48, so the sums below cannot wrap.
+        crate::limits::check_step(
+            view,
+            num_new_tokens,
+            num_new_computed_tokens,
+            num_lookahead_tokens,
+            num_encoder_tokens,
+        )?;
         // Step 1.
         if num_new_tokens == 0 && num_new_computed_tokens == 0 {
             return Err(arg(
@@ -594,10 +611,13 @@ impl CoordinatorCore {
         // hottest call, and a map lookup is a large part of its work.
         let mut slot = requests.entry(req);
         let tracked = matches!(slot, Entry::Occupied(_));
+        if !tracked && view.num_computed_tokens != 0 {
+            return Err(crate::limits::stale_request(view.num_computed_tokens));
+        }
         // Step 3 (no external tokens).
         let local = view.num_computed_tokens + num_new_computed_tokens;
         if new_computed_blocks.is_some() {
-            check_hits(managers, pool, config, hits, tracked, local)?;
+            check_hits(managers, pool, config, hits, tracked, local, view.hashes)?;
         }
         let total = local.min(config.max_model_len);
         // Step 7.
@@ -629,13 +649,13 @@ impl CoordinatorCore {
         for (g, m) in managers.iter().enumerate() {
             let tokens = Self::group_tokens(m, need_slots, num_encoder_tokens);
             let group_hits = hits.get(g).map_or(&[][..], Vec::as_slice);
-            needed += m.num_blocks_to_allocate(
+            needed = needed.saturating_add(m.num_blocks_to_allocate(
                 pool,
                 tracked_tables.map(|t| &t[g]),
                 tokens,
                 group_hits,
                 total,
-            );
+            ));
         }
         if needed > pool.num_free_blocks() {
             return Ok(false);
@@ -812,6 +832,7 @@ fn check_hits(
     hits: &[Vec<BlockId>],
     tracked: bool,
     num_local: usize,
+    hashes: &[BlockHash],
 ) -> KvResult<()> {
     let arg = |detail: String| KvError::InvalidArgument {
         name: "new_computed_blocks",
@@ -860,6 +881,14 @@ fn check_hits(
                 list.len()
             )));
         }
+        crate::hits::verify_group_hits(
+            m,
+            pool,
+            hashes,
+            config.hash_block_size as usize,
+            list,
+            num_local,
+        )?;
     }
     Ok(())
 }

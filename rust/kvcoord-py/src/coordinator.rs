@@ -11,6 +11,7 @@ use kvcoord_core::{BlockId, KvError, ReqId};
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 
+use crate::args;
 use crate::convert;
 use crate::errors::{core, ConfigError, CoreError, InvariantError};
 use crate::pool::PyBlockPool;
@@ -76,6 +77,33 @@ impl PyCoordinatorCore {
     fn lookup(&self, request_id: &str) -> Option<ReqId> {
         self.req_ids.get(request_id).copied()
     }
+
+    /// The request's view, refused when caching and the request is hashed
+    /// in another unit than this manager's (its hashes would be cached
+    /// under wrong keys).
+    fn checked_view<'r>(&self, r: &'r PyRequest) -> PyResult<RequestView<'r>> {
+        let unit = r.hasher().config().block_size();
+        let mine = self.inner.config().hash_block_size as usize;
+        if self.inner.config().enable_caching && unit != mine {
+            return Err(ConfigError::new_err(format!(
+                "request {:?} is hashed in units of {unit} tokens but this manager uses \
+                 hash_block_size={mine}",
+                r.id()
+            )));
+        }
+        Ok(view(r))
+    }
+}
+
+/// The `request` argument: a `kvcoord.Request`, else `ArgumentTypeError`.
+fn request_arg<'py>(obj: &Bound<'py, PyAny>) -> PyResult<PyRef<'py, PyRequest>> {
+    let req = obj.cast::<PyRequest>().map_err(|_| {
+        crate::errors::ArgumentTypeError::new_err(format!(
+            "request must be a kvcoord.Request, got {}",
+            args::type_name(obj)
+        ))
+    })?;
+    Ok(req.try_borrow()?)
 }
 
 #[pymethods]
@@ -87,11 +115,11 @@ impl PyCoordinatorCore {
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
-        num_blocks: i64,
+        num_blocks: &Bound<'_, PyAny>,
         groups: Vec<(String, u32, u32)>,
-        enable_caching: bool,
-        hash_block_size: u32,
-        max_model_len: usize,
+        enable_caching: &Bound<'_, PyAny>,
+        hash_block_size: &Bound<'_, PyAny>,
+        max_model_len: &Bound<'_, PyAny>,
         result_type: Py<PyAny>,
         retention_interval: Option<i64>,
         arrangement: &str,
@@ -110,7 +138,10 @@ impl PyCoordinatorCore {
                 )))
             }
         };
-        let num_blocks = convert::count(num_blocks, "num_blocks")?;
+        let num_blocks = args::config_count(num_blocks, "num_blocks")?;
+        let enable_caching = args::flag(enable_caching, "enable_caching")?;
+        let hash_block_size = args::config_u32(hash_block_size, "hash_block_size")?;
+        let max_model_len = args::config_count(max_model_len, "max_model_len")?;
         let mut config = CoordinatorConfig::new(specs, num_blocks, enable_caching, max_model_len);
         config.hash_block_size = hash_block_size;
         config.retention_interval = retention_interval;
@@ -167,24 +198,29 @@ impl PyCoordinatorCore {
         Ok((per_group_lists(py, blocks.iter().map(Vec::as_slice))?, hit))
     }
 
-    #[pyo3(signature = (request, num_new_tokens, num_new_computed_tokens = 0, new_computed_blocks = None,
-                        num_lookahead_tokens = 0, num_encoder_tokens = 0, delay_cache_blocks = false))]
+    #[pyo3(signature = (request, num_new_tokens, num_new_computed_tokens = None, new_computed_blocks = None,
+                        num_lookahead_tokens = None, num_encoder_tokens = None, delay_cache_blocks = None))]
     #[allow(clippy::too_many_arguments)]
     fn allocate_slots<'py>(
         &mut self,
         py: Python<'py>,
-        request: PyRef<'_, PyRequest>,
-        num_new_tokens: i64,
-        num_new_computed_tokens: i64,
+        request: &Bound<'_, PyAny>,
+        num_new_tokens: &Bound<'_, PyAny>,
+        num_new_computed_tokens: Option<&Bound<'_, PyAny>>,
         new_computed_blocks: Option<&Bound<'_, PyAny>>,
-        num_lookahead_tokens: i64,
-        num_encoder_tokens: i64,
-        delay_cache_blocks: bool,
+        num_lookahead_tokens: Option<&Bound<'_, PyAny>>,
+        num_encoder_tokens: Option<&Bound<'_, PyAny>>,
+        delay_cache_blocks: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Option<Bound<'py, PyAny>>> {
-        let num_new_tokens = convert::count(num_new_tokens, "num_new_tokens")?;
-        let num_new_computed = convert::count(num_new_computed_tokens, "num_new_computed_tokens")?;
-        let lookahead = convert::count(num_lookahead_tokens, "num_lookahead_tokens")?;
-        let encoder = convert::count(num_encoder_tokens, "num_encoder_tokens")?;
+        let request = request_arg(request)?;
+        let num_new_tokens = args::count(num_new_tokens, "num_new_tokens")?;
+        let num_new_computed =
+            args::opt_count(num_new_computed_tokens, "num_new_computed_tokens")?;
+        let lookahead = args::opt_count(num_lookahead_tokens, "num_lookahead_tokens")?;
+        let encoder = args::opt_count(num_encoder_tokens, "num_encoder_tokens")?;
+        let delay_cache_blocks =
+            args::opt_flag(delay_cache_blocks, "delay_cache_blocks", false)?;
+        let view = self.checked_view(&request)?;
         let mut hits = std::mem::take(&mut self.hits);
         let has_hits = match new_computed_blocks {
             None => false,
@@ -223,7 +259,7 @@ impl PyCoordinatorCore {
         let mut out = std::mem::take(&mut self.out);
         let result = self.inner.allocate_slots_into(
             req,
-            &view(&request),
+            &view,
             num_new_tokens,
             num_new_computed,
             has_hits.then_some(hits.as_slice()),
@@ -259,15 +295,21 @@ impl PyCoordinatorCore {
         converted
     }
 
-    fn cache_blocks(&mut self, request: PyRef<'_, PyRequest>, num_tokens: i64) -> PyResult<()> {
-        let n = convert::count(num_tokens, "num_tokens")?;
+    fn cache_blocks(
+        &mut self,
+        request: &Bound<'_, PyAny>,
+        num_tokens: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let request = request_arg(request)?;
+        let n = args::count(num_tokens, "num_tokens")?;
         let Some(req) = self.lookup(request.id()) else {
             return Err(crate::errors::UnknownRequestError::new_err(format!(
                 "no request {:?} in the KV cache manager",
                 request.id()
             )));
         };
-        core(self.inner.cache_blocks(req, &view(&request), n))
+        let view = self.checked_view(&request)?;
+        core(self.inner.cache_blocks(req, &view, n))
     }
 
     /// Free a request's blocks; unknown ids are ignored (as in vLLM).

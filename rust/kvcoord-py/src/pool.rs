@@ -6,6 +6,7 @@ use numpy::{IntoPyArray, PyArray1};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
 
+use crate::args;
 use crate::convert::{self, id_list, Scratch};
 use crate::coordinator::PyCoordinatorCore;
 use crate::errors::{core, BlockStateError, InvariantError};
@@ -85,20 +86,21 @@ impl PyBlockPool {
 #[pymethods]
 impl PyBlockPool {
     #[new]
-    #[pyo3(signature = (num_blocks, *, enable_caching = true, hash_block_size = 16, enable_events = false))]
+    #[pyo3(signature = (num_blocks, *, enable_caching = None, hash_block_size = None, enable_events = None))]
     fn new(
         py: Python<'_>,
-        num_blocks: i64,
-        enable_caching: bool,
-        hash_block_size: i64,
-        enable_events: bool,
+        num_blocks: &Bound<'_, PyAny>,
+        enable_caching: Option<&Bound<'_, PyAny>>,
+        hash_block_size: Option<&Bound<'_, PyAny>>,
+        enable_events: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
-        let num_blocks = convert::count(num_blocks, "num_blocks")?;
-        let hash_block_size = u32::try_from(hash_block_size).map_err(|_| {
-            crate::errors::ConfigError::new_err(format!(
-                "invalid hash_block_size={hash_block_size}: must be positive"
-            ))
-        })?;
+        let num_blocks = args::config_count(num_blocks, "num_blocks")?;
+        let hash_block_size = match hash_block_size {
+            Some(h) => args::config_u32(h, "hash_block_size")?,
+            None => 16,
+        };
+        let enable_caching = args::opt_flag(enable_caching, "enable_caching", true)?;
+        let enable_events = args::opt_flag(enable_events, "enable_events", false)?;
         let config = PoolConfig {
             num_blocks,
             enable_caching,
@@ -157,9 +159,9 @@ impl PyBlockPool {
     fn get_new_blocks<'py>(
         &mut self,
         py: Python<'py>,
-        num_blocks: i64,
+        num_blocks: &Bound<'_, PyAny>,
     ) -> PyResult<Bound<'py, PyList>> {
-        let n = convert::count(num_blocks, "num_blocks")?;
+        let n = args::count(num_blocks, "num_blocks")?;
         self.with_owned_mut(py, "get_new_blocks", |pool, scratch| {
             scratch.ids.clear();
             core(pool.get_new_blocks(n, &mut scratch.ids))?;
@@ -170,9 +172,9 @@ impl PyBlockPool {
     fn get_new_blocks_array<'py>(
         &mut self,
         py: Python<'py>,
-        num_blocks: i64,
+        num_blocks: &Bound<'_, PyAny>,
     ) -> PyResult<Bound<'py, PyArray1<u32>>> {
-        let n = convert::count(num_blocks, "num_blocks")?;
+        let n = args::count(num_blocks, "num_blocks")?;
         self.with_owned_mut(py, "get_new_blocks", |pool, scratch| {
             scratch.ids.clear();
             core(pool.get_new_blocks(n, &mut scratch.ids))?;
@@ -203,16 +205,16 @@ impl PyBlockPool {
         py: Python<'_>,
         block_ids: &Bound<'_, PyAny>,
         block_hashes: &Bound<'_, PyAny>,
-        num_cached_blocks: i64,
-        num_full_blocks: i64,
-        group_id: i64,
+        num_cached_blocks: &Bound<'_, PyAny>,
+        num_full_blocks: &Bound<'_, PyAny>,
+        group_id: &Bound<'_, PyAny>,
         block_mask: Option<Vec<bool>>,
     ) -> PyResult<()> {
         let ids = convert::block_ids(block_ids)?;
         let hashes = convert::block_hashes(block_hashes)?;
-        let num_cached = convert::count(num_cached_blocks, "num_cached_blocks")?;
-        let num_full = convert::count(num_full_blocks, "num_full_blocks")?;
-        let group = convert::group_id(group_id)?;
+        let num_cached = args::count(num_cached_blocks, "num_cached_blocks")?;
+        let num_full = args::count(num_full_blocks, "num_full_blocks")?;
+        let group = kvcoord_core::GroupId(args::u32_arg(group_id, "group id")?);
         self.with_owned_mut(py, "cache_full_blocks", |pool, _| {
             core(pool.cache_full_blocks(
                 &ids,
@@ -294,9 +296,9 @@ impl PyBlockPool {
     fn block_hash<'py>(
         &self,
         py: Python<'py>,
-        block_id: i64,
+        block_id: &Bound<'_, PyAny>,
     ) -> PyResult<Option<(Bound<'py, PyBytes>, u32)>> {
-        let b = convert::block_id(block_id)?;
+        let b = convert::block_id_arg(block_id)?;
         let key = core(self.with(py, |p| p.cache_key(b))?)?;
         Ok(key.map(|k| (PyBytes::new(py, k.hash.as_bytes()), k.group.0)))
     }
