@@ -68,12 +68,8 @@ def test_hybrid_merges_equal_specs_full_attention_first() -> None:
             {"hash_block_size": 32},
             "multiple of hash_block_size",
         ),
-        (
-            cfg(FullAttentionSpec(16), SlidingWindowSpec(16, 64)),
-            {"dcp_world_size": 2},
-            "context parallelism",
-        ),
-        (cfg(FullAttentionSpec(16)), {"pcp_world_size": 2}, "context parallelism"),
+        (cfg(FullAttentionSpec(32)), {"hash_block_size": 0}, "hash_block_size"),
+        (cfg(FullAttentionSpec(32)), {"hash_block_size": 64}, "must divide the scheduler"),
         (cfg(FullAttentionSpec(16)), {"max_model_len": 0}, "max_model_len"),
     ],
 )

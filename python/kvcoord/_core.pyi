@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, Literal, Protocol, final, overload
+from typing import Any, ClassVar, Literal, Protocol, final, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -16,10 +16,15 @@ __all__ = [
     "BlockRemoved",
     "BlockStored",
     "CoordinatorCore",
+    "CoordinatorKind",
+    "GroupSpec",
     "Request",
     "__version__",
+    "choose_coordinator",
     "compute_block_hashes",
+    "default_hash_block_size",
     "none_hash",
+    "scheduler_block_size",
     "validate_retention_interval",
 ]
 
@@ -375,27 +380,32 @@ class CoordinatorCore:
     block tables. Python policies (``kvcoord.coordinator``) decide which
     lookups to run; :class:`kvcoord.KVCacheManager` is the public facade.
 
-    ``groups`` lists ``(kind, block_size, parameter)`` per group, ``kind``
-    one of ``full_attention``, ``sliding_window`` (parameter: window in
-    tokens), ``chunked_local`` (chunk size), ``mamba`` (speculative blocks),
-    ``cross_attention`` (0).
+    ``groups`` are the core specs of the groups (``spec.core`` of the Python
+    spec dataclasses); ``kind`` is the policy. Every configuration rule is
+    checked here (``ConfigError``).
     """
 
     def __init__(
         self,
         num_blocks: int,
-        groups: Sequence[tuple[str, int, int]],
+        groups: Sequence[GroupSpec],
         *,
-        enable_caching: bool,
-        hash_block_size: int,
+        kind: CoordinatorKind,
+        hash_block_size: int | None,
         max_model_len: int,
         result_type: Callable[[tuple[list[int], ...]], Any],
         retention_interval: int | None = None,
-        arrangement: Literal["unitary", "hybrid"] = "unitary",
         enable_events: bool = False,
     ) -> None:
         """``result_type`` builds ``allocate_slots``' result from a tuple of
-        per-group id lists (``kvcoord.KVCacheBlocks``)."""
+        per-group id lists (``kvcoord.KVCacheBlocks``); ``hash_block_size``
+        ``None`` takes :func:`default_hash_block_size`."""
+    @property
+    def hash_block_size(self) -> int:
+        """Tokens per hash unit."""
+    @property
+    def scheduler_block_size(self) -> int:
+        """LCM of the groups' block sizes."""
     @property
     def empty(self) -> Any:
         """The shared ``result_type`` value with no block in any group."""
@@ -437,3 +447,59 @@ class CoordinatorCore:
         """Per group, leading blocks shared by every running request."""
     def check_invariants(self) -> None:
         """Check every block-table and pool invariant (raises ``InvariantError``)."""
+
+@final
+class GroupSpec:
+    """One KV cache group's spec as the core holds it, built by one
+    constructor per kind (each Python spec dataclass calls its own, once,
+    as ``spec.core``). Out-of-range values raise ``ConfigError`` naming the
+    public field. The properties are the kind's facts, written once in the
+    core."""
+
+    @staticmethod
+    def full_attention(block_size: int) -> GroupSpec: ...
+    @staticmethod
+    def sliding_window(block_size: int, sliding_window: int) -> GroupSpec: ...
+    @staticmethod
+    def chunked_local(block_size: int, attention_chunk_size: int) -> GroupSpec: ...
+    @staticmethod
+    def mamba(block_size: int, num_speculative_blocks: int) -> GroupSpec: ...
+    @staticmethod
+    def cross_attention(block_size: int) -> GroupSpec: ...
+    @property
+    def block_size(self) -> int: ...
+    @property
+    def spec_name(self) -> str:
+        """Name of the public spec type (``"SlidingWindowSpec"``)."""
+    @property
+    def prefix_cacheable(self) -> bool:
+        """Whether its blocks may enter the prefix cache."""
+    @property
+    def sparse(self) -> bool:
+        """Whether retention intervals (sparse caching) apply."""
+    @property
+    def prefix_closed_hits(self) -> bool:
+        """Whether hits are prefix-closed (full attention)."""
+    def __eq__(self, value: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+
+@final
+class CoordinatorKind:
+    """Which coordinator policy serves a configuration."""
+
+    NoPrefixCache: ClassVar[CoordinatorKind]
+    Unitary: ClassVar[CoordinatorKind]
+    Hybrid: ClassVar[CoordinatorKind]
+    def __eq__(self, value: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+
+def choose_coordinator(num_groups: int, enable_caching: bool) -> CoordinatorKind:
+    """vLLM's choice: caching off -> NoPrefixCache; one group -> Unitary;
+    otherwise Hybrid."""
+
+def scheduler_block_size(groups: Sequence[GroupSpec]) -> int:
+    """LCM of the groups' block sizes."""
+
+def default_hash_block_size(groups: Sequence[GroupSpec], enable_caching: bool) -> int:
+    """The hash unit requests must be hashed with (vLLM's choice: the GCD of
+    the caching groups' block sizes, else the scheduler block size)."""

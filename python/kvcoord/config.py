@@ -8,13 +8,13 @@ pool of ``num_blocks`` blocks. Invalid values raise :class:`ConfigError`
 
 from __future__ import annotations
 
-import math
 import operator
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Literal, TypeAlias
+from typing import ClassVar, TypeAlias
 
-from kvcoord._core import validate_retention_interval
+from kvcoord._core import GroupSpec, validate_retention_interval
+from kvcoord._core import scheduler_block_size as _scheduler_block_size
 from kvcoord.errors import ConfigError, ConfigTypeError
 
 __all__ = [
@@ -32,8 +32,6 @@ __all__ = [
 #: Exclusive upper bound of sizes in tokens or blocks that the core stores
 #: in 32 bits (block sizes, windows, chunks, pool sizes).
 LIMIT_32 = 2**32
-#: Exclusive upper bound of token counts (``max_model_len``), as in the core.
-MAX_TOKENS = 2**48
 
 
 def as_int(value: object, name: str, *, minimum: int = 1, limit: int = LIMIT_32) -> int:
@@ -52,6 +50,12 @@ def as_int(value: object, name: str, *, minimum: int = 1, limit: int = LIMIT_32)
     return n
 
 
+def as_i64(value: object, name: str) -> int:
+    """``value`` as a plain int that crosses into the core as a signed
+    64-bit integer (whose own rules then apply)."""
+    return as_int(value, name, minimum=-(2**63), limit=2**63)
+
+
 def as_bool(value: object, name: str) -> bool:
     """``value`` if it is a bool.
 
@@ -63,9 +67,16 @@ def as_bool(value: object, name: str) -> bool:
     return value
 
 
-def _positive_int(owner: object, name: str, *, minimum: int = 1) -> None:
-    value = as_int(getattr(owner, name), f"{type(owner).__name__}.{name}", minimum=minimum)
-    object.__setattr__(owner, name, value)
+def _int_field(owner: object, name: str, value: object) -> None:
+    """Type check and normalise (numpy integer scalars become ints); the
+    value's rules and their messages are the core's. Values beyond 64 bits
+    are refused here, naming the field, rather than overflowing on the way."""
+    n = as_i64(value, f"{type(owner).__name__}.{name}")
+    object.__setattr__(owner, name, n)
+
+
+def _set_core(owner: object, core: GroupSpec) -> None:
+    object.__setattr__(owner, "core", core)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,10 +84,14 @@ class FullAttentionSpec:
     """Layers attending to every previous token: every block is kept."""
 
     block_size: int
-    kind: Literal["full_attention"] = field(default="full_attention", init=False, repr=False)
+    #: Display name only; every fact about the kind comes from :attr:`core`.
+    kind: ClassVar[str] = "full_attention"
+    #: The core's spec (its facts: ``prefix_cacheable``, ``sparse``, ...).
+    core: GroupSpec = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        _positive_int(self, "block_size")
+        _int_field(self, "block_size", self.block_size)
+        _set_core(self, GroupSpec.full_attention(self.block_size))
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,11 +101,13 @@ class SlidingWindowSpec:
 
     block_size: int
     sliding_window: int
-    kind: Literal["sliding_window"] = field(default="sliding_window", init=False, repr=False)
+    kind: ClassVar[str] = "sliding_window"
+    core: GroupSpec = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        _positive_int(self, "block_size")
-        _positive_int(self, "sliding_window")
+        _int_field(self, "block_size", self.block_size)
+        _int_field(self, "sliding_window", self.sliding_window)
+        _set_core(self, GroupSpec.sliding_window(self.block_size, self.sliding_window))
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,11 +117,13 @@ class ChunkedLocalAttentionSpec:
 
     block_size: int
     attention_chunk_size: int
-    kind: Literal["chunked_local"] = field(default="chunked_local", init=False, repr=False)
+    kind: ClassVar[str] = "chunked_local"
+    core: GroupSpec = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        _positive_int(self, "block_size")
-        _positive_int(self, "attention_chunk_size")
+        _int_field(self, "block_size", self.block_size)
+        _int_field(self, "attention_chunk_size", self.attention_chunk_size)
+        _set_core(self, GroupSpec.chunked_local(self.block_size, self.attention_chunk_size))
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,11 +134,13 @@ class MambaSpec:
 
     block_size: int
     num_speculative_blocks: int = 0
-    kind: Literal["mamba"] = field(default="mamba", init=False, repr=False)
+    kind: ClassVar[str] = "mamba"
+    core: GroupSpec = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        _positive_int(self, "block_size")
-        _positive_int(self, "num_speculative_blocks", minimum=0)
+        _int_field(self, "block_size", self.block_size)
+        _int_field(self, "num_speculative_blocks", self.num_speculative_blocks)
+        _set_core(self, GroupSpec.mamba(self.block_size, self.num_speculative_blocks))
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,10 +149,12 @@ class CrossAttentionSpec:
     encoder's token count, never prefix-cached."""
 
     block_size: int
-    kind: Literal["cross_attention"] = field(default="cross_attention", init=False, repr=False)
+    kind: ClassVar[str] = "cross_attention"
+    core: GroupSpec = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        _positive_int(self, "block_size")
+        _int_field(self, "block_size", self.block_size)
+        _set_core(self, GroupSpec.cross_attention(self.block_size))
 
 
 KVCacheSpec: TypeAlias = (
@@ -182,7 +205,8 @@ class KVCacheConfig:
     prefix_cache_retention_interval: int | None = None
 
     def __post_init__(self) -> None:
-        _positive_int(self, "num_blocks")
+        n = as_int(self.num_blocks, "KVCacheConfig.num_blocks", limit=LIMIT_32)
+        object.__setattr__(self, "num_blocks", n)
         groups: Iterable[KVCacheGroup] = self.groups
         if not isinstance(groups, Iterable) or isinstance(groups, str | KVCacheGroup):
             raise ConfigTypeError(f"KVCacheConfig.groups must be a sequence of KVCacheGroup, got {groups!r}")
@@ -193,24 +217,29 @@ class KVCacheConfig:
         r = self.prefix_cache_retention_interval
         if r is not None:
             # The sign rule and its message are the core's (below).
-            r = as_int(
-                r, "KVCacheConfig.prefix_cache_retention_interval", minimum=-(2**63), limit=MAX_TOKENS
-            )
+            r = as_i64(r, "KVCacheConfig.prefix_cache_retention_interval")
             object.__setattr__(self, "prefix_cache_retention_interval", r)
-        if self.scheduler_block_size >= LIMIT_32:
+        sbs = self.scheduler_block_size  # saturates at 2^32 - 1 in the core
+        if any(sbs % g.spec.block_size for g in self.groups):
             raise ConfigError(
-                f"KVCacheConfig: the LCM of the groups' block sizes ({self.scheduler_block_size}) "
-                "must be below 2^32"
+                "KVCacheConfig: the LCM of the groups' block sizes "
+                f"{[g.spec.block_size for g in self.groups]} must be below 2^32"
             )
-        validate_retention_interval(r, self.scheduler_block_size, self.has_sparse_groups)
+        validate_retention_interval(r, self.scheduler_block_size, self.retention_applies)
+
+    @property
+    def specs(self) -> list[GroupSpec]:
+        """The core specs of the groups, by group id."""
+        return [g.spec.core for g in self.groups]
 
     @property
     def scheduler_block_size(self) -> int:
         """LCM of the groups' block sizes: the granularity at which every
-        group agrees on block boundaries."""
-        return math.lcm(*(g.spec.block_size for g in self.groups)) if self.groups else 1
+        group agrees on block boundaries (computed by the core)."""
+        return int(_scheduler_block_size(self.specs))
 
     @property
-    def has_sparse_groups(self) -> bool:
-        """Whether some group is sliding-window or Mamba (retention applies)."""
-        return any(isinstance(g.spec, SlidingWindowSpec | MambaSpec) for g in self.groups)
+    def retention_applies(self) -> bool:
+        """Whether some group caches sparsely, so that a retention interval
+        applies (sliding window, Mamba; the core's kind facts decide)."""
+        return any(g.spec.core.sparse for g in self.groups)

@@ -17,22 +17,12 @@ and how to reconcile their results:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar
 
-from kvcoord._core import BlockPool, CoordinatorCore, Request
+from kvcoord._core import BlockPool, CoordinatorCore, CoordinatorKind, Request, choose_coordinator
 from kvcoord.blocks import KVCacheBlocks
-from kvcoord.config import (
-    MAX_TOKENS,
-    CrossAttentionSpec,
-    FullAttentionSpec,
-    KVCacheConfig,
-    KVCacheSpec,
-    MambaSpec,
-    as_bool,
-    as_int,
-)
+from kvcoord.config import KVCacheConfig, KVCacheSpec, as_bool, as_i64
 from kvcoord.errors import ConfigError
 
 __all__ = [
@@ -46,55 +36,51 @@ __all__ = [
 BlockIdsPerGroup = tuple[list[int], ...]
 
 
-def _spec_params(spec: KVCacheSpec) -> tuple[str, int, int]:
-    """The (kind, block_size, parameter) triple the Rust core is built from."""
-    param = getattr(spec, "sliding_window", 0) or getattr(spec, "attention_chunk_size", 0)
-    if isinstance(spec, MambaSpec):
-        param = spec.num_speculative_blocks
-    return spec.kind, spec.block_size, param
-
-
 class KVCacheCoordinator:
-    """Base policy: owns the Rust core and answers hit lookups."""
+    """Base policy: owns the Rust core and answers hit lookups.
 
-    #: "unitary" (hits align to the group's block size) or "hybrid" (hits and
-    #: cached tokens align to the scheduler block size, so that several groups
-    #: agree on boundaries); None picks by the number of groups.
-    arrangement: Literal["unitary", "hybrid"] | None = None
+    Every rule on the configuration (cacheable kinds, hash unit, block
+    sizes, ``max_model_len``) is checked once, by the core, with its
+    messages; a policy only says which :class:`CoordinatorKind` it is.
+
+    Args:
+        config: the pool size and KV cache groups.
+        max_model_len: longest sequence a request may reach (tokens).
+        hash_block_size: tokens per hash unit; ``None`` for the core's
+            default (:func:`kvcoord.default_hash_block_size`).
+        enable_events: record KV-cache events in the pool.
+    """
+
+    #: Which policy this class is (decides caching and hit alignment).
+    kind: ClassVar[CoordinatorKind]
 
     def __init__(
         self,
         config: KVCacheConfig,
         *,
         max_model_len: int,
-        enable_caching: bool,
-        hash_block_size: int,
+        hash_block_size: int | None = None,
         enable_events: bool = False,
     ) -> None:
-        max_model_len = as_int(max_model_len, "max_model_len", limit=MAX_TOKENS)
-        hash_block_size = as_int(hash_block_size, "hash_block_size")
-        enable_caching = as_bool(enable_caching, "enable_caching")
+        # Type checks and the 64-bit crossing here; the rules are the core's.
+        max_model_len = as_i64(max_model_len, "max_model_len")
+        if hash_block_size is not None:
+            hash_block_size = as_i64(hash_block_size, "hash_block_size")
         enable_events = as_bool(enable_events, "enable_events")
         self.config = config
-        self.enable_caching = enable_caching
-        self.hash_block_size = hash_block_size
-        self.scheduler_block_size = config.scheduler_block_size
-        if self.scheduler_block_size % hash_block_size:
-            raise ConfigError(
-                f"hash_block_size={hash_block_size} must divide the scheduler block size "
-                f"({self.scheduler_block_size}, the LCM of the groups' block sizes)"
-            )
         self.core = CoordinatorCore(
             config.num_blocks,
-            [_spec_params(g.spec) for g in config.groups],
-            enable_caching=enable_caching,
+            config.specs,
+            kind=self.kind,
             hash_block_size=hash_block_size,
             max_model_len=max_model_len,
             result_type=KVCacheBlocks,
             retention_interval=config.prefix_cache_retention_interval,
-            arrangement=self.arrangement or ("unitary" if len(config.groups) == 1 else "hybrid"),
             enable_events=enable_events,
         )
+        self.enable_caching = self.kind != CoordinatorKind.NoPrefixCache
+        self.hash_block_size: int = self.core.hash_block_size
+        self.scheduler_block_size: int = self.core.scheduler_block_size
 
     @property
     def block_pool(self) -> BlockPool:
@@ -121,21 +107,7 @@ class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
     """Prefix caching off: any number of groups (none included); every lookup
     is empty."""
 
-    def __init__(
-        self,
-        config: KVCacheConfig,
-        *,
-        max_model_len: int,
-        hash_block_size: int,
-        enable_events: bool = False,
-    ) -> None:
-        super().__init__(
-            config,
-            max_model_len=max_model_len,
-            enable_caching=False,
-            hash_block_size=hash_block_size,
-            enable_events=enable_events,
-        )
+    kind = CoordinatorKind.NoPrefixCache
 
     def find_longest_cache_hit(
         self, request: Request, max_length: int
@@ -144,40 +116,25 @@ class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
 
 
 class UnitaryKVCacheCoordinator(KVCacheCoordinator):
-    """Exactly one group: the hit is that group's own scan."""
+    """Exactly one caching group: the hit is that group's own scan."""
 
-    arrangement: Literal["unitary", "hybrid"] | None = "unitary"
+    kind = CoordinatorKind.Unitary
 
     def __init__(
         self,
         config: KVCacheConfig,
         *,
         max_model_len: int,
-        enable_caching: bool,
-        hash_block_size: int,
+        hash_block_size: int | None = None,
         enable_events: bool = False,
     ) -> None:
-        if len(config.groups) != 1:
-            raise ConfigError(
-                "UnitaryKVCacheCoordinator needs exactly one KV cache group, "
-                f"got {len(config.groups)}"
-            )
-        spec = config.groups[0].spec
-        if enable_caching:
-            _check_cacheable(spec)
-            if hash_block_size != spec.block_size:
-                raise ConfigError(
-                    f"hash_block_size={hash_block_size} must equal the block size "
-                    f"({spec.block_size}) when one group uses prefix caching"
-                )
         super().__init__(
             config,
             max_model_len=max_model_len,
-            enable_caching=enable_caching,
             hash_block_size=hash_block_size,
             enable_events=enable_events,
         )
-        self._block_size = spec.block_size
+        self._block_size = config.groups[0].spec.block_size
 
     def find_longest_cache_hit(
         self, request: Request, max_length: int
@@ -195,7 +152,8 @@ class SpecGroup:
 
     @property
     def is_full_attention(self) -> bool:
-        return isinstance(self.spec, FullAttentionSpec)
+        """Whether hits are prefix-closed (the core's kind fact)."""
+        return bool(self.spec.core.prefix_closed_hits)
 
 
 class HybridKVCacheCoordinator(KVCacheCoordinator):
@@ -210,39 +168,19 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
     size so that every group sees whole blocks.
     """
 
-    arrangement: Literal["unitary", "hybrid"] | None = "hybrid"
+    kind = CoordinatorKind.Hybrid
 
     def __init__(
         self,
         config: KVCacheConfig,
         *,
         max_model_len: int,
-        enable_caching: bool = True,
-        hash_block_size: int,
+        hash_block_size: int | None = None,
         enable_events: bool = False,
-        dcp_world_size: int = 1,
-        pcp_world_size: int = 1,
     ) -> None:
-        if dcp_world_size != 1 or pcp_world_size != 1:
-            raise ConfigError(
-                "context parallelism is not supported by the hybrid coordinator: "
-                f"dcp_world_size={dcp_world_size}, pcp_world_size={pcp_world_size} (both must be 1)"
-            )
-        if not config.groups:
-            raise ConfigError("prefix caching needs at least one KV cache group")
-        hash_block_size = as_int(hash_block_size, "hash_block_size")
-        for g in config.groups:
-            _check_cacheable(g.spec)
-            if g.spec.block_size % hash_block_size:
-                sizes = [x.spec.block_size for x in config.groups]
-                raise ConfigError(
-                    f"every group's block size must be a multiple of hash_block_size="
-                    f"{hash_block_size}; block sizes are {sizes}"
-                )
         super().__init__(
             config,
             max_model_len=max_model_len,
-            enable_caching=True,
             hash_block_size=hash_block_size,
             enable_events=enable_events,
         )
@@ -296,25 +234,11 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         return tuple(hit_blocks), candidate
 
 
-def _check_cacheable(spec: KVCacheSpec) -> None:
-    if isinstance(spec, MambaSpec):
-        raise ConfigError(
-            "prefix caching of Mamba state is not supported; build the manager with "
-            "enable_caching=False for models with Mamba layers"
-        )
-    if isinstance(spec, CrossAttentionSpec):
-        raise ConfigError(
-            "cross-attention blocks are never prefix-cached; build the manager with "
-            "enable_caching=False for encoder-decoder models"
-        )
-
-
-def default_hash_block_size(config: KVCacheConfig, enable_caching: bool) -> int:
-    """vLLM's choice: one group (or caching off) hashes at the scheduler block
-    size; several caching groups at the GCD of their block sizes."""
-    if not enable_caching or len(config.groups) <= 1:
-        return config.scheduler_block_size
-    return math.gcd(*(g.spec.block_size for g in config.groups))
+_POLICIES: dict[CoordinatorKind, type[KVCacheCoordinator]] = {
+    CoordinatorKind.NoPrefixCache: KVCacheCoordinatorNoPrefixCache,
+    CoordinatorKind.Unitary: UnitaryKVCacheCoordinator,
+    CoordinatorKind.Hybrid: HybridKVCacheCoordinator,
+}
 
 
 def get_kv_cache_coordinator(
@@ -324,27 +248,13 @@ def get_kv_cache_coordinator(
     enable_caching: bool,
     hash_block_size: int | None = None,
     enable_events: bool = False,
-    dcp_world_size: int = 1,
-    pcp_world_size: int = 1,
 ) -> KVCacheCoordinator:
-    """Caching off -> NoPrefixCache; one group -> Unitary; otherwise Hybrid."""
-    enable_caching = as_bool(enable_caching, "enable_caching")
-    if hash_block_size is not None:
-        hash_block_size = as_int(hash_block_size, "hash_block_size")
-    if hash_block_size is None:
-        hash_block_size = default_hash_block_size(config, enable_caching)
-    if (dcp_world_size, pcp_world_size) != (1, 1):
-        raise ConfigError(
-            "context parallelism is not supported: "
-            f"dcp_world_size={dcp_world_size}, pcp_world_size={pcp_world_size} (both must be 1)"
-        )
-    common = {
-        "max_model_len": max_model_len,
-        "hash_block_size": hash_block_size,
-        "enable_events": enable_events,
-    }
-    if not enable_caching:
-        return KVCacheCoordinatorNoPrefixCache(config, **common)  # type: ignore[arg-type]
-    if len(config.groups) == 1:
-        return UnitaryKVCacheCoordinator(config, enable_caching=True, **common)  # type: ignore[arg-type]
-    return HybridKVCacheCoordinator(config, enable_caching=True, **common)  # type: ignore[arg-type]
+    """The policy the core chooses (:func:`kvcoord._core.choose_coordinator`):
+    caching off -> NoPrefixCache; one group -> Unitary; otherwise Hybrid."""
+    policy = _POLICIES[choose_coordinator(len(config.groups), as_bool(enable_caching, "enable_caching"))]
+    return policy(
+        config,
+        max_model_len=max_model_len,
+        hash_block_size=hash_block_size,
+        enable_events=enable_events,
+    )

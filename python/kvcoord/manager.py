@@ -96,8 +96,6 @@ class KVCacheManager:
         hash_block_size: int | None = None,
         enable_events: bool = False,
         log_stats: bool = True,
-        dcp_world_size: int = 1,
-        pcp_world_size: int = 1,
     ) -> None:
         if not isinstance(config, KVCacheConfig):
             raise ConfigTypeError(f"config must be a KVCacheConfig, got {type(config).__name__}")
@@ -112,8 +110,6 @@ class KVCacheManager:
             enable_caching=enable_caching,
             hash_block_size=hash_block_size,
             enable_events=enable_events,
-            dcp_world_size=dcp_world_size,
-            pcp_world_size=pcp_world_size,
         )
         self.enable_caching = enable_caching
         self.hash_block_size = self.coordinator.hash_block_size

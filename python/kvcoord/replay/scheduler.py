@@ -28,7 +28,6 @@ measured with ``perf_counter`` per step.
 
 from __future__ import annotations
 
-import math
 from array import array
 from collections import deque
 from collections.abc import Callable
@@ -191,8 +190,8 @@ def simulate(
     wall0 = perf_counter()
     layout = cfg.layout
     max_model_len = cfg.max_model_len or workload.max_sequence_len
-    hash_bs = math.gcd(*(g.spec.block_size for g in layout.groups))
     mgr = make_manager(layout, cfg.num_blocks, max_model_len)
+    hash_bs = mgr.hash_block_size
     best = BestCaseTracker(layout.block_size) if cfg.track_best else None
     evictions = EvictionCounter(mgr)
     pool = mgr.block_pool

@@ -22,31 +22,73 @@ use hashbrown::HashMap;
 use crate::block_hash::BlockHash;
 use crate::error::{KvError, KvResult};
 use crate::ids::{BlockId, GroupId, ReqId};
-use crate::managers::{CachePolicy, GroupSpec, GroupTable, Manager, SpecKind};
+use crate::managers::{CachePolicy, GroupSpec, GroupTable, Manager};
 use crate::pool::{BlockPool, PoolConfig};
 use crate::retention::validate_retention_interval;
 
-/// How the groups are arranged, which decides hit alignment and how many
-/// tokens are worth caching.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub enum Arrangement {
-    /// Exactly one group (vLLM's `UnitaryKVCacheCoordinator`): hits align to
-    /// the group's block size and every full block is cached.
+/// Which coordinator policy serves a configuration (vLLM's
+/// `get_kv_cache_coordinator`): it decides hit alignment and how many tokens
+/// are worth caching. Chosen once, by [`CoordinatorKind::choose`]; the
+/// Python policies are keyed by it.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum CoordinatorKind {
+    /// Prefix caching off: no lookups, nothing cached, any number of groups.
+    NoPrefixCache,
+    /// Exactly one caching group: hits align to the group's block size and
+    /// every full block is cached.
     Unitary,
-    /// Several groups (vLLM's `HybridKVCacheCoordinator` without partial
-    /// hits): hits align to the scheduler block size, so tokens past the last
-    /// multiple of it are never cached (no hit could use them).
+    /// Several caching groups (without partial hits): hits align to the
+    /// scheduler block size, so tokens past the last multiple of it are
+    /// never cached (no hit could use them).
     Hybrid,
 }
 
-impl Arrangement {
-    /// vLLM's factory choice for `num_groups` groups.
-    pub fn for_groups(num_groups: usize) -> Self {
-        if num_groups == 1 {
+impl CoordinatorKind {
+    /// vLLM's choice: caching off -> `NoPrefixCache`; one group ->
+    /// `Unitary`; otherwise `Hybrid`.
+    pub const fn choose(num_groups: usize, enable_caching: bool) -> Self {
+        if !enable_caching {
+            Self::NoPrefixCache
+        } else if num_groups == 1 {
             Self::Unitary
         } else {
             Self::Hybrid
         }
+    }
+
+    /// Whether this policy caches prefixes.
+    pub const fn enable_caching(self) -> bool {
+        match self {
+            Self::NoPrefixCache => false,
+            Self::Unitary | Self::Hybrid => true,
+        }
+    }
+}
+
+/// LCM of the groups' block sizes: the granularity at which every group
+/// agrees on block boundaries (1 without groups).
+pub fn scheduler_block_size(groups: &[GroupSpec]) -> u32 {
+    groups
+        .iter()
+        .fold(1u32, |acc, g| lcm(acc, g.block_size.max(1)))
+}
+
+/// The hash unit (tokens per hash) a manager uses by default, and the one
+/// requests must be hashed with: vLLM hashes at the GCD of the cacheable
+/// groups' block sizes when caching several groups (none of them
+/// non-cacheable), else at the scheduler block size. `kvcoord replay` and
+/// the manager both call this.
+pub fn default_hash_block_size(groups: &[GroupSpec], enable_caching: bool) -> u32 {
+    let all_cacheable = groups.iter().all(GroupSpec::prefix_cacheable);
+    let gcd_all = if enable_caching && all_cacheable {
+        groups.iter().fold(0u32, |acc, g| gcd(acc, g.block_size))
+    } else {
+        0
+    };
+    if gcd_all == 0 {
+        scheduler_block_size(groups)
+    } else {
+        gcd_all
     }
 }
 
@@ -57,8 +99,8 @@ pub struct CoordinatorConfig {
     pub groups: Vec<GroupSpec>,
     /// Physical blocks in the shared pool, the null block included.
     pub num_blocks: usize,
-    /// Whether prefix caching is on.
-    pub enable_caching: bool,
+    /// The coordinator policy (decides whether prefix caching is on).
+    pub kind: CoordinatorKind,
     /// Tokens per hash unit of the request hashes.
     pub hash_block_size: u32,
     /// LCM of the groups' block sizes.
@@ -67,59 +109,41 @@ pub struct CoordinatorConfig {
     pub max_model_len: usize,
     /// Prefix-cache retention interval (`None` = dense caching).
     pub retention_interval: Option<i64>,
-    /// Unitary or hybrid arrangement.
-    pub arrangement: Arrangement,
     /// Whether the pool records [`KvEvent`](crate::KvEvent)s.
     pub enable_events: bool,
 }
 
 impl CoordinatorConfig {
-    /// vLLM's defaults for these groups: scheduler block size = LCM of the
-    /// block sizes, hash block size = GCD of the cacheable ones when caching
-    /// (else the scheduler block size), arrangement from the number of
-    /// groups, dense retention, no events.
+    /// vLLM's defaults for these groups: coordinator from
+    /// [`CoordinatorKind::choose`], scheduler block size = LCM of the block
+    /// sizes, hash block size from [`default_hash_block_size`], dense
+    /// retention, no events.
     pub fn new(
         groups: Vec<GroupSpec>,
         num_blocks: usize,
         enable_caching: bool,
         max_model_len: usize,
     ) -> Self {
-        let lcm = groups
-            .iter()
-            .fold(1u32, |acc, g| lcm(acc, g.block_size.max(1)));
-        // vLLM hashes at the GCD of the cacheable groups' block sizes when
-        // caching several groups (none of them Mamba), else at the scheduler
-        // block size.
-        let has_mamba = groups
-            .iter()
-            .any(|g| matches!(g.kind, SpecKind::Mamba { .. }));
-        let hash_block_size = if enable_caching && !has_mamba {
-            groups
-                .iter()
-                .filter(|g| g.prefix_cacheable())
-                .fold(0u32, |acc, g| gcd(acc, g.block_size))
-        } else {
-            0
-        };
-        let arrangement = Arrangement::for_groups(groups.len());
         Self {
+            kind: CoordinatorKind::choose(groups.len(), enable_caching),
+            hash_block_size: default_hash_block_size(&groups, enable_caching),
+            scheduler_block_size: scheduler_block_size(&groups),
             groups,
             num_blocks,
-            enable_caching,
-            hash_block_size: if hash_block_size == 0 {
-                lcm
-            } else {
-                hash_block_size
-            },
-            scheduler_block_size: lcm,
             max_model_len,
             retention_interval: None,
-            arrangement,
             enable_events: false,
         }
     }
 
-    fn validate(&self) -> KvResult<()> {
+    /// Whether prefix caching is on.
+    pub const fn enable_caching(&self) -> bool {
+        self.kind.enable_caching()
+    }
+
+    /// Check the whole configuration; the one place its rules and messages
+    /// are written.
+    pub fn validate(&self) -> KvResult<()> {
         let bad = |name, value: String, rule: &str| KvError::InvalidConfig {
             name,
             value,
@@ -134,9 +158,11 @@ impl CoordinatorConfig {
         }
         if sbs == 0 || sbs % hbs != 0 {
             return Err(bad(
-                "scheduler_block_size",
-                sbs.to_string(),
-                "must be a positive multiple of hash_block_size",
+                "hash_block_size",
+                hbs.to_string(),
+                &format!(
+                    "must divide the scheduler block size ({sbs}, the LCM of the groups' block sizes)"
+                ),
             ));
         }
         if let Some(g) = self.groups.iter().find(|g| sbs % g.block_size != 0) {
@@ -159,69 +185,67 @@ impl CoordinatorConfig {
                 "must be below 2^48 tokens",
             ));
         }
-        if self.arrangement == Arrangement::Unitary {
-            if self.groups.len() != 1 {
-                return Err(bad(
-                    "arrangement",
-                    format!("Unitary with {} groups", self.groups.len()),
-                    "the unitary arrangement has exactly one group",
-                ));
-            }
-            if self.groups[0].block_size != sbs {
-                return Err(bad(
-                    "scheduler_block_size",
-                    sbs.to_string(),
-                    "the unitary arrangement schedules in blocks of its one group",
-                ));
-            }
-        }
-        if self.enable_caching {
-            for g in &self.groups {
-                match g.kind {
-                    SpecKind::Mamba { .. } => {
-                        return Err(bad(
-                            "enable_caching",
-                            "true".into(),
-                            "Mamba prefix caching requires mamba_cache_mode='align' (only \"none\" is supported)",
-                        ))
-                    }
-                    SpecKind::CrossAttention => {
-                        return Err(bad(
-                            "enable_caching",
-                            "true".into(),
-                            "cross-attention groups cannot be prefix-cached",
-                        ))
-                    }
-                    _ => {}
-                }
-                if g.block_size % hbs != 0 {
-                    return Err(bad(
-                        "hash_block_size",
-                        hbs.to_string(),
-                        &format!(
-                            "must divide every cacheable group's block size ({})",
-                            g.block_size
-                        ),
-                    ));
-                }
-            }
-            if self.groups.is_empty() {
-                return Err(bad(
-                    "groups",
-                    "[]".into(),
-                    "prefix caching requires at least one cacheable group",
-                ));
-            }
-            if self.arrangement == Arrangement::Unitary && self.groups[0].block_size != hbs {
-                return Err(bad(
-                    "hash_block_size",
-                    hbs.to_string(),
-                    "the unitary arrangement needs hash_block_size == block_size",
-                ));
-            }
+        match self.kind {
+            CoordinatorKind::NoPrefixCache => {}
+            CoordinatorKind::Unitary | CoordinatorKind::Hybrid => self.validate_caching()?,
         }
         let sparse = self.groups.iter().any(GroupSpec::is_sparse);
         validate_retention_interval(self.retention_interval, sbs, sparse)
+    }
+
+    fn validate_caching(&self) -> KvResult<()> {
+        let hbs = self.hash_block_size;
+        let bad = |name, value: String, rule: String| KvError::InvalidConfig { name, value, rule };
+        if self.groups.is_empty() {
+            return Err(bad(
+                "groups",
+                "[]".into(),
+                "prefix caching needs at least one KV cache group".into(),
+            ));
+        }
+        if self.kind == CoordinatorKind::Unitary && self.groups.len() != 1 {
+            return Err(bad(
+                "groups",
+                format!("{} groups", self.groups.len()),
+                "the unitary coordinator needs exactly one KV cache group".into(),
+            ));
+        }
+        for g in &self.groups {
+            let facts = g.facts();
+            if !facts.prefix_cacheable {
+                return Err(bad(
+                    "enable_caching",
+                    "true".into(),
+                    format!(
+                        "{} groups cannot be prefix-cached (Mamba state with mode \"none\", \
+                         cross-attention); build the manager with caching off",
+                        facts.spec_name
+                    ),
+                ));
+            }
+            if g.block_size % hbs != 0 {
+                return Err(bad(
+                    "hash_block_size",
+                    hbs.to_string(),
+                    format!(
+                        "every group's block size must be a multiple of hash_block_size; \
+                         block sizes are {:?}",
+                        self.groups.iter().map(|g| g.block_size).collect::<Vec<_>>()
+                    ),
+                ));
+            }
+        }
+        if self.kind == CoordinatorKind::Unitary && self.groups[0].block_size != hbs {
+            return Err(bad(
+                "hash_block_size",
+                hbs.to_string(),
+                format!(
+                    "must equal the block size ({}) when one group uses prefix caching",
+                    self.groups[0].block_size
+                ),
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -358,7 +382,7 @@ impl CoordinatorCore {
         config.validate()?;
         let pool = BlockPool::new(PoolConfig {
             num_blocks: config.num_blocks,
-            enable_caching: config.enable_caching,
+            enable_caching: config.enable_caching(),
             hash_block_size: config.hash_block_size,
             enable_events: config.enable_events,
         })?;
@@ -490,7 +514,7 @@ impl CoordinatorCore {
         out: &mut [Vec<BlockId>],
     ) -> KvResult<usize> {
         let m = self.check_group_set(group_ids)?;
-        if !self.config.enable_caching {
+        if !self.config.enable_caching() {
             if out.len() != group_ids.len() {
                 return Err(KvError::InvalidArgument {
                     name: "out",
@@ -516,7 +540,7 @@ impl CoordinatorCore {
     /// Slots this group allocates for (cross-attention is sized by the
     /// encoder, everything else by the decoder slots).
     fn group_tokens(m: &Manager, need_slots: usize, num_encoder_tokens: usize) -> usize {
-        if matches!(m.spec().kind, SpecKind::CrossAttention) {
+        if m.spec().facts().sized_by_encoder {
             num_encoder_tokens
         } else {
             need_slots
@@ -682,7 +706,7 @@ impl CoordinatorCore {
             out.ends.push(out.ids.len());
         }
         // Steps 13-14: only final tokens (no drafts) are cached.
-        if config.enable_caching && !delay_cache_blocks {
+        if config.enable_caching() && !delay_cache_blocks {
             let n = (total + num_new_tokens).min(view.num_tokens);
             cache_tables(
                 managers, pool, tables, config, *retention, view, n, mask_buf,
@@ -709,7 +733,7 @@ impl CoordinatorCore {
             ..
         } = self;
         let tables = requests.get_mut(&req).ok_or(KvError::UnknownRequest(req))?;
-        if !config.enable_caching {
+        if !config.enable_caching() {
             return Ok(());
         }
         cache_tables(
@@ -854,7 +878,7 @@ fn check_hits(
                 "a running request cannot adopt prefix-cache hits".into()
             ));
         }
-        if !config.enable_caching || !m.spec().prefix_cacheable() {
+        if !config.enable_caching() || !m.spec().prefix_cacheable() {
             return Err(arg(format!(
                 "group {} cannot have prefix-cache hits",
                 m.group()
@@ -910,9 +934,9 @@ fn cache_tables(
     let hbs = config.hash_block_size as usize;
     // Hybrid hits land on scheduler-block boundaries, so tokens past the last
     // one can never serve a hit.
-    let cacheable = match config.arrangement {
-        Arrangement::Unitary => num_tokens,
-        Arrangement::Hybrid => num_tokens / sbs * sbs,
+    let cacheable = match config.kind {
+        CoordinatorKind::Unitary | CoordinatorKind::NoPrefixCache => num_tokens,
+        CoordinatorKind::Hybrid => num_tokens / sbs * sbs,
     };
     let num_full_tokens = cacheable.min(view.hashes.len() * hbs);
     for (m, t) in managers.iter().zip(tables.iter()) {
@@ -1295,7 +1319,7 @@ mod tests {
         let mut cfg = CoordinatorConfig::new(vec![GroupSpec::full_attention(32)], 10, true, 100);
         cfg.hash_block_size = 16;
         assert!(CoordinatorCore::new(cfg.clone()).is_err());
-        cfg.arrangement = Arrangement::Hybrid;
+        cfg.kind = CoordinatorKind::Hybrid;
         assert!(CoordinatorCore::new(cfg.clone()).is_ok());
         cfg.retention_interval = Some(32);
         assert!(CoordinatorCore::new(cfg).is_err());
@@ -1309,8 +1333,8 @@ mod tests {
             100,
         );
         assert_eq!(
-            (cfg.scheduler_block_size, cfg.arrangement),
-            (32, Arrangement::Hybrid)
+            (cfg.scheduler_block_size, cfg.kind, cfg.hash_block_size),
+            (32, CoordinatorKind::Hybrid, 16)
         );
         cfg.retention_interval = Some(33);
         assert!(CoordinatorCore::new(cfg.clone()).is_err());
@@ -1394,7 +1418,7 @@ mod tests {
 
     #[test]
     fn mamba_and_cross_attention_without_caching() {
-        let mut cfg = CoordinatorConfig::new(
+        let cfg = CoordinatorConfig::new(
             vec![
                 GroupSpec::full_attention(4),
                 GroupSpec::mamba(4, 1),
@@ -1404,7 +1428,7 @@ mod tests {
             false,
             1000,
         );
-        cfg.arrangement = Arrangement::Hybrid;
+        assert_eq!(cfg.kind, CoordinatorKind::NoPrefixCache);
         let mut c = CoordinatorCore::new(cfg).unwrap();
         let mut r = Req::new(0, (0..10).collect(), 4);
         let new = c

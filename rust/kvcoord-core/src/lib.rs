@@ -39,13 +39,16 @@ pub mod prefix_index;
 pub mod retention;
 
 pub use block_hash::BlockHash;
-pub use coordinator::{Arrangement, CoordinatorConfig, CoordinatorCore, NewBlocks, RequestView};
+pub use coordinator::{
+    default_hash_block_size, scheduler_block_size, CoordinatorConfig, CoordinatorCore,
+    CoordinatorKind, NewBlocks, RequestView,
+};
 pub use error::{KvError, KvResult};
 pub use events::KvEvent;
 pub use free_queue::FreeQueue;
 pub use hashing::{ExtraKeys, HashAlgo, HashConfig, LoraKey, MmFeature, RequestHasher};
 pub use ids::{BlockId, GroupId, ReqId};
-pub use managers::{GroupSpec, GroupTable, Manager, SpecKind};
+pub use managers::{GroupSpec, GroupTable, HitSearch, KindFacts, Manager, SpecKind};
 pub use pool::{BlockPool, PoolConfig};
 pub use prefix_index::{CacheKey, PrefixIndex};
 pub use retention::validate_retention_interval;

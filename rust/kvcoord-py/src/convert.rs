@@ -149,17 +149,6 @@ pub(crate) fn block_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<BlockId>> {
     Ok(v)
 }
 
-/// A group id (non-negative, 32-bit).
-pub(crate) fn group_id(v: i64) -> PyResult<GroupId> {
-    u32::try_from(v).map(GroupId).map_err(|_| {
-        CoreError(KvError::InvalidArgument {
-            name: "group id",
-            detail: format!("{v} is not in [0, 2^32)"),
-        })
-        .into()
-    })
-}
-
 /// Group ids from a sequence of ints.
 pub(crate) fn group_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<GroupId>> {
     let items = obj
@@ -221,6 +210,19 @@ pub(crate) fn count(n: i64, name: &'static str) -> PyResult<usize> {
         })
         .into()
     })
+}
+
+/// A positive configuration count (`max_model_len`, `hash_block_size`).
+pub(crate) fn config_count<T: TryFrom<i64>>(n: i64, name: &'static str) -> PyResult<T> {
+    match T::try_from(n) {
+        Ok(v) if n > 0 => Ok(v),
+        _ => Err(CoreError(KvError::InvalidConfig {
+            name,
+            value: n.to_string(),
+            rule: "must be a positive int".into(),
+        })
+        .into()),
+    }
 }
 
 /// Ids as a Python list of ints.

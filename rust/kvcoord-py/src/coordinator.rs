@@ -4,16 +4,17 @@
 
 use hashbrown::HashMap;
 use kvcoord_core::coordinator::{
-    Arrangement, CoordinatorConfig, CoordinatorCore, NewBlocks, RequestView,
+    CoordinatorConfig, CoordinatorCore, CoordinatorKind, NewBlocks, RequestView,
 };
-use kvcoord_core::managers::GroupSpec;
 use kvcoord_core::{BlockId, KvError, ReqId};
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 
 use crate::args;
 use crate::convert;
-use crate::errors::{core, ConfigError, CoreError, InvariantError};
+use crate::guard;
+use crate::errors::{core, CoreError, InvariantError};
+use crate::kinds::{self, PyCoordinatorKind, PyGroupSpec};
 use crate::pool::PyBlockPool;
 use crate::request::PyRequest;
 
@@ -27,7 +28,6 @@ pub(crate) struct PyCoordinatorCore {
     next_req: u64,
     /// Reused buffers for the per-step calls.
     out: NewBlocks,
-    hits: Vec<Vec<BlockId>>,
     /// The Python type `allocate_slots` returns (`kvcoord.KVCacheBlocks`,
     /// built from a tuple of per-group id lists), and its shared empty value:
     /// building the result here lets the facade hand `allocate_slots` to the
@@ -35,23 +35,6 @@ pub(crate) struct PyCoordinatorCore {
     /// frame per decode step.
     result_type: Py<PyAny>,
     empty: Py<PyAny>,
-}
-
-fn spec_from_tuple(kind: &str, block_size: u32, param: u32) -> PyResult<GroupSpec> {
-    let spec = match kind {
-        "full_attention" => GroupSpec::full_attention(block_size),
-        "sliding_window" => GroupSpec::sliding_window(block_size, param),
-        "chunked_local" => GroupSpec::chunked_local(block_size, param),
-        "mamba" => GroupSpec::mamba(block_size, param),
-        "cross_attention" => GroupSpec::cross_attention(block_size),
-        other => {
-            return Err(ConfigError::new_err(format!(
-                "unknown KV cache spec kind {other:?}: expected one of full_attention, \
-                 sliding_window, chunked_local, mamba, cross_attention"
-            )))
-        }
-    };
-    Ok(spec)
 }
 
 fn view(r: &PyRequest) -> RequestView<'_> {
@@ -84,8 +67,8 @@ impl PyCoordinatorCore {
     fn checked_view<'r>(&self, r: &'r PyRequest) -> PyResult<RequestView<'r>> {
         let unit = r.hasher().config().block_size();
         let mine = self.inner.config().hash_block_size as usize;
-        if self.inner.config().enable_caching && unit != mine {
-            return Err(ConfigError::new_err(format!(
+        if self.inner.config().enable_caching() && unit != mine {
+            return Err(crate::errors::ConfigError::new_err(format!(
                 "request {:?} is hashed in units of {unit} tokens but this manager uses \
                  hash_block_size={mine}",
                 r.id()
@@ -93,6 +76,38 @@ impl PyCoordinatorCore {
         }
         Ok(view(r))
     }
+}
+
+/// `new_computed_blocks` as one id list per group: a result of this
+/// manager (`KVCacheBlocks`) or a plain sequence of per-group id lists.
+fn extract_hits(
+    py: Python<'_>,
+    slf: &Bound<'_, PyCoordinatorCore>,
+    obj: &Bound<'_, PyAny>,
+) -> PyResult<Vec<Vec<BlockId>>> {
+    let result_type = guard::borrow(slf)?.result_type.clone_ref(py);
+    let unwrapped;
+    let obj = if obj.is_instance(result_type.bind(py))? {
+        unwrapped = obj.call_method0(pyo3::intern!(py, "arrays"))?;
+        &unwrapped
+    } else {
+        obj
+    };
+    let groups = obj
+        .cast::<PyTuple>()
+        .map(|t| t.as_sequence().clone())
+        .or_else(|_| obj.cast::<PyList>().map(|l| l.as_sequence().clone()));
+    let seq = groups.map_err(|_| {
+        CoreError(KvError::InvalidArgument {
+            name: "new_computed_blocks",
+            detail: "expected one list of block ids per group".into(),
+        })
+    })?;
+    let mut hits = Vec::with_capacity(seq.len()?);
+    for item in seq.try_iter()? {
+        hits.push(convert::block_ids(&item?)?);
+    }
+    Ok(hits)
 }
 
 /// The `request` argument: a `kvcoord.Request`, else `ArgumentTypeError`.
@@ -109,43 +124,33 @@ fn request_arg<'py>(obj: &Bound<'py, PyAny>) -> PyResult<PyRef<'py, PyRequest>> 
 #[pymethods]
 impl PyCoordinatorCore {
     #[new]
-    #[pyo3(signature = (num_blocks, groups, *, enable_caching, hash_block_size, max_model_len,
-                        result_type, retention_interval = None, arrangement = "unitary",
-                        enable_events = false))]
+    #[pyo3(signature = (num_blocks, groups, *, kind, hash_block_size, max_model_len,
+                        result_type, retention_interval = None, enable_events = false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
-        num_blocks: &Bound<'_, PyAny>,
-        groups: Vec<(String, u32, u32)>,
-        enable_caching: &Bound<'_, PyAny>,
-        hash_block_size: &Bound<'_, PyAny>,
-        max_model_len: &Bound<'_, PyAny>,
+        num_blocks: i64,
+        groups: Vec<PyGroupSpec>,
+        kind: PyCoordinatorKind,
+        hash_block_size: Option<i64>,
+        max_model_len: i64,
         result_type: Py<PyAny>,
         retention_interval: Option<i64>,
-        arrangement: &str,
         enable_events: bool,
     ) -> PyResult<Self> {
-        let specs = groups
-            .iter()
-            .map(|(k, bs, p)| spec_from_tuple(k, *bs, *p))
-            .collect::<PyResult<Vec<_>>>()?;
-        let arrangement = match arrangement {
-            "unitary" => Arrangement::Unitary,
-            "hybrid" => Arrangement::Hybrid,
-            other => {
-                return Err(ConfigError::new_err(format!(
-                    "unknown arrangement {other:?}: expected 'unitary' or 'hybrid'"
-                )))
-            }
-        };
-        let num_blocks = args::config_count(num_blocks, "num_blocks")?;
-        let enable_caching = args::flag(enable_caching, "enable_caching")?;
-        let hash_block_size = args::config_u32(hash_block_size, "hash_block_size")?;
-        let max_model_len = args::config_count(max_model_len, "max_model_len")?;
-        let mut config = CoordinatorConfig::new(specs, num_blocks, enable_caching, max_model_len);
-        config.hash_block_size = hash_block_size;
+        let num_blocks = convert::count(num_blocks, "num_blocks")?;
+        let kind = CoordinatorKind::from(kind);
+        let mut config = CoordinatorConfig::new(
+            kinds::specs(&groups),
+            num_blocks,
+            kind.enable_caching(),
+            convert::config_count(max_model_len, "max_model_len")?,
+        );
+        config.kind = kind;
+        if let Some(hbs) = hash_block_size {
+            config.hash_block_size = convert::config_count(hbs, "hash_block_size")?;
+        }
         config.retention_interval = retention_interval;
-        config.arrangement = arrangement;
         config.enable_events = enable_events;
         let empty_lists = (0..groups.len()).map(|_| PyList::empty(py));
         let empty = result_type.call1(py, (PyTuple::new(py, empty_lists)?,))?;
@@ -155,10 +160,21 @@ impl PyCoordinatorCore {
             req_ids: HashMap::new(),
             next_req: 0,
             out: NewBlocks::new(),
-            hits: Vec::new(),
             result_type,
             empty,
         })
+    }
+
+    /// Tokens per hash unit (requests must be hashed with it).
+    #[getter]
+    fn hash_block_size(&self) -> u32 {
+        self.inner.config().hash_block_size
+    }
+
+    /// LCM of the groups' block sizes.
+    #[getter]
+    fn scheduler_block_size(&self) -> u32 {
+        self.inner.config().scheduler_block_size
     }
 
     /// The shared pool (a handle on this coordinator's pool, not a copy).
@@ -202,7 +218,7 @@ impl PyCoordinatorCore {
                         num_lookahead_tokens = None, num_encoder_tokens = None, delay_cache_blocks = None))]
     #[allow(clippy::too_many_arguments)]
     fn allocate_slots<'py>(
-        &mut self,
+        slf: &Bound<'py, Self>,
         py: Python<'py>,
         request: &Bound<'_, PyAny>,
         num_new_tokens: &Bound<'_, PyAny>,
@@ -220,79 +236,60 @@ impl PyCoordinatorCore {
         let encoder = args::opt_count(num_encoder_tokens, "num_encoder_tokens")?;
         let delay_cache_blocks =
             args::opt_flag(delay_cache_blocks, "delay_cache_blocks", false)?;
-        let view = self.checked_view(&request)?;
-        let mut hits = std::mem::take(&mut self.hits);
-        let has_hits = match new_computed_blocks {
-            None => false,
-            Some(obj) => {
-                // A result of this manager (`KVCacheBlocks`), or a plain
-                // sequence of per-group id lists.
-                let unwrapped;
-                let obj = if obj.is_instance(self.result_type.bind(py))? {
-                    unwrapped = obj.call_method0(pyo3::intern!(py, "arrays"))?;
-                    &unwrapped
-                } else {
-                    obj
-                };
-                let groups = obj
-                    .cast::<PyTuple>()
-                    .map(|t| t.as_sequence().clone())
-                    .or_else(|_| obj.cast::<PyList>().map(|l| l.as_sequence().clone()));
-                let seq = groups.map_err(|_| {
-                    CoreError(KvError::InvalidArgument {
-                        name: "new_computed_blocks",
-                        detail: "expected one list of block ids per group".into(),
-                    })
-                })?;
-                hits.resize_with(seq.len()?, Vec::new);
-                for (g, item) in seq.try_iter()?.enumerate() {
-                    hits[g].clear();
-                    convert::extract_block_ids(&item?, &mut hits[g])?;
-                }
-                hits.truncate(seq.len()?);
-                true
-            }
+        // Hits are converted before this object is borrowed: converting may
+        // run Python code, during which another thread may call in.
+        let hits = match new_computed_blocks {
+            None => None,
+            Some(obj) => Some(extract_hits(py, slf, obj)?),
         };
+        let mut guard = guard::borrow_mut(slf)?;
+        let this = &mut *guard;
+        let view = this.checked_view(&request)?;
         let request_id = request.id();
-        let known = self.lookup(request_id);
-        let req = known.unwrap_or(ReqId(self.next_req));
-        let mut out = std::mem::take(&mut self.out);
-        let result = self.inner.allocate_slots_into(
+        let known = this.lookup(request_id);
+        let req = known.unwrap_or(ReqId(this.next_req));
+        let mut out = std::mem::take(&mut this.out);
+        let result = this.inner.allocate_slots_into(
             req,
             &view,
             num_new_tokens,
             num_new_computed,
-            has_hits.then_some(hits.as_slice()),
+            hits.as_deref(),
             lookahead,
             encoder,
             delay_cache_blocks,
             &mut out,
         );
-        self.hits = hits;
         let converted = match result {
             Ok(true) => {
                 if known.is_none() {
-                    self.req_ids.insert(request_id.to_owned(), req);
-                    self.next_req += 1;
+                    this.req_ids.insert(request_id.to_owned(), req);
+                    this.next_req += 1;
                 }
                 if out.flat().is_empty() {
                     // The common decode step: nothing new in any group.
-                    Ok(Some(self.empty.bind(py).clone()))
+                    Ok(Some(Err(this.empty.bind(py).clone())))
                 } else {
-                    let lists = (0..out.num_groups())
+                    (0..out.num_groups())
                         .map(|g| convert::id_list(py, out.group(g)))
-                        .collect::<PyResult<Vec<_>>>()?;
-                    self.result_type
-                        .bind(py)
-                        .call1((PyTuple::new(py, lists)?,))
-                        .map(Some)
+                        .collect::<PyResult<Vec<_>>>()
+                        .map(|lists| Some(Ok((lists, this.result_type.clone_ref(py)))))
                 }
             }
             Ok(false) => Ok(None),
             Err(e) => Err(CoreError(e).into()),
         };
-        self.out = out;
-        converted
+        this.out = out;
+        // The result type is Python code: run it with the borrow released.
+        drop(guard);
+        match converted? {
+            None => Ok(None),
+            Some(Err(empty)) => Ok(Some(empty)),
+            Some(Ok((lists, result_type))) => result_type
+                .bind(py)
+                .call1((PyTuple::new(py, lists)?,))
+                .map(Some),
+        }
     }
 
     fn cache_blocks(

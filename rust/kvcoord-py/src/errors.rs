@@ -19,6 +19,7 @@ pyo3::import_exception!(kvcoord.errors, InvalidTokenError);
 pyo3::import_exception!(kvcoord.errors, ArgumentTypeError);
 pyo3::import_exception!(kvcoord.errors, OutOfMemoryError);
 pyo3::import_exception!(kvcoord.errors, ConfigTypeError);
+pyo3::import_exception!(kvcoord.errors, ConcurrentUseError);
 
 /// Newtype so `?` can convert a foreign error into `PyErr` (orphan rule).
 pub(crate) struct CoreError(pub(crate) KvError);

@@ -13,6 +13,8 @@ mod convert;
 mod coordinator;
 mod errors;
 mod events;
+mod guard;
+mod kinds;
 mod pool;
 mod request;
 mod retention;
@@ -27,6 +29,11 @@ mod core_module {
     use crate::coordinator::PyCoordinatorCore;
     #[pymodule_export]
     use crate::events::{AllBlocksCleared, BlockRemoved, BlockStored};
+    #[pymodule_export]
+    use crate::kinds::{
+        choose_coordinator, default_hash_block_size, scheduler_block_size, PyCoordinatorKind,
+        PyGroupSpec,
+    };
     #[pymodule_export]
     use crate::pool::PyBlockPool;
     #[pymodule_export]

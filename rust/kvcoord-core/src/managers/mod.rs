@@ -98,42 +98,149 @@ impl GroupSpec {
         }
     }
 
+    /// The kind's facts (see [`KindFacts`]): the one table every layer
+    /// asks, the bindings and Python included.
+    pub const fn facts(&self) -> KindFacts {
+        self.kind.facts()
+    }
+
     /// Whether blocks of this group may be registered in the prefix cache.
     pub const fn prefix_cacheable(&self) -> bool {
-        !matches!(self.kind, SpecKind::Mamba { .. } | SpecKind::CrossAttention)
+        self.kind.facts().prefix_cacheable
     }
 
-    /// Whether this is a full-attention group (hybrid lookups put these
-    /// first: their hit set is prefix-closed).
+    /// Whether this group's hits are prefix-closed (full attention): hybrid
+    /// lookups put these first and never re-scan them.
     pub const fn is_full_attention(&self) -> bool {
-        matches!(self.kind, SpecKind::FullAttention)
+        matches!(self.kind.facts().hit_search, HitSearch::PrefixClosed)
     }
 
-    /// Whether retention intervals apply to this group (sliding window and
-    /// Mamba cache sparsely).
+    /// Whether retention intervals apply to this group (it caches sparsely).
     pub const fn is_sparse(&self) -> bool {
-        matches!(
-            self.kind,
-            SpecKind::SlidingWindow { .. } | SpecKind::Mamba { .. }
-        )
+        self.kind.facts().sparse
     }
 
-    /// Check the parameters (positive sizes).
+    /// Check the parameters (positive sizes); messages name the public spec
+    /// field (`SlidingWindowSpec.sliding_window`).
     pub fn validate(&self) -> KvResult<()> {
+        let facts = self.kind.facts();
         let bad = |name, value: u32| KvError::InvalidConfig {
             name,
             value: value.to_string(),
             rule: "must be positive".into(),
         };
         if self.block_size == 0 {
-            return Err(bad("block_size", 0));
+            return Err(bad(facts.block_size_field, 0));
         }
-        match self.kind {
-            SpecKind::SlidingWindow { sliding_window: 0 } => Err(bad("sliding_window", 0)),
-            SpecKind::ChunkedLocal {
-                attention_chunk_size: 0,
-            } => Err(bad("attention_chunk_size", 0)),
+        match (self.param(), facts.param_field) {
+            (Some(0), Some((name, true))) => Err(bad(name, 0)),
             _ => Ok(()),
+        }
+    }
+
+    /// The kind's one parameter (window, chunk, speculative blocks), if any.
+    pub const fn param(&self) -> Option<u32> {
+        match self.kind {
+            SpecKind::SlidingWindow { sliding_window: v }
+            | SpecKind::ChunkedLocal {
+                attention_chunk_size: v,
+            }
+            | SpecKind::Mamba {
+                num_speculative_blocks: v,
+            } => Some(v),
+            SpecKind::FullAttention | SpecKind::CrossAttention => None,
+        }
+    }
+}
+
+/// How a kind searches the prefix cache for hits.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum HitSearch {
+    /// Left to right, stop at the first miss: the hit set is prefix-closed
+    /// (full attention).
+    PrefixClosed,
+    /// Right to left, for a run of consecutive hits covering the window
+    /// (sliding window).
+    Window,
+    /// Blocks before the last chunk boundary are skipped (chunked local).
+    Chunk,
+    /// Never searched (Mamba mode "none", cross-attention).
+    Never,
+}
+
+/// Everything the layers above the managers know about a KV kind, written
+/// once here. Adding a kind adds one arm to [`SpecKind::facts`] (the
+/// compiler lists every other match that needs one).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct KindFacts {
+    /// Name of the public spec type (the Python dataclass), for messages.
+    pub spec_name: &'static str,
+    /// `<spec_name>.block_size`, for messages.
+    pub block_size_field: &'static str,
+    /// `<spec_name>.<parameter>` of the kind's one parameter, if it has
+    /// one, and whether it must be positive (else non-negative).
+    pub param_field: Option<(&'static str, bool)>,
+    /// How hits are searched.
+    pub hit_search: HitSearch,
+    /// Whether its blocks may enter the prefix cache (a caching manager
+    /// refuses a group whose kind is not cacheable).
+    pub prefix_cacheable: bool,
+    /// Whether retention intervals (sparse caching) apply.
+    pub sparse: bool,
+    /// Whether slots are sized by the encoder's tokens rather than the
+    /// decoder's.
+    pub sized_by_encoder: bool,
+}
+
+impl SpecKind {
+    /// The kind's facts.
+    pub const fn facts(self) -> KindFacts {
+        match self {
+            Self::FullAttention => KindFacts {
+                spec_name: "FullAttentionSpec",
+                block_size_field: "FullAttentionSpec.block_size",
+                param_field: None,
+                hit_search: HitSearch::PrefixClosed,
+                prefix_cacheable: true,
+                sparse: false,
+                sized_by_encoder: false,
+            },
+            Self::SlidingWindow { .. } => KindFacts {
+                spec_name: "SlidingWindowSpec",
+                block_size_field: "SlidingWindowSpec.block_size",
+                param_field: Some(("SlidingWindowSpec.sliding_window", true)),
+                hit_search: HitSearch::Window,
+                prefix_cacheable: true,
+                sparse: true,
+                sized_by_encoder: false,
+            },
+            Self::ChunkedLocal { .. } => KindFacts {
+                spec_name: "ChunkedLocalAttentionSpec",
+                block_size_field: "ChunkedLocalAttentionSpec.block_size",
+                param_field: Some(("ChunkedLocalAttentionSpec.attention_chunk_size", true)),
+                hit_search: HitSearch::Chunk,
+                prefix_cacheable: true,
+                sparse: false,
+                sized_by_encoder: false,
+            },
+            Self::Mamba { .. } => KindFacts {
+                spec_name: "MambaSpec",
+                block_size_field: "MambaSpec.block_size",
+                param_field: Some(("MambaSpec.num_speculative_blocks", false)),
+                hit_search: HitSearch::Never,
+                prefix_cacheable: false,
+                sparse: true,
+                sized_by_encoder: false,
+            },
+            Self::CrossAttention => KindFacts {
+                spec_name: "CrossAttentionSpec",
+                block_size_field: "CrossAttentionSpec.block_size",
+                param_field: None,
+                hit_search: HitSearch::Never,
+                prefix_cacheable: false,
+                sparse: false,
+                sized_by_encoder: true,
+            },
         }
     }
 }
@@ -252,7 +359,10 @@ impl Manager {
             SpecKind::Mamba {
                 num_speculative_blocks,
             } => mamba::tokens_to_allocate(num_tokens, num_speculative_blocks, self.block_size),
-            _ => num_tokens,
+            SpecKind::FullAttention
+            | SpecKind::SlidingWindow { .. }
+            | SpecKind::ChunkedLocal { .. }
+            | SpecKind::CrossAttention => num_tokens,
         }
     }
 
@@ -437,7 +547,10 @@ impl Manager {
                 policy,
                 mask_buf,
             ),
-            _ => false,
+            SpecKind::FullAttention
+            | SpecKind::ChunkedLocal { .. }
+            | SpecKind::Mamba { .. }
+            | SpecKind::CrossAttention => false,
         };
         pool.cache_full_blocks_scaled(
             &table.blocks,
