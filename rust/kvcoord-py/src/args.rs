@@ -80,6 +80,7 @@ pub(crate) fn u32_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<u32> {
 pub(crate) fn flag(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<bool> {
     match obj.cast::<PyBool>() {
         Ok(b) => Ok(b.is_true()),
+        Err(_) if is_numpy_bool(obj) => obj.is_truthy(),
         Err(_) => Err(ArgumentTypeError::new_err(format!(
             "{name} must be a bool, got {} {}",
             type_name(obj),
@@ -128,4 +129,20 @@ pub(crate) fn opt_count(obj: Option<&Bound<'_, PyAny>>, name: &str) -> PyResult<
 #[inline]
 pub(crate) fn opt_flag(obj: Option<&Bound<'_, PyAny>>, name: &str, default: bool) -> PyResult<bool> {
     obj.map_or(Ok(default), |o| flag(o, name))
+}
+
+/// A sequence of flags (each exactly `True` or `False`).
+pub(crate) fn flags(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<bool>> {
+    let items = obj.try_iter().map_err(|_| {
+        ArgumentTypeError::new_err(format!("{name} must be a sequence of bools, got {}", type_name(obj)))
+    })?;
+    items.map(|item| flag(&item?, name)).collect()
+}
+
+/// Whether `obj` is a numpy bool scalar (`numpy.bool_`).
+fn is_numpy_bool(obj: &Bound<'_, PyAny>) -> bool {
+    let ty = obj.get_type();
+    let module = ty.module().map(|m| m.to_string()).unwrap_or_default();
+    let name = ty.name().map(|n| n.to_string()).unwrap_or_default();
+    module == "numpy" && (name == "bool" || name == "bool_")
 }

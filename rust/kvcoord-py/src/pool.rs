@@ -208,8 +208,12 @@ impl PyBlockPool {
         num_cached_blocks: &Bound<'_, PyAny>,
         num_full_blocks: &Bound<'_, PyAny>,
         group_id: &Bound<'_, PyAny>,
-        block_mask: Option<Vec<bool>>,
+        block_mask: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
+        let block_mask = block_mask
+            .filter(|m| !m.is_none())
+            .map(|m| args::flags(m, "block_mask"))
+            .transpose()?;
         let ids = convert::block_ids(block_ids)?;
         let hashes = convert::block_hashes(block_hashes)?;
         let num_cached = args::count(num_cached_blocks, "num_cached_blocks")?;
