@@ -55,9 +55,11 @@ def manager_for(header: dict[str, Any], **kwargs: Any) -> kvcoord.KVCacheManager
     return kvcoord.KVCacheManager(
         config,
         max_model_len=layout["max_model_len"],
-        enable_caching=layout["enable_caching"],
-        hash_block_size=header["hash_block_size"],
-        **kwargs,
+        options=kvcoord.KVCacheManagerOptions(
+            enable_caching=layout["enable_caching"],
+            hash_block_size=header["hash_block_size"],
+            **kwargs,
+        ),
     )
 
 

@@ -31,8 +31,10 @@ B = 4
 
 def manager(*specs: object, num_blocks: int = 20, **kw: object) -> KVCacheManager:
     groups = tuple(KVCacheGroup(s) for s in (specs or (FullAttentionSpec(B),)))  # type: ignore[arg-type]
+    fields = ("enable_caching", "hash_block_size", "enable_events", "log_stats")
+    options = kvcoord.KVCacheManagerOptions(**{k: kw.pop(k) for k in fields if k in kw})  # type: ignore[arg-type]
     kw = {"max_model_len": 1000, **kw}
-    return KVCacheManager(KVCacheConfig(num_blocks, groups), **kw)  # type: ignore[arg-type]
+    return KVCacheManager(KVCacheConfig(num_blocks, groups), options=options, **kw)  # type: ignore[arg-type]
 
 
 def req(rid: str, tokens: object, hbs: int = B) -> Request:

@@ -92,7 +92,7 @@ def busy_manager(layout: str) -> tuple[KVCacheManager, list[Request]]:
     mgr = KVCacheManager(
         KVCacheConfig(40, tuple(KVCacheGroup(s) for s in specs)),
         max_model_len=512,
-        enable_caching=caching,
+        options=kvcoord.KVCacheManagerOptions(enable_caching=caching),
     )
     reqs = []
     for i, toks in enumerate([list(range(13)), list(range(9)) + [50], [7] * 6]):
@@ -317,9 +317,12 @@ def test_manager_constructor(field: str, bad: Any) -> None:
     if field == "hash_block_size" and bad is None:
         return  # None picks the default
     config = KVCacheConfig(10, (KVCacheGroup(FullAttentionSpec(B)),))
-    kw: dict[str, Any] = {"max_model_len": 100, field: bad}
     with pytest.raises(KvCoordError) as info:
-        KVCacheManager(config, **kw)
+        if field == "max_model_len":
+            KVCacheManager(config, max_model_len=bad)
+        else:
+            options = kvcoord.KVCacheManagerOptions(**{field: bad})
+            KVCacheManager(config, max_model_len=100, options=options)
     expected = (
         TypeError
         if not isinstance(bad, int) or field in ("enable_caching", "enable_events", "log_stats")

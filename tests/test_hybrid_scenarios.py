@@ -23,7 +23,8 @@ from kvcoord.coordinator import HybridKVCacheCoordinator
 
 def manager(specs: list[kvcoord.KVCacheSpec], num_blocks: int, unit: int) -> KVCacheManager:
     config = KVCacheConfig(num_blocks, tuple(KVCacheGroup(s) for s in specs))
-    mgr = KVCacheManager(config, max_model_len=4096, hash_block_size=unit)
+    options = kvcoord.KVCacheManagerOptions(hash_block_size=unit)
+    mgr = KVCacheManager(config, max_model_len=4096, options=options)
     assert isinstance(mgr.coordinator, HybridKVCacheCoordinator)
     return mgr
 

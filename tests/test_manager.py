@@ -14,6 +14,7 @@ from kvcoord import (
     KVCacheConfig,
     KVCacheGroup,
     KVCacheManager,
+    KVCacheManagerOptions,
     Request,
     SlidingWindowSpec,
     UnknownRequestError,
@@ -24,8 +25,13 @@ B = 16
 
 def manager(num_blocks: int = 11, *specs: object, **kw: object) -> KVCacheManager:
     groups = tuple(KVCacheGroup(s) for s in (specs or (FullAttentionSpec(B),)))  # type: ignore[arg-type]
-    kw = {"max_model_len": 8192, **kw}
-    return KVCacheManager(KVCacheConfig(num_blocks, groups), **kw)  # type: ignore[arg-type]
+    max_model_len = kw.pop("max_model_len", 8192)
+    options = KVCacheManagerOptions(**kw)  # type: ignore[arg-type]
+    return KVCacheManager(
+        KVCacheConfig(num_blocks, groups),
+        max_model_len=max_model_len,  # type: ignore[arg-type]
+        options=options,
+    )
 
 
 def admit(mgr: KVCacheManager, req: Request) -> tuple[KVCacheBlocks, int, KVCacheBlocks]:
@@ -193,21 +199,24 @@ def test_hits_must_cover_the_computed_prefix() -> None:
     assert snapshot(mgr) == before
 
 
-def test_manager_pool_refuses_ownership_changes() -> None:
+def test_manager_pool_is_a_read_only_view() -> None:
     mgr = manager()
     admit(mgr, Request("a", list(range(40)), hash_block_size=B))
     pool = mgr.block_pool
-    before = snapshot(mgr)
-    for call in (
-        lambda: pool.free_blocks([1]),
-        lambda: pool.touch([1]),
-        lambda: pool.get_new_blocks(1),
-        lambda: pool.get_new_blocks_array(1),
-        lambda: pool.cache_full_blocks([5], [b"x" * 32], 0, 1, 0),
+    assert isinstance(pool, kvcoord.BlockPoolView)
+    for name in (
+        "free_blocks",
+        "touch",
+        "get_new_blocks",
+        "get_new_blocks_array",
+        "cache_full_blocks",
+        "evict_blocks",
+        "reset_prefix_cache",
+        "take_events",
     ):
-        with pytest.raises(kvcoord.BlockStateError, match="belongs to a KVCacheManager"):
-            call()
-    assert snapshot(mgr) == before
-    pool.evict_blocks([1])  # dropping cache keys is allowed (e.g. after a failed KV load)
+        assert not hasattr(pool, name), name
+    assert pool.num_free_blocks == mgr.block_pool.num_free_blocks == 7
+    assert pool.cached_mask()[1]
+    mgr.evict_blocks([1])  # dropping cache keys goes through the manager
     assert not pool.cached_mask()[1]
     mgr.check_invariants()

@@ -51,7 +51,11 @@ class ManagerMachine(RuleBasedStateMachine):
     def setup(self, layout: str, num_blocks: int) -> None:
         specs, caching = LAYOUTS[layout]
         config = KVCacheConfig(num_blocks, tuple(KVCacheGroup(s) for s in specs))
-        self.manager = kvcoord.KVCacheManager(config, max_model_len=256, enable_caching=caching)
+        self.manager = kvcoord.KVCacheManager(
+            config,
+            max_model_len=256,
+            options=kvcoord.KVCacheManagerOptions(enable_caching=caching),
+        )
         self.num_blocks = num_blocks
         self.running: dict[str, kvcoord.Request] = {}
         self.queued: list[kvcoord.Request] = []

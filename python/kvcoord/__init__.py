@@ -14,12 +14,14 @@ from kvcoord._core import (
     AllBlocksCleared,
     BlockHashes,
     BlockPool,
+    BlockPoolView,
     BlockRemoved,
     BlockStored,
     CoordinatorKind,
     GroupSpec,
     Request,
     __version__,
+    advance_requests,
     compute_block_hashes,
     default_hash_block_size,
     none_hash,
@@ -58,7 +60,12 @@ from kvcoord.errors import (
     UnknownRequestError,
 )
 from kvcoord.hashing import HashAlgoName, LoRA, MultiModalFeature
-from kvcoord.manager import AllocateSlots, KVCacheManager, PrefixCacheStats
+from kvcoord.manager import (
+    AllocateSlots,
+    KVCacheManager,
+    KVCacheManagerOptions,
+    PrefixCacheStats,
+)
 
 __all__ = [
     "HASH_ALGOS",
@@ -66,6 +73,7 @@ __all__ = [
     "AllocateSlots",
     "BlockHashes",
     "BlockPool",
+    "BlockPoolView",
     "BlockRemoved",
     "BlockStateError",
     "BlockStored",
@@ -90,6 +98,7 @@ __all__ = [
     "KVCacheCoordinatorNoPrefixCache",
     "KVCacheGroup",
     "KVCacheManager",
+    "KVCacheManagerOptions",
     "KVCacheSpec",
     "KvCoordError",
     "LoRA",
@@ -102,6 +111,7 @@ __all__ = [
     "UnitaryKVCacheCoordinator",
     "UnknownRequestError",
     "__version__",
+    "advance_requests",
     "compute_block_hashes",
     "default_hash_block_size",
     "get_kv_cache_coordinator",

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, ClassVar, Literal, Protocol, final, overload
+from collections.abc import Iterable, Iterator, Sequence
+from typing import ClassVar, Literal, Protocol, final, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -13,13 +13,16 @@ __all__ = [
     "AllBlocksCleared",
     "BlockHashes",
     "BlockPool",
+    "BlockPoolView",
     "BlockRemoved",
     "BlockStored",
     "CoordinatorCore",
     "CoordinatorKind",
     "GroupSpec",
+    "KVCacheBlocks",
     "Request",
     "__version__",
+    "advance_requests",
     "choose_coordinator",
     "compute_block_hashes",
     "default_hash_block_size",
@@ -375,10 +378,11 @@ def none_hash(hash_algo: HashAlgoName = "sha256_cbor", hash_seed: str | None = N
 
 @final
 class CoordinatorCore:
-    """The mechanism under every coordinator policy: one :class:`BlockPool`
-    shared by one manager per KV cache group, and every request's per-group
-    block tables. Python policies (``kvcoord.coordinator``) decide which
-    lookups to run; :class:`kvcoord.KVCacheManager` is the public facade.
+    """The mechanism under every coordinator policy: one pool shared by one
+    manager per KV cache group, every request's per-group block tables and
+    the registry of live requests (by request id). Python policies
+    (``kvcoord.coordinator``) decide which lookups to run;
+    :class:`kvcoord.KVCacheManager` is the public facade.
 
     ``groups`` are the core specs of the groups (``spec.core`` of the Python
     spec dataclasses); ``kind`` is the policy. Every configuration rule is
@@ -393,13 +397,10 @@ class CoordinatorCore:
         kind: CoordinatorKind,
         hash_block_size: int | None,
         max_model_len: int,
-        result_type: Callable[[tuple[list[int], ...]], Any],
         retention_interval: int | None = None,
         enable_events: bool = False,
     ) -> None:
-        """``result_type`` builds ``allocate_slots``' result from a tuple of
-        per-group id lists (``kvcoord.KVCacheBlocks``); ``hash_block_size``
-        ``None`` takes :func:`default_hash_block_size`."""
+        """``hash_block_size`` ``None`` takes :func:`default_hash_block_size`."""
     @property
     def hash_block_size(self) -> int:
         """Tokens per hash unit."""
@@ -407,17 +408,17 @@ class CoordinatorCore:
     def scheduler_block_size(self) -> int:
         """LCM of the groups' block sizes."""
     @property
-    def empty(self) -> Any:
-        """The shared ``result_type`` value with no block in any group."""
+    def empty(self) -> KVCacheBlocks:
+        """The shared result with no block in any group."""
     @property
-    def block_pool(self) -> BlockPool:
-        """A handle on the shared pool (the same state, not a copy)."""
+    def block_pool(self) -> BlockPoolView:
+        """A read-only view of the shared pool (the same state, not a copy)."""
     @property
     def num_requests(self) -> int:
         """Requests currently holding blocks."""
     def find_longest_cache_hit(
         self, group_ids: Sequence[int], request: Request, max_length: int, alignment: int
-    ) -> tuple[list[list[int]], int]:
+    ) -> tuple[list[npt.NDArray[np.uint32]], int]:
         """Longest cached prefix for groups sharing one spec, at most
         ``max_length`` tokens, a multiple of ``alignment``: blocks per group
         (0 in skipped positions) and the hit in tokens. Pins nothing."""
@@ -426,27 +427,102 @@ class CoordinatorCore:
         request: Request,
         num_new_tokens: int,
         num_new_computed_tokens: int = 0,
-        new_computed_blocks: Any = None,
+        new_computed_blocks: KVCacheBlocks | Sequence[BlockIds] | None = None,
         num_lookahead_tokens: int = 0,
         num_encoder_tokens: int = 0,
         delay_cache_blocks: bool = False,
-    ) -> Any:
+    ) -> KVCacheBlocks | None:
         """One scheduler step for ``request`` in every group: release blocks
-        that left the window, adopt the hits (first allocation; a
-        ``result_type`` value or a sequence of id lists), allocate, cache the
-        newly full blocks. New ids per group as a ``result_type`` value
-        (:attr:`empty` when no group got a new block); ``None`` when the pool
-        cannot hold them (nothing changed)."""
+        that left the window, adopt the hits (first allocation), allocate,
+        cache the newly full blocks. New ids per group (:attr:`empty` when no
+        group got a new block); ``None`` when the pool cannot hold them
+        (nothing changed)."""
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """Cache the request's full blocks within its first ``num_tokens`` tokens."""
     def free(self, request_id: str) -> bool:
         """Release the request's blocks (tail first); False for an unknown id."""
-    def block_ids(self, request_id: str) -> list[list[int]] | None:
-        """The request's block table per group, or None for an unknown id."""
-    def num_common_prefix_blocks(self, request_id: str) -> list[int] | None:
+    def blocks(self, request_id: str) -> KVCacheBlocks:
+        """The request's block table per group (raises ``UnknownRequestError``)."""
+    def num_common_prefix_blocks(self, request_id: str) -> list[int]:
         """Per group, leading blocks shared by every running request."""
+    def evict_blocks(self, block_ids: BlockIds) -> None:
+        """Drop these blocks' prefix-cache keys (they stay allocated)."""
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix; False (and a warning) while blocks are in use."""
+    def take_events(self) -> list[BlockStored | BlockRemoved | AllBlocksCleared]:
+        """Drain the pool's KV-cache events."""
     def check_invariants(self) -> None:
         """Check every block-table and pool invariant (raises ``InvariantError``)."""
+
+@final
+class KVCacheBlocks:
+    """Block ids per KV cache group, immutable (see ``kvcoord.blocks``)."""
+
+    def __init__(self, per_group: Iterable[BlockIds]) -> None:
+        """Validated: one sequence of ints or integer array per group."""
+    @classmethod
+    def from_lists(cls, per_group_lists: Iterable[Sequence[int]]) -> KVCacheBlocks:
+        """Raises ``InvalidBlockIdError`` (negative / not 32-bit) or ``TypeError``."""
+    @classmethod
+    def from_arrays(cls, per_group_arrays: Iterable[npt.NDArray[np.integer]]) -> KVCacheBlocks:
+        """Raises ``InvalidBlockIdError`` or ``TypeError`` (not a 1-D integer array)."""
+    @classmethod
+    def empty(cls, num_groups: int) -> KVCacheBlocks:
+        """No block in any of ``num_groups`` groups."""
+    @property
+    def num_groups(self) -> int: ...
+    @property
+    def flat(self) -> npt.NDArray[np.int32]:
+        """All groups' ids, group 0 first (read-only)."""
+    @property
+    def offsets(self) -> npt.NDArray[np.int64]:
+        """Group ``g`` is ``flat[offsets[g]:offsets[g+1]]``."""
+    def arrays(self) -> tuple[npt.NDArray[np.int32], ...]:
+        """One read-only ``int32`` array per group (views of :attr:`flat`)."""
+    def get_block_ids(self) -> tuple[list[int], ...]:
+        """Fresh lists per group (vLLM's shape; not for hot paths)."""
+    def is_empty(self) -> bool: ...
+    def __eq__(self, value: object, /) -> bool: ...
+    def __add__(self, value: KVCacheBlocks, /) -> KVCacheBlocks: ...
+    def __radd__(self, value: KVCacheBlocks, /) -> KVCacheBlocks: ...
+
+@final
+class BlockPoolView:
+    """A manager's pool, read-only: its blocks move through the manager."""
+
+    @property
+    def num_blocks(self) -> int: ...
+    @property
+    def num_free_blocks(self) -> int: ...
+    @property
+    def usage(self) -> float: ...
+    @property
+    def num_cached_blocks(self) -> int: ...
+    @property
+    def num_evictions(self) -> int: ...
+    @property
+    def enable_caching(self) -> bool: ...
+    @property
+    def hash_block_size(self) -> int: ...
+    @property
+    def enable_events(self) -> bool: ...
+    @property
+    def metadata_bytes(self) -> int: ...
+    def get_cached_block(self, block_hash: bytes, group_ids: Sequence[int]) -> list[int] | None: ...
+    def free_block_ids(self) -> npt.NDArray[np.uint32]: ...
+    def ref_counts(self) -> npt.NDArray[np.uint32]: ...
+    def cached_mask(self) -> npt.NDArray[np.bool_]: ...
+    def block_hash(self, block_id: int) -> tuple[bytes, int] | None: ...
+    def check_invariants(self) -> None: ...
+
+def advance_requests(
+    requests: list[Request],
+    num_computed: Sequence[int] | npt.NDArray[np.integer],
+    new_tokens: Sequence[int] | npt.NDArray[np.integer] | None = None,
+) -> None:
+    """One step's bookkeeping for many requests: ``num_computed_tokens +=
+    num_computed[i]``, then append ``new_tokens[i]`` where given and >= 0.
+    Everything is checked before any request changes."""
 
 @final
 class GroupSpec:

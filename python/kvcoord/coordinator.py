@@ -20,8 +20,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from kvcoord._core import BlockPool, CoordinatorCore, CoordinatorKind, Request, choose_coordinator
-from kvcoord.blocks import KVCacheBlocks
+import numpy as np
+import numpy.typing as npt
+
+from kvcoord._core import (
+    BlockPoolView,
+    CoordinatorCore,
+    CoordinatorKind,
+    Request,
+    choose_coordinator,
+)
 from kvcoord.config import KVCacheConfig, KVCacheSpec, as_bool, as_i64
 from kvcoord.errors import ConfigError
 
@@ -33,7 +41,8 @@ __all__ = [
     "get_kv_cache_coordinator",
 ]
 
-BlockIdsPerGroup = tuple[list[int], ...]
+#: Hit blocks per group: read-only ``uint32`` arrays from the core.
+BlockIdsPerGroup = tuple[npt.NDArray[np.uint32], ...]
 
 
 class KVCacheCoordinator:
@@ -74,7 +83,6 @@ class KVCacheCoordinator:
             kind=self.kind,
             hash_block_size=hash_block_size,
             max_model_len=max_model_len,
-            result_type=KVCacheBlocks,
             retention_interval=config.prefix_cache_retention_interval,
             enable_events=enable_events,
         )
@@ -83,9 +91,9 @@ class KVCacheCoordinator:
         self.scheduler_block_size: int = self.core.scheduler_block_size
 
     @property
-    def block_pool(self) -> BlockPool:
-        """The pool shared by every group."""
-        pool: BlockPool = self.core.block_pool
+    def block_pool(self) -> BlockPoolView:
+        """The pool shared by every group (read-only)."""
+        pool: BlockPoolView = self.core.block_pool
         return pool
 
     @property
@@ -93,7 +101,7 @@ class KVCacheCoordinator:
         return len(self.config.groups)
 
     def empty_hit(self) -> BlockIdsPerGroup:
-        return tuple([] for _ in range(self.num_groups))
+        return tuple(np.zeros(0, np.uint32) for _ in range(self.num_groups))
 
     def find_longest_cache_hit(
         self, request: Request, max_length: int
@@ -204,7 +212,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
     def find_longest_cache_hit(
         self, request: Request, max_length: int
     ) -> tuple[BlockIdsPerGroup, int]:
-        hit_blocks: list[list[int]] = [[] for _ in range(self.num_groups)]
+        hit_blocks = list(self.empty_hit())
         full_lengths: dict[int, int] = {}
         candidate = max_length
         while True:
@@ -230,7 +238,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
             sg = self.spec_groups[index]
             keep = -(-candidate // sg.spec.block_size)
             for gid in sg.group_ids:
-                del hit_blocks[gid][keep:]
+                hit_blocks[gid] = hit_blocks[gid][:keep]
         return tuple(hit_blocks), candidate
 
 

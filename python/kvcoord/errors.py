@@ -13,7 +13,6 @@ __all__ = [
     "BlockStateError",
     "BlockTableError",
     "BlockTableIndexError",
-    "ConcurrentUseError",
     "ConfigError",
     "ConfigTypeError",
     "InvalidArgumentError",
@@ -93,12 +92,6 @@ class BlockTableError(KvCoordError, ValueError):
 class BlockTableIndexError(BlockTableError, IndexError):
     """A block-table row, request count or token position is out of range
     (also an ``IndexError``). The table is left exactly as it was."""
-
-
-class ConcurrentUseError(KvCoordError, RuntimeError):
-    """A call found its manager or pool busy in another call that did not
-    finish in time (see the README's threading contract); nothing changed.
-    Also a ``RuntimeError``."""
 
 
 class InvariantError(KvCoordError, AssertionError):

@@ -13,16 +13,26 @@ decode step is one call into Rust whatever the number of groups.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
-from kvcoord._core import BlockPool, Request
-from kvcoord.blocks import KVCacheBlocks
-from kvcoord.config import KVCacheConfig, as_bool
-from kvcoord.coordinator import KVCacheCoordinator, get_kv_cache_coordinator
-from kvcoord.errors import ArgumentTypeError, ConfigError, ConfigTypeError, UnknownRequestError
+import numpy as np
+import numpy.typing as npt
 
-__all__ = ["AllocateSlots", "KVCacheBlocks", "KVCacheManager", "PrefixCacheStats"]
+from kvcoord._core import BlockPoolView, Request, advance_requests
+from kvcoord.blocks import KVCacheBlocks
+from kvcoord.config import KVCacheConfig, as_bool, as_i64
+from kvcoord.coordinator import KVCacheCoordinator, get_kv_cache_coordinator
+from kvcoord.errors import ArgumentTypeError, ConfigError, ConfigTypeError
+
+__all__ = [
+    "AllocateSlots",
+    "KVCacheBlocks",
+    "KVCacheManager",
+    "KVCacheManagerOptions",
+    "PrefixCacheStats",
+]
 
 
 class AllocateSlots(Protocol):
@@ -55,6 +65,36 @@ class AllocateSlots(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class KVCacheManagerOptions:
+    """How a :class:`KVCacheManager` runs (one frozen object instead of a row
+    of flags).
+
+    Attributes:
+        enable_caching: prefix caching on/off.
+        hash_block_size: tokens per hash unit; ``None`` for the core's
+            default (:func:`kvcoord.default_hash_block_size`: the block size
+            with one group, the GCD of the groups' block sizes with several).
+        enable_events: record KV-cache events (see
+            :meth:`KVCacheManager.take_events`).
+        log_stats: keep prefix-cache hit statistics.
+    """
+
+    enable_caching: bool = True
+    hash_block_size: int | None = None
+    enable_events: bool = False
+    log_stats: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("enable_caching", "enable_events", "log_stats"):
+            as_bool(getattr(self, name), f"KVCacheManagerOptions.{name}")
+        h = self.hash_block_size
+        if h is not None:
+            # Type and 64-bit range here; the value's rules are the core's.
+            h = as_i64(h, "KVCacheManagerOptions.hash_block_size")
+            object.__setattr__(self, "hash_block_size", h)
+
+
 @dataclass(slots=True)
 class PrefixCacheStats:
     """Prefix-cache lookups since the last :meth:`KVCacheManager.make_prefix_cache_stats`."""
@@ -63,8 +103,6 @@ class PrefixCacheStats:
     queries: int = 0  # prompt tokens looked up
     hits: int = 0  # tokens served from the cache
     reset: bool = False
-    preempted_requests: int = 0
-    history: list[tuple[int, int]] = field(default_factory=list, repr=False)
 
     @property
     def hit_rate(self) -> float:
@@ -80,11 +118,8 @@ class KVCacheManager:
     Args:
         config: the pool size and KV cache groups.
         max_model_len: longest sequence a request may reach (tokens).
-        enable_caching: prefix caching on/off.
-        hash_block_size: tokens per hash unit; by default the block size
-            (one group) or the GCD of the groups' block sizes.
-        enable_events: record KV-cache events (see :meth:`take_events`).
-        log_stats: keep prefix-cache hit statistics.
+        options: caching, hash unit, events, statistics
+            (:class:`KVCacheManagerOptions`; its defaults when omitted).
     """
 
     def __init__(
@@ -92,35 +127,36 @@ class KVCacheManager:
         config: KVCacheConfig,
         *,
         max_model_len: int,
-        enable_caching: bool = True,
-        hash_block_size: int | None = None,
-        enable_events: bool = False,
-        log_stats: bool = True,
+        options: KVCacheManagerOptions | None = None,
     ) -> None:
         if not isinstance(config, KVCacheConfig):
             raise ConfigTypeError(f"config must be a KVCacheConfig, got {type(config).__name__}")
-        enable_caching = as_bool(enable_caching, "enable_caching")
-        enable_events = as_bool(enable_events, "enable_events")
-        log_stats = as_bool(log_stats, "log_stats")
+        options = KVCacheManagerOptions() if options is None else options
+        if not isinstance(options, KVCacheManagerOptions):
+            raise ConfigTypeError(
+                f"options must be a KVCacheManagerOptions, got {type(options).__name__}"
+            )
         self.config = config
+        self.options = options
         self.max_model_len = max_model_len
         self.coordinator: KVCacheCoordinator = get_kv_cache_coordinator(
             config,
             max_model_len=max_model_len,
-            enable_caching=enable_caching,
-            hash_block_size=hash_block_size,
-            enable_events=enable_events,
+            enable_caching=options.enable_caching,
+            hash_block_size=options.hash_block_size,
+            enable_events=options.enable_events,
         )
-        self.enable_caching = enable_caching
+        self.enable_caching = options.enable_caching
         self.hash_block_size = self.coordinator.hash_block_size
         self._core = self.coordinator.core
         # The per-step call goes straight to Rust: one boundary crossing and
         # no Python frame (see `AllocateSlots` for its documentation).
         self.allocate_slots: AllocateSlots = self._core.allocate_slots
-        self._pool = self.coordinator.block_pool  # a handle on the shared pool, made once
-        self._num_groups = len(config.groups)
+        self._pool = self._core.block_pool  # a read-only view, made once
         self._empty: KVCacheBlocks = self._core.empty
-        self.prefix_cache_stats: PrefixCacheStats | None = PrefixCacheStats() if log_stats else None
+        self.prefix_cache_stats: PrefixCacheStats | None = (
+            PrefixCacheStats() if options.log_stats else None
+        )
 
     # ---- the scheduler's four questions --------------------------------
 
@@ -141,7 +177,9 @@ class KVCacheManager:
             self.prefix_cache_stats.requests += 1
             self.prefix_cache_stats.queries += request.num_tokens
             self.prefix_cache_stats.hits += num_hit_tokens
-        return KVCacheBlocks(blocks), num_hit_tokens
+        if not num_hit_tokens:
+            return self._empty, 0
+        return KVCacheBlocks.from_arrays(blocks), num_hit_tokens
 
     def free(self, request: Request) -> None:
         """Release every block of ``request`` (tail first, so its deepest
@@ -154,38 +192,52 @@ class KVCacheManager:
         if self.enable_caching:
             self._core.cache_blocks(request, num_computed_tokens)
 
+    @staticmethod
+    def advance_requests(
+        requests: list[Request],
+        num_computed: Sequence[int] | npt.NDArray[np.integer],
+        new_tokens: Sequence[int] | npt.NDArray[np.integer] | None = None,
+    ) -> None:
+        """One step's bookkeeping in one call: for each request,
+        ``num_computed_tokens += num_computed[i]``, then append
+        ``new_tokens[i]`` when it is given and ``>= 0`` (a request that
+        sampled nothing this step passes ``-1``). All-or-nothing."""
+        advance_requests(requests, num_computed, new_tokens)
+
     # ---- inspection --------------------------------------------------------
 
     def get_blocks(self, request_id: str) -> KVCacheBlocks:
-        """The request's whole block table per group (0 marks null positions)."""
-        return KVCacheBlocks(self.get_block_ids(request_id))
-
-    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
-        """The request's block ids per group.
+        """The request's whole block table per group (0 marks null positions);
+        ``.arrays()`` / ``.flat`` are the fast form.
 
         Raises:
             UnknownRequestError: the manager holds no blocks for this id.
         """
-        ids = self._core.block_ids(_request_id(request_id))
-        if ids is None:
-            raise UnknownRequestError(f"no request {request_id!r} in the KV cache manager")
-        return tuple(ids)
+        blocks: KVCacheBlocks = self._core.blocks(_request_id(request_id))
+        return blocks
+
+    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
+        """The request's block ids per group as fresh lists (vLLM's return
+        type; for hot paths use :meth:`get_blocks` and its arrays).
+
+        Raises:
+            UnknownRequestError: the manager holds no blocks for this id.
+        """
+        return self.get_blocks(request_id).get_block_ids()
 
     def get_num_common_prefix_blocks(self, request_id: str) -> list[int]:
         """Per group, how many leading blocks of this request are shared by
         every running request (usable for cascade attention)."""
-        counts = self._core.num_common_prefix_blocks(_request_id(request_id))
-        if counts is None:
-            raise UnknownRequestError(f"no request {request_id!r} in the KV cache manager")
-        return list(counts)
+        return list(self._core.num_common_prefix_blocks(_request_id(request_id)))
 
     @property
     def num_running_requests(self) -> int:
         return int(self._core.num_requests)
 
     @property
-    def block_pool(self) -> BlockPool:
-        """The pool shared by every group."""
+    def block_pool(self) -> BlockPoolView:
+        """The pool shared by every group, read-only (blocks move through
+        the manager)."""
         return self._pool
 
     @property
@@ -195,7 +247,7 @@ class KVCacheManager:
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix; refused (False) while blocks are in use."""
-        ok = bool(self.block_pool.reset_prefix_cache())
+        ok = bool(self._core.reset_prefix_cache())
         if ok and self.prefix_cache_stats is not None:
             self.prefix_cache_stats.reset = True
         return ok
@@ -210,11 +262,11 @@ class KVCacheManager:
 
     def take_events(self) -> list[object]:
         """Drain the pool's KV-cache events (empty unless ``enable_events``)."""
-        return list(self.block_pool.take_events())
+        return list(self._core.take_events())
 
-    def evict_blocks(self, block_ids: list[int]) -> None:
+    def evict_blocks(self, block_ids: Sequence[int] | npt.NDArray[np.integer]) -> None:
         """Drop these blocks from the prefix cache (e.g. after a failed KV load)."""
-        self.block_pool.evict_blocks(block_ids)
+        self._core.evict_blocks(block_ids)
 
     def check_invariants(self) -> None:
         """Check pool and block-table invariants (tests and debugging)."""

@@ -37,7 +37,7 @@ from typing import Any
 
 from kvcoord.config import KVCacheConfig
 from kvcoord.hashing import HashAlgoName
-from kvcoord.manager import KVCacheManager
+from kvcoord.manager import KVCacheManager, KVCacheManagerOptions
 from kvcoord.replay.bestcase import BestCase, BestCaseTracker
 from kvcoord.replay.layouts import Layout
 from kvcoord.replay.workloads import Workload, WorkloadRequest
@@ -128,7 +128,7 @@ def make_manager(layout: Layout, num_blocks: int, max_model_len: int) -> KVCache
     return KVCacheManager(
         build_config(layout, num_blocks),
         max_model_len=max_model_len,
-        enable_caching=layout.enable_caching,
+        options=KVCacheManagerOptions(enable_caching=layout.enable_caching),
     )
 
 

@@ -24,6 +24,7 @@ use crate::error::{KvError, KvResult};
 use crate::ids::{BlockId, GroupId, ReqId};
 use crate::managers::{CachePolicy, GroupSpec, GroupTable, Manager};
 use crate::pool::{BlockPool, PoolConfig};
+use crate::request::{Request, RequestRegistry};
 use crate::retention::validate_retention_interval;
 
 /// Which coordinator policy serves a configuration (vLLM's
@@ -301,6 +302,43 @@ impl<'a> RequestView<'a> {
     }
 }
 
+/// The per-step numbers of one `allocate_slots` call (vLLM's keyword
+/// arguments), so that the core's signatures stay short.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct AllocateArgs {
+    /// Tokens to make room for in this step (> 0 unless hits are adopted).
+    pub num_new_tokens: usize,
+    /// Prefix-cache hit tokens adopted with `new_computed_blocks`.
+    pub num_new_computed_tokens: usize,
+    /// Speculative tokens that need slots but are never cached.
+    pub num_lookahead_tokens: usize,
+    /// Encoder tokens (sizes cross-attention groups).
+    pub num_encoder_tokens: usize,
+    /// Skip caching the newly full blocks this step.
+    pub delay_cache_blocks: bool,
+}
+
+impl AllocateArgs {
+    /// `num_new_tokens` new tokens, nothing else.
+    pub const fn new(num_new_tokens: usize) -> Self {
+        Self {
+            num_new_tokens,
+            num_new_computed_tokens: 0,
+            num_lookahead_tokens: 0,
+            num_encoder_tokens: 0,
+            delay_cache_blocks: false,
+        }
+    }
+
+    /// Adopting a prefix-cache hit of `num_new_computed_tokens` tokens.
+    pub const fn with_hit(num_new_tokens: usize, num_new_computed_tokens: usize) -> Self {
+        Self {
+            num_new_computed_tokens,
+            ..Self::new(num_new_tokens)
+        }
+    }
+}
+
 /// Newly allocated blocks of one `allocate_slots` call, per group, in one
 /// flat reusable buffer.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -374,6 +412,9 @@ pub struct CoordinatorCore {
     mask_buf: Vec<bool>,
     /// Output buffer of [`allocate_slots`](Self::allocate_slots).
     out: NewBlocks,
+    /// Scheduler ids of the tracked requests. Invariant: its ids are exactly
+    /// the keys of `requests`.
+    registry: RequestRegistry,
 }
 
 impl CoordinatorCore {
@@ -406,6 +447,7 @@ impl CoordinatorCore {
             scratch: Vec::new(),
             mask_buf: Vec::new(),
             out: NewBlocks::new(),
+            registry: RequestRegistry::default(),
         })
     }
 
@@ -458,6 +500,79 @@ impl CoordinatorCore {
     /// `req`'s block tables, by group (null block in skipped positions).
     pub fn block_ids(&self, req: ReqId) -> KvResult<Vec<&[BlockId]>> {
         Ok(self.tables(req)?.iter().map(GroupTable::blocks).collect())
+    }
+
+    // ---- requests by scheduler id -----------------------------------------
+
+    fn req_of(&self, id: &str) -> KvResult<ReqId> {
+        self.registry
+            .get(id)
+            .ok_or_else(|| KvError::NoSuchRequest(id.to_owned()))
+    }
+
+    /// [`allocate_slots_into`](Self::allocate_slots_into) for a request
+    /// known by its scheduler id (registered on its first successful
+    /// allocation).
+    pub fn allocate_request(
+        &mut self,
+        request: &Request,
+        args: &AllocateArgs,
+        new_computed_blocks: Option<&[Vec<BlockId>]>,
+        out: &mut NewBlocks,
+    ) -> KvResult<bool> {
+        self.check_hash_unit(request)?;
+        let req = self.registry.peek(request.id());
+        let ok = self.allocate_slots_into(req, &request.view(), args, new_computed_blocks, out)?;
+        if ok {
+            self.registry.insert(request.id(), req);
+        }
+        Ok(ok)
+    }
+
+    /// [`cache_blocks`](Self::cache_blocks) for a live request.
+    pub fn cache_request(&mut self, request: &Request, num_tokens: usize) -> KvResult<()> {
+        self.check_hash_unit(request)?;
+        let req = self.req_of(request.id())?;
+        self.cache_blocks(req, &request.view(), num_tokens)
+    }
+
+    /// With caching on, a request must be hashed in this coordinator's hash
+    /// unit: its hashes would otherwise be cached under wrong keys.
+    fn check_hash_unit(&self, request: &Request) -> KvResult<()> {
+        let unit = request.hasher().config().block_size();
+        let mine = self.config.hash_block_size as usize;
+        if self.config.enable_caching() && unit != mine {
+            return Err(KvError::InvalidConfig {
+                name: "hash_block_size",
+                value: unit.to_string(),
+                rule: format!(
+                    "request {:?} is hashed in units of {unit} tokens but this manager uses \
+                     hash_block_size={mine}",
+                    request.id()
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Free a request by scheduler id; `false` (and nothing done) for an
+    /// unknown or already freed id, as in vLLM.
+    pub fn free_request(&mut self, id: &str) -> KvResult<bool> {
+        match self.registry.remove(id) {
+            Some(req) => self.free(req),
+            None => Ok(false),
+        }
+    }
+
+    /// A live request's block tables, by group.
+    pub fn request_block_ids(&self, id: &str) -> KvResult<Vec<&[BlockId]>> {
+        self.block_ids(self.req_of(id)?)
+    }
+
+    /// Per group, how many leading blocks of a live request are shared by
+    /// every live request (cascade attention).
+    pub fn request_common_prefix_blocks(&self, id: &str) -> KvResult<Vec<usize>> {
+        self.get_num_common_prefix_blocks(self.req_of(id)?, self.requests.len())
     }
 
     // ---- lookups ------------------------------------------------------
@@ -556,30 +671,15 @@ impl CoordinatorCore {
     ///
     /// Returns the newly allocated blocks per group, or `None` when the pool
     /// cannot hold them (nothing allocated, hits not pinned).
-    #[allow(clippy::too_many_arguments)]
     pub fn allocate_slots(
         &mut self,
         req: ReqId,
         view: &RequestView<'_>,
-        num_new_tokens: usize,
-        num_new_computed_tokens: usize,
+        args: &AllocateArgs,
         new_computed_blocks: Option<&[Vec<BlockId>]>,
-        num_lookahead_tokens: usize,
-        num_encoder_tokens: usize,
-        delay_cache_blocks: bool,
     ) -> KvResult<Option<Vec<Vec<BlockId>>>> {
         let mut out = std::mem::take(&mut self.out);
-        let res = self.allocate_slots_into(
-            req,
-            view,
-            num_new_tokens,
-            num_new_computed_tokens,
-            new_computed_blocks,
-            num_lookahead_tokens,
-            num_encoder_tokens,
-            delay_cache_blocks,
-            &mut out,
-        );
+        let res = self.allocate_slots_into(req, view, args, new_computed_blocks, &mut out);
         let ret = res.map(|ok| ok.then(|| out.to_vecs()));
         self.out = out;
         ret
@@ -588,20 +688,22 @@ impl CoordinatorCore {
     /// [`allocate_slots`](Self::allocate_slots) into a reusable buffer;
     /// returns `false` (and leaves `out` empty) when the blocks do not fit.
     /// A decode step that needs no new block allocates nothing.
-    #[allow(clippy::too_many_arguments)]
     pub fn allocate_slots_into(
         &mut self,
         req: ReqId,
         view: &RequestView<'_>,
-        num_new_tokens: usize,
-        num_new_computed_tokens: usize,
+        args: &AllocateArgs,
         new_computed_blocks: Option<&[Vec<BlockId>]>,
-        num_lookahead_tokens: usize,
-        num_encoder_tokens: usize,
-        delay_cache_blocks: bool,
         out: &mut NewBlocks,
     ) -> KvResult<bool> {
         out.clear();
+        let AllocateArgs {
+            num_new_tokens,
+            num_new_computed_tokens,
+            num_lookahead_tokens,
+            num_encoder_tokens,
+            delay_cache_blocks,
+        } = *args;
         let arg = |name, detail: String| KvError::InvalidArgument { name, detail };
         // Every count is below 2^48, so the sums below cannot wrap.
         crate::limits::check_step(
@@ -835,6 +937,13 @@ impl CoordinatorCore {
                 }
             }
         }
+        if self.registry.len() > self.requests.len() {
+            return Err(format!(
+                "{} request ids registered but {} requests tracked",
+                self.registry.len(),
+                self.requests.len()
+            ));
+        }
         for (i, (have, want)) in self.pool.ref_counts().zip(&owners).enumerate() {
             if have != *want {
                 return Err(format!(
@@ -1050,12 +1159,14 @@ mod tests {
             .allocate_slots(
                 r.id,
                 &r.view(),
-                r.tokens.len() - hit,
-                hit,
+                &AllocateArgs {
+                    num_new_tokens: r.tokens.len() - hit,
+                    num_new_computed_tokens: hit,
+                    num_lookahead_tokens: 0,
+                    num_encoder_tokens: 0,
+                    delay_cache_blocks: false,
+                },
                 Some(&hits),
-                0,
-                0,
-                false,
             )
             .unwrap()?;
         r.computed = r.tokens.len();
@@ -1112,7 +1223,18 @@ mod tests {
         r.tokens.extend(1000..1004);
         r.hashes = hashes(&r.tokens, 16);
         let new = c
-            .allocate_slots(r.id, &r.view(), 4, 0, None, 0, 0, false)
+            .allocate_slots(
+                r.id,
+                &r.view(),
+                &AllocateArgs {
+                    num_new_tokens: 4,
+                    num_new_computed_tokens: 0,
+                    num_lookahead_tokens: 0,
+                    num_encoder_tokens: 0,
+                    delay_cache_blocks: false,
+                },
+                None,
+            )
             .unwrap()
             .unwrap();
         assert!(new[0].is_empty());
@@ -1121,7 +1243,18 @@ mod tests {
         r.tokens.extend(2000..2019);
         r.hashes = hashes(&r.tokens, 16);
         let new = c
-            .allocate_slots(r.id, &r.view(), 19, 0, None, 0, 0, false)
+            .allocate_slots(
+                r.id,
+                &r.view(),
+                &AllocateArgs {
+                    num_new_tokens: 19,
+                    num_new_computed_tokens: 0,
+                    num_lookahead_tokens: 0,
+                    num_encoder_tokens: 0,
+                    delay_cache_blocks: false,
+                },
+                None,
+            )
             .unwrap()
             .unwrap();
         assert_eq!(ids(&new[0]), [5]);
@@ -1207,7 +1340,18 @@ mod tests {
             .unwrap();
         assert_eq!(hit, 96);
         let res = c
-            .allocate_slots(r3.id, &r3.view(), 48, 96, Some(&hits), 0, 0, false)
+            .allocate_slots(
+                r3.id,
+                &r3.view(),
+                &AllocateArgs {
+                    num_new_tokens: 48,
+                    num_new_computed_tokens: 96,
+                    num_lookahead_tokens: 0,
+                    num_encoder_tokens: 0,
+                    delay_cache_blocks: false,
+                },
+                Some(&hits),
+            )
             .unwrap();
         assert_eq!(res, None);
         assert_eq!(refs(&c, &ids(&hits[0])), [1, 1, 1, 0, 0, 0]);
@@ -1238,7 +1382,18 @@ mod tests {
         let mut c = CoordinatorCore::new(cfg).unwrap();
         let r = Req::new(0, (0..40).collect(), 16);
         let err = c
-            .allocate_slots(r.id, &r.view(), 0, 0, None, 0, 0, false)
+            .allocate_slots(
+                r.id,
+                &r.view(),
+                &AllocateArgs {
+                    num_new_tokens: 0,
+                    num_new_computed_tokens: 0,
+                    num_lookahead_tokens: 0,
+                    num_encoder_tokens: 0,
+                    delay_cache_blocks: false,
+                },
+                None,
+            )
             .unwrap_err();
         assert!(
             err.to_string()
@@ -1246,12 +1401,34 @@ mod tests {
             "{err}"
         );
         let new = c
-            .allocate_slots(r.id, &r.view(), 40, 0, None, 20, 0, false)
+            .allocate_slots(
+                r.id,
+                &r.view(),
+                &AllocateArgs {
+                    num_new_tokens: 40,
+                    num_new_computed_tokens: 0,
+                    num_lookahead_tokens: 20,
+                    num_encoder_tokens: 0,
+                    delay_cache_blocks: false,
+                },
+                None,
+            )
             .unwrap()
             .unwrap();
         assert_eq!(new[0].len(), 3);
         let err = c
-            .allocate_slots(r.id, &r.view(), 41, 0, None, 0, 0, false)
+            .allocate_slots(
+                r.id,
+                &r.view(),
+                &AllocateArgs {
+                    num_new_tokens: 41,
+                    num_new_computed_tokens: 0,
+                    num_lookahead_tokens: 0,
+                    num_encoder_tokens: 0,
+                    delay_cache_blocks: false,
+                },
+                None,
+            )
             .unwrap_err();
         assert!(matches!(err, KvError::InvalidArgument { .. }));
         c.check_invariants().unwrap();
@@ -1266,19 +1443,63 @@ mod tests {
         let before = queue(&c);
         // Wrong number of hit lists, out-of-range id, hits for a running request.
         assert!(c
-            .allocate_slots(r1.id, &r1.view(), 8, 32, Some(&[]), 0, 0, false)
+            .allocate_slots(
+                r1.id,
+                &r1.view(),
+                &AllocateArgs {
+                    num_new_tokens: 8,
+                    num_new_computed_tokens: 32,
+                    num_lookahead_tokens: 0,
+                    num_encoder_tokens: 0,
+                    delay_cache_blocks: false
+                },
+                Some(&[])
+            )
             .is_err());
         let far = vec![vec![BlockId(99)]];
         assert!(c
-            .allocate_slots(r1.id, &r1.view(), 24, 16, Some(&far), 0, 0, false)
+            .allocate_slots(
+                r1.id,
+                &r1.view(),
+                &AllocateArgs {
+                    num_new_tokens: 24,
+                    num_new_computed_tokens: 16,
+                    num_lookahead_tokens: 0,
+                    num_encoder_tokens: 0,
+                    delay_cache_blocks: false
+                },
+                Some(&far)
+            )
             .is_err());
         let hit = vec![vec![BlockId(1)]];
         assert!(c
-            .allocate_slots(r0.id, &r0.view(), 1, 16, Some(&hit), 0, 0, false)
+            .allocate_slots(
+                r0.id,
+                &r0.view(),
+                &AllocateArgs {
+                    num_new_tokens: 1,
+                    num_new_computed_tokens: 16,
+                    num_lookahead_tokens: 0,
+                    num_encoder_tokens: 0,
+                    delay_cache_blocks: false
+                },
+                Some(&hit)
+            )
             .is_err());
         // A partial-block hit.
         assert!(matches!(
-            c.allocate_slots(r1.id, &r1.view(), 24, 8, Some(&hit), 0, 0, false),
+            c.allocate_slots(
+                r1.id,
+                &r1.view(),
+                &AllocateArgs {
+                    num_new_tokens: 24,
+                    num_new_computed_tokens: 8,
+                    num_lookahead_tokens: 0,
+                    num_encoder_tokens: 0,
+                    delay_cache_blocks: false
+                },
+                Some(&hit)
+            ),
             Err(KvError::Unsupported { .. })
         ));
         assert_eq!(queue(&c), before);
@@ -1360,7 +1581,18 @@ mod tests {
         let mut c = CoordinatorCore::new(cfg).unwrap();
         let r = Req::new(0, (0..112).collect(), 16);
         let new = c
-            .allocate_slots(r.id, &r.view(), 112, 0, None, 0, 0, false)
+            .allocate_slots(
+                r.id,
+                &r.view(),
+                &AllocateArgs {
+                    num_new_tokens: 112,
+                    num_new_computed_tokens: 0,
+                    num_lookahead_tokens: 0,
+                    num_encoder_tokens: 0,
+                    delay_cache_blocks: false,
+                },
+                None,
+            )
             .unwrap()
             .unwrap();
         assert_eq!((new[0].len(), new[1].len()), (4, 7));
@@ -1405,7 +1637,18 @@ mod tests {
             let mut c = CoordinatorCore::new(cfg).unwrap();
             let r = Req::new(0, (0..len as u32).collect(), 8);
             let new = c
-                .allocate_slots(r.id, &r.view(), len, 0, None, 0, 0, false)
+                .allocate_slots(
+                    r.id,
+                    &r.view(),
+                    &AllocateArgs {
+                        num_new_tokens: len,
+                        num_new_computed_tokens: 0,
+                        num_lookahead_tokens: 0,
+                        num_encoder_tokens: 0,
+                        delay_cache_blocks: false,
+                    },
+                    None,
+                )
                 .unwrap()
                 .unwrap();
             let keyed: Vec<usize> = (0..new[1].len())
@@ -1432,14 +1675,36 @@ mod tests {
         let mut c = CoordinatorCore::new(cfg).unwrap();
         let mut r = Req::new(0, (0..10).collect(), 4);
         let new = c
-            .allocate_slots(r.id, &r.view(), 10, 0, None, 0, 6, false)
+            .allocate_slots(
+                r.id,
+                &r.view(),
+                &AllocateArgs {
+                    num_new_tokens: 10,
+                    num_new_computed_tokens: 0,
+                    num_lookahead_tokens: 0,
+                    num_encoder_tokens: 6,
+                    delay_cache_blocks: false,
+                },
+                None,
+            )
             .unwrap()
             .unwrap();
         assert_eq!(new.iter().map(Vec::len).collect::<Vec<_>>(), [3, 4, 2]);
         r.computed = 10;
         r.tokens.push(7);
         let new = c
-            .allocate_slots(r.id, &r.view(), 1, 0, None, 0, 6, false)
+            .allocate_slots(
+                r.id,
+                &r.view(),
+                &AllocateArgs {
+                    num_new_tokens: 1,
+                    num_new_computed_tokens: 0,
+                    num_lookahead_tokens: 0,
+                    num_encoder_tokens: 6,
+                    delay_cache_blocks: false,
+                },
+                None,
+            )
             .unwrap()
             .unwrap();
         assert_eq!(new.iter().map(Vec::len).collect::<Vec<_>>(), [0, 0, 0]);

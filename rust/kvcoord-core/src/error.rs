@@ -53,6 +53,8 @@ pub enum KvError {
     /// The request has no blocks in the coordinator (never allocated, or
     /// already freed).
     UnknownRequest(ReqId),
+    /// No live request has this scheduler id (never allocated, or freed).
+    NoSuchRequest(String),
     /// A group id is not below the number of groups.
     UnknownGroup(GroupId),
     /// The operation is not supported for this kind of group (for example a
@@ -113,6 +115,9 @@ impl fmt::Display for KvError {
             ),
             Self::InvalidArgument { name, detail } => write!(f, "invalid {name}: {detail}"),
             Self::UnknownRequest(r) => write!(f, "request {r} holds no blocks"),
+            Self::NoSuchRequest(id) => {
+                write!(f, "no request '{id}' in the KV cache manager")
+            }
             Self::UnknownGroup(g) => write!(f, "no KV cache group {g}"),
             Self::Unsupported { what } => write!(f, "not supported: {what}"),
             Self::OutOfMemory { what, bytes } => {

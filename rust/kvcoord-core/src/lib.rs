@@ -36,12 +36,13 @@ pub mod limits;
 pub mod managers;
 pub mod pool;
 pub mod prefix_index;
+pub mod request;
 pub mod retention;
 
 pub use block_hash::BlockHash;
 pub use coordinator::{
-    default_hash_block_size, scheduler_block_size, CoordinatorConfig, CoordinatorCore,
-    CoordinatorKind, NewBlocks, RequestView,
+    default_hash_block_size, scheduler_block_size, AllocateArgs, CoordinatorConfig,
+    CoordinatorCore, CoordinatorKind, NewBlocks, RequestView,
 };
 pub use error::{KvError, KvResult};
 pub use events::KvEvent;
@@ -51,4 +52,5 @@ pub use ids::{BlockId, GroupId, ReqId};
 pub use managers::{GroupSpec, GroupTable, HitSearch, KindFacts, Manager, SpecKind};
 pub use pool::{BlockPool, PoolConfig};
 pub use prefix_index::{CacheKey, PrefixIndex};
+pub use request::{Request, RequestRegistry};
 pub use retention::validate_retention_interval;

@@ -10,8 +10,8 @@
 use std::collections::HashMap;
 
 use kvcoord_core::{
-    hashing, BlockHash, BlockId, CoordinatorConfig, CoordinatorCore, CoordinatorKind, ExtraKeys,
-    GroupId, GroupSpec, HashAlgo, HashConfig, ReqId, RequestView,
+    hashing, AllocateArgs, BlockHash, BlockId, CoordinatorConfig, CoordinatorCore, CoordinatorKind,
+    ExtraKeys, GroupId, GroupSpec, HashAlgo, HashConfig, ReqId, RequestView,
 };
 
 fn extend_hashes(hashes: &mut Vec<BlockHash>, tokens: &[u32], unit: usize) {
@@ -117,6 +117,7 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
+#[allow(clippy::too_many_lines)]
 fn run(layout: usize, num_blocks: usize, caching: bool, retention: Option<i64>, ops: &[Op]) {
     let (specs, cacheable, unit) = layouts().swap_remove(layout);
     let caching = caching && cacheable;
@@ -159,7 +160,18 @@ fn run(layout: usize, num_blocks: usize, caching: bool, retention: Option<i64>, 
                 };
                 let view = RequestView::new(0, len, len, &r.hashes);
                 let got = c
-                    .allocate_slots(r.id, &view, len - hit, hit, Some(&hits), 0, 0, false)
+                    .allocate_slots(
+                        r.id,
+                        &view,
+                        &AllocateArgs {
+                            num_new_tokens: len - hit,
+                            num_new_computed_tokens: hit,
+                            num_lookahead_tokens: 0,
+                            num_encoder_tokens: 0,
+                            delay_cache_blocks: false,
+                        },
+                        Some(&hits),
+                    )
                     .unwrap();
                 if got.is_some() {
                     running.insert(req, Req { computed: len, ..r });
@@ -178,7 +190,18 @@ fn run(layout: usize, num_blocks: usize, caching: bool, retention: Option<i64>, 
                 extend_hashes(&mut r.hashes, &r.tokens, unit as usize);
                 let view = RequestView::new(r.computed, r.tokens.len(), r.tokens.len(), &r.hashes);
                 let got = c
-                    .allocate_slots(r.id, &view, 1, 0, None, 0, 0, false)
+                    .allocate_slots(
+                        r.id,
+                        &view,
+                        &AllocateArgs {
+                            num_new_tokens: 1,
+                            num_new_computed_tokens: 0,
+                            num_lookahead_tokens: 0,
+                            num_encoder_tokens: 0,
+                            delay_cache_blocks: false,
+                        },
+                        None,
+                    )
                     .unwrap();
                 if got.is_some() {
                     r.computed += 1;

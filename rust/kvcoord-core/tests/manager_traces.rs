@@ -15,8 +15,8 @@ use std::path::{Path, PathBuf};
 
 use flate2::read::GzDecoder;
 use kvcoord_core::{
-    hashing, BlockHash, BlockId, CoordinatorConfig, CoordinatorCore, CoordinatorKind, ExtraKeys,
-    GroupId, GroupSpec, HashAlgo, HashConfig, ReqId, RequestView,
+    hashing, AllocateArgs, BlockHash, BlockId, CoordinatorConfig, CoordinatorCore, CoordinatorKind,
+    ExtraKeys, GroupId, GroupSpec, HashAlgo, HashConfig, ReqId, RequestView,
 };
 use serde_json::Value;
 
@@ -214,12 +214,15 @@ fn replay(path: &Path) -> usize {
                     .allocate_slots(
                         r.id,
                         &r.view(),
-                        op["num_new_tokens"].as_u64().unwrap() as usize,
-                        op["num_new_computed_tokens"].as_u64().unwrap() as usize,
+                        &AllocateArgs {
+                            num_new_tokens: op["num_new_tokens"].as_u64().unwrap() as usize,
+                            num_new_computed_tokens: op["num_new_computed_tokens"].as_u64().unwrap()
+                                as usize,
+                            num_lookahead_tokens: 0,
+                            num_encoder_tokens: 0,
+                            delay_cache_blocks: false,
+                        },
                         hits,
-                        0,
-                        0,
-                        false,
                     )
                     .unwrap_or_else(|e| panic!("{at}: {e}"));
                 let expect = (!op["expect"].is_null()).then(|| expect_lists(&op["expect"]));

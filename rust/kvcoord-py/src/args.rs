@@ -146,3 +146,13 @@ fn is_numpy_bool(obj: &Bound<'_, PyAny>) -> bool {
     let name = ty.name().map(|n| n.to_string()).unwrap_or_default();
     module == "numpy" && (name == "bool" || name == "bool_")
 }
+
+/// The `request` argument: a `kvcoord.Request`, else `ArgumentTypeError`.
+pub(crate) fn request<'py>(
+    obj: &Bound<'py, PyAny>,
+) -> PyResult<PyRef<'py, crate::request::PyRequest>> {
+    let req = obj
+        .cast::<crate::request::PyRequest>()
+        .map_err(|_| ArgumentTypeError::new_err(format!("request must be a kvcoord.Request, got {}", type_name(obj))))?;
+    Ok(req.try_borrow()?)
+}

@@ -212,6 +212,17 @@ pub(crate) fn count(n: i64, name: &'static str) -> PyResult<usize> {
     })
 }
 
+/// Integers from a list/tuple of ints or a 1-D integer numpy array.
+pub(crate) fn int_vec(obj: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
+    if let Ok(arr) = obj.cast::<PyArray1<i64>>() {
+        return Ok(array_values(arr));
+    }
+    if let Ok(arr) = obj.cast::<PyArray1<i32>>() {
+        return Ok(array_values(arr).into_iter().map(i64::from).collect());
+    }
+    obj.extract()
+}
+
 /// A positive configuration count (`max_model_len`, `hash_block_size`).
 pub(crate) fn config_count<T: TryFrom<i64>>(n: i64, name: &'static str) -> PyResult<T> {
     match T::try_from(n) {

@@ -1,132 +1,42 @@
 //! `kvcoord._core.CoordinatorCore`: the Rust mechanism under every Python
 //! coordinator policy (per-group block tables, hit finders, the fused
-//! `allocate_slots`). Conversion and delegation only.
+//! `allocate_slots`, the request registry). Conversion and delegation only:
+//! requests and their registry are core state.
 
-use hashbrown::HashMap;
-use kvcoord_core::coordinator::{
-    CoordinatorConfig, CoordinatorCore, CoordinatorKind, NewBlocks, RequestView,
-};
-use kvcoord_core::{BlockId, KvError, ReqId};
+use kvcoord_core::coordinator::{AllocateArgs, CoordinatorConfig, CoordinatorCore, NewBlocks};
+use kvcoord_core::{BlockId, CoordinatorKind, KvError};
+use numpy::PyArray1;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 
 use crate::args;
+use crate::blocks::PyKVCacheBlocks;
 use crate::convert;
-use crate::guard;
 use crate::errors::{core, CoreError, InvariantError};
+use crate::events::PyEventList;
 use crate::kinds::{self, PyCoordinatorKind, PyGroupSpec};
-use crate::pool::PyBlockPool;
+use crate::pool;
+use crate::pool_view::PyBlockPoolView;
 use crate::request::PyRequest;
 
 /// One scheduler's KV-cache mechanism: a pool shared by one manager per
-/// group, and every request's per-group block tables.
+/// group, every request's per-group block tables and the request registry.
 #[pyclass(module = "kvcoord._core", name = "CoordinatorCore")]
 pub(crate) struct PyCoordinatorCore {
     pub(crate) inner: CoordinatorCore,
-    /// Python request ids -> core request ids (assigned on first allocation).
-    req_ids: HashMap<String, ReqId>,
-    next_req: u64,
     /// Reused buffers for the per-step calls.
     out: NewBlocks,
-    /// The Python type `allocate_slots` returns (`kvcoord.KVCacheBlocks`,
-    /// built from a tuple of per-group id lists), and its shared empty value:
-    /// building the result here lets the facade hand `allocate_slots` to the
-    /// scheduler as this method itself, one boundary crossing and no Python
-    /// frame per decode step.
-    result_type: Py<PyAny>,
-    empty: Py<PyAny>,
-}
-
-fn view(r: &PyRequest) -> RequestView<'_> {
-    RequestView::new(
-        r.num_computed_tokens_usize(),
-        r.num_tokens_usize(),
-        r.num_prompt_tokens_usize(),
-        r.block_hashes_slice(),
-    )
-}
-
-fn per_group_lists<'py, 'a>(
-    py: Python<'py>,
-    groups: impl ExactSizeIterator<Item = &'a [BlockId]>,
-) -> PyResult<Bound<'py, PyList>> {
-    let lists = groups
-        .map(|ids| convert::id_list(py, ids))
-        .collect::<PyResult<Vec<_>>>()?;
-    PyList::new(py, lists)
-}
-
-impl PyCoordinatorCore {
-    fn lookup(&self, request_id: &str) -> Option<ReqId> {
-        self.req_ids.get(request_id).copied()
-    }
-
-    /// The request's view, refused when caching and the request is hashed
-    /// in another unit than this manager's (its hashes would be cached
-    /// under wrong keys).
-    fn checked_view<'r>(&self, r: &'r PyRequest) -> PyResult<RequestView<'r>> {
-        let unit = r.hasher().config().block_size();
-        let mine = self.inner.config().hash_block_size as usize;
-        if self.inner.config().enable_caching() && unit != mine {
-            return Err(crate::errors::ConfigError::new_err(format!(
-                "request {:?} is hashed in units of {unit} tokens but this manager uses \
-                 hash_block_size={mine}",
-                r.id()
-            )));
-        }
-        Ok(view(r))
-    }
-}
-
-/// `new_computed_blocks` as one id list per group: a result of this
-/// manager (`KVCacheBlocks`) or a plain sequence of per-group id lists.
-fn extract_hits(
-    py: Python<'_>,
-    slf: &Bound<'_, PyCoordinatorCore>,
-    obj: &Bound<'_, PyAny>,
-) -> PyResult<Vec<Vec<BlockId>>> {
-    let result_type = guard::borrow(slf)?.result_type.clone_ref(py);
-    let unwrapped;
-    let obj = if obj.is_instance(result_type.bind(py))? {
-        unwrapped = obj.call_method0(pyo3::intern!(py, "arrays"))?;
-        &unwrapped
-    } else {
-        obj
-    };
-    let groups = obj
-        .cast::<PyTuple>()
-        .map(|t| t.as_sequence().clone())
-        .or_else(|_| obj.cast::<PyList>().map(|l| l.as_sequence().clone()));
-    let seq = groups.map_err(|_| {
-        CoreError(KvError::InvalidArgument {
-            name: "new_computed_blocks",
-            detail: "expected one list of block ids per group".into(),
-        })
-    })?;
-    let mut hits = Vec::with_capacity(seq.len()?);
-    for item in seq.try_iter()? {
-        hits.push(convert::block_ids(&item?)?);
-    }
-    Ok(hits)
-}
-
-/// The `request` argument: a `kvcoord.Request`, else `ArgumentTypeError`.
-fn request_arg<'py>(obj: &Bound<'py, PyAny>) -> PyResult<PyRef<'py, PyRequest>> {
-    let req = obj.cast::<PyRequest>().map_err(|_| {
-        crate::errors::ArgumentTypeError::new_err(format!(
-            "request must be a kvcoord.Request, got {}",
-            args::type_name(obj)
-        ))
-    })?;
-    Ok(req.try_borrow()?)
+    hits: Vec<Vec<BlockId>>,
+    /// The shared empty result (the common decode step allocates nothing).
+    empty: Py<PyKVCacheBlocks>,
 }
 
 #[pymethods]
 impl PyCoordinatorCore {
     #[new]
     #[pyo3(signature = (num_blocks, groups, *, kind, hash_block_size, max_model_len,
-                        result_type, retention_interval = None, enable_events = false))]
-    #[allow(clippy::too_many_arguments)]
+                        retention_interval = None, enable_events = false))]
+    #[allow(clippy::too_many_arguments)] // Python keyword arguments, converted once
     fn new(
         py: Python<'_>,
         num_blocks: i64,
@@ -134,7 +44,6 @@ impl PyCoordinatorCore {
         kind: PyCoordinatorKind,
         hash_block_size: Option<i64>,
         max_model_len: i64,
-        result_type: Py<PyAny>,
         retention_interval: Option<i64>,
         enable_events: bool,
     ) -> PyResult<Self> {
@@ -152,16 +61,12 @@ impl PyCoordinatorCore {
         }
         config.retention_interval = retention_interval;
         config.enable_events = enable_events;
-        let empty_lists = (0..groups.len()).map(|_| PyList::empty(py));
-        let empty = result_type.call1(py, (PyTuple::new(py, empty_lists)?,))?;
         let inner = convert::build_pool_sized(py, num_blocks, || CoordinatorCore::new(config));
         Ok(Self {
             inner: core(inner)?,
-            req_ids: HashMap::new(),
-            next_req: 0,
             out: NewBlocks::new(),
-            result_type,
-            empty,
+            hits: Vec::new(),
+            empty: Py::new(py, PyKVCacheBlocks::empty(groups.len()))?,
         })
     }
 
@@ -177,15 +82,17 @@ impl PyCoordinatorCore {
         self.inner.config().scheduler_block_size
     }
 
-    /// The shared pool (a handle on this coordinator's pool, not a copy).
+    /// The shared pool, read-only.
     #[getter]
-    fn block_pool(slf: Bound<'_, Self>) -> PyBlockPool {
-        PyBlockPool::of_coordinator(slf.unbind())
+    fn block_pool(slf: Bound<'_, Self>) -> PyBlockPoolView {
+        PyBlockPoolView {
+            owner: slf.unbind(),
+        }
     }
 
     /// The shared empty result (no new block in any group).
     #[getter]
-    fn empty(&self, py: Python<'_>) -> Py<PyAny> {
+    fn empty(&self, py: Python<'_>) -> Py<PyKVCacheBlocks> {
         self.empty.clone_ref(py)
     }
 
@@ -194,6 +101,8 @@ impl PyCoordinatorCore {
         self.inner.num_requests()
     }
 
+    /// Longest hit for groups sharing one spec: one read-only `uint32`
+    /// array per group, and the hit length in tokens.
     fn find_longest_cache_hit<'py>(
         &self,
         py: Python<'py>,
@@ -207,19 +116,25 @@ impl PyCoordinatorCore {
         let alignment = convert::count(alignment, "alignment")?;
         let (blocks, hit) = core(self.inner.find_longest_cache_hit(
             &groups,
-            request.block_hashes_slice(),
+            request.inner.block_hashes(),
             max_length,
             alignment,
         ))?;
-        Ok((per_group_lists(py, blocks.iter().map(Vec::as_slice))?, hit))
+        let arrays = blocks.iter().map(|ids| {
+            let raw: Vec<u32> = ids.iter().map(|b| b.0).collect();
+            PyArray1::from_vec(py, raw)
+        });
+        Ok((PyList::new(py, arrays)?, hit))
     }
 
+    /// Every scalar is converted by `args` (range and type checked, naming
+    /// the argument); `None` stands for an omitted default.
     #[pyo3(signature = (request, num_new_tokens, num_new_computed_tokens = None, new_computed_blocks = None,
                         num_lookahead_tokens = None, num_encoder_tokens = None, delay_cache_blocks = None))]
     #[allow(clippy::too_many_arguments)]
-    fn allocate_slots<'py>(
-        slf: &Bound<'py, Self>,
-        py: Python<'py>,
+    fn allocate_slots(
+        &mut self,
+        py: Python<'_>,
         request: &Bound<'_, PyAny>,
         num_new_tokens: &Bound<'_, PyAny>,
         num_new_computed_tokens: Option<&Bound<'_, PyAny>>,
@@ -227,69 +142,48 @@ impl PyCoordinatorCore {
         num_lookahead_tokens: Option<&Bound<'_, PyAny>>,
         num_encoder_tokens: Option<&Bound<'_, PyAny>>,
         delay_cache_blocks: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<Option<Bound<'py, PyAny>>> {
-        let request = request_arg(request)?;
-        let num_new_tokens = args::count(num_new_tokens, "num_new_tokens")?;
-        let num_new_computed =
-            args::opt_count(num_new_computed_tokens, "num_new_computed_tokens")?;
-        let lookahead = args::opt_count(num_lookahead_tokens, "num_lookahead_tokens")?;
-        let encoder = args::opt_count(num_encoder_tokens, "num_encoder_tokens")?;
-        let delay_cache_blocks =
-            args::opt_flag(delay_cache_blocks, "delay_cache_blocks", false)?;
-        // Hits are converted before this object is borrowed: converting may
-        // run Python code, during which another thread may call in.
-        let hits = match new_computed_blocks {
-            None => None,
-            Some(obj) => Some(extract_hits(py, slf, obj)?),
+    ) -> PyResult<Option<Py<PyKVCacheBlocks>>> {
+        let request = args::request(request)?;
+        let args = AllocateArgs {
+            num_new_tokens: args::count(num_new_tokens, "num_new_tokens")?,
+            num_new_computed_tokens: args::opt_count(
+                num_new_computed_tokens,
+                "num_new_computed_tokens",
+            )?,
+            num_lookahead_tokens: args::opt_count(num_lookahead_tokens, "num_lookahead_tokens")?,
+            num_encoder_tokens: args::opt_count(num_encoder_tokens, "num_encoder_tokens")?,
+            delay_cache_blocks: args::opt_flag(delay_cache_blocks, "delay_cache_blocks", false)?,
         };
-        let mut guard = guard::borrow_mut(slf)?;
-        let this = &mut *guard;
-        let view = this.checked_view(&request)?;
-        let request_id = request.id();
-        let known = this.lookup(request_id);
-        let req = known.unwrap_or(ReqId(this.next_req));
-        let mut out = std::mem::take(&mut this.out);
-        let result = this.inner.allocate_slots_into(
-            req,
-            &view,
-            num_new_tokens,
-            num_new_computed,
-            hits.as_deref(),
-            lookahead,
-            encoder,
-            delay_cache_blocks,
+        let mut hits = std::mem::take(&mut self.hits);
+        let has_hits = match new_computed_blocks {
+            None => false,
+            Some(obj) => {
+                let filled = fill_hits(obj, &mut hits);
+                if let Err(e) = filled {
+                    self.hits = hits;
+                    return Err(e);
+                }
+                true
+            }
+        };
+        let mut out = std::mem::take(&mut self.out);
+        let result = self.inner.allocate_request(
+            &request.inner,
+            &args,
+            has_hits.then_some(hits.as_slice()),
             &mut out,
         );
+        self.hits = hits;
         let converted = match result {
-            Ok(true) => {
-                if known.is_none() {
-                    this.req_ids.insert(request_id.to_owned(), req);
-                    this.next_req += 1;
-                }
-                if out.flat().is_empty() {
-                    // The common decode step: nothing new in any group.
-                    Ok(Some(Err(this.empty.bind(py).clone())))
-                } else {
-                    (0..out.num_groups())
-                        .map(|g| convert::id_list(py, out.group(g)))
-                        .collect::<PyResult<Vec<_>>>()
-                        .map(|lists| Some(Ok((lists, this.result_type.clone_ref(py)))))
-                }
-            }
+            Ok(true) if out.flat().is_empty() => Ok(Some(self.empty.clone_ref(py))),
+            Ok(true) => PyKVCacheBlocks::from_new_blocks(&out)
+                .and_then(|b| Py::new(py, b))
+                .map(Some),
             Ok(false) => Ok(None),
             Err(e) => Err(CoreError(e).into()),
         };
-        this.out = out;
-        // The result type is Python code: run it with the borrow released.
-        drop(guard);
-        match converted? {
-            None => Ok(None),
-            Some(Err(empty)) => Ok(Some(empty)),
-            Some(Ok((lists, result_type))) => result_type
-                .bind(py)
-                .call1((PyTuple::new(py, lists)?,))
-                .map(Some),
-        }
+        self.out = out;
+        converted
     }
 
     fn cache_blocks(
@@ -297,60 +191,73 @@ impl PyCoordinatorCore {
         request: &Bound<'_, PyAny>,
         num_tokens: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
-        let request = request_arg(request)?;
+        let request = args::request(request)?;
         let n = args::count(num_tokens, "num_tokens")?;
-        let Some(req) = self.lookup(request.id()) else {
-            return Err(crate::errors::UnknownRequestError::new_err(format!(
-                "no request {:?} in the KV cache manager",
-                request.id()
-            )));
-        };
-        let view = self.checked_view(&request)?;
-        core(self.inner.cache_blocks(req, &view, n))
+        core(self.inner.cache_request(&request.inner, n))
     }
 
     /// Free a request's blocks; unknown ids are ignored (as in vLLM).
     fn free(&mut self, request_id: &str) -> PyResult<bool> {
-        match self.req_ids.remove(request_id) {
-            Some(req) => core(self.inner.free(req)),
-            None => Ok(false),
-        }
+        core(self.inner.free_request(request_id))
     }
 
-    fn block_ids<'py>(
-        &self,
-        py: Python<'py>,
-        request_id: &str,
-    ) -> PyResult<Option<Bound<'py, PyList>>> {
-        let Some(req) = self.lookup(request_id) else {
-            return Ok(None);
-        };
-        let tables = core(self.inner.block_ids(req))?;
-        per_group_lists(py, tables.into_iter()).map(Some)
+    /// The request's block tables per group (0 marks null positions).
+    fn blocks(&self, request_id: &str) -> PyResult<PyKVCacheBlocks> {
+        let tables = core(self.inner.request_block_ids(request_id))?;
+        PyKVCacheBlocks::from_groups(tables.into_iter())
     }
 
-    fn num_common_prefix_blocks(&self, request_id: &str) -> PyResult<Option<Vec<usize>>> {
-        let Some(req) = self.lookup(request_id) else {
-            return Ok(None);
-        };
-        core(
-            self.inner
-                .get_num_common_prefix_blocks(req, self.inner.num_requests()),
-        )
-        .map(Some)
+    fn num_common_prefix_blocks(&self, request_id: &str) -> PyResult<Vec<usize>> {
+        core(self.inner.request_common_prefix_blocks(request_id))
+    }
+
+    /// Drop these blocks from the prefix cache (they stay allocated).
+    fn evict_blocks(&mut self, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
+        let ids = convert::block_ids(block_ids)?;
+        core(self.inner.pool_mut().evict_blocks(&ids))
+    }
+
+    /// Forget every cached prefix; refused (False, with a warning) while
+    /// blocks are in use.
+    fn reset_prefix_cache(&mut self, py: Python<'_>) -> PyResult<bool> {
+        pool::reset_prefix_cache(py, self.inner.pool_mut())
+    }
+
+    /// Drain the pool's KV-cache events.
+    fn take_events(&mut self, py: Python<'_>) -> PyResult<PyEventList> {
+        pool::take_events(py, self.inner.pool_mut())
     }
 
     fn check_invariants(&self) -> PyResult<()> {
         self.inner
             .check_invariants()
-            .map_err(InvariantError::new_err)?;
-        if self.req_ids.len() != self.inner.num_requests() {
-            return Err(InvariantError::new_err(format!(
-                "{} request ids mapped but {} requests tracked",
-                self.req_ids.len(),
-                self.inner.num_requests()
-            )));
-        }
-        Ok(())
+            .map_err(InvariantError::new_err)
     }
+}
+
+/// `new_computed_blocks`: a `KVCacheBlocks` (ids read directly), or a plain
+/// sequence of per-group id sequences/arrays.
+fn fill_hits(obj: &Bound<'_, PyAny>, hits: &mut Vec<Vec<BlockId>>) -> PyResult<()> {
+    if let Ok(b) = obj.cast::<PyKVCacheBlocks>() {
+        b.get().fill_hits(hits);
+        return Ok(());
+    }
+    let seq = obj
+        .cast::<PyTuple>()
+        .map(|t| t.as_sequence().clone())
+        .or_else(|_| obj.cast::<PyList>().map(|l| l.as_sequence().clone()))
+        .map_err(|_| {
+            CoreError(KvError::InvalidArgument {
+                name: "new_computed_blocks",
+                detail: "expected a KVCacheBlocks or one list of block ids per group".into(),
+            })
+        })?;
+    let n = seq.len()?;
+    hits.resize_with(n, Vec::new);
+    hits.truncate(n);
+    for (g, item) in seq.try_iter()?.enumerate() {
+        hits[g].clear();
+        convert::extract_block_ids(&item?, &mut hits[g])?;
+    }
+    Ok(())
 }

@@ -19,7 +19,6 @@ pyo3::import_exception!(kvcoord.errors, InvalidTokenError);
 pyo3::import_exception!(kvcoord.errors, ArgumentTypeError);
 pyo3::import_exception!(kvcoord.errors, OutOfMemoryError);
 pyo3::import_exception!(kvcoord.errors, ConfigTypeError);
-pyo3::import_exception!(kvcoord.errors, ConcurrentUseError);
 
 /// Newtype so `?` can convert a foreign error into `PyErr` (orphan rule).
 pub(crate) struct CoreError(pub(crate) KvError);
@@ -44,7 +43,9 @@ impl From<CoreError> for PyErr {
             KvError::InvalidArgument { .. }
             | KvError::UnknownGroup(_)
             | KvError::Unsupported { .. } => InvalidArgumentError::new_err(msg),
-            KvError::UnknownRequest(_) => UnknownRequestError::new_err(msg),
+            KvError::UnknownRequest(_) | KvError::NoSuchRequest(_) => {
+                UnknownRequestError::new_err(msg)
+            }
             KvError::InvalidTokenId { .. } => InvalidTokenError::new_err(msg),
             KvError::InvalidConfig { .. } => ConfigError::new_err(msg),
             KvError::OutOfMemory { .. } => OutOfMemoryError::new_err(msg),

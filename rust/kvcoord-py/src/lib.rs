@@ -9,13 +9,14 @@
 #![allow(clippy::needless_pass_by_value, clippy::unused_self)]
 
 mod args;
+mod blocks;
 mod convert;
 mod coordinator;
 mod errors;
 mod events;
-mod guard;
 mod kinds;
 mod pool;
+mod pool_view;
 mod request;
 mod retention;
 
@@ -25,6 +26,8 @@ use pyo3::prelude::*;
 #[pymodule(gil_used = false)]
 #[pyo3(name = "_core")]
 mod core_module {
+    #[pymodule_export]
+    use crate::blocks::PyKVCacheBlocks;
     #[pymodule_export]
     use crate::coordinator::PyCoordinatorCore;
     #[pymodule_export]
@@ -37,7 +40,11 @@ mod core_module {
     #[pymodule_export]
     use crate::pool::PyBlockPool;
     #[pymodule_export]
-    use crate::request::{compute_block_hashes, none_hash, BlockHashes, PyRequest};
+    use crate::pool_view::PyBlockPoolView;
+    #[pymodule_export]
+    use crate::request::{
+        advance_requests, compute_block_hashes, none_hash, BlockHashes, PyRequest,
+    };
     #[pymodule_export]
     use crate::retention::validate_retention_interval;
 

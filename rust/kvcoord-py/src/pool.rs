@@ -8,84 +8,117 @@ use pyo3::types::{PyBytes, PyList};
 
 use crate::args;
 use crate::convert::{self, id_list, Scratch};
-use crate::coordinator::PyCoordinatorCore;
-use crate::errors::{core, BlockStateError, InvariantError};
+use crate::errors::{core, InvariantError};
 use crate::events::{event_to_py, PyEventList};
 
-/// Where the pool lives: a standalone pool, or the one inside a manager's
-/// coordinator (so `manager.block_pool` is the very pool the manager uses).
-enum PoolHandle {
-    Owned(Box<BlockPool>),
-    Coordinator(Py<PyCoordinatorCore>),
-}
-
-/// The KV-cache block pool (see `_core.pyi` for the documented surface).
+/// A standalone KV-cache block pool (see `_core.pyi` for the documented
+/// surface). A manager's pool is exposed read-only by
+/// [`PyBlockPoolView`](crate::pool_view::PyBlockPoolView) instead.
 #[pyclass(module = "kvcoord._core", name = "BlockPool")]
 pub(crate) struct PyBlockPool {
-    handle: PoolHandle,
+    inner: BlockPool,
     /// Reused buffers (keep `get_new_blocks`/`free_blocks` allocation-free).
     scratch: Scratch,
 }
 
+// Same shape as the view's fallible borrow, so the methods read alike.
+#[allow(clippy::unnecessary_wraps)]
 impl PyBlockPool {
-    fn owned(inner: BlockPool) -> Self {
-        Self {
-            handle: PoolHandle::Owned(Box::new(inner)),
-            scratch: Scratch::default(),
-        }
-    }
-
-    /// A handle on the pool of a coordinator.
-    pub(crate) fn of_coordinator(coordinator: Py<PyCoordinatorCore>) -> Self {
-        Self {
-            handle: PoolHandle::Coordinator(coordinator),
-            scratch: Scratch::default(),
-        }
-    }
-
-    fn with<R>(&self, py: Python<'_>, f: impl FnOnce(&BlockPool) -> R) -> PyResult<R> {
-        match &self.handle {
-            PoolHandle::Owned(p) => Ok(f(p)),
-            PoolHandle::Coordinator(c) => Ok(f(c.bind(py).try_borrow()?.inner.pool())),
-        }
-    }
-
-    /// For calls that change which blocks are owned (allocate, free,
-    /// touch, cache): refused on a manager's pool, whose block tables would
-    /// no longer match the reference counts.
-    fn with_owned_mut<R>(
-        &mut self,
-        py: Python<'_>,
-        what: &str,
-        f: impl FnOnce(&mut BlockPool, &mut Scratch) -> R,
-    ) -> PyResult<R> {
-        if matches!(self.handle, PoolHandle::Coordinator(_)) {
-            return Err(BlockStateError::new_err(format!(
-                "{what}: this pool belongs to a KVCacheManager; its blocks are allocated, \
-                 cached and freed through the manager"
-            )));
-        }
-        self.with_mut(py, f)
+    fn with<R>(&self, _py: Python<'_>, f: impl FnOnce(&BlockPool) -> R) -> PyResult<R> {
+        Ok(f(&self.inner))
     }
 
     fn with_mut<R>(
         &mut self,
-        py: Python<'_>,
+        _py: Python<'_>,
         f: impl FnOnce(&mut BlockPool, &mut Scratch) -> R,
     ) -> PyResult<R> {
-        let scratch = &mut self.scratch;
-        match &mut self.handle {
-            PoolHandle::Owned(p) => Ok(f(p, scratch)),
-            PoolHandle::Coordinator(c) => {
-                Ok(f(c.bind(py).try_borrow_mut()?.inner.pool_mut(), scratch))
-            }
-        }
+        Ok(f(&mut self.inner, &mut self.scratch))
     }
+}
+
+// ---- read-only operations shared with the manager's pool view ------------
+
+pub(crate) fn get_cached_block<'py>(
+    py: Python<'py>,
+    pool: &BlockPool,
+    block_hash: &Bound<'_, PyAny>,
+    group_ids: &Bound<'_, PyAny>,
+) -> PyResult<Option<Bound<'py, PyList>>> {
+    let hash = convert::block_hash(block_hash)?;
+    let groups = convert::group_ids(group_ids)?;
+    let mut out = Vec::with_capacity(groups.len());
+    if pool.get_cached_block(&hash, &groups, &mut out) {
+        Ok(Some(id_list(py, &out)?))
+    } else {
+        Ok(None)
+    }
+}
+
+pub(crate) fn free_block_ids<'py>(py: Python<'py>, p: &BlockPool) -> Bound<'py, PyArray1<u32>> {
+    p.free_block_ids()
+        .map(|b| b.0)
+        .collect::<Vec<u32>>()
+        .into_pyarray(py)
+}
+
+pub(crate) fn ref_counts<'py>(py: Python<'py>, p: &BlockPool) -> Bound<'py, PyArray1<u32>> {
+    p.ref_counts().collect::<Vec<u32>>().into_pyarray(py)
+}
+
+pub(crate) fn cached_mask<'py>(py: Python<'py>, p: &BlockPool) -> Bound<'py, PyArray1<bool>> {
+    p.cached_mask().collect::<Vec<bool>>().into_pyarray(py)
+}
+
+pub(crate) fn block_hash<'py>(
+    py: Python<'py>,
+    p: &BlockPool,
+    block_id: &Bound<'_, PyAny>,
+) -> PyResult<Option<(Bound<'py, PyBytes>, u32)>> {
+    let b = convert::block_id_arg(block_id)?;
+    let key = core(p.cache_key(b))?;
+    Ok(key.map(|k| (PyBytes::new(py, k.hash.as_bytes()), k.group.0)))
+}
+
+pub(crate) fn repr(p: &BlockPool, name: &str) -> String {
+    format!(
+        "{name}(num_blocks={}, free={}, cached_keys={}, enable_caching={})",
+        p.num_blocks(),
+        p.num_free_blocks(),
+        p.num_cached_keys(),
+        if p.caching_enabled() { "True" } else { "False" }
+    )
+}
+
+/// Forget every cached prefix; logs a warning (as vLLM does) when refused.
+pub(crate) fn reset_prefix_cache(py: Python<'_>, pool: &mut BlockPool) -> PyResult<bool> {
+    let ok = pool.reset_prefix_cache();
+    if !ok {
+        let in_use = pool.num_used_blocks();
+        let logger = py
+            .import("logging")?
+            .call_method1("getLogger", ("kvcoord",))?;
+        logger.call_method1(
+            "warning",
+            (format!(
+                "Failed to reset the prefix cache: {in_use} blocks are still in use"
+            ),),
+        )?;
+    }
+    Ok(ok)
+}
+
+pub(crate) fn take_events(py: Python<'_>, pool: &mut BlockPool) -> PyResult<PyEventList> {
+    pool.take_events()
+        .iter()
+        .map(|e: &KvEvent| event_to_py(py, e))
+        .collect()
 }
 
 #[pymethods]
 impl PyBlockPool {
     #[new]
+    /// Scalars are converted by `args` (`None` stands for the default).
     #[pyo3(signature = (num_blocks, *, enable_caching = None, hash_block_size = None, enable_events = None))]
     fn new(
         py: Python<'_>,
@@ -108,7 +141,10 @@ impl PyBlockPool {
             enable_events,
         };
         let pool = convert::build_pool_sized(py, num_blocks, || BlockPool::new(config));
-        Ok(Self::owned(core(pool)?))
+        Ok(Self {
+            inner: core(pool)?,
+            scratch: Scratch::default(),
+        })
     }
 
     #[getter]
@@ -162,7 +198,7 @@ impl PyBlockPool {
         num_blocks: &Bound<'_, PyAny>,
     ) -> PyResult<Bound<'py, PyList>> {
         let n = args::count(num_blocks, "num_blocks")?;
-        self.with_owned_mut(py, "get_new_blocks", |pool, scratch| {
+        self.with_mut(py, |pool, scratch| {
             scratch.ids.clear();
             core(pool.get_new_blocks(n, &mut scratch.ids))?;
             id_list(py, &scratch.ids)
@@ -175,7 +211,7 @@ impl PyBlockPool {
         num_blocks: &Bound<'_, PyAny>,
     ) -> PyResult<Bound<'py, PyArray1<u32>>> {
         let n = args::count(num_blocks, "num_blocks")?;
-        self.with_owned_mut(py, "get_new_blocks", |pool, scratch| {
+        self.with_mut(py, |pool, scratch| {
             scratch.ids.clear();
             core(pool.get_new_blocks(n, &mut scratch.ids))?;
             Ok(scratch.ids_array(py))
@@ -183,7 +219,7 @@ impl PyBlockPool {
     }
 
     fn free_blocks(&mut self, py: Python<'_>, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
-        self.with_owned_mut(py, "free_blocks", |pool, scratch| {
+        self.with_mut(py, |pool, scratch| {
             scratch.ids.clear();
             convert::extract_block_ids(block_ids, &mut scratch.ids)?;
             core(pool.free_blocks(&scratch.ids))
@@ -191,7 +227,7 @@ impl PyBlockPool {
     }
 
     fn touch(&mut self, py: Python<'_>, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
-        self.with_owned_mut(py, "touch", |pool, scratch| {
+        self.with_mut(py, |pool, scratch| {
             scratch.ids.clear();
             convert::extract_block_ids(block_ids, &mut scratch.ids)?;
             core(pool.touch(&scratch.ids))
@@ -219,7 +255,7 @@ impl PyBlockPool {
         let num_cached = args::count(num_cached_blocks, "num_cached_blocks")?;
         let num_full = args::count(num_full_blocks, "num_full_blocks")?;
         let group = kvcoord_core::GroupId(args::u32_arg(group_id, "group id")?);
-        self.with_owned_mut(py, "cache_full_blocks", |pool, _| {
+        self.with_mut(py, |pool, _| {
             core(pool.cache_full_blocks(
                 &ids,
                 &hashes,
@@ -237,64 +273,32 @@ impl PyBlockPool {
         block_hash: &Bound<'_, PyAny>,
         group_ids: &Bound<'_, PyAny>,
     ) -> PyResult<Option<Bound<'py, PyList>>> {
-        let hash = convert::block_hash(block_hash)?;
-        let groups = convert::group_ids(group_ids)?;
-        let mut out = Vec::with_capacity(groups.len());
-        if self.with(py, |pool| pool.get_cached_block(&hash, &groups, &mut out))? {
-            Ok(Some(id_list(py, &out)?))
-        } else {
-            Ok(None)
-        }
+        get_cached_block(py, &self.inner, block_hash, group_ids)
     }
 
-    fn evict_blocks(&mut self, py: Python<'_>, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
+    fn evict_blocks(&mut self, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
         let ids = convert::block_ids(block_ids)?;
-        self.with_mut(py, |pool, _| core(pool.evict_blocks(&ids)))?
+        core(self.inner.evict_blocks(&ids))
     }
 
     fn reset_prefix_cache(&mut self, py: Python<'_>) -> PyResult<bool> {
-        let (ok, in_use) = self.with_mut(py, |pool, _| {
-            (pool.reset_prefix_cache(), pool.num_used_blocks())
-        })?;
-        if !ok {
-            let logger = py
-                .import("logging")?
-                .call_method1("getLogger", ("kvcoord",))?;
-            logger.call_method1(
-                "warning",
-                (format!(
-                    "Failed to reset the prefix cache: {in_use} blocks are still in use"
-                ),),
-            )?;
-        }
-        Ok(ok)
+        reset_prefix_cache(py, &mut self.inner)
     }
 
     fn take_events(&mut self, py: Python<'_>) -> PyResult<PyEventList> {
-        let events = self.with_mut(py, |pool, _| pool.take_events())?;
-        events
-            .iter()
-            .map(|e: &KvEvent| event_to_py(py, e))
-            .collect()
+        take_events(py, &mut self.inner)
     }
 
-    fn free_block_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<u32>>> {
-        let ids = self.with(py, |p| {
-            p.free_block_ids().map(|b| b.0).collect::<Vec<u32>>()
-        })?;
-        Ok(ids.into_pyarray(py))
+    fn free_block_ids<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<u32>> {
+        free_block_ids(py, &self.inner)
     }
 
-    fn ref_counts<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<u32>>> {
-        Ok(self
-            .with(py, |p| p.ref_counts().collect::<Vec<u32>>())?
-            .into_pyarray(py))
+    fn ref_counts<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<u32>> {
+        ref_counts(py, &self.inner)
     }
 
-    fn cached_mask<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<bool>>> {
-        Ok(self
-            .with(py, |p| p.cached_mask().collect::<Vec<bool>>())?
-            .into_pyarray(py))
+    fn cached_mask<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<bool>> {
+        cached_mask(py, &self.inner)
     }
 
     fn block_hash<'py>(
@@ -302,9 +306,7 @@ impl PyBlockPool {
         py: Python<'py>,
         block_id: &Bound<'_, PyAny>,
     ) -> PyResult<Option<(Bound<'py, PyBytes>, u32)>> {
-        let b = convert::block_id_arg(block_id)?;
-        let key = core(self.with(py, |p| p.cache_key(b))?)?;
-        Ok(key.map(|k| (PyBytes::new(py, k.hash.as_bytes()), k.group.0)))
+        block_hash(py, &self.inner, block_id)
     }
 
     fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
@@ -312,15 +314,7 @@ impl PyBlockPool {
             .map_err(InvariantError::new_err)
     }
 
-    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
-        self.with(py, |p| {
-            format!(
-                "BlockPool(num_blocks={}, free={}, cached_keys={}, enable_caching={})",
-                p.num_blocks(),
-                p.num_free_blocks(),
-                p.num_cached_keys(),
-                if p.caching_enabled() { "True" } else { "False" }
-            )
-        })
+    fn __repr__(&self) -> String {
+        repr(&self.inner, "BlockPool")
     }
 }

@@ -3,7 +3,7 @@
 
 use kvcoord_core::hashing;
 use kvcoord_core::{
-    BlockHash, ExtraKeys, HashAlgo, HashConfig, KvError, LoraKey, MmFeature, RequestHasher,
+    BlockHash, ExtraKeys, HashAlgo, HashConfig, KvError, LoraKey, MmFeature, Request, RequestHasher,
 };
 use numpy::ndarray::Array2;
 use numpy::{IntoPyArray, PyArray1, PyArray2, PyReadonlyArray1};
@@ -280,67 +280,10 @@ fn extract_and_hash(
 // ------------------------------------------------------------------ Request
 
 /// A request's tokens and the chained hashes of its full blocks (see
-/// `_core.pyi` for the documented surface).
+/// `_core.pyi` for the documented surface): a `kvcoord_core::Request`.
 #[pyclass(module = "kvcoord._core", name = "Request")]
 pub(crate) struct PyRequest {
-    request_id: String,
-    /// Prompt then output tokens.
-    tokens: Vec<u32>,
-    num_prompt_tokens: usize,
-    num_computed_tokens: usize,
-    hasher: RequestHasher,
-    /// Whether `get_computed_blocks` must ignore the prefix cache (e.g. the
-    /// request wants prompt logprobs, which cached tokens cannot give).
-    #[pyo3(get, set)]
-    skip_reading_prefix_cache: bool,
-}
-
-impl PyRequest {
-    /// The request id.
-    pub(crate) fn id(&self) -> &str {
-        &self.request_id
-    }
-
-    /// The digests of the request's full blocks, block 0 first (no copy).
-    #[allow(dead_code)] // for the Rust manager
-    pub(crate) fn block_hashes_slice(&self) -> &[BlockHash] {
-        self.hasher.block_hashes()
-    }
-
-    /// All token ids (prompt then outputs).
-    #[allow(dead_code)] // for the Rust manager
-    pub(crate) fn token_ids(&self) -> &[u32] {
-        &self.tokens
-    }
-
-    /// Number of tokens (prompt + outputs).
-    pub(crate) fn num_tokens_usize(&self) -> usize {
-        self.tokens.len()
-    }
-
-    /// Number of prompt tokens.
-    #[allow(dead_code)] // for the Rust manager
-    pub(crate) fn num_prompt_tokens_usize(&self) -> usize {
-        self.num_prompt_tokens
-    }
-
-    /// Tokens whose KV is computed.
-    #[allow(dead_code)] // for the Rust manager
-    pub(crate) fn num_computed_tokens_usize(&self) -> usize {
-        self.num_computed_tokens
-    }
-
-    /// Set the computed-token count (the manager's view of progress).
-    #[allow(dead_code)] // for the Rust manager
-    pub(crate) fn set_num_computed_tokens_usize(&mut self, n: usize) {
-        self.num_computed_tokens = n;
-    }
-
-    /// The hasher (algorithm, block size, extra keys).
-    #[allow(dead_code)] // for the Rust manager
-    pub(crate) fn hasher(&self) -> &RequestHasher {
-        &self.hasher
-    }
+    pub(crate) inner: Request,
 }
 
 #[pymethods]
@@ -368,12 +311,7 @@ impl PyRequest {
         let mut hasher = RequestHasher::new(config, extra);
         extract_and_hash(py, prompt_token_ids, &mut hasher, &mut tokens)?;
         Ok(Self {
-            request_id,
-            num_prompt_tokens: tokens.len(),
-            tokens,
-            num_computed_tokens: 0,
-            hasher,
-            skip_reading_prefix_cache: false,
+            inner: Request::from_hashed(request_id, tokens, hasher),
         })
     }
 
@@ -385,20 +323,22 @@ impl PyRequest {
         py: Python<'_>,
         token_ids: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
-        let base = self.tokens.len();
         let scalar = token_ids.is_instance_of::<PyInt>()
             || (token_ids.cast::<numpy::PyUntypedArray>().is_err()
                 && crate::args::is_int_like(token_ids));
         if scalar {
-            let t = token(base, token_ids)?;
-            reserve_tokens(&mut self.tokens, 1)?;
-            self.tokens.push(t);
-        } else if let Err(e) = extract_tokens(token_ids, &mut self.tokens, base) {
-            self.tokens.truncate(base);
+            let t = token(self.inner.num_tokens(), token_ids)?;
+            self.inner.push_token(t);
+            return Ok(());
+        }
+        let (tokens, hasher) = self.inner.tokens_and_hasher_mut();
+        let base = tokens.len();
+        if let Err(e) = extract_tokens(token_ids, tokens, base) {
+            tokens.truncate(base);
             return Err(e);
         }
-        if let Err(e) = update_hashes(py, &mut self.hasher, &self.tokens) {
-            self.tokens.truncate(base);
+        if let Err(e) = update_hashes(py, hasher, tokens) {
+            tokens.truncate(base);
             return Err(e);
         }
         Ok(())
@@ -406,78 +346,89 @@ impl PyRequest {
 
     #[getter]
     fn request_id(&self) -> &str {
-        &self.request_id
+        self.inner.id()
+    }
+
+    #[getter]
+    fn get_skip_reading_prefix_cache(&self) -> bool {
+        self.inner.skip_reading_prefix_cache
+    }
+
+    #[setter]
+    fn set_skip_reading_prefix_cache(&mut self, value: bool) {
+        self.inner.skip_reading_prefix_cache = value;
     }
 
     #[getter]
     fn num_prompt_tokens(&self) -> usize {
-        self.num_prompt_tokens
+        self.inner.num_prompt_tokens()
     }
 
     #[getter]
     fn num_output_tokens(&self) -> usize {
-        self.tokens.len() - self.num_prompt_tokens
+        self.inner.num_tokens() - self.inner.num_prompt_tokens()
     }
 
     #[getter]
     fn num_tokens(&self) -> usize {
-        self.num_tokens_usize()
+        self.inner.num_tokens()
     }
 
     #[getter]
     fn get_num_computed_tokens(&self) -> usize {
-        self.num_computed_tokens
+        self.inner.num_computed_tokens
     }
 
     #[setter]
     fn set_num_computed_tokens(&mut self, value: &Bound<'_, PyAny>) -> PyResult<()> {
-        self.num_computed_tokens = crate::args::count(value, "num_computed_tokens")?;
+        self.inner.num_computed_tokens = crate::args::count(value, "num_computed_tokens")?;
         Ok(())
     }
 
     #[getter]
     fn prompt_token_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        PyList::new(py, &self.tokens[..self.num_prompt_tokens])
+        PyList::new(py, &self.inner.tokens()[..self.inner.num_prompt_tokens()])
     }
 
     #[getter]
     fn output_token_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        PyList::new(py, &self.tokens[self.num_prompt_tokens..])
+        PyList::new(py, &self.inner.tokens()[self.inner.num_prompt_tokens()..])
     }
 
     #[getter]
     fn all_token_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        PyList::new(py, &self.tokens)
+        PyList::new(py, self.inner.tokens())
     }
 
     /// All token ids as a new 1-D uint32 numpy array.
     fn token_ids_array<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<u32>> {
-        PyArray1::from_slice(py, &self.tokens)
+        PyArray1::from_slice(py, self.inner.tokens())
     }
 
     #[getter]
     fn hash_block_size(&self) -> usize {
-        self.hasher.config().block_size()
+        self.inner.hasher().config().block_size()
     }
 
     #[getter]
     fn hash_algo(&self) -> &'static str {
-        self.hasher.config().algo().name()
+        self.inner.hasher().config().algo().name()
     }
 
     #[getter]
     fn digest_len(&self) -> usize {
-        self.hasher.config().algo().digest_len()
+        self.inner.hasher().config().algo().digest_len()
     }
 
     #[getter]
     fn cache_salt(&self) -> Option<&str> {
-        self.hasher.extra_keys().cache_salt.as_deref()
+        self.inner.hasher().extra_keys().cache_salt.as_deref()
     }
 
     #[getter]
     fn lora(&self) -> Option<(String, String)> {
-        self.hasher
+        self.inner
+            .hasher()
             .extra_keys()
             .lora
             .as_ref()
@@ -486,7 +437,8 @@ impl PyRequest {
 
     #[getter]
     fn mm_features(&self) -> Vec<(String, u32, u32)> {
-        self.hasher
+        self.inner
+            .hasher()
             .extra_keys()
             .mm_features
             .iter()
@@ -504,13 +456,13 @@ impl PyRequest {
 
     #[getter]
     fn num_block_hashes(&self) -> usize {
-        self.hasher.block_hashes().len()
+        self.inner.block_hashes().len()
     }
 
     /// The block hashes as a new `(n, digest_len)` uint8 numpy array.
     fn block_hashes_array<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray2<u8>> {
-        let hashes = self.hasher.block_hashes();
-        let d = self.hasher.config().algo().digest_len();
+        let hashes = self.inner.block_hashes();
+        let d = self.inner.hasher().config().algo().digest_len();
         let mut flat = Vec::with_capacity(hashes.len() * d);
         for h in hashes {
             flat.extend_from_slice(h.as_bytes());
@@ -523,22 +475,72 @@ impl PyRequest {
     /// The block hashes concatenated into one bytes object
     /// (`n * digest_len` bytes).
     fn block_hashes_bytes<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
-        hashes_to_bytes(py, self.hasher.block_hashes())
+        hashes_to_bytes(py, self.inner.block_hashes())
     }
 
     fn __repr__(&self) -> String {
+        let r = &self.inner;
         format!(
             "Request(request_id={:?}, num_prompt_tokens={}, num_tokens={}, num_computed_tokens={}, \
              hash_algo={:?}, hash_block_size={}, num_block_hashes={})",
-            self.request_id,
-            self.num_prompt_tokens,
-            self.tokens.len(),
-            self.num_computed_tokens,
-            self.hasher.config().algo().name(),
-            self.hasher.config().block_size(),
-            self.hasher.block_hashes().len()
+            r.id(),
+            r.num_prompt_tokens(),
+            r.num_tokens(),
+            r.num_computed_tokens,
+            r.hasher().config().algo().name(),
+            r.hasher().config().block_size(),
+            r.block_hashes().len()
         )
     }
+}
+
+/// One scheduler step's bookkeeping for many requests in one call:
+/// `requests[i].num_computed_tokens += num_computed[i]`, then, where
+/// `new_tokens` is given and `new_tokens[i] >= 0`, append that sampled
+/// token (hashing the block it completes). All arguments are checked
+/// before any request changes.
+#[pyfunction]
+#[pyo3(signature = (requests, num_computed, new_tokens = None))]
+pub(crate) fn advance_requests(
+    requests: &Bound<'_, PyList>,
+    num_computed: &Bound<'_, PyAny>,
+    new_tokens: Option<&Bound<'_, PyAny>>,
+) -> PyResult<()> {
+    let n = requests.len();
+    let computed: Vec<i64> = crate::convert::int_vec(num_computed)?;
+    let sampled: Option<Vec<i64>> = new_tokens.map(crate::convert::int_vec).transpose()?;
+    if computed.len() != n || sampled.as_ref().is_some_and(|s| s.len() != n) {
+        return Err(crate::errors::CoreError(KvError::InvalidArgument {
+            name: "advance_requests",
+            detail: format!(
+                "{n} requests but {} computed counts and {} new tokens",
+                computed.len(),
+                sampled.as_ref().map_or(n, Vec::len)
+            ),
+        })
+        .into());
+    }
+    let mut borrowed = Vec::with_capacity(n);
+    for (i, item) in requests.iter().enumerate() {
+        let r = item.cast_into::<PyRequest>()?;
+        let add = crate::convert::count(computed[i], "num_computed")?;
+        if let Some(s) = &sampled {
+            if s[i] >= 0 {
+                core(hashing::token_id(i, s[i]))?;
+            }
+        }
+        borrowed.push((r, add));
+    }
+    for (i, (r, add)) in borrowed.into_iter().enumerate() {
+        let mut r = r.try_borrow_mut()?;
+        r.inner.num_computed_tokens += add;
+        if let Some(s) = &sampled {
+            if let Ok(t) = u32::try_from(s[i]) {
+                r.inner.push_token(t);
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Read-only sequence view over a request's block hashes.
@@ -550,7 +552,7 @@ pub(crate) struct BlockHashes {
 #[pymethods]
 impl BlockHashes {
     fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
-        Ok(self.request.try_borrow(py)?.hasher.block_hashes().len())
+        Ok(self.request.try_borrow(py)?.inner.block_hashes().len())
     }
 
     fn __getitem__<'py>(
@@ -559,7 +561,7 @@ impl BlockHashes {
         index: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let req = self.request.try_borrow(py)?;
-        let hashes = req.hasher.block_hashes();
+        let hashes = req.inner.block_hashes();
         if let Ok(slice) = index.cast::<PySlice>() {
             let ind = slice.indices(isize::try_from(hashes.len()).unwrap_or(isize::MAX))?;
             let mut out = Vec::with_capacity(ind.slicelength);
@@ -590,7 +592,7 @@ impl BlockHashes {
         stop: Option<isize>,
     ) -> PyResult<usize> {
         let req = self.request.try_borrow(py)?;
-        let hashes = req.hasher.block_hashes();
+        let hashes = req.inner.block_hashes();
         let n = isize::try_from(hashes.len()).unwrap_or(isize::MAX);
         let clamp = |i: isize| (if i < 0 { i + n } else { i }).clamp(0, n).unsigned_abs();
         let (lo, hi) = (clamp(start), clamp(stop.unwrap_or(n)));
@@ -613,7 +615,7 @@ impl BlockHashes {
         };
         let wanted = b.as_bytes();
         Ok(req
-            .hasher
+            .inner
             .block_hashes()
             .iter()
             .filter(|h| h.as_bytes() == wanted)
@@ -626,14 +628,14 @@ impl BlockHashes {
 
     fn __reversed__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let req = self.request.try_borrow(py)?;
-        let list = hashes_to_list(py, req.hasher.block_hashes())?;
+        let list = hashes_to_list(py, req.inner.block_hashes())?;
         list.reverse()?;
         list.try_iter().map(Bound::into_any)
     }
 
     fn __iter__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let req = self.request.try_borrow(py)?;
-        hashes_to_list(py, req.hasher.block_hashes())?
+        hashes_to_list(py, req.inner.block_hashes())?
             .try_iter()
             .map(Bound::into_any)
     }
@@ -642,7 +644,7 @@ impl BlockHashes {
         let req = self.request.try_borrow(py)?;
         if let Ok(o) = other.cast::<BlockHashes>() {
             let theirs = o.get().request.try_borrow(py)?;
-            return Ok(req.hasher.block_hashes() == theirs.hasher.block_hashes());
+            return Ok(req.inner.block_hashes() == theirs.inner.block_hashes());
         }
         if other.is_instance_of::<PyString>() || other.is_instance_of::<PyBytes>() {
             return Ok(false);
@@ -654,16 +656,16 @@ impl BlockHashes {
         for item in items {
             as_list.append(item?)?;
         }
-        hashes_to_list(py, req.hasher.block_hashes())?.eq(as_list)
+        hashes_to_list(py, req.inner.block_hashes())?.eq(as_list)
     }
 
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
         let req = self.request.try_borrow(py)?;
-        let hashes = req.hasher.block_hashes();
+        let hashes = req.inner.block_hashes();
         Ok(format!(
             "BlockHashes(n={}, digest_len={})",
             hashes.len(),
-            req.hasher.config().algo().digest_len()
+            req.inner.hasher().config().algo().digest_len()
         ))
     }
 }

@@ -1,0 +1,216 @@
+//! A request as the block manager sees it, and the registry of live
+//! requests: both are core state, so that the bindings hold nothing.
+//!
+//! # Invariants
+//!
+//! * `num_prompt_tokens <= tokens.len()`.
+//! * `hasher` has hashed every full hash unit of `tokens`
+//!   (`hasher.num_hashed_tokens() == tokens.len() / unit * unit`).
+//! * In a [`RequestRegistry`], each live id maps to one distinct [`ReqId`].
+
+use hashbrown::HashMap;
+
+use crate::block_hash::BlockHash;
+use crate::coordinator::RequestView;
+use crate::hashing::RequestHasher;
+use crate::ids::ReqId;
+
+/// A request's tokens, progress and chained block hashes.
+#[derive(Clone, Debug)]
+pub struct Request {
+    /// The scheduler's id (the key of the registry).
+    id: String,
+    /// Prompt then output tokens.
+    tokens: Vec<u32>,
+    /// Leading entries of `tokens` that are the prompt.
+    num_prompt_tokens: usize,
+    /// Tokens whose KV is computed (the scheduler's progress).
+    pub num_computed_tokens: usize,
+    /// Hashes of every full hash unit of `tokens`.
+    hasher: RequestHasher,
+    /// Whether lookups must ignore the prefix cache (e.g. prompt logprobs).
+    pub skip_reading_prefix_cache: bool,
+}
+
+impl Request {
+    /// A request whose prompt is `prompt`, hashed by `hasher` (fresh).
+    pub fn new(id: String, prompt: Vec<u32>, mut hasher: RequestHasher) -> Self {
+        hasher.update(&prompt);
+        Self {
+            id,
+            num_prompt_tokens: prompt.len(),
+            tokens: prompt,
+            num_computed_tokens: 0,
+            hasher,
+            skip_reading_prefix_cache: false,
+        }
+    }
+
+    /// A request whose tokens and hashes are already known (the caller
+    /// hashed `tokens` with `hasher`, for example without a lock held).
+    ///
+    /// # Panics
+    ///
+    /// In debug builds, if `hasher` is not up to date with `tokens`.
+    pub fn from_hashed(id: String, tokens: Vec<u32>, hasher: RequestHasher) -> Self {
+        debug_assert_eq!(hasher.pending_blocks(tokens.len()), 0, "hasher is behind");
+        Self {
+            id,
+            num_prompt_tokens: tokens.len(),
+            tokens,
+            num_computed_tokens: 0,
+            hasher,
+            skip_reading_prefix_cache: false,
+        }
+    }
+
+    /// The scheduler's id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// All tokens (prompt then outputs).
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// Number of tokens (prompt + outputs).
+    pub fn num_tokens(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// Number of prompt tokens.
+    pub fn num_prompt_tokens(&self) -> usize {
+        self.num_prompt_tokens
+    }
+
+    /// The hasher (algorithm, unit, extra keys).
+    pub fn hasher(&self) -> &RequestHasher {
+        &self.hasher
+    }
+
+    /// Hashes of the full hash units, block 0 first.
+    pub fn block_hashes(&self) -> &[BlockHash] {
+        self.hasher.block_hashes()
+    }
+
+    /// Append output tokens and hash the units they complete.
+    pub fn append_tokens(&mut self, tokens: &[u32]) {
+        self.tokens.extend_from_slice(tokens);
+        self.hasher.update(&self.tokens);
+    }
+
+    /// Append one output token (the decode step's case).
+    pub fn push_token(&mut self, token: u32) {
+        self.tokens.push(token);
+        if self.hasher.pending_blocks(self.tokens.len()) > 0 {
+            self.hasher.update(&self.tokens);
+        }
+    }
+
+    /// Mutable access to the token buffer and the hasher, for a caller that
+    /// converts tokens into the buffer in place; it must call
+    /// [`RequestHasher::update`] with the whole buffer afterwards.
+    pub fn tokens_and_hasher_mut(&mut self) -> (&mut Vec<u32>, &mut RequestHasher) {
+        (&mut self.tokens, &mut self.hasher)
+    }
+
+    /// What `allocate_slots` and `cache_blocks` read.
+    pub fn view(&self) -> RequestView<'_> {
+        RequestView::new(
+            self.num_computed_tokens,
+            self.tokens.len(),
+            self.num_prompt_tokens,
+            self.hasher.block_hashes(),
+        )
+    }
+}
+
+/// Scheduler ids of the requests that hold blocks, mapped to the core's
+/// dense [`ReqId`]s.
+#[derive(Clone, Debug, Default)]
+pub struct RequestRegistry {
+    ids: HashMap<String, ReqId>,
+    /// The next id to hand out (never reused).
+    next: u64,
+}
+
+impl RequestRegistry {
+    /// The core id of a live request.
+    pub fn get(&self, id: &str) -> Option<ReqId> {
+        self.ids.get(id).copied()
+    }
+
+    /// The id a request would get if registered now.
+    pub fn peek(&self, id: &str) -> ReqId {
+        self.get(id).unwrap_or(ReqId(self.next))
+    }
+
+    /// Register `id` as `req` (from [`peek`](Self::peek)); a no-op when it
+    /// is already registered.
+    pub fn insert(&mut self, id: &str, req: ReqId) {
+        if !self.ids.contains_key(id) {
+            debug_assert_eq!(req, ReqId(self.next));
+            self.ids.insert(id.to_owned(), req);
+            self.next += 1;
+        }
+    }
+
+    /// Forget `id`; returns its core id if it was live.
+    pub fn remove(&mut self, id: &str) -> Option<ReqId> {
+        self.ids.remove(id)
+    }
+
+    /// Number of live requests.
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// Whether no request is live.
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hashing::{ExtraKeys, HashAlgo, HashConfig};
+
+    fn hasher(unit: usize) -> RequestHasher {
+        let config = HashConfig::new(HashAlgo::Native, unit, Some("t")).unwrap();
+        RequestHasher::new(config, ExtraKeys::default())
+    }
+
+    #[test]
+    fn tokens_and_hashes_grow_together() {
+        let mut r = Request::new("a".into(), vec![1, 2, 3, 4, 5], hasher(4));
+        assert_eq!((r.num_tokens(), r.num_prompt_tokens()), (5, 5));
+        assert_eq!(r.block_hashes().len(), 1);
+        r.push_token(6);
+        r.push_token(7);
+        assert_eq!(r.block_hashes().len(), 1);
+        r.push_token(8);
+        assert_eq!(r.block_hashes().len(), 2);
+        r.append_tokens(&[9, 10, 11, 12]);
+        assert_eq!(r.block_hashes().len(), 3);
+        let whole = Request::new("b".into(), (1..=12).collect(), hasher(4));
+        assert_eq!(whole.block_hashes(), r.block_hashes());
+        assert_eq!(r.view().num_prompt_tokens, 5);
+    }
+
+    #[test]
+    fn registry_assigns_distinct_ids_once() {
+        let mut reg = RequestRegistry::default();
+        let a = reg.peek("a");
+        reg.insert("a", a);
+        reg.insert("a", a);
+        let b = reg.peek("b");
+        assert_ne!(a, b);
+        reg.insert("b", b);
+        assert_eq!(reg.len(), 2);
+        assert_eq!(reg.remove("a"), Some(a));
+        assert_eq!(reg.get("a"), None);
+        assert_ne!(reg.peek("a"), a, "ids are never reused");
+    }
+}
