@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from snapshot import manager_state, pool_state
 
 import kvcoord
 from kvcoord import (
@@ -25,6 +24,7 @@ from kvcoord import (
     Request,
     SlidingWindowSpec,
 )
+from snapshot import manager_state, pool_state
 
 B = 4
 
@@ -257,7 +257,7 @@ def test_hits_that_do_not_match_the_request_are_refused(hits: list[list[int]]) -
 
 def test_hits_of_the_same_prefix_are_accepted_and_a_wrong_order_is_not() -> None:
     mgr, a, _ = _two_requests()
-    c = req("c", list(range(9)) + [50])
+    c = req("c", [*list(range(9)), 50])
     state = lambda: manager_state(mgr, [a, c])  # noqa: E731
     refused(
         InvalidArgumentError,
@@ -275,7 +275,7 @@ def test_null_hits_only_where_the_window_skips() -> None:
     mgr = manager(FullAttentionSpec(B), SlidingWindowSpec(B, 4))
     a = req("a", list(range(17)))
     admit(mgr, a)
-    b = req("b", list(range(17)) + [9])
+    b = req("b", [*list(range(17)), 9])
     blocks, hit = mgr.get_computed_blocks(b)
     full, swa = blocks.get_block_ids()
     assert hit == 16 and swa[0] == 0

@@ -16,7 +16,6 @@ import hypothesis.strategies as st
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
-from snapshot import manager_state, pool_state, request_state
 
 import kvcoord
 from kvcoord import (
@@ -33,6 +32,7 @@ from kvcoord import (
     Request,
     SlidingWindowSpec,
 )
+from snapshot import manager_state, pool_state, request_state
 
 settings.register_profile(
     "long", max_examples=5000, suppress_health_check=[HealthCheck.too_slow], deadline=None
@@ -95,7 +95,7 @@ def busy_manager(layout: str) -> tuple[KVCacheManager, list[Request]]:
         options=kvcoord.KVCacheManagerOptions(enable_caching=caching),
     )
     reqs = []
-    for i, toks in enumerate([list(range(13)), list(range(9)) + [50], [7] * 6]):
+    for i, toks in enumerate([list(range(13)), [*list(range(9)), 50], [7] * 6]):
         r = Request(f"r{i}", toks, hash_block_size=B)
         blocks, hit = mgr.get_computed_blocks(r)
         assert mgr.allocate_slots(r, r.num_tokens - hit, hit, blocks, num_encoder_tokens=4)
@@ -255,7 +255,7 @@ def test_manager_adversarial_hits(
     layout: str, hits: list[list[int]], as_blocks: bool, hit: int
 ) -> None:
     mgr, reqs = busy_manager(layout)
-    r = Request("new", list(range(13)) + [99], hash_block_size=B)
+    r = Request("new", [*list(range(13)), 99], hash_block_size=B)
     honest, honest_hit = mgr.get_computed_blocks(r)
     if hits == honest.get_block_ids() and hit == honest_hit:
         return
@@ -311,9 +311,9 @@ def test_manager_request_arguments(bad: Any, call: str) -> None:
     bad=st.one_of(never_ints, huge_ints, not_ints, st.sampled_from(["no", 1, 0])),
 )
 def test_manager_constructor(field: str, bad: Any) -> None:
-    if field in ("max_model_len", "hash_block_size") and isinstance(bad, int) and 0 < bad < 2**48:
-        if field == "max_model_len" or bad in (1, 2, 4):
-            return
+    valid = isinstance(bad, int) and 0 < bad < 2**48
+    if valid and (field == "max_model_len" or (field == "hash_block_size" and bad in (1, 2, 4))):
+        return
     if field == "hash_block_size" and bad is None:
         return  # None picks the default
     config = KVCacheConfig(10, (KVCacheGroup(FullAttentionSpec(B)),))

@@ -46,10 +46,12 @@ from kvcoord.coordinator import (
     get_kv_cache_coordinator,
 )
 from kvcoord.errors import (
+    ArgumentTypeError,
     BlockStateError,
     BlockTableError,
     BlockTableIndexError,
     ConfigError,
+    ConfigTypeError,
     InvalidArgumentError,
     InvalidBlockIdError,
     InvalidHashError,
@@ -57,6 +59,7 @@ from kvcoord.errors import (
     InvariantError,
     KvCoordError,
     OutOfBlocksError,
+    OutOfMemoryError,
     UnknownRequestError,
 )
 from kvcoord.hashing import HashAlgoName, LoRA, MultiModalFeature
@@ -71,6 +74,7 @@ __all__ = [
     "HASH_ALGOS",
     "AllBlocksCleared",
     "AllocateSlots",
+    "ArgumentTypeError",
     "BlockHashes",
     "BlockPool",
     "BlockPoolView",
@@ -81,6 +85,7 @@ __all__ = [
     "BlockTableIndexError",
     "ChunkedLocalAttentionSpec",
     "ConfigError",
+    "ConfigTypeError",
     "CoordinatorKind",
     "CrossAttentionSpec",
     "FullAttentionSpec",
@@ -105,6 +110,7 @@ __all__ = [
     "MambaSpec",
     "MultiModalFeature",
     "OutOfBlocksError",
+    "OutOfMemoryError",
     "PrefixCacheStats",
     "Request",
     "SlidingWindowSpec",

@@ -44,7 +44,7 @@ def as_int(value: object, name: str, *, minimum: int = 1, limit: int = LIMIT_32)
     """
     if isinstance(value, bool) or not hasattr(type(value), "__index__"):
         raise ConfigTypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    n = operator.index(value)  # type: ignore[call-overload]
+    n = operator.index(value)  # type: ignore[arg-type]
     if not minimum <= n < limit:
         raise ConfigError(f"{name} must be in [{minimum}, {limit}), got {n}")
     return n
@@ -209,7 +209,9 @@ class KVCacheConfig:
         object.__setattr__(self, "num_blocks", n)
         groups: Iterable[KVCacheGroup] = self.groups
         if not isinstance(groups, Iterable) or isinstance(groups, str | KVCacheGroup):
-            raise ConfigTypeError(f"KVCacheConfig.groups must be a sequence of KVCacheGroup, got {groups!r}")
+            raise ConfigTypeError(
+                f"KVCacheConfig.groups must be a sequence of KVCacheGroup, got {groups!r}"
+            )
         object.__setattr__(self, "groups", tuple(groups))
         for i, g in enumerate(self.groups):
             if not isinstance(g, KVCacheGroup):

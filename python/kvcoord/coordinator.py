@@ -31,7 +31,6 @@ from kvcoord._core import (
     choose_coordinator,
 )
 from kvcoord.config import KVCacheConfig, KVCacheSpec, as_bool, as_i64
-from kvcoord.errors import ConfigError
 
 __all__ = [
     "HybridKVCacheCoordinator",
@@ -259,7 +258,9 @@ def get_kv_cache_coordinator(
 ) -> KVCacheCoordinator:
     """The policy the core chooses (:func:`kvcoord._core.choose_coordinator`):
     caching off -> NoPrefixCache; one group -> Unitary; otherwise Hybrid."""
-    policy = _POLICIES[choose_coordinator(len(config.groups), as_bool(enable_caching, "enable_caching"))]
+    policy = _POLICIES[
+        choose_coordinator(len(config.groups), as_bool(enable_caching, "enable_caching"))
+    ]
     return policy(
         config,
         max_model_len=max_model_len,

@@ -8,8 +8,8 @@
 //! for a longer run (see the README's development section).
 
 use kvcoord_core::{
-    hashing, BlockHash, BlockId, CoordinatorConfig, CoordinatorCore, ExtraKeys, GroupId,
-    GroupSpec, HashAlgo, HashConfig, ReqId, RequestView,
+    hashing, BlockHash, BlockId, CoordinatorConfig, CoordinatorCore, ExtraKeys, GroupId, GroupSpec,
+    HashAlgo, HashConfig, ReqId, RequestView,
 };
 use proptest::prelude::*;
 
@@ -26,10 +26,7 @@ fn layouts() -> Vec<(Vec<GroupSpec>, bool)> {
             true,
         ),
         (
-            vec![
-                GroupSpec::full_attention(4),
-                GroupSpec::chunked_local(4, 8),
-            ],
+            vec![GroupSpec::full_attention(4), GroupSpec::chunked_local(4, 8)],
             true,
         ),
         (
@@ -114,7 +111,12 @@ struct Req {
 
 impl Req {
     fn view(&self) -> RequestView<'_> {
-        RequestView::new(self.computed, self.tokens.len(), self.tokens.len(), &self.hashes)
+        RequestView::new(
+            self.computed,
+            self.tokens.len(),
+            self.tokens.len(),
+            &self.hashes,
+        )
     }
 
     fn rehash(&mut self) {
@@ -132,7 +134,10 @@ fn snapshot(c: &CoordinatorCore, running: &[Req]) -> Snapshot {
         .filter(|r| c.contains(r.id))
         .map(|r| {
             let t = c.block_ids(r.id).unwrap();
-            (r.id.0, t.iter().map(|g| g.iter().map(|b| b.0).collect()).collect())
+            (
+                r.id.0,
+                t.iter().map(|g| g.iter().map(|b| b.0).collect()).collect(),
+            )
         })
         .collect();
     tables.sort();
@@ -168,7 +173,12 @@ fn run(layout: usize, num_blocks: usize, ops: Vec<Op>) -> Result<(), TestCaseErr
         let before = snapshot(&c, &running);
         let mut new_request = false;
         let result: Result<(), String> = match op {
-            Op::Admit { prefix, tail, hits, huge } => {
+            Op::Admit {
+                prefix,
+                tail,
+                hits,
+                huge,
+            } => {
                 next += 1;
                 let mut r = Req {
                     id: ReqId(next),
@@ -184,7 +194,11 @@ fn run(layout: usize, num_blocks: usize, ops: Vec<Op>) -> Result<(), TestCaseErr
                     let mut all = first;
                     for g in 1..n_groups {
                         let id = GroupId(u32::try_from(g).unwrap());
-                        all.extend(c.find_longest_cache_hit(&[id], &r.hashes, len, BS).unwrap().0);
+                        all.extend(
+                            c.find_longest_cache_hit(&[id], &r.hashes, len, BS)
+                                .unwrap()
+                                .0,
+                        );
                     }
                     (all, len)
                 } else {
@@ -212,7 +226,14 @@ fn run(layout: usize, num_blocks: usize, ops: Vec<Op>) -> Result<(), TestCaseErr
                 }
                 new_request = true;
                 let res = c.allocate_slots(
-                    r.id, &r.view(), counts[0], counts[1], Some(&list), counts[2], counts[3], false,
+                    r.id,
+                    &r.view(),
+                    counts[0],
+                    counts[1],
+                    Some(&list),
+                    counts[2],
+                    counts[3],
+                    false,
                 );
                 match res {
                     Ok(Some(_)) => {
@@ -246,7 +267,9 @@ fn run(layout: usize, num_blocks: usize, ops: Vec<Op>) -> Result<(), TestCaseErr
             },
             Op::Cache { req, n } => match running.get(req) {
                 None => Ok(()),
-                Some(r) => c.cache_blocks(r.id, &r.view(), n).map_err(|e| e.to_string()),
+                Some(r) => c
+                    .cache_blocks(r.id, &r.view(), n)
+                    .map_err(|e| e.to_string()),
             },
             Op::Free { req } => {
                 if req < running.len() {
@@ -271,7 +294,12 @@ fn run(layout: usize, num_blocks: usize, ops: Vec<Op>) -> Result<(), TestCaseErr
             },
         };
         if result.is_err() || new_request && !c.contains(ReqId(next)) {
-            prop_assert_eq!(snapshot(&c, &running), before, "refused call changed state: {:?}", result);
+            prop_assert_eq!(
+                snapshot(&c, &running),
+                before,
+                "refused call changed state: {:?}",
+                result
+            );
         }
         c.check_invariants().map_err(TestCaseError::fail)?;
         check_no_shared_writes(&c).map_err(TestCaseError::fail)?;

@@ -25,7 +25,10 @@ pub(crate) fn type_name(obj: &Bound<'_, PyAny>) -> String {
 
 /// Whether `obj` is an int for Python (an `int` or has `__index__`).
 pub(crate) fn is_int_like(obj: &Bound<'_, PyAny>) -> bool {
-    obj.is_instance_of::<PyInt>() || obj.hasattr(pyo3::intern!(obj.py(), "__index__")).unwrap_or(false)
+    obj.is_instance_of::<PyInt>()
+        || obj
+            .hasattr(pyo3::intern!(obj.py(), "__index__"))
+            .unwrap_or(false)
 }
 
 /// `ArgumentTypeError`: `name` must be an int.
@@ -63,10 +66,7 @@ fn bad_count(obj: &Bound<'_, PyAny>, name: &str) -> PyErr {
 
 #[cold]
 fn out_of_range(obj: &Bound<'_, PyAny>, name: &str, what: &str) -> PyErr {
-    InvalidArgumentError::new_err(format!(
-        "invalid {name}: {} (must be {what})",
-        shown(obj)
-    ))
+    InvalidArgumentError::new_err(format!("invalid {name}: {} (must be {what})", shown(obj)))
 }
 
 /// A non-negative value that fits in `u32`.
@@ -127,14 +127,21 @@ pub(crate) fn opt_count(obj: Option<&Bound<'_, PyAny>>, name: &str) -> PyResult<
 
 /// An optional flag with its default.
 #[inline]
-pub(crate) fn opt_flag(obj: Option<&Bound<'_, PyAny>>, name: &str, default: bool) -> PyResult<bool> {
+pub(crate) fn opt_flag(
+    obj: Option<&Bound<'_, PyAny>>,
+    name: &str,
+    default: bool,
+) -> PyResult<bool> {
     obj.map_or(Ok(default), |o| flag(o, name))
 }
 
 /// A sequence of flags (each exactly `True` or `False`).
 pub(crate) fn flags(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<bool>> {
     let items = obj.try_iter().map_err(|_| {
-        ArgumentTypeError::new_err(format!("{name} must be a sequence of bools, got {}", type_name(obj)))
+        ArgumentTypeError::new_err(format!(
+            "{name} must be a sequence of bools, got {}",
+            type_name(obj)
+        ))
     })?;
     items.map(|item| flag(&item?, name)).collect()
 }
@@ -151,8 +158,11 @@ fn is_numpy_bool(obj: &Bound<'_, PyAny>) -> bool {
 pub(crate) fn request<'py>(
     obj: &Bound<'py, PyAny>,
 ) -> PyResult<PyRef<'py, crate::request::PyRequest>> {
-    let req = obj
-        .cast::<crate::request::PyRequest>()
-        .map_err(|_| ArgumentTypeError::new_err(format!("request must be a kvcoord.Request, got {}", type_name(obj))))?;
+    let req = obj.cast::<crate::request::PyRequest>().map_err(|_| {
+        ArgumentTypeError::new_err(format!(
+            "request must be a kvcoord.Request, got {}",
+            type_name(obj)
+        ))
+    })?;
     Ok(req.try_borrow()?)
 }

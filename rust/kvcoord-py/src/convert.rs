@@ -83,15 +83,20 @@ fn bad_block_id_object(item: &Bound<'_, PyAny>) -> PyErr {
 
 /// `arr` converted to its dtype in native byte order, when it is an integer
 /// array stored in the other order (`None` otherwise).
-pub(crate) fn native_int_array<'py>(arr: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyAny>>> {
+pub(crate) fn native_int_array<'py>(
+    arr: &Bound<'py, PyAny>,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
     let dtype = arr.getattr(pyo3::intern!(arr.py(), "dtype"))?;
     let kind: String = dtype.getattr(pyo3::intern!(arr.py(), "kind"))?.extract()?;
-    let native: bool = dtype.getattr(pyo3::intern!(arr.py(), "isnative"))?.extract()?;
+    let native: bool = dtype
+        .getattr(pyo3::intern!(arr.py(), "isnative"))?
+        .extract()?;
     if native || !(kind == "i" || kind == "u") {
         return Ok(None);
     }
     let to = dtype.call_method1(pyo3::intern!(arr.py(), "newbyteorder"), ("=",))?;
-    arr.call_method1(pyo3::intern!(arr.py(), "astype"), (to,)).map(Some)
+    arr.call_method1(pyo3::intern!(arr.py(), "astype"), (to,))
+        .map(Some)
 }
 
 /// Append the block ids in `obj` (a list/tuple/sequence of ints, or a 1-D
