@@ -8,8 +8,8 @@
 //! for a longer run (see the README's development section).
 
 use kvcoord_core::{
-    hashing, BlockHash, BlockId, CoordinatorConfig, CoordinatorCore, ExtraKeys, GroupId, GroupSpec,
-    HashAlgo, HashConfig, ReqId, RequestView,
+    hashing, AllocateArgs, BlockHash, BlockId, CoordinatorConfig, CoordinatorCore, ExtraKeys,
+    GroupId, GroupSpec, HashAlgo, HashConfig, ReqId, RequestView,
 };
 use proptest::prelude::*;
 
@@ -225,7 +225,8 @@ fn run(layout: usize, num_blocks: usize, ops: Vec<Op>) -> Result<(), TestCaseErr
                     counts[k] = v;
                 }
                 new_request = true;
-                let res = c.allocate_slots(
+                let res = alloc(
+                    &mut c,
                     r.id,
                     &r.view(),
                     counts[0],
@@ -233,7 +234,6 @@ fn run(layout: usize, num_blocks: usize, ops: Vec<Op>) -> Result<(), TestCaseErr
                     Some(&list),
                     counts[2],
                     counts[3],
-                    false,
                 );
                 match res {
                     Ok(Some(_)) => {
@@ -250,7 +250,7 @@ fn run(layout: usize, num_blocks: usize, ops: Vec<Op>) -> Result<(), TestCaseErr
                 Some(r) => {
                     r.tokens.push(1);
                     r.rehash();
-                    let res = c.allocate_slots(r.id, &r.view(), 1, 0, None, lookahead, 2, false);
+                    let res = alloc(&mut c, r.id, &r.view(), 1, 0, None, lookahead, 2);
                     match res {
                         Ok(Some(_)) => {
                             r.computed += 1;
@@ -285,7 +285,7 @@ fn run(layout: usize, num_blocks: usize, ops: Vec<Op>) -> Result<(), TestCaseErr
                     c.free(id).unwrap();
                     let r = running.remove(req);
                     let before = snapshot(&c, &running);
-                    let res = c.allocate_slots(id, &r.view(), 1, 0, None, 0, 0, false);
+                    let res = alloc(&mut c, id, &r.view(), 1, 0, None, 0, 0);
                     prop_assert!(res.is_err(), "stale request accepted");
                     prop_assert_eq!(snapshot(&c, &running), before);
                     Ok(())
@@ -329,4 +329,26 @@ proptest! {
     ) {
         run(layout, num_blocks, ops)?;
     }
+}
+
+/// `allocate_slots` with the counts spelled out.
+#[allow(clippy::too_many_arguments)]
+fn alloc(
+    c: &mut CoordinatorCore,
+    req: ReqId,
+    view: &RequestView<'_>,
+    num_new_tokens: usize,
+    num_new_computed_tokens: usize,
+    hits: Option<&[Vec<BlockId>]>,
+    num_lookahead_tokens: usize,
+    num_encoder_tokens: usize,
+) -> kvcoord_core::KvResult<Option<Vec<Vec<BlockId>>>> {
+    let args = AllocateArgs {
+        num_new_tokens,
+        num_new_computed_tokens,
+        num_lookahead_tokens,
+        num_encoder_tokens,
+        delay_cache_blocks: false,
+    };
+    c.allocate_slots(req, view, &args, hits)
 }
