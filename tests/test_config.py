@@ -72,3 +72,46 @@ def test_retention_interval_rules() -> None:
 def test_groups_accept_any_sequence() -> None:
     cfg = KVCacheConfig(10, [KVCacheGroup(FullAttentionSpec(16), ["a", "b"])])  # type: ignore[arg-type]
     assert isinstance(cfg.groups, tuple) and cfg.groups[0].layer_names == ("a", "b")
+
+
+def test_specs_ask_the_core_for_kind_facts() -> None:
+    facts = {
+        type(s).__name__: (s.core.spec_name, s.core.prefix_cacheable, s.core.sparse)
+        for s in (
+            FullAttentionSpec(16),
+            SlidingWindowSpec(16, 64),
+            ChunkedLocalAttentionSpec(16, 64),
+            MambaSpec(16),
+            CrossAttentionSpec(16),
+        )
+    }
+    assert facts == {
+        "FullAttentionSpec": ("FullAttentionSpec", True, False),
+        "SlidingWindowSpec": ("SlidingWindowSpec", True, True),
+        "ChunkedLocalAttentionSpec": ("ChunkedLocalAttentionSpec", True, False),
+        "MambaSpec": ("MambaSpec", False, True),
+        "CrossAttentionSpec": ("CrossAttentionSpec", False, False),
+    }
+    assert FullAttentionSpec(16).core.prefix_closed_hits
+    assert not SlidingWindowSpec(16, 64).core.prefix_closed_hits
+    # The core spec follows the dataclass's value (equal specs, equal cores).
+    assert SlidingWindowSpec(16, 64).core == SlidingWindowSpec(16, 64).core
+    assert SlidingWindowSpec(16, 64).core != SlidingWindowSpec(16, 32).core
+    full, swa = KVCacheGroup(FullAttentionSpec(16)), KVCacheGroup(SlidingWindowSpec(32, 64))
+    assert not KVCacheConfig(10, (full,)).retention_applies
+    assert KVCacheConfig(10, (full, swa)).retention_applies
+
+
+def test_core_config_rules() -> None:
+    import kvcoord
+    from kvcoord._core import choose_coordinator, scheduler_block_size
+
+    specs = [FullAttentionSpec(32).core, SlidingWindowSpec(16, 64).core]
+    assert scheduler_block_size(specs) == 32
+    assert kvcoord.default_hash_block_size(specs, True) == 16
+    assert kvcoord.default_hash_block_size(specs, False) == 32
+    assert kvcoord.default_hash_block_size(specs[:1], True) == 32
+    kinds = kvcoord.CoordinatorKind
+    assert choose_coordinator(2, False) == kinds.NoPrefixCache
+    assert choose_coordinator(1, True) == kinds.Unitary
+    assert choose_coordinator(3, True) == kinds.Hybrid

@@ -40,8 +40,11 @@ __all__ = [
     "get_kv_cache_coordinator",
 ]
 
-#: Hit blocks per group: read-only ``uint32`` arrays from the core.
+#: Hit blocks per group: ``uint32`` arrays from the core.
 BlockIdsPerGroup = tuple[npt.NDArray[np.uint32], ...]
+
+_NO_BLOCKS: npt.NDArray[np.uint32] = np.zeros(0, np.uint32)
+_NO_BLOCKS.flags.writeable = False
 
 
 class KVCacheCoordinator:
@@ -100,7 +103,7 @@ class KVCacheCoordinator:
         return len(self.config.groups)
 
     def empty_hit(self) -> BlockIdsPerGroup:
-        return tuple(np.zeros(0, np.uint32) for _ in range(self.num_groups))
+        return (_NO_BLOCKS,) * self.num_groups
 
     def find_longest_cache_hit(
         self, request: Request, max_length: int
@@ -207,26 +210,33 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         # With exactly two spec groups led by full attention one pass suffices:
         # the second scan already ran at the full-attention bound.
         self._single_pass = len(self.spec_groups) == 2 and self.spec_groups[0].is_full_attention
+        # Per spec group, computed once: (group ids as the core takes them,
+        # prefix-closed?, block size).
+        self._scans = tuple(
+            (list(sg.group_ids), sg.is_full_attention, sg.spec.block_size)
+            for sg in self.spec_groups
+        )
 
     def find_longest_cache_hit(
         self, request: Request, max_length: int
     ) -> tuple[BlockIdsPerGroup, int]:
-        hit_blocks = list(self.empty_hit())
+        # Every group is assigned by its spec group's first scan.
+        hit_blocks: list[npt.NDArray[np.uint32]] = [_NO_BLOCKS] * self.num_groups
         full_lengths: dict[int, int] = {}
         candidate = max_length
         while True:
             length = candidate
-            for index, sg in enumerate(self.spec_groups):
-                if sg.is_full_attention and index in full_lengths:
+            for index, (group_ids, prefix_closed, _) in enumerate(self._scans):
+                if prefix_closed and index in full_lengths:
                     # Full-attention hits are prefix-closed: never re-scan, truncate later.
                     length = min(length, full_lengths[index])
                     continue
                 blocks, length = self.core.find_longest_cache_hit(
-                    list(sg.group_ids), request, length, self._alignment
+                    group_ids, request, length, self._alignment
                 )
-                for gid, ids in zip(sg.group_ids, blocks, strict=True):
+                for gid, ids in zip(group_ids, blocks, strict=True):
                     hit_blocks[gid] = ids
-                if sg.is_full_attention:
+                if prefix_closed:
                     full_lengths[index] = length
             if length >= candidate:
                 break
@@ -234,9 +244,9 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
             if self._single_pass:
                 break
         for index in full_lengths:
-            sg = self.spec_groups[index]
-            keep = -(-candidate // sg.spec.block_size)
-            for gid in sg.group_ids:
+            group_ids, _, block_size = self._scans[index]
+            keep = -(-candidate // block_size)
+            for gid in group_ids:
                 hit_blocks[gid] = hit_blocks[gid][:keep]
         return tuple(hit_blocks), candidate
 

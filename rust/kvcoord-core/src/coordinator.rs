@@ -24,6 +24,7 @@ use crate::error::{KvError, KvResult};
 use crate::ids::{BlockId, GroupId, ReqId};
 use crate::managers::{CachePolicy, GroupSpec, GroupTable, Manager};
 use crate::pool::{BlockPool, PoolConfig};
+pub use crate::request::RequestView;
 use crate::request::{Request, RequestRegistry};
 use crate::retention::validate_retention_interval;
 
@@ -262,44 +263,6 @@ fn gcd(a: u32, b: u32) -> u32 {
 /// size divides it unless the true LCM fits).
 fn lcm(a: u32, b: u32) -> u32 {
     (a / gcd(a, b)).saturating_mul(b)
-}
-
-/// What `allocate_slots` and `cache_blocks` need to know about a request.
-#[derive(Copy, Clone, Debug)]
-pub struct RequestView<'a> {
-    /// Tokens whose KV is already computed (`request.num_computed_tokens`).
-    pub num_computed_tokens: usize,
-    /// Tokens known so far: prompt plus accepted outputs (`request.num_tokens`).
-    pub num_tokens: usize,
-    /// Prompt length.
-    pub num_prompt_tokens: usize,
-    /// The request's block hashes, one per full hash unit.
-    pub hashes: &'a [BlockHash],
-    /// Where a longer shared prefix was seen by some group's lookup (0 =
-    /// none); a reachable boundary for sparse caching.
-    pub shared_prefix_boundary: usize,
-    /// Tokens scheduled in steps whose output is not back yet (async
-    /// scheduling); their blocks are kept. 0 without async scheduling.
-    pub num_in_flight_tokens: usize,
-}
-
-impl<'a> RequestView<'a> {
-    /// A view with no shared-prefix boundary and nothing in flight.
-    pub fn new(
-        num_computed_tokens: usize,
-        num_tokens: usize,
-        num_prompt_tokens: usize,
-        hashes: &'a [BlockHash],
-    ) -> Self {
-        Self {
-            num_computed_tokens,
-            num_tokens,
-            num_prompt_tokens,
-            hashes,
-            shared_prefix_boundary: 0,
-            num_in_flight_tokens: 0,
-        }
-    }
 }
 
 /// The per-step numbers of one `allocate_slots` call (vLLM's keyword

@@ -53,6 +53,19 @@ pub enum KvError {
     /// The request has no blocks in the coordinator (never allocated, or
     /// already freed).
     UnknownRequest(ReqId),
+    /// A block id value from a caller is negative or does not fit the id
+    /// type.
+    InvalidBlockId {
+        /// The value as given (`None`: too large to show as an integer).
+        value: Option<i128>,
+    },
+    /// A block hash is not a bytes-like object of a supported length.
+    InvalidHash {
+        /// What was given instead.
+        detail: String,
+    },
+    /// A structure's invariant does not hold (`check_invariants`): a bug.
+    Invariant(String),
     /// No live request has this scheduler id (never allocated, or freed).
     NoSuchRequest(String),
     /// A group id is not below the number of groups.
@@ -115,6 +128,20 @@ impl fmt::Display for KvError {
             ),
             Self::InvalidArgument { name, detail } => write!(f, "invalid {name}: {detail}"),
             Self::UnknownRequest(r) => write!(f, "request {r} holds no blocks"),
+            Self::InvalidBlockId { value: Some(v) } => write!(
+                f,
+                "block id {v} is invalid: {}",
+                if *v < 0 {
+                    "it is negative"
+                } else {
+                    "it does not fit in 32 bits"
+                }
+            ),
+            Self::InvalidBlockId { value: None } => {
+                write!(f, "block id is invalid: it does not fit in 32 bits")
+            }
+            Self::InvalidHash { detail } => write!(f, "invalid block hash: {detail}"),
+            Self::Invariant(what) => write!(f, "invariant violated: {what}"),
             Self::NoSuchRequest(id) => {
                 write!(f, "no request '{id}' in the KV cache manager")
             }

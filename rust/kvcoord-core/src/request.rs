@@ -11,9 +11,46 @@
 use hashbrown::HashMap;
 
 use crate::block_hash::BlockHash;
-use crate::coordinator::RequestView;
 use crate::hashing::RequestHasher;
 use crate::ids::ReqId;
+
+/// What `allocate_slots` and `cache_blocks` need to know about a request.
+#[derive(Copy, Clone, Debug)]
+pub struct RequestView<'a> {
+    /// Tokens whose KV is already computed (`request.num_computed_tokens`).
+    pub num_computed_tokens: usize,
+    /// Tokens known so far: prompt plus accepted outputs (`request.num_tokens`).
+    pub num_tokens: usize,
+    /// Prompt length.
+    pub num_prompt_tokens: usize,
+    /// The request's block hashes, one per full hash unit.
+    pub hashes: &'a [BlockHash],
+    /// Where a longer shared prefix was seen by some group's lookup (0 =
+    /// none); a reachable boundary for sparse caching.
+    pub shared_prefix_boundary: usize,
+    /// Tokens scheduled in steps whose output is not back yet (async
+    /// scheduling); their blocks are kept. 0 without async scheduling.
+    pub num_in_flight_tokens: usize,
+}
+
+impl<'a> RequestView<'a> {
+    /// A view with no shared-prefix boundary and nothing in flight.
+    pub fn new(
+        num_computed_tokens: usize,
+        num_tokens: usize,
+        num_prompt_tokens: usize,
+        hashes: &'a [BlockHash],
+    ) -> Self {
+        Self {
+            num_computed_tokens,
+            num_tokens,
+            num_prompt_tokens,
+            hashes,
+            shared_prefix_boundary: 0,
+            num_in_flight_tokens: 0,
+        }
+    }
+}
 
 /// A request's tokens, progress and chained block hashes.
 #[derive(Clone, Debug)]

@@ -12,7 +12,7 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyBytes, PyInt, PyList, PySlice, PyString, PyTuple};
 
 use crate::convert;
-use crate::errors::{CoreError, InvalidBlockIdError};
+use crate::errors::{err, CoreError};
 
 /// Block ids per KV cache group (see `_core.pyi`). Immutable.
 #[pyclass(module = "kvcoord._core", name = "KVCacheBlocks", frozen)]
@@ -27,8 +27,11 @@ pub(crate) struct PyKVCacheBlocks {
 }
 
 fn id32(b: BlockId) -> PyResult<i32> {
-    i32::try_from(b.0)
-        .map_err(|_| InvalidBlockIdError::new_err(format!("block id {b} does not fit in 32 bits")))
+    i32::try_from(b.0).map_err(|_| {
+        err(KvError::InvalidBlockId {
+            value: Some(i128::from(b.0)),
+        })
+    })
 }
 
 impl PyKVCacheBlocks {
@@ -111,11 +114,10 @@ fn readonly<T: numpy::Element>(a: Bound<'_, PyArray1<T>>) -> PyResult<Py<PyArray
     Ok(a.unbind())
 }
 
-fn bad_id(g: usize, v: &Bound<'_, PyAny>) -> PyErr {
-    InvalidBlockIdError::new_err(format!(
-        "group {g}: block id {} is negative or does not fit in 32 bits",
-        v.repr().map_or_else(|_| "?".into(), |r| r.to_string())
-    ))
+fn bad_id(v: &Bound<'_, PyAny>) -> PyErr {
+    err(KvError::InvalidBlockId {
+        value: v.extract::<i128>().ok(),
+    })
 }
 
 /// Group `g`'s ids from a sequence of ints (bools and non-ints refused).
@@ -138,7 +140,7 @@ fn ids_from_sequence(g: usize, obj: &Bound<'_, PyAny>, out: &mut Vec<i32>) -> Py
             .ok()
             .and_then(|v| i32::try_from(v).ok())
             .filter(|&v| v >= 0)
-            .ok_or_else(|| bad_id(g, &item))?;
+            .ok_or_else(|| bad_id(&item))?;
         out.push(v);
     }
     Ok(())
@@ -155,9 +157,7 @@ fn ids_from_array(g: usize, obj: &Bound<'_, PyAny>, out: &mut Vec<i32>) -> PyRes
     let mut ids = Vec::new();
     convert::extract_block_ids(obj, &mut ids)?;
     for b in ids {
-        out.push(i32::try_from(b.0).map_err(|_| {
-            InvalidBlockIdError::new_err(format!("group {g}: block id {b} does not fit in 32 bits"))
-        })?);
+        out.push(id32(b)?);
     }
     Ok(())
 }

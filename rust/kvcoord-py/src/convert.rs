@@ -7,7 +7,7 @@ use numpy::{Element, PyArray1, PyArrayMethods, PyReadonlyArray2, PyUntypedArray}
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
 
-use crate::errors::{core, CoreError, InvalidBlockIdError, InvalidHashError};
+use crate::errors::{core, err, CoreError};
 
 /// One block id (non-negative, 32-bit; the pool checks the upper bound).
 #[inline]
@@ -20,12 +20,9 @@ pub(crate) fn block_id(v: i64) -> PyResult<BlockId> {
 
 #[cold]
 fn bad_block_id(v: i64) -> PyErr {
-    let why = if v < 0 {
-        "is negative"
-    } else {
-        "does not fit in 32 bits"
-    };
-    InvalidBlockIdError::new_err(format!("block id {v} {why}"))
+    err(KvError::InvalidBlockId {
+        value: Some(i128::from(v)),
+    })
 }
 
 /// The elements of a 1-D numpy array, copied out.
@@ -72,7 +69,7 @@ fn block_id_of(item: &Bound<'_, PyAny>) -> PyResult<BlockId> {
 #[cold]
 fn bad_block_id_object(item: &Bound<'_, PyAny>) -> PyErr {
     if crate::args::is_int_like(item) {
-        InvalidBlockIdError::new_err(format!(
+        crate::errors::InvalidBlockIdError::new_err(format!(
             "block id {} does not fit in 32 bits",
             crate::args::shown(item)
         ))
@@ -176,10 +173,9 @@ pub(crate) fn block_hash(obj: &Bound<'_, PyAny>) -> PyResult<BlockHash> {
             return core(BlockHash::from_slice(&b));
         }
     }
-    Err(InvalidHashError::new_err(format!(
-        "block hash must be bytes, got {}",
-        obj.get_type().name()?
-    )))
+    Err(err(KvError::InvalidHash {
+        detail: format!("must be bytes, got {}", obj.get_type().name()?),
+    }))
 }
 
 /// Block hashes from a sequence of bytes or a 2-D uint8 numpy array
@@ -195,9 +191,11 @@ pub(crate) fn block_hashes(obj: &Bound<'_, PyAny>) -> PyResult<Vec<BlockHash>> {
         return Ok(out);
     }
     if obj.is_instance_of::<PyBytes>() {
-        return Err(InvalidHashError::new_err(
-            "block_hashes must be a sequence of bytes (one per block), not a single bytes object",
-        ));
+        return Err(err(KvError::InvalidHash {
+            detail: "block_hashes must be a sequence of bytes (one per block), \
+                     not a single bytes object"
+                .into(),
+        }));
     }
     let mut out = Vec::new();
     for item in obj.try_iter()? {

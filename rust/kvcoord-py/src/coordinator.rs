@@ -4,19 +4,18 @@
 //! requests and their registry are core state.
 
 use kvcoord_core::coordinator::{AllocateArgs, CoordinatorConfig, CoordinatorCore, NewBlocks};
-use kvcoord_core::{BlockId, CoordinatorKind, KvError};
+use kvcoord_core::{BlockId, BlockPool, CoordinatorKind, KvError};
 use numpy::PyArray1;
 use pyo3::prelude::*;
-use pyo3::types::{PyList, PyTuple};
+use pyo3::types::{PyBytes, PyList, PyTuple};
 
 use crate::args;
 use crate::blocks::PyKVCacheBlocks;
 use crate::convert;
-use crate::errors::{core, CoreError, InvariantError};
+use crate::errors::{core, CoreError};
 use crate::events::PyEventList;
 use crate::kinds::{self, PyCoordinatorKind, PyGroupSpec};
 use crate::pool;
-use crate::pool_view::PyBlockPoolView;
 use crate::request::PyRequest;
 
 /// One scheduler's KV-cache mechanism: a pool shared by one manager per
@@ -229,9 +228,7 @@ impl PyCoordinatorCore {
     }
 
     fn check_invariants(&self) -> PyResult<()> {
-        self.inner
-            .check_invariants()
-            .map_err(InvariantError::new_err)
+        crate::errors::invariants(self.inner.check_invariants())
     }
 }
 
@@ -260,4 +257,108 @@ fn fill_hits(obj: &Bound<'_, PyAny>, hits: &mut Vec<Vec<BlockId>>) -> PyResult<(
         convert::extract_block_ids(&item?, &mut hits[g])?;
     }
     Ok(())
+}
+
+// ---- the manager's pool, read-only ------------------------------------
+//
+// A separate type from the standalone `BlockPool`: its blocks are
+// allocated, cached and freed through the manager (whose block tables must
+// match the reference counts), so it has no mutating method. It lives here,
+// beside its owner, so that no two modules import each other.
+
+/// Read-only view of the pool inside a `CoordinatorCore`.
+#[pyclass(module = "kvcoord._core", name = "BlockPoolView", frozen)]
+pub(crate) struct PyBlockPoolView {
+    pub(crate) owner: Py<PyCoordinatorCore>,
+}
+
+impl PyBlockPoolView {
+    fn with<R>(&self, py: Python<'_>, f: impl FnOnce(&BlockPool) -> R) -> PyResult<R> {
+        Ok(f(self.owner.bind(py).try_borrow()?.inner.pool()))
+    }
+}
+
+#[pymethods]
+impl PyBlockPoolView {
+    #[getter]
+    fn num_blocks(&self, py: Python<'_>) -> PyResult<usize> {
+        self.with(py, BlockPool::num_blocks)
+    }
+
+    #[getter]
+    fn num_free_blocks(&self, py: Python<'_>) -> PyResult<usize> {
+        self.with(py, BlockPool::num_free_blocks)
+    }
+
+    #[getter]
+    fn usage(&self, py: Python<'_>) -> PyResult<f64> {
+        self.with(py, BlockPool::usage)
+    }
+
+    #[getter]
+    fn num_cached_blocks(&self, py: Python<'_>) -> PyResult<usize> {
+        self.with(py, BlockPool::num_cached_keys)
+    }
+
+    #[getter]
+    fn num_evictions(&self, py: Python<'_>) -> PyResult<u64> {
+        self.with(py, BlockPool::num_evictions)
+    }
+
+    #[getter]
+    fn enable_caching(&self, py: Python<'_>) -> PyResult<bool> {
+        self.with(py, BlockPool::caching_enabled)
+    }
+
+    #[getter]
+    fn hash_block_size(&self, py: Python<'_>) -> PyResult<u32> {
+        self.with(py, |p| p.config().hash_block_size)
+    }
+
+    #[getter]
+    fn enable_events(&self, py: Python<'_>) -> PyResult<bool> {
+        self.with(py, BlockPool::events_enabled)
+    }
+
+    #[getter]
+    fn metadata_bytes(&self, py: Python<'_>) -> PyResult<usize> {
+        self.with(py, BlockPool::metadata_bytes)
+    }
+
+    fn get_cached_block<'py>(
+        &self,
+        py: Python<'py>,
+        block_hash: &Bound<'_, PyAny>,
+        group_ids: &Bound<'_, PyAny>,
+    ) -> PyResult<Option<Bound<'py, PyList>>> {
+        self.with(py, |p| pool::get_cached_block(py, p, block_hash, group_ids))?
+    }
+
+    fn free_block_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<u32>>> {
+        self.with(py, |p| pool::free_block_ids(py, p))
+    }
+
+    fn ref_counts<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<u32>>> {
+        self.with(py, |p| pool::ref_counts(py, p))
+    }
+
+    fn cached_mask<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<bool>>> {
+        self.with(py, |p| pool::cached_mask(py, p))
+    }
+
+    fn block_hash<'py>(
+        &self,
+        py: Python<'py>,
+        block_id: &Bound<'_, PyAny>,
+    ) -> PyResult<Option<(Bound<'py, PyBytes>, u32)>> {
+        self.with(py, |p| pool::block_hash(py, p, block_id))?
+    }
+
+    fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
+        crate::errors::invariants(self.with(py, BlockPool::check_invariants)?)
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        self.with(py, |p| pool::repr(p, "BlockPoolView"))
+    }
 }

@@ -35,11 +35,16 @@ impl From<CoreError> for PyErr {
         // Exhaustive on purpose: a new core variant must be mapped here.
         match e {
             KvError::OutOfBlocks { .. } => OutOfBlocksError::new_err(msg),
-            KvError::BlockOutOfRange { .. } => InvalidBlockIdError::new_err(msg),
+            KvError::BlockOutOfRange { .. } | KvError::InvalidBlockId { .. } => {
+                InvalidBlockIdError::new_err(msg)
+            }
             KvError::RefCountUnderflow(_)
             | KvError::RefCountOverflow(_)
             | KvError::AlreadyCached(_) => BlockStateError::new_err(msg),
-            KvError::InvalidHashLength(_) => InvalidHashError::new_err(msg),
+            KvError::InvalidHashLength(_) | KvError::InvalidHash { .. } => {
+                InvalidHashError::new_err(msg)
+            }
+            KvError::Invariant(_) => InvariantError::new_err(msg),
             KvError::InvalidArgument { .. }
             | KvError::UnknownGroup(_)
             | KvError::Unsupported { .. } => InvalidArgumentError::new_err(msg),
@@ -55,6 +60,16 @@ impl From<CoreError> for PyErr {
 
 /// Shorthand for binding methods.
 pub(crate) type PyResult<T> = Result<T, PyErr>;
+
+/// A core error as a Python exception.
+pub(crate) fn err(e: KvError) -> PyErr {
+    CoreError(e).into()
+}
+
+/// An invariant check's result.
+pub(crate) fn invariants(r: Result<(), String>) -> PyResult<()> {
+    r.map_err(|what| err(KvError::Invariant(what)))
+}
 
 /// Map a core result.
 pub(crate) fn core<T>(r: Result<T, KvError>) -> PyResult<T> {

@@ -16,7 +16,6 @@ mod errors;
 mod events;
 mod kinds;
 mod pool;
-mod pool_view;
 mod request;
 mod retention;
 
@@ -29,6 +28,8 @@ mod core_module {
     #[pymodule_export]
     use crate::blocks::PyKVCacheBlocks;
     #[pymodule_export]
+    use crate::coordinator::PyBlockPoolView;
+    #[pymodule_export]
     use crate::coordinator::PyCoordinatorCore;
     #[pymodule_export]
     use crate::events::{AllBlocksCleared, BlockRemoved, BlockStored};
@@ -39,8 +40,6 @@ mod core_module {
     };
     #[pymodule_export]
     use crate::pool::PyBlockPool;
-    #[pymodule_export]
-    use crate::pool_view::PyBlockPoolView;
     #[pymodule_export]
     use crate::request::{
         advance_requests, compute_block_hashes, none_hash, BlockHashes, PyRequest,

@@ -8,12 +8,12 @@ use pyo3::types::{PyBytes, PyList};
 
 use crate::args;
 use crate::convert::{self, id_list, Scratch};
-use crate::errors::{core, InvariantError};
+use crate::errors::core;
 use crate::events::{event_to_py, PyEventList};
 
 /// A standalone KV-cache block pool (see `_core.pyi` for the documented
 /// surface). A manager's pool is exposed read-only by
-/// [`PyBlockPoolView`](crate::pool_view::PyBlockPoolView) instead.
+/// [`PyBlockPoolView`](crate::coordinator::PyBlockPoolView) instead.
 #[pyclass(module = "kvcoord._core", name = "BlockPool")]
 pub(crate) struct PyBlockPool {
     inner: BlockPool,
@@ -310,8 +310,7 @@ impl PyBlockPool {
     }
 
     fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
-        self.with(py, BlockPool::check_invariants)?
-            .map_err(InvariantError::new_err)
+        crate::errors::invariants(self.with(py, BlockPool::check_invariants)?)
     }
 
     fn __repr__(&self) -> String {

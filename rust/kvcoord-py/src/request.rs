@@ -11,7 +11,7 @@ use pyo3::exceptions::PyIndexError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyInt, PyList, PySlice, PyString, PyTuple};
 
-use crate::errors::{core, InvalidTokenError};
+use crate::errors::{core, err};
 
 /// Hash without holding the GIL when at least this many tokens are new
 /// (releasing and re-taking the GIL costs about a microsecond).
@@ -20,12 +20,9 @@ const DETACH_MIN_TOKENS: usize = 4096;
 // ---------------------------------------------------------------- conversion
 
 fn invalid_token(position: usize, value: &Bound<'_, PyAny>) -> PyErr {
-    let shown = value
-        .repr()
-        .map_or_else(|_| "?".to_owned(), |r| r.to_string());
-    InvalidTokenError::new_err(format!(
-        "token id {shown} at position {position} is invalid: token ids must be in [0, 2^32)"
-    ))
+    // Beyond i128 the value is shown saturated; the position is exact.
+    let value = value.extract::<i128>().unwrap_or(i128::MAX);
+    err(KvError::InvalidTokenId { position, value })
 }
 
 /// One token from a Python object at `position`.
@@ -59,10 +56,10 @@ macro_rules! try_token_array {
                         $out.extend(view.iter().map(|&v| v as u32));
                     } else {
                         let (i, &v) = view.iter().enumerate().find(|&(_, &v)| !ok(v)).expect("a bad value");
-                        return Err(InvalidTokenError::new_err(format!(
-                            "token id {v} at position {} is invalid: token ids must be in [0, 2^32)",
-                            $base + i
-                        )));
+                        return Err(err(KvError::InvalidTokenId {
+                            position: $base + i,
+                            value: v as i128,
+                        }));
                     }
                 }
                 return Ok(());

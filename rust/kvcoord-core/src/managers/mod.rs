@@ -751,3 +751,52 @@ pub(crate) mod test_util {
         }
     }
 }
+
+#[cfg(test)]
+mod kind_table_tests {
+    use super::*;
+
+    const ALL: [GroupSpec; 5] = [
+        GroupSpec::full_attention(16),
+        GroupSpec::sliding_window(16, 64),
+        GroupSpec::chunked_local(16, 64),
+        GroupSpec::mamba(16, 1),
+        GroupSpec::cross_attention(16),
+    ];
+
+    #[test]
+    fn facts_are_consistent() {
+        for spec in ALL {
+            let f = spec.facts();
+            assert!(f.block_size_field.starts_with(f.spec_name), "{f:?}");
+            if let Some((field, _)) = f.param_field {
+                assert!(field.starts_with(f.spec_name), "{f:?}");
+                assert!(spec.param().is_some(), "{f:?}");
+            }
+            // A kind never searched is never cached, and vice versa.
+            assert_eq!(
+                f.prefix_cacheable,
+                f.hit_search != HitSearch::Never,
+                "{f:?}"
+            );
+            assert_eq!(
+                spec.is_full_attention(),
+                f.hit_search == HitSearch::PrefixClosed
+            );
+        }
+    }
+
+    #[test]
+    fn validation_names_the_public_field() {
+        let msg = |s: GroupSpec| s.validate().unwrap_err().to_string();
+        assert!(msg(GroupSpec::full_attention(0)).contains("FullAttentionSpec.block_size"));
+        assert!(msg(GroupSpec::sliding_window(16, 0)).contains("SlidingWindowSpec.sliding_window"));
+        assert!(msg(GroupSpec::chunked_local(16, 0))
+            .contains("ChunkedLocalAttentionSpec.attention_chunk_size"));
+        // Zero speculative blocks is valid.
+        assert!(GroupSpec::mamba(16, 0).validate().is_ok());
+        for spec in ALL {
+            assert!(spec.validate().is_ok());
+        }
+    }
+}
