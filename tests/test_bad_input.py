@@ -406,3 +406,17 @@ def test_block_hashes_is_a_full_sequence() -> None:
         hashes.index(b"nope")
     assert list(reversed(hashes)) == list(hashes)[::-1]
     assert hashes[1] in hashes
+
+
+def test_hit_tokens_without_hit_blocks_are_refused() -> None:
+    # Found by the generated suite: claiming hit tokens without passing their
+    # blocks would cache fresh blocks as holding tokens never computed.
+    mgr, a, b = _two_requests()
+    state = lambda: manager_state(mgr, [a, b])  # noqa: E731
+    refused(InvalidArgumentError, ValueError, state, lambda: mgr.allocate_slots(b, 1, 8))
+    refused(
+        InvalidArgumentError,
+        ValueError,
+        state,
+        lambda: mgr.allocate_slots(b, 1, 8, KVCacheBlocks([[]])),
+    )

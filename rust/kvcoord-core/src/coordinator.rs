@@ -669,13 +669,7 @@ impl CoordinatorCore {
         } = *args;
         let arg = |name, detail: String| KvError::InvalidArgument { name, detail };
         // Every count is below 2^48, so the sums below cannot wrap.
-        crate::limits::check_step(
-            view,
-            num_new_tokens,
-            num_new_computed_tokens,
-            num_lookahead_tokens,
-            num_encoder_tokens,
-        )?;
+        crate::limits::check_step(view, args)?;
         // Step 1.
         if num_new_tokens == 0 && num_new_computed_tokens == 0 {
             return Err(arg(
@@ -705,7 +699,10 @@ impl CoordinatorCore {
         }
         // Step 3 (no external tokens).
         let local = view.num_computed_tokens + num_new_computed_tokens;
-        if new_computed_blocks.is_some() {
+        // Hit tokens of a new request must come with their blocks: fresh
+        // blocks would otherwise be cached as holding them.
+        let claims_hits = !tracked && num_new_computed_tokens > 0 && config.enable_caching();
+        if new_computed_blocks.is_some() || claims_hits {
             check_hits(managers, pool, config, hits, tracked, local, view.hashes)?;
         }
         let total = local.min(config.max_model_len);
@@ -943,6 +940,13 @@ fn check_hits(
     }
     for (m, list) in managers.iter().zip(hits) {
         if list.is_empty() {
+            let needs_blocks = !tracked && num_local > 0 && config.enable_caching();
+            if needs_blocks && m.spec().prefix_cacheable() {
+                return Err(arg(format!(
+                    "group {}: {num_local} hit tokens but no hit blocks",
+                    m.group()
+                )));
+            }
             continue;
         }
         if tracked {

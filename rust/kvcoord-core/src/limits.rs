@@ -12,7 +12,7 @@
 //!   reserved fallibly first: a reservation the allocator refuses is
 //!   [`KvError::OutOfMemory`], raised before anything changed.
 
-use crate::coordinator::RequestView;
+use crate::coordinator::{AllocateArgs, RequestView};
 use crate::error::{KvError, KvResult};
 
 /// Exclusive upper bound of every token count (2^48 tokens).
@@ -53,17 +53,11 @@ fn too_many_tokens(name: &'static str, value: usize) -> KvError {
 
 /// Check the counts of one `allocate_slots` step (and the request's
 /// progress) against [`MAX_TOKENS`], naming the first one out of range.
-pub fn check_step(
-    view: &RequestView<'_>,
-    num_new_tokens: usize,
-    num_new_computed_tokens: usize,
-    num_lookahead_tokens: usize,
-    num_encoder_tokens: usize,
-) -> KvResult<()> {
-    check_tokens("num_new_tokens", num_new_tokens)?;
-    check_tokens("num_new_computed_tokens", num_new_computed_tokens)?;
-    check_tokens("num_lookahead_tokens", num_lookahead_tokens)?;
-    check_tokens("num_encoder_tokens", num_encoder_tokens)?;
+pub fn check_step(view: &RequestView<'_>, args: &AllocateArgs) -> KvResult<()> {
+    check_tokens("num_new_tokens", args.num_new_tokens)?;
+    check_tokens("num_new_computed_tokens", args.num_new_computed_tokens)?;
+    check_tokens("num_lookahead_tokens", args.num_lookahead_tokens)?;
+    check_tokens("num_encoder_tokens", args.num_encoder_tokens)?;
     check_tokens("num_computed_tokens", view.num_computed_tokens)?;
     check_tokens("num_in_flight_tokens", view.num_in_flight_tokens)?;
     Ok(())

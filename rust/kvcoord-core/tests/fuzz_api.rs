@@ -165,12 +165,13 @@ fn run(layout: usize, num_blocks: usize, ops: Vec<Op>) -> Result<(), TestCaseErr
     let n_groups = groups.len();
     let mut cfg = CoordinatorConfig::new(groups, num_blocks, caching, 256);
     cfg.hash_block_size = BS as u32;
-    let mut c = CoordinatorCore::new(cfg).unwrap();
+    let mut core = CoordinatorCore::new(cfg).unwrap();
+    let c = &mut core;
     let prefixes: [Vec<u32>; 3] = [(100..108).collect(), vec![7; 4], vec![]];
     let mut running: Vec<Req> = Vec::new();
     let mut next = 0u64;
     for op in ops {
-        let before = snapshot(&c, &running);
+        let before = snapshot(c, &running);
         let mut new_request = false;
         let result: Result<(), String> = match op {
             Op::Admit {
@@ -187,46 +188,15 @@ fn run(layout: usize, num_blocks: usize, ops: Vec<Op>) -> Result<(), TestCaseErr
                     hashes: Vec::new(),
                 };
                 r.rehash();
-                let (mut list, hit) = if caching {
-                    let (first, len) = c
-                        .find_longest_cache_hit(&[GroupId(0)], &r.hashes, r.tokens.len() - 1, BS)
-                        .unwrap();
-                    let mut all = first;
-                    for g in 1..n_groups {
-                        let id = GroupId(u32::try_from(g).unwrap());
-                        all.extend(
-                            c.find_longest_cache_hit(&[id], &r.hashes, len, BS)
-                                .unwrap()
-                                .0,
-                        );
-                    }
-                    (all, len)
-                } else {
-                    (vec![Vec::new(); n_groups], 0)
-                };
-                match hits {
-                    Hits::Honest => {}
-                    Hits::Random(ids) => list[0] = ids.into_iter().map(BlockId).collect(),
-                    Hits::Tampered(i, null) => {
-                        let l = &mut list[0];
-                        if !l.is_empty() {
-                            let i = i % l.len();
-                            if null {
-                                l[i] = BlockId::NULL;
-                            } else {
-                                let j = (i + 1) % l.len();
-                                l.swap(i, j);
-                            }
-                        }
-                    }
-                }
+                let (mut list, hit) = lookup(c, &r, n_groups, caching);
+                tamper(&mut list[0], hits);
                 let mut counts = [r.tokens.len() - hit, hit, 0, 2];
                 if let Some((k, v)) = huge {
                     counts[k] = v;
                 }
                 new_request = true;
                 let res = alloc(
-                    &mut c,
+                    c,
                     r.id,
                     &r.view(),
                     counts[0],
@@ -247,23 +217,7 @@ fn run(layout: usize, num_blocks: usize, ops: Vec<Op>) -> Result<(), TestCaseErr
             }
             Op::Decode { req, lookahead } => match running.get_mut(req) {
                 None => Ok(()),
-                Some(r) => {
-                    r.tokens.push(1);
-                    r.rehash();
-                    let res = alloc(&mut c, r.id, &r.view(), 1, 0, None, lookahead, 2);
-                    match res {
-                        Ok(Some(_)) => {
-                            r.computed += 1;
-                            Ok(())
-                        }
-                        Ok(None) => Ok(()),
-                        Err(e) => {
-                            r.tokens.pop();
-                            r.rehash();
-                            Err(e.to_string())
-                        }
-                    }
-                }
+                Some(r) => decode(c, r, lookahead),
             },
             Op::Cache { req, n } => match running.get(req) {
                 None => Ok(()),
@@ -278,31 +232,21 @@ fn run(layout: usize, num_blocks: usize, ops: Vec<Op>) -> Result<(), TestCaseErr
                 }
                 Ok(())
             }
-            Op::Stale { req } => match running.get(req) {
-                // A freed request passed back with its progress still set.
-                Some(r) if r.computed > 0 => {
-                    let id = r.id;
-                    c.free(id).unwrap();
-                    let r = running.remove(req);
-                    let before = snapshot(&c, &running);
-                    let res = alloc(&mut c, id, &r.view(), 1, 0, None, 0, 0);
-                    prop_assert!(res.is_err(), "stale request accepted");
-                    prop_assert_eq!(snapshot(&c, &running), before);
-                    Ok(())
-                }
-                _ => Ok(()),
-            },
+            Op::Stale { req } => {
+                stale(c, &mut running, req)?;
+                Ok(())
+            }
         };
         if result.is_err() || new_request && !c.contains(ReqId(next)) {
             prop_assert_eq!(
-                snapshot(&c, &running),
+                snapshot(c, &running),
                 before,
                 "refused call changed state: {:?}",
                 result
             );
         }
         c.check_invariants().map_err(TestCaseError::fail)?;
-        check_no_shared_writes(&c).map_err(TestCaseError::fail)?;
+        check_no_shared_writes(c).map_err(TestCaseError::fail)?;
     }
     for r in running.drain(..) {
         c.free(r.id).unwrap();
@@ -351,4 +295,81 @@ fn alloc(
         delay_cache_blocks: false,
     };
     c.allocate_slots(req, view, &args, hits)
+}
+
+/// The hits a scheduler would pass: group 0's longest hit, every other
+/// group's hit at that length.
+fn lookup(
+    core: &CoordinatorCore,
+    r: &Req,
+    n_groups: usize,
+    caching: bool,
+) -> (Vec<Vec<BlockId>>, usize) {
+    if !caching {
+        return (vec![Vec::new(); n_groups], 0);
+    }
+    let max = r.tokens.len() - 1;
+    let (mut all, len) = core
+        .find_longest_cache_hit(&[GroupId(0)], &r.hashes, max, BS)
+        .unwrap();
+    for g in 1..n_groups {
+        let id = GroupId(u32::try_from(g).unwrap());
+        all.extend(
+            core.find_longest_cache_hit(&[id], &r.hashes, len, BS)
+                .unwrap()
+                .0,
+        );
+    }
+    (all, len)
+}
+
+/// Apply the adversarial change `hits` to group 0's hit list.
+fn tamper(list: &mut Vec<BlockId>, hits: Hits) {
+    match hits {
+        Hits::Honest => {}
+        Hits::Random(ids) => *list = ids.into_iter().map(BlockId).collect(),
+        Hits::Tampered(_, _) if list.is_empty() => {}
+        Hits::Tampered(pos, null) => {
+            let pos = pos % list.len();
+            if null {
+                list[pos] = BlockId::NULL;
+            } else {
+                let next = (pos + 1) % list.len();
+                list.swap(pos, next);
+            }
+        }
+    }
+}
+
+/// One decode step of `r` (its token is taken back if refused).
+fn decode(c: &mut CoordinatorCore, r: &mut Req, lookahead: usize) -> Result<(), String> {
+    r.tokens.push(1);
+    r.rehash();
+    match alloc(c, r.id, &r.view(), 1, 0, None, lookahead, 2) {
+        Ok(Some(_)) => {
+            r.computed += 1;
+            Ok(())
+        }
+        Ok(None) => Ok(()),
+        Err(e) => {
+            r.tokens.pop();
+            r.rehash();
+            Err(e.to_string())
+        }
+    }
+}
+
+/// Free request `req`, then pass it back with its progress still set: it
+/// must be refused, nothing changed.
+fn stale(c: &mut CoordinatorCore, running: &mut Vec<Req>, req: usize) -> Result<(), TestCaseError> {
+    if running.get(req).is_none_or(|r| r.computed == 0) {
+        return Ok(());
+    }
+    let r = running.remove(req);
+    c.free(r.id).unwrap();
+    let before = snapshot(c, running);
+    let res = alloc(c, r.id, &r.view(), 1, 0, None, 0, 0);
+    prop_assert!(res.is_err(), "stale request accepted");
+    prop_assert_eq!(snapshot(c, running), before);
+    Ok(())
 }

@@ -2,7 +2,7 @@
 //! flags). Every failure is a `kvcoord.errors` exception naming the
 //! argument: an int out of range is an `InvalidArgumentError` (a
 //! `ValueError`), anything that is not an int an `ArgumentTypeError` (also a
-//! `TypeError`), never a bare `OverflowError` or `TypeError` from PyO3.
+//! `TypeError`), never a bare `OverflowError` or `TypeError` from `PyO3`.
 //! Numpy integer scalars (anything with `__index__`) are ints.
 
 use pyo3::prelude::*;
@@ -40,6 +40,16 @@ pub(crate) fn not_an_int(obj: &Bound<'_, PyAny>, name: &str) -> PyErr {
 /// A non-negative count (`usize`); the core checks its upper limits.
 #[inline]
 pub(crate) fn count(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<usize> {
+    // `i64` first: CPython converts small ints to a signed value on a fast
+    // path (unsigned conversion goes through a byte array).
+    match obj.extract::<i64>().map(usize::try_from) {
+        Ok(Ok(v)) => Ok(v),
+        _ => count_beyond_i64(obj, name),
+    }
+}
+
+#[cold]
+fn count_beyond_i64(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<usize> {
     match obj.extract::<u64>() {
         Ok(v) => usize::try_from(v).map_err(|_| out_of_range(obj, name, "a 64-bit count")),
         Err(_) => Err(bad_count(obj, name)),
