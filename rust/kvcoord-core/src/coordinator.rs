@@ -694,9 +694,7 @@ impl CoordinatorCore {
         // hottest call, and a map lookup is a large part of its work.
         let mut slot = requests.entry(req);
         let tracked = matches!(slot, Entry::Occupied(_));
-        if !tracked && view.num_computed_tokens != 0 {
-            return Err(crate::limits::stale_request(view.num_computed_tokens));
-        }
+        crate::limits::check_progress(tracked, view)?;
         // Step 3 (no external tokens).
         let local = view.num_computed_tokens + num_new_computed_tokens;
         // Hit tokens of a new request must come with their blocks: fresh

@@ -63,6 +63,16 @@ pub fn check_step(view: &RequestView<'_>, args: &AllocateArgs) -> KvResult<()> {
     Ok(())
 }
 
+/// Refuse an untracked request whose progress says some tokens are
+/// computed ([`stale_request`]).
+#[inline]
+pub fn check_progress(tracked: bool, view: &RequestView<'_>) -> KvResult<()> {
+    if !tracked && view.num_computed_tokens != 0 {
+        return Err(stale_request(view.num_computed_tokens));
+    }
+    Ok(())
+}
+
 /// The error for a request the coordinator does not track but whose
 /// progress says some of its tokens are computed: a freed (or preempted)
 /// request passed back without resetting `num_computed_tokens`. Its KV is
