@@ -49,10 +49,12 @@ from kvcoord.coordinator import (
     get_kv_cache_coordinator,
 )
 from kvcoord.errors import (
+    ArgumentTypeError,
     BlockStateError,
     BlockTableError,
     BlockTableIndexError,
     ConfigError,
+    ConfigTypeError,
     InvalidArgumentError,
     InvalidBlockIdError,
     InvalidHashError,
@@ -60,6 +62,7 @@ from kvcoord.errors import (
     InvariantError,
     KvCoordError,
     OutOfBlocksError,
+    OutOfMemoryError,
     UnknownRequestError,
 )
 from kvcoord.hashing import HashAlgoName, LoRA, MultiModalFeature
@@ -76,6 +79,7 @@ __all__ = [
     "HASH_ALGOS",
     "AllBlocksCleared",
     "AllocateSlots",
+    "ArgumentTypeError",
     "BlockHashes",
     "BlockPool",
     "BlockPoolView",
@@ -86,6 +90,7 @@ __all__ = [
     "BlockTableIndexError",
     "ChunkedLocalAttentionSpec",
     "ConfigError",
+    "ConfigTypeError",
     "CoordinatorKind",
     "CrossAttentionSpec",
     "EvictionRecord",
@@ -113,6 +118,7 @@ __all__ = [
     "MambaSpec",
     "MultiModalFeature",
     "OutOfBlocksError",
+    "OutOfMemoryError",
     "PrefixCacheStats",
     "RSWASpec",
     "Request",

@@ -8,13 +8,14 @@ pool of ``num_blocks`` blocks. Invalid values raise :class:`ConfigError`
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from typing import ClassVar, Literal, TypeAlias
 
 from kvcoord._core import GroupSpec, validate_retention_interval
 from kvcoord._core import scheduler_block_size as _scheduler_block_size
-from kvcoord.errors import ConfigError
+from kvcoord.errors import ConfigError, ConfigTypeError
 
 __all__ = [
     "ChunkedLocalAttentionSpec",
@@ -31,10 +32,50 @@ __all__ = [
 ]
 
 
+#: Exclusive upper bound of sizes in tokens or blocks that the core stores
+#: in 32 bits (block sizes, windows, chunks, pool sizes).
+LIMIT_32 = 2**32
+
+
+def as_int(value: object, name: str, *, minimum: int = 1, limit: int = LIMIT_32) -> int:
+    """``value`` as a plain int in ``[minimum, limit)``; numpy integer
+    scalars count as ints, bools do not.
+
+    Raises:
+        ConfigTypeError: not an int (also a ``TypeError``).
+        ConfigError: out of range (names ``name``).
+    """
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        raise ConfigTypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    n = operator.index(value)  # type: ignore[arg-type]
+    if not minimum <= n < limit:
+        raise ConfigError(f"{name} must be in [{minimum}, {limit}), got {n}")
+    return n
+
+
+def as_i64(value: object, name: str) -> int:
+    """``value`` as a plain int that crosses into the core as a signed
+    64-bit integer (whose own rules then apply)."""
+    return as_int(value, name, minimum=-(2**63), limit=2**63)
+
+
+def as_bool(value: object, name: str) -> bool:
+    """``value`` if it is a bool.
+
+    Raises:
+        ConfigTypeError: anything else (``"no"`` is not ``False``).
+    """
+    if not isinstance(value, bool):
+        raise ConfigTypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+    return value
+
+
 def _int_field(owner: object, name: str, value: object) -> None:
-    """Type check only; the value's rules (and their messages) are the core's."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{type(owner).__name__}.{name} must be a positive int, got {value!r}")
+    """Type check and normalise (numpy integer scalars become ints); the
+    value's rules and their messages are the core's. Values beyond 64 bits
+    are refused here, naming the field, rather than overflowing on the way."""
+    n = as_i64(value, f"{type(owner).__name__}.{name}")
+    object.__setattr__(owner, name, n)
 
 
 def _set_core(owner: object, core: GroupSpec) -> None:
@@ -132,9 +173,7 @@ class MambaSpec(_Spec):
     def __post_init__(self) -> None:
         _int_field(self, "block_size", self.block_size)
         for name in ("num_speculative_blocks", "num_prefill_checkpoint_blocks"):
-            n = getattr(self, name)
-            if isinstance(n, bool) or not isinstance(n, int):
-                raise ConfigError(f"MambaSpec.{name} must be an int >= 0, got {n!r}")
+            _int_field(self, name, getattr(self, name))
         a = self.prefill_checkpoint_alignment
         if a is not None:
             _int_field(self, "prefill_checkpoint_alignment", a)
@@ -263,6 +302,8 @@ class KVCacheGroup:
         if not isinstance(self.spec, _SPEC_TYPES):
             raise ConfigError(f"KVCacheGroup.spec must be a KV cache spec, got {self.spec!r}")
         names = self.layer_names
+        if not isinstance(names, str) and isinstance(names, Iterable):
+            names = tuple(names)  # a generator is read once, here
         if isinstance(names, str) or not all(isinstance(n, str) for n in names):
             raise ConfigError(f"KVCacheGroup.layer_names must be a sequence of str, got {names!r}")
         object.__setattr__(self, "layer_names", tuple(names))
@@ -282,18 +323,27 @@ class KVCacheConfig:
     prefix_cache_retention_interval: int | None = None
 
     def __post_init__(self) -> None:
-        n = self.num_blocks
-        if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
-            raise ConfigError(f"KVCacheConfig.num_blocks must be a positive int, got {n!r}")
+        n = as_int(self.num_blocks, "KVCacheConfig.num_blocks", limit=LIMIT_32)
+        object.__setattr__(self, "num_blocks", n)
         groups: Iterable[KVCacheGroup] = self.groups
+        if not isinstance(groups, Iterable) or isinstance(groups, str | KVCacheGroup):
+            raise ConfigTypeError(
+                f"KVCacheConfig.groups must be a sequence of KVCacheGroup, got {groups!r}"
+            )
         object.__setattr__(self, "groups", tuple(groups))
         for i, g in enumerate(self.groups):
             if not isinstance(g, KVCacheGroup):
                 raise ConfigError(f"KVCacheConfig.groups[{i}] must be a KVCacheGroup, got {g!r}")
         r = self.prefix_cache_retention_interval
-        if r is not None and (isinstance(r, bool) or not isinstance(r, int)):
+        if r is not None:
+            # The sign rule and its message are the core's (below).
+            r = as_i64(r, "KVCacheConfig.prefix_cache_retention_interval")
+            object.__setattr__(self, "prefix_cache_retention_interval", r)
+        sbs = self.scheduler_block_size  # saturates at 2^32 - 1 in the core
+        if any(sbs % g.spec.block_size for g in self.groups):
             raise ConfigError(
-                f"KVCacheConfig.prefix_cache_retention_interval must be an int or None, got {r!r}"
+                "KVCacheConfig: the LCM of the groups' block sizes "
+                f"{[g.spec.block_size for g in self.groups]} must be below 2^32"
             )
         validate_retention_interval(r, self.scheduler_block_size, self.retention_applies)
 

@@ -30,8 +30,7 @@ from kvcoord._core import (
     Request,
     choose_coordinator,
 )
-from kvcoord.config import KVCacheConfig, KVCacheSpec
-from kvcoord.errors import ConfigError
+from kvcoord.config import KVCacheConfig, KVCacheSpec, as_bool, as_i64
 
 __all__ = [
     "HybridKVCacheCoordinator",
@@ -87,15 +86,11 @@ class KVCacheCoordinator:
         hash_block_size: int | None = None,
         enable_events: bool = False,
     ) -> None:
-        # Types only: the values' rules (and messages) are the core's.
-        for name, value, optional in (
-            ("max_model_len", max_model_len, False),
-            ("hash_block_size", hash_block_size, True),
-        ):
-            if value is None and optional:
-                continue
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise ConfigError(f"{name} must be a positive int, got {value!r}")
+        # Type checks and the 64-bit crossing here; the rules are the core's.
+        max_model_len = as_i64(max_model_len, "max_model_len")
+        if hash_block_size is not None:
+            hash_block_size = as_i64(hash_block_size, "hash_block_size")
+        enable_events = as_bool(enable_events, "enable_events")
         self.config = config
         self.core = CoordinatorCore(
             config.num_blocks,
@@ -288,7 +283,9 @@ def get_kv_cache_coordinator(
 ) -> KVCacheCoordinator:
     """The policy the core chooses (:func:`kvcoord._core.choose_coordinator`):
     caching off -> NoPrefixCache; one group -> Unitary; otherwise Hybrid."""
-    policy = _POLICIES[choose_coordinator(len(config.groups), bool(enable_caching))]
+    policy = _POLICIES[
+        choose_coordinator(len(config.groups), as_bool(enable_caching, "enable_caching"))
+    ]
     return policy(
         config,
         max_model_len=max_model_len,

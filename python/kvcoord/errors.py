@@ -9,10 +9,12 @@ and manager state exactly as it was before the call.
 from __future__ import annotations
 
 __all__ = [
+    "ArgumentTypeError",
     "BlockStateError",
     "BlockTableError",
     "BlockTableIndexError",
     "ConfigError",
+    "ConfigTypeError",
     "InvalidArgumentError",
     "InvalidBlockIdError",
     "InvalidHashError",
@@ -20,6 +22,7 @@ __all__ = [
     "InvariantError",
     "KvCoordError",
     "OutOfBlocksError",
+    "OutOfMemoryError",
     "UnknownRequestError",
 ]
 
@@ -35,6 +38,17 @@ class OutOfBlocksError(KvCoordError, ValueError):
 class InvalidArgumentError(KvCoordError, ValueError):
     """An argument is out of range or inconsistent with the others (a negative
     count, ``num_full_blocks`` beyond the ids given, a mask of the wrong length)."""
+
+
+class ArgumentTypeError(InvalidArgumentError, TypeError):
+    """An argument has the wrong type (a string where an int is expected,
+    ``None`` for a request, a non-bool flag). Also a ``TypeError``."""
+
+
+class OutOfMemoryError(KvCoordError, MemoryError):
+    """A buffer sized by the caller (pool metadata, a request's tokens or
+    hashes) could not be allocated; nothing was changed. Also a
+    ``MemoryError``."""
 
 
 class InvalidBlockIdError(KvCoordError, ValueError):
@@ -56,6 +70,10 @@ class InvalidTokenError(KvCoordError, ValueError):
 
 class ConfigError(KvCoordError, ValueError):
     """A configuration value breaks one of its rules."""
+
+
+class ConfigTypeError(ConfigError, TypeError):
+    """A configuration value has the wrong type (also a ``TypeError``)."""
 
 
 class UnknownRequestError(KvCoordError, KeyError):

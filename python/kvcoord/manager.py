@@ -22,13 +22,13 @@ import numpy.typing as npt
 
 from kvcoord._core import BlockPoolView, Request, advance_requests
 from kvcoord.blocks import KVCacheBlocks
-from kvcoord.config import KVCacheConfig
+from kvcoord.config import KVCacheConfig, as_bool, as_i64
 from kvcoord.coordinator import (
     KVCacheCoordinator,
     get_kv_cache_coordinator,
     shared_prefix_boundary,
 )
-from kvcoord.errors import ConfigError
+from kvcoord.errors import ArgumentTypeError, ConfigError, ConfigTypeError
 from kvcoord.residency import EvictionRecord, ResidencySnapshot
 
 __all__ = [
@@ -95,15 +95,12 @@ class KVCacheManagerOptions:
 
     def __post_init__(self) -> None:
         for name in ("enable_caching", "enable_events", "log_stats", "residency_metrics"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(
-                    f"KVCacheManagerOptions.{name} must be a bool, got {getattr(self, name)!r}"
-                )
+            as_bool(getattr(self, name), f"KVCacheManagerOptions.{name}")
         h = self.hash_block_size
-        if h is not None and (isinstance(h, bool) or not isinstance(h, int)):
-            raise ConfigError(
-                f"KVCacheManagerOptions.hash_block_size must be an int or None, got {h!r}"
-            )
+        if h is not None:
+            # Type and 64-bit range here; the value's rules are the core's.
+            h = as_i64(h, "KVCacheManagerOptions.hash_block_size")
+            object.__setattr__(self, "hash_block_size", h)
 
 
 @dataclass(slots=True)
@@ -141,10 +138,10 @@ class KVCacheManager:
         options: KVCacheManagerOptions | None = None,
     ) -> None:
         if not isinstance(config, KVCacheConfig):
-            raise ConfigError(f"config must be a KVCacheConfig, got {type(config).__name__}")
+            raise ConfigTypeError(f"config must be a KVCacheConfig, got {type(config).__name__}")
         options = KVCacheManagerOptions() if options is None else options
         if not isinstance(options, KVCacheManagerOptions):
-            raise ConfigError(
+            raise ConfigTypeError(
                 f"options must be a KVCacheManagerOptions, got {type(options).__name__}"
             )
         self.config = config
@@ -186,7 +183,7 @@ class KVCacheManager:
         group agreed. Sparse caching keeps the state at that boundary, and
         Mamba chunking (:func:`kvcoord.mamba_aligned_chunk`) stops there.
         """
-        self._check_hash_block_size(request)
+        self._check_hash_block_size(_request(request))
         if not self.enable_caching or request.skip_reading_prefix_cache:
             request.shared_prefix_boundary = 0
             return self._empty, 0
@@ -213,7 +210,7 @@ class KVCacheManager:
         """Release every block of ``request`` (tail first, so its deepest
         cached blocks are evicted before its shallower ones). Freeing an
         unknown or already freed request is a no-op, as in vLLM."""
-        self._core.free(request.request_id)
+        self._core.free(_request(request).request_id)
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         """Register the request's full blocks up to ``num_computed_tokens``."""
@@ -241,7 +238,7 @@ class KVCacheManager:
         Raises:
             UnknownRequestError: the manager holds no blocks for this id.
         """
-        blocks: KVCacheBlocks = self._core.blocks(request_id)
+        blocks: KVCacheBlocks = self._core.blocks(_request_id(request_id))
         return blocks
 
     def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
@@ -259,7 +256,7 @@ class KVCacheManager:
         full-attention kinds (full, MLA, R-SWA) can share a prefix; the other
         groups report 0. (vLLM 0.33.0 removed cascade attention and always
         reports 0; kvcoord keeps the count.)"""
-        return list(self._core.num_common_prefix_blocks(request_id))
+        return list(self._core.num_common_prefix_blocks(_request_id(request_id)))
 
     @property
     def num_running_requests(self) -> int:
@@ -327,3 +324,19 @@ class KVCacheManager:
                 f"request {request.request_id!r} is hashed in units of {request.hash_block_size} "
                 f"tokens but this manager uses hash_block_size={self.hash_block_size}"
             )
+
+
+def _request(request: object) -> Request:
+    if not isinstance(request, Request):
+        raise ArgumentTypeError(
+            f"request must be a kvcoord.Request, got {type(request).__name__} {request!r}"
+        )
+    return request
+
+
+def _request_id(request_id: object) -> str:
+    if not isinstance(request_id, str):
+        raise ArgumentTypeError(
+            f"request_id must be a str, got {type(request_id).__name__} {request_id!r}"
+        )
+    return request_id

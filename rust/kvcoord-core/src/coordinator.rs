@@ -182,6 +182,13 @@ impl CoordinatorConfig {
         if self.max_model_len == 0 {
             return Err(bad("max_model_len", "0".into(), "must be positive"));
         }
+        if self.max_model_len >= crate::limits::MAX_TOKENS {
+            return Err(bad(
+                "max_model_len",
+                self.max_model_len.to_string(),
+                "must be below 2^48 tokens",
+            ));
+        }
         match self.kind {
             CoordinatorKind::NoPrefixCache => {}
             CoordinatorKind::Unitary | CoordinatorKind::Hybrid => self.validate_caching()?,
@@ -267,8 +274,10 @@ fn gcd(a: u32, b: u32) -> u32 {
     }
 }
 
+/// Saturates at `u32::MAX`, which then fails validation (no group's block
+/// size divides it unless the true LCM fits).
 fn lcm(a: u32, b: u32) -> u32 {
-    a / gcd(a, b) * b
+    (a / gcd(a, b)).saturating_mul(b)
 }
 
 /// The per-step numbers of one `allocate_slots` call (vLLM's keyword
@@ -507,6 +516,7 @@ impl CoordinatorCore {
         new_computed_blocks: Option<&[Vec<BlockId>]>,
         out: &mut NewBlocks,
     ) -> KvResult<bool> {
+        self.check_hash_unit(request)?;
         let req = self.registry.peek(request.id());
         let ok = self.allocate_slots_into(req, &request.view(), args, new_computed_blocks, out)?;
         if ok {
@@ -517,8 +527,28 @@ impl CoordinatorCore {
 
     /// [`cache_blocks`](Self::cache_blocks) for a live request.
     pub fn cache_request(&mut self, request: &Request, num_tokens: usize) -> KvResult<()> {
+        self.check_hash_unit(request)?;
         let req = self.req_of(request.id())?;
         self.cache_blocks(req, &request.view(), num_tokens)
+    }
+
+    /// With caching on, a request must be hashed in this coordinator's hash
+    /// unit: its hashes would otherwise be cached under wrong keys.
+    fn check_hash_unit(&self, request: &Request) -> KvResult<()> {
+        let unit = request.hasher().config().block_size();
+        let mine = self.config.hash_block_size as usize;
+        if self.config.enable_caching() && unit != mine {
+            return Err(KvError::InvalidConfig {
+                name: "hash_block_size",
+                value: unit.to_string(),
+                rule: format!(
+                    "request {:?} is hashed in units of {unit} tokens but this manager uses \
+                     hash_block_size={mine}",
+                    request.id()
+                ),
+            });
+        }
+        Ok(())
     }
 
     /// Free a request by scheduler id; `false` (and nothing done) for an
@@ -671,6 +701,8 @@ impl CoordinatorCore {
             delay_cache_blocks,
         } = *args;
         let arg = |name, detail: String| KvError::InvalidArgument { name, detail };
+        // Every count is below 2^48, so the sums below cannot wrap.
+        crate::limits::check_step(view, args)?;
         // Step 1.
         if num_new_tokens == 0 && num_new_computed_tokens == 0 {
             return Err(arg(
@@ -698,10 +730,14 @@ impl CoordinatorCore {
         // hottest call, and a map lookup is a large part of its work.
         let mut slot = requests.entry(req);
         let tracked = matches!(slot, Entry::Occupied(_));
+        crate::limits::check_progress(tracked, view)?;
         // Step 3 (no external tokens).
         let local = view.num_computed_tokens + num_new_computed_tokens;
-        if new_computed_blocks.is_some() {
-            check_hits(managers, pool, config, hits, tracked, local)?;
+        // Hit tokens of a new request must come with their blocks: fresh
+        // blocks would otherwise be cached as holding them.
+        let claims_hits = !tracked && num_new_computed_tokens > 0 && config.enable_caching();
+        if new_computed_blocks.is_some() || claims_hits {
+            check_hits(managers, pool, config, hits, tracked, local, view.hashes)?;
         }
         // Steps 3 and 7.
         let (total, main, need_slots) = step_tokens(local, args, config.max_model_len)?;
@@ -1062,11 +1098,17 @@ fn predict(
             };
             let n = mamba_align::num_blocks_to_allocate(m, pool, table, &input, cached_this_step);
             checkpoints[g] = n.checkpoint;
-            needed += n.take;
-            surplus += n.give_back;
+            needed = needed.saturating_add(n.take);
+            surplus = surplus.saturating_add(n.give_back);
         } else {
             let tokens = CoordinatorCore::group_tokens(m, step.need_slots, step.num_encoder_tokens);
-            needed += m.num_blocks_to_allocate(pool, table, tokens, group_hits, step.total);
+            needed = needed.saturating_add(m.num_blocks_to_allocate(
+                pool,
+                table,
+                tokens,
+                group_hits,
+                step.total,
+            ));
         }
     }
     needed.saturating_sub(surplus)
@@ -1082,6 +1124,7 @@ fn check_hits(
     hits: &[Vec<BlockId>],
     tracked: bool,
     num_local: usize,
+    hashes: &[BlockHash],
 ) -> KvResult<()> {
     let arg = |detail: String| KvError::InvalidArgument {
         name: "new_computed_blocks",
@@ -1096,6 +1139,13 @@ fn check_hits(
     }
     for (m, list) in managers.iter().zip(hits) {
         if list.is_empty() {
+            let needs_blocks = !tracked && num_local > 0 && config.enable_caching();
+            if needs_blocks && m.spec().prefix_cacheable() {
+                return Err(arg(format!(
+                    "group {}: {num_local} hit tokens but no hit blocks",
+                    m.group()
+                )));
+            }
             continue;
         }
         if tracked {
@@ -1130,6 +1180,14 @@ fn check_hits(
                 list.len()
             )));
         }
+        crate::hits::verify_group_hits(
+            m,
+            pool,
+            hashes,
+            config.hash_block_size as usize,
+            list,
+            num_local,
+        )?;
     }
     Ok(())
 }

@@ -76,6 +76,14 @@ pub enum KvError {
         /// What was attempted, and on what.
         what: String,
     },
+    /// A buffer sized by the caller could not be allocated (nothing was
+    /// changed).
+    OutOfMemory {
+        /// What the buffer was for.
+        what: &'static str,
+        /// Bytes asked for.
+        bytes: usize,
+    },
     /// A configuration value breaks one of its rules.
     InvalidConfig {
         /// The setting's name.
@@ -139,6 +147,9 @@ impl fmt::Display for KvError {
             }
             Self::UnknownGroup(g) => write!(f, "no KV cache group {g}"),
             Self::Unsupported { what } => write!(f, "not supported: {what}"),
+            Self::OutOfMemory { what, bytes } => {
+                write!(f, "out of memory: cannot allocate {bytes} bytes for {what}")
+            }
             Self::InvalidConfig { name, value, rule } => {
                 write!(f, "invalid {name}={value}: {rule}")
             }

@@ -390,6 +390,14 @@ impl RequestHasher {
         (num_tokens / self.config.block_size).saturating_sub(self.hashes.len())
     }
 
+    /// Reserve room for the digests of a `num_tokens`-token sequence, so
+    /// that the next [`update`](Self::update) allocates nothing; a refused
+    /// allocation is [`KvError::OutOfMemory`](crate::KvError::OutOfMemory).
+    pub fn try_reserve_for(&mut self, num_tokens: usize) -> crate::KvResult<()> {
+        let n = self.pending_blocks(num_tokens);
+        crate::limits::try_reserve(&mut self.hashes, n, "block hashes")
+    }
+
     /// Hash every full block of `tokens` not hashed yet and return how many
     /// digests were appended. `tokens` is the request's whole sequence; its
     /// already-hashed prefix must be unchanged since the previous call (it is

@@ -287,6 +287,8 @@ impl BlockPool {
         if config.hash_block_size == 0 {
             return Err(invalid("hash_block_size", "must be positive"));
         }
+        // Fallible first: a pool the allocator cannot hold is an error.
+        crate::limits::reserve_pool(config.num_blocks)?;
         Ok(Self {
             meta: vec![FRESH; config.num_blocks],
             free: make(config.num_blocks),

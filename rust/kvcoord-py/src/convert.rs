@@ -4,7 +4,6 @@
 
 use kvcoord_core::{BlockHash, BlockId, GroupId, KvError};
 use numpy::{Element, PyArray1, PyArrayMethods, PyReadonlyArray2, PyUntypedArray};
-use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
 
@@ -53,20 +52,64 @@ macro_rules! try_int_array {
     };
 }
 
+/// One block id argument (an int, or anything with `__index__`).
+pub(crate) fn block_id_arg(item: &Bound<'_, PyAny>) -> PyResult<BlockId> {
+    block_id_of(item)
+}
+
+/// One block id from a Python object (an int, or anything with `__index__`).
+#[inline]
+fn block_id_of(item: &Bound<'_, PyAny>) -> PyResult<BlockId> {
+    match item.extract::<i64>() {
+        Ok(v) => block_id(v),
+        Err(_) => Err(bad_block_id_object(item)),
+    }
+}
+
+#[cold]
+fn bad_block_id_object(item: &Bound<'_, PyAny>) -> PyErr {
+    if crate::args::is_int_like(item) {
+        crate::errors::InvalidBlockIdError::new_err(format!(
+            "block id {} does not fit in 32 bits",
+            crate::args::shown(item)
+        ))
+    } else {
+        crate::args::not_an_int(item, "a block id")
+    }
+}
+
+/// `arr` converted to its dtype in native byte order, when it is an integer
+/// array stored in the other order (`None` otherwise).
+pub(crate) fn native_int_array<'py>(
+    arr: &Bound<'py, PyAny>,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    let dtype = arr.getattr(pyo3::intern!(arr.py(), "dtype"))?;
+    let kind: String = dtype.getattr(pyo3::intern!(arr.py(), "kind"))?.extract()?;
+    let native: bool = dtype
+        .getattr(pyo3::intern!(arr.py(), "isnative"))?
+        .extract()?;
+    if native || !(kind == "i" || kind == "u") {
+        return Ok(None);
+    }
+    let to = dtype.call_method1(pyo3::intern!(arr.py(), "newbyteorder"), ("=",))?;
+    arr.call_method1(pyo3::intern!(arr.py(), "astype"), (to,))
+        .map(Some)
+}
+
 /// Append the block ids in `obj` (a list/tuple/sequence of ints, or a 1-D
-/// integer numpy array) to `out`.
+/// integer numpy array in either byte order) to `out`.
 pub(crate) fn extract_block_ids(obj: &Bound<'_, PyAny>, out: &mut Vec<BlockId>) -> PyResult<()> {
     if let Ok(list) = obj.cast::<PyList>() {
         out.reserve(list.len());
         for item in list.iter() {
-            out.push(block_id(item.extract::<i64>()?)?);
+            out.push(block_id_of(&item)?);
         }
         return Ok(());
     }
     if let Ok(tuple) = obj.cast::<PyTuple>() {
         out.reserve(tuple.len());
         for item in tuple.iter() {
-            out.push(block_id(item.extract::<i64>()?)?);
+            out.push(block_id_of(&item)?);
         }
         return Ok(());
     }
@@ -77,17 +120,26 @@ pub(crate) fn extract_block_ids(obj: &Bound<'_, PyAny>, out: &mut Vec<BlockId>) 
             return Ok(());
         }
         try_int_array!(obj, out, i64, i32, u64, i16, u16, i8, u8);
-        return Err(PyTypeError::new_err(
+        if let Some(native) = native_int_array(obj)? {
+            return extract_block_ids(&native, out);
+        }
+        return Err(crate::errors::ArgumentTypeError::new_err(
             "block ids must be a 1-D integer numpy array (or a sequence of ints)",
         ));
     }
     if obj.is_instance_of::<pyo3::types::PyString>() || obj.is_instance_of::<PyBytes>() {
-        return Err(PyTypeError::new_err(
+        return Err(crate::errors::ArgumentTypeError::new_err(
             "block ids must be a sequence of ints, not str/bytes",
         ));
     }
-    for item in obj.try_iter()? {
-        out.push(block_id(item?.extract::<i64>()?)?);
+    let items = obj.try_iter().map_err(|_| {
+        crate::errors::ArgumentTypeError::new_err(format!(
+            "block ids must be a sequence of ints or an integer numpy array, got {}",
+            crate::args::type_name(obj)
+        ))
+    })?;
+    for item in items {
+        out.push(block_id_of(&item?)?);
     }
     Ok(())
 }
@@ -99,21 +151,16 @@ pub(crate) fn block_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<BlockId>> {
     Ok(v)
 }
 
-/// A group id (non-negative, 32-bit).
-pub(crate) fn group_id(v: i64) -> PyResult<GroupId> {
-    u32::try_from(v).map(GroupId).map_err(|_| {
-        CoreError(KvError::InvalidArgument {
-            name: "group id",
-            detail: format!("{v} is not in [0, 2^32)"),
-        })
-        .into()
-    })
-}
-
 /// Group ids from a sequence of ints.
 pub(crate) fn group_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<GroupId>> {
-    let raw: Vec<i64> = obj.extract()?;
-    raw.into_iter().map(group_id).collect()
+    let items = obj
+        .try_iter()
+        .map_err(|_| crate::args::not_an_int(obj, "group_ids (a sequence of group ids)"))?;
+    let mut out = Vec::new();
+    for item in items {
+        out.push(GroupId(crate::args::u32_arg(&item?, "group id")?));
+    }
+    Ok(out)
 }
 
 /// One block hash from a bytes-like object.

@@ -9,6 +9,7 @@ use numpy::PyArray1;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
 
+use crate::args;
 use crate::blocks::PyKVCacheBlocks;
 use crate::convert;
 use crate::errors::{core, CoreError};
@@ -125,29 +126,32 @@ impl PyCoordinatorCore {
         Ok((PyList::new(py, arrays)?, hit))
     }
 
-    #[pyo3(signature = (request, num_new_tokens, num_new_computed_tokens = 0, new_computed_blocks = None,
-                        num_lookahead_tokens = 0, num_encoder_tokens = 0, delay_cache_blocks = false))]
+    /// Every scalar is converted by `args` (range and type checked, naming
+    /// the argument); `None` stands for an omitted default.
+    #[pyo3(signature = (request, num_new_tokens, num_new_computed_tokens = None, new_computed_blocks = None,
+                        num_lookahead_tokens = None, num_encoder_tokens = None, delay_cache_blocks = None))]
     #[allow(clippy::too_many_arguments)]
     fn allocate_slots(
         &mut self,
         py: Python<'_>,
-        request: PyRef<'_, PyRequest>,
-        num_new_tokens: i64,
-        num_new_computed_tokens: i64,
+        request: &Bound<'_, PyAny>,
+        num_new_tokens: &Bound<'_, PyAny>,
+        num_new_computed_tokens: Option<&Bound<'_, PyAny>>,
         new_computed_blocks: Option<&Bound<'_, PyAny>>,
-        num_lookahead_tokens: i64,
-        num_encoder_tokens: i64,
-        delay_cache_blocks: bool,
+        num_lookahead_tokens: Option<&Bound<'_, PyAny>>,
+        num_encoder_tokens: Option<&Bound<'_, PyAny>>,
+        delay_cache_blocks: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Option<Py<PyKVCacheBlocks>>> {
+        let request = args::request(request)?;
         let args = AllocateArgs {
-            num_new_tokens: convert::count(num_new_tokens, "num_new_tokens")?,
-            num_new_computed_tokens: convert::count(
+            num_new_tokens: args::count(num_new_tokens, "num_new_tokens")?,
+            num_new_computed_tokens: args::opt_count(
                 num_new_computed_tokens,
                 "num_new_computed_tokens",
             )?,
-            num_lookahead_tokens: convert::count(num_lookahead_tokens, "num_lookahead_tokens")?,
-            num_encoder_tokens: convert::count(num_encoder_tokens, "num_encoder_tokens")?,
-            delay_cache_blocks,
+            num_lookahead_tokens: args::opt_count(num_lookahead_tokens, "num_lookahead_tokens")?,
+            num_encoder_tokens: args::opt_count(num_encoder_tokens, "num_encoder_tokens")?,
+            delay_cache_blocks: args::opt_flag(delay_cache_blocks, "delay_cache_blocks", false)?,
         };
         let mut hits = std::mem::take(&mut self.hits);
         let has_hits = match new_computed_blocks {
@@ -181,8 +185,13 @@ impl PyCoordinatorCore {
         converted
     }
 
-    fn cache_blocks(&mut self, request: PyRef<'_, PyRequest>, num_tokens: i64) -> PyResult<()> {
-        let n = convert::count(num_tokens, "num_tokens")?;
+    fn cache_blocks(
+        &mut self,
+        request: &Bound<'_, PyAny>,
+        num_tokens: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let request = args::request(request)?;
+        let n = args::count(num_tokens, "num_tokens")?;
         core(self.inner.cache_request(&request.inner, n))
     }
 
@@ -197,8 +206,10 @@ impl PyCoordinatorCore {
         self.inner.pool_mut().enable_residency();
     }
 
-    fn set_residency_clock(&mut self, now: u64) {
+    fn set_residency_clock(&mut self, now: &Bound<'_, PyAny>) -> PyResult<()> {
+        let now = crate::args::count(now, "now")? as u64;
         crate::residency::set_clock(self.inner.pool_mut(), now);
+        Ok(())
     }
 
     fn residency_snapshot<'py>(
@@ -366,7 +377,7 @@ impl PyBlockPoolView {
     fn block_hash<'py>(
         &self,
         py: Python<'py>,
-        block_id: i64,
+        block_id: &Bound<'_, PyAny>,
     ) -> PyResult<Option<(Bound<'py, PyBytes>, u32)>> {
         self.with(py, |p| pool::block_hash(py, p, block_id))?
     }

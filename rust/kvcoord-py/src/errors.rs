@@ -16,6 +16,9 @@ pyo3::import_exception!(kvcoord.errors, ConfigError);
 pyo3::import_exception!(kvcoord.errors, UnknownRequestError);
 pyo3::import_exception!(kvcoord.errors, InvariantError);
 pyo3::import_exception!(kvcoord.errors, InvalidTokenError);
+pyo3::import_exception!(kvcoord.errors, ArgumentTypeError);
+pyo3::import_exception!(kvcoord.errors, OutOfMemoryError);
+pyo3::import_exception!(kvcoord.errors, ConfigTypeError);
 
 /// Newtype so `?` can convert a foreign error into `PyErr` (orphan rule).
 pub(crate) struct CoreError(pub(crate) KvError);
@@ -50,6 +53,7 @@ impl From<CoreError> for PyErr {
             }
             KvError::InvalidTokenId { .. } => InvalidTokenError::new_err(msg),
             KvError::InvalidConfig { .. } => ConfigError::new_err(msg),
+            KvError::OutOfMemory { .. } => OutOfMemoryError::new_err(msg),
         }
     }
 }

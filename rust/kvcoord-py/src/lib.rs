@@ -8,6 +8,7 @@
 // dunder methods, which these two pedantic lints flag without a fix.
 #![allow(clippy::needless_pass_by_value, clippy::unused_self)]
 
+mod args;
 mod blocks;
 mod convert;
 mod coordinator;

@@ -6,6 +6,7 @@ use numpy::{IntoPyArray, PyArray1};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
+use crate::args;
 use crate::convert::{self, id_list, Scratch};
 use crate::errors::core;
 use crate::events::{event_to_py, PyEventList};
@@ -73,9 +74,9 @@ pub(crate) fn cached_mask<'py>(py: Python<'py>, p: &BlockPool) -> Bound<'py, PyA
 pub(crate) fn block_hash<'py>(
     py: Python<'py>,
     p: &BlockPool,
-    block_id: i64,
+    block_id: &Bound<'_, PyAny>,
 ) -> PyResult<Option<(Bound<'py, PyBytes>, u32)>> {
-    let b = convert::block_id(block_id)?;
+    let b = convert::block_id_arg(block_id)?;
     let key = core(p.cache_key(b))?;
     Ok(key.map(|k| (PyBytes::new(py, k.hash.as_bytes()), k.group.0)))
 }
@@ -118,18 +119,24 @@ pub(crate) fn take_events(py: Python<'_>, pool: &mut BlockPool) -> PyResult<PyEv
 #[pymethods]
 impl PyBlockPool {
     #[new]
-    #[pyo3(signature = (num_blocks, *, enable_caching = true, hash_block_size = 16, enable_events = false, eviction_policy = "lru"))]
+    /// Scalars are converted by `args` (`None` stands for the default).
+    #[pyo3(signature = (num_blocks, *, enable_caching = None, hash_block_size = None, enable_events = None, eviction_policy = "lru"))]
     fn new(
         py: Python<'_>,
-        num_blocks: i64,
-        enable_caching: bool,
-        hash_block_size: i64,
-        enable_events: bool,
+        num_blocks: &Bound<'_, PyAny>,
+        enable_caching: Option<&Bound<'_, PyAny>>,
+        hash_block_size: Option<&Bound<'_, PyAny>>,
+        enable_events: Option<&Bound<'_, PyAny>>,
         eviction_policy: &str,
     ) -> PyResult<Self> {
         let eviction: EvictionConfig = core(eviction_policy.parse())?;
-        let num_blocks = convert::count(num_blocks, "num_blocks")?;
-        let hash_block_size = convert::config_count(hash_block_size, "hash_block_size")?;
+        let num_blocks = args::config_count(num_blocks, "num_blocks")?;
+        let hash_block_size = match hash_block_size {
+            Some(h) => args::config_u32(h, "hash_block_size")?,
+            None => 16,
+        };
+        let enable_caching = args::opt_flag(enable_caching, "enable_caching", true)?;
+        let enable_events = args::opt_flag(enable_events, "enable_events", false)?;
         let config = PoolConfig {
             num_blocks,
             enable_caching,
@@ -194,8 +201,10 @@ impl PyBlockPool {
         &mut self,
         py: Python<'_>,
         block_ids: &Bound<'_, PyAny>,
-        priority: i64,
+        priority: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
+        // Out-of-range priorities are the core's error (it names the range).
+        let priority = i64::try_from(args::count(priority, "priority")?).unwrap_or(i64::MAX);
         self.with_mut(py, |pool, scratch| {
             scratch.ids.clear();
             convert::extract_block_ids(block_ids, &mut scratch.ids)?;
@@ -203,7 +212,8 @@ impl PyBlockPool {
         })?
     }
 
-    fn advance_clock(&mut self, py: Python<'_>, ticks: i64) -> PyResult<()> {
+    fn advance_clock(&mut self, py: Python<'_>, ticks: &Bound<'_, PyAny>) -> PyResult<()> {
+        let ticks = i64::try_from(args::count(ticks, "ticks")?).unwrap_or(i64::MAX);
         self.with_mut(py, |pool, _| core(pool.advance_clock(ticks)))?
     }
 
@@ -215,9 +225,9 @@ impl PyBlockPool {
     fn get_new_blocks<'py>(
         &mut self,
         py: Python<'py>,
-        num_blocks: i64,
+        num_blocks: &Bound<'_, PyAny>,
     ) -> PyResult<Bound<'py, PyList>> {
-        let n = convert::count(num_blocks, "num_blocks")?;
+        let n = args::count(num_blocks, "num_blocks")?;
         self.with_mut(py, |pool, scratch| {
             scratch.ids.clear();
             core(pool.get_new_blocks(n, &mut scratch.ids))?;
@@ -228,9 +238,9 @@ impl PyBlockPool {
     fn get_new_blocks_array<'py>(
         &mut self,
         py: Python<'py>,
-        num_blocks: i64,
+        num_blocks: &Bound<'_, PyAny>,
     ) -> PyResult<Bound<'py, PyArray1<u32>>> {
-        let n = convert::count(num_blocks, "num_blocks")?;
+        let n = args::count(num_blocks, "num_blocks")?;
         self.with_mut(py, |pool, scratch| {
             scratch.ids.clear();
             core(pool.get_new_blocks(n, &mut scratch.ids))?;
@@ -261,16 +271,20 @@ impl PyBlockPool {
         py: Python<'_>,
         block_ids: &Bound<'_, PyAny>,
         block_hashes: &Bound<'_, PyAny>,
-        num_cached_blocks: i64,
-        num_full_blocks: i64,
-        group_id: i64,
-        block_mask: Option<Vec<bool>>,
+        num_cached_blocks: &Bound<'_, PyAny>,
+        num_full_blocks: &Bound<'_, PyAny>,
+        group_id: &Bound<'_, PyAny>,
+        block_mask: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
+        let block_mask = block_mask
+            .filter(|m| !m.is_none())
+            .map(|m| args::flags(m, "block_mask"))
+            .transpose()?;
         let ids = convert::block_ids(block_ids)?;
         let hashes = convert::block_hashes(block_hashes)?;
-        let num_cached = convert::count(num_cached_blocks, "num_cached_blocks")?;
-        let num_full = convert::count(num_full_blocks, "num_full_blocks")?;
-        let group = convert::group_id(group_id)?;
+        let num_cached = args::count(num_cached_blocks, "num_cached_blocks")?;
+        let num_full = args::count(num_full_blocks, "num_full_blocks")?;
+        let group = kvcoord_core::GroupId(args::u32_arg(group_id, "group id")?);
         self.with_mut(py, |pool, _| {
             core(pool.cache_full_blocks(
                 &ids,
@@ -307,8 +321,9 @@ impl PyBlockPool {
         self.inner.residency().is_some()
     }
 
-    fn set_residency_clock(&mut self, now: u64) {
-        residency::set_clock(&mut self.inner, now);
+    fn set_residency_clock(&mut self, now: &Bound<'_, PyAny>) -> PyResult<()> {
+        residency::set_clock(&mut self.inner, args::count(now, "now")? as u64);
+        Ok(())
     }
 
     fn residency_snapshot<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
@@ -342,7 +357,7 @@ impl PyBlockPool {
     fn block_hash<'py>(
         &self,
         py: Python<'py>,
-        block_id: i64,
+        block_id: &Bound<'_, PyAny>,
     ) -> PyResult<Option<(Bound<'py, PyBytes>, u32)>> {
         block_hash(py, &self.inner, block_id)
     }

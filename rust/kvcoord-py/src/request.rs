@@ -7,7 +7,7 @@ use kvcoord_core::{
 };
 use numpy::ndarray::Array2;
 use numpy::{IntoPyArray, PyArray1, PyArray2, PyReadonlyArray1};
-use pyo3::exceptions::{PyIndexError, PyTypeError};
+use pyo3::exceptions::PyIndexError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyInt, PyList, PySlice, PyString, PyTuple};
 
@@ -31,8 +31,8 @@ fn token(position: usize, item: &Bound<'_, PyAny>) -> PyResult<u32> {
     match item.extract::<i64>() {
         Ok(v) => core(hashing::token_id(position, v)),
         // Too large for i64 but still an int: a token error, not OverflowError.
-        Err(_) if item.is_instance_of::<PyInt>() => Err(invalid_token(position, item)),
-        Err(e) => Err(PyTypeError::new_err(format!(
+        Err(_) if crate::args::is_int_like(item) => Err(invalid_token(position, item)),
+        Err(e) => Err(crate::errors::ArgumentTypeError::new_err(format!(
             "token id at position {position} must be an int, got {} ({e})",
             item.get_type()
                 .name()
@@ -46,7 +46,7 @@ macro_rules! try_token_array {
         $(
             if let Ok(arr) = $obj.extract::<PyReadonlyArray1<'_, $t>>() {
                 let view = arr.as_array();
-                $out.reserve(view.len());
+                reserve_tokens($out, view.len())?;
                 // Check the whole array first (a loop the compiler
                 // vectorizes), then convert; report the first bad position.
                 #[allow(clippy::cast_lossless, clippy::unnecessary_cast, clippy::cast_possible_wrap, clippy::cast_sign_loss, clippy::checked_conversions, unused_comparisons)]
@@ -74,14 +74,14 @@ macro_rules! try_token_array {
 /// pass a scratch vector or truncate.
 fn extract_tokens(obj: &Bound<'_, PyAny>, out: &mut Vec<u32>, base: usize) -> PyResult<()> {
     if let Ok(list) = obj.cast::<PyList>() {
-        out.reserve(list.len());
+        reserve_tokens(out, list.len())?;
         for (i, item) in list.iter().enumerate() {
             out.push(token(base + i, &item)?);
         }
         return Ok(());
     }
     if let Ok(tuple) = obj.cast::<PyTuple>() {
-        out.reserve(tuple.len());
+        reserve_tokens(out, tuple.len())?;
         for (i, item) in tuple.iter().enumerate() {
             out.push(token(base + i, &item)?);
         }
@@ -89,6 +89,7 @@ fn extract_tokens(obj: &Bound<'_, PyAny>, out: &mut Vec<u32>, base: usize) -> Py
     }
     // uint32 first: always valid, copied as one slice when contiguous.
     if let Ok(arr) = obj.extract::<PyReadonlyArray1<'_, u32>>() {
+        reserve_tokens(out, arr.as_array().len())?;
         match arr.as_slice() {
             Ok(s) => out.extend_from_slice(s),
             Err(_) => out.extend(arr.as_array().iter().copied()),
@@ -96,20 +97,36 @@ fn extract_tokens(obj: &Bound<'_, PyAny>, out: &mut Vec<u32>, base: usize) -> Py
         return Ok(());
     }
     try_token_array!(obj, out, base, i64, i32, u64, u16, i16, u8, i8);
+    if obj.cast::<numpy::PyUntypedArray>().is_ok() {
+        if let Some(native) = crate::convert::native_int_array(obj)? {
+            return extract_tokens(&native, out, base);
+        }
+    }
     if obj.is_instance_of::<PyString>() || obj.is_instance_of::<PyBytes>() {
-        return Err(PyTypeError::new_err(
+        return Err(crate::errors::ArgumentTypeError::new_err(
             "token ids must be a sequence of ints, not str/bytes",
         ));
     }
-    for (i, item) in obj.try_iter()?.enumerate() {
+    let items = obj.try_iter().map_err(|_| {
+        crate::errors::ArgumentTypeError::new_err(format!(
+            "token ids must be an int, a sequence of ints or an integer numpy array, got {}",
+            crate::args::type_name(obj)
+        ))
+    })?;
+    for (i, item) in items.enumerate() {
         out.push(token(base + i, &item?)?);
     }
     Ok(())
 }
 
+/// Room for `n` more tokens, or `OutOfMemoryError` (nothing appended).
+fn reserve_tokens(out: &mut Vec<u32>, n: usize) -> PyResult<()> {
+    core(kvcoord_core::limits::try_reserve(out, n, "token ids"))
+}
+
 fn str_field(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<String> {
     obj.extract::<String>().map_err(|_| {
-        PyTypeError::new_err(format!(
+        crate::errors::ArgumentTypeError::new_err(format!(
             "{what} must be a str, got {}",
             obj.get_type()
                 .name()
@@ -126,7 +143,7 @@ fn lora_key(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<LoraKey>> {
     };
     let (name, path) = if let Ok(t) = obj.cast::<PyTuple>() {
         if t.len() != 2 {
-            return Err(PyTypeError::new_err(format!(
+            return Err(crate::errors::ArgumentTypeError::new_err(format!(
                 "lora must be (name, path), got a tuple of {} items",
                 t.len()
             )));
@@ -135,7 +152,7 @@ fn lora_key(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<LoraKey>> {
     } else if obj.hasattr("name")? && obj.hasattr("path")? {
         (obj.getattr("name")?, obj.getattr("path")?)
     } else {
-        return Err(PyTypeError::new_err(
+        return Err(crate::errors::ArgumentTypeError::new_err(
             "lora must be None, a (name, path) tuple or an object with .name and .path",
         ));
     };
@@ -157,7 +174,7 @@ fn mm_features(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<MmFeature>> {
         let item = item?;
         let (id, offset, length) = if let Ok(t) = item.cast::<PyTuple>() {
             if t.len() != 3 {
-                return Err(PyTypeError::new_err(format!(
+                return Err(crate::errors::ArgumentTypeError::new_err(format!(
                     "each mm_features item must be (identifier, offset, length), got a tuple of {} items",
                     t.len()
                 )));
@@ -170,36 +187,48 @@ fn mm_features(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<MmFeature>> {
                 item.getattr("length")?,
             )
         } else {
-            return Err(PyTypeError::new_err(
+            return Err(crate::errors::ArgumentTypeError::new_err(
                 "each mm_features item must be an (identifier, offset, length) tuple or an object with those attributes",
             ));
         };
         let id = str_field(&id, "mm_features identifier")?;
         out.push(core(hashing::mm_feature(
             id,
-            offset.extract()?,
-            length.extract()?,
+            mm_int(&offset, "offset")?,
+            mm_int(&length, "length")?,
         ))?);
     }
     Ok(out)
 }
 
+/// A multimodal item's offset or length: an int (range-checked by the core).
+fn mm_int(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<i64> {
+    obj.extract::<i64>().map_err(|_| {
+        if crate::args::is_int_like(obj) {
+            crate::errors::InvalidArgumentError::new_err(format!(
+                "invalid mm_features: {what} {} is not in [0, 2^32)",
+                crate::args::shown(obj)
+            ))
+        } else {
+            crate::args::not_an_int(obj, &format!("mm_features {what}"))
+        }
+    })
+}
+
 fn hash_config(
     hash_algo: &str,
-    hash_block_size: i64,
+    hash_block_size: &Bound<'_, PyAny>,
     hash_seed: Option<&str>,
 ) -> PyResult<HashConfig> {
     let algo = core(HashAlgo::from_name(hash_algo))?;
-    let bs = usize::try_from(hash_block_size)
-        .ok()
-        .filter(|&b| b > 0)
-        .ok_or_else(|| {
-            crate::errors::CoreError(KvError::InvalidConfig {
-                name: "hash_block_size",
-                value: hash_block_size.to_string(),
-                rule: "must be a positive number of tokens".into(),
-            })
-        })?;
+    let raw = crate::args::config_count(hash_block_size, "hash_block_size")?;
+    let bs = Some(raw).filter(|&b| b > 0).ok_or_else(|| {
+        crate::errors::CoreError(KvError::InvalidConfig {
+            name: "hash_block_size",
+            value: raw.to_string(),
+            rule: "must be a positive number of tokens".into(),
+        })
+    })?;
     core(HashConfig::new(algo, bs, hash_seed))
 }
 
@@ -219,13 +248,15 @@ fn hashes_to_bytes<'py>(py: Python<'py>, hashes: &[BlockHash]) -> Bound<'py, PyB
 }
 
 /// Run `hasher.update(tokens)`, without the GIL when the new part is long.
-fn update_hashes(py: Python<'_>, hasher: &mut RequestHasher, tokens: &[u32]) {
+fn update_hashes(py: Python<'_>, hasher: &mut RequestHasher, tokens: &[u32]) -> PyResult<()> {
+    core(hasher.try_reserve_for(tokens.len()))?;
     let new_tokens = hasher.pending_blocks(tokens.len()) * hasher.config().block_size();
     if new_tokens >= DETACH_MIN_TOKENS {
         py.detach(|| hasher.update(tokens));
     } else {
         hasher.update(tokens);
     }
+    Ok(())
 }
 
 /// Convert `obj` into `tokens` and bring `hasher` up to date with them.
@@ -240,8 +271,7 @@ fn extract_and_hash(
     tokens: &mut Vec<u32>,
 ) -> PyResult<()> {
     extract_tokens(obj, tokens, 0)?;
-    update_hashes(py, hasher, tokens);
-    Ok(())
+    update_hashes(py, hasher, tokens)
 }
 
 // ------------------------------------------------------------------ Request
@@ -265,7 +295,7 @@ impl PyRequest {
         py: Python<'_>,
         request_id: String,
         prompt_token_ids: &Bound<'_, PyAny>,
-        hash_block_size: i64,
+        hash_block_size: &Bound<'_, PyAny>,
         hash_algo: &str,
         hash_seed: Option<&str>,
         cache_salt: Option<String>,
@@ -290,7 +320,10 @@ impl PyRequest {
         py: Python<'_>,
         token_ids: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
-        if token_ids.is_instance_of::<PyInt>() {
+        let scalar = token_ids.is_instance_of::<PyInt>()
+            || (token_ids.cast::<numpy::PyUntypedArray>().is_err()
+                && crate::args::is_int_like(token_ids));
+        if scalar {
             let t = token(self.inner.num_tokens(), token_ids)?;
             self.inner.push_token(t);
             return Ok(());
@@ -301,7 +334,10 @@ impl PyRequest {
             tokens.truncate(base);
             return Err(e);
         }
-        update_hashes(py, hasher, tokens);
+        if let Err(e) = update_hashes(py, hasher, tokens) {
+            tokens.truncate(base);
+            return Err(e);
+        }
         Ok(())
     }
 
@@ -352,8 +388,8 @@ impl PyRequest {
     }
 
     #[setter]
-    fn set_num_computed_tokens(&mut self, value: i64) -> PyResult<()> {
-        self.inner.num_computed_tokens = crate::convert::count(value, "num_computed_tokens")?;
+    fn set_num_computed_tokens(&mut self, value: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.inner.num_computed_tokens = crate::args::count(value, "num_computed_tokens")?;
         Ok(())
     }
 
@@ -553,6 +589,58 @@ impl BlockHashes {
         Ok(PyBytes::new(py, hashes[j.unsigned_abs()].as_bytes()).into_any())
     }
 
+    /// Position of the first hash equal to `value` (`ValueError` if none);
+    /// `Sequence.index` semantics, `start`/`stop` included.
+    #[pyo3(signature = (value, start = 0, stop = None))]
+    fn index(
+        &self,
+        py: Python<'_>,
+        value: &Bound<'_, PyAny>,
+        start: isize,
+        stop: Option<isize>,
+    ) -> PyResult<usize> {
+        let req = self.request.try_borrow(py)?;
+        let hashes = req.inner.block_hashes();
+        let n = isize::try_from(hashes.len()).unwrap_or(isize::MAX);
+        let clamp = |i: isize| (if i < 0 { i + n } else { i }).clamp(0, n).unsigned_abs();
+        let (lo, hi) = (clamp(start), clamp(stop.unwrap_or(n)));
+        if let Ok(b) = value.cast::<PyBytes>() {
+            let wanted = b.as_bytes();
+            if let Some(i) = (lo..hi.max(lo)).find(|&i| hashes[i].as_bytes() == wanted) {
+                return Ok(i);
+            }
+        }
+        Err(pyo3::exceptions::PyValueError::new_err(
+            "block hash is not in this request's block hashes",
+        ))
+    }
+
+    /// Number of hashes equal to `value`.
+    fn count(&self, py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let req = self.request.try_borrow(py)?;
+        let Ok(b) = value.cast::<PyBytes>() else {
+            return Ok(0);
+        };
+        let wanted = b.as_bytes();
+        Ok(req
+            .inner
+            .block_hashes()
+            .iter()
+            .filter(|h| h.as_bytes() == wanted)
+            .count())
+    }
+
+    fn __contains__(&self, py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<bool> {
+        Ok(self.count(py, value)? > 0)
+    }
+
+    fn __reversed__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let req = self.request.try_borrow(py)?;
+        let list = hashes_to_list(py, req.inner.block_hashes())?;
+        list.reverse()?;
+        list.try_iter().map(Bound::into_any)
+    }
+
     fn __iter__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let req = self.request.try_borrow(py)?;
         hashes_to_list(py, req.inner.block_hashes())?
@@ -603,7 +691,7 @@ impl BlockHashes {
 pub(crate) fn compute_block_hashes<'py>(
     py: Python<'py>,
     token_ids: &Bound<'py, PyAny>,
-    hash_block_size: i64,
+    hash_block_size: &Bound<'py, PyAny>,
     hash_algo: &str,
     hash_seed: Option<&str>,
     cache_salt: Option<String>,

@@ -1,0 +1,178 @@
+//! Range- and type-checked conversion of scalar arguments (counts, ids,
+//! flags). Every failure is a `kvcoord.errors` exception naming the
+//! argument: an int out of range is an `InvalidArgumentError` (a
+//! `ValueError`), anything that is not an int an `ArgumentTypeError` (also a
+//! `TypeError`), never a bare `OverflowError` or `TypeError` from `PyO3`.
+//! Numpy integer scalars (anything with `__index__`) are ints.
+
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyInt};
+
+use crate::errors::{ArgumentTypeError, ConfigError, ConfigTypeError, InvalidArgumentError};
+
+/// The value's repr, for messages.
+pub(crate) fn shown(obj: &Bound<'_, PyAny>) -> String {
+    obj.repr()
+        .map_or_else(|_| "?".to_owned(), |r| r.to_string())
+}
+
+/// The value's type name, for messages.
+pub(crate) fn type_name(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type()
+        .name()
+        .map_or_else(|_| "?".to_owned(), |n| n.to_string())
+}
+
+/// Whether `obj` is an int for Python (an `int` or has `__index__`).
+pub(crate) fn is_int_like(obj: &Bound<'_, PyAny>) -> bool {
+    obj.is_instance_of::<PyInt>()
+        || obj
+            .hasattr(pyo3::intern!(obj.py(), "__index__"))
+            .unwrap_or(false)
+}
+
+/// `ArgumentTypeError`: `name` must be an int.
+#[cold]
+pub(crate) fn not_an_int(obj: &Bound<'_, PyAny>, name: &str) -> PyErr {
+    ArgumentTypeError::new_err(format!("{name} must be an int, got {}", type_name(obj)))
+}
+
+/// A non-negative count (`usize`); the core checks its upper limits.
+#[inline]
+pub(crate) fn count(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<usize> {
+    // `i64` first: CPython converts small ints to a signed value on a fast
+    // path (unsigned conversion goes through a byte array).
+    match obj.extract::<i64>().map(usize::try_from) {
+        Ok(Ok(v)) => Ok(v),
+        _ => count_beyond_i64(obj, name),
+    }
+}
+
+#[cold]
+fn count_beyond_i64(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<usize> {
+    match obj.extract::<u64>() {
+        Ok(v) => usize::try_from(v).map_err(|_| out_of_range(obj, name, "a 64-bit count")),
+        Err(_) => Err(bad_count(obj, name)),
+    }
+}
+
+#[cold]
+fn bad_count(obj: &Bound<'_, PyAny>, name: &str) -> PyErr {
+    if is_int_like(obj) {
+        let negative = obj.lt(0).unwrap_or(false);
+        out_of_range(
+            obj,
+            name,
+            if negative {
+                "non-negative"
+            } else {
+                "below 2^64"
+            },
+        )
+    } else {
+        not_an_int(obj, name)
+    }
+}
+
+#[cold]
+fn out_of_range(obj: &Bound<'_, PyAny>, name: &str, what: &str) -> PyErr {
+    InvalidArgumentError::new_err(format!("invalid {name}: {} (must be {what})", shown(obj)))
+}
+
+/// A non-negative value that fits in `u32`.
+pub(crate) fn u32_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<u32> {
+    let v = count(obj, name)?;
+    u32::try_from(v).map_err(|_| out_of_range(obj, name, "in [0, 2^32)"))
+}
+
+/// A flag: exactly `True` or `False` (not a truthy string or number).
+#[inline]
+pub(crate) fn flag(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<bool> {
+    match obj.cast::<PyBool>() {
+        Ok(b) => Ok(b.is_true()),
+        Err(_) if is_numpy_bool(obj) => obj.is_truthy(),
+        Err(_) => Err(ArgumentTypeError::new_err(format!(
+            "{name} must be a bool, got {} {}",
+            type_name(obj),
+            shown(obj)
+        ))),
+    }
+}
+
+/// A configuration count: like [`count`], but out of range is a
+/// `ConfigError` and a wrong type a `ConfigTypeError`.
+pub(crate) fn config_count(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<usize> {
+    count(obj, name).map_err(|e| as_config_error(obj.py(), e))
+}
+
+/// A configuration value that fits in `u32` (see [`config_count`]).
+pub(crate) fn config_u32(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<u32> {
+    u32_arg(obj, name).map_err(|e| as_config_error(obj.py(), e))
+}
+
+/// The same refusal in the configuration's words (`invalid name=value:
+/// rule`, as the core writes them).
+fn as_config_error(py: Python<'_>, e: PyErr) -> PyErr {
+    let msg = e.value(py).to_string();
+    if e.is_instance_of::<ArgumentTypeError>(py) {
+        return ConfigTypeError::new_err(msg);
+    }
+    // "invalid NAME: VALUE (must be RULE)" -> "invalid NAME=VALUE: must be RULE"
+    let msg = match (msg.split_once(": "), msg.rfind(" (must be ")) {
+        (Some((head, rest)), Some(at)) if at > head.len() => {
+            let value = &rest[..at - head.len() - 2];
+            let rule = msg[at + 2..].trim_end_matches(')');
+            format!("{head}={value}: {rule}")
+        }
+        _ => msg,
+    };
+    ConfigError::new_err(msg)
+}
+
+/// An optional count (default 0).
+#[inline]
+pub(crate) fn opt_count(obj: Option<&Bound<'_, PyAny>>, name: &str) -> PyResult<usize> {
+    obj.map_or(Ok(0), |o| count(o, name))
+}
+
+/// An optional flag with its default.
+#[inline]
+pub(crate) fn opt_flag(
+    obj: Option<&Bound<'_, PyAny>>,
+    name: &str,
+    default: bool,
+) -> PyResult<bool> {
+    obj.map_or(Ok(default), |o| flag(o, name))
+}
+
+/// A sequence of flags (each exactly `True` or `False`).
+pub(crate) fn flags(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<bool>> {
+    let items = obj.try_iter().map_err(|_| {
+        ArgumentTypeError::new_err(format!(
+            "{name} must be a sequence of bools, got {}",
+            type_name(obj)
+        ))
+    })?;
+    items.map(|item| flag(&item?, name)).collect()
+}
+
+/// Whether `obj` is a numpy bool scalar (`numpy.bool_`).
+fn is_numpy_bool(obj: &Bound<'_, PyAny>) -> bool {
+    let ty = obj.get_type();
+    let module = ty.module().map(|m| m.to_string()).unwrap_or_default();
+    let name = ty.name().map(|n| n.to_string()).unwrap_or_default();
+    module == "numpy" && (name == "bool" || name == "bool_")
+}
+
+/// The `request` argument: a `kvcoord.Request`, else `ArgumentTypeError`.
+pub(crate) fn request<'py>(
+    obj: &Bound<'py, PyAny>,
+) -> PyResult<PyRef<'py, crate::request::PyRequest>> {
+    let req = obj.cast::<crate::request::PyRequest>().map_err(|_| {
+        ArgumentTypeError::new_err(format!(
+            "request must be a kvcoord.Request, got {}",
+            type_name(obj)
+        ))
+    })?;
+    Ok(req.try_borrow()?)
+}
