@@ -1102,13 +1102,9 @@ fn predict(
             surplus = surplus.saturating_add(n.give_back);
         } else {
             let tokens = CoordinatorCore::group_tokens(m, step.need_slots, step.num_encoder_tokens);
-            needed = needed.saturating_add(m.num_blocks_to_allocate(
-                pool,
-                table,
-                tokens,
-                group_hits,
-                step.total,
-            ));
+            needed = needed.saturating_add(
+                m.num_blocks_to_allocate(pool, table, tokens, group_hits, step.total),
+            );
         }
     }
     needed.saturating_sub(surplus)
