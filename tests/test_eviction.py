@@ -111,6 +111,30 @@ def test_bad_calls_change_nothing(spec: str) -> None:
     pool.check_invariants()
 
 
+@pytest.mark.parametrize(
+    ("call", "value"),
+    [
+        ("set_priority", 2**70),
+        ("set_priority", "2"),
+        ("advance_clock", 2**70),
+        ("advance_clock", 1.5),
+        ("set_residency_clock", 2**70),
+        ("set_residency_clock", -1),
+    ],
+)
+def test_out_of_range_scalars_are_kvcoord_errors(call: str, value: object) -> None:
+    # Regression: these scalars were extracted as i64/u64 by PyO3 and raised a
+    # bare OverflowError or TypeError; they now go through the one converter.
+    pool = kvcoord.BlockPool(8, eviction_policy="priority")
+    a = cached_chain(pool, 3)
+    before = (pool.free_block_ids().tolist(), pool.ref_counts().tolist())
+    args = (a, value) if call == "set_priority" else (value,)
+    with pytest.raises(InvalidArgumentError):
+        getattr(pool, call)(*args)
+    assert (pool.free_block_ids().tolist(), pool.ref_counts().tolist()) == before
+    pool.check_invariants()
+
+
 @pytest.mark.parametrize("spec", POLICIES[1:])
 def test_free_count_accounting_equals_lru(spec: str) -> None:
     """Same random calls on an LRU pool and a policy pool: the same calls
