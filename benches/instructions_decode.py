@@ -14,11 +14,8 @@ imports and the set-up cancel out.
 from __future__ import annotations
 
 import argparse
-import os
-import re
-import shutil
-import subprocess
-import sys
+
+from callgrind import count, require_valgrind
 
 CASES = {
     "full": "(kvcoord.FullAttentionSpec(16),)",
@@ -44,39 +41,12 @@ for step in range(int(sys.argv[1])):
 """
 
 
-def count(code: str, iterations: int, python_path: str | None) -> int:
-    """Instructions executed by `python -c code iterations` under callgrind."""
-    env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
-    if python_path:
-        env["PYTHONPATH"] = python_path
-    out = subprocess.run(
-        [
-            "valgrind",
-            "--tool=callgrind",
-            "--callgrind-out-file=/dev/null",
-            sys.executable,
-            "-c",
-            code,
-            str(iterations),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=True,
-    )
-    match = re.search(r"refs:\s+([\d,]+)", out.stderr)
-    if match is None:
-        raise RuntimeError(f"no instruction count in valgrind's output:\n{out.stderr}")
-    return int(match.group(1).replace(",", ""))
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--iterations", type=int, default=200)
     parser.add_argument("--python-path", help="another build's python/ folder")
     args = parser.parse_args()
-    if shutil.which("valgrind") is None:
-        sys.exit("valgrind is not installed (Debian: apt-get install valgrind)")
+    require_valgrind()
     print("decode step (append one token + allocate_slots), instructions per step (callgrind)")
     for name, specs in CASES.items():
         code = LOOP.format(specs=specs)

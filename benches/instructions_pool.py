@@ -11,11 +11,8 @@ divides the difference, so interpreter start-up and imports cancel out.
 from __future__ import annotations
 
 import argparse
-import os
-import re
-import shutil
-import subprocess
-import sys
+
+from callgrind import count, require_valgrind
 
 BATCH = 64
 
@@ -36,38 +33,13 @@ for _ in range(int(sys.argv[1])):
 """
 
 
-def count(code: str, iterations: int) -> int:
-    """Instructions executed by `python -c code iterations` under callgrind."""
-    env = dict(os.environ, OPENBLAS_NUM_THREADS="1")  # no spinning BLAS threads
-    out = subprocess.run(
-        [
-            "valgrind",
-            "--tool=callgrind",
-            "--callgrind-out-file=/dev/null",
-            sys.executable,
-            "-c",
-            code,
-            str(iterations),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=True,
-    )
-    match = re.search(r"refs:\s+([\d,]+)", out.stderr)
-    if match is None:
-        raise RuntimeError(f"no instruction count in valgrind's output:\n{out.stderr}")
-    return int(match.group(1).replace(",", ""))
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description="Instructions per block of the pool's get+free round trip (callgrind)."
     )
     parser.add_argument("--iterations", type=int, default=20_000)
     args = parser.parse_args()
-    if shutil.which("valgrind") is None:
-        sys.exit("valgrind is not installed (Debian: apt-get install valgrind)")
+    require_valgrind()
     print(f"get+free of {BATCH} blocks from Python, instructions per block (callgrind)")
     for name, getter in CASES.items():
         code = LOOP.format(getter=getter, batch=BATCH)
