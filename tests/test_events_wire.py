@@ -170,7 +170,7 @@ def test_duplicate_keys_and_sliding_window_events() -> None:
     assert stored[0].kv_cache_spec_sliding_window == 2 * B
     # The tokens of the whole range are sent (skipped blocks' included).
     assert stored[0].token_ids.tolist() == tokens[: 5 * B]
-    full = [e for e in events if e.group_idx == 0][0]
+    full = next(e for e in events if e.group_idx == 0)
     assert full.extra_keys == [("s",)] + [None] * 4
     wire = decode_batch(encode_batch(make_batch(events, ts=0.0)))
     assert isinstance(wire.events[0], BlockStored)
@@ -260,9 +260,7 @@ def test_vllm_decoder_reads_kvcoord_bytes(tmp_path: Path) -> None:
     total = sum(len(decode_batch(p).events) for p in payloads)
     assert result == {
         "events": total,
-        "stored": sum(
-            isinstance(e, BlockStored) for p in payloads for e in decode_batch(p).events
-        ),
+        "stored": sum(isinstance(e, BlockStored) for p in payloads for e in decode_batch(p).events),
         "identical": len(payloads),
     }
     assert total > 50 and sys.version_info >= (3, 10)
