@@ -48,6 +48,89 @@ def _str_list(text: str) -> list[str]:
     return out
 
 
+def _policy(text: str) -> str:
+    """An argparse type: an eviction policy spec (the core checks it)."""
+    from kvcoord import BlockPool
+
+    spec = text.strip()
+    try:
+        BlockPool(2, eviction_policy=spec)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return spec
+
+
+def _policy_list(text: str) -> list[str]:
+    return [_policy(p) for p in _str_list(text)]
+
+
+def _router(text: str) -> str:
+    """An argparse type: a ``--router`` spec (checked by building one)."""
+    from kvcoord.replay.routers import make_router
+
+    spec = text.strip()
+    try:
+        make_router(spec, 1, block_size=16)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return spec
+
+
+def _router_list(text: str) -> list[str]:
+    return [_router(p) for p in _str_list(text)]
+
+
+_POLICY_HELP = (
+    "lru (vLLM's order, the default), lfu, prefix-depth, priority "
+    "(a finished request's prompt blocks get priority 1; one clock tick per step); "
+    "parameters as NAME:key=value (docs/eviction.md)"
+)
+_ROUTER_HELP = (
+    "round-robin (the default), least-loaded, prefix-aware[:balance=W] (index built "
+    "from the engines' KV events; docs/cluster.md)"
+)
+
+
+def _add_cluster_args(g: argparse._ArgumentGroup, sweep: bool) -> None:
+    if sweep:
+        g.add_argument(
+            "--policies",
+            type=_policy_list,
+            metavar="A,B,...",
+            help=f"eviction policies to compare: {_POLICY_HELP}",
+        )
+        g.add_argument(
+            "--instances",
+            type=lambda t: _int_list(t, _bounded(256)),
+            metavar="N,N,...",
+            help="engine counts to compare (default 1: one engine, no router)",
+        )
+        g.add_argument(
+            "--routers",
+            type=_router_list,
+            metavar="A,B,...",
+            help=f"routers to compare when instances > 1: {_ROUTER_HELP}",
+        )
+        return
+    g.add_argument(
+        "--policy",
+        type=_policy,
+        default="lru",
+        metavar="NAME",
+        help=f"eviction policy: {_POLICY_HELP}",
+    )
+    g.add_argument(
+        "--instances",
+        type=_bounded(256),
+        default=1,
+        metavar="N",
+        help="engines behind a router, each with the pool size given (default 1)",
+    )
+    g.add_argument(
+        "--router", type=_router, default="round-robin", metavar="NAME", help=_ROUTER_HELP
+    )
+
+
 def _add_workload_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("workload")
     g.add_argument(
@@ -153,6 +236,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="SIZE",
         help="KV offload tier in host memory per replica, e.g. 256GiB (LRU; hits load over PCIe)",
     )
+    _add_cluster_args(r.add_argument_group("eviction and cluster"), sweep=False)
     g = r.add_argument_group("output")
     g.add_argument("--json", metavar="FILE", help="write the summary as JSON")
     g.add_argument(
@@ -175,6 +259,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="S,S,...",
         help="host tiers to compare, e.g. 0,256GiB (default: none)",
     )
+    _add_cluster_args(g, sweep=True)
     g = s.add_argument_group("pool sizes (default: a geometric range of KV memory)")
     m = g.add_mutually_exclusive_group()
     m.add_argument(
@@ -197,7 +282,22 @@ def _parser() -> argparse.ArgumentParser:
         type=_bounded(256),
         default=min(256, os.cpu_count() or 1),
         metavar="N",
-        help="parallel processes (default: the number of CPUs)",
+        help="parallel processes with --executor local (default: the number of CPUs)",
+    )
+    from kvcoord.replay.executor import EXECUTORS
+
+    g.add_argument(
+        "--executor",
+        choices=EXECUTORS,
+        default="local",
+        help="where the replays run: local processes (--jobs; the default) or a Ray "
+        "cluster (pip install 'kvcoord[ray]')",
+    )
+    g.add_argument(
+        "--address",
+        metavar="ADDR",
+        help="the Ray cluster for --executor ray: 'auto' (the cluster this machine joined), "
+        "ray://HOST:10001, or omitted for a fresh local Ray instance",
     )
     g = s.add_argument_group("output")
     g.add_argument("--json", metavar="FILE", help="write the rows as JSON")

@@ -86,10 +86,18 @@ def _plan(args: argparse.Namespace, st: _Setup, **size: Any) -> Any:
     return plan
 
 
-def _sim_config(args: argparse.Namespace, plan: Any) -> Any:
+#: Under the ``priority`` policy the replay marks a finished request's prompt
+#: blocks with this priority (its generated tokens stay ordinary).
+PROMPT_PRIORITY = 1
+
+
+def _sim_config(args: argparse.Namespace, plan: Any, policy: str | None = None) -> Any:
     from kvcoord.replay.scheduler import SimConfig
 
+    policy = policy or getattr(args, "policy", None) or "lru"
     return SimConfig(
+        eviction_policy=policy,
+        prompt_priority=PROMPT_PRIORITY if policy.split(":")[0] == "priority" else 0,
         layout=plan.layout,
         num_blocks=plan.num_blocks,
         max_running=args.max_running,

@@ -5,9 +5,6 @@ sizes, replayed in this process or in ``--jobs`` worker processes (see
 from __future__ import annotations
 
 import argparse
-import multiprocessing
-import signal
-from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +13,6 @@ from kvcoord._cli_base import (
     UsageError,
     _check_outputs,
     _describe,
-    _sigint_ignored,
     _write_json,
     _write_output,
 )
@@ -30,12 +26,16 @@ __all__ = ["_sweep"]
 
 @dataclass
 class _Point:
-    """One sweep point: a variant (model, host tier) at one pool size."""
+    """One sweep point: a variant (model, host tier, eviction policy, engines
+    and router) at one pool size."""
 
     variant: str
     model: str | None
     host_memory: float | None
     size: dict[str, Any]
+    policy: str = "lru"
+    instances: int = 1
+    router: str | None = None
 
     def describe(self) -> str:
         from kvcoord.replay.plan import format_bytes
@@ -52,66 +52,54 @@ class _Point:
 
 def _sweep_point(args: argparse.Namespace, point: _Point, st: _Setup) -> dict[str, Any]:
     """One sweep point -> its summary row (the variant's own best case included)."""
+    from kvcoord.replay import scheduler
     from kvcoord.replay.report import summarize
-    from kvcoord.replay.scheduler import simulate
 
     plan = _plan(args, st, model=point.model, host_memory=point.host_memory, **point.size)
-    cfg = _sim_config(args, plan)
-    res = simulate(st.workload, cfg)
-    row = summarize(res, res.best, cfg, st.workload.name, plan)
+    cfg = _sim_config(args, plan, point.policy)
+    if point.instances > 1:
+        from kvcoord.replay.cluster import simulate_cluster, summarize_cluster
+
+        cres = simulate_cluster(st.workload, cfg, point.instances, point.router or "round-robin")
+        row = summarize_cluster(cres, cfg, st.workload.name, plan)
+    else:
+        res = scheduler.simulate(st.workload, cfg)
+        row = summarize(res, res.best, cfg, st.workload.name, plan)
+        row.update(instances=1, router=None, eviction_policy=cfg.eviction_policy)
     row["variant"] = point.variant
     return row
 
 
-_WORKER_SETUP: _Setup | None = None
-
-
-def _worker_init(st: _Setup) -> None:
-    """A ``sweep --jobs`` worker: gets the parent's workload once; Ctrl-C is the parent's."""
-    global _WORKER_SETUP
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _WORKER_SETUP = st
-
-
-def _worker_point(args: argparse.Namespace, point: _Point) -> dict[str, Any]:
-    """`_sweep_point` in a worker; a failure comes back as one picklable line."""
+def _worker_point(shared: tuple[argparse.Namespace, _Setup], point: _Point) -> dict[str, Any]:
+    """`_sweep_point` on an executor's worker; a failure comes back as one picklable line."""
+    args, st = shared
     try:
-        assert _WORKER_SETUP is not None, "worker started without its workload"
-        return _sweep_point(args, point, _WORKER_SETUP)
+        return _sweep_point(args, point, st)
     except Exception as e:
         raise CliError(f"{point.describe()}: {_describe(e)}") from None
 
 
-def _stop_workers(ex: ProcessPoolExecutor) -> None:
-    with _sigint_ignored():
-        ex.shutdown(wait=False, cancel_futures=True)
-        children = multiprocessing.active_children()
-        for proc in children:
-            proc.terminate()
-        for proc in children:
-            proc.join(5)
-
-
-def _sweep_parallel(
-    args: argparse.Namespace, st: _Setup, points: list[_Point], jobs: int, bar: Any
+def _run_points(
+    args: argparse.Namespace, st: _Setup, points: list[_Point], bar: Any
 ) -> list[dict[str, Any]]:
-    ctx = multiprocessing.get_context("spawn")
-    # workers start with Ctrl-C ignored (inherited), so only this process reports it
-    with _sigint_ignored():
-        ex = ProcessPoolExecutor(
-            max_workers=jobs, mp_context=ctx, initializer=_worker_init, initargs=(st,)
-        )
-        futs: list[Future[dict[str, Any]]] = [ex.submit(_worker_point, args, p) for p in points]
-    rows: list[dict[str, Any]] = []
+    """Every point, on the executor the flags ask for (in this process when
+    ``--executor local --jobs 1`` or a single point)."""
+    from kvcoord.replay.executor import ExecutorUnavailable, make_executor
+
     try:
-        for f in futs:
-            rows.append(f.result())
+        ex = make_executor(args.executor, jobs=args.jobs, address=args.address)
+    except (ValueError, ExecutorUnavailable) as e:
+        raise UsageError(str(e)) from None
+    if args.executor == "local" and min(args.jobs, len(points)) <= 1:
+        rows = []
+        for pt in points:
+            rows.append(_sweep_point(args, pt, st))
             bar.update(1)
-    except BaseException:
-        _stop_workers(ex)
-        raise
-    ex.shutdown()
-    return rows
+        return rows
+    try:
+        return ex.map(_worker_point, (args, st), points, done=lambda _row: bar.update(1))
+    except ExecutorUnavailable as e:
+        raise CliError(str(e)) from None
 
 
 def _geometric(lo: float, hi: float, k: int) -> list[float]:
@@ -126,6 +114,7 @@ def _sweep_points(args: argparse.Namespace, st: _Setup) -> list[_Point]:
     from kvcoord.replay.plan import GiB, min_blocks
 
     points = []
+    clusters = _cluster_variants(args)
     for model in args.models or [args.model]:
         base = _plan(args, st, model=model, host_memory=None, num_blocks=None,
                      capacity_tokens=None, kv_memory=None)  # fmt: skip
@@ -154,10 +143,29 @@ def _sweep_points(args: argparse.Namespace, st: _Setup) -> list[_Point]:
                     )
                 sizes = [{"kv_memory": m} for m in _geometric(lo, hi, args.points)]
             for size in sizes:
-                pt = _Point(name, model, host or None, size)
-                _plan(args, st, model=model, host_memory=pt.host_memory, **size)  # checks
-                points.append(pt)
+                _plan(args, st, model=model, host_memory=host or None, **size)  # checks
+                for policy in args.policies or ["lru"]:
+                    for n, router in clusters:
+                        variant = name
+                        if args.policies:
+                            variant += f", {policy}"
+                        if n > 1:
+                            variant += f", {n}x {router}"
+                        points.append(_Point(variant, model, host or None, size, policy, n, router))
     return points
+
+
+def _cluster_variants(args: argparse.Namespace) -> list[tuple[int, str | None]]:
+    """(engines, router) pairs: every router for each engine count above 1."""
+    if args.routers and not any(n > 1 for n in args.instances or [1]):
+        raise UsageError("--routers needs --instances with a count above 1")
+    out: list[tuple[int, str | None]] = []
+    for n in args.instances or [1]:
+        if n == 1:
+            out.append((1, None))
+        else:
+            out.extend((n, r) for r in args.routers or ["round-robin"])
+    return out
 
 
 def _sweep(args: argparse.Namespace) -> int:
@@ -172,15 +180,10 @@ def _sweep(args: argparse.Namespace) -> int:
         )
     st = _setup(args)
     points = _sweep_points(args, st)
-    jobs = min(args.jobs, len(points))
-    rows: list[dict[str, Any]] = []
+    if args.address is not None and args.executor != "ray":
+        raise UsageError("--address is for --executor ray")
     with _progress(len(points), args.no_progress, "sweep") as bar:
-        if jobs > 1:
-            rows = _sweep_parallel(args, st, points, jobs, bar)
-        else:
-            for pt in points:
-                rows.append(_sweep_point(args, pt, st))
-                bar.update(1)
+        rows = _run_points(args, st, points, bar)
     print(f"{st.workload.name}: {len(points)} replays")
     print(format_sweep(rows))
     if args.json:

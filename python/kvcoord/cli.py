@@ -25,6 +25,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from kvcoord._cli_args import _parser
 from kvcoord._cli_base import (
@@ -57,6 +58,13 @@ def _replay(args: argparse.Namespace) -> int:
     st = _setup(args)
     plan = _plan(args, st)
     cfg = _sim_config(args, plan)
+    if args.instances > 1:
+        if args.plot:
+            raise UsageError(
+                "--plot draws one engine's time series; with --instances > 1 use "
+                "`kvcoord sweep --instances ... --plot`"
+            )
+        return _replay_cluster(args, st, plan, cfg)
     with _progress(len(st.workload.requests), args.no_progress, "replay") as bar:
         res = simulate(st.workload, cfg, progress=bar.update)
     summary = summarize(res, res.best, cfg, st.workload.name, plan)
@@ -65,6 +73,20 @@ def _replay(args: argparse.Namespace) -> int:
         _write_json(args.json, summary)
     if args.plot:
         _write_output(args.plot, lambda name: plot_replay(res, summary, name))
+    return 0
+
+
+def _replay_cluster(args: argparse.Namespace, st: Any, plan: Any, cfg: Any) -> int:
+    from kvcoord.replay.cluster import format_engines, simulate_cluster, summarize_cluster
+    from kvcoord.replay.report import format_summary
+
+    with _progress(len(st.workload.requests), args.no_progress, "replay") as bar:
+        cres = simulate_cluster(st.workload, cfg, args.instances, args.router, progress=bar.update)
+    summary = summarize_cluster(cres, cfg, st.workload.name, plan)
+    print(format_summary(summary))
+    print(format_engines(summary))
+    if args.json:
+        _write_json(args.json, summary)
     return 0
 
 
