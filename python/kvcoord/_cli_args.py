@@ -254,6 +254,12 @@ def _parser() -> argparse.ArgumentParser:
         "--models", type=_str_list, metavar="A,B,...", help="models to compare (default: --model)"
     )
     g.add_argument(
+        "--layouts",
+        type=_str_list,
+        metavar="A,B,...",
+        help="cache layouts to compare, presets or files as for --layout (default: --layout)",
+    )
+    g.add_argument(
         "--host-memories",
         type=_bytes_list,
         metavar="S,S,...",

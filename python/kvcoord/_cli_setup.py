@@ -57,8 +57,9 @@ def _setup(args: argparse.Namespace) -> _Setup:
     return _Setup(workload, layout)
 
 
-def _plan(args: argparse.Namespace, st: _Setup, **size: Any) -> Any:
-    """The planner's set-up (model, GPU, layout, pool size, host tier) from the flags."""
+def _plan(args: argparse.Namespace, st: _Setup, **options: Any) -> Any:
+    """The planner's set-up (model, GPU, layout, pool size, host tier) from the
+    flags; ``options`` (a sweep point's size and variant) override them."""
     from kvcoord.replay.plan import make_plan
 
     opts: dict[str, Any] = {
@@ -67,37 +68,30 @@ def _plan(args: argparse.Namespace, st: _Setup, **size: Any) -> Any:
         "kv_memory": getattr(args, "kv_memory", None),
         "host_memory": getattr(args, "host_memory", None),
         "model": args.model,
+        "model_config": args.model_config,
+        "kv_dtype": args.kv_dtype,
+        "gpu": args.gpu,
+        "tp": args.tp,
+        "layout": args.layout,
+        "block_size": args.block_size,
     }
-    opts.update(size)
+    opts.update(options)
     try:
-        plan = make_plan(
-            st.workload,
-            model_config=args.model_config,
-            kv_dtype=args.kv_dtype,
-            gpu=args.gpu,
-            tp=args.tp,
-            layout=args.layout,
-            block_size=args.block_size,
-            **opts,
-        )
+        plan = make_plan(st.workload, **opts)
     except ValueError as e:  # PlanError names the flag
         raise UsageError(str(e)) from None
     _check_pool(plan.layout, st.workload, plan.num_blocks, plan.size_flag)
     return plan
 
 
-#: Under the ``priority`` policy the replay marks a finished request's prompt
-#: blocks with this priority (its generated tokens stay ordinary).
-PROMPT_PRIORITY = 1
-
-
 def _sim_config(args: argparse.Namespace, plan: Any, policy: str | None = None) -> Any:
+    from kvcoord.replay.cluster import prompt_priority
     from kvcoord.replay.scheduler import SimConfig
 
     policy = policy or getattr(args, "policy", None) or "lru"
     return SimConfig(
         eviction_policy=policy,
-        prompt_priority=PROMPT_PRIORITY if policy.split(":")[0] == "priority" else 0,
+        prompt_priority=prompt_priority(policy),
         layout=plan.layout,
         num_blocks=plan.num_blocks,
         max_running=args.max_running,

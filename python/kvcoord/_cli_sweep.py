@@ -5,7 +5,7 @@ sizes, replayed in this process or in ``--jobs`` worker processes (see
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kvcoord._cli_base import (
@@ -26,16 +26,13 @@ __all__ = ["_sweep"]
 
 @dataclass
 class _Point:
-    """One sweep point: a variant (model, host tier, eviction policy, engines
-    and router) at one pool size."""
+    """One sweep point: a variant (see :mod:`kvcoord.replay.sweep`) at one pool size."""
 
     variant: str
-    model: str | None
-    host_memory: float | None
+    labels: dict[str, str]
+    plan: dict[str, Any]
+    run: dict[str, Any]
     size: dict[str, Any]
-    policy: str = "lru"
-    instances: int = 1
-    router: str | None = None
 
     def describe(self) -> str:
         from kvcoord.replay.plan import format_bytes
@@ -55,18 +52,23 @@ def _sweep_point(args: argparse.Namespace, point: _Point, st: _Setup) -> dict[st
     from kvcoord.replay import scheduler
     from kvcoord.replay.report import summarize
 
-    plan = _plan(args, st, model=point.model, host_memory=point.host_memory, **point.size)
-    cfg = _sim_config(args, plan, point.policy)
-    if point.instances > 1:
+    plan = _plan(args, st, **point.plan, **point.size)
+    run = dict(point.run)
+    instances, router = run.pop("instances", 1), run.pop("router", None)
+    cfg = _sim_config(args, plan, run.pop("eviction_policy", None))
+    if run:
+        cfg = replace(cfg, **run)
+    if instances > 1:
         from kvcoord.replay.cluster import simulate_cluster, summarize_cluster
 
-        cres = simulate_cluster(st.workload, cfg, point.instances, point.router or "round-robin")
+        cres = simulate_cluster(st.workload, cfg, instances, router or "round-robin")
         row = summarize_cluster(cres, cfg, st.workload.name, plan)
     else:
         res = scheduler.simulate(st.workload, cfg)
         row = summarize(res, res.best, cfg, st.workload.name, plan)
         row.update(instances=1, router=None, eviction_policy=cfg.eviction_policy)
     row["variant"] = point.variant
+    row["axes"] = dict(point.labels)
     return row
 
 
@@ -109,63 +111,60 @@ def _geometric(lo: float, hi: float, k: int) -> list[float]:
     return [lo * ratio**i for i in range(k)]
 
 
-def _sweep_points(args: argparse.Namespace, st: _Setup) -> list[_Point]:
-    """Every (model, host tier, size) combination the flags ask for, each checked."""
-    from kvcoord.replay.plan import GiB, min_blocks
+def _axes(args: argparse.Namespace, st: _Setup) -> list[Any]:
+    """The variant axes the flags ask for (kvcoord.replay.sweep)."""
+    from kvcoord.replay.cluster import cluster_axis, policy_axis
+    from kvcoord.replay.sweep import host_axis, layout_axis, model_axis
 
-    points = []
-    clusters = _cluster_variants(args)
-    for model in args.models or [args.model]:
-        base = _plan(args, st, model=model, host_memory=None, num_blocks=None,
-                     capacity_tokens=None, kv_memory=None)  # fmt: skip
-        for host in args.host_memories or [0.0]:
-            name = base.model.name if args.layout is None else base.layout.name
-            if host:
-                name += f" + host {host / GiB:,.0f} GiB"
-            sizes: list[dict[str, Any]]
-            if args.kv_memories:
-                sizes = [{"kv_memory": m} for m in args.kv_memories]
-            elif args.sizes:
-                sizes = [{"num_blocks": n} for n in args.sizes]
-            elif args.capacities:
-                sizes = [{"capacity_tokens": c} for c in args.capacities]
-            else:
-                fp = base.footprint
-                need = fp.memory_for_blocks(2 * min_blocks(base.layout, st.workload))
-                hi = fp.memory_for_blocks(args.max_blocks or base.num_blocks)
-                lo = fp.memory_for_blocks(args.min_blocks) if args.min_blocks else need
-                if not args.min_blocks:  # the default range: never above its top
-                    lo = min(max(lo, hi / 64), hi)
-                if lo > hi:
-                    raise UsageError(
-                        f"--min-blocks {fp.blocks_for_memory(lo)} is larger than "
-                        f"--max-blocks {fp.blocks_for_memory(hi)}"
-                    )
-                sizes = [{"kv_memory": m} for m in _geometric(lo, hi, args.points)]
-            for size in sizes:
-                _plan(args, st, model=model, host_memory=host or None, **size)  # checks
-                for policy in args.policies or ["lru"]:
-                    for n, router in clusters:
-                        variant = name
-                        if args.policies:
-                            variant += f", {policy}"
-                        if n > 1:
-                            variant += f", {n}x {router}"
-                        points.append(_Point(variant, model, host or None, size, policy, n, router))
-    return points
-
-
-def _cluster_variants(args: argparse.Namespace) -> list[tuple[int, str | None]]:
-    """(engines, router) pairs: every router for each engine count above 1."""
+    default = _plan(args, st, model=None, num_blocks=None, capacity_tokens=None, kv_memory=None)
     if args.routers and not any(n > 1 for n in args.instances or [1]):
         raise UsageError("--routers needs --instances with a count above 1")
-    out: list[tuple[int, str | None]] = []
-    for n in args.instances or [1]:
-        if n == 1:
-            out.append((1, None))
+    return [
+        model_axis(args.models or [args.model], default.model.name),
+        layout_axis(args.layouts or [args.layout]),
+        host_axis(args.host_memories or [0.0]),
+        policy_axis(args.policies or ["lru"], label=bool(args.policies)),
+        cluster_axis(args.instances or [1], args.routers or ["round-robin"]),
+    ]
+
+
+def _sweep_points(args: argparse.Namespace, st: _Setup) -> list[_Point]:
+    """Every (variant, size) combination the flags ask for, each checked."""
+    from kvcoord.replay.plan import min_blocks
+    from kvcoord.replay.sweep import SweepError, variants
+
+    try:
+        vs = variants(_axes(args, st))
+    except SweepError as e:
+        raise UsageError(str(e)) from None
+    points = []
+    nosize = {"num_blocks": None, "capacity_tokens": None, "kv_memory": None}
+    for v in vs:
+        base = _plan(args, st, **{**v.plan, **nosize})
+        sizes: list[dict[str, Any]]
+        if args.kv_memories:
+            sizes = [{"kv_memory": m} for m in args.kv_memories]
+        elif args.sizes:
+            sizes = [{"num_blocks": n} for n in args.sizes]
+        elif args.capacities:
+            sizes = [{"capacity_tokens": c} for c in args.capacities]
         else:
-            out.extend((n, r) for r in args.routers or ["round-robin"])
-    return out
+            fp = base.footprint
+            need = fp.memory_for_blocks(2 * min_blocks(base.layout, st.workload))
+            hi = fp.memory_for_blocks(args.max_blocks or base.num_blocks)
+            lo = fp.memory_for_blocks(args.min_blocks) if args.min_blocks else need
+            if not args.min_blocks:  # the default range: never above its top
+                lo = min(max(lo, hi / 64), hi)
+            if lo > hi:
+                raise UsageError(
+                    f"--min-blocks {fp.blocks_for_memory(lo)} is larger than "
+                    f"--max-blocks {fp.blocks_for_memory(hi)}"
+                )
+            sizes = [{"kv_memory": m} for m in _geometric(lo, hi, args.points)]
+        for size in sizes:
+            _plan(args, st, **v.plan, **size)  # checks
+            points.append(_Point(v.name, dict(v.labels), dict(v.plan), dict(v.run), size))
+    return points
 
 
 def _sweep(args: argparse.Namespace) -> int:

@@ -38,7 +38,15 @@ from kvcoord.replay.scheduler import (
 )
 from kvcoord.replay.workloads import Workload
 
-__all__ = ["ClusterResult", "simulate_cluster", "summarize_cluster"]
+__all__ = [
+    "ClusterResult",
+    "cluster_axis",
+    "format_engines",
+    "policy_axis",
+    "prompt_priority",
+    "simulate_cluster",
+    "summarize_cluster",
+]
 
 
 @dataclass
@@ -295,3 +303,45 @@ def format_engines(summary: dict[str, Any]) -> str:
         f"{summary['load_imbalance_busy_seconds']:.2f}"
     )
     return "\n".join(rows)
+
+
+# --------------------------------------------------------------------------- sweep axes
+
+#: Under the ``priority`` policy the replay marks a finished request's prompt
+#: blocks with this priority before freeing them (its generated tokens stay
+#: ordinary), TensorRT-LLM's "keep prompts, drop decode blocks" retention.
+PROMPT_PRIORITY = 1
+
+
+def prompt_priority(policy: str) -> int:
+    """``SimConfig.prompt_priority`` for an eviction policy spec."""
+    return PROMPT_PRIORITY if policy.split(":")[0].strip() == "priority" else 0
+
+
+def policy_axis(policies: Sequence[str], label: bool = True) -> Any:
+    """Eviction policies (``SimConfig.eviction_policy``; under ``priority`` the
+    replay marks finished prompts, ``SimConfig.prompt_priority``); unlabelled
+    when ``label`` is false (the default policy, not compared)."""
+    from kvcoord.replay.sweep import Axis, AxisValue
+
+    def value(p: str) -> AxisValue:
+        run = {"eviction_policy": p, "prompt_priority": prompt_priority(p)}
+        return AxisValue(p if label else "", run=run)
+
+    return Axis("policy", tuple(value(p) for p in policies))
+
+
+def cluster_axis(instances: Sequence[int], routers: Sequence[str]) -> Any:
+    """Engine counts, each above 1 with every router (``N x ROUTER``; one
+    engine is unlabelled and has no router)."""
+    from kvcoord.replay.sweep import Axis, AxisValue
+
+    values = []
+    for n in instances:
+        if n == 1:
+            values.append(AxisValue("", run={"instances": 1, "router": None}))
+        else:
+            values.extend(
+                AxisValue(f"{n}x {r}", run={"instances": n, "router": r}) for r in routers
+            )
+    return Axis("cluster", tuple(values))
