@@ -15,6 +15,7 @@ from kvcoord.replay.routers import (
     PrefixAwareRouter,
     PrefixIndex,
     RoundRobinRouter,
+    block_keys,
     make_router,
 )
 from kvcoord.replay.scheduler import (
@@ -49,14 +50,15 @@ def _run(mgr: KVCacheManager, req: Request, free: bool = True) -> None:
         mgr.free(req)
 
 
-def _pool_keys(mgr: KVCacheManager, group: int = 0) -> set[bytes]:
+def _pool_keys(mgr: KVCacheManager, group: int = 0) -> set[int]:
+    """The engine's cached keys, in the events' integer form."""
     pool = mgr.block_pool
     out = set()
     for b in np.flatnonzero(np.asarray(pool.cached_mask())):
         key = pool.block_hash(int(b))
         assert key is not None
         if key[1] == group:
-            out.add(key[0])
+            out.add(int.from_bytes(key[0][-8:], "big"))
     return out
 
 
@@ -167,10 +169,10 @@ def test_prefix_index_longest_contiguous_prefix() -> None:
     for k, m in enumerate(mgrs):
         idx.apply(k, m.take_events())
     probe = _req("p", toks[:160])
-    assert idx.matched_blocks(list(probe.block_hashes)) == [0, 6, 3]
+    assert idx.matched_blocks(block_keys(probe)) == [0, 6, 3]
     assert idx.matched_blocks([]) == [0, 0, 0]
     other = _req("q", [7, *toks[1:160]])
-    assert idx.matched_blocks(list(other.block_hashes)) == [0, 0, 0]
+    assert idx.matched_blocks(block_keys(other)) == [0, 0, 0]
 
 
 def test_prefix_aware_picks_longest_prefix_then_balances() -> None:
@@ -181,7 +183,7 @@ def test_prefix_aware_picks_longest_prefix_then_balances() -> None:
     for k, m in enumerate(mgrs):
         r.observe(k, m.take_events())
     wr = _w("n", 0.0, toks[:272])
-    hashes = list(_req("n", toks[:272]).block_hashes)
+    hashes = block_keys(_req("n", toks[:272]))
     assert r.route(wr, hashes) == 2
     # engine 2 is now far busier than the 256 cached tokens are worth
     r.routed(2, _w("busy", 0.0, [1] * 5000, 0))
@@ -305,5 +307,9 @@ def test_cluster_rejects_mismatched_router(workload: Workload) -> None:
         simulate_cluster(workload, SimConfig(layout=FULL, num_blocks=300), 3, RoundRobinRouter(2))
 
 
-def test_kvcoord_exports_events() -> None:
-    assert kvcoord.KVCacheManagerOptions(enable_events=True).enable_events
+def test_block_keys_are_the_events_integer_hashes() -> None:
+    mgr = _mgr()
+    req = _req("k", list(range(100)))
+    _run(mgr, req)
+    (stored,) = [e for e in mgr.take_events() if isinstance(e, kvcoord.BlockStored)]
+    assert stored.block_hashes.tolist() == block_keys(req)[:6]

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from kvcoord.replay.bestcase import BestCase, best_possible_hits
-from kvcoord.replay.routers import Router, make_router
+from kvcoord.replay.routers import Router, block_keys, make_router
 from kvcoord.replay.scheduler import (
     REPLAY_HASH_ALGO,
     EngineFeed,
@@ -166,7 +166,7 @@ def simulate_cluster(
             settle(k)
             if rt.uses_events:
                 rt.observe(k, mgrs[k].take_events())
-        hashes: Sequence[bytes] | None = None
+        hashes: list[int] | None = None
         if rt.uses_events:
             req = Request(
                 wr.request_id,
@@ -175,7 +175,7 @@ def simulate_cluster(
                 hash_algo=REPLAY_HASH_ALGO,
                 cache_salt=wr.cache_salt,
             )
-            hashes = req.block_hashes  # a lazy view: the index stops at the first miss
+            hashes = block_keys(req)
         k = rt.route(wr, hashes)
         if not 0 <= k < instances:
             raise ValueError(f"router {rt.describe()} picked engine {k} of {instances}")

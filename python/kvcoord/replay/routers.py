@@ -36,7 +36,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from kvcoord._core import AllBlocksCleared, BlockRemoved, BlockStored
+import numpy as np
+
+from kvcoord._core import AllBlocksCleared, BlockRemoved, BlockStored, Request
 from kvcoord.replay.workloads import WorkloadRequest
 
 __all__ = [
@@ -46,8 +48,20 @@ __all__ = [
     "PrefixIndex",
     "RoundRobinRouter",
     "Router",
+    "block_keys",
     "make_router",
 ]
+
+
+def block_keys(request: Request) -> list[int]:
+    """The request's block hashes in the events' integer form (the digest's
+    last 8 bytes, big-endian: vLLM's default external block hash)."""
+    digests = request.block_hashes_array()
+    if digests.shape[0] == 0:
+        return []
+    tail = np.ascontiguousarray(digests[:, -8:])
+    keys: list[int] = tail.view(">u8").ravel().tolist()
+    return keys
 
 
 class Router:
@@ -77,9 +91,9 @@ class Router:
     def describe(self) -> str:
         return self.name
 
-    def route(self, request: WorkloadRequest, block_hashes: Sequence[bytes] | None) -> int:
+    def route(self, request: WorkloadRequest, block_hashes: Sequence[int] | None) -> int:
         """The engine for ``request`` (``block_hashes``: its prompt's block
-        hashes when :attr:`uses_events`, else None)."""
+        hashes, :func:`block_keys`, when :attr:`uses_events`, else None)."""
         raise NotImplementedError
 
     def routed(self, engine: int, request: WorkloadRequest) -> None:
@@ -101,7 +115,7 @@ class RoundRobinRouter(Router):
         super().__init__(num_engines)
         self._next = 0
 
-    def route(self, request: WorkloadRequest, block_hashes: Sequence[bytes] | None) -> int:
+    def route(self, request: WorkloadRequest, block_hashes: Sequence[int] | None) -> int:
         k = self._next
         self._next = (k + 1) % self.num_engines
         return k
@@ -110,7 +124,7 @@ class RoundRobinRouter(Router):
 class LeastLoadedRouter(Router):
     name = "least-loaded"
 
-    def route(self, request: WorkloadRequest, block_hashes: Sequence[bytes] | None) -> int:
+    def route(self, request: WorkloadRequest, block_hashes: Sequence[int] | None) -> int:
         n, t = self.outstanding, self.outstanding_tokens
         return min(range(self.num_engines), key=lambda k: (n[k], t[k], k))
 
@@ -118,54 +132,64 @@ class LeastLoadedRouter(Router):
 class PrefixIndex:
     """Which engine caches which block, from KV events only.
 
-    One dict from block hash to a bit mask of the engines holding it (a hash
-    present in several groups of one engine counts once per group: the
-    router indexes one group, ``group_id``).
+    Per engine, how many of its blocks hold each key (an engine reports one
+    ``BlockRemoved`` per block, and two blocks may hold one key), and one
+    dict from key to the bit mask of the engines holding it. Only the
+    events of one KV-cache group (``group_idx``) are indexed.
     """
 
-    def __init__(self, num_engines: int, group_id: int = 0) -> None:
+    def __init__(self, num_engines: int, group_idx: int = 0) -> None:
         self.num_engines = num_engines
-        self.group_id = group_id
-        self._holders: dict[bytes, int] = {}
+        self.group_idx = group_idx
+        self._holders: dict[int, int] = {}
+        self._counts: list[dict[int, int]] = [{} for _ in range(num_engines)]
         self.events_seen = 0
 
     def apply(self, engine: int, events: Sequence[Any]) -> None:
         """Apply one engine's events in order."""
         bit = 1 << engine
         holders = self._holders
-        gid = self.group_id
+        counts = self._counts[engine]
+        gid = self.group_idx
         for ev in events:
             self.events_seen += 1
             if isinstance(ev, BlockStored):
-                if ev.group_id != gid:
+                if ev.group_idx != gid:
                     continue
-                for h in ev.block_hashes:
-                    holders[h] = holders.get(h, 0) | bit
+                for h in ev.block_hashes.tolist():
+                    c = counts.get(h, 0)
+                    counts[h] = c + 1
+                    if not c:
+                        holders[h] = holders.get(h, 0) | bit
             elif isinstance(ev, BlockRemoved):
-                if ev.group_id != gid:
+                if ev.group_idx != gid:
                     continue
                 h = ev.block_hash
-                m = holders.get(h, 0) & ~bit
-                if m:
-                    holders[h] = m
-                else:
-                    holders.pop(h, None)
-            elif isinstance(ev, AllBlocksCleared):
-                for h in list(holders):
-                    m = holders[h] & ~bit
+                c = counts.pop(h, 0)
+                if c > 1:
+                    counts[h] = c - 1
+                elif c == 1:
+                    m = holders.get(h, 0) & ~bit
                     if m:
                         holders[h] = m
                     else:
-                        del holders[h]
+                        holders.pop(h, None)
+            elif isinstance(ev, AllBlocksCleared):
+                for h in counts:
+                    m = holders.get(h, 0) & ~bit
+                    if m:
+                        holders[h] = m
+                    else:
+                        holders.pop(h, None)
+                counts.clear()
             else:
                 raise TypeError(f"not a KV event: {type(ev).__name__}")
 
-    def keys(self, engine: int) -> set[bytes]:
+    def keys(self, engine: int) -> set[int]:
         """The block hashes the index says ``engine`` caches."""
-        bit = 1 << engine
-        return {h for h, m in self._holders.items() if m & bit}
+        return set(self._counts[engine])
 
-    def matched_blocks(self, block_hashes: Sequence[bytes]) -> list[int]:
+    def matched_blocks(self, block_hashes: Sequence[int]) -> list[int]:
         """Per engine, the longest run of leading blocks of ``block_hashes``
         it caches (one pass over the hashes, stopping at the first block no
         engine still matching holds)."""
@@ -194,14 +218,14 @@ class PrefixAwareRouter(Router):
     uses_events = True
 
     def __init__(
-        self, num_engines: int, *, block_size: int, balance: float = 1.0, group_id: int = 0
+        self, num_engines: int, *, block_size: int, balance: float = 1.0, group_idx: int = 0
     ) -> None:
         super().__init__(num_engines)
         if not balance >= 0 or balance == float("inf"):
             raise ValueError(f"prefix-aware: balance must be a finite number >= 0, got {balance}")
         self.balance = balance
         self.block_size = block_size
-        self.index = PrefixIndex(num_engines, group_id)
+        self.index = PrefixIndex(num_engines, group_idx)
         #: Prompt tokens the index promised as cached at routing time.
         self.predicted_hit_tokens = 0
 
@@ -211,7 +235,7 @@ class PrefixAwareRouter(Router):
     def observe(self, engine: int, events: Sequence[Any]) -> None:
         self.index.apply(engine, events)
 
-    def route(self, request: WorkloadRequest, block_hashes: Sequence[bytes] | None) -> int:
+    def route(self, request: WorkloadRequest, block_hashes: Sequence[int] | None) -> int:
         if block_hashes is None:
             raise ValueError("the prefix-aware router needs the request's block hashes")
         matched = self.index.matched_blocks(block_hashes)
@@ -232,7 +256,7 @@ class PrefixAwareRouter(Router):
 ROUTERS: tuple[str, ...] = ("round-robin", "least-loaded", "prefix-aware")
 
 
-def make_router(spec: str, num_engines: int, *, block_size: int, group_id: int = 0) -> Router:
+def make_router(spec: str, num_engines: int, *, block_size: int, group_idx: int = 0) -> Router:
     """A router from ``NAME[:key=value,...]`` (the ``--router`` syntax).
 
     Raises:
@@ -256,7 +280,7 @@ def make_router(spec: str, num_engines: int, *, block_size: int, group_id: int =
         except ValueError:
             raise ValueError(f"router {spec!r}: balance must be a number") from None
         return PrefixAwareRouter(
-            num_engines, block_size=block_size, balance=balance, group_id=group_id
+            num_engines, block_size=block_size, balance=balance, group_idx=group_idx
         )
     routers: dict[str, type[Router]] = {
         "round-robin": RoundRobinRouter,
