@@ -82,7 +82,8 @@ def _router_list(text: str) -> list[str]:
 
 _POLICY_HELP = (
     "lru (vLLM's order, the default), lfu, prefix-depth, priority "
-    "(a finished request's prompt blocks get priority 1; one clock tick per step); "
+    "(a finished request that was served a prefix hit keeps its prompt at priority 1; "
+    "one clock tick per step); "
     "parameters as NAME:key=value (docs/eviction.md)"
 )
 _ROUTER_HELP = (

@@ -227,9 +227,7 @@ class ZmqEventPublisher:
             batch = item
         else:
             ts, events = item
-            batch = make_batch(
-                events, ts=ts, int_hashes=self._int_hashes, lora_ids=self._lora_ids
-            )
+            batch = make_batch(events, ts=ts, int_hashes=self._int_hashes, lora_ids=self._lora_ids)
         if batch.data_parallel_rank is None:
             batch.data_parallel_rank = self._rank
         payload = encode_batch(batch)

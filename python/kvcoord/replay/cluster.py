@@ -307,9 +307,10 @@ def format_engines(summary: dict[str, Any]) -> str:
 
 # --------------------------------------------------------------------------- sweep axes
 
-#: Under the ``priority`` policy the replay marks a finished request's prompt
-#: blocks with this priority before freeing them (its generated tokens stay
-#: ordinary), TensorRT-LLM's "keep prompts, drop decode blocks" retention.
+#: Under the ``priority`` policy the replay marks the prompt blocks of a
+#: finished request that was served a prefix hit with this priority before
+#: freeing them (its generated tokens stay ordinary): a conversation or
+#: template that has been reused once is kept for the retention window.
 PROMPT_PRIORITY = 1
 
 

@@ -96,9 +96,10 @@ class SimConfig:
     token_bytes_per_gpu: float = 0.0
     #: The pool's eviction policy (``KVCacheManagerOptions.eviction_policy``).
     eviction_policy: str = "lru"
-    #: With the ``priority`` policy: the priority a finished request's prompt
-    #: blocks get before they are freed (0: none); the pool's clock ticks
-    #: once per step.
+    #: With the ``priority`` policy: the priority the prompt blocks of a
+    #: finished request that was served a prefix hit (a follow-up turn, a
+    #: shared template) get before they are freed (0: none); the pool's clock
+    #: ticks once per step.
     prompt_priority: int = 0
 
 
@@ -549,7 +550,7 @@ def run_engine(
         if finished:
             for live in finished:
                 t0 = pc()
-                if prompt_priority:
+                if prompt_priority and res.req_gpu_hit[live.idx]:
                     mgr.set_request_priority(live.req, prompt_priority, live.wr.prompt_len)
                 mgr.free(live.req)
                 step_mgr_s += pc() - t0
