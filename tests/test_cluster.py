@@ -313,3 +313,26 @@ def test_block_keys_are_the_events_integer_hashes() -> None:
     _run(mgr, req)
     (stored,) = [e for e in mgr.take_events() if isinstance(e, kvcoord.BlockStored)]
     assert stored.block_hashes.tolist() == block_keys(req)[:6]
+
+
+def test_replay_priority_rule_keeps_reused_conversations() -> None:
+    # A conversation (turn 2 hits turn 1) then a flood of one-off prompts that
+    # overflows the pool: LRU evicts the conversation, the priority rule keeps
+    # turn 2's prompt (it was served a hit), so turn 3 hits it.
+    rng = np.random.default_rng(11)
+    conv = [int(x) for x in rng.integers(0, 50_000, 64)]
+    reqs = [_w("a1", 0.0, conv, 1)]
+    conv = conv + [int(x) for x in rng.integers(0, 50_000, 64)]
+    reqs.append(_w("a2", 1.0, list(conv), 1))
+    for i in range(12):
+        reqs.append(_w(f"f{i}", 2.0 + i, [int(x) for x in rng.integers(0, 50_000, 64)], 1))
+    reqs.append(_w("a3", 20.0, conv + [int(x) for x in rng.integers(0, 50_000, 32)], 1))
+    wl = Workload("flood", reqs)
+    hits = {}
+    for policy, prio in (("lru", 0), ("priority", 1)):
+        cfg = SimConfig(layout=FULL, num_blocks=41, eviction_policy=policy, prompt_priority=prio)
+        res = simulate(wl, cfg)
+        hits[policy] = list(res.req_gpu_hit)
+    assert hits["lru"][1] == hits["priority"][1] == 64  # turn 2 hits turn 1 under both
+    assert hits["lru"][-1] == 0
+    assert hits["priority"][-1] == 128
