@@ -573,6 +573,13 @@ class CoordinatorCore:
         """Drop these blocks' prefix-cache keys (they stay allocated)."""
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix; False (and a warning) while blocks are in use."""
+    def set_eviction_policy(self, spec: str) -> None:
+        """Switch the pool's eviction policy (a ``BlockPool`` spec string);
+        refused while any block is in use."""
+    def set_priority(self, block_ids: BlockIds, priority: int) -> None:
+        """Mark blocks with a retention priority (the ``priority`` policy)."""
+    def advance_clock(self, ticks: int) -> None:
+        """Advance the pool's eviction clock by ``ticks``."""
     def take_events(self) -> list[BlockStored | BlockRemoved | AllBlocksCleared]:
         """Drain the pool's KV-cache events."""
     def check_invariants(self) -> None:
@@ -622,6 +629,8 @@ class BlockPoolView:
     def usage(self) -> float: ...
     @property
     def num_cached_blocks(self) -> int: ...
+    @property
+    def eviction_policy(self) -> str: ...
     @property
     def num_evictions(self) -> int: ...
     @property

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from array import array
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from time import perf_counter
 from typing import Any
@@ -56,6 +56,7 @@ from kvcoord.scheduling import mamba_chunk_rule
 _MAX_CLOCK_US = float(1 << 63)
 
 __all__ = [
+    "EngineFeed",
     "EvictionCounter",
     "SimConfig",
     "SimResult",
@@ -93,6 +94,13 @@ class SimConfig:
     host_tier: HostTier | None = None
     #: Bytes of one token's KV on one GPU (host-tier transfer size).
     token_bytes_per_gpu: float = 0.0
+    #: The pool's eviction policy (``KVCacheManagerOptions.eviction_policy``).
+    eviction_policy: str = "lru"
+    #: With the ``priority`` policy: the priority the prompt blocks of a
+    #: finished request that was served a prefix hit (a follow-up turn, a
+    #: shared template) get before they are freed (0: none); the pool's clock
+    #: ticks once per step.
+    prompt_priority: int = 0
 
 
 @dataclass
@@ -160,13 +168,37 @@ def build_config(layout: Layout, num_blocks: int) -> KVCacheConfig:
     return KVCacheConfig(num_blocks=num_blocks, groups=layout.groups)
 
 
-def make_manager(layout: Layout, num_blocks: int, max_model_len: int) -> KVCacheManager:
+def make_manager(
+    layout: Layout,
+    num_blocks: int,
+    max_model_len: int,
+    *,
+    eviction_policy: str = "lru",
+    enable_events: bool = False,
+) -> KVCacheManager:
     """A ``KVCacheManager`` for the layout with a pool of ``num_blocks``."""
     return KVCacheManager(
         build_config(layout, num_blocks),
         max_model_len=max_model_len,
-        options=KVCacheManagerOptions(enable_caching=layout.enable_caching, residency_metrics=True),
+        options=KVCacheManagerOptions(
+            enable_caching=layout.enable_caching,
+            residency_metrics=True,
+            eviction_policy=eviction_policy,
+            enable_events=enable_events,
+        ),
     )
+
+
+@dataclass
+class EngineFeed:
+    """The requests routed to one engine: ``pending`` in arrival order, and
+    whether more may still come (a cluster's router appends while the
+    engines run; :func:`simulate` hands a closed feed of the whole trace)."""
+
+    pending: deque[WorkloadRequest]
+    closed: bool = True
+    #: When a list: each finished request is appended (the router's count).
+    finished: list[WorkloadRequest] | None = None
 
 
 class EvictionCounter:
@@ -246,12 +278,39 @@ def simulate(
     progress: Callable[[int], None] | None = None,
 ) -> SimResult:
     """Replay ``workload`` against a fresh ``KVCacheManager``; ``progress(n)`` per n finished."""
+    run = run_engine(workload, cfg, progress)
+    while True:
+        try:
+            next(run)
+        except StopIteration as stop:
+            result: SimResult = stop.value
+            return result
+
+
+def run_engine(
+    workload: Workload,
+    cfg: SimConfig,
+    progress: Callable[[int], None] | None = None,
+    mgr: KVCacheManager | None = None,
+    feed: EngineFeed | None = None,
+) -> Generator[float | None, None, SimResult]:
+    """The replay as a generator, one scheduler step per ``next()``: yields the
+    simulated time after each step, or None while idle with an open feed and
+    nothing pending (the driver appends to ``feed.pending`` or closes it);
+    returns the :class:`SimResult`. ``workload`` gives the trace-wide facts
+    (longest sequence, last arrival); ``feed`` the requests this engine gets
+    (default: all of them); ``mgr`` a manager built by the caller."""
     from kvcoord import Request
 
     wall0 = perf_counter()
     layout = cfg.layout
     max_model_len = cfg.max_model_len or workload.max_sequence_len
-    mgr = make_manager(layout, cfg.num_blocks, max_model_len)
+    if mgr is None:
+        mgr = make_manager(
+            layout, cfg.num_blocks, max_model_len, eviction_policy=cfg.eviction_policy
+        )
+    if feed is None:
+        feed = EngineFeed(deque(workload.requests))
     hash_bs = mgr.hash_block_size
     best = BestCaseTracker(layout.block_size) if cfg.track_best else None
     evictions = EvictionCounter(mgr)
@@ -269,7 +328,7 @@ def simulate(
         getattr(res, name).extend([float("nan")] * n_req)
     for name in ("req_output", "req_prompt", "req_gpu_hit", "req_host_hit"):
         getattr(res, name).extend([0] * n_req)
-    pending = deque(workload.requests)
+    pending = feed.pending
     waiting: deque[_Live] = deque()
     running: list[_Live] = []
     scale = cfg.time_scale
@@ -299,8 +358,9 @@ def simulate(
     )
     window = model.window if model is not None and model.window_layers else 0
     arrived = 0
+    prompt_priority = cfg.prompt_priority
 
-    while pending or waiting or running:
+    while pending or waiting or running or not feed.closed:
         while pending and pending[0].arrival_s * scale <= now:
             wr = pending.popleft()
             r_arrival[arrived] = wr.arrival_s * scale
@@ -309,7 +369,10 @@ def simulate(
             arrived += 1
             waiting.append(live)
         if not waiting and not running:
-            now = pending[0].arrival_s * scale
+            if pending:
+                now = pending[0].arrival_s * scale
+            else:
+                yield None  # idle until the feed brings more or closes
             continue
 
         budget = token_budget
@@ -487,12 +550,16 @@ def simulate(
         if finished:
             for live in finished:
                 t0 = pc()
+                if prompt_priority and res.req_gpu_hit[live.idx]:
+                    mgr.set_request_priority(live.req, prompt_priority, live.wr.prompt_len)
                 mgr.free(live.req)
                 step_mgr_s += pc() - t0
                 live.req = None
                 live.out_pos = -1
                 res.output_tokens += live.out_len
             res.num_finished += len(finished)
+            if feed.finished is not None:
+                feed.finished.extend(live.wr for live in finished)
             running = [r for r in running if r.out_pos >= 0]
             if progress is not None:
                 progress(len(finished))
@@ -532,7 +599,15 @@ def simulate(
         if now >= next_sample:
             res.occupancy_samples.append((now, *_occupancy(pool)))
             next_sample = now + sample_every
+        if prompt_priority:
+            mgr.advance_eviction_clock(1)
+        yield now
 
+    if arrived < n_req:  # an engine of a cluster: only its own requests
+        res.num_requests = arrived
+        for name in ("req_arrival", "req_admit", "req_first", "req_finish", "req_output",
+                     "req_prompt", "req_gpu_hit", "req_host_hit"):  # fmt: skip
+            del getattr(res, name)[arrived:]
     res.residency = mgr.residency_snapshot()
     res.steps = len(step_mgr)
     res.sim_seconds = now
