@@ -30,6 +30,7 @@ from kvcoord.coordinator import (
     shared_prefix_boundary,
 )
 from kvcoord.errors import UnknownRequestError
+from kvcoord.vllm._connectors import connector_reason
 from kvcoord.vllm._blocks import BlockView, KVCacheBlocks, PoolView, ids_of
 from kvcoord.vllm._requests import RequestRegistry
 from kvcoord.vllm._support import to_kvcoord_config, unsupported_reason
@@ -93,8 +94,11 @@ def _caller_reason() -> str | None:
             return None
         owner = frame.f_locals.get("self")
         if owner is not None and hasattr(owner, "defer_block_free"):
-            if getattr(owner, "connector", None) is not None:
-                return "a KV connector (it binds to vLLM's manager internals)"
+            connector = getattr(owner, "connector", None)
+            if connector is not None:
+                reason = connector_reason(connector)
+                if reason is not None:
+                    return reason
             aux = getattr(getattr(owner, "vllm_config", None), "aux_output_config", None)
             if getattr(aux, "enabled", False):
                 return "auxiliary outputs (their connector reads vLLM's pool by block hash)"
