@@ -17,177 +17,38 @@ from __future__ import annotations
 
 import importlib
 import logging
-import sys
-from collections import Counter
-from collections.abc import Iterator, Mapping
-from types import FrameType
 from typing import Any
 
 from kvcoord._core import Request
-from kvcoord.coordinator import (
-    KVCacheCoordinator,
-    get_kv_cache_coordinator,
-    shared_prefix_boundary,
-)
+from kvcoord.coordinator import get_kv_cache_coordinator, shared_prefix_boundary
 from kvcoord.errors import UnknownRequestError
-from kvcoord.vllm._blocks import BlockView, KVCacheBlocks, PoolView, ids_of
+from kvcoord.vllm._blocks import KVCacheBlocks, PoolView, ids_of
+from kvcoord.vllm._construct import (
+    bind_args,
+    caller_reason,
+    fallbacks,
+    served,
+    vllm_manager_class,
+)
 from kvcoord.vllm._requests import RequestRegistry
 from kvcoord.vllm._support import to_kvcoord_config, unsupported_reason
+from kvcoord.vllm._views import CoordinatorView
 
 __all__ = ["KVCacheManager", "fallbacks", "served"]
 
 logger = logging.getLogger("kvcoord.vllm")
-
-#: Constructions handed to vLLM's own manager, by reason.
-fallbacks: Counter[str] = Counter()
-#: Constructions served by kvcoord.
-served: Counter[str] = Counter({"managers": 0})
-
-_ARG_NAMES = (
-    "kv_cache_config",
-    "max_model_len",
-    "scheduler_block_size",
-    "hash_block_size",
-    "max_in_flight_tokens",
-    "enable_caching",
-    "use_eagle",
-    "num_hash_lookahead_tokens",
-    "num_prefill_lookahead",
-    "log_stats",
-    "enable_kv_cache_events",
-    "dcp_world_size",
-    "pcp_world_size",
-    "metrics_collector",
-    "watermark",
-    "enable_mamba_shared_prefix_checkpoint",
-)
 
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _bind(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
-    if len(args) > len(_ARG_NAMES):
-        raise TypeError(f"KVCacheManager takes at most {len(_ARG_NAMES)} arguments")
-    bound = dict(zip(_ARG_NAMES, args, strict=False))
-    for name, value in kwargs.items():
-        if name not in _ARG_NAMES:
-            raise TypeError(f"KVCacheManager got an unexpected keyword argument {name!r}")
-        if name in bound:
-            raise TypeError(f"KVCacheManager got multiple values for argument {name!r}")
-        bound[name] = value
-    for name in ("kv_cache_config", "max_model_len", "scheduler_block_size", "hash_block_size"):
-        if name not in bound:
-            raise TypeError(f"KVCacheManager missing required argument {name!r}")
-    return bound
-
-
-def _caller_reason() -> str | None:
-    """Why the vLLM scheduler building this manager needs vLLM's own (a KV
-    connector binds to the manager's internals), or None. Read from the
-    scheduler under construction, which sets its connector first."""
-    frame: FrameType | None = sys._getframe(2)
-    for _ in range(4):
-        if frame is None:
-            return None
-        owner = frame.f_locals.get("self")
-        if owner is not None and hasattr(owner, "defer_block_free"):
-            if getattr(owner, "connector", None) is not None:
-                return "a KV connector (it binds to vLLM's manager internals)"
-            aux = getattr(getattr(owner, "vllm_config", None), "aux_output_config", None)
-            if getattr(aux, "enabled", False):
-                return "auxiliary outputs (their connector reads vLLM's pool by block hash)"
-            return None
-        frame = frame.f_back
-    return None
-
-
-def _vllm_manager_class() -> type:
-    from kvcoord.vllm import _patch
-
-    return _patch.original_manager_class()
-
-
-class _RequestTables(Mapping[str, list[BlockView]]):
-    """``req_to_blocks`` of one group: request id -> block views (read-only;
-    built from the core's table on each access, for inspection only)."""
-
-    def __init__(self, manager: KVCacheManager, group_id: int) -> None:
-        self._manager = manager
-        self._group_id = group_id
-
-    def __getitem__(self, request_id: str) -> list[BlockView]:
-        held = self._manager._held(request_id)
-        if held is None:
-            raise KeyError(request_id)
-        pool = self._manager._pool
-        return [BlockView(pool, int(i)) for i in held[self._group_id]]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter([r for r in self._manager._requests.ids() if r in self])
-
-    def __len__(self) -> int:
-        return int(self._manager._core.num_requests)
-
-    def __contains__(self, request_id: object) -> bool:
-        return isinstance(request_id, str) and self._manager._held(request_id) is not None
-
-
-class _SingleTypeView:
-    """What the scheduler reads of each of vLLM's single-type managers."""
-
-    __slots__ = ("block_size", "kv_cache_group_id", "kv_cache_spec", "req_to_blocks")
-
-    def __init__(self, manager: KVCacheManager, group_id: int, spec: Any) -> None:
-        self.kv_cache_group_id = group_id
-        self.kv_cache_spec = spec
-        self.block_size = int(spec.block_size)
-        self.req_to_blocks = _RequestTables(manager, group_id)
-
-
-class CoordinatorView:
-    """What the scheduler and its helpers read of vLLM's coordinator."""
-
-    enable_partial_hash_hits = False
-    eagle_group_ids: tuple[int, ...] = ()
-    num_reprefillable_tokens = 0
-
-    def __init__(self, manager: KVCacheManager, core: KVCacheCoordinator) -> None:
-        self._manager = manager
-        self.core = core
-        self.single_type_managers = [
-            _SingleTypeView(manager, i, g.kv_cache_spec)
-            for i, g in enumerate(manager.kv_cache_config.kv_cache_groups)
-        ]
-
-    @property
-    def block_pool(self) -> PoolView:
-        return self._manager.block_pool
-
-    def get_num_blocks_to_allocate(
-        self,
-        request_id: str,
-        num_tokens: int,
-        new_computed_blocks: Any,
-        num_encoder_tokens: int = 0,
-        total_computed_tokens: int = 0,
-        num_local_computed_tokens: int = 0,
-        num_tokens_main_model: int = 0,
-        apply_admission_cap: bool = False,
-        prefill_end: int = 0,
-    ) -> int:
-        """Blocks an allocation of ``num_tokens`` slots would take (full attention)."""
-        hits = tuple(ids_of(g) for g in new_computed_blocks) if any(new_computed_blocks) else ()
-        return self._manager._predict(request_id, num_tokens, hits)
-
-
 class KVCacheManager:
     """vLLM 0.33.0's ``KVCacheManager`` on kvcoord's core (same constructor)."""
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-        bound = _bind(args, kwargs)
-        reason = unsupported_reason(bound["kv_cache_config"], bound) or _caller_reason()
+        bound = bind_args(args, kwargs)
+        reason = unsupported_reason(bound["kv_cache_config"], bound) or caller_reason()
         if reason is None:
             return super().__new__(cls)
         fallbacks[reason] += 1
@@ -197,10 +58,10 @@ class KVCacheManager:
             reason,
             sum(fallbacks.values()),
         )
-        return _vllm_manager_class()(*args, **kwargs)
+        return vllm_manager_class()(*args, **kwargs)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        a = _bind(args, kwargs)
+        a = bind_args(args, kwargs)
         cfg = a["kv_cache_config"]
         self.kv_cache_config = cfg
         self.max_model_len = int(a["max_model_len"])

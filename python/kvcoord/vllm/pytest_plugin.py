@@ -50,6 +50,8 @@ def _mark() -> int:
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: Any, nextitem: Any) -> Generator[None, None, None]:
     item._kvcoord_mark = _mark()
+    item._kvcoord_pools = _vllm_pools[0]
+    item._kvcoord_fallbacks = _kv.fallbacks.copy()
     yield
 
 
@@ -61,6 +63,12 @@ def pytest_runtest_makereport(item: Any, call: Any) -> Generator[None, Any, None
         return
     pure = _mark() == getattr(item, "_kvcoord_mark", -1)
     item.user_properties.append(("kvcoord_pure", "1" if pure else "0"))
+    if not pure:
+        # Why not: vLLM pools built, and the fallback reasons, during this test.
+        pools = _vllm_pools[0] - getattr(item, "_kvcoord_pools", 0)
+        reasons = _kv.fallbacks - getattr(item, "_kvcoord_fallbacks", _kv.fallbacks)
+        item.user_properties.append(("kvcoord_vllm_pools", str(pools)))
+        item.user_properties.append(("kvcoord_fallbacks", "; ".join(sorted(reasons))))
     report.user_properties = list(item.user_properties)
     if report.passed:
         _passes["pure" if pure else "vllm"] += 1
