@@ -27,8 +27,9 @@ from callgrind import count, require_valgrind
 SETUP = """
 import sys, kvcoord
 events = {events}
+group = kvcoord.KVCacheGroup(kvcoord.FullAttentionSpec(16))
 m = kvcoord.KVCacheManager(
-    kvcoord.KVCacheConfig(num_blocks={blocks}, groups=(kvcoord.KVCacheGroup(kvcoord.FullAttentionSpec(16)),)),
+    kvcoord.KVCacheConfig(num_blocks={blocks}, groups=(group,)),
     max_model_len=1 << 20, options=kvcoord.KVCacheManagerOptions(enable_events=events))
 alloc = m.allocate_slots
 """
