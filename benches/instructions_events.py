@@ -84,9 +84,7 @@ def instructions(iterations: int) -> None:
             n = count(code, iterations) - count(code, 0)
             res.append(n / (iterations * per_step))
         unit = "per request-step" if per_step > 1 else "per step"
-        print(
-            f"  {name:22s} {res[0]:9,.0f} -> {res[1]:9,.0f} {unit} ({res[1] / res[0] - 1:+.1%})"
-        )
+        print(f"  {name:22s} {res[0]:9,.0f} -> {res[1]:9,.0f} {unit} ({res[1] / res[0] - 1:+.1%})")
 
 
 def publisher_throughput(num_steps: int = 2000) -> None:
