@@ -79,8 +79,9 @@ def workload(mgr: KVCacheManager, seed: int, steps: int, publish: Any) -> list[l
                 rng.randrange(1000) for _ in range(rng.randrange(1, 40))
             ]
             salt = "salt" if rng.random() < 0.1 else None
-            req = Request(f"r{step}", tokens, hash_block_size=B, cache_salt=salt)
-            ops.append(["add", req.request_id, tokens, salt])
+            lora = ("ad", "/a") if rng.random() < 0.15 else None
+            req = Request(f"r{step}", tokens, hash_block_size=B, cache_salt=salt, lora=lora)
+            ops.append(["add", req.request_id, tokens, salt, lora is not None])
             hit_blocks, hit = mgr.get_computed_blocks(req)
             if mgr.allocate_slots(req, req.num_tokens - hit, hit, hit_blocks) is not None:
                 req.num_computed_tokens = req.num_tokens
@@ -120,7 +121,7 @@ def apply_plain(model: Counter[tuple[int, int]], payload: bytes) -> int:
             # Full attention skips no block: the tokens are exactly the blocks'.
             assert len(ev["token_ids"]) == len(hashes) * B
             assert len(ev["extra_keys"]) == len(hashes)
-            assert ev["lora_name"] is None
+            assert ev["lora_name"] in (None, "ad") and ev["lora_id"] is None
             for h in hashes:
                 model[h, ev["group_idx"]] += 1
         elif kind == "BlockRemoved":
@@ -248,7 +249,8 @@ needs_vllm = pytest.mark.skipif(not VLLM_PYTHON.exists(), reason="no vLLM 0.33.0
 @pytest.mark.slow
 def test_same_events_as_vllm(tmp_path: Path) -> None:
     """vLLM's own KVCacheManager, run on the same workload with events on,
-    emits the same events, field for field (hashes, tokens, kinds, salts)."""
+    emits the same events, field for field (hashes, tokens, kinds, salts,
+    LoRA name and id)."""
     windows = [None, 2 * B]
     mgr = manager(40, FullAttentionSpec(B), SlidingWindowSpec(B, 2 * B))
     ours: list[Any] = []
@@ -259,13 +261,17 @@ def test_same_events_as_vllm(tmp_path: Path) -> None:
     theirs = json.loads(run_in_vllm([str(driver), str(tmp_path / "ops.json")]))
     # Through JSON as vLLM's side came (tuples become lists).
     mine = json.loads(
-        json.dumps([msgspec.to_builtins(make_batch(ev, ts=0.0).events) for ev in ours])
+        json.dumps(
+            [msgspec.to_builtins(make_batch(ev, ts=0.0, lora_ids={"ad": 1}).events) for ev in ours]
+        )
     )
     assert len(theirs) == len(mine)
     for step, (a, b) in enumerate(zip(mine, theirs, strict=True)):
         assert a == b, f"step {step} ({ops[step][0]})"
     kinds = Counter(e["type"] for s in mine for e in s)
     assert kinds["BlockStored"] > 50 and kinds["BlockRemoved"] > 50, kinds
+    assert any(e.get("lora_id") == 1 for s in mine for e in s)
+    assert any(e.get("extra_keys") and ["salt"] in e["extra_keys"] for s in mine for e in s)
 
 
 @needs_vllm

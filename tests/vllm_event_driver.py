@@ -14,6 +14,7 @@ from typing import Any
 
 import msgspec
 import torch
+from vllm.lora.request import LoRARequest
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256_cbor
 from vllm.v1.core.kv_cache_manager import KVCacheManager
@@ -57,7 +58,7 @@ def main(path: str) -> None:
     steps = []
     for op in spec["ops"]:
         if op[0] == "add":
-            _, rid, tokens, salt = op
+            _, rid, tokens, salt, lora = op
             params = SamplingParams(max_tokens=100_000)
             params.update_from_generation_config({}, eos_token_id=None)
             req = Request(
@@ -67,6 +68,7 @@ def main(path: str) -> None:
                 pooling_params=None,
                 block_hasher=hasher,
                 cache_salt=salt,
+                lora_request=LoRARequest("ad", 1, "/a") if lora else None,
             )
             got = mgr.get_computed_blocks(req)
             blocks, hit = got[0], got[1]

@@ -15,6 +15,7 @@ thread converts, encodes, sends and answers replay requests.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -174,8 +175,11 @@ class ZmqEventPublisher:
             return
         self._running = False
         limit = self.SHUTDOWN_TIMEOUT if timeout is None else timeout
-        self._queue.put(None)
-        self._thread.join(limit)
+        deadline = time.monotonic() + limit
+        # A full queue: the worker stops once it has drained it.
+        with contextlib.suppress(queue.Full):
+            self._queue.put(None, timeout=limit)
+        self._thread.join(max(0.0, deadline - time.monotonic()))
         if self._thread.is_alive():
             log.warning("event publisher: %d batches unsent at shutdown", self._queue.qsize())
         else:
@@ -200,7 +204,7 @@ class ZmqEventPublisher:
             self._replay.close(linger=0)
 
     def _run(self) -> None:
-        while True:
+        while self._running or not self._queue.empty():
             if self._replay is not None and self._replay.poll(0):
                 try:
                     self._serve_replay()

@@ -113,33 +113,44 @@ def to_wire(
     Raises:
         TypeError: ``event`` is not a kvcoord event.
     """
-    if isinstance(event, CoreBlockStored):
-        if int_hashes:
-            hashes: list[ExternalBlockHash] = event.block_hashes.tolist()
-            parent: ExternalBlockHash | None = event.parent_block_hash
-        else:
-            hashes = list(event.block_hash_digests)
-            parent = event.parent_block_digest
-        name = event.lora_name
-        return BlockStored(
-            block_hashes=hashes,
-            parent_block_hash=parent,
-            token_ids=event.token_ids.tolist(),
-            block_size=event.block_size,
-            lora_id=None if name is None or lora_ids is None else lora_ids.get(name),
-            medium=event.medium,
-            lora_name=name,
-            extra_keys=event.extra_keys,
-            group_idx=event.group_idx,
-            kv_cache_spec_kind=event.kv_cache_spec_kind,
-            kv_cache_spec_sliding_window=event.kv_cache_spec_sliding_window,
-        )
-    if isinstance(event, CoreBlockRemoved):
-        h: ExternalBlockHash = event.block_hash if int_hashes else event.block_hash_digest
-        return BlockRemoved(block_hashes=[h], medium=event.medium, group_idx=event.group_idx)
-    if isinstance(event, CoreAllBlocksCleared):
+    kind = type(event)
+    if kind is CoreBlockRemoved:  # the most frequent: one per evicted block
+        removed: CoreBlockRemoved = event  # type: ignore[assignment]
+        h: ExternalBlockHash = removed.block_hash if int_hashes else removed.block_hash_digest
+        return BlockRemoved(block_hashes=[h], medium=removed.medium, group_idx=removed.group_idx)
+    if kind is CoreBlockStored:
+        return _stored(event, int_hashes, lora_ids)  # type: ignore[arg-type]
+    if kind is CoreAllBlocksCleared:
         return AllBlocksCleared()
-    raise TypeError(f"not a kvcoord KV event: {type(event).__name__}")
+    raise TypeError(f"not a kvcoord KV event: {kind.__name__}")
+
+
+def _stored(
+    event: CoreBlockStored, int_hashes: bool, lora_ids: Mapping[str, int] | None
+) -> BlockStored:
+    if int_hashes:
+        hashes: list[ExternalBlockHash] = event.block_hashes.tolist()
+        parent: ExternalBlockHash | None = event.parent_block_hash
+    else:
+        hashes = list(event.block_hash_digests)
+        parent = event.parent_block_digest
+    name = event.lora_name
+    return BlockStored(
+        block_hashes=hashes,
+        parent_block_hash=parent,
+        token_ids=event.token_ids.tolist(),
+        block_size=event.block_size,
+        lora_id=None if name is None or lora_ids is None else lora_ids.get(name),
+        medium=event.medium,
+        lora_name=name,
+        extra_keys=event.extra_keys,
+        group_idx=event.group_idx,
+        kv_cache_spec_kind=event.kv_cache_spec_kind,
+        kv_cache_spec_sliding_window=event.kv_cache_spec_sliding_window,
+    )
+
+
+_WIRE_TYPES = frozenset((BlockStored, BlockRemoved, AllBlocksCleared))
 
 
 def make_batch(
@@ -152,10 +163,10 @@ def make_batch(
 ) -> KVEventBatch:
     """A batch of in-process or wire events (wire events pass through);
     ``ts`` defaults to ``time.time()`` as vLLM's scheduler stamps it."""
-    wire = [
-        e
-        if isinstance(e, BlockStored | BlockRemoved | AllBlocksCleared)
-        else to_wire(e, int_hashes=int_hashes, lora_ids=lora_ids)
+    wire: list[WireEvent] = [
+        e  # type: ignore[misc]
+        if type(e) in _WIRE_TYPES
+        else to_wire(e, int_hashes=int_hashes, lora_ids=lora_ids)  # type: ignore[arg-type]
         for e in events
     ]
     return KVEventBatch(
