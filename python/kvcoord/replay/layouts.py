@@ -96,9 +96,18 @@ class Layout:
         return math.lcm(*(sizes or [g.spec.block_size for g in self.groups]))
 
     @property
+    def keeps_whole_context(self) -> bool:
+        """Whether every group keeps all of a running request's blocks until it
+        is freed (full attention, MLA), from the kinds' facts: hits are
+        prefix-closed and a table never holds a null after a real block."""
+        return all(
+            g.spec.core.prefix_closed_hits and not g.spec.core.interior_nulls for g in self.groups
+        )
+
+    @property
     def has_sparse_groups(self) -> bool:
         """Whether some group keeps only part of a long context (window, chunk, state)."""
-        return any(g.spec.kind not in ("full_attention", "mla_attention") for g in self.groups)
+        return not self.keeps_whole_context
 
     def with_block_size(self, block_size: int) -> Layout:
         """The same layout with every group's block size set to ``block_size``."""
