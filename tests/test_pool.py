@@ -156,14 +156,18 @@ def test_events() -> None:
     pool.cache_full_blocks(blocks, [h(1), h(2), h(3)], 2, 3, 5)
     stored, stored2 = pool.take_events()
     assert isinstance(stored, kvcoord.BlockStored)
-    assert stored.block_hashes == [h(1), h(2)] and stored.parent_block_hash is None
-    assert stored.block_ids == [1, 2] and stored.group_id == 5
-    assert stored2.parent_block_hash == h(2)
+    assert stored.block_hash_digests == [h(1), h(2)] and stored.parent_block_hash is None
+    # vLLM's integer form: the digest's last 8 bytes, big-endian.
+    assert stored.block_hashes.tolist() == [int.from_bytes(h(i)[-8:], "big") for i in (1, 2)]
+    assert stored.block_ids.tolist() == [1, 2] and stored.group_idx == 5
+    assert stored.block_size == pool.hash_block_size and stored.medium == "GPU"
+    assert stored.token_ids.size == 0  # a bare pool knows no request
+    assert stored2.parent_block_digest == h(2) and stored2.first_block == 2
     pool.free_blocks(blocks)
     pool.get_new_blocks(3)
     removed = pool.take_events()
     assert [type(e) for e in removed] == [kvcoord.BlockRemoved] * 3
-    assert {e.block_hash for e in removed} == {h(1), h(2), h(3)}
+    assert {e.block_hash_digest for e in removed} == {h(1), h(2), h(3)}
     assert pool.take_events() == []
     pool.free_blocks([1, 2, 3])
     assert pool.reset_prefix_cache()

@@ -120,7 +120,7 @@ def test_bare_flags_mean_replay(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_geometric_sweep_range() -> None:
-    from kvcoord.cli import _geometric
+    from kvcoord._cli_sweep import _geometric
 
     assert _geometric(100, 1600, 5) == [100, 200, 400, 800, 1600]
     assert _geometric(100, 100, 4) == [100]

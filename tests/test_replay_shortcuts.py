@@ -41,17 +41,24 @@ def _results(res: Any) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(
-    ("layout", "blocks", "budget", "max_running"),
+    ("layout", "blocks", "budget", "max_running", "policy"),
     [
-        ("full", 700, 8192, 256),  # preemptions, evictions
-        ("full", 400, 300, 8),  # budget-bound chunks, running cap
-        ("mla", 300, 8192, 256),  # 64-token blocks
-        ("sliding-window", 900, 1024, 64),  # no steady block size: every request allocates
-        ("hybrid-mamba", 900, 700, 64),  # chunk rule: request-by-request planning
+        ("full", 700, 8192, 256, "lru"),  # preemptions, evictions
+        ("full", 400, 300, 8, "lru"),  # budget-bound chunks, running cap
+        ("full", 700, 8192, 256, "lfu"),  # a policy that counts accesses
+        ("full", 700, 8192, 256, "priority"),  # priorities set before frees, a step clock
+        ("mla", 300, 8192, 256, "lru"),  # 64-token blocks
+        ("sliding-window", 900, 1024, 64, "lru"),  # no steady block size
+        ("hybrid-mamba", 900, 700, 64, "lru"),  # chunk rule: request-by-request planning
     ],
 )
 def test_shortcuts_change_nothing(
-    monkeypatch: pytest.MonkeyPatch, layout: str, blocks: int, budget: int, max_running: int
+    monkeypatch: pytest.MonkeyPatch,
+    layout: str,
+    blocks: int,
+    budget: int,
+    max_running: int,
+    policy: str,
 ) -> None:
     wl = synthetic_chat(num_conversations=12, seed=3)
     cfg = SimConfig(
@@ -60,6 +67,8 @@ def test_shortcuts_change_nothing(
         token_budget=budget,
         max_running=max_running,
         time_scale=0.0,  # everything at once: a full pool
+        eviction_policy=policy,
+        prompt_priority=2 if policy == "priority" else 0,
     )
     fast = simulate(wl, cfg)
     monkeypatch.setattr(scheduler, "steady_block_size", lambda mgr, layout: 0)
@@ -103,7 +112,7 @@ def test_plan_matches_fcfs_budget_loop() -> None:
     rng = np.random.default_rng(5)
     for _ in range(200):
         k = int(rng.integers(0, 20))
-        batch = RunningBatch(4, np.zeros(0, dtype=np.int64))
+        batch = RunningBatch(4)
         rems = []
         for i in range(k):
             c = int(rng.integers(0, 100))
@@ -132,16 +141,15 @@ def test_plan_matches_fcfs_budget_loop() -> None:
 
 def test_run_step_sums_match_step_cost() -> None:
     rng = np.random.default_rng(9)
-    out = np.arange(1000, 2000, dtype=np.int64)
     for window in (0, 48):
-        batch = RunningBatch(2, out)
+        batch = RunningBatch(2)
         cost = StepCost(window)
         ns = []
         for i in range(10):
             c = int(rng.integers(0, 200))
             n = int(rng.integers(0, 40))
             live = _live(i, c, c + max(n, 1), 3)
-            live.out_base = 10 * i
+            live.out_base = batch.store_output(list(range(1000 + 10 * i, 1010 + 10 * i)))
             live.req = Request(f"r{i}", list(range(c + max(n, 1))), hash_block_size=16)
             batch.append(live)
             ns.append(n)
@@ -155,3 +163,6 @@ def test_run_step_sums_match_step_cost() -> None:
         assert (wpairs, wkv) == (cost.window_pairs, cost.window_kv)
         assert [lv.idx for lv in got[6]] == [i for i, n in enumerate(ns) if n]  # first tokens
         assert batch.out_pos[: len(ns)].tolist() == [1 if n else 0 for n in ns]
+        # the sampled token is each request's first output token
+        got_tokens = [lv.req.all_token_ids[-1] for lv in got[6]]
+        assert got_tokens == [1000 + 10 * lv.idx for lv in got[6]]

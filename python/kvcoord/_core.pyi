@@ -212,26 +212,80 @@ class BlockPool:
 
 @final
 class BlockStored:
-    """One ``cache_full_blocks`` call registered blocks in the prefix cache."""
+    """One ``cache_full_blocks`` call registered blocks in the prefix cache
+    (vLLM 0.33.0's ``BlockStored``, field for field; per-block data as numpy
+    arrays, so taking events makes one object per event, never per block).
+    Hashes are in vLLM's default integer form: the digest's last 8 bytes as
+    a big-endian unsigned integer. See docs/events.md."""
 
     @property
-    def block_hashes(self) -> list[bytes]: ...
+    def block_hashes(self) -> npt.NDArray[np.uint64]:
+        """Integer hashes of the stored blocks (null and masked blocks of the
+        range are not listed)."""
     @property
-    def block_ids(self) -> list[int]: ...
+    def block_hash_digests(self) -> list[bytes]:
+        """Full digests of the stored blocks (built on each access)."""
     @property
-    def parent_block_hash(self) -> bytes | None:
-        """Hash of the block logically before the first one; None at block 0."""
+    def block_ids(self) -> npt.NDArray[np.uint32]:
+        """Ids of the stored blocks, aligned with ``block_hashes``."""
     @property
-    def group_id(self) -> int: ...
+    def parent_block_hash(self) -> int | None:
+        """Integer hash of the block before the range; None when it starts at 0."""
+    @property
+    def parent_block_digest(self) -> bytes | None:
+        """Full digest of the block before the range; None when it starts at 0."""
+    @property
+    def token_ids(self) -> npt.NDArray[np.uint32]:
+        """The request's tokens of the whole range, skipped blocks included
+        (empty when a bare :class:`BlockPool` cached the blocks)."""
+    @property
+    def block_size(self) -> int:
+        """Tokens per block of the group."""
+    @property
+    def first_block(self) -> int:
+        """Position (in blocks) of the range's first block."""
+    @property
+    def group_idx(self) -> int:
+        """The KV-cache group."""
+    @property
+    def medium(self) -> str:
+        """``"GPU"``, ``"CPU"`` or ``"STORAGE"``."""
+    @property
+    def lora_name(self) -> str | None:
+        """The request's LoRA adapter name."""
+    @property
+    def kv_cache_spec_kind(self) -> str | None:
+        """The group's spec kind in vLLM's spelling (``"full_attention"``...;
+        None from a bare :class:`BlockPool`)."""
+    @property
+    def kv_cache_spec_sliding_window(self) -> int | None:
+        """The group's sliding window, when it has one."""
+    @property
+    def extra_keys(self) -> list[tuple[str | tuple[str, int], ...] | None] | None:
+        """Per stored block, its untagged extra keys (LoRA name,
+        ``(mm_identifier, offset)`` pairs, cache salt) or None; None when no
+        block was stored."""
+    def __len__(self) -> int:
+        """Number of stored blocks."""
 
 @final
 class BlockRemoved:
-    """A key left the prefix cache (its last block was evicted or reused)."""
+    """A block lost its cache key (evicted or reused); one per block, as vLLM
+    reports them, even when another block still holds the same key."""
 
     @property
-    def block_hash(self) -> bytes: ...
+    def block_hash(self) -> int:
+        """The removed key's hash, integer form."""
     @property
-    def group_id(self) -> int: ...
+    def block_hashes(self) -> list[int]:
+        """vLLM's list form, ``[block_hash]``."""
+    @property
+    def block_hash_digest(self) -> bytes:
+        """The removed key's full digest."""
+    @property
+    def group_idx(self) -> int: ...
+    @property
+    def medium(self) -> str: ...
 
 @final
 class AllBlocksCleared:
@@ -519,6 +573,13 @@ class CoordinatorCore:
         """Drop these blocks' prefix-cache keys (they stay allocated)."""
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix; False (and a warning) while blocks are in use."""
+    def set_eviction_policy(self, spec: str) -> None:
+        """Switch the pool's eviction policy (a ``BlockPool`` spec string);
+        refused while any block is in use."""
+    def set_priority(self, block_ids: BlockIds, priority: int) -> None:
+        """Mark blocks with a retention priority (the ``priority`` policy)."""
+    def advance_clock(self, ticks: int) -> None:
+        """Advance the pool's eviction clock by ``ticks``."""
     def take_events(self) -> list[BlockStored | BlockRemoved | AllBlocksCleared]:
         """Drain the pool's KV-cache events."""
     def check_invariants(self) -> None:
@@ -568,6 +629,8 @@ class BlockPoolView:
     def usage(self) -> float: ...
     @property
     def num_cached_blocks(self) -> int: ...
+    @property
+    def eviction_policy(self) -> str: ...
     @property
     def num_evictions(self) -> int: ...
     @property

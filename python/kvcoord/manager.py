@@ -85,6 +85,10 @@ class KVCacheManagerOptions:
         log_stats: keep prefix-cache hit statistics.
         residency_metrics: track every block's residency (lifetime, idle
             time before eviction, reuse gaps, hits; see :mod:`kvcoord.residency`).
+        eviction_policy: which cached free block the pool reuses first, a
+            spec string of ``BlockPool(eviction_policy=...)`` (``"lru"``, vLLM's
+            order and the default; ``"lfu"``, ``"prefix-depth"``,
+            ``"priority"``, with parameters as in ``docs/eviction.md``).
     """
 
     enable_caching: bool = True
@@ -92,6 +96,7 @@ class KVCacheManagerOptions:
     enable_events: bool = False
     log_stats: bool = True
     residency_metrics: bool = False
+    eviction_policy: str = "lru"
 
     def __post_init__(self) -> None:
         for name in ("enable_caching", "enable_events", "log_stats", "residency_metrics"):
@@ -101,6 +106,11 @@ class KVCacheManagerOptions:
             # Type and 64-bit range here; the value's rules are the core's.
             h = as_i64(h, "KVCacheManagerOptions.hash_block_size")
             object.__setattr__(self, "hash_block_size", h)
+        if not isinstance(self.eviction_policy, str):
+            raise ConfigTypeError(
+                "KVCacheManagerOptions.eviction_policy must be a str, "
+                f"got {type(self.eviction_policy).__name__}"
+            )
 
 
 @dataclass(slots=True)
@@ -157,6 +167,8 @@ class KVCacheManager:
         self.enable_caching = options.enable_caching
         self.hash_block_size = self.coordinator.hash_block_size
         self._core = self.coordinator.core
+        if options.eviction_policy != "lru":  # the spec's rules are the core's
+            self._core.set_eviction_policy(options.eviction_policy)
         # The per-step call goes straight to Rust: one boundary crossing and
         # no Python frame (see `AllocateSlots` for its documentation).
         self.allocate_slots: AllocateSlots = self._core.allocate_slots
@@ -309,6 +321,29 @@ class KVCacheManager:
     def take_events(self) -> list[object]:
         """Drain the pool's KV-cache events (empty unless ``enable_events``)."""
         return list(self._core.take_events())
+
+    def set_request_priority(self, request: Request, priority: int, num_tokens: int) -> None:
+        """Give the blocks holding the first ``num_tokens`` tokens of
+        ``request``, in every group, a retention priority (0-7; the
+        ``priority`` eviction policy keeps them, once freed, behind every
+        ordinary block until the retention expires; ignored by the other
+        policies). Call it before :meth:`free`.
+
+        Raises:
+            UnknownRequestError: the manager holds no blocks for this request.
+        """
+        tables = self.get_blocks(_request(request).request_id).arrays()
+        parts = []
+        for g, ids in zip(self.config.groups, tables, strict=True):
+            head = np.asarray(ids[: num_tokens // g.spec.block_size])
+            parts.append(head[head != 0])  # 0: a position the group does not hold
+        ids_all = np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint32)
+        self._core.set_priority(ids_all, priority)
+
+    def advance_eviction_clock(self, ticks: int = 1) -> None:
+        """Advance the eviction policy's clock (retention durations count its
+        ticks; e.g. one per scheduler step)."""
+        self._core.advance_clock(ticks)
 
     def evict_blocks(self, block_ids: Sequence[int] | npt.NDArray[np.integer]) -> None:
         """Drop these blocks from the prefix cache (e.g. after a failed KV load)."""

@@ -34,12 +34,24 @@ def build_config(layout: Layout, num_blocks: int) -> KVCacheConfig:
     return KVCacheConfig(num_blocks=num_blocks, groups=layout.groups)
 
 
-def make_manager(layout: Layout, num_blocks: int, max_model_len: int) -> KVCacheManager:
+def make_manager(
+    layout: Layout,
+    num_blocks: int,
+    max_model_len: int,
+    *,
+    eviction_policy: str = "lru",
+    enable_events: bool = False,
+) -> KVCacheManager:
     """A ``KVCacheManager`` for the layout with a pool of ``num_blocks``."""
     return KVCacheManager(
         build_config(layout, num_blocks),
         max_model_len=max_model_len,
-        options=KVCacheManagerOptions(enable_caching=layout.enable_caching, residency_metrics=True),
+        options=KVCacheManagerOptions(
+            enable_caching=layout.enable_caching,
+            residency_metrics=True,
+            eviction_policy=eviction_policy,
+            enable_events=enable_events,
+        ),
     )
 
 

@@ -86,16 +86,17 @@ class StepPlan:
 class RunningBatch:
     """The running requests in admission order, their progress in arrays.
 
-    ``out_tokens`` holds every request's output tokens, request after request
-    (each request's slice starts at its :attr:`Live.out_base`), so a step's
-    sampled tokens are one gather.
+    ``out_tokens`` holds every admitted request's output tokens, request
+    after request (:meth:`store_output`; each request's slice starts at its
+    :attr:`Live.out_base`), so a step's sampled tokens are one gather.
     """
 
     _ARRAYS = ("computed", "num_tokens", "out_pos", "out_len", "out_base")
 
-    def __init__(self, capacity: int, out_tokens: np.ndarray) -> None:
+    def __init__(self, capacity: int) -> None:
         self.lives: list[Live] = []
-        self.out_tokens = out_tokens
+        self.out_tokens = np.zeros(1024, dtype=np.int64)
+        self._out_used = 0
         cap = max(1, capacity)
         self.computed = np.zeros(cap, dtype=np.int64)
         self.num_tokens = np.zeros(cap, dtype=np.int64)
@@ -108,6 +109,21 @@ class RunningBatch:
 
     def __bool__(self) -> bool:
         return bool(self.lives)
+
+    def store_output(self, tokens: list[int]) -> int:
+        """Append a request's output tokens to ``out_tokens``; returns where they start."""
+        base = self._out_used
+        end = base + len(tokens)
+        if end > self.out_tokens.shape[0]:
+            size = self.out_tokens.shape[0]
+            while size < end:
+                size *= 2
+            grown = np.zeros(size, dtype=np.int64)
+            grown[:base] = self.out_tokens[:base]
+            self.out_tokens = grown
+        self.out_tokens[base:end] = tokens
+        self._out_used = end
+        return base
 
     def _grow(self) -> None:
         for name in self._ARRAYS:

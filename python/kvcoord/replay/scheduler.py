@@ -48,12 +48,11 @@ not recomputed.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from time import perf_counter
 from typing import Any
 
-import numpy as np
-
+from kvcoord.manager import KVCacheManager
 from kvcoord.replay.bestcase import BestCaseTracker
 from kvcoord.replay.pool import (
     REPLAY_HASH_ALGO,
@@ -64,7 +63,7 @@ from kvcoord.replay.pool import (
     steady_block_size,
 )
 from kvcoord.replay.running import Live, RunningBatch
-from kvcoord.replay.sim import SimConfig, SimResult, SimulationError
+from kvcoord.replay.sim import EngineFeed, SimConfig, SimResult, SimulationError
 from kvcoord.replay.timing import attention_pairs
 from kvcoord.replay.workloads import Workload
 from kvcoord.scheduling import mamba_chunk_rule
@@ -76,12 +75,14 @@ _REUSE_LOOKUPS = True
 
 __all__ = [
     "REPLAY_HASH_ALGO",
+    "EngineFeed",
     "EvictionCounter",
     "SimConfig",
     "SimResult",
     "SimulationError",
     "build_config",
     "make_manager",
+    "run_engine",
     "simulate",
 ]
 
@@ -92,12 +93,39 @@ def simulate(
     progress: Callable[[int], None] | None = None,
 ) -> SimResult:
     """Replay ``workload`` against a fresh ``KVCacheManager``; ``progress(n)`` per n finished."""
+    run = run_engine(workload, cfg, progress)
+    while True:
+        try:
+            next(run)
+        except StopIteration as stop:
+            result: SimResult = stop.value
+            return result
+
+
+def run_engine(
+    workload: Workload,
+    cfg: SimConfig,
+    progress: Callable[[int], None] | None = None,
+    mgr: KVCacheManager | None = None,
+    feed: EngineFeed | None = None,
+) -> Generator[float | None, None, SimResult]:
+    """The replay as a generator, one scheduler step per ``next()``: yields the
+    simulated time after each step, or None while idle with an open feed and
+    nothing pending (the driver appends to ``feed.pending`` or closes it);
+    returns the :class:`SimResult`. ``workload`` gives the trace-wide facts
+    (longest sequence, last arrival); ``feed`` the requests this engine gets
+    (default: all of them); ``mgr`` a manager built by the caller."""
     from kvcoord import Request
 
     wall0 = perf_counter()
     layout = cfg.layout
     max_model_len = cfg.max_model_len or workload.max_sequence_len
-    mgr = make_manager(layout, cfg.num_blocks, max_model_len)
+    if mgr is None:
+        mgr = make_manager(
+            layout, cfg.num_blocks, max_model_len, eviction_policy=cfg.eviction_policy
+        )
+    if feed is None:
+        feed = EngineFeed(deque(workload.requests))
     hash_bs = mgr.hash_block_size
     best = BestCaseTracker(layout.block_size) if cfg.track_best else None
     evictions = EvictionCounter(mgr)
@@ -115,13 +143,9 @@ def simulate(
         getattr(res, name).extend([float("nan")] * n_req)
     for name in ("req_output", "req_prompt", "req_gpu_hit", "req_host_hit"):
         getattr(res, name).extend([0] * n_req)
-    pending = deque(workload.requests)
+    pending = feed.pending
     waiting: deque[Live] = deque()
-    # every request's output tokens, in arrival order (filled at first admission)
-    out_start = [0] * (n_req + 1)
-    for i, wr in enumerate(workload.requests):
-        out_start[i + 1] = out_start[i] + wr.output_len
-    running = RunningBatch(cfg.max_running, np.zeros(out_start[-1], dtype=np.int64))
+    running = RunningBatch(cfg.max_running)
     scale = cfg.time_scale
     last_arrival = workload.requests[-1].arrival_s * scale if workload.requests else 0.0
     sample_every = last_arrival / 200 if last_arrival > 0 else 0.0
@@ -155,15 +179,19 @@ def simulate(
     )
     window = model.window if model is not None and model.window_layers else 0
     arrived = 0
+    prompt_priority = cfg.prompt_priority
 
-    while pending or waiting or running:
+    while pending or waiting or running or not feed.closed:
         while pending and pending[0].arrival_s * scale <= now:
             wr = pending.popleft()
             r_arrival[arrived] = wr.arrival_s * scale
             waiting.append(Live(wr, arrived))
             arrived += 1
         if not waiting and not running:
-            now = pending[0].arrival_s * scale
+            if pending:
+                now = pending[0].arrival_s * scale
+            else:
+                yield None  # idle until the feed brings more or closes
             continue
 
         step_mgr_s = 0.0
@@ -225,8 +253,7 @@ def simulate(
                     t0 = pc()
                     toks = wr.make_prompt()
                     live.out = wr.output_tokens()
-                    live.out_base = base = out_start[live.idx]
-                    running.out_tokens[base : base + wr.output_len] = live.out
+                    live.out_base = running.store_output(live.out)
                     t1 = pc()
                     if best is not None:
                         best.add(toks, live.out, wr.cache_salt)
@@ -328,11 +355,15 @@ def simulate(
         if finished:
             for live in finished:
                 t0 = pc()
+                if prompt_priority and res.req_gpu_hit[live.idx]:
+                    mgr.set_request_priority(live.req, prompt_priority, live.wr.prompt_len)
                 mgr.free(live.req)
                 step_mgr_s += pc() - t0
                 live.req = None
                 res.output_tokens += live.out_len
             res.num_finished += len(finished)
+            if feed.finished is not None:
+                feed.finished.extend(live.wr for live in finished)
             running.remove(done_idx)
             if progress is not None:
                 progress(len(finished))
@@ -364,7 +395,15 @@ def simulate(
         if now >= next_sample:
             res.occupancy_samples.append((now, *occupancy(pool)))
             next_sample = now + sample_every
+        if prompt_priority:
+            mgr.advance_eviction_clock(1)
+        yield now
 
+    if arrived < n_req:  # an engine of a cluster: only its own requests
+        res.num_requests = arrived
+        for name in ("req_arrival", "req_admit", "req_first", "req_finish", "req_output",
+                     "req_prompt", "req_gpu_hit", "req_host_hit"):  # fmt: skip
+            del getattr(res, name)[arrived:]
     res.residency = mgr.residency_snapshot()
     res.steps = len(step_mgr)
     res.sim_seconds = now

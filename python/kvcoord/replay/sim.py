@@ -7,15 +7,17 @@
 from __future__ import annotations
 
 from array import array
+from collections import deque
 from dataclasses import dataclass, field
 
 from kvcoord.replay.bestcase import BestCase
 from kvcoord.replay.layouts import Layout
 from kvcoord.replay.tiers import HostTier
 from kvcoord.replay.timing import StepTimeModel
+from kvcoord.replay.workloads import WorkloadRequest
 from kvcoord.residency import ResidencySnapshot
 
-__all__ = ["SimConfig", "SimResult", "SimulationError"]
+__all__ = ["EngineFeed", "SimConfig", "SimResult", "SimulationError"]
 
 
 class SimulationError(RuntimeError):
@@ -45,6 +47,13 @@ class SimConfig:
     host_tier: HostTier | None = None
     #: Bytes of one token's KV on one GPU (host-tier transfer size).
     token_bytes_per_gpu: float = 0.0
+    #: The pool's eviction policy (``KVCacheManagerOptions.eviction_policy``).
+    eviction_policy: str = "lru"
+    #: With the ``priority`` policy: the priority the prompt blocks of a
+    #: finished request that was served a prefix hit (a follow-up turn, a
+    #: shared template) get before they are freed (0: none); the pool's clock
+    #: ticks once per step.
+    prompt_priority: int = 0
 
 
 @dataclass
@@ -97,3 +106,16 @@ class SimResult:
     host_transfer_seconds: float = 0.0
     #: Block residency histograms, in simulated microseconds.
     residency: ResidencySnapshot | None = None
+
+
+@dataclass
+class EngineFeed:
+    """The requests routed to one engine: ``pending`` in arrival order, and
+    whether more may still come (a cluster's router appends while the
+    engines run; :func:`~kvcoord.replay.scheduler.simulate` hands a closed
+    feed of the whole trace)."""
+
+    pending: deque[WorkloadRequest]
+    closed: bool = True
+    #: When a list: each finished request is appended (the router's count).
+    finished: list[WorkloadRequest] | None = None

@@ -522,6 +522,7 @@ impl CoordinatorCore {
         if ok {
             self.registry.insert(request.id(), req);
         }
+        self.complete_events(request);
         Ok(ok)
     }
 
@@ -529,7 +530,19 @@ impl CoordinatorCore {
     pub fn cache_request(&mut self, request: &Request, num_tokens: usize) -> KvResult<()> {
         self.check_hash_unit(request)?;
         let req = self.req_of(request.id())?;
-        self.cache_blocks(req, &request.view(), num_tokens)
+        let res = self.cache_blocks(req, &request.view(), num_tokens);
+        self.complete_events(request);
+        res
+    }
+
+    /// Give the events the last call recorded what only `request` knows
+    /// (its tokens, `LoRA` name, extra keys) and their group's spec.
+    fn complete_events(&mut self, request: &Request) {
+        if self.pool.events_enabled() {
+            let extra = request.hasher().extra_keys();
+            self.pool
+                .complete_events(request.tokens(), extra, &self.config.groups);
+        }
     }
 
     /// With caching on, a request must be hashed in this coordinator's hash

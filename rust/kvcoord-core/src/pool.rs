@@ -25,10 +25,12 @@
 
 use crate::block_hash::BlockHash;
 use crate::error::{KvError, KvResult};
-use crate::events::KvEvent;
+use crate::events::{KvEvent, Medium, StoredBlocks};
 use crate::eviction::{with_policy, EvictionConfig, EvictionPolicy, LevelQueue, Ranker};
 use crate::free_queue::FreeQueue;
+use crate::hashing::ExtraKeys;
 use crate::ids::{BlockId, GroupId};
+use crate::managers::GroupSpec;
 use crate::prefix_index::{CacheKey, KeySlot, PrefixIndex};
 use crate::residency::Residency;
 
@@ -162,6 +164,10 @@ pub struct BlockPool {
     config: PoolConfig,
     /// `Some` iff events are enabled.
     events: Option<Vec<KvEvent>>,
+    /// Events before this index have been completed (`complete_events`).
+    events_done: usize,
+    /// The medium the events report.
+    medium: Medium,
     /// Cached blocks handed out again by `get_new_blocks` (each one lost its
     /// cache key: a prefix eviction), since construction.
     num_evictions: u64,
@@ -295,6 +301,8 @@ impl BlockPool {
             index: PrefixIndex::new(),
             config,
             events: config.enable_events.then(Vec::new),
+            events_done: 0,
+            medium: Medium::Gpu,
             num_evictions: 0,
             now: 0,
             residency: None,
@@ -810,10 +818,15 @@ impl BlockPool {
                 return Err(KvError::AlreadyCached(b));
             }
         }
+        let record = self.events.is_some();
         let mut stored_hashes = Vec::new();
         let mut stored_ids = Vec::new();
+        let mut skipped = Vec::new();
         for (i, &b) in new_blocks.iter().enumerate() {
             if !selected(i) || b.is_null() {
+                if record {
+                    skipped.push(u32::try_from(num_cached_blocks + i).unwrap_or(u32::MAX));
+                }
                 continue;
             }
             if self.meta[b.index()].key != NO_KEY {
@@ -828,7 +841,7 @@ impl BlockPool {
             let key = CacheKey { hash, group };
             self.meta[b.index()].key = self.index.insert(key, b);
             stored_ids.push(b);
-            if self.events.is_some() {
+            if record {
                 stored_hashes.push(hash);
             }
         }
@@ -842,13 +855,26 @@ impl BlockPool {
             }
         }
         if let Some(events) = &mut self.events {
-            let parent_block_hash = num_cached_blocks.checked_sub(1).map(hash_at);
-            events.push(KvEvent::BlockStored {
+            let block_size = u32::try_from(scale)
+                .unwrap_or(u32::MAX)
+                .saturating_mul(self.config.hash_block_size);
+            events.push(KvEvent::BlockStored(Box::new(StoredBlocks {
                 block_hashes: stored_hashes,
                 block_ids: stored_ids,
-                parent_block_hash,
+                parent_block_hash: num_cached_blocks.checked_sub(1).map(hash_at),
+                first_block: num_cached_blocks,
+                num_blocks: range.len(),
+                skipped,
+                block_size,
                 group,
-            });
+                medium: self.medium,
+                token_ids: Vec::new(),
+                lora_name: None,
+                extra_keys: Vec::new(),
+                spec_kind: None,
+                sliding_window: None,
+                completed: false,
+            })));
         }
         Ok(())
     }
@@ -928,6 +954,7 @@ impl BlockPool {
 
     /// Drain the recorded events (empty when events are disabled).
     pub fn take_events(&mut self) -> Vec<KvEvent> {
+        self.events_done = 0;
         self.events.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
@@ -936,18 +963,47 @@ impl BlockPool {
         self.events.is_some()
     }
 
-    /// Remove `b`'s key, recording a `BlockRemoved` when the key leaves the
-    /// index (other blocks may still be cached under it).
-    fn drop_key(&mut self, b: BlockId) {
-        let slot = std::mem::replace(&mut self.meta[b.index()].key, NO_KEY);
-        if let Some(key) = self.index.remove(slot, b) {
-            if let Some(events) = &mut self.events {
-                events.push(KvEvent::BlockRemoved {
-                    block_hash: key.hash,
-                    group: key.group,
-                });
+    /// The medium the events report ([`Medium::Gpu`] unless set).
+    pub fn event_medium(&self) -> Medium {
+        self.medium
+    }
+
+    /// Report events of this pool as living on `medium` from now on.
+    pub fn set_event_medium(&mut self, medium: Medium) {
+        self.medium = medium;
+    }
+
+    /// Complete the `BlockStored` events recorded since the last call with
+    /// what only the caller knows: the request's `tokens` and `extra` keys,
+    /// and each event's group spec (`groups[group]`). The coordinator calls
+    /// this after every call that may cache blocks of one request.
+    pub fn complete_events(&mut self, tokens: &[u32], extra: &ExtraKeys, groups: &[GroupSpec]) {
+        let Some(events) = &mut self.events else {
+            return;
+        };
+        for e in &mut events[self.events_done..] {
+            if let KvEvent::BlockStored(s) = e {
+                if let Some(g) = groups.get(s.group.0 as usize) {
+                    s.complete(tokens, extra, &g.kind);
+                }
             }
         }
+        self.events_done = events.len();
+    }
+
+    /// Remove `b`'s key, recording a `BlockRemoved` (vLLM reports every
+    /// block that loses its key, even when others still hold the key).
+    fn drop_key(&mut self, b: BlockId) {
+        let slot = std::mem::replace(&mut self.meta[b.index()].key, NO_KEY);
+        if let Some(events) = &mut self.events {
+            let key = self.index.key_at(slot);
+            events.push(KvEvent::BlockRemoved {
+                block_hash: key.hash,
+                group: key.group,
+                medium: self.medium,
+            });
+        }
+        self.index.remove(slot, b);
     }
 
     /// Remove `b`'s key without an event (undo of a refused call).
@@ -1146,17 +1202,59 @@ mod tests {
         let ev = p.take_events();
         assert_eq!(ev.len(), 3);
         assert!(
-            matches!(&ev[0], KvEvent::BlockStored { block_hashes, parent_block_hash: None, .. } if block_hashes.len() == 2)
+            matches!(&ev[0], KvEvent::BlockStored(s) if s.block_hashes.len() == 2 && s.parent_block_hash.is_none() && s.block_size == 16 && s.token_ids.is_empty())
         );
         assert_eq!(
             ev[1],
             KvEvent::BlockRemoved {
                 block_hash: h(1),
-                group: GroupId(3)
+                group: GroupId(3),
+                medium: Medium::Gpu,
             }
         );
         assert_eq!(p.num_cached_keys(), 0);
         assert!(p.take_events().is_empty());
+    }
+
+    #[test]
+    fn every_block_losing_a_key_is_reported_and_skips_recorded() {
+        let mut p = BlockPool::new(PoolConfig {
+            enable_events: true,
+            ..PoolConfig::new(6)
+        })
+        .unwrap();
+        let b = ids(&get(&mut p, 3));
+        // Two blocks under the same key (two requests computed one prefix).
+        p.cache_full_blocks(&b[..1], &[h(1)], 0, 1, GroupId(0), None)
+            .unwrap();
+        p.cache_full_blocks(&b[1..2], &[h(1)], 0, 1, GroupId(0), None)
+            .unwrap();
+        let masked = [b[2], BlockId(0), b[2]];
+        p.cache_full_blocks(
+            &masked,
+            &[h(7), h(8), h(9)],
+            1,
+            3,
+            GroupId(0),
+            Some(&[false, true]),
+        )
+        .unwrap();
+        p.evict_blocks(&b[..2]).unwrap();
+        let ev = p.take_events();
+        assert_eq!(ev.len(), 5);
+        match &ev[2] {
+            KvEvent::BlockStored(s) => {
+                assert_eq!((s.first_block, s.num_blocks), (1, 2));
+                assert_eq!(s.skipped, vec![1]);
+                assert_eq!(s.block_hashes, vec![h(9)]);
+                assert_eq!(s.parent_block_hash, Some(h(7)));
+                assert_eq!(s.positions().collect::<Vec<_>>(), vec![2]);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(ev[3..]
+            .iter()
+            .all(|e| matches!(e, KvEvent::BlockRemoved { block_hash, .. } if *block_hash == h(1))));
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! requests and their registry are core state.
 
 use kvcoord_core::coordinator::{AllocateArgs, CoordinatorConfig, CoordinatorCore, NewBlocks};
-use kvcoord_core::{BlockId, BlockPool, CoordinatorKind, KvError};
+use kvcoord_core::{BlockId, BlockPool, CoordinatorKind, EvictionConfig, KvError};
 use numpy::PyArray1;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
@@ -250,6 +250,32 @@ impl PyCoordinatorCore {
         pool::reset_prefix_cache(py, self.inner.pool_mut())
     }
 
+    /// Switch the pool's eviction policy (a spec string such as `"lfu"`);
+    /// refused while any block is in use.
+    fn set_eviction_policy(&mut self, spec: &str) -> PyResult<()> {
+        let eviction: EvictionConfig = core(spec.parse())?;
+        core(self.inner.pool_mut().set_eviction(eviction))
+    }
+
+    /// Mark blocks with a retention priority (the `priority` eviction
+    /// policy; ignored by the others).
+    fn set_priority(
+        &mut self,
+        block_ids: &Bound<'_, PyAny>,
+        priority: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        // Out-of-range priorities are the core's error (it names the range).
+        let priority = i64::try_from(args::count(priority, "priority")?).unwrap_or(i64::MAX);
+        let ids = convert::block_ids(block_ids)?;
+        core(self.inner.pool_mut().set_priority(&ids, priority))
+    }
+
+    /// Advance the pool's eviction clock (retention durations count its ticks).
+    fn advance_clock(&mut self, ticks: &Bound<'_, PyAny>) -> PyResult<()> {
+        let ticks = i64::try_from(args::count(ticks, "ticks")?).unwrap_or(i64::MAX);
+        core(self.inner.pool_mut().advance_clock(ticks))
+    }
+
     /// Drain the pool's KV-cache events.
     fn take_events(&mut self, py: Python<'_>) -> PyResult<PyEventList> {
         pool::take_events(py, self.inner.pool_mut())
@@ -326,6 +352,12 @@ impl PyBlockPoolView {
     #[getter]
     fn num_cached_blocks(&self, py: Python<'_>) -> PyResult<usize> {
         self.with(py, BlockPool::num_cached_keys)
+    }
+
+    /// The eviction policy's spec string (e.g. `"lru"`).
+    #[getter]
+    fn eviction_policy(&self, py: Python<'_>) -> PyResult<String> {
+        self.with(py, BlockPool::eviction_policy)
     }
 
     #[getter]

@@ -111,8 +111,8 @@ pub(crate) fn reset_prefix_cache(py: Python<'_>, pool: &mut BlockPool) -> PyResu
 
 pub(crate) fn take_events(py: Python<'_>, pool: &mut BlockPool) -> PyResult<PyEventList> {
     pool.take_events()
-        .iter()
-        .map(|e: &KvEvent| event_to_py(py, e))
+        .into_iter()
+        .map(|e: KvEvent| event_to_py(py, e))
         .collect()
 }
 

@@ -1,0 +1,128 @@
+"""The ``kvcoord`` command's set-up, shared by ``replay`` and ``sweep``: the
+workload and layout from the flags, checked before any run; the planner's
+set-up and the simulator's configuration (see :mod:`kvcoord.cli`)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from kvcoord._cli_base import MAX_POOL_BLOCKS, UsageError
+
+__all__ = ["_Setup", "_plan", "_progress", "_setup", "_sim_config"]
+
+
+# --------------------------------------------------------------------------- validation
+
+
+@dataclass
+class _Setup:
+    workload: Any
+    layout: Any
+
+
+def _setup(args: argparse.Namespace) -> _Setup:
+    from kvcoord.replay.layouts import LayoutError, load_layout
+    from kvcoord.replay.workloads import load_workload
+
+    if args.format is not None and args.trace is None:
+        raise UsageError("--format needs --trace FILE (the bundled workload has no format)")
+    try:
+        layout = load_layout(args.layout or "full")
+        if args.block_size is not None:
+            layout = layout.with_block_size(args.block_size)
+    except LayoutError as e:
+        raise UsageError(f"--layout: {e}") from None
+    try:
+        workload = load_workload(args.trace, args.format, args.limit)
+    except ValueError as e:  # TraceFormatError names the file and line
+        raise UsageError(f"--trace: {e}") from None
+    if not workload.requests:
+        raise UsageError(f"--trace {args.trace}: the trace has no requests")
+    from kvcoord.replay.scheduler import make_manager
+
+    try:  # what the manager itself refuses (sizes beyond its range), before any run
+        make_manager(layout, 2, workload.max_sequence_len)
+    except (ValueError, TypeError, OverflowError) as e:
+        raise UsageError(f"--layout {args.layout or 'full'}: {e}") from None
+    last = workload.requests[-1].arrival_s  # sorted by arrival
+    if not math.isfinite(last * args.time_scale):
+        raise UsageError(
+            f"--time-scale {args.time_scale:g}: the last arrival ({last:g} s) "
+            "scaled is beyond any finite time"
+        )
+    return _Setup(workload, layout)
+
+
+def _plan(args: argparse.Namespace, st: _Setup, **options: Any) -> Any:
+    """The planner's set-up (model, GPU, layout, pool size, host tier) from the
+    flags; ``options`` (a sweep point's size and variant) override them."""
+    from kvcoord.replay.plan import make_plan
+
+    opts: dict[str, Any] = {
+        "num_blocks": getattr(args, "num_blocks", None),
+        "capacity_tokens": getattr(args, "capacity_tokens", None),
+        "kv_memory": getattr(args, "kv_memory", None),
+        "host_memory": getattr(args, "host_memory", None),
+        "model": args.model,
+        "model_config": args.model_config,
+        "kv_dtype": args.kv_dtype,
+        "gpu": args.gpu,
+        "tp": args.tp,
+        "layout": args.layout,
+        "block_size": args.block_size,
+    }
+    opts.update(options)
+    try:
+        plan = make_plan(st.workload, **opts)
+    except ValueError as e:  # PlanError names the flag
+        raise UsageError(str(e)) from None
+    _check_pool(plan.layout, st.workload, plan.num_blocks, plan.size_flag)
+    return plan
+
+
+def _sim_config(args: argparse.Namespace, plan: Any, policy: str | None = None) -> Any:
+    from kvcoord.replay.cluster import prompt_priority
+    from kvcoord.replay.scheduler import SimConfig
+
+    policy = policy or getattr(args, "policy", None) or "lru"
+    return SimConfig(
+        eviction_policy=policy,
+        prompt_priority=prompt_priority(policy),
+        layout=plan.layout,
+        num_blocks=plan.num_blocks,
+        max_running=args.max_running,
+        token_budget=args.token_budget,
+        time_scale=args.time_scale,
+        step_model=plan.step_model,
+        host_tier=plan.host_tier(),
+        token_bytes_per_gpu=plan.footprint.token_bytes_per_gpu,
+    )
+
+
+def _check_pool(layout: Any, workload: Any, num_blocks: int, flag: str) -> None:
+    if num_blocks < 2:
+        raise UsageError(f"{flag}: a pool needs at least 2 blocks (block 0 is the null block)")
+    if num_blocks > MAX_POOL_BLOCKS:
+        raise UsageError(
+            f"{flag}: a pool of {num_blocks:,} blocks is larger than the "
+            f"{MAX_POOL_BLOCKS:,} the CLI builds"
+        )
+    from kvcoord.replay.scheduler import build_config
+
+    del workload  # the planner already checked the longest request
+    try:  # the manager's own checks, before the run rather than in it
+        build_config(layout, num_blocks)
+    except (ValueError, TypeError, OverflowError) as e:
+        raise UsageError(f"{flag}: {e}") from None
+
+
+def _progress(total: int, disable: bool, desc: str) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(
+        total=total, desc=desc, unit="req", disable=disable or None, leave=False, file=sys.stderr
+    )
