@@ -42,7 +42,8 @@ Two shortcuts keep a replay fast and change nothing it computes:
 With ``SimConfig.host_tier`` set, a request's prefix is also looked up in
 the host tier (:mod:`~kvcoord.replay.tiers`) after the GPU pool: the extra
 tokens found there are loaded (their transfer time is added to the step),
-not recomputed.
+not recomputed. ``SimConfig.disk_tier`` is a second such tier below the host
+tier, looked up after it (its tokens load at ``SimConfig.disk_bandwidth``).
 """
 
 from __future__ import annotations
@@ -133,6 +134,8 @@ def run_engine(
     model = cfg.step_model
     host = cfg.host_tier if layout.enable_caching else None
     hit_bs = layout.block_size
+    disk = cfg.disk_tier if layout.enable_caching else None
+    key_tier = host if host is not None else disk  # both use the same chunk keys
     host_bw = 1.0
     if host is not None:
         host_bw = model.gpu.host_bandwidth if model is not None else 25e9
@@ -141,7 +144,7 @@ def run_engine(
     res = SimResult(num_requests=n_req, num_blocks=cfg.num_blocks)
     for name in ("req_arrival", "req_admit", "req_first", "req_finish"):
         getattr(res, name).extend([float("nan")] * n_req)
-    for name in ("req_output", "req_prompt", "req_gpu_hit", "req_host_hit"):
+    for name in ("req_output", "req_prompt", "req_gpu_hit", "req_host_hit", "req_disk_hit"):
         getattr(res, name).extend([0] * n_req)
     pending = feed.pending
     waiting: deque[Live] = deque()
@@ -195,7 +198,7 @@ def run_engine(
             continue
 
         step_mgr_s = 0.0
-        loaded_tokens = 0
+        loaded_tokens = disk_tokens = 0
         preempted = False
         mgr.new_step_starts()
         # microseconds of simulated time; the core's clock is a u64 and traces may
@@ -257,8 +260,8 @@ def run_engine(
                     t1 = pc()
                     if best is not None:
                         best.add(toks, live.out, wr.cache_salt)
-                    if host is not None:
-                        live.host_keys = host.keys(toks, wr.cache_salt)
+                    if key_tier is not None:
+                        live.host_keys = key_tier.keys(toks, wr.cache_salt)
                     t2 = pc()
                     # The simulation only needs equal prefixes to hash equal, so it
                     # uses the fastest algorithm; hit rates do not depend on it.
@@ -287,11 +290,16 @@ def run_engine(
                     if version is not None:
                         looked_up = (live, version[0], version[1], blocks, hit)
                 step_mgr_s += pc() - t0
-                extra = 0
-                if host is not None and live.host_keys is not None:
-                    found = host.lookup(live.host_keys)
+                extra = from_disk = 0
+                if live.host_keys is not None:
                     cap = (wr.prompt_len - 1) // hit_bs * hit_bs
-                    extra = max(0, min(found, cap) // hit_bs * hit_bs - hit)
+                    if host is not None:
+                        found = host.lookup(live.host_keys)
+                        extra = max(0, min(found, cap) // hit_bs * hit_bs - hit)
+                    if disk is not None:
+                        found = disk.lookup(live.host_keys)
+                        from_disk = max(0, min(found, cap) // hit_bs * hit_bs - hit - extra)
+                        extra += from_disk
                 ni = live.num_tokens - hit - extra
                 if ni > budget:
                     ni = budget
@@ -329,9 +337,12 @@ def run_engine(
                     r_admit[i] = now
                     res.req_prompt[i] = wr.prompt_len
                     res.req_gpu_hit[i] = min(hit, wr.prompt_len)
-                    res.req_host_hit[i] = extra
-                    res.host_hit_tokens += extra
-                loaded_tokens += extra
+                    res.req_host_hit[i] = extra - from_disk
+                    res.host_hit_tokens += extra - from_disk
+                    res.req_disk_hit[i] = from_disk
+                    res.disk_hit_tokens += from_disk
+                loaded_tokens += extra - from_disk
+                disk_tokens += from_disk
                 budget -= ni
                 c = hit + extra
                 tokens += ni
@@ -377,12 +388,19 @@ def run_engine(
             transfer = loaded_tokens * cfg.token_bytes_per_gpu / host_bw
             res.host_transfer_seconds += transfer
             dt += transfer
+        if disk_tokens:
+            transfer = disk_tokens * cfg.token_bytes_per_gpu / cfg.disk_bandwidth
+            res.disk_transfer_seconds += transfer
+            dt += transfer
         now += dt
         busy += dt
         for live in first_token:
             r_first[live.idx] = now
-            if host is not None and live.host_keys is not None:
-                host.insert(live.host_keys)
+            if live.host_keys is not None:
+                if host is not None:
+                    host.insert(live.host_keys)
+                if disk is not None:
+                    disk.insert(live.host_keys)
         for live in finished:
             r_finish[live.idx] = now
             res.req_output[live.idx] = live.out_len
@@ -402,7 +420,7 @@ def run_engine(
     if arrived < n_req:  # an engine of a cluster: only its own requests
         res.num_requests = arrived
         for name in ("req_arrival", "req_admit", "req_first", "req_finish", "req_output",
-                     "req_prompt", "req_gpu_hit", "req_host_hit"):  # fmt: skip
+                     "req_prompt", "req_gpu_hit", "req_host_hit", "req_disk_hit"):  # fmt: skip
             del getattr(res, name)[arrived:]
     res.residency = mgr.residency_snapshot()
     res.steps = len(step_mgr)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from kvcoord.replay.bestcase import BestCase
 from kvcoord.replay.layouts import Layout
-from kvcoord.replay.tiers import HostTier
+from kvcoord.replay.tiers import DISK_BANDWIDTH, HostTier
 from kvcoord.replay.timing import StepTimeModel
 from kvcoord.replay.workloads import WorkloadRequest
 from kvcoord.residency import ResidencySnapshot
@@ -47,6 +47,10 @@ class SimConfig:
     host_tier: HostTier | None = None
     #: Bytes of one token's KV on one GPU (host-tier transfer size).
     token_bytes_per_gpu: float = 0.0
+    #: Disk tier below the host tier (None: none), and its read bandwidth per
+    #: replica in bytes/s (one NVMe Gen4 SSD's sequential read).
+    disk_tier: HostTier | None = None
+    disk_bandwidth: float = DISK_BANDWIDTH
     #: The pool's eviction policy (``KVCacheManagerOptions.eviction_policy``).
     eviction_policy: str = "lru"
     #: With the ``priority`` policy: the priority the prompt blocks of a
@@ -104,6 +108,10 @@ class SimResult:
     req_host_hit: array[int] = field(default_factory=lambda: array("q"))
     host_hit_tokens: int = 0
     host_transfer_seconds: float = 0.0
+    #: Per request: hits served by the disk tier (beyond the GPU pool and host tier).
+    req_disk_hit: array[int] = field(default_factory=lambda: array("q"))
+    disk_hit_tokens: int = 0
+    disk_transfer_seconds: float = 0.0
     #: Block residency histograms, in simulated microseconds.
     residency: ResidencySnapshot | None = None
 
