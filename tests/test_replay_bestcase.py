@@ -115,4 +115,3 @@ def test_prefix_keys() -> None:
     assert prefix_block_keys(t[:15], 16).shape == (0,)
     with pytest.raises(ValueError):
         best_possible_hits(Workload("w", []), 0)
-
