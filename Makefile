@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.deps-stamp
 # Python deps for tests (torch is large; installed once per virtualenv).
-TEST_DEPS := maturin>=1.9.4,<2 tqdm pytest hypothesis pytest-benchmark numpy matplotlib cbor2 xxhash torch
+TEST_DEPS := maturin>=1.9.4,<2 tqdm pytest hypothesis pytest-benchmark numpy matplotlib cbor2 xxhash pyzmq msgspec torch
 
 .PHONY: help
 help: ## Show this help

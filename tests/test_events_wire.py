@@ -64,35 +64,46 @@ def cached_keys(mgr: KVCacheManager) -> Counter[tuple[int, int]]:
     return out
 
 
-def workload(mgr: KVCacheManager, seed: int, steps: int, publish: Any) -> None:
-    """Random admissions (shared prefixes), decode steps, frees and resets;
-    ``publish(events)`` after every step, as vLLM's scheduler does."""
+def workload(mgr: KVCacheManager, seed: int, steps: int, publish: Any) -> list[list[Any]]:
+    """Random admissions (shared prefixes, some salted), decode steps, frees
+    and resets; ``publish(events)`` after every step, as vLLM's scheduler
+    does. Returns the ops as run (``vllm_event_driver.py`` replays them)."""
     rng = random.Random(seed)
     prefixes = [[rng.randrange(1000) for _ in range(rng.randrange(8, 70))] for _ in range(4)]
     running: list[Request] = []
+    ops: list[list[Any]] = []
     for step in range(steps):
         op = rng.random()
         if op < 0.4 or not running:
-            tail = [rng.randrange(1000) for _ in range(rng.randrange(1, 40))]
-            lora = ("ad", "/a") if rng.random() < 0.2 else None
-            req = Request(f"r{step}", rng.choice(prefixes) + tail, hash_block_size=B, lora=lora)
+            tokens = rng.choice(prefixes) + [
+                rng.randrange(1000) for _ in range(rng.randrange(1, 40))
+            ]
+            salt = "salt" if rng.random() < 0.1 else None
+            req = Request(f"r{step}", tokens, hash_block_size=B, cache_salt=salt)
+            ops.append(["add", req.request_id, tokens, salt])
             hit_blocks, hit = mgr.get_computed_blocks(req)
             if mgr.allocate_slots(req, req.num_tokens - hit, hit, hit_blocks) is not None:
                 req.num_computed_tokens = req.num_tokens
                 running.append(req)
         elif op < 0.8:
-            for req in running:
-                req.append_output_token_ids(rng.randrange(1000))
+            new = [rng.randrange(1000) for _ in running]
+            ops.append(["decode", [[r.request_id, t] for r, t in zip(running, new, strict=True)]])
+            for req, tok in zip(running, new, strict=True):
+                req.append_output_token_ids(tok)
                 if mgr.allocate_slots(req, 1) is not None:
                     req.num_computed_tokens += 1
         elif op < 0.98:
-            mgr.free(running.pop(rng.randrange(len(running))))
+            req = running.pop(rng.randrange(len(running)))
+            ops.append(["free", req.request_id])
+            mgr.free(req)
         else:
+            ops.append(["reset"])
             for req in running:
                 mgr.free(req)
             running.clear()
             assert mgr.reset_prefix_cache()
         publish(mgr.take_events())
+    return ops
 
 
 def apply_plain(model: Counter[tuple[int, int]], payload: bytes) -> int:
@@ -109,7 +120,7 @@ def apply_plain(model: Counter[tuple[int, int]], payload: bytes) -> int:
             # Full attention skips no block: the tokens are exactly the blocks'.
             assert len(ev["token_ids"]) == len(hashes) * B
             assert len(ev["extra_keys"]) == len(hashes)
-            assert ev["lora_name"] in (None, "ad")
+            assert ev["lora_name"] is None
             for h in hashes:
                 model[h, ev["group_idx"]] += 1
         elif kind == "BlockRemoved":
@@ -170,7 +181,7 @@ def test_duplicate_keys_and_sliding_window_events() -> None:
     assert stored[0].kv_cache_spec_sliding_window == 2 * B
     # The tokens of the whole range are sent (skipped blocks' included).
     assert stored[0].token_ids.tolist() == tokens[: 5 * B]
-    full = [e for e in events if e.group_idx == 0][0]
+    full = next(e for e in events if e.group_idx == 0)
     assert full.extra_keys == [("s",)] + [None] * 4
     wire = decode_batch(encode_batch(make_batch(events, ts=0.0)))
     assert isinstance(wire.events[0], BlockStored)
@@ -220,7 +231,44 @@ def test_publisher_rejects_bad_config_and_bad_events() -> None:
         decode_batch(b"\x93\x01")
 
 
-@pytest.mark.skipif(not VLLM_PYTHON.exists(), reason="no vLLM 0.33.0 virtualenv")
+def run_in_vllm(args: list[str]) -> str:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.pop("PYTHONHASHSEED", None)  # vLLM's fixed sha256 seed, as kvcoord's default
+    out = subprocess.run(
+        [str(VLLM_PYTHON), *args], capture_output=True, text=True, timeout=900, env=env, check=False
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout.strip().splitlines()[-1]
+
+
+needs_vllm = pytest.mark.skipif(not VLLM_PYTHON.exists(), reason="no vLLM 0.33.0 virtualenv")
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_same_events_as_vllm(tmp_path: Path) -> None:
+    """vLLM's own KVCacheManager, run on the same workload with events on,
+    emits the same events, field for field (hashes, tokens, kinds, salts)."""
+    windows = [None, 2 * B]
+    mgr = manager(40, FullAttentionSpec(B), SlidingWindowSpec(B, 2 * B))
+    ours: list[Any] = []
+    ops = workload(mgr, 3, 120, lambda ev: ours.append(ev))
+    spec = {"block_size": B, "windows": windows, "num_blocks": 40, "max_model_len": 4096}
+    (tmp_path / "ops.json").write_text(json.dumps({**spec, "ops": ops}))
+    driver = Path(__file__).with_name("vllm_event_driver.py")
+    theirs = json.loads(run_in_vllm([str(driver), str(tmp_path / "ops.json")]))
+    # Through JSON as vLLM's side came (tuples become lists).
+    mine = json.loads(
+        json.dumps([msgspec.to_builtins(make_batch(ev, ts=0.0).events) for ev in ours])
+    )
+    assert len(theirs) == len(mine)
+    for step, (a, b) in enumerate(zip(mine, theirs, strict=True)):
+        assert a == b, f"step {step} ({ops[step][0]})"
+    kinds = Counter(e["type"] for s in mine for e in s)
+    assert kinds["BlockStored"] > 50 and kinds["BlockRemoved"] > 50, kinds
+
+
+@needs_vllm
 def test_vllm_decoder_reads_kvcoord_bytes(tmp_path: Path) -> None:
     """vLLM's own KVEventBatch decoder reads kvcoord's payloads, and vLLM's
     encoder writes back the same bytes."""
@@ -246,23 +294,11 @@ def test_vllm_decoder_reads_kvcoord_bytes(tmp_path: Path) -> None:
         "    same += enc.encode(b) == p\n"
         "print(json.dumps({'events': n, 'stored': stored, 'identical': same}))\n"
     )
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    out = subprocess.run(
-        [str(VLLM_PYTHON), "-c", script, str(src)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-        check=False,
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result = json.loads(run_in_vllm(["-c", script, str(src)]))
     total = sum(len(decode_batch(p).events) for p in payloads)
     assert result == {
         "events": total,
-        "stored": sum(
-            isinstance(e, BlockStored) for p in payloads for e in decode_batch(p).events
-        ),
+        "stored": sum(isinstance(e, BlockStored) for p in payloads for e in decode_batch(p).events),
         "identical": len(payloads),
     }
     assert total > 50 and sys.version_info >= (3, 10)

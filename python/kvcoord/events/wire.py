@@ -129,7 +129,7 @@ def to_wire(
             lora_id=None if name is None or lora_ids is None else lora_ids.get(name),
             medium=event.medium,
             lora_name=name,
-            extra_keys=event.extra_keys,  # type: ignore[arg-type]
+            extra_keys=event.extra_keys,
             group_idx=event.group_idx,
             kv_cache_spec_kind=event.kv_cache_spec_kind,
             kv_cache_spec_sliding_window=event.kv_cache_spec_sliding_window,

@@ -101,6 +101,27 @@ pub struct StoredBlocks {
 }
 
 impl StoredBlocks {
+    /// An event of `group` with no block and nothing completed yet.
+    pub const fn new(group: GroupId, block_size: u32, medium: Medium) -> Self {
+        Self {
+            block_hashes: Vec::new(),
+            block_ids: Vec::new(),
+            parent_block_hash: None,
+            first_block: 0,
+            num_blocks: 0,
+            skipped: Vec::new(),
+            block_size,
+            group,
+            medium,
+            token_ids: Vec::new(),
+            lora_name: None,
+            extra_keys: Vec::new(),
+            spec_kind: None,
+            sliding_window: None,
+            completed: false,
+        }
+    }
+
     /// First token of the range.
     pub fn token_start(&self) -> usize {
         self.first_block * self.block_size as usize
@@ -239,21 +260,10 @@ mod tests {
 
     fn stored(first_block: usize, num_blocks: usize, skipped: Vec<u32>) -> StoredBlocks {
         StoredBlocks {
-            block_hashes: Vec::new(),
-            block_ids: Vec::new(),
-            parent_block_hash: None,
             first_block,
             num_blocks,
             skipped,
-            block_size: 4,
-            group: GroupId(0),
-            medium: Medium::Gpu,
-            token_ids: Vec::new(),
-            lora_name: None,
-            extra_keys: Vec::new(),
-            spec_kind: None,
-            sliding_window: None,
-            completed: false,
+            ..StoredBlocks::new(GroupId(0), 4, Medium::Gpu)
         }
     }
 

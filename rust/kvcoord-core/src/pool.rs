@@ -865,15 +865,7 @@ impl BlockPool {
                 first_block: num_cached_blocks,
                 num_blocks: range.len(),
                 skipped,
-                block_size,
-                group,
-                medium: self.medium,
-                token_ids: Vec::new(),
-                lora_name: None,
-                extra_keys: Vec::new(),
-                spec_kind: None,
-                sliding_window: None,
-                completed: false,
+                ..StoredBlocks::new(group, block_size, self.medium)
             })));
         }
         Ok(())
