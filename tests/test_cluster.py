@@ -3,6 +3,8 @@ cluster simulator, and the eviction-policy choice of the manager and replay."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -336,3 +338,19 @@ def test_replay_priority_rule_keeps_reused_conversations() -> None:
     assert hits["lru"][1] == hits["priority"][1] == 64  # turn 2 hits turn 1 under both
     assert hits["lru"][-1] == 0
     assert hits["priority"][-1] == 128
+
+
+def test_cluster_comparison_plot(tmp_path: Path, workload: Workload) -> None:
+    from kvcoord.replay.cluster_plots import plot_cluster_comparison
+
+    rows = []
+    for policy in ("lru", "lfu"):
+        for nb in (300, 500):
+            cfg = SimConfig(layout=FULL, num_blocks=nb, eviction_policy=policy)
+            s = summarize_cluster(simulate_cluster(workload, cfg, 2, "least-loaded"), cfg, "w")
+            s["kv_memory_gib_per_gpu"] = nb / 100
+            rows.append(s)
+    path = tmp_path / "c.png"
+    labels = plot_cluster_comparison({"bundled": rows}, str(path))
+    assert labels == ["lru / least-loaded", "lfu / least-loaded"]
+    assert path.stat().st_size > 10_000

@@ -104,6 +104,7 @@ def test_json_and_toml_files(tmp_path: Path) -> None:
         ({"groups": [{"type": "full_attention"}], "colour": 1}, "unknown layout key(s) colour"),
         ({"groups": [{"block_size": 16}]}, "missing 'type'"),
         ({"groups": [{"type": "linear"}]}, "unknown type 'linear'"),
+        ({"groups": [{"type": "cross_attention"}]}, "unknown type 'cross_attention'"),
         ({"groups": [{"type": "full", "block_size": 0}]}, "block_size must be a positive integer"),
         (
             {"groups": [{"type": "full", "block_size": True}]},
@@ -141,7 +142,7 @@ def test_json_and_toml_files(tmp_path: Path) -> None:
         ({"groups": [{"type": "mamba"}], "enable_caching": False}, "at least one attention group"),
         ({"groups": [{"type": "full"}, {"type": "mamba"}]}, "set enable_caching = false"),
         ({"groups": [{"type": "full", "rswa_window": 4}]}, "only applies to type rswa"),
-        ({"groups": [{"type": "full", "mamba_cache_mode": "align"}]}, "only apply to mamba"),
+        ({"groups": [{"type": "full", "mamba_cache_mode": "align"}]}, "only applies to type mamba"),
         ({"groups": [{"type": "mamba", "mamba_cache_mode": "x"}]}, "mamba_cache_mode"),
         ({"groups": [{"type": "full"}], "enable_caching": "yes"}, "must be true or false"),
     ],
@@ -182,3 +183,23 @@ def test_capacity_and_block_size() -> None:
         "m", (KVCacheGroup(FullAttentionSpec(16)), KVCacheGroup(SlidingWindowSpec(24, 64)))
     )
     assert mixed.block_size == 48
+
+
+def test_group_types_come_from_the_spec_classes() -> None:
+    """Every spec kind but cross-attention is a layout type; its keys are the
+    spec's own fields (no list of kinds in the layout reader)."""
+    from typing import get_args
+
+    from kvcoord.config import KVCacheSpec
+    from kvcoord.replay.layouts import GROUP_TYPES
+
+    kinds = {cls.kind for cls in get_args(KVCacheSpec)}
+    assert set(GROUP_TYPES) == kinds - {"cross_attention"}
+    lay = parse_layout(
+        {
+            "groups": [{"type": "full"}, {"type": "mamba", "num_speculative_blocks": 2}],
+            "enable_caching": False,
+        }
+    )
+    assert lay.groups[1].spec.num_speculative_blocks == 2
+    assert "num_speculative_blocks 2" in lay.describe()

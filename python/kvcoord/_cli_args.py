@@ -231,11 +231,19 @@ def _parser() -> argparse.ArgumentParser:
         metavar="T",
         help="pool size as tokens of context per group",
     )
-    r.add_argument_group("host-memory tier").add_argument(
+    g = r.add_argument_group("offload tiers")
+    g.add_argument(
         "--host-memory",
         type=_bytes,
         metavar="SIZE",
         help="KV offload tier in host memory per replica, e.g. 256GiB (LRU; hits load over PCIe)",
+    )
+    g.add_argument(
+        "--disk-memory",
+        type=_bytes,
+        metavar="SIZE",
+        help="KV offload tier on disk per replica, below the host tier, e.g. 2TiB "
+        "(LRU; hits load at 6 GB/s per GPU, one NVMe drive each)",
     )
     _add_cluster_args(r.add_argument_group("eviction and cluster"), sweep=False)
     g = r.add_argument_group("output")
@@ -265,6 +273,12 @@ def _parser() -> argparse.ArgumentParser:
         type=_bytes_list,
         metavar="S,S,...",
         help="host tiers to compare, e.g. 0,256GiB (default: none)",
+    )
+    g.add_argument(
+        "--disk-memories",
+        type=_bytes_list,
+        metavar="S,S,...",
+        help="disk tiers to compare, e.g. 0,2TiB (default: none)",
     )
     _add_cluster_args(g, sweep=True)
     g = s.add_argument_group("pool sizes (default: a geometric range of KV memory)")

@@ -67,6 +67,7 @@ def _plan(args: argparse.Namespace, st: _Setup, **options: Any) -> Any:
         "capacity_tokens": getattr(args, "capacity_tokens", None),
         "kv_memory": getattr(args, "kv_memory", None),
         "host_memory": getattr(args, "host_memory", None),
+        "disk_memory": getattr(args, "disk_memory", None),
         "model": args.model,
         "model_config": args.model_config,
         "kv_dtype": args.kv_dtype,
@@ -99,6 +100,7 @@ def _sim_config(args: argparse.Namespace, plan: Any, policy: str | None = None) 
         time_scale=args.time_scale,
         step_model=plan.step_model,
         host_tier=plan.host_tier(),
+        disk_tier=plan.disk_tier(),
         token_bytes_per_gpu=plan.footprint.token_bytes_per_gpu,
     )
 

@@ -114,7 +114,7 @@ def _geometric(lo: float, hi: float, k: int) -> list[float]:
 def _axes(args: argparse.Namespace, st: _Setup) -> list[Any]:
     """The variant axes the flags ask for (kvcoord.replay.sweep)."""
     from kvcoord.replay.cluster import cluster_axis, policy_axis
-    from kvcoord.replay.sweep import host_axis, layout_axis, model_axis
+    from kvcoord.replay.sweep import disk_axis, host_axis, layout_axis, model_axis
 
     default = _plan(args, st, model=None, num_blocks=None, capacity_tokens=None, kv_memory=None)
     if args.routers and not any(n > 1 for n in args.instances or [1]):
@@ -123,6 +123,7 @@ def _axes(args: argparse.Namespace, st: _Setup) -> list[Any]:
         model_axis(args.models or [args.model], default.model.name),
         layout_axis(args.layouts or [args.layout]),
         host_axis(args.host_memories or [0.0]),
+        disk_axis(args.disk_memories or [0.0]),
         policy_axis(args.policies or ["lru"], label=bool(args.policies)),
         cluster_axis(args.instances or [1], args.routers or ["round-robin"]),
     ]

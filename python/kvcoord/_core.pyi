@@ -704,6 +704,10 @@ class GroupSpec:
     @property
     def prefix_closed_hits(self) -> bool:
         """Whether hits are prefix-closed (full attention)."""
+    @property
+    def interior_nulls(self) -> bool:
+        """Whether a request's table may hold null entries after real blocks
+        (R-SWA decode gaps, Mamba "align" skipped states)."""
     def __eq__(self, value: object, /) -> bool: ...
     def __hash__(self) -> int: ...
 

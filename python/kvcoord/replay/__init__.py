@@ -8,7 +8,11 @@
 * :mod:`~kvcoord.replay.tiers` -- the host-memory tier;
 * :mod:`~kvcoord.replay.plan` -- flags to one set-up (model, GPU, pool size, tiers);
 * :mod:`~kvcoord.replay.bestcase` -- best possible hit rate with an unbounded cache;
-* :mod:`~kvcoord.replay.scheduler` -- the simulated scheduler (the only module that
-  touches ``KVCacheManager``);
+* :mod:`~kvcoord.replay.sim` -- a replay's configuration and raw result;
+* :mod:`~kvcoord.replay.scheduler` -- the simulated scheduler and
+  :mod:`~kvcoord.replay.pool` its manager (the only modules that touch
+  ``KVCacheManager``); :mod:`~kvcoord.replay.running` -- the running
+  requests' per-step bookkeeping in arrays;
+* :mod:`~kvcoord.replay.sweep` -- the sweep's variants: named axes and their product;
 * :mod:`~kvcoord.replay.report` / :mod:`~kvcoord.replay.plots` -- metrics, tables, plots.
 """

@@ -83,12 +83,13 @@ def _merge(engines: list[SimResult], num_blocks: int) -> SimResult:
         "computed_tokens", "preemptions", "evictions", "steps", "busy_seconds",
         "manager_seconds", "token_seconds", "best_seconds",
         "request_seconds", "leaked_blocks", "host_hit_tokens", "host_transfer_seconds",
+        "disk_hit_tokens", "disk_transfer_seconds",
     ):  # fmt: skip
         setattr(t, name, sum(getattr(e, name) for e in engines))
     t.sim_seconds = max((e.sim_seconds for e in engines), default=0.0)
     for name in (
         "req_arrival", "req_admit", "req_first", "req_finish", "req_output",
-        "req_prompt", "req_gpu_hit", "req_host_hit", "step_manager_s",
+        "req_prompt", "req_gpu_hit", "req_host_hit", "req_disk_hit", "step_manager_s",
     ):  # fmt: skip
         arr = getattr(t, name)
         for e in engines:

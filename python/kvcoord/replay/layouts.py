@@ -32,12 +32,13 @@ from __future__ import annotations
 import json
 import math
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import MISSING, dataclass, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from kvcoord.config import (
     ChunkedLocalAttentionSpec,
+    CrossAttentionSpec,
     FullAttentionSpec,
     KVCacheGroup,
     KVCacheSpec,
@@ -59,15 +60,33 @@ __all__ = [
     "parse_layout",
 ]
 
-GROUP_TYPES = (
-    "full_attention",
-    "sliding_window",
-    "chunked_local",
-    "mamba",
-    "mla_attention",
-    "sliding_window_mla",
-    "rswa",
-)
+#: The spec classes a layout file may name, by their ``kind``: every kind of
+#: ``kvcoord.KVCacheSpec`` but cross-attention (a replay has no encoder inputs).
+_SPECS: dict[str, type[KVCacheSpec]] = {
+    cls.kind: cls for cls in get_args(KVCacheSpec) if cls is not CrossAttentionSpec
+}
+GROUP_TYPES = tuple(_SPECS)
+#: Each type's own keys (its spec's constructor fields beyond block_size) and
+#: which of them it needs (no default).
+_PARAMS: dict[str, tuple[str, ...]] = {
+    k: tuple(f.name for f in fields(cls) if f.init and f.name != "block_size")
+    for k, cls in _SPECS.items()
+}
+_REQUIRED: dict[str, tuple[str, ...]] = {
+    k: tuple(
+        f.name
+        for f in fields(cls)
+        if f.init
+        and f.name != "block_size"
+        and f.default is MISSING
+        and f.default_factory is MISSING
+    )
+    for k, cls in _SPECS.items()
+}
+_OWNERS: dict[str, list[str]] = {}
+for _k, _ps in _PARAMS.items():
+    for _p in _ps:
+        _OWNERS.setdefault(_p, []).append(_k)
 _ALIASES = {
     "full": "full_attention",
     "swa": "sliding_window",
@@ -96,9 +115,18 @@ class Layout:
         return math.lcm(*(sizes or [g.spec.block_size for g in self.groups]))
 
     @property
+    def keeps_whole_context(self) -> bool:
+        """Whether every group keeps all of a running request's blocks until it
+        is freed (full attention, MLA), from the kinds' facts: hits are
+        prefix-closed and a table never holds a null after a real block."""
+        return all(
+            g.spec.core.prefix_closed_hits and not g.spec.core.interior_nulls for g in self.groups
+        )
+
+    @property
     def has_sparse_groups(self) -> bool:
         """Whether some group keeps only part of a long context (window, chunk, state)."""
-        return any(g.spec.kind not in ("full_attention", "mla_attention") for g in self.groups)
+        return not self.keeps_whole_context
 
     def with_block_size(self, block_size: int) -> Layout:
         """The same layout with every group's block size set to ``block_size``."""
@@ -108,19 +136,15 @@ class Layout:
         return replace(self, groups=groups)
 
     def describe(self) -> str:
+        """One line: each group's kind, block size and the parameters it sets."""
         parts = []
         for g in self.groups:
             spec = g.spec
-            extra = ""
-            if isinstance(spec, SlidingWindowSpec | SlidingWindowMLASpec):
-                extra = f", window {spec.sliding_window}"
-            elif isinstance(spec, RSWASpec):
-                extra = f", decode window {spec.rswa_window}"
-            elif isinstance(spec, MambaSpec) and spec.mamba_cache_mode == "align":
-                ckpt = ", checkpoint" if spec.num_prefill_checkpoint_blocks else ""
-                extra = f", align{ckpt}"
-            elif isinstance(spec, ChunkedLocalAttentionSpec):
-                extra = f", chunk {spec.attention_chunk_size}"
+            extra = "".join(
+                f", {f.name} {getattr(spec, f.name)}"
+                for f in fields(spec)
+                if f.init and f.name != "block_size" and getattr(spec, f.name) != f.default
+            )
             parts.append(f"{spec.kind}(bs {spec.block_size}{extra})")
         cache = "" if self.enable_caching else ", prefix caching off"
         return " + ".join(parts) + cache
@@ -204,17 +228,6 @@ PRESETS: dict[str, Layout] = {
 }
 
 
-def _type_field(g: dict[str, Any], where: str, kind: str, field: str, *, owner: str) -> int | None:
-    """A token count that groups of type `owner` need and other types refuse."""
-    if kind == owner:
-        if field not in g:
-            raise LayoutError(f"{where}: a {owner} group needs {field!r} (tokens)")
-        return _pos_int(g[field], f"{where}.{field}")
-    if field in g:
-        raise LayoutError(f"{where}: {field!r} only applies to type {owner}")
-    return None
-
-
 def _pos_int(v: Any, what: str) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
         raise LayoutError(f"{what} must be a positive integer, got {v!r}")
@@ -242,38 +255,29 @@ def parse_layout(data: Any, source: str = "<layout>") -> Layout:
         where = f"{source}: groups[{i}]"
         if not isinstance(g, dict):
             raise LayoutError(f"{where} must be a table/object")
-        unknown = set(g) - {
-            "type",
-            "block_size",
-            "sliding_window",
-            "attention_chunk_size",
-            "rswa_window",
-            "mamba_cache_mode",
-            "num_prefill_checkpoint_blocks",
-            "prefill_checkpoint_alignment",
-            "layers",
-        }
+        unknown = set(g) - {"type", "block_size", "layers", *_OWNERS}
         if unknown:
             raise LayoutError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
         kind = g.get("type")
         if not isinstance(kind, str):
             raise LayoutError(f"{where}: missing 'type' (one of {', '.join(GROUP_TYPES)})")
         kind = _ALIASES.get(kind, kind)
-        if kind not in GROUP_TYPES:
+        if kind not in _SPECS:
             raise LayoutError(
                 f"{where}: unknown type {g['type']!r} (one of {', '.join(GROUP_TYPES)})"
             )
         bs = _pos_int(g.get("block_size", 16), f"{where}.block_size")
-        window_owner = "sliding_window_mla" if kind == "sliding_window_mla" else "sliding_window"
-        window = _type_field(g, where, kind, "sliding_window", owner=window_owner)
-        rswa_window = _type_field(g, where, kind, "rswa_window", owner="rswa")
-        mamba_keys = {"mamba_cache_mode", "num_prefill_checkpoint_blocks"}
-        mamba_keys.add("prefill_checkpoint_alignment")
-        if kind != "mamba" and mamba_keys & set(g):
-            raise LayoutError(
-                f"{where}: {', '.join(sorted(mamba_keys & set(g)))} only apply to mamba"
-            )
-        chunk = _type_field(g, where, kind, "attention_chunk_size", owner="chunked_local")
+        params: dict[str, Any] = {}
+        for key in sorted(set(g) & set(_OWNERS)):
+            if key not in _PARAMS[kind]:
+                raise LayoutError(
+                    f"{where}: {key!r} only applies to type {', '.join(_OWNERS[key])}"
+                )
+            params[key] = g[key]
+        for key in _REQUIRED[kind]:  # token counts (windows, chunks)
+            if key not in params:
+                raise LayoutError(f"{where}: a {kind} group needs {key!r} (tokens)")
+            params[key] = _pos_int(params[key], f"{where}.{key}")
         layers = g.get("layers", 1)
         if isinstance(layers, list):
             if not layers or not all(isinstance(x, str) and x for x in layers):
@@ -284,28 +288,9 @@ def parse_layout(data: Any, source: str = "<layout>") -> Layout:
         else:
             count = _pos_int(layers, f"{where}.layers")
             names = tuple(f"g{i}.{j}" for j in range(count))
-        spec: KVCacheSpec
         try:
-            if kind == "full_attention":
-                spec = FullAttentionSpec(bs)
-            elif kind == "sliding_window":
-                spec = SlidingWindowSpec(bs, window)  # type: ignore[arg-type]
-            elif kind == "chunked_local":
-                spec = ChunkedLocalAttentionSpec(bs, chunk)  # type: ignore[arg-type]
-            elif kind == "sliding_window_mla":
-                spec = SlidingWindowMLASpec(bs, window)  # type: ignore[arg-type]
-            elif kind == "mla_attention":
-                spec = MLAAttentionSpec(bs)
-            elif kind == "rswa":
-                spec = RSWASpec(bs, rswa_window)  # type: ignore[arg-type]
-            else:
-                spec = MambaSpec(
-                    bs,
-                    mamba_cache_mode=g.get("mamba_cache_mode", "none"),
-                    num_prefill_checkpoint_blocks=g.get("num_prefill_checkpoint_blocks", 0),
-                    prefill_checkpoint_alignment=g.get("prefill_checkpoint_alignment"),
-                )
-        except ConfigError as e:
+            spec = _SPECS[kind](bs, **params)
+        except (ConfigError, TypeError, ValueError) as e:
             raise LayoutError(f"{where}: {e}") from None
         out.append(KVCacheGroup(spec, layer_names=names))
     seen: set[str] = set()

@@ -110,6 +110,7 @@ class Plan:
     #: Why this size, in words (printed and in --json).
     size_note: str
     host_bytes: float = 0.0
+    disk_bytes: float = 0.0
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -128,9 +129,15 @@ class Plan:
         return (self.num_blocks - 1) // per * self.footprint.block_size
 
     def host_tier(self) -> HostTier | None:
-        if self.host_bytes <= 0 or not self.layout.enable_caching:
+        return self._tier(self.host_bytes)
+
+    def disk_tier(self) -> HostTier | None:
+        return self._tier(self.disk_bytes)
+
+    def _tier(self, size: float) -> HostTier | None:
+        if size <= 0 or not self.layout.enable_caching:
             return None
-        tokens = int(self.host_bytes // self.footprint.token_bytes)
+        tokens = int(size // self.footprint.token_bytes)
         return HostTier(max(tokens, DEFAULT_CHUNK_TOKENS), DEFAULT_CHUNK_TOKENS)
 
 
@@ -167,6 +174,7 @@ def make_plan(
     capacity_tokens: int | None = None,
     num_blocks: int | None = None,
     host_memory: float | None = None,
+    disk_memory: float | None = None,
 ) -> Plan:
     """Resolve the planner's flags (see the module docstring)."""
     if model is not None and model_config is not None:
@@ -255,13 +263,16 @@ def make_plan(
             f"{format_bytes(spec.weight_bytes / tp)} of weights per GPU exceed a {g.name}'s "
             f"{format_bytes(g.hbm_bytes)}: a what-if, not a deployable size"
         )
-    if host_memory is not None:
+    for flag, size in (("--host-memory", host_memory), ("--disk-memory", disk_memory)):
+        if size is None:
+            continue
         if not lay.enable_caching:
-            raise PlanError(f"--host-memory: {lay.name} has prefix caching off; nothing to offload")
-        if host_memory < fp.token_bytes * DEFAULT_CHUNK_TOKENS:
+            raise PlanError(f"{flag}: {lay.name} has prefix caching off; nothing to offload")
+        if size < fp.token_bytes * DEFAULT_CHUNK_TOKENS:
             raise PlanError(
-                f"--host-memory {format_bytes(host_memory)}: smaller than one "
+                f"{flag} {format_bytes(size)}: smaller than one "
                 f"{DEFAULT_CHUNK_TOKENS}-token chunk ({format_bytes(fp.token_bytes * 256)})"
             )
-        plan.host_bytes = host_memory
+    plan.host_bytes = host_memory or 0.0
+    plan.disk_bytes = disk_memory or 0.0
     return plan

@@ -90,6 +90,7 @@ def summarize(
     per_step = np.frombuffer(res.step_manager_s, dtype=np.float64) if res.steps else np.zeros(1)
     hit_rate = res.hit_tokens / res.prompt_tokens if res.prompt_tokens else 0.0
     host_rate = res.host_hit_tokens / res.prompt_tokens if res.prompt_tokens else 0.0
+    disk_rate = res.disk_hit_tokens / res.prompt_tokens if res.prompt_tokens else 0.0
     s: dict[str, Any] = {
         "workload": workload_name,
         "layout": cfg.layout.name,
@@ -107,8 +108,11 @@ def summarize(
         "prefix_hit_rate": hit_rate,
         "host_hit_tokens": res.host_hit_tokens,
         "host_hit_rate": host_rate,
-        "total_hit_rate": hit_rate + host_rate,
+        "disk_hit_tokens": res.disk_hit_tokens,
+        "disk_hit_rate": disk_rate,
+        "total_hit_rate": hit_rate + host_rate + disk_rate,
         "host_transfer_seconds": res.host_transfer_seconds,
+        "disk_transfer_seconds": res.disk_transfer_seconds,
         "best_possible_hit_rate": best.hit_rate if best is not None else None,
         "preemptions": res.preemptions,
         "evictions": res.evictions,
@@ -129,7 +133,7 @@ def summarize(
         fp = plan.footprint
         step = plan.step_model
         gpu_hits = _arr(res.req_gpu_hit, np.int64)
-        all_hits = gpu_hits + _arr(res.req_host_hit, np.int64)
+        all_hits = gpu_hits + _arr(res.req_host_hit, np.int64) + _arr(res.req_disk_hit, np.int64)
         s.update(
             {
                 "model": plan.model.name,
@@ -145,6 +149,7 @@ def summarize(
                 "pool_token_slots": plan.token_slots,
                 "pool_context_tokens": plan.context_tokens,
                 "host_memory_gib": plan.host_bytes / GiB,
+                "disk_memory_gib": plan.disk_bytes / GiB,
                 # every prompt prefilled from scratch: the same formula over whole prompts
                 "prefill_gpu_seconds": prefill_gpu_seconds_saved(
                     step, _arr(res.req_prompt, np.int64)
@@ -228,6 +233,8 @@ def format_summary(s: dict[str, Any]) -> str:
         rows.append(("  size from", s["size_source"]))
         if s.get("host_memory_gib"):
             rows.append(("host tier", f"{s['host_memory_gib']:,.1f} GiB (LRU, 256-token chunks)"))
+        if s.get("disk_memory_gib"):
+            rows.append(("disk tier", f"{s['disk_memory_gib']:,.1f} GiB (LRU, 256-token chunks)"))
     else:
         rows.append(("pool", f"{s['num_blocks']:,} blocks"))
     rows += [
@@ -237,11 +244,17 @@ def format_summary(s: dict[str, Any]) -> str:
     ]
     hit = f"{_pct(s['prefix_hit_rate'])} from the GPU pool"
     if s.get("host_memory_gib"):
-        hit += f" + {_pct(s['host_hit_rate'])} from the host tier = {_pct(s['total_hit_rate'])}"
+        hit += f" + {_pct(s['host_hit_rate'])} from the host tier"
+    if s.get("disk_memory_gib"):
+        hit += f" + {_pct(s['disk_hit_rate'])} from the disk tier"
+    if s.get("host_memory_gib") or s.get("disk_memory_gib"):
+        hit += f" = {_pct(s['total_hit_rate'])}"
     hit += f"  (best possible, unbounded cache: {_pct(s['best_possible_hit_rate'])})"
     rows.append(("prefix-cache hit rate", hit))
     if s.get("host_memory_gib"):
         rows.append(("host transfers", f"{s['host_transfer_seconds']:,.2f} s charged to steps"))
+    if s.get("disk_memory_gib"):
+        rows.append(("disk transfers", f"{s['disk_transfer_seconds']:,.2f} s charged to steps"))
     if s.get("ttft_p50_s") is not None:
         rows += [
             ("TTFT", _lat(s, "ttft")),

@@ -1,8 +1,9 @@
-"""The simulated continuous-batching scheduler: the only module that touches the manager.
+"""The simulated continuous-batching scheduler.
 
-Everything that calls :class:`kvcoord.KVCacheManager` (building its config,
-driving it step by step, counting evictions) lives here so that the rest of
-``kvcoord.replay`` stays manager-independent.
+With :mod:`kvcoord.replay.pool` (building the manager, reading its pool) the
+only module that calls :class:`kvcoord.KVCacheManager`, so that the rest of
+``kvcoord.replay`` stays manager-independent. The running requests' per-step
+bookkeeping is done in arrays by :mod:`kvcoord.replay.running`.
 
 The loop follows vLLM 0.33's scheduler (spec section 6.4), FCFS, without
 speculative decoding or a KV connector:
@@ -27,35 +28,54 @@ is set (a roofline of the model on its GPUs), else by ``step_base_s +
 step_token_s * tokens``, and jumps to the next arrival when idle. Time inside
 manager calls is measured with ``perf_counter`` per step.
 
+Two shortcuts keep a replay fast and change nothing it computes:
+
+* with a layout whose groups keep every block of a running request
+  (:func:`~kvcoord.replay.pool.steady_block_size`), a request scheduled for
+  one token that neither needs a new block nor fills one is not passed to
+  ``allocate_slots`` (the call would not change the pool);
+* the head of the waiting queue, refused for lack of blocks, is looked up in
+  the prefix cache again only when the cache changed (a block cached or
+  evicted) since its last lookup; layouts with Mamba "align" groups, whose
+  hits also change at step boundaries, look up every time.
+
 With ``SimConfig.host_tier`` set, a request's prefix is also looked up in
 the host tier (:mod:`~kvcoord.replay.tiers`) after the GPU pool: the extra
 tokens found there are loaded (their transfer time is added to the step),
-not recomputed.
+not recomputed. ``SimConfig.disk_tier`` is a second such tier below the host
+tier, looked up after it (its tokens load at ``SimConfig.disk_bandwidth``).
 """
 
 from __future__ import annotations
 
-from array import array
 from collections import deque
 from collections.abc import Callable, Generator
-from dataclasses import dataclass, field
 from time import perf_counter
 from typing import Any
 
-from kvcoord.config import KVCacheConfig
-from kvcoord.hashing import HashAlgoName
-from kvcoord.manager import KVCacheManager, KVCacheManagerOptions
-from kvcoord.replay.bestcase import BestCase, BestCaseTracker
-from kvcoord.replay.layouts import Layout
-from kvcoord.replay.tiers import HostTier
-from kvcoord.replay.timing import StepCost, StepTimeModel
-from kvcoord.replay.workloads import Workload, WorkloadRequest
-from kvcoord.residency import ResidencySnapshot
+from kvcoord.manager import KVCacheManager
+from kvcoord.replay.bestcase import BestCaseTracker
+from kvcoord.replay.pool import (
+    REPLAY_HASH_ALGO,
+    EvictionCounter,
+    build_config,
+    make_manager,
+    occupancy,
+    steady_block_size,
+)
+from kvcoord.replay.running import Live, RunningBatch
+from kvcoord.replay.sim import EngineFeed, SimConfig, SimResult, SimulationError
+from kvcoord.replay.timing import attention_pairs
+from kvcoord.replay.workloads import Workload
 from kvcoord.scheduling import mamba_chunk_rule
 
 _MAX_CLOCK_US = float(1 << 63)
+#: Reuse the blocked head's lookup while the prefix cache is unchanged (tests
+#: turn it off to check that it changes nothing).
+_REUSE_LOOKUPS = True
 
 __all__ = [
+    "REPLAY_HASH_ALGO",
     "EngineFeed",
     "EvictionCounter",
     "SimConfig",
@@ -63,213 +83,9 @@ __all__ = [
     "SimulationError",
     "build_config",
     "make_manager",
+    "run_engine",
     "simulate",
 ]
-
-
-class SimulationError(RuntimeError):
-    """The workload cannot be replayed with this configuration (e.g. a request never fits)."""
-
-
-@dataclass
-class SimConfig:
-    """Scheduler and pool parameters of one replay."""
-
-    layout: Layout
-    num_blocks: int
-    max_running: int = 256
-    token_budget: int = 8192
-    max_model_len: int | None = None
-    #: Simulated step time: ``step_base_s + step_token_s * scheduled tokens``.
-    step_base_s: float = 0.005
-    step_token_s: float = 2e-6
-    #: Multiplies arrival times (0: everything arrives at once).
-    time_scale: float = 1.0
-    #: Also compute the best possible hit rate (unbounded cache) from the same
-    #: tokens, as each request is first scheduled (arrival order).
-    track_best: bool = True
-    #: Roofline step time (None: the fixed ``step_base_s + step_token_s`` model).
-    step_model: StepTimeModel | None = None
-    #: Host-memory tier below the GPU pool (None: none).
-    host_tier: HostTier | None = None
-    #: Bytes of one token's KV on one GPU (host-tier transfer size).
-    token_bytes_per_gpu: float = 0.0
-    #: The pool's eviction policy (``KVCacheManagerOptions.eviction_policy``).
-    eviction_policy: str = "lru"
-    #: With the ``priority`` policy: the priority the prompt blocks of a
-    #: finished request that was served a prefix hit (a follow-up turn, a
-    #: shared template) get before they are freed (0: none); the pool's clock
-    #: ticks once per step.
-    prompt_priority: int = 0
-
-
-@dataclass
-class SimResult:
-    """Raw accounting of one replay; ``report.summarize`` turns it into metrics."""
-
-    num_requests: int = 0
-    num_finished: int = 0
-    prompt_tokens: int = 0
-    hit_tokens: int = 0
-    output_tokens: int = 0
-    computed_tokens: int = 0
-    preemptions: int = 0
-    evictions: int = 0
-    steps: int = 0
-    sim_seconds: float = 0.0
-    #: Simulated seconds with at least one request scheduled.
-    busy_seconds: float = 0.0
-    manager_seconds: float = 0.0
-    wall_seconds: float = 0.0
-    #: Wall time building prompt/output tokens, in the best-possible pass, and
-    #: constructing ``kvcoord.Request`` objects (block hashing), outside manager_seconds.
-    token_seconds: float = 0.0
-    best_seconds: float = 0.0
-    request_seconds: float = 0.0
-    leaked_blocks: int = 0
-    #: Best possible hits with an unbounded cache (``SimConfig.track_best``).
-    best: BestCase | None = None
-    num_blocks: int = 0
-    #: Per step: manager seconds, pool usage, simulated time, cumulative hit rate.
-    step_manager_s: array[float] = field(default_factory=lambda: array("d"))
-    step_usage: array[float] = field(default_factory=lambda: array("d"))
-    step_time: array[float] = field(default_factory=lambda: array("d"))
-    step_hit_rate: array[float] = field(default_factory=lambda: array("d"))
-    #: Per step: blocks in the prefix index (referenced or free).
-    step_cached: array[float] = field(default_factory=lambda: array("d"))
-    #: Sampled (time, referenced, cached-but-free, empty) block counts, exact at each sample.
-    occupancy_samples: list[tuple[float, int, int, int]] = field(default_factory=list)
-    #: Per request (arrival order): arrival, first scheduled, first token, finish (simulated s).
-    req_arrival: array[float] = field(default_factory=lambda: array("d"))
-    req_admit: array[float] = field(default_factory=lambda: array("d"))
-    req_first: array[float] = field(default_factory=lambda: array("d"))
-    req_finish: array[float] = field(default_factory=lambda: array("d"))
-    req_output: array[int] = field(default_factory=lambda: array("q"))
-    #: Per request: prompt tokens, hits served by the GPU pool and by the host tier.
-    req_prompt: array[int] = field(default_factory=lambda: array("q"))
-    req_gpu_hit: array[int] = field(default_factory=lambda: array("q"))
-    req_host_hit: array[int] = field(default_factory=lambda: array("q"))
-    host_hit_tokens: int = 0
-    host_transfer_seconds: float = 0.0
-    #: Block residency histograms, in simulated microseconds.
-    residency: ResidencySnapshot | None = None
-
-
-# --------------------------------------------------------------------------- manager setup
-
-
-#: Hash algorithm of the simulated requests: only prefix equality matters
-#: here, so the fastest one.
-REPLAY_HASH_ALGO: HashAlgoName = "xxh3_native"
-
-
-def build_config(layout: Layout, num_blocks: int) -> KVCacheConfig:
-    """The ``kvcoord.KVCacheConfig`` for ``layout`` with a pool of ``num_blocks``."""
-    return KVCacheConfig(num_blocks=num_blocks, groups=layout.groups)
-
-
-def make_manager(
-    layout: Layout,
-    num_blocks: int,
-    max_model_len: int,
-    *,
-    eviction_policy: str = "lru",
-    enable_events: bool = False,
-) -> KVCacheManager:
-    """A ``KVCacheManager`` for the layout with a pool of ``num_blocks``."""
-    return KVCacheManager(
-        build_config(layout, num_blocks),
-        max_model_len=max_model_len,
-        options=KVCacheManagerOptions(
-            enable_caching=layout.enable_caching,
-            residency_metrics=True,
-            eviction_policy=eviction_policy,
-            enable_events=enable_events,
-        ),
-    )
-
-
-@dataclass
-class EngineFeed:
-    """The requests routed to one engine: ``pending`` in arrival order, and
-    whether more may still come (a cluster's router appends while the
-    engines run; :func:`simulate` hands a closed feed of the whole trace)."""
-
-    pending: deque[WorkloadRequest]
-    closed: bool = True
-    #: When a list: each finished request is appended (the router's count).
-    finished: list[WorkloadRequest] | None = None
-
-
-class EvictionCounter:
-    """Counts cached blocks whose cache entry was dropped to reuse the block,
-    from the pool's own counter (``BlockPool.num_evictions``; always 0 with
-    prefix caching off)."""
-
-    def __init__(self, mgr: KVCacheManager) -> None:
-        self._pool = mgr.block_pool
-        self._base = self._pool.num_evictions
-
-    @property
-    def count(self) -> int:
-        return int(self._pool.num_evictions - self._base)
-
-
-# --------------------------------------------------------------------------- the loop
-
-
-class _Live:
-    """Scheduler-side state of one request."""
-
-    __slots__ = (
-        "computed",
-        "counted",
-        "host_keys",
-        "idx",
-        "num_tokens",
-        "out",
-        "out_len",
-        "out_pos",
-        "req",
-        "wr",
-    )
-
-    def __init__(self, wr: WorkloadRequest) -> None:
-        self.wr = wr
-        self.req: Any = None
-        self.out: list[int] = []
-        self.out_pos = 0
-        self.out_len = wr.output_len
-        self.num_tokens = wr.prompt_len
-        self.computed = 0
-        self.counted = False
-        self.host_keys: Any = None
-        self.idx = 0  # position in arrival order (per-request result arrays)
-
-    def advance(self, computed: int) -> bool:
-        """The step ran: ``computed`` tokens now have KV. A request whose known
-        tokens are all computed samples its next output token. True when that
-        was its last output token (the request is finished)."""
-        self.computed = computed
-        req = self.req
-        req.num_computed_tokens = computed
-        if computed < self.num_tokens:
-            return False
-        req.append_output_token_ids(self.out[self.out_pos])
-        self.out_pos += 1
-        self.num_tokens += 1
-        return self.out_pos >= self.out_len
-
-
-def _occupancy(pool: Any) -> tuple[int, int, int]:
-    """Exact (referenced, cached-but-free, empty) block counts of the pool (null block excluded)."""
-    import numpy as np
-
-    refs = np.asarray(pool.ref_counts())[1:]
-    cached = np.asarray(pool.cached_mask())[1:]
-    referenced = int(np.count_nonzero(refs))
-    cached_free = int(np.count_nonzero(cached & (refs == 0)))
-    return referenced, cached_free, refs.shape[0] - referenced - cached_free
 
 
 def simulate(
@@ -318,6 +134,8 @@ def run_engine(
     model = cfg.step_model
     host = cfg.host_tier if layout.enable_caching else None
     hit_bs = layout.block_size
+    disk = cfg.disk_tier if layout.enable_caching else None
+    key_tier = host if host is not None else disk  # both use the same chunk keys
     host_bw = 1.0
     if host is not None:
         host_bw = model.gpu.host_bandwidth if model is not None else 25e9
@@ -326,11 +144,11 @@ def run_engine(
     res = SimResult(num_requests=n_req, num_blocks=cfg.num_blocks)
     for name in ("req_arrival", "req_admit", "req_first", "req_finish"):
         getattr(res, name).extend([float("nan")] * n_req)
-    for name in ("req_output", "req_prompt", "req_gpu_hit", "req_host_hit"):
+    for name in ("req_output", "req_prompt", "req_gpu_hit", "req_host_hit", "req_disk_hit"):
         getattr(res, name).extend([0] * n_req)
     pending = feed.pending
-    waiting: deque[_Live] = deque()
-    running: list[_Live] = []
+    waiting: deque[Live] = deque()
+    running = RunningBatch(cfg.max_running)
     scale = cfg.time_scale
     last_arrival = workload.requests[-1].arrival_s * scale if workload.requests else 0.0
     sample_every = last_arrival / 200 if last_arrival > 0 else 0.0
@@ -343,6 +161,12 @@ def run_engine(
     allocate = mgr.allocate_slots
     # Mamba "align" layouts: prefill chunks end where a state must be cached.
     split = mamba_chunk_rule(mgr.config, mgr.hash_block_size)
+    steady_bs = steady_block_size(mgr, layout)
+    # a lookup stays valid while no block was cached or evicted (not with a
+    # chunk rule, i.e. Mamba "align" groups: their states become hits at step
+    # boundaries)
+    reuse_lookups = split is None and _REUSE_LOOKUPS
+    looked_up: tuple[Live, int, int, Any, int] | None = None
     step_mgr, step_usage, step_time, step_hit, step_cached = (
         res.step_manager_s,
         res.step_usage,
@@ -364,10 +188,8 @@ def run_engine(
         while pending and pending[0].arrival_s * scale <= now:
             wr = pending.popleft()
             r_arrival[arrived] = wr.arrival_s * scale
-            live = _Live(wr)
-            live.idx = arrived
+            waiting.append(Live(wr, arrived))
             arrived += 1
-            waiting.append(live)
         if not waiting and not running:
             if pending:
                 now = pending[0].arrival_s * scale
@@ -375,51 +197,36 @@ def run_engine(
                 yield None  # idle until the feed brings more or closes
             continue
 
-        budget = token_budget
         step_mgr_s = 0.0
-        finished: list[_Live] = []
-        first_token: list[_Live] = []
-        # work of the step for the step-time model (StepCost's sums, inlined: hot loop)
-        full_pairs = full_kv = seqs = 0
-        win = StepCost(window) if window else None
-        loaded_tokens = 0
+        loaded_tokens = disk_tokens = 0
         preempted = False
         mgr.new_step_starts()
         # microseconds of simulated time; the core's clock is a u64 and traces may
         # carry times up to the largest finite float (the clock then saturates)
         mgr.set_residency_clock(int(min(now * 1e6, _MAX_CLOCK_US)))
-        # 2. running requests, in admission order. A scheduled request's step
-        # outcome (tokens computed, token sampled) is applied right away: later
-        # requests of the step never depend on it, and frees wait for the end.
-        for live in running:  # the list only loses its tail (preemption) meanwhile
-            if budget <= 0:
+        # 2. running requests, in admission order: tokens per request first, then
+        # the allocations that can change the pool, one by one (preempting from
+        # the tail when the pool is full), then every request's progress at once
+        plan = running.plan(token_budget, steady_bs, split, token_budget)
+        n = plan.n
+        lives = running.lives
+        for i in plan.events:
+            if i >= len(lives):  # preempted by an earlier request of this step
                 break
-            n = live.num_tokens - live.computed
-            if n > budget:
-                n = budget
+            live = lives[i]
             req = live.req
-            if split is not None:
-                n = split(
-                    n,
-                    start=live.computed,
-                    num_tokens=live.num_tokens,
-                    num_prompt_tokens=req.num_prompt_tokens,
-                    shared_prefix_boundary=req.shared_prefix_boundary,
-                    max_chunk_tokens=token_budget,
-                )
-                if n == 0:
-                    continue
+            ni = int(n[i])
             while True:
                 t0 = pc()
-                new = allocate(req, n)
+                new = allocate(req, ni)
                 step_mgr_s += pc() - t0
                 if new is not None:
                     break
                 victim = running.pop()
-                if not running and victim is live:
+                if not lives and victim is live:
                     raise SimulationError(
-                        f"request {live.wr.request_id} ({live.num_tokens} tokens) does not fit in "
-                        f"a pool of {cfg.num_blocks} blocks even alone; use a larger pool"
+                        f"request {live.wr.request_id} ({victim.num_tokens} tokens) does not "
+                        f"fit in a pool of {cfg.num_blocks} blocks even alone; use a larger pool"
                     )
                 t0 = pc()
                 mgr.free(victim.req)
@@ -433,26 +240,10 @@ def run_engine(
                     break
             if new is None:
                 break
-            budget -= n
-            c = live.computed
-            full_pairs += n * c + n * (n + 1) // 2
-            full_kv += c + n
-            seqs += 1
-            if win is not None:
-                win.add(c, n)
-            # live.advance(c + n), inlined (the hottest line of a replay)
-            done = c + n
-            live.computed = done
-            req.num_computed_tokens = done
-            if done >= live.num_tokens:
-                pos = live.out_pos
-                req.append_output_token_ids(live.out[pos])
-                live.out_pos = pos + 1
-                live.num_tokens += 1
-                if pos == 0:
-                    first_token.append(live)
-                if pos + 1 >= live.out_len:
-                    finished.append(live)
+        count = min(plan.count, len(lives))
+        (tokens, full_pairs, window_pairs, full_kv, window_kv, seqs, first_token, finished,
+         done_idx) = running.run_step(n, count, window)  # fmt: skip
+        budget = token_budget - tokens
 
         # 3. admissions
         if not preempted:
@@ -465,11 +256,12 @@ def run_engine(
                     t0 = pc()
                     toks = wr.make_prompt()
                     live.out = wr.output_tokens()
+                    live.out_base = running.store_output(live.out)
                     t1 = pc()
                     if best is not None:
                         best.add(toks, live.out, wr.cache_salt)
-                    if host is not None:
-                        live.host_keys = host.keys(toks, wr.cache_salt)
+                    if key_tier is not None:
+                        live.host_keys = key_tier.keys(toks, wr.cache_salt)
                     t2 = pc()
                     # The simulation only needs equal prefixes to hash equal, so it
                     # uses the fastest algorithm; hit rates do not depend on it.
@@ -485,30 +277,46 @@ def run_engine(
                     res.request_seconds += pc() - t2
                     del toks
                 t0 = pc()
-                blocks, hit = mgr.get_computed_blocks(req)
+                version = (pool.num_evictions, pool.num_cached_blocks) if reuse_lookups else None
+                if (
+                    looked_up is not None
+                    and looked_up[0] is live
+                    and version is not None
+                    and looked_up[1:3] == version
+                ):
+                    blocks, hit = looked_up[3], looked_up[4]
+                else:
+                    blocks, hit = mgr.get_computed_blocks(req)
+                    if version is not None:
+                        looked_up = (live, version[0], version[1], blocks, hit)
                 step_mgr_s += pc() - t0
-                extra = 0
-                if host is not None and live.host_keys is not None:
-                    found = host.lookup(live.host_keys)
+                extra = from_disk = 0
+                if live.host_keys is not None:
                     cap = (wr.prompt_len - 1) // hit_bs * hit_bs
-                    extra = max(0, min(found, cap) // hit_bs * hit_bs - hit)
-                n = live.num_tokens - hit - extra
-                if n > budget:
-                    n = budget
+                    if host is not None:
+                        found = host.lookup(live.host_keys)
+                        extra = max(0, min(found, cap) // hit_bs * hit_bs - hit)
+                    if disk is not None:
+                        found = disk.lookup(live.host_keys)
+                        from_disk = max(0, min(found, cap) // hit_bs * hit_bs - hit - extra)
+                        extra += from_disk
+                ni = live.num_tokens - hit - extra
+                if ni > budget:
+                    ni = budget
                 if split is not None:
-                    n = split(
-                        n,
+                    ni = split(
+                        ni,
                         start=hit,
                         num_tokens=live.num_tokens,
                         num_prompt_tokens=req.num_prompt_tokens,
                         shared_prefix_boundary=req.shared_prefix_boundary,
                         max_chunk_tokens=token_budget,
                     )
-                    if n == 0:
+                    if ni == 0:
                         break
                 t0 = pc()
                 new = mgr.allocate_slots(
-                    req, n + extra, num_new_computed_tokens=hit, new_computed_blocks=blocks
+                    req, ni + extra, num_new_computed_tokens=hit, new_computed_blocks=blocks
                 )
                 step_mgr_s += pc() - t0
                 if new is None:
@@ -519,6 +327,7 @@ def run_engine(
                             "use a larger pool"
                         )
                     break
+                looked_up = None
                 waiting.popleft()
                 if not live.counted:
                     live.counted = True
@@ -528,21 +337,28 @@ def run_engine(
                     r_admit[i] = now
                     res.req_prompt[i] = wr.prompt_len
                     res.req_gpu_hit[i] = min(hit, wr.prompt_len)
-                    res.req_host_hit[i] = extra
-                    res.host_hit_tokens += extra
-                loaded_tokens += extra
-                running.append(live)
-                budget -= n
+                    res.req_host_hit[i] = extra - from_disk
+                    res.host_hit_tokens += extra - from_disk
+                    res.req_disk_hit[i] = from_disk
+                    res.disk_hit_tokens += from_disk
+                loaded_tokens += extra - from_disk
+                disk_tokens += from_disk
+                budget -= ni
                 c = hit + extra
-                full_pairs += n * c + n * (n + 1) // 2
-                full_kv += c + n
+                tokens += ni
+                full_pairs += ni * c + ni * (ni + 1) // 2
+                full_kv += c + ni
                 seqs += 1
-                if win is not None:
-                    win.add(c, n)
-                if live.advance(hit + extra + n):
+                if window:
+                    window_pairs += attention_pairs(c, ni, window)
+                    window_kv += min(c + ni, window)
+                done = live.advance(c + ni)
+                if done:
                     finished.append(live)
+                    done_idx.append(len(running))
                 if live.out_pos == 1:
                     first_token.append(live)
+                running.append(live)
 
         usage = mgr.usage
 
@@ -555,38 +371,36 @@ def run_engine(
                 mgr.free(live.req)
                 step_mgr_s += pc() - t0
                 live.req = None
-                live.out_pos = -1
                 res.output_tokens += live.out_len
             res.num_finished += len(finished)
             if feed.finished is not None:
                 feed.finished.extend(live.wr for live in finished)
-            running = [r for r in running if r.out_pos >= 0]
+            running.remove(done_idx)
             if progress is not None:
                 progress(len(finished))
 
-        tokens = token_budget - budget
         res.computed_tokens += tokens
         if model is not None:
-            dt = model.step_seconds(
-                tokens,
-                full_pairs,
-                win.window_pairs if win is not None else 0,
-                full_kv,
-                win.window_kv if win is not None else 0,
-                seqs,
-            )
+            dt = model.step_seconds(tokens, full_pairs, window_pairs, full_kv, window_kv, seqs)
         else:
             dt = cfg.step_base_s + cfg.step_token_s * tokens
         if loaded_tokens:
             transfer = loaded_tokens * cfg.token_bytes_per_gpu / host_bw
             res.host_transfer_seconds += transfer
             dt += transfer
+        if disk_tokens:
+            transfer = disk_tokens * cfg.token_bytes_per_gpu / cfg.disk_bandwidth
+            res.disk_transfer_seconds += transfer
+            dt += transfer
         now += dt
         busy += dt
         for live in first_token:
             r_first[live.idx] = now
-            if host is not None and live.host_keys is not None:
-                host.insert(live.host_keys)
+            if live.host_keys is not None:
+                if host is not None:
+                    host.insert(live.host_keys)
+                if disk is not None:
+                    disk.insert(live.host_keys)
         for live in finished:
             r_finish[live.idx] = now
             res.req_output[live.idx] = live.out_len
@@ -597,7 +411,7 @@ def run_engine(
         step_hit.append(hit_tokens / prompt_tokens if prompt_tokens else 0.0)
         step_cached.append(pool.num_cached_blocks)
         if now >= next_sample:
-            res.occupancy_samples.append((now, *_occupancy(pool)))
+            res.occupancy_samples.append((now, *occupancy(pool)))
             next_sample = now + sample_every
         if prompt_priority:
             mgr.advance_eviction_clock(1)
@@ -606,7 +420,7 @@ def run_engine(
     if arrived < n_req:  # an engine of a cluster: only its own requests
         res.num_requests = arrived
         for name in ("req_arrival", "req_admit", "req_first", "req_finish", "req_output",
-                     "req_prompt", "req_gpu_hit", "req_host_hit"):  # fmt: skip
+                     "req_prompt", "req_gpu_hit", "req_host_hit", "req_disk_hit"):  # fmt: skip
             del getattr(res, name)[arrived:]
     res.residency = mgr.residency_snapshot()
     res.steps = len(step_mgr)

@@ -9,7 +9,7 @@ sets. The variants are the cartesian product of the axes, in axis order.
 An axis value sets options for two consumers:
 
 * ``plan``: keyword arguments of :func:`kvcoord.replay.plan.make_plan`
-  (``model``, ``layout``, ``host_memory``, ...);
+  (``model``, ``layout``, ``host_memory``, ``disk_memory``, ...);
 * ``run``: overrides for the replay itself, applied by whoever runs a point
   (for :class:`~kvcoord.replay.scheduler.SimConfig`, its field names).
 
@@ -30,6 +30,7 @@ __all__ = [
     "AxisValue",
     "SweepError",
     "Variant",
+    "disk_axis",
     "host_axis",
     "layout_axis",
     "model_axis",
@@ -122,6 +123,14 @@ def host_axis(sizes: Sequence[float]) -> Axis:
     return Axis(
         "host_memory",
         tuple(AxisValue(f"host {_gib(s)}" if s else "", {"host_memory": s or None}) for s in sizes),
+    )
+
+
+def disk_axis(sizes: Sequence[float]) -> Axis:
+    """Disk tiers in bytes per replica (0: none, unlabelled)."""
+    return Axis(
+        "disk_memory",
+        tuple(AxisValue(f"disk {_gib(s)}" if s else "", {"disk_memory": s or None}) for s in sizes),
     )
 
 

@@ -13,6 +13,10 @@ the difference is loaded over the host link instead of recomputed. The
 scheduler charges ``tokens x bytes per token per GPU / host bandwidth``
 seconds to the step that loads them (not overlapped with compute: an upper
 bound on the transfer cost).
+
+A disk tier (``--disk-memory``) is the same LRU of chunks, below the host
+tier: also written through, looked up after it, and its extra tokens load at
+:data:`DISK_BANDWIDTH`.
 """
 
 from __future__ import annotations
@@ -24,10 +28,14 @@ import numpy as np
 
 from kvcoord.replay.bestcase import prefix_block_keys
 
-__all__ = ["DEFAULT_CHUNK_TOKENS", "HostTier"]
+__all__ = ["DEFAULT_CHUNK_TOKENS", "DISK_BANDWIDTH", "HostTier"]
 
 #: Tokens per host-tier chunk (LMCache's default chunk size).
 DEFAULT_CHUNK_TOKENS = 256
+#: Read bandwidth of the disk tier per replica, bytes/s: one NVMe PCIe 4.0
+#: SSD's sequential read (about 7 GB/s on the data sheets of current drives),
+#: rounded down to 6 GB/s.
+DISK_BANDWIDTH = 6e9
 
 
 class HostTier:

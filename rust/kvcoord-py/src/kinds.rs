@@ -3,7 +3,9 @@
 //! and the config rules written once in the core (scheduler block size,
 //! hash unit, coordinator choice). Conversion only.
 
-use kvcoord_core::{coordinator, CoordinatorKind, GroupSpec, HitSearch, KvError, SpecKind};
+use kvcoord_core::{
+    coordinator, CoordinatorKind, GroupSpec, HitSearch, KvError, NullEntries, SpecKind,
+};
 use pyo3::prelude::*;
 
 use crate::errors::CoreError;
@@ -193,6 +195,14 @@ impl PyGroupSpec {
     #[getter]
     fn prefix_closed_hits(&self) -> bool {
         matches!(self.0.facts().hit_search, HitSearch::PrefixClosed)
+    }
+
+    /// Whether a request's table may hold null entries after real blocks
+    /// (R-SWA decode gaps, Mamba "align" skipped states): the kind releases
+    /// blocks of a running request, not only when it is freed.
+    #[getter]
+    fn interior_nulls(&self) -> bool {
+        matches!(self.0.facts().nulls, NullEntries::Anywhere)
     }
 
     fn __repr__(&self) -> String {
