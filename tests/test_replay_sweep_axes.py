@@ -65,3 +65,33 @@ def test_conflicts_and_empty_axes_refused() -> None:
         variants([host_axis([0.0]), host_axis([1.0])])
     with pytest.raises(ValueError):  # SweepError is a ValueError
         variants([Axis("empty", ())])
+
+
+def test_sweep_cli_over_layouts_and_tiers(tmp_path: object) -> None:
+    """`kvcoord sweep --layouts ... --host-memories ...`: one row per variant and
+    size, each with its axis labels, a table and a plot with a line per variant."""
+    import json
+    from pathlib import Path
+
+    from kvcoord.cli import main
+
+    tmp = Path(str(tmp_path))
+    trace = str(Path(__file__).parent / "data" / "mooncake_small.jsonl")
+    out, png = tmp / "s.json", tmp / "s.png"
+    argv = ["sweep", "--trace", trace, "--layouts", "full,sliding-window"]
+    argv += ["--host-memories", "0,1GiB", "--kv-memories", "256MiB,1GiB", "--jobs", "1"]
+    assert main([*argv, "--no-progress", "--json", str(out), "--plot", str(png)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == 2 * 2 * 2
+    assert {r["variant"] for r in rows} == {
+        "llama-3.1-8b + full",
+        "llama-3.1-8b + full + host 1 GiB",
+        "llama-3.1-8b + sliding-window",
+        "llama-3.1-8b + sliding-window + host 1 GiB",
+    }
+    assert {r["axes"]["layout"] for r in rows} == {"full", "sliding-window"}
+    assert {r["layout"] for r in rows} == {
+        "full (llama-3.1-8b dims)",
+        "sliding-window (llama-3.1-8b dims)",
+    }
+    assert png.stat().st_size > 0
