@@ -165,3 +165,36 @@ def test_pool_view_frees_block_objects_and_ids() -> None:
     assert view.get_num_free_blocks() == 7 and view.get_usage() == 0.0
     assert view.free_block_ids().tolist()[:3] == got[::-1]
     assert ids_of([]) == [] and ids_of(np.array([5, 6])) == [5, 6]
+
+
+class PlainConnector:
+    """A connector that uses only the scheduler's calls."""
+
+    def get_num_new_matched_tokens(self, request: object, num_computed: int) -> tuple[int, bool]:
+        return 0, False
+
+
+class BindingConnector(PlainConnector):
+    def bind_gpu_block_pool(self, pool: object) -> None:
+        self.pool = pool
+
+
+class ReadingConnector(PlainConnector):
+    def update_state_after_alloc(self, request: object) -> object:
+        return self._kv_cache_manager.coordinator  # type: ignore[attr-defined]
+
+
+class MultiConnector:
+    def __init__(self, *subs: object) -> None:
+        self._connectors = list(subs)
+
+
+def test_connector_reason_serves_only_connectors_that_stay_off_the_managers_internals() -> None:
+    from kvcoord.vllm._connectors import connector_reason
+
+    assert connector_reason(PlainConnector()) is None
+    assert "BindingConnector" in (connector_reason(BindingConnector()) or "")
+    assert "ReadingConnector" in (connector_reason(ReadingConnector()) or "")
+    assert connector_reason(MultiConnector(PlainConnector(), PlainConnector())) is None
+    reason = connector_reason(MultiConnector(PlainConnector(), ReadingConnector()))
+    assert reason is not None and "ReadingConnector" in reason

@@ -67,7 +67,16 @@ class KVCacheManager:
         self.max_model_len = int(a["max_model_len"])
         self.enable_caching = bool(a.get("enable_caching", True))
         self.enable_kv_cache_events = False
-        self.use_eagle = False
+        self.use_eagle = bool(a.get("use_eagle", False))
+        # EAGLE groups (flagged, else all when use_eagle) and those whose hits
+        # drop their last block: every group here shares one spec.
+        flagged = tuple(
+            i for i, g in enumerate(cfg.kv_cache_groups) if getattr(g, "is_eagle_group", False)
+        )
+        if self.use_eagle and not flagged:
+            flagged = tuple(range(len(cfg.kv_cache_groups)))
+        self.eagle_group_ids = flagged
+        self.drop_eagle_group_ids = flagged if self.use_eagle else ()
         self.log_stats = bool(a.get("log_stats", False))
         self.metrics_collector = None
         self.mamba_shared_prefix_checkpoint = False
@@ -145,6 +154,11 @@ class KVCacheManager:
         blocks, hit, uncached = self._core_coordinator.find_longest_cache_hit(
             mine, max_cache_hit_length
         )
+        if hit and self.drop_eagle_group_ids:
+            # EAGLE recomputes the block before the generation point.
+            bs = self._block_sizes[0]
+            hit -= bs
+            blocks = tuple(g[: hit // bs] for g in blocks)
         if not hit:
             return self.empty_kv_cache_blocks, 0, 0
         return KVCacheBlocks(blocks, self._pool), hit, shared_prefix_boundary(hit, uncached)
