@@ -198,3 +198,22 @@ def test_connector_reason_serves_only_connectors_that_stay_off_the_managers_inte
     assert connector_reason(MultiConnector(PlainConnector(), PlainConnector())) is None
     reason = connector_reason(MultiConnector(PlainConnector(), ReadingConnector()))
     assert reason is not None and "ReadingConnector" in reason
+
+
+def test_free_list_ends_and_cached_index_follow_the_pool() -> None:
+    pool = kvcoord.BlockPool(4, hash_block_size=4)
+    view = PoolView(pool)
+    queue = view.free_block_queue
+    head, tail = queue.fake_free_list_head, queue.fake_free_list_tail
+    assert (head.next_free_block.block_id, tail.prev_free_block.block_id) == (1, 3)
+    digests = hashes(list(range(8)))
+    a = pool.get_new_blocks(3)
+    assert head.next_free_block is tail and tail.prev_free_block is head
+    assert not view.cached_block_hash_to_block
+    pool.cache_full_blocks(a, digests, num_cached_blocks=0, num_full_blocks=2, group_id=0)
+    index = view.cached_block_hash_to_block
+    assert len(index) == 2
+    key = digests[1] + (0).to_bytes(4, "big")
+    assert index[key].block_id == a[1] and key in index
+    pool.free_blocks(a[::-1])
+    assert pool.reset_prefix_cache() and len(view.cached_block_hash_to_block) == 0
