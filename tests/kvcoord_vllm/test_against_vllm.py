@@ -329,3 +329,29 @@ def test_single_type_views_read_like_vllms() -> None:
     assert mine.retention_interval == vllms.retention_interval
     assert set(mine.drop_eagle_group_ids) == set(vllms.drop_eagle_group_ids)
     assert mine.single_type_managers[0].use_eagle == vllms.single_type_managers[0].use_eagle
+
+
+def test_deferred_free_of_a_request_readmitted_before_the_free() -> None:
+    """Regression: parking popped blocks as a hit of a made-up request stopped
+    working once the core verified hits (an uncached tail block is no hit).
+    The request now stays parked in the core; re-admitted under the same id
+    before the deferred free, it gets blocks of its own, and the free queue
+    order after both frees equals vLLM's."""
+    cfg = config(16, [full_spec()])
+    theirs, ours = managers(cfg)
+    for m in (theirs, ours):
+        req = make_request("a", list(range(10)))
+        hit, n, _ = m.get_computed_blocks(req)
+        m.allocate_slots(req, 10 - n, n, hit)
+        popped = m.pop_blocks_for_free(req)
+        assert len(m.coordinator.single_type_managers[0].req_to_blocks) == 0
+        req.num_computed_tokens = 0
+        hit, n, _ = m.get_computed_blocks(req)
+        assert n == 8
+        m.allocate_slots(req, 10 - n, n, hit)
+        m.block_pool.free_blocks(reversed(popped))
+    assert theirs.get_block_ids("a") == ours.get_block_ids("a")
+    assert free_queue(theirs) == free_queue(ours)
+    for m in (theirs, ours):
+        m.free(make_request("a", list(range(10))))
+    assert free_queue(theirs) == free_queue(ours)
