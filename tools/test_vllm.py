@@ -35,6 +35,7 @@ import sys
 import tarfile
 import urllib.request
 import xml.etree.ElementTree as ET
+from collections import Counter
 from pathlib import Path
 
 VLLM = "0.33.0"
@@ -129,7 +130,8 @@ def run_file(py: Path, root: Path, test_file: str, kvcoord: bool, env: dict[str,
     proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
     log = root / f".log-{Path(test_file).stem}-{'kvcoord' if kvcoord else 'vllm'}.txt"
     log.write_text(proc.stdout + proc.stderr)
-    counts = {"passed": 0, "failed": 0, "skipped": 0, "total": 0, "pure": 0}
+    counts: dict = {"passed": 0, "failed": 0, "skipped": 0, "total": 0, "pure": 0}
+    why: Counter[str] = Counter()  # tests passing on vLLM's machinery only, by reason
     if report.exists():
         for case in ET.parse(report).getroot().iter("testcase"):
             counts["total"] += 1
@@ -141,6 +143,9 @@ def run_file(py: Path, root: Path, test_file: str, kvcoord: bool, env: dict[str,
                 counts["passed"] += 1
                 props = {p.get("name"): p.get("value") for p in case.iter("property")}
                 counts["pure"] += props.get("kvcoord_pure") == "1"
+                if kvcoord and props.get("kvcoord_pure") == "0":
+                    why[props.get("kvcoord_fallbacks") or "the test builds vLLM's BlockPool"] += 1
+    counts["why"] = dict(why.most_common())
     kv_lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("kvcoord.vllm:")]
     counts["note"] = kv_lines[-1] if kv_lines else ""
     counts["log"] = str(log)
@@ -176,6 +181,8 @@ def main() -> int:
             f"kvcoord {on_kv['pure']}/{on_kv['total']}  {on_kv['note']}",
             flush=True,
         )
+        for reason, n in on_kv["why"].items():
+            print(f"    {n:4d} passed only through vLLM's own: {reason}", flush=True)
     print()
     # "pass on kvcoord" counts only tests during which vLLM's own BlockPool
     # was never built and no manager fell back (see kvcoord.vllm.pytest_plugin).

@@ -165,3 +165,55 @@ def test_pool_view_frees_block_objects_and_ids() -> None:
     assert view.get_num_free_blocks() == 7 and view.get_usage() == 0.0
     assert view.free_block_ids().tolist()[:3] == got[::-1]
     assert ids_of([]) == [] and ids_of(np.array([5, 6])) == [5, 6]
+
+
+class PlainConnector:
+    """A connector that uses only the scheduler's calls."""
+
+    def get_num_new_matched_tokens(self, request: object, num_computed: int) -> tuple[int, bool]:
+        return 0, False
+
+
+class BindingConnector(PlainConnector):
+    def bind_gpu_block_pool(self, pool: object) -> None:
+        self.pool = pool
+
+
+class ReadingConnector(PlainConnector):
+    def update_state_after_alloc(self, request: object) -> object:
+        return self._kv_cache_manager.coordinator  # type: ignore[attr-defined]
+
+
+class MultiConnector:
+    def __init__(self, *subs: object) -> None:
+        self._connectors = list(subs)
+
+
+def test_connector_reason_serves_only_connectors_that_stay_off_the_managers_internals() -> None:
+    from kvcoord.vllm._connectors import connector_reason
+
+    assert connector_reason(PlainConnector()) is None
+    assert "BindingConnector" in (connector_reason(BindingConnector()) or "")
+    assert "ReadingConnector" in (connector_reason(ReadingConnector()) or "")
+    assert connector_reason(MultiConnector(PlainConnector(), PlainConnector())) is None
+    reason = connector_reason(MultiConnector(PlainConnector(), ReadingConnector()))
+    assert reason is not None and "ReadingConnector" in reason
+
+
+def test_free_list_ends_and_cached_index_follow_the_pool() -> None:
+    pool = kvcoord.BlockPool(4, hash_block_size=4)
+    view = PoolView(pool)
+    queue = view.free_block_queue
+    head, tail = queue.fake_free_list_head, queue.fake_free_list_tail
+    assert (head.next_free_block.block_id, tail.prev_free_block.block_id) == (1, 3)
+    digests = hashes(list(range(8)))
+    a = pool.get_new_blocks(3)
+    assert head.next_free_block is tail and tail.prev_free_block is head
+    assert not view.cached_block_hash_to_block
+    pool.cache_full_blocks(a, digests, num_cached_blocks=0, num_full_blocks=2, group_id=0)
+    index = view.cached_block_hash_to_block
+    assert len(index) == 2
+    key = digests[1] + (0).to_bytes(4, "big")
+    assert index[key].block_id == a[1] and key in index
+    pool.free_blocks(a[::-1])
+    assert pool.reset_prefix_cache() and len(view.cached_block_hash_to_block) == 0

@@ -85,10 +85,11 @@ def _none_hash() -> None:
 
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("groups", [1, 2])
-def test_random_schedule_matches_vllm(seed: int, groups: int) -> None:
+@pytest.mark.parametrize("use_eagle", [False, True])
+def test_random_schedule_matches_vllm(seed: int, groups: int, use_eagle: bool) -> None:
     rng = random.Random(seed)
     cfg = config(48, [full_spec() for _ in range(groups)])
-    theirs, ours = managers(cfg, watermark=rng.choice([0.0, 0.05]))
+    theirs, ours = managers(cfg, watermark=rng.choice([0.0, 0.05]), use_eagle=use_eagle)
     prefixes = [[rng.randrange(1000) for _ in range(rng.randrange(4, 30))] for _ in range(3)]
     waiting: list[Request] = []
     running: list[Request] = []
@@ -309,3 +310,48 @@ def test_pickle_hashes_stay_vllms() -> None:
         block_hasher=hasher,
     )
     assert req.block_hashes == make_request("b", list(range(9))).block_hashes
+
+
+def test_single_type_views_read_like_vllms() -> None:
+    """``num_cached_block`` per request and the coordinator's retention interval
+    and EAGLE groups, as vLLM's coordinator and single-type managers show them."""
+    cfg = config(32, [full_spec()])
+    theirs, ours = managers(cfg, use_eagle=True)
+    for m in (theirs, ours):
+        for rid, n in (("a", 10), ("b", 3)):
+            req = make_request(rid, list(range(n)))
+            hit, num, _ = m.get_computed_blocks(req)
+            m.allocate_slots(req, n - num, num, hit)
+    mine, vllms = ours.coordinator, theirs.coordinator
+    assert dict(mine.single_type_managers[0].num_cached_block) == dict(
+        vllms.single_type_managers[0].num_cached_block
+    )
+    assert mine.retention_interval == vllms.retention_interval
+    assert set(mine.drop_eagle_group_ids) == set(vllms.drop_eagle_group_ids)
+    assert mine.single_type_managers[0].use_eagle == vllms.single_type_managers[0].use_eagle
+
+
+def test_deferred_free_of_a_request_readmitted_before_the_free() -> None:
+    """Regression: parking popped blocks as a hit of a made-up request stopped
+    working once the core verified hits (an uncached tail block is no hit).
+    The request now stays parked in the core; re-admitted under the same id
+    before the deferred free, it gets blocks of its own, and the free queue
+    order after both frees equals vLLM's."""
+    cfg = config(16, [full_spec()])
+    theirs, ours = managers(cfg)
+    for m in (theirs, ours):
+        req = make_request("a", list(range(10)))
+        hit, n, _ = m.get_computed_blocks(req)
+        m.allocate_slots(req, 10 - n, n, hit)
+        popped = m.pop_blocks_for_free(req)
+        assert len(m.coordinator.single_type_managers[0].req_to_blocks) == 0
+        req.num_computed_tokens = 0
+        hit, n, _ = m.get_computed_blocks(req)
+        assert n == 8
+        m.allocate_slots(req, 10 - n, n, hit)
+        m.block_pool.free_blocks(reversed(popped))
+    assert theirs.get_block_ids("a") == ours.get_block_ids("a")
+    assert free_queue(theirs) == free_queue(ours)
+    for m in (theirs, ours):
+        m.free(make_request("a", list(range(10))))
+    assert free_queue(theirs) == free_queue(ours)

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from kvcoord.errors import BlockStateError
+from kvcoord.vllm._inspect import CachedBlockIndex, FreeListEnd
 
 __all__ = ["BlockView", "KVCacheBlocks", "PoolView", "ids_of"]
 
@@ -148,10 +149,24 @@ class KVCacheBlocks:
 class FreeQueueView:
     """What vLLM code reads of its free queue, live over kvcoord's pool."""
 
-    __slots__ = ("_pool",)
+    __slots__ = ("_ends", "_pool")
 
     def __init__(self, pool: Any) -> None:
         self._pool = pool
+        self._ends: tuple[FreeListEnd, FreeListEnd] | None = None
+
+    def _sentinels(self) -> tuple[FreeListEnd, FreeListEnd]:
+        if self._ends is None:
+            self._ends = FreeListEnd.pair(self._pool)
+        return self._ends
+
+    @property
+    def fake_free_list_head(self) -> FreeListEnd:
+        return self._sentinels()[0]
+
+    @property
+    def fake_free_list_tail(self) -> FreeListEnd:
+        return self._sentinels()[1]
 
     @property
     def num_free_blocks(self) -> int:
@@ -193,6 +208,11 @@ class PoolView:
     def blocks(self) -> list[BlockView]:
         """Every block, indexed by id (one view each: for inspection only)."""
         return [BlockView(self.pool, i) for i in range(self.pool.num_blocks)]
+
+    @property
+    def cached_block_hash_to_block(self) -> CachedBlockIndex:
+        """Cache key -> a cached block, read-only (inspection only)."""
+        return CachedBlockIndex(self.pool)
 
     @property
     def free_block_queue(self) -> FreeQueueView:

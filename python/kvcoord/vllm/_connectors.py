@@ -62,7 +62,5 @@ def connector_reason(connector: Any) -> str | None:
                 return reason
         return None
     if _reads_internals(type(connector)):
-        return (
-            f"KV connector {type(connector).__name__} (it binds to vLLM's manager internals)"
-        )
+        return f"KV connector {type(connector).__name__} (it binds to vLLM's manager internals)"
     return None

@@ -73,6 +73,11 @@ def caller_reason() -> str | None:
             aux = getattr(getattr(owner, "vllm_config", None), "aux_output_config", None)
             if getattr(aux, "enabled", False):
                 return "auxiliary outputs (their connector reads vLLM's pool by block hash)"
+            groups = getattr(getattr(owner, "kv_cache_config", None), "kv_cache_groups", ())
+            if getattr(owner, "defer_block_free", False) and len(groups) > 1:
+                # vLLM frees deferred blocks last group first; kvcoord's core
+                # frees a request's groups first to last.
+                return "deferred block frees (async scheduling) with several KV cache groups"
             return None
         frame = frame.f_back
     return None

@@ -42,12 +42,20 @@ def _tokens(ids: Any) -> Any:
 class RequestRegistry:
     """One :class:`kvcoord.Request` per live vLLM request id."""
 
-    __slots__ = ("_by_id", "hash_algo", "hash_block_size")
+    __slots__ = ("_by_id", "core_ids", "hash_algo", "hash_block_size")
 
     def __init__(self, hash_block_size: int, hash_algo: HashAlgoName = "xxh3_native") -> None:
         self.hash_block_size = hash_block_size
         self.hash_algo: HashAlgoName = hash_algo
         self._by_id: dict[str, Request] = {}
+        #: vLLM request id -> the id its kvcoord request has in the core, for
+        #: ids whose earlier blocks are still parked under the plain id (see
+        #: :mod:`kvcoord.vllm._parking`); absent: the same id.
+        self.core_ids: dict[str, str] = {}
+
+    def core_id(self, request_id: str) -> str:
+        """The core's id for the vLLM request ``request_id``."""
+        return self.core_ids.get(request_id, request_id)
 
     def __len__(self) -> int:
         return len(self._by_id)
@@ -58,7 +66,11 @@ class RequestRegistry:
         if mine is None:
             # The request's own hashing request (kvcoord as vLLM's block hasher).
             shared = request.__dict__.get(ATTR)
-            if isinstance(shared, Request) and shared.hash_block_size == self.hash_block_size:
+            if (
+                isinstance(shared, Request)
+                and shared.hash_block_size == self.hash_block_size
+                and request.request_id not in self.core_ids
+            ):
                 mine = self._by_id[request.request_id] = shared
         num_tokens = request.num_tokens
         if mine is None or mine.num_tokens > num_tokens:
@@ -111,7 +123,8 @@ class RequestRegistry:
                 for f in (request.mm_features or ())
             ],
         }
+        rid = self.core_id(request.request_id)
         try:
-            return Request(request.request_id, list(prompt), **kwargs)
+            return Request(rid, list(prompt), **kwargs)
         except InvalidTokenError:
-            return Request(request.request_id, _tokens(prompt), **kwargs)
+            return Request(rid, _tokens(prompt), **kwargs)

@@ -21,7 +21,6 @@ __all__ = ["to_kvcoord_config", "unsupported_reason"]
 # Constructor arguments whose non-default values kvcoord does not serve yet,
 # with the reason given in the fallback log line.
 _UNSERVED_ARGS: tuple[tuple[str, object, str], ...] = (
-    ("use_eagle", False, "EAGLE's last-block drop (use_eagle=True)"),
     ("num_hash_lookahead_tokens", 0, "hash lookahead (num_hash_lookahead_tokens > 0)"),
     ("num_prefill_lookahead", 0, "num_prefill_lookahead > 0"),
     ("dcp_world_size", 1, "decode context parallelism (dcp_world_size > 1)"),
@@ -78,6 +77,9 @@ def unsupported_reason(kv_cache_config: Any, args: Mapping[str, Any]) -> str | N
             return f"{what} ({field} is set)"
     if getattr(kv_cache_config, "needs_kv_cache_zeroing", False):
         return "KV-cache zeroing of new blocks (needs_kv_cache_zeroing)"
+    specs = [g.kv_cache_spec for g in groups]
+    if args.get("use_eagle", False) and any(s != specs[0] for s in specs[1:]):
+        return "EAGLE's last-block drop over groups of different specs (use_eagle=True)"
     hash_block_size = args["hash_block_size"]
     block_sizes = {g.kv_cache_spec.block_size for g in groups}
     if args.get("enable_caching", True) and any(b % hash_block_size for b in block_sizes):

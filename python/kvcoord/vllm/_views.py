@@ -34,34 +34,82 @@ class _RequestTables(Mapping[str, list[BlockView]]):
         return iter([r for r in self._manager._requests.ids() if r in self])
 
     def __len__(self) -> int:
-        return int(self._manager._core.num_requests)
+        return int(self._manager._core.num_requests) - len(self._manager._parking)
 
     def __contains__(self, request_id: object) -> bool:
         return isinstance(request_id, str) and self._manager._held(request_id) is not None
 
 
+class _CachedCounts(Mapping[str, int]):
+    """``num_cached_block`` of one group: request id -> how many of its
+    leading blocks are in the prefix cache, for requests with at least one
+    (as vLLM records them; read-only, for inspection)."""
+
+    def __init__(self, tables: _RequestTables) -> None:
+        self._tables = tables
+
+    def _count(self, request_id: str) -> int:
+        manager, group_id = self._tables._manager, self._tables._group_id
+        held = manager._held(request_id)
+        if held is None:
+            return 0
+        cached = manager._pool.cached_mask()
+        ids = held[group_id]
+        n = 0
+        while n < len(ids) and ids[n] and cached[ids[n]]:
+            n += 1
+        return n
+
+    def __getitem__(self, request_id: str) -> int:
+        n = self._count(request_id)
+        if not n:
+            raise KeyError(request_id)
+        return n
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([r for r in self._tables if self._count(r)])
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def __contains__(self, request_id: object) -> bool:
+        return isinstance(request_id, str) and self._count(request_id) > 0
+
+
 class _SingleTypeView:
     """What the scheduler reads of each of vLLM's single-type managers."""
 
-    __slots__ = ("block_size", "kv_cache_group_id", "kv_cache_spec", "req_to_blocks")
+    __slots__ = (
+        "block_size",
+        "kv_cache_group_id",
+        "kv_cache_spec",
+        "num_cached_block",
+        "req_to_blocks",
+        "use_eagle",
+    )
 
     def __init__(self, manager: KVCacheManager, group_id: int, spec: Any) -> None:
         self.kv_cache_group_id = group_id
         self.kv_cache_spec = spec
         self.block_size = int(spec.block_size)
         self.req_to_blocks = _RequestTables(manager, group_id)
+        self.num_cached_block = _CachedCounts(self.req_to_blocks)
+        self.use_eagle = group_id in manager.drop_eagle_group_ids
 
 
 class CoordinatorView:
     """What the scheduler and its helpers read of vLLM's coordinator."""
 
     enable_partial_hash_hits = False
-    eagle_group_ids: tuple[int, ...] = ()
     num_reprefillable_tokens = 0
 
     def __init__(self, manager: KVCacheManager, core: KVCacheCoordinator) -> None:
         self._manager = manager
         self.core = core
+        config = manager.kv_cache_config
+        self.retention_interval = getattr(config, "prefix_cache_retention_interval", None)
+        self.eagle_group_ids = manager.eagle_group_ids
+        self.drop_eagle_group_ids = manager.drop_eagle_group_ids
         self.single_type_managers = [
             _SingleTypeView(manager, i, g.kv_cache_spec)
             for i, g in enumerate(manager.kv_cache_config.kv_cache_groups)

@@ -19,7 +19,6 @@ import importlib
 import logging
 from typing import Any
 
-from kvcoord._core import Request
 from kvcoord.coordinator import get_kv_cache_coordinator, shared_prefix_boundary
 from kvcoord.errors import UnknownRequestError
 from kvcoord.vllm._blocks import KVCacheBlocks, PoolView, ids_of
@@ -30,6 +29,7 @@ from kvcoord.vllm._construct import (
     served,
     vllm_manager_class,
 )
+from kvcoord.vllm._parking import Parking
 from kvcoord.vllm._requests import RequestRegistry
 from kvcoord.vllm._support import to_kvcoord_config, unsupported_reason
 from kvcoord.vllm._views import CoordinatorView
@@ -67,7 +67,16 @@ class KVCacheManager:
         self.max_model_len = int(a["max_model_len"])
         self.enable_caching = bool(a.get("enable_caching", True))
         self.enable_kv_cache_events = False
-        self.use_eagle = False
+        self.use_eagle = bool(a.get("use_eagle", False))
+        # EAGLE groups (flagged, else all when use_eagle) and those whose hits
+        # drop their last block: every group here shares one spec.
+        flagged = tuple(
+            i for i, g in enumerate(cfg.kv_cache_groups) if getattr(g, "is_eagle_group", False)
+        )
+        if self.use_eagle and not flagged:
+            flagged = tuple(range(len(cfg.kv_cache_groups)))
+        self.eagle_group_ids = flagged
+        self.drop_eagle_group_ids = flagged if self.use_eagle else ()
         self.log_stats = bool(a.get("log_stats", False))
         self.metrics_collector = None
         self.mamba_shared_prefix_checkpoint = False
@@ -84,12 +93,11 @@ class KVCacheManager:
         )
         self._core = self._core_coordinator.core
         self._pool = self._core_coordinator.block_pool
-        self._parked: dict[tuple[int, ...], list[str]] = {}
-        self._park_seq = 0
-        self.block_pool = PoolView(self._pool, self._core, self._free_parked)
+        self._requests = RequestRegistry(self.hash_block_size)
+        self._parking = Parking(self._core, self._requests)
+        self.block_pool = PoolView(self._pool, self._core, self._parking.free)
         self.coordinator = CoordinatorView(self, self._core_coordinator)
         self._block_sizes = tuple(int(g.kv_cache_spec.block_size) for g in cfg.kv_cache_groups)
-        self._requests = RequestRegistry(self.hash_block_size)
         self.empty_kv_cache_blocks = KVCacheBlocks(
             tuple(() for _ in range(self.num_kv_cache_groups)), self._pool
         )
@@ -145,6 +153,11 @@ class KVCacheManager:
         blocks, hit, uncached = self._core_coordinator.find_longest_cache_hit(
             mine, max_cache_hit_length
         )
+        if hit and self.drop_eagle_group_ids:
+            # EAGLE recomputes the block before the generation point.
+            bs = self._block_sizes[0]
+            hit -= bs
+            blocks = tuple(g[: hit // bs] for g in blocks)
         if not hit:
             return self.empty_kv_cache_blocks, 0, 0
         return KVCacheBlocks(blocks, self._pool), hit, shared_prefix_boundary(hit, uncached)
@@ -157,7 +170,7 @@ class KVCacheManager:
     def _held(self, request_id: str) -> tuple[Any, ...] | None:
         """The request's block table per group (read-only int32 arrays), or None."""
         try:
-            blocks = self._core.blocks(request_id)
+            blocks = self._core.blocks(self._requests.core_id(request_id))
         except UnknownRequestError:
             return None
         arrays: tuple[Any, ...] = blocks.arrays()
@@ -280,56 +293,31 @@ class KVCacheManager:
 
     def free(self, request: Any) -> None:
         """Release the request's blocks, tail first (unknown ids: no-op)."""
-        self._core.free(request.request_id)
-        self._requests.drop(request.request_id)
+        rid = request.request_id
+        self._core.free(self._requests.core_id(rid))
+        self._requests.drop(rid)
 
     def pop_blocks_for_free(self, request: Any) -> list[int]:
         """Forget the request but keep its blocks' references; the caller frees
-        the returned ids later through ``block_pool.free_blocks`` (reversed).
-
-        The blocks are handed to a parking request inside the core (adopted as
-        its computed prefix, so no reference count changes); freeing exactly
-        these ids through :attr:`block_pool` frees the parking request, tail
-        first, as vLLM frees them.
-        """
+        the returned ids later through ``block_pool.free_blocks`` (reversed),
+        which frees them tail first as vLLM does (see :mod:`kvcoord.vllm._parking`)."""
         rid = request.request_id
         held = self._held(rid)
-        self._requests.drop(rid)
         if held is None:
+            self._requests.drop(rid)
             return []
         ids = [i for g in held for i in g.tolist() if i]
         if not ids:
-            self._core.free(rid)
+            self.free(request)
             return []
-        if not self.enable_caching:
+        if sum(1 for g in held if len(g)) > 1:
+            # vLLM frees them last group first; the core frees groups in order.
             raise NotImplementedError(
-                "pop_blocks_for_free without prefix caching needs core support in kvcoord"
+                "kvcoord: pop_blocks_for_free of a request holding blocks in several groups"
             )
-        self._park_seq += 1
-        park_id = f"\x00kvcoord-parked-{self._park_seq}"
-        num_blocks = max(len(g) for g in held)
-        bs = self._block_sizes[0]
-        tokens = num_blocks * bs if len(set(self._block_sizes)) == 1 else 0
-        if not tokens or any(len(g) != num_blocks for g in held):
-            raise NotImplementedError("pop_blocks_for_free of ragged multi-group tables")
-        parked = Request(park_id, [0] * (tokens + 1), hash_block_size=self.hash_block_size)
-        if self._core.allocate_slots(parked, 0, tokens, held) is None:  # pragma: no cover
-            raise RuntimeError("kvcoord: parking adopted blocks cannot need new blocks")
-        self._core.free(rid)
-        self._parked.setdefault(tuple(sorted(ids)), []).append(park_id)
+        self._parking.park(rid, ids)
+        self._requests.drop(rid)
         return ids
-
-    def _free_parked(self, ids: list[int]) -> bool:
-        """Free the parking request holding exactly ``ids``; False if none does."""
-        key = tuple(sorted(ids))
-        parked = self._parked.get(key)
-        if not parked:
-            return False
-        park_id = parked.pop()
-        if not parked:
-            del self._parked[key]
-        self._core.free(park_id)
-        return True
 
     def remove_skipped_blocks(
         self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None

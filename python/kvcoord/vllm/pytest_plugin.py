@@ -16,6 +16,7 @@ neither happened), and the terminal summary splits the passes.
 from __future__ import annotations
 
 import importlib
+from collections import Counter
 from collections.abc import Generator
 from typing import Any
 
@@ -66,7 +67,8 @@ def pytest_runtest_makereport(item: Any, call: Any) -> Generator[None, Any, None
     if not pure:
         # Why not: vLLM pools built, and the fallback reasons, during this test.
         pools = _vllm_pools[0] - getattr(item, "_kvcoord_pools", 0)
-        reasons = _kv.fallbacks - getattr(item, "_kvcoord_fallbacks", _kv.fallbacks)
+        before = Counter(getattr(item, "_kvcoord_fallbacks", None) or {})
+        reasons = Counter(_kv.fallbacks) - before
         item.user_properties.append(("kvcoord_vllm_pools", str(pools)))
         item.user_properties.append(("kvcoord_fallbacks", "; ".join(sorted(reasons))))
     report.user_properties = list(item.user_properties)
