@@ -99,7 +99,17 @@ fn config_error(obj: &Bound<'_, PyAny>, name: &str, why: Refusal) -> PyErr {
 /// A non-negative count (`usize`); the core checks its upper limits.
 #[inline]
 pub(crate) fn count(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<usize> {
-    to_count(obj).map_err(|why| argument_error(obj, name, why))
+    // The per-step path: one signed conversion, nothing else inlined.
+    match obj.extract::<i64>().map(usize::try_from) {
+        Ok(Ok(v)) => Ok(v),
+        _ => refused_count(obj, name),
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn refused_count(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<usize> {
+    count_beyond_i64(obj).map_err(|why| argument_error(obj, name, why))
 }
 
 /// A non-negative value that fits in `u32`.

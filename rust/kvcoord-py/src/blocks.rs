@@ -52,15 +52,7 @@ impl PyKVCacheBlocks {
 
     /// The new blocks of one `allocate_slots` call (validated by the pool).
     pub(crate) fn from_new_blocks(out: &NewBlocks) -> PyResult<Self> {
-        let flat = out
-            .flat()
-            .iter()
-            .map(|&b| id32(b))
-            .collect::<PyResult<Vec<_>>>()?;
-        let mut offsets = Vec::with_capacity(out.num_groups() + 1);
-        offsets.push(0);
-        offsets.extend_from_slice(out.group_ends());
-        Ok(Self::from_parts(flat, offsets))
+        Self::from_groups((0..out.num_groups()).map(|g| out.group(g)))
     }
 
     /// Per-group id lists from the core (validated by the pool).

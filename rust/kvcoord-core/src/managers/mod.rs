@@ -1087,6 +1087,48 @@ pub(crate) mod test_util {
 mod kind_table_tests {
     use super::*;
 
+    #[test]
+    fn specs_from_caller_sizes_name_the_field_they_came_from() {
+        let swa = SpecKind::SlidingWindow { sliding_window: 0 };
+        assert_eq!(
+            GroupSpec::from_sizes(swa, 16, Some(64)),
+            Ok(GroupSpec::sliding_window(16, 64))
+        );
+        let named = |r: KvResult<GroupSpec>| match r {
+            Err(KvError::InvalidConfig { name, rule, .. }) => (name, rule),
+            other => panic!("expected a config error, got {other:?}"),
+        };
+        let (name, rule) = named(GroupSpec::from_sizes(swa, 16, Some(0)));
+        assert_eq!(name, "SlidingWindowSpec.sliding_window");
+        assert_eq!(rule, "must be a positive int");
+        let full = SpecKind::FullAttention;
+        let (name, _) = named(GroupSpec::from_sizes(full, 1 << 32, None));
+        assert_eq!(name, "FullAttentionSpec.block_size");
+        // Mamba's parameter may be 0; negative values are refused.
+        let mamba = SpecKind::Mamba {
+            num_speculative_blocks: 9,
+        };
+        assert_eq!(
+            GroupSpec::from_sizes(mamba, 16, Some(0)),
+            Ok(GroupSpec::mamba(16, 0))
+        );
+        let (name, rule) = named(GroupSpec::from_sizes(mamba, 16, Some(-1)));
+        assert_eq!(
+            (name, rule.as_str()),
+            ("MambaSpec.num_speculative_blocks", "must be an int >= 0")
+        );
+        // Align mode: checkpoints on with any checkpoint block; the core's
+        // own rules (no speculative blocks) still apply after the ranges.
+        assert_eq!(
+            GroupSpec::mamba_align_from_sizes(16, 0, 2, Some(32)),
+            Ok(GroupSpec::mamba_align(16, true, Some(32)))
+        );
+        let (name, _) = named(GroupSpec::mamba_align_from_sizes(16, 1, 0, None));
+        assert_eq!(name, "MambaSpec.num_speculative_blocks");
+        let (name, _) = named(GroupSpec::mamba_align_from_sizes(16, 0, -1, None));
+        assert_eq!(name, "MambaSpec.num_prefill_checkpoint_blocks");
+    }
+
     const ALL: [GroupSpec; 5] = [
         GroupSpec::full_attention(16),
         GroupSpec::sliding_window(16, 64),
