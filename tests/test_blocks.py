@@ -112,3 +112,13 @@ def test_manager_results_are_kvcacheblocks() -> None:
     new_b = mgr.allocate_slots(b, b.num_tokens - n, n, hit)
     assert new_b is not None
     assert mgr.get_blocks("b").arrays()[0][:2].tolist() == hit.arrays()[0].tolist()
+
+
+def test_gather_picks_groups_of_other_results() -> None:
+    a = KVCacheBlocks.from_lists([[1, 2, 3], [4]])
+    b = KVCacheBlocks.from_lists([[0, 7, 8]])
+    got = KVCacheBlocks.gather([(b, 0, 2), (a, 0, 9), (a, 1, 0)])
+    assert got.get_block_ids() == ([0, 7], [1, 2, 3], [])
+    assert KVCacheBlocks.gather([]).num_groups == 0
+    with pytest.raises(kvcoord.InvalidArgumentError, match="group 1 of a result with 1 groups"):
+        KVCacheBlocks.gather([(b, 1, 1)])

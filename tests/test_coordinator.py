@@ -83,7 +83,7 @@ def test_mamba_and_cross_attention_work_without_caching() -> None:
     c = make(cfg(FullAttentionSpec(16), MambaSpec(16), CrossAttentionSpec(16)), caching=False)
     req = kvcoord.Request("r", list(range(40)), hash_block_size=16)
     blocks, hit, uncached = c.find_longest_cache_hit(req, 39)
-    assert hit == 0 and uncached == 0 and [b.tolist() for b in blocks] == [[], [], []]
+    assert hit == 0 and uncached == 0 and blocks.get_block_ids() == ([], [], [])
 
 
 def test_default_hash_block_size_is_gcd() -> None:

@@ -184,3 +184,11 @@ def test_free_count_accounting_equals_lru(spec: str) -> None:
         unreferenced = np.flatnonzero(other.ref_counts() == 0)[1:]  # null block excluded
         assert sorted(other.free_block_ids().tolist()) == unreferenced.tolist()
         other.check_invariants()
+
+
+def test_manager_pool_view_reports_its_eviction_policy() -> None:
+    config = kvcoord.KVCacheConfig(
+        num_blocks=8, groups=(kvcoord.KVCacheGroup(kvcoord.FullAttentionSpec(4)),)
+    )
+    view = kvcoord.KVCacheManager(config, max_model_len=64).block_pool
+    assert view.eviction_policy == "lru"

@@ -529,10 +529,11 @@ class CoordinatorCore:
         """Requests currently holding blocks."""
     def find_longest_cache_hit(
         self, group_ids: Sequence[int], request: Request, max_length: int, alignment: int
-    ) -> tuple[list[npt.NDArray[np.uint32]], int]:
+    ) -> tuple[KVCacheBlocks, int]:
         """Longest cached prefix for groups sharing one spec, at most
-        ``max_length`` tokens, a multiple of ``alignment``: blocks per group
-        (0 in skipped positions) and the hit in tokens. Pins nothing."""
+        ``max_length`` tokens, a multiple of ``alignment``: the blocks (one
+        group per entry of ``group_ids``, 0 in skipped positions) and the hit
+        in tokens. Pins nothing."""
     def allocate_slots(
         self,
         request: Request,
@@ -598,6 +599,10 @@ class KVCacheBlocks:
     def from_arrays(cls, per_group_arrays: Iterable[npt.NDArray[np.integer]]) -> KVCacheBlocks:
         """Raises ``InvalidBlockIdError`` or ``TypeError`` (not a 1-D integer array)."""
     @classmethod
+    def gather(cls, picks: Sequence[tuple[KVCacheBlocks, int, int]]) -> KVCacheBlocks:
+        """Group ``g`` is group ``picks[g][1]`` of ``picks[g][0]``, cut to its
+        first ``picks[g][2]`` blocks (no id is re-validated)."""
+    @classmethod
     def empty(cls, num_groups: int) -> KVCacheBlocks:
         """No block in any of ``num_groups`` groups."""
     @property
@@ -639,6 +644,8 @@ class BlockPoolView:
     def hash_block_size(self) -> int: ...
     @property
     def enable_events(self) -> bool: ...
+    @property
+    def eviction_policy(self) -> str: ...
     @property
     def metadata_bytes(self) -> int: ...
     def get_cached_block(self, block_hash: bytes, group_ids: Sequence[int]) -> list[int] | None: ...

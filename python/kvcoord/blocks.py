@@ -16,7 +16,8 @@ Its contract:
 * ``KVCacheBlocks.from_lists(...)`` / ``KVCacheBlocks.from_arrays(...)``
   validate (integer dtype, 1-D, non-negative, 32-bit), so any instance can
   be trusted by a consumer without re-validation; ``KVCacheBlocks(per_group)``
-  accepts either form.
+  accepts either form; ``KVCacheBlocks.gather(...)`` assembles a result from
+  groups of other results (no validation needed).
 
 NOTE: the numpy arrays are made on first access and cached, so a result that
 is never read (the common decode step) costs no numpy object.

@@ -20,13 +20,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-import numpy as np
-import numpy.typing as npt
-
 from kvcoord._core import (
     BlockPoolView,
     CoordinatorCore,
     CoordinatorKind,
+    KVCacheBlocks,
     Request,
     choose_coordinator,
 )
@@ -40,12 +38,11 @@ __all__ = [
     "get_kv_cache_coordinator",
 ]
 
-#: Hit blocks per group: ``uint32`` arrays from the core.
-BlockIdsPerGroup = tuple[npt.NDArray[np.uint32], ...]
-#: A lookup's result: blocks per group, the hit in tokens, and the tokens
+#: A lookup's result: blocks per group (built by the core from the ids the
+#: pool returned, so never re-validated), the hit in tokens, and the tokens
 #: some spec group matched beyond that hit (vLLM's
 #: ``num_uncached_common_prefix_tokens``; 0 when every group agreed).
-CacheHit = tuple[BlockIdsPerGroup, int, int]
+CacheHit = tuple[KVCacheBlocks, int, int]
 
 
 def shared_prefix_boundary(num_hit_tokens: int, num_uncached: int) -> int:
@@ -54,10 +51,6 @@ def shared_prefix_boundary(num_hit_tokens: int, num_uncached: int) -> int:
     that longest single-group match (a junction sparse retention must keep),
     or 0 when every group stopped at the hit."""
     return num_hit_tokens + num_uncached if num_uncached else 0
-
-
-_NO_BLOCKS: npt.NDArray[np.uint32] = np.zeros(0, np.uint32)
-_NO_BLOCKS.flags.writeable = False
 
 
 class KVCacheCoordinator:
@@ -115,8 +108,10 @@ class KVCacheCoordinator:
     def num_groups(self) -> int:
         return len(self.config.groups)
 
-    def empty_hit(self) -> BlockIdsPerGroup:
-        return (_NO_BLOCKS,) * self.num_groups
+    def empty_hit(self) -> KVCacheBlocks:
+        """No block in any group (one shared, immutable object)."""
+        empty: KVCacheBlocks = self.core.empty
+        return empty
 
     def new_step_starts(self) -> None:
         """A scheduler step begins (Mamba "align" states cached during the
@@ -163,7 +158,7 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
 
     def find_longest_cache_hit(self, request: Request, max_length: int) -> CacheHit:
         blocks, hit = self.core.find_longest_cache_hit([0], request, max_length, self._block_size)
-        return (blocks[0],), hit, 0
+        return blocks, hit, 0
 
 
 @dataclass(frozen=True)
@@ -231,8 +226,9 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         )
 
     def find_longest_cache_hit(self, request: Request, max_length: int) -> CacheHit:
-        # Every group is assigned by its spec group's first scan.
-        hit_blocks: list[npt.NDArray[np.uint32]] = [_NO_BLOCKS] * self.num_groups
+        # Each spec group's latest lookup (its groups in `group_ids` order);
+        # the first pass assigns every one.
+        parts: list[KVCacheBlocks] = [self.core.empty] * len(self._scans)
         full_lengths: dict[int, int] = {}
         candidate = max_length
         # The longest hit any spec group reported on the way: beyond the
@@ -242,14 +238,12 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
             length = candidate
             for index, (group_ids, prefix_closed, _) in enumerate(self._scans):
                 if prefix_closed and index in full_lengths:
-                    # Full-attention hits are prefix-closed: never re-scan, truncate later.
+                    # Full-attention hits are prefix-closed: never re-scan, cut later.
                     length = min(length, full_lengths[index])
                     continue
-                blocks, length = self.core.find_longest_cache_hit(
+                parts[index], length = self.core.find_longest_cache_hit(
                     group_ids, request, length, self._alignment
                 )
-                for gid, ids in zip(group_ids, blocks, strict=True):
-                    hit_blocks[gid] = ids
                 if prefix_closed:
                     full_lengths[index] = length
                 longest = max(longest, length)
@@ -258,12 +252,14 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
             candidate = length
             if self._single_pass:
                 break
-        for index in full_lengths:
-            group_ids, _, block_size = self._scans[index]
+        # Every group keeps the blocks of the agreed hit (only full-attention
+        # lookups may have run longer); no id is converted or re-validated.
+        picks: list[tuple[KVCacheBlocks, int, int]] = [(parts[0], 0, 0)] * self.num_groups
+        for index, (group_ids, _, block_size) in enumerate(self._scans):
             keep = -(-candidate // block_size)
-            for gid in group_ids:
-                hit_blocks[gid] = hit_blocks[gid][:keep]
-        return tuple(hit_blocks), candidate, longest - candidate
+            for i, gid in enumerate(group_ids):
+                picks[gid] = (parts[index], i, keep)
+        return KVCacheBlocks.gather(picks), candidate, longest - candidate
 
 
 _POLICIES: dict[CoordinatorKind, type[KVCacheCoordinator]] = {

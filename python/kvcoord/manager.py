@@ -209,7 +209,7 @@ class KVCacheManager:
             self.prefix_cache_stats.hits += num_hit_tokens
         if not num_hit_tokens:
             return self._empty, 0
-        return KVCacheBlocks.from_arrays(blocks), num_hit_tokens
+        return blocks, num_hit_tokens
 
     def new_step_starts(self) -> None:
         """Call at the top of every scheduler step: Mamba "align" states

@@ -160,7 +160,8 @@ class KVCacheManager:
             blocks = tuple(g[: hit // bs] for g in blocks)
         if not hit:
             return self.empty_kv_cache_blocks, 0, 0
-        return KVCacheBlocks(blocks, self._pool), hit, shared_prefix_boundary(hit, uncached)
+        boundary = shared_prefix_boundary(hit, uncached)
+        return KVCacheBlocks(blocks.arrays(), self._pool), hit, boundary
 
     def get_computed_blocks_for_connector(
         self, request: Any, max_cache_hit_length: int | None = None

@@ -333,6 +333,7 @@ impl NewBlocks {
     }
 
     /// Number of groups described.
+    #[inline]
     pub fn num_groups(&self) -> usize {
         self.ends.len()
     }
@@ -347,11 +348,13 @@ impl NewBlocks {
     }
 
     /// All new ids, group after group.
+    #[inline]
     pub fn flat(&self) -> &[BlockId] {
         &self.ids
     }
 
     /// One past each group's last index in [`flat`](Self::flat).
+    #[inline]
     pub fn group_ends(&self) -> &[usize] {
         &self.ends
     }
@@ -517,9 +520,12 @@ impl CoordinatorCore {
         out: &mut NewBlocks,
     ) -> KvResult<bool> {
         self.check_hash_unit(request)?;
-        let req = self.registry.peek(request.id());
+        // One registry probe per step: a running request is found, a new
+        // one is registered only once its first allocation succeeded.
+        let known = self.registry.get(request.id());
+        let req = known.unwrap_or_else(|| self.registry.peek(request.id()));
         let ok = self.allocate_slots_into(req, &request.view(), args, new_computed_blocks, out)?;
-        if ok {
+        if ok && known.is_none() {
             self.registry.insert(request.id(), req);
         }
         self.complete_events(request);
@@ -547,21 +553,27 @@ impl CoordinatorCore {
 
     /// With caching on, a request must be hashed in this coordinator's hash
     /// unit: its hashes would otherwise be cached under wrong keys.
+    #[inline]
     fn check_hash_unit(&self, request: &Request) -> KvResult<()> {
         let unit = request.hasher().config().block_size();
         let mine = self.config.hash_block_size as usize;
-        if self.config.enable_caching() && unit != mine {
-            return Err(KvError::InvalidConfig {
-                name: "hash_block_size",
-                value: unit.to_string(),
-                rule: format!(
-                    "request {:?} is hashed in units of {unit} tokens but this manager uses \
-                     hash_block_size={mine}",
-                    request.id()
-                ),
-            });
+        if unit != mine && self.config.enable_caching() {
+            return Err(Self::wrong_hash_unit(request, unit, mine));
         }
         Ok(())
+    }
+
+    #[cold]
+    fn wrong_hash_unit(request: &Request, unit: usize, mine: usize) -> KvError {
+        KvError::InvalidConfig {
+            name: "hash_block_size",
+            value: unit.to_string(),
+            rule: format!(
+                "request {:?} is hashed in units of {unit} tokens but this manager uses \
+                 hash_block_size={mine}",
+                request.id()
+            ),
+        }
     }
 
     /// Free a request by scheduler id; `false` (and nothing done) for an

@@ -17,6 +17,9 @@ use crate::error::{KvError, KvResult};
 
 /// Exclusive upper bound of every token count (2^48 tokens).
 pub const MAX_TOKENS: usize = 1 << 48;
+// `check_step` relies on it: counts are all below a power of two exactly
+// when their bitwise OR is.
+const _: () = assert!(MAX_TOKENS.is_power_of_two());
 
 /// Bytes of metadata a pool of `num_blocks` blocks allocates up front:
 /// 8 bytes of block metadata plus 8 of free-queue links per block, and the
@@ -53,7 +56,25 @@ fn too_many_tokens(name: &'static str, value: usize) -> KvError {
 
 /// Check the counts of one `allocate_slots` step (and the request's
 /// progress) against [`MAX_TOKENS`], naming the first one out of range.
+#[inline]
 pub fn check_step(view: &RequestView<'_>, args: &AllocateArgs) -> KvResult<()> {
+    // One comparison on the common path: every count is below 2^48 exactly
+    // when their bitwise OR is.
+    let any = args.num_new_tokens
+        | args.num_new_computed_tokens
+        | args.num_lookahead_tokens
+        | args.num_encoder_tokens
+        | view.num_computed_tokens
+        | view.num_in_flight_tokens;
+    if any < MAX_TOKENS {
+        return Ok(());
+    }
+    name_step_overflow(view, args)
+}
+
+/// The error of [`check_step`], naming the first count out of range.
+#[cold]
+fn name_step_overflow(view: &RequestView<'_>, args: &AllocateArgs) -> KvResult<()> {
     check_tokens("num_new_tokens", args.num_new_tokens)?;
     check_tokens("num_new_computed_tokens", args.num_new_computed_tokens)?;
     check_tokens("num_lookahead_tokens", args.num_lookahead_tokens)?;

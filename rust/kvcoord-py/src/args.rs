@@ -37,52 +37,94 @@ pub(crate) fn not_an_int(obj: &Bound<'_, PyAny>, name: &str) -> PyErr {
     ArgumentTypeError::new_err(format!("{name} must be an int, got {}", type_name(obj)))
 }
 
-/// A non-negative count (`usize`); the core checks its upper limits.
+/// Why a scalar is refused, before the caller's words for it are chosen: a
+/// rule its value breaks, or not an int at all.
+enum Refusal {
+    Rule(&'static str),
+    NotInt,
+}
+
 #[inline]
-pub(crate) fn count(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<usize> {
+fn to_count(obj: &Bound<'_, PyAny>) -> Result<usize, Refusal> {
     // `i64` first: CPython converts small ints to a signed value on a fast
     // path (unsigned conversion goes through a byte array).
     match obj.extract::<i64>().map(usize::try_from) {
         Ok(Ok(v)) => Ok(v),
-        _ => count_beyond_i64(obj, name),
+        _ => count_beyond_i64(obj),
     }
 }
 
 #[cold]
-fn count_beyond_i64(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<usize> {
+fn count_beyond_i64(obj: &Bound<'_, PyAny>) -> Result<usize, Refusal> {
     match obj.extract::<u64>() {
-        Ok(v) => usize::try_from(v).map_err(|_| out_of_range(obj, name, "a 64-bit count")),
-        Err(_) => Err(bad_count(obj, name)),
+        Ok(v) => usize::try_from(v).map_err(|_| Refusal::Rule("a 64-bit count")),
+        Err(_) if is_int_like(obj) && obj.lt(0).unwrap_or(false) => {
+            Err(Refusal::Rule("non-negative"))
+        }
+        Err(_) if is_int_like(obj) => Err(Refusal::Rule("below 2^64")),
+        Err(_) => Err(Refusal::NotInt),
+    }
+}
+
+fn to_u32(obj: &Bound<'_, PyAny>) -> Result<u32, Refusal> {
+    u32::try_from(to_count(obj)?).map_err(|_| Refusal::Rule("in [0, 2^32)"))
+}
+
+/// An argument's refusal: `InvalidArgumentError` or `ArgumentTypeError`.
+#[cold]
+fn argument_error(obj: &Bound<'_, PyAny>, name: &str, why: Refusal) -> PyErr {
+    match why {
+        Refusal::Rule(rule) => InvalidArgumentError::new_err(format!(
+            "invalid {name}: {} (must be {rule})",
+            shown(obj)
+        )),
+        Refusal::NotInt => not_an_int(obj, name),
+    }
+}
+
+/// A configuration value's refusal, in the core's words for configuration
+/// (`invalid name=value: rule`): `ConfigError` or `ConfigTypeError`.
+#[cold]
+fn config_error(obj: &Bound<'_, PyAny>, name: &str, why: Refusal) -> PyErr {
+    match why {
+        Refusal::Rule(rule) => {
+            ConfigError::new_err(format!("invalid {name}={}: must be {rule}", shown(obj)))
+        }
+        Refusal::NotInt => {
+            ConfigTypeError::new_err(format!("{name} must be an int, got {}", type_name(obj)))
+        }
+    }
+}
+
+/// A non-negative count (`usize`); the core checks its upper limits.
+#[inline]
+pub(crate) fn count(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<usize> {
+    // The per-step path: one signed conversion, nothing else inlined.
+    match obj.extract::<i64>().map(usize::try_from) {
+        Ok(Ok(v)) => Ok(v),
+        _ => refused_count(obj, name),
     }
 }
 
 #[cold]
-fn bad_count(obj: &Bound<'_, PyAny>, name: &str) -> PyErr {
-    if is_int_like(obj) {
-        let negative = obj.lt(0).unwrap_or(false);
-        out_of_range(
-            obj,
-            name,
-            if negative {
-                "non-negative"
-            } else {
-                "below 2^64"
-            },
-        )
-    } else {
-        not_an_int(obj, name)
-    }
-}
-
-#[cold]
-fn out_of_range(obj: &Bound<'_, PyAny>, name: &str, what: &str) -> PyErr {
-    InvalidArgumentError::new_err(format!("invalid {name}: {} (must be {what})", shown(obj)))
+#[inline(never)]
+fn refused_count(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<usize> {
+    count_beyond_i64(obj).map_err(|why| argument_error(obj, name, why))
 }
 
 /// A non-negative value that fits in `u32`.
 pub(crate) fn u32_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<u32> {
-    let v = count(obj, name)?;
-    u32::try_from(v).map_err(|_| out_of_range(obj, name, "in [0, 2^32)"))
+    to_u32(obj).map_err(|why| argument_error(obj, name, why))
+}
+
+/// A configuration count: like [`count`], but refused as a configuration.
+pub(crate) fn config_count(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<usize> {
+    to_count(obj).map_err(|why| config_error(obj, name, why))
+}
+
+/// A configuration value that fits in `u32` (see [`config_count`]).
+pub(crate) fn config_u32(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<u32> {
+    to_u32(obj).map_err(|why| config_error(obj, name, why))
 }
 
 /// A flag: exactly `True` or `False` (not a truthy string or number).
@@ -97,36 +139,6 @@ pub(crate) fn flag(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<bool> {
             shown(obj)
         ))),
     }
-}
-
-/// A configuration count: like [`count`], but out of range is a
-/// `ConfigError` and a wrong type a `ConfigTypeError`.
-pub(crate) fn config_count(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<usize> {
-    count(obj, name).map_err(|e| as_config_error(obj.py(), e))
-}
-
-/// A configuration value that fits in `u32` (see [`config_count`]).
-pub(crate) fn config_u32(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<u32> {
-    u32_arg(obj, name).map_err(|e| as_config_error(obj.py(), e))
-}
-
-/// The same refusal in the configuration's words (`invalid name=value:
-/// rule`, as the core writes them).
-fn as_config_error(py: Python<'_>, e: PyErr) -> PyErr {
-    let msg = e.value(py).to_string();
-    if e.is_instance_of::<ArgumentTypeError>(py) {
-        return ConfigTypeError::new_err(msg);
-    }
-    // "invalid NAME: VALUE (must be RULE)" -> "invalid NAME=VALUE: must be RULE"
-    let msg = match (msg.split_once(": "), msg.rfind(" (must be ")) {
-        (Some((head, rest)), Some(at)) if at > head.len() => {
-            let value = &rest[..at - head.len() - 2];
-            let rule = msg[at + 2..].trim_end_matches(')');
-            format!("{head}={value}: {rule}")
-        }
-        _ => msg,
-    };
-    ConfigError::new_err(msg)
 }
 
 /// An optional count (default 0).

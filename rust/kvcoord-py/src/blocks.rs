@@ -52,15 +52,7 @@ impl PyKVCacheBlocks {
 
     /// The new blocks of one `allocate_slots` call (validated by the pool).
     pub(crate) fn from_new_blocks(out: &NewBlocks) -> PyResult<Self> {
-        let flat = out
-            .flat()
-            .iter()
-            .map(|&b| id32(b))
-            .collect::<PyResult<Vec<_>>>()?;
-        let mut offsets = Vec::with_capacity(out.num_groups() + 1);
-        offsets.push(0);
-        offsets.extend_from_slice(out.group_ends());
-        Ok(Self::from_parts(flat, offsets))
+        Self::from_groups((0..out.num_groups()).map(|g| out.group(g)))
     }
 
     /// Per-group id lists from the core (validated by the pool).
@@ -114,82 +106,55 @@ fn readonly<T: numpy::Element>(a: Bound<'_, PyArray1<T>>) -> PyResult<Py<PyArray
     Ok(a.unbind())
 }
 
-fn bad_id(v: &Bound<'_, PyAny>) -> PyErr {
-    err(KvError::InvalidBlockId {
-        value: v.extract::<i128>().ok(),
-    })
+/// The per-group forms a constructor accepts.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Form {
+    Lists,
+    Arrays,
+    Either,
 }
 
-/// Group `g`'s ids from a sequence of ints (bools and non-ints refused).
-fn ids_from_sequence(g: usize, obj: &Bound<'_, PyAny>, out: &mut Vec<i32>) -> PyResult<()> {
-    if obj.is_instance_of::<PyString>() || obj.is_instance_of::<PyBytes>() {
-        return Err(PyTypeError::new_err(format!(
-            "group {g}: block ids must be a sequence of ints, not str/bytes"
-        )));
-    }
-    for item in obj.try_iter()? {
-        let item = item?;
-        if item.is_instance_of::<PyBool>() || !item.is_instance_of::<PyInt>() {
-            return Err(PyTypeError::new_err(format!(
-                "group {g}: block id {} is not an int",
-                item.repr()?
-            )));
-        }
-        let v = item
-            .extract::<i64>()
-            .ok()
-            .and_then(|v| i32::try_from(v).ok())
-            .filter(|&v| v >= 0)
-            .ok_or_else(|| bad_id(&item))?;
-        out.push(v);
-    }
-    Ok(())
-}
-
-/// Group `g`'s ids from a 1-D integer numpy array.
-fn ids_from_array(g: usize, obj: &Bound<'_, PyAny>, out: &mut Vec<i32>) -> PyResult<()> {
-    if obj.cast::<PyUntypedArray>().is_err() {
-        return Err(PyTypeError::new_err(format!(
-            "group {g}: from_arrays expects numpy arrays, got {}",
-            obj.get_type().name()?
-        )));
-    }
-    let mut ids = Vec::new();
-    convert::extract_block_ids(obj, &mut ids)?;
-    for b in ids {
-        out.push(id32(b)?);
-    }
-    Ok(())
-}
-
-fn build(
-    per_group: &Bound<'_, PyAny>,
-    one: fn(usize, &Bound<'_, PyAny>, &mut Vec<i32>) -> PyResult<()>,
-) -> PyResult<PyKVCacheBlocks> {
-    if per_group.is_instance_of::<PyString>()
-        || per_group.is_instance_of::<PyBytes>()
-        || per_group.cast::<PyUntypedArray>().is_ok()
-    {
+/// A result from one id sequence (ints, bools refused) or 1-D integer numpy
+/// array per group, as `form` allows; every id checked.
+fn build(per_group: &Bound<'_, PyAny>, form: Form) -> PyResult<PyKVCacheBlocks> {
+    let text =
+        |o: &Bound<'_, PyAny>| o.is_instance_of::<PyString>() || o.is_instance_of::<PyBytes>();
+    let is_array = |o: &Bound<'_, PyAny>| o.cast::<PyUntypedArray>().is_ok();
+    if text(per_group) || is_array(per_group) {
         return Err(PyTypeError::new_err(
             "KVCacheBlocks expects one sequence of block ids per group",
         ));
     }
-    let mut flat = Vec::new();
-    let mut offsets = vec![0usize];
-    for (g, item) in per_group.try_iter()?.enumerate() {
-        one(g, &item?, &mut flat)?;
+    let (mut flat, mut offsets, mut ids) = (Vec::new(), vec![0usize], Vec::new());
+    for (g, group) in per_group.try_iter()?.enumerate() {
+        let group = group?;
+        if is_array(&group) && form != Form::Lists {
+            ids.clear();
+            convert::extract_block_ids(&group, &mut ids)?;
+            for &b in &ids {
+                flat.push(id32(b)?);
+            }
+        } else if form == Form::Arrays {
+            let got = group.get_type().name()?;
+            let msg = format!("group {g}: from_arrays expects numpy arrays, got {got}");
+            return Err(PyTypeError::new_err(msg));
+        } else if text(&group) {
+            let msg = format!("group {g}: block ids must be a sequence of ints, not str/bytes");
+            return Err(PyTypeError::new_err(msg));
+        } else {
+            for item in group.try_iter()? {
+                let item = item?;
+                if item.is_instance_of::<PyBool>() || !item.is_instance_of::<PyInt>() {
+                    let msg = format!("group {g}: block id {} is not an int", item.repr()?);
+                    return Err(PyTypeError::new_err(msg));
+                }
+                let id = convert::block_id_of(&item)?;
+                flat.push(id32(id)?);
+            }
+        }
         offsets.push(flat.len());
     }
     Ok(PyKVCacheBlocks::from_parts(flat, offsets))
-}
-
-/// Either kind of group: a numpy array or a sequence of ints.
-fn ids_from_any(g: usize, obj: &Bound<'_, PyAny>, out: &mut Vec<i32>) -> PyResult<()> {
-    if obj.cast::<PyUntypedArray>().is_ok() {
-        ids_from_array(g, obj, out)
-    } else {
-        ids_from_sequence(g, obj, out)
-    }
 }
 
 #[pymethods]
@@ -198,7 +163,7 @@ impl PyKVCacheBlocks {
     /// group (validated).
     #[new]
     fn py_new(per_group: &Bound<'_, PyAny>) -> PyResult<Self> {
-        build(per_group, ids_from_any)
+        build(per_group, Form::Either)
     }
 
     #[classmethod]
@@ -206,7 +171,7 @@ impl PyKVCacheBlocks {
         _cls: &Bound<'_, pyo3::types::PyType>,
         per_group_lists: &Bound<'_, PyAny>,
     ) -> PyResult<Self> {
-        build(per_group_lists, ids_from_sequence)
+        build(per_group_lists, Form::Lists)
     }
 
     #[classmethod]
@@ -214,7 +179,35 @@ impl PyKVCacheBlocks {
         _cls: &Bound<'_, pyo3::types::PyType>,
         per_group_arrays: &Bound<'_, PyAny>,
     ) -> PyResult<Self> {
-        build(per_group_arrays, ids_from_array)
+        build(per_group_arrays, Form::Arrays)
+    }
+
+    /// Group `g` of the result is group `picks[g][1]` of `picks[g][0]`,
+    /// cut to its first `picks[g][2]` blocks: a result assembled from other
+    /// results (a hybrid hit from its per-spec lookups) needs no validation.
+    #[classmethod]
+    fn gather(
+        _cls: &Bound<'_, pyo3::types::PyType>,
+        picks: Vec<(Bound<'_, Self>, usize, usize)>,
+    ) -> PyResult<Self> {
+        let mut flat = Vec::new();
+        let mut offsets = vec![0usize];
+        for (g, (part, index, keep)) in picks.iter().enumerate() {
+            let part = part.get();
+            if *index >= part.num_groups_usize() {
+                return Err(err(KvError::InvalidArgument {
+                    name: "picks",
+                    detail: format!(
+                        "entry {g}: group {index} of a result with {} groups",
+                        part.num_groups_usize()
+                    ),
+                }));
+            }
+            let ids = part.group(*index);
+            flat.extend_from_slice(&ids[..(*keep).min(ids.len())]);
+            offsets.push(flat.len());
+        }
+        Ok(Self::from_parts(flat, offsets))
     }
 
     #[classmethod]

@@ -52,14 +52,9 @@ macro_rules! try_int_array {
     };
 }
 
-/// One block id argument (an int, or anything with `__index__`).
-pub(crate) fn block_id_arg(item: &Bound<'_, PyAny>) -> PyResult<BlockId> {
-    block_id_of(item)
-}
-
 /// One block id from a Python object (an int, or anything with `__index__`).
 #[inline]
-fn block_id_of(item: &Bound<'_, PyAny>) -> PyResult<BlockId> {
+pub(crate) fn block_id_of(item: &Bound<'_, PyAny>) -> PyResult<BlockId> {
     match item.extract::<i64>() {
         Ok(v) => block_id(v),
         Err(_) => Err(bad_block_id_object(item)),
@@ -224,19 +219,6 @@ pub(crate) fn int_vec(obj: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
         return Ok(array_values(arr).into_iter().map(i64::from).collect());
     }
     obj.extract()
-}
-
-/// A positive configuration count (`max_model_len`, `hash_block_size`).
-pub(crate) fn config_count<T: TryFrom<i64>>(n: i64, name: &'static str) -> PyResult<T> {
-    match T::try_from(n) {
-        Ok(v) if n > 0 => Ok(v),
-        _ => Err(CoreError(KvError::InvalidConfig {
-            name,
-            value: n.to_string(),
-            rule: "must be a positive int".into(),
-        })
-        .into()),
-    }
 }
 
 /// Ids as a Python list of ints.

@@ -1,13 +1,13 @@
-//! `kvcoord._core.CoordinatorCore`: the Rust mechanism under every Python
+//! `kvcoord._core.CoordinatorCore`, the Rust mechanism under every Python
 //! coordinator policy (per-group block tables, hit finders, the fused
-//! `allocate_slots`, the request registry). Conversion and delegation only:
-//! requests and their registry are core state.
+//! `allocate_slots`, the request registry), and `BlockPoolView`, its pool
+//! read-only. Conversion and delegation only: requests and their registry
+//! are core state.
 
 use kvcoord_core::coordinator::{AllocateArgs, CoordinatorConfig, CoordinatorCore, NewBlocks};
 use kvcoord_core::{BlockId, BlockPool, CoordinatorKind, EvictionConfig, KvError};
-use numpy::PyArray1;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList, PyTuple};
+use pyo3::types::{PyDict, PyList, PyTuple};
 
 use crate::args;
 use crate::blocks::PyKVCacheBlocks;
@@ -15,8 +15,9 @@ use crate::convert;
 use crate::errors::{core, CoreError};
 use crate::events::PyEventList;
 use crate::kinds::{self, PyCoordinatorKind, PyGroupSpec};
-use crate::pool;
+use crate::pool::{self, pool_readers};
 use crate::request::PyRequest;
+use crate::residency;
 
 /// One scheduler's KV-cache mechanism: a pool shared by one manager per
 /// group, every request's per-group block tables and the request registry.
@@ -38,25 +39,26 @@ impl PyCoordinatorCore {
     #[allow(clippy::too_many_arguments)] // Python keyword arguments, converted once
     fn new(
         py: Python<'_>,
-        num_blocks: i64,
+        num_blocks: &Bound<'_, PyAny>,
         groups: Vec<PyGroupSpec>,
         kind: PyCoordinatorKind,
-        hash_block_size: Option<i64>,
-        max_model_len: i64,
+        hash_block_size: Option<&Bound<'_, PyAny>>,
+        max_model_len: &Bound<'_, PyAny>,
         retention_interval: Option<i64>,
         enable_events: bool,
     ) -> PyResult<Self> {
-        let num_blocks = convert::count(num_blocks, "num_blocks")?;
+        let num_blocks = args::config_count(num_blocks, "num_blocks")?;
         let kind = CoordinatorKind::from(kind);
+        let max_model_len = args::config_count(max_model_len, "max_model_len")?;
         let mut config = CoordinatorConfig::new(
             kinds::specs(&groups),
             num_blocks,
             kind.enable_caching(),
-            convert::config_count(max_model_len, "max_model_len")?,
+            max_model_len,
         );
         config.kind = kind;
-        if let Some(hbs) = hash_block_size {
-            config.hash_block_size = convert::config_count(hbs, "hash_block_size")?;
+        if let Some(h) = hash_block_size {
+            config.hash_block_size = args::config_u32(h, "hash_block_size")?;
         }
         config.retention_interval = retention_interval;
         config.enable_events = enable_events;
@@ -100,30 +102,28 @@ impl PyCoordinatorCore {
         self.inner.num_requests()
     }
 
-    /// Longest hit for groups sharing one spec: one read-only `uint32`
-    /// array per group, and the hit length in tokens.
-    fn find_longest_cache_hit<'py>(
+    /// Longest hit for groups sharing one spec: the blocks (one group per
+    /// entry of `group_ids`) and the hit length in tokens.
+    fn find_longest_cache_hit(
         &self,
-        py: Python<'py>,
         group_ids: &Bound<'_, PyAny>,
         request: PyRef<'_, PyRequest>,
-        max_length: i64,
-        alignment: i64,
-    ) -> PyResult<(Bound<'py, PyList>, usize)> {
+        max_length: &Bound<'_, PyAny>,
+        alignment: &Bound<'_, PyAny>,
+    ) -> PyResult<(PyKVCacheBlocks, usize)> {
         let groups = convert::group_ids(group_ids)?;
-        let max_length = convert::count(max_length, "max_length")?;
-        let alignment = convert::count(alignment, "alignment")?;
+        let max_length = args::count(max_length, "max_length")?;
+        let alignment = args::count(alignment, "alignment")?;
         let (blocks, hit) = core(self.inner.find_longest_cache_hit(
             &groups,
             request.inner.block_hashes(),
             max_length,
             alignment,
         ))?;
-        let arrays = blocks.iter().map(|ids| {
-            let raw: Vec<u32> = ids.iter().map(|b| b.0).collect();
-            PyArray1::from_vec(py, raw)
-        });
-        Ok((PyList::new(py, arrays)?, hit))
+        Ok((
+            PyKVCacheBlocks::from_groups(blocks.iter().map(Vec::as_slice))?,
+            hit,
+        ))
     }
 
     /// Every scalar is converted by `args` (range and type checked, naming
@@ -153,36 +153,26 @@ impl PyCoordinatorCore {
             num_encoder_tokens: args::opt_count(num_encoder_tokens, "num_encoder_tokens")?,
             delay_cache_blocks: args::opt_flag(delay_cache_blocks, "delay_cache_blocks", false)?,
         };
-        let mut hits = std::mem::take(&mut self.hits);
-        let has_hits = match new_computed_blocks {
-            None => false,
+        let Self {
+            inner,
+            out,
+            hits,
+            empty,
+        } = self;
+        let hits = match new_computed_blocks {
             Some(obj) => {
-                let filled = fill_hits(obj, &mut hits);
-                if let Err(e) = filled {
-                    self.hits = hits;
-                    return Err(e);
-                }
-                true
+                fill_hits(obj, hits)?;
+                Some(hits.as_slice())
             }
+            None => None,
         };
-        let mut out = std::mem::take(&mut self.out);
-        let result = self.inner.allocate_request(
-            &request.inner,
-            &args,
-            has_hits.then_some(hits.as_slice()),
-            &mut out,
-        );
-        self.hits = hits;
-        let converted = match result {
-            Ok(true) if out.flat().is_empty() => Ok(Some(self.empty.clone_ref(py))),
-            Ok(true) => PyKVCacheBlocks::from_new_blocks(&out)
-                .and_then(|b| Py::new(py, b))
-                .map(Some),
-            Ok(false) => Ok(None),
-            Err(e) => Err(CoreError(e).into()),
-        };
-        self.out = out;
-        converted
+        if !core(inner.allocate_request(&request.inner, &args, hits, out))? {
+            return Ok(None);
+        }
+        if out.flat().is_empty() {
+            return Ok(Some(empty.clone_ref(py)));
+        }
+        Ok(Some(Py::new(py, PyKVCacheBlocks::from_new_blocks(out)?)?))
     }
 
     fn cache_blocks(
@@ -207,20 +197,16 @@ impl PyCoordinatorCore {
     }
 
     fn set_residency_clock(&mut self, now: &Bound<'_, PyAny>) -> PyResult<()> {
-        let now = crate::args::count(now, "now")? as u64;
-        crate::residency::set_clock(self.inner.pool_mut(), now);
+        residency::set_clock(self.inner.pool_mut(), args::count(now, "now")? as u64);
         Ok(())
     }
 
-    fn residency_snapshot<'py>(
-        &self,
-        py: Python<'py>,
-    ) -> PyResult<Option<Bound<'py, pyo3::types::PyDict>>> {
-        crate::residency::snapshot(py, self.inner.pool())
+    fn residency_snapshot<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        residency::snapshot(py, self.inner.pool())
     }
 
-    fn drain_eviction_records(&mut self) -> Vec<crate::residency::RecordTuple> {
-        crate::residency::drain(self.inner.pool_mut())
+    fn drain_eviction_records(&mut self) -> Vec<residency::RecordTuple> {
+        residency::drain(self.inner.pool_mut())
     }
 
     /// Free a request's blocks; unknown ids are ignored (as in vLLM).
@@ -240,8 +226,11 @@ impl PyCoordinatorCore {
 
     /// Drop these blocks from the prefix cache (they stay allocated).
     fn evict_blocks(&mut self, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
-        let ids = convert::block_ids(block_ids)?;
-        core(self.inner.pool_mut().evict_blocks(&ids))
+        core(
+            self.inner
+                .pool_mut()
+                .evict_blocks(&convert::block_ids(block_ids)?),
+        )
     }
 
     /// Forget every cached prefix; refused (False, with a warning) while
@@ -323,7 +312,7 @@ fn fill_hits(obj: &Bound<'_, PyAny>, hits: &mut Vec<Vec<BlockId>>) -> PyResult<(
 /// Read-only view of the pool inside a `CoordinatorCore`.
 #[pyclass(module = "kvcoord._core", name = "BlockPoolView", frozen)]
 pub(crate) struct PyBlockPoolView {
-    pub(crate) owner: Py<PyCoordinatorCore>,
+    owner: Py<PyCoordinatorCore>,
 }
 
 impl PyBlockPoolView {
@@ -332,93 +321,4 @@ impl PyBlockPoolView {
     }
 }
 
-#[pymethods]
-impl PyBlockPoolView {
-    #[getter]
-    fn num_blocks(&self, py: Python<'_>) -> PyResult<usize> {
-        self.with(py, BlockPool::num_blocks)
-    }
-
-    #[getter]
-    fn num_free_blocks(&self, py: Python<'_>) -> PyResult<usize> {
-        self.with(py, BlockPool::num_free_blocks)
-    }
-
-    #[getter]
-    fn usage(&self, py: Python<'_>) -> PyResult<f64> {
-        self.with(py, BlockPool::usage)
-    }
-
-    #[getter]
-    fn num_cached_blocks(&self, py: Python<'_>) -> PyResult<usize> {
-        self.with(py, BlockPool::num_cached_keys)
-    }
-
-    /// The eviction policy's spec string (e.g. `"lru"`).
-    #[getter]
-    fn eviction_policy(&self, py: Python<'_>) -> PyResult<String> {
-        self.with(py, BlockPool::eviction_policy)
-    }
-
-    #[getter]
-    fn num_evictions(&self, py: Python<'_>) -> PyResult<u64> {
-        self.with(py, BlockPool::num_evictions)
-    }
-
-    #[getter]
-    fn enable_caching(&self, py: Python<'_>) -> PyResult<bool> {
-        self.with(py, BlockPool::caching_enabled)
-    }
-
-    #[getter]
-    fn hash_block_size(&self, py: Python<'_>) -> PyResult<u32> {
-        self.with(py, |p| p.config().hash_block_size)
-    }
-
-    #[getter]
-    fn enable_events(&self, py: Python<'_>) -> PyResult<bool> {
-        self.with(py, BlockPool::events_enabled)
-    }
-
-    #[getter]
-    fn metadata_bytes(&self, py: Python<'_>) -> PyResult<usize> {
-        self.with(py, BlockPool::metadata_bytes)
-    }
-
-    fn get_cached_block<'py>(
-        &self,
-        py: Python<'py>,
-        block_hash: &Bound<'_, PyAny>,
-        group_ids: &Bound<'_, PyAny>,
-    ) -> PyResult<Option<Bound<'py, PyList>>> {
-        self.with(py, |p| pool::get_cached_block(py, p, block_hash, group_ids))?
-    }
-
-    fn free_block_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<u32>>> {
-        self.with(py, |p| pool::free_block_ids(py, p))
-    }
-
-    fn ref_counts<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<u32>>> {
-        self.with(py, |p| pool::ref_counts(py, p))
-    }
-
-    fn cached_mask<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<bool>>> {
-        self.with(py, |p| pool::cached_mask(py, p))
-    }
-
-    fn block_hash<'py>(
-        &self,
-        py: Python<'py>,
-        block_id: &Bound<'_, PyAny>,
-    ) -> PyResult<Option<(Bound<'py, PyBytes>, u32)>> {
-        self.with(py, |p| pool::block_hash(py, p, block_id))?
-    }
-
-    fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
-        crate::errors::invariants(self.with(py, BlockPool::check_invariants)?)
-    }
-
-    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
-        self.with(py, |p| pool::repr(p, "BlockPoolView"))
-    }
-}
+pool_readers!(PyBlockPoolView, "BlockPoolView", {});

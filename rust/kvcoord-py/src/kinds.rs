@@ -3,12 +3,10 @@
 //! and the config rules written once in the core (scheduler block size,
 //! hash unit, coordinator choice). Conversion only.
 
-use kvcoord_core::{
-    coordinator, CoordinatorKind, GroupSpec, HitSearch, KvError, NullEntries, SpecKind,
-};
+use kvcoord_core::{coordinator, CoordinatorKind, GroupSpec, HitSearch, NullEntries, SpecKind};
 use pyo3::prelude::*;
 
-use crate::errors::CoreError;
+use crate::errors::core;
 
 /// One KV cache group's spec, as the core holds it. Built by the Python spec
 /// dataclasses (`FullAttentionSpec(...).core`), one constructor per kind.
@@ -23,68 +21,33 @@ use crate::errors::CoreError;
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct PyGroupSpec(pub(crate) GroupSpec);
 
-/// A size from Python: out-of-range values fail with the core's field name.
-fn size(value: i64, field: &'static str, positive: bool) -> PyResult<u32> {
-    match u32::try_from(value) {
-        Ok(v) if v > 0 || !positive => Ok(v),
-        _ => Err(CoreError(KvError::InvalidConfig {
-            name: field,
-            value: value.to_string(),
-            rule: if positive {
-                "must be a positive int".into()
-            } else {
-                "must be an int >= 0".into()
-            },
-        })
-        .into()),
-    }
-}
-
-/// The block size of a `kind` spec, range-checked under its field name.
-fn block_size_of(kind: SpecKind, value: i64) -> PyResult<u32> {
-    size(value, kind.facts().block_size_field, true)
-}
-
-/// The parameter of a `kind` spec, range-checked under its field name.
-fn param_of(kind: SpecKind, value: i64) -> PyResult<u32> {
-    let (field, positive) = kind.facts().param_field.unwrap_or(("parameter", true));
-    size(value, field, positive)
-}
-
-/// The core's own rules on a built spec.
-fn checked(spec: GroupSpec) -> PyResult<PyGroupSpec> {
-    spec.validate().map_err(CoreError)?;
-    Ok(PyGroupSpec(spec))
+/// A core spec of `kind` from Python's sizes (range-checked and validated
+/// by the core, under the kind's public field names).
+fn spec(kind: SpecKind, block_size: i64, param: Option<i64>) -> PyResult<PyGroupSpec> {
+    Ok(PyGroupSpec(core(GroupSpec::from_sizes(
+        kind, block_size, param,
+    ))?))
 }
 
 #[pymethods]
 impl PyGroupSpec {
     #[staticmethod]
     fn full_attention(block_size: i64) -> PyResult<Self> {
-        let bs = block_size_of(SpecKind::FullAttention, block_size)?;
-        checked(GroupSpec::full_attention(bs))
+        spec(SpecKind::FullAttention, block_size, None)
     }
 
     #[staticmethod]
     fn sliding_window(block_size: i64, sliding_window: i64) -> PyResult<Self> {
-        let kind = SpecKind::SlidingWindow { sliding_window: 1 };
-        let (bs, w) = (
-            block_size_of(kind, block_size)?,
-            param_of(kind, sliding_window)?,
-        );
-        checked(GroupSpec::sliding_window(bs, w))
+        let kind = SpecKind::SlidingWindow { sliding_window: 0 };
+        spec(kind, block_size, Some(sliding_window))
     }
 
     #[staticmethod]
     fn chunked_local(block_size: i64, attention_chunk_size: i64) -> PyResult<Self> {
         let kind = SpecKind::ChunkedLocal {
-            attention_chunk_size: 1,
+            attention_chunk_size: 0,
         };
-        let (bs, c) = (
-            block_size_of(kind, block_size)?,
-            param_of(kind, attention_chunk_size)?,
-        );
-        checked(GroupSpec::chunked_local(bs, c))
+        spec(kind, block_size, Some(attention_chunk_size))
     }
 
     #[staticmethod]
@@ -92,43 +55,32 @@ impl PyGroupSpec {
         let kind = SpecKind::Mamba {
             num_speculative_blocks: 0,
         };
-        let (bs, n) = (
-            block_size_of(kind, block_size)?,
-            param_of(kind, num_speculative_blocks)?,
-        );
-        checked(GroupSpec::mamba(bs, n))
+        spec(kind, block_size, Some(num_speculative_blocks))
     }
 
     #[staticmethod]
     fn cross_attention(block_size: i64) -> PyResult<Self> {
-        let bs = block_size_of(SpecKind::CrossAttention, block_size)?;
-        checked(GroupSpec::cross_attention(bs))
+        spec(SpecKind::CrossAttention, block_size, None)
     }
 
     #[staticmethod]
     fn mla_attention(block_size: i64) -> PyResult<Self> {
-        let bs = block_size_of(SpecKind::MlaAttention, block_size)?;
-        checked(GroupSpec::mla_attention(bs))
+        spec(SpecKind::MlaAttention, block_size, None)
     }
 
     #[staticmethod]
     fn sliding_window_mla(block_size: i64, sliding_window: i64) -> PyResult<Self> {
-        let kind = SpecKind::SlidingWindowMla { sliding_window: 1 };
-        let (bs, w) = (
-            block_size_of(kind, block_size)?,
-            param_of(kind, sliding_window)?,
-        );
-        checked(GroupSpec::sliding_window_mla(bs, w))
+        let kind = SpecKind::SlidingWindowMla { sliding_window: 0 };
+        spec(kind, block_size, Some(sliding_window))
     }
 
     #[staticmethod]
     fn rswa(block_size: i64, rswa_window: i64) -> PyResult<Self> {
-        let kind = SpecKind::Rswa { rswa_window: 1 };
-        let (bs, w) = (
-            block_size_of(kind, block_size)?,
-            param_of(kind, rswa_window)?,
-        );
-        checked(GroupSpec::rswa(bs, w))
+        spec(
+            SpecKind::Rswa { rswa_window: 0 },
+            block_size,
+            Some(rswa_window),
+        )
     }
 
     /// Mamba with `mamba_cache_mode="align"` (prefix caching of states at
@@ -142,30 +94,12 @@ impl PyGroupSpec {
         num_prefill_checkpoint_blocks: i64,
         prefill_checkpoint_alignment: Option<i64>,
     ) -> PyResult<Self> {
-        let kind = SpecKind::MambaAlign {
-            num_speculative_blocks: 0,
-            prefill_checkpoint: false,
-            prefill_checkpoint_alignment: None,
-        };
-        let bs = block_size_of(kind, block_size)?;
-        let spec_blocks = param_of(kind, num_speculative_blocks)?;
-        let checkpoint = size(
-            num_prefill_checkpoint_blocks,
-            "MambaSpec.num_prefill_checkpoint_blocks",
-            false,
-        )? > 0;
-        let alignment = prefill_checkpoint_alignment
-            .map(|a| size(a, "MambaSpec.prefill_checkpoint_alignment", true))
-            .transpose()?;
-        let mut spec = GroupSpec::mamba_align(bs, checkpoint, alignment);
-        if let SpecKind::MambaAlign {
+        Ok(Self(core(GroupSpec::mamba_align_from_sizes(
+            block_size,
             num_speculative_blocks,
-            ..
-        } = &mut spec.kind
-        {
-            *num_speculative_blocks = spec_blocks;
-        }
-        checked(spec)
+            num_prefill_checkpoint_blocks,
+            prefill_checkpoint_alignment,
+        ))?))
     }
 
     #[getter]
@@ -206,18 +140,13 @@ impl PyGroupSpec {
     }
 
     fn __repr__(&self) -> String {
-        match self.0.param() {
-            Some(p) => format!(
-                "GroupSpec({}, block_size={}, param={p})",
-                self.0.facts().spec_name,
-                self.0.block_size
-            ),
-            None => format!(
-                "GroupSpec({}, block_size={})",
-                self.0.facts().spec_name,
-                self.0.block_size
-            ),
-        }
+        let param = self.0.param().map(|p| format!(", param={p}"));
+        format!(
+            "GroupSpec({}, block_size={}{})",
+            self.0.facts().spec_name,
+            self.0.block_size,
+            param.unwrap_or_default()
+        )
     }
 }
 

@@ -175,22 +175,26 @@ impl GroupSpec {
 
     /// The kind's facts (see [`KindFacts`]): the one table every layer
     /// asks, the bindings and Python included.
+    #[inline]
     pub const fn facts(&self) -> KindFacts {
         self.kind.facts()
     }
 
     /// Whether blocks of this group may be registered in the prefix cache.
+    #[inline]
     pub const fn prefix_cacheable(&self) -> bool {
         self.kind.facts().prefix_cacheable
     }
 
     /// Whether this group's hits are prefix-closed (full attention): hybrid
     /// lookups put these first and never re-scan them.
+    #[inline]
     pub const fn is_full_attention(&self) -> bool {
         matches!(self.kind.facts().hit_search, HitSearch::PrefixClosed)
     }
 
     /// Whether retention intervals apply to this group (it caches sparsely).
+    #[inline]
     pub const fn is_sparse(&self) -> bool {
         self.kind.facts().sparse
     }
@@ -198,6 +202,7 @@ impl GroupSpec {
     /// Whether table entries after the first real block may be null (R-SWA
     /// decode gaps, Mamba "align" skipped states); every other kind keeps
     /// its nulls as a prefix.
+    #[inline]
     pub const fn has_interior_nulls(&self) -> bool {
         matches!(self.kind.facts().nulls, NullEntries::Anywhere)
     }
@@ -259,6 +264,77 @@ impl GroupSpec {
             SpecKind::FullAttention | SpecKind::CrossAttention | SpecKind::MlaAttention => None,
         }
     }
+
+    /// A spec of `kind` (whatever parameter value it carries is replaced)
+    /// from caller-supplied sizes: each is range-checked under the public
+    /// field name it came from (`SlidingWindowSpec.sliding_window`), then
+    /// the spec is validated.
+    pub fn from_sizes(kind: SpecKind, block_size: i64, param: Option<i64>) -> KvResult<Self> {
+        let spec = Self::sized(kind, block_size, param)?;
+        spec.validate()?;
+        Ok(spec)
+    }
+
+    /// A Mamba "align" spec from caller-supplied sizes (see
+    /// [`from_sizes`](Self::from_sizes)); any prefill checkpoint block turns
+    /// checkpoints on.
+    pub fn mamba_align_from_sizes(
+        block_size: i64,
+        num_speculative_blocks: i64,
+        num_prefill_checkpoint_blocks: i64,
+        prefill_checkpoint_alignment: Option<i64>,
+    ) -> KvResult<Self> {
+        let template = Self::mamba_align(1, false, None).kind;
+        let mut spec = Self::sized(template, block_size, Some(num_speculative_blocks))?;
+        let checkpoint = size_field(
+            "MambaSpec.num_prefill_checkpoint_blocks",
+            num_prefill_checkpoint_blocks,
+            false,
+        )? > 0;
+        let alignment = prefill_checkpoint_alignment
+            .map(|a| size_field("MambaSpec.prefill_checkpoint_alignment", a, true))
+            .transpose()?;
+        if let SpecKind::MambaAlign {
+            prefill_checkpoint,
+            prefill_checkpoint_alignment,
+            ..
+        } = &mut spec.kind
+        {
+            *prefill_checkpoint = checkpoint;
+            *prefill_checkpoint_alignment = alignment;
+        }
+        spec.validate()?;
+        Ok(spec)
+    }
+
+    /// Range-checked sizes, not yet validated.
+    fn sized(kind: SpecKind, block_size: i64, param: Option<i64>) -> KvResult<Self> {
+        let facts = kind.facts();
+        let block_size = size_field(facts.block_size_field, block_size, true)?;
+        let kind = match (param, facts.param_field) {
+            (Some(v), Some((field, positive))) => kind.with_param(size_field(field, v, positive)?),
+            _ => kind,
+        };
+        Ok(Self { kind, block_size })
+    }
+}
+
+/// A size from a caller as `u32`, positive where `positive` (else
+/// non-negative); out of range is an [`KvError::InvalidConfig`] naming
+/// `field`.
+pub fn size_field(field: &'static str, value: i64, positive: bool) -> KvResult<u32> {
+    match u32::try_from(value) {
+        Ok(v) if v > 0 || !positive => Ok(v),
+        _ => Err(KvError::InvalidConfig {
+            name: field,
+            value: value.to_string(),
+            rule: if positive {
+                "must be a positive int".into()
+            } else {
+                "must be an int >= 0".into()
+            },
+        }),
+    }
 }
 
 /// How a kind searches the prefix cache for hits.
@@ -316,7 +392,36 @@ pub enum NullEntries {
 }
 
 impl SpecKind {
-    /// The kind's facts.
+    /// The same kind with its one parameter (window, chunk, speculative
+    /// blocks) set to `v`; kinds without a parameter are returned as they are.
+    #[must_use]
+    pub const fn with_param(self, v: u32) -> Self {
+        match self {
+            Self::SlidingWindow { .. } => Self::SlidingWindow { sliding_window: v },
+            Self::ChunkedLocal { .. } => Self::ChunkedLocal {
+                attention_chunk_size: v,
+            },
+            Self::Mamba { .. } => Self::Mamba {
+                num_speculative_blocks: v,
+            },
+            Self::SlidingWindowMla { .. } => Self::SlidingWindowMla { sliding_window: v },
+            Self::Rswa { .. } => Self::Rswa { rswa_window: v },
+            Self::MambaAlign {
+                prefill_checkpoint,
+                prefill_checkpoint_alignment,
+                ..
+            } => Self::MambaAlign {
+                num_speculative_blocks: v,
+                prefill_checkpoint,
+                prefill_checkpoint_alignment,
+            },
+            Self::FullAttention | Self::CrossAttention | Self::MlaAttention => self,
+        }
+    }
+
+    /// The kind's facts. Inlined so that reading one fact on a hot path
+    /// compiles to a match on the kind, not a copy of the whole table row.
+    #[inline]
     pub const fn facts(self) -> KindFacts {
         match self {
             Self::FullAttention => KindFacts {
@@ -981,6 +1086,48 @@ pub(crate) mod test_util {
 #[cfg(test)]
 mod kind_table_tests {
     use super::*;
+
+    #[test]
+    fn specs_from_caller_sizes_name_the_field_they_came_from() {
+        let swa = SpecKind::SlidingWindow { sliding_window: 0 };
+        assert_eq!(
+            GroupSpec::from_sizes(swa, 16, Some(64)),
+            Ok(GroupSpec::sliding_window(16, 64))
+        );
+        let named = |r: KvResult<GroupSpec>| match r {
+            Err(KvError::InvalidConfig { name, rule, .. }) => (name, rule),
+            other => panic!("expected a config error, got {other:?}"),
+        };
+        let (name, rule) = named(GroupSpec::from_sizes(swa, 16, Some(0)));
+        assert_eq!(name, "SlidingWindowSpec.sliding_window");
+        assert_eq!(rule, "must be a positive int");
+        let full = SpecKind::FullAttention;
+        let (name, _) = named(GroupSpec::from_sizes(full, 1 << 32, None));
+        assert_eq!(name, "FullAttentionSpec.block_size");
+        // Mamba's parameter may be 0; negative values are refused.
+        let mamba = SpecKind::Mamba {
+            num_speculative_blocks: 9,
+        };
+        assert_eq!(
+            GroupSpec::from_sizes(mamba, 16, Some(0)),
+            Ok(GroupSpec::mamba(16, 0))
+        );
+        let (name, rule) = named(GroupSpec::from_sizes(mamba, 16, Some(-1)));
+        assert_eq!(
+            (name, rule.as_str()),
+            ("MambaSpec.num_speculative_blocks", "must be an int >= 0")
+        );
+        // Align mode: checkpoints on with any checkpoint block; the core's
+        // own rules (no speculative blocks) still apply after the ranges.
+        assert_eq!(
+            GroupSpec::mamba_align_from_sizes(16, 0, 2, Some(32)),
+            Ok(GroupSpec::mamba_align(16, true, Some(32)))
+        );
+        let (name, _) = named(GroupSpec::mamba_align_from_sizes(16, 1, 0, None));
+        assert_eq!(name, "MambaSpec.num_speculative_blocks");
+        let (name, _) = named(GroupSpec::mamba_align_from_sizes(16, 0, -1, None));
+        assert_eq!(name, "MambaSpec.num_prefill_checkpoint_blocks");
+    }
 
     const ALL: [GroupSpec; 5] = [
         GroupSpec::full_attention(16),
