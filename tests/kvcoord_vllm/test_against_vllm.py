@@ -355,3 +355,25 @@ def test_deferred_free_of_a_request_readmitted_before_the_free() -> None:
     for m in (theirs, ours):
         m.free(make_request("a", list(range(10))))
     assert free_queue(theirs) == free_queue(ours)
+
+
+def test_async_scheduler_with_several_groups_falls_back_at_construction() -> None:
+    """vLLM frees deferred blocks last group first, kvcoord's core first group
+    first: a scheduler that defers frees over several groups gets vLLM's own
+    manager (counted), one over a single group gets kvcoord's."""
+
+    class FakeScheduler:
+        def __init__(self, cfg: KVCacheConfig) -> None:
+            self.kv_cache_config = cfg
+            self.defer_block_free = True
+            self.connector = None
+            self.kv_cache_manager = kv.KVCacheManager(
+                cfg, max_model_len=64, scheduler_block_size=BS, hash_block_size=BS
+            )
+
+    before = sum(kv.fallbacks.values())
+    one = FakeScheduler(config(16, [full_spec()])).kv_cache_manager
+    two = FakeScheduler(config(16, [full_spec(), full_spec()])).kv_cache_manager
+    assert isinstance(one, kv.KVCacheManager)
+    assert not isinstance(two, kv.KVCacheManager)
+    assert sum(kv.fallbacks.values()) == before + 1
