@@ -215,9 +215,18 @@ def test_unserved_configuration_falls_back_with_one_log_line(caplog) -> None:
         max_model_len=64,
         scheduler_block_size=BS,
         hash_block_size=BS,
-        use_eagle=True,
+        num_hash_lookahead_tokens=1,
     )
     assert type(m2) is kv.original_manager_class()
+    # EAGLE is served over groups of one spec only.
+    m3 = kv.KVCacheManager(
+        config(16, [full_spec(), full_spec(2 * BS)]),
+        max_model_len=64,
+        scheduler_block_size=2 * BS,
+        hash_block_size=BS,
+        use_eagle=True,
+    )
+    assert type(m3) is kv.original_manager_class()
 
 
 def test_enable_is_idempotent_and_patches_the_scheduler() -> None:
