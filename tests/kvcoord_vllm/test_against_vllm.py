@@ -215,9 +215,18 @@ def test_unserved_configuration_falls_back_with_one_log_line(caplog) -> None:
         max_model_len=64,
         scheduler_block_size=BS,
         hash_block_size=BS,
-        use_eagle=True,
+        num_hash_lookahead_tokens=1,
     )
     assert type(m2) is kv.original_manager_class()
+    # EAGLE is served over groups of one spec only.
+    m3 = kv.KVCacheManager(
+        config(16, [full_spec(), full_spec(2 * BS)]),
+        max_model_len=64,
+        scheduler_block_size=2 * BS,
+        hash_block_size=BS,
+        use_eagle=True,
+    )
+    assert type(m3) is kv.original_manager_class()
 
 
 def test_enable_is_idempotent_and_patches_the_scheduler() -> None:
@@ -355,3 +364,25 @@ def test_deferred_free_of_a_request_readmitted_before_the_free() -> None:
     for m in (theirs, ours):
         m.free(make_request("a", list(range(10))))
     assert free_queue(theirs) == free_queue(ours)
+
+
+def test_async_scheduler_with_several_groups_falls_back_at_construction() -> None:
+    """vLLM frees deferred blocks last group first, kvcoord's core first group
+    first: a scheduler that defers frees over several groups gets vLLM's own
+    manager (counted), one over a single group gets kvcoord's."""
+
+    class FakeScheduler:
+        def __init__(self, cfg: KVCacheConfig) -> None:
+            self.kv_cache_config = cfg
+            self.defer_block_free = True
+            self.connector = None
+            self.kv_cache_manager = kv.KVCacheManager(
+                cfg, max_model_len=64, scheduler_block_size=BS, hash_block_size=BS
+            )
+
+    before = sum(kv.fallbacks.values())
+    one = FakeScheduler(config(16, [full_spec()])).kv_cache_manager
+    two = FakeScheduler(config(16, [full_spec(), full_spec()])).kv_cache_manager
+    assert isinstance(one, kv.KVCacheManager)
+    assert not isinstance(two, kv.KVCacheManager)
+    assert sum(kv.fallbacks.values()) == before + 1
