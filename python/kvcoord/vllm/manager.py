@@ -153,15 +153,16 @@ class KVCacheManager:
         blocks, hit, uncached = self._core_coordinator.find_longest_cache_hit(
             mine, max_cache_hit_length
         )
+        per_group = blocks.arrays()
         if hit and self.drop_eagle_group_ids:
             # EAGLE recomputes the block before the generation point.
             bs = self._block_sizes[0]
             hit -= bs
-            blocks = tuple(g[: hit // bs] for g in blocks)
+            per_group = tuple(g[: hit // bs] for g in per_group)
         if not hit:
             return self.empty_kv_cache_blocks, 0, 0
         boundary = shared_prefix_boundary(hit, uncached)
-        return KVCacheBlocks(blocks.arrays(), self._pool), hit, boundary
+        return KVCacheBlocks(per_group, self._pool), hit, boundary
 
     def get_computed_blocks_for_connector(
         self, request: Any, max_cache_hit_length: int | None = None
