@@ -26,7 +26,7 @@ RUNNING = 128
 _rng = random.Random(0)
 PROMPT = [_rng.randrange(200_000) for _ in range(NUM_TOKENS)]
 PROMPT_NP = np.array(PROMPT, dtype=np.uint32)
-INPUTS = {"list": PROMPT, "numpy": PROMPT_NP}
+INPUTS: dict[str, Any] = {"list": PROMPT, "numpy": PROMPT_NP}
 
 
 @pytest.mark.parametrize("given", sorted(INPUTS))

@@ -5,6 +5,8 @@ nothing changed on error."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -40,7 +42,7 @@ def test_mixed_items_convert_like_the_generic_path(container: type) -> None:
         (None, ArgumentTypeError, 2),
     ],
 )
-def test_bad_item_raises_at_its_position(bad: object, error: type, position: int) -> None:
+def test_bad_item_raises_at_its_position(bad: Any, error: type, position: int) -> None:
     with pytest.raises(error, match=f"position {position}"):
         Request("a", [1, 2, bad, 4], hash_block_size=4)
     r = Request("a", [1, 2, 3], hash_block_size=4)
@@ -52,7 +54,9 @@ def test_bad_item_raises_at_its_position(bad: object, error: type, position: int
 
 def test_advance_accepts_mixed_int_lists() -> None:
     reqs = [Request(f"r{i}", [1, 2, 3], hash_block_size=4) for i in range(4)]
-    kvcoord.advance_requests(reqs, [1, np.int64(2), True, MyInt(1)], [5, np.int32(-1), 6, False])
+    ns: list[Any] = [1, np.int64(2), True, MyInt(1)]
+    toks: list[Any] = [5, np.int32(-1), 6, False]
+    kvcoord.advance_requests(reqs, ns, toks)
     assert [r.num_computed_tokens for r in reqs] == [1, 2, 1, 1]
     assert [r.output_token_ids for r in reqs] == [[5], [], [6], [0]]
 
@@ -67,9 +71,9 @@ def test_advance_accepts_mixed_int_lists() -> None:
     ],
 )
 def test_advance_bad_list_items_change_nothing(
-    ns: list[object], toks: list[object] | None, error: type
+    ns: list[Any], toks: list[Any] | None, error: type
 ) -> None:
     reqs = [Request(f"r{i}", [1, 2, 3], hash_block_size=4) for i in range(3)]
     with pytest.raises(error):
-        kvcoord.advance_requests(reqs, ns, toks)  # type: ignore[arg-type]
+        kvcoord.advance_requests(reqs, ns, toks)
     assert [(r.num_computed_tokens, r.num_tokens) for r in reqs] == [(0, 3)] * 3
