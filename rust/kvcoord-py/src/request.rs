@@ -41,6 +41,87 @@ fn token(position: usize, item: &Bound<'_, PyAny>) -> PyResult<u32> {
     }
 }
 
+/// The token id `item` holds when it is an exact `int` in `[0, 2^32)`:
+/// the list fast path, with no error built and no generic dispatch.
+#[inline]
+fn plain_token(item: &Bound<'_, PyAny>) -> Option<u32> {
+    if item.is_exact_instance_of::<PyInt>() {
+        item.extract::<i64>()
+            .ok()
+            .and_then(|v| u32::try_from(v).ok())
+    } else {
+        None
+    }
+}
+
+/// Append the token ids of a list's or tuple's items: a tight loop over
+/// plain ints, the checked conversion (and its error) for anything else.
+fn tokens_from_items<'py>(
+    items: impl Iterator<Item = Bound<'py, PyAny>>,
+    out: &mut Vec<u32>,
+    base: usize,
+) -> PyResult<()> {
+    for (i, item) in items.enumerate() {
+        match plain_token(&item) {
+            Some(t) => out.push(t),
+            None => out.push(token(base + i, &item)?),
+        }
+    }
+    Ok(())
+}
+
+/// One per-request int of `advance_requests` (`what` names the argument;
+/// `tokens`: a value beyond 64 bits is an invalid token id at `position`).
+#[inline]
+fn step_int(item: &Bound<'_, PyAny>, what: &str, tokens: bool, position: usize) -> PyResult<i64> {
+    if let Ok(v) = item.extract::<i64>() {
+        return Ok(v);
+    }
+    if !crate::args::is_int_like(item) {
+        return Err(crate::args::not_an_int(
+            item,
+            &format!("{what}[{position}]"),
+        ));
+    }
+    if tokens {
+        return Err(invalid_token(position, item));
+    }
+    Err(crate::errors::InvalidArgumentError::new_err(format!(
+        "invalid {what}[{position}]: {} (must be below 2^63)",
+        crate::args::shown(item)
+    )))
+}
+
+/// The per-request ints of `advance_requests`: a list (the usual case) item
+/// by item with no generic sequence protocol, anything else (numpy arrays,
+/// other sequences) through `convert::int_vec`, its overflow and type
+/// errors mapped onto `kvcoord.errors`.
+fn step_ints(obj: &Bound<'_, PyAny>, what: &str, tokens: bool) -> PyResult<Vec<i64>> {
+    if let Ok(list) = obj.cast::<PyList>() {
+        let mut out = Vec::with_capacity(list.len());
+        for (i, item) in list.iter().enumerate() {
+            out.push(step_int(&item, what, tokens, i)?);
+        }
+        return Ok(out);
+    }
+    let py = obj.py();
+    crate::convert::int_vec(obj).map_err(|e| {
+        if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(py) {
+            crate::errors::InvalidArgumentError::new_err(format!(
+                "invalid {what}: a value is beyond 64 bits ({e})"
+            ))
+        } else if e.is_instance_of::<pyo3::exceptions::PyTypeError>(py)
+            && !e.is_instance_of::<crate::errors::ArgumentTypeError>(py)
+        {
+            crate::errors::ArgumentTypeError::new_err(format!(
+                "{what} must be a sequence of ints or an integer numpy array ({e})"
+            ))
+        } else {
+            e
+        }
+    })
+}
+
 macro_rules! try_token_array {
     ($obj:expr, $out:expr, $base:expr, $($t:ty),*) => {
         $(
@@ -75,17 +156,11 @@ macro_rules! try_token_array {
 fn extract_tokens(obj: &Bound<'_, PyAny>, out: &mut Vec<u32>, base: usize) -> PyResult<()> {
     if let Ok(list) = obj.cast::<PyList>() {
         reserve_tokens(out, list.len())?;
-        for (i, item) in list.iter().enumerate() {
-            out.push(token(base + i, &item)?);
-        }
-        return Ok(());
+        return tokens_from_items(list.iter(), out, base);
     }
     if let Ok(tuple) = obj.cast::<PyTuple>() {
         reserve_tokens(out, tuple.len())?;
-        for (i, item) in tuple.iter().enumerate() {
-            out.push(token(base + i, &item)?);
-        }
-        return Ok(());
+        return tokens_from_items(tuple.iter(), out, base);
     }
     // uint32 first: always valid, copied as one slice when contiguous.
     if let Ok(arr) = obj.extract::<PyReadonlyArray1<'_, u32>>() {
@@ -515,8 +590,10 @@ pub(crate) fn advance_requests(
     new_tokens: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<()> {
     let n = requests.len();
-    let computed: Vec<i64> = crate::convert::int_vec(num_computed)?;
-    let sampled: Option<Vec<i64>> = new_tokens.map(crate::convert::int_vec).transpose()?;
+    let computed: Vec<i64> = step_ints(num_computed, "num_computed", false)?;
+    let sampled: Option<Vec<i64>> = new_tokens
+        .map(|t| step_ints(t, "new_tokens", true))
+        .transpose()?;
     if computed.len() != n || sampled.as_ref().is_some_and(|s| s.len() != n) {
         return Err(crate::errors::CoreError(KvError::InvalidArgument {
             name: "advance_requests",
