@@ -26,6 +26,7 @@
 //! `prefix_index.rs`) and checked by `check_invariants()`, which the tests
 //! call after every operation.
 
+pub mod best_case;
 pub mod block_hash;
 pub mod cbor;
 pub mod coordinator;
@@ -44,6 +45,7 @@ pub mod request;
 pub mod residency;
 pub mod retention;
 
+pub use best_case::UnboundedPrefixCache;
 pub use block_hash::BlockHash;
 pub use coordinator::{
     default_hash_block_size, scheduler_block_size, AllocateArgs, CoordinatorConfig,

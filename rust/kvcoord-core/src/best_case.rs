@@ -1,0 +1,192 @@
+//! The planner's best possible prefix-cache hit rate: an unbounded cache
+//! that never evicts, fed requests in arrival order.
+//!
+//! Only prefix *equality* matters here, not vLLM's digests, so each full
+//! block gets a 64-bit key chained from its predecessor's (a collision needs
+//! two different prefixes with one key: about 2^-64 per pair). Because a
+//! stored prefix brings all its own prefixes with it, the set of keys is
+//! prefix-closed and a request's hit is its leading run of known keys.
+
+use std::hash::{BuildHasherDefault, Hasher};
+
+use hashbrown::HashSet;
+
+use crate::{KvError, KvResult};
+
+/// Keys are already uniformly mixed 64-bit values: hashing them again would
+/// only cost time.
+#[derive(Default)]
+struct KeyIsHash(u64);
+
+impl Hasher for KeyIsHash {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `write_u64` is reached for `u64` keys; fold anything else.
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8)) ^ u64::from(b);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = v;
+    }
+}
+
+/// SplitMix64's finaliser: a bijective mix of 64 bits.
+#[inline]
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// An unbounded prefix cache keyed by chained 64-bit block keys.
+pub struct UnboundedPrefixCache {
+    block_size: usize,
+    seen: HashSet<u64, BuildHasherDefault<KeyIsHash>>,
+    keys: Vec<u64>,
+    prompt_tokens: u64,
+    hit_tokens: u64,
+}
+
+impl UnboundedPrefixCache {
+    /// A cache that counts hits in whole blocks of `block_size` tokens.
+    pub fn new(block_size: usize) -> KvResult<Self> {
+        if block_size == 0 {
+            return Err(KvError::InvalidConfig {
+                name: "block_size",
+                value: "0".into(),
+                rule: "must be positive".into(),
+            });
+        }
+        Ok(Self {
+            block_size,
+            seen: HashSet::default(),
+            keys: Vec::new(),
+            prompt_tokens: 0,
+            hit_tokens: 0,
+        })
+    }
+
+    /// Block size the hits are counted in.
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// Prompt tokens seen so far.
+    pub fn prompt_tokens(&self) -> u64 {
+        self.prompt_tokens
+    }
+
+    /// Prompt tokens an unbounded cache served so far.
+    pub fn hit_tokens(&self) -> u64 {
+        self.hit_tokens
+    }
+
+    /// Distinct prefixes stored.
+    pub fn len(&self) -> usize {
+        self.seen.len()
+    }
+
+    /// Whether nothing was stored yet.
+    pub fn is_empty(&self) -> bool {
+        self.seen.is_empty()
+    }
+
+    /// Accounts one request and returns its hit in tokens.
+    ///
+    /// The hit is the longest run of leading full blocks an earlier request
+    /// computed, capped like vLLM's lookup at `prompt.len() - 1` tokens (the
+    /// last prompt token is always recomputed). Afterwards the request's
+    /// computed tokens (the prompt and all but the last output token) stay
+    /// cached forever. `salt` separates requests whose prefixes must never
+    /// be shared (vLLM's `cache_salt`). On error nothing changed.
+    pub fn add(&mut self, prompt: &[u32], output: &[u32], salt: u64) -> KvResult<usize> {
+        let bs = self.block_size;
+        let computed = (prompt.len() + output.len()).saturating_sub(1);
+        let num_blocks = computed / bs;
+        let max_hit = (prompt.len().saturating_sub(1) / bs).min(num_blocks);
+        self.keys.clear();
+        crate::limits::try_reserve(&mut self.keys, num_blocks, "best-case block keys")?;
+        let mut key = mix(salt ^ 0x5EED_CAFE_F00D_0001);
+        let tokens = prompt.iter().chain(output.iter()).take(num_blocks * bs);
+        let mut content = 0u64;
+        for (i, &t) in tokens.enumerate() {
+            content = mix(content ^ u64::from(t) ^ (((i % bs) as u64 + 1) << 32));
+            if (i + 1) % bs == 0 {
+                key = mix(key ^ content);
+                self.keys.push(key);
+                content = 0;
+            }
+        }
+        let hit = self.keys[..max_hit]
+            .iter()
+            .take_while(|k| self.seen.contains(*k))
+            .count();
+        let new = num_blocks - hit;
+        self.seen
+            .try_reserve(new)
+            .map_err(|_| KvError::OutOfMemory {
+                what: "best-case prefix set",
+                bytes: new.saturating_mul(16),
+            })?;
+        self.seen.extend(self.keys[hit..].iter().copied());
+        let hit_tokens = hit * bs;
+        self.prompt_tokens += prompt.len() as u64;
+        self.hit_tokens += hit_tokens as u64;
+        Ok(hit_tokens)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn toks(r: std::ops::Range<u32>) -> Vec<u32> {
+        r.collect()
+    }
+
+    #[test]
+    fn second_request_hits_the_shared_full_blocks_only() {
+        let mut c = UnboundedPrefixCache::new(4).unwrap();
+        assert_eq!(c.add(&toks(0..10), &[], 0).unwrap(), 0);
+        // 9 tokens computed -> blocks [0..4), [4..8) stored
+        let mut p = toks(0..8);
+        p.extend([100, 101, 102]);
+        assert_eq!(c.add(&p, &[7], 0).unwrap(), 8);
+        assert_eq!(c.prompt_tokens(), 21);
+        assert_eq!(c.hit_tokens(), 8);
+    }
+
+    #[test]
+    fn hit_is_capped_below_the_last_prompt_token() {
+        let mut c = UnboundedPrefixCache::new(4).unwrap();
+        c.add(&toks(0..8), &[1, 2, 3], 0).unwrap();
+        // the same 8-token prompt may reuse only 7 tokens: one full block
+        assert_eq!(c.add(&toks(0..8), &[], 0).unwrap(), 4);
+    }
+
+    #[test]
+    fn outputs_are_cached_and_salts_separate() {
+        let mut c = UnboundedPrefixCache::new(2).unwrap();
+        c.add(&[1, 2], &[3, 4, 5], 0).unwrap(); // computed 1 2 3 4
+        assert_eq!(c.add(&[1, 2, 3, 4, 9], &[], 0).unwrap(), 4);
+        assert_eq!(c.add(&[1, 2, 3, 4, 9], &[], 77).unwrap(), 0);
+    }
+
+    #[test]
+    fn a_changed_token_ends_the_hit_even_at_equal_later_blocks() {
+        let mut c = UnboundedPrefixCache::new(2).unwrap();
+        c.add(&[1, 2, 3, 4, 5, 6, 0], &[], 0).unwrap();
+        assert_eq!(c.add(&[9, 2, 3, 4, 5, 6, 0], &[], 0).unwrap(), 0);
+        // block contents alone do not match: position in the block matters
+        c.add(&[7, 8, 0], &[], 0).unwrap();
+        assert_eq!(c.add(&[8, 7, 0], &[], 0).unwrap(), 0);
+    }
+
+    #[test]
+    fn zero_block_size_is_a_config_error() {
+        assert!(UnboundedPrefixCache::new(0).is_err());
+    }
+}
