@@ -12,6 +12,13 @@ output: one sampled token per request) over decode steps. The time inside
 the KV manager (every manager method the scheduler calls, timed by a
 wrapper) and in block hashing (the request block hasher) is reported apart.
 Request creation (where vLLM hashes prompts) is timed separately.
+
+As vLLM's ``EngineCore`` does, the startup heap is frozen before requests
+arrive. Garbage-collector pauses are timed apart (``gc.callbacks``) and left
+out of the manager, hashing and share figures, whose denominator is the
+step minus its pauses. "Net" figures subtract the wrapper's own cost per
+call, calibrated on a wrapped no-op (``timer_floor_us``). Single-call
+medians, steadier on a loaded machine: ``bench_vllm_decode_calls.py``.
 """
 
 from __future__ import annotations
