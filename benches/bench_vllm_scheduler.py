@@ -12,11 +12,20 @@ output: one sampled token per request) over decode steps. The time inside
 the KV manager (every manager method the scheduler calls, timed by a
 wrapper) and in block hashing (the request block hasher) is reported apart.
 Request creation (where vLLM hashes prompts) is timed separately.
+
+As vLLM's ``EngineCore`` does, the startup heap is frozen before requests
+arrive. Garbage-collector pauses are timed apart (``gc.callbacks``) and left
+out of the manager, hashing and share figures, whose denominator is the
+step minus its pauses. "Net" figures subtract the wrapper's own cost per
+call, calibrated on a wrapped no-op (``timer_floor_us``). Single-call
+medians, steadier on a loaded machine: ``bench_vllm_decode_calls.py``.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
+import importlib
 import json
 import os
 import subprocess
@@ -47,20 +56,53 @@ MANAGER_METHODS = (
 )
 
 
+# Seconds spent in the cyclic garbage collector so far (gc.callbacks): its
+# pauses land in whatever code allocates when a collection triggers, so they
+# are reported apart and not counted as manager or hashing time.
+_GC_PAUSE = [0.0]
+_GC_START = [0.0]
+
+
+def _gc_callback(phase: str, info: dict) -> None:
+    if phase == "start":
+        _GC_START[0] = time.perf_counter()
+    else:
+        _GC_PAUSE[0] += time.perf_counter() - _GC_START[0]
+
+
 def _timed(fn, acc):
+    """``fn`` timed into ``acc`` = [seconds, calls], garbage-collector pauses excluded."""
     clock = time.perf_counter
+    pause = _GC_PAUSE
 
     def wrapper(*args, **kwargs):
+        g0 = pause[0]
         t0 = clock()
         try:
             return fn(*args, **kwargs)
         finally:
-            acc[0] += clock() - t0
+            acc[0] += clock() - t0 - (pause[0] - g0)
+            acc[1] += 1
 
     return wrapper
 
 
-def run_engine(engine: str, running: int, prefix: int, suffix: int, steps: int) -> dict:
+def _timer_floor(rounds: int = 7, calls: int = 20000) -> float:
+    """Seconds :func:`_timed` reports for one call of a function doing nothing
+    (the clock reads and the call itself; best of ``rounds``)."""
+    best = float("inf")
+    for _ in range(rounds):
+        acc = [0.0, 0]
+        noop = _timed(lambda request, *args, **kwargs: None, acc)
+        for _ in range(calls):
+            noop(None, 1, num_lookahead_tokens=0)
+        best = min(best, acc[0] / calls)
+    return best
+
+
+def run_engine(
+    engine: str, running: int, prefix: int, suffix: int, steps: int, profile: Path | None = None
+) -> dict:
     if engine == "kvcoord":
         import kvcoord.vllm
 
@@ -110,13 +152,13 @@ def run_engine(engine: str, running: int, prefix: int, suffix: int, steps: int) 
     )
     manager = scheduler.kv_cache_manager
     served = type(manager).__module__.startswith("kvcoord")
-    kv_time = [0.0]
+    kv_time = [0.0, 0]
     for name in MANAGER_METHODS:
         if hasattr(manager, name):
             setattr(manager, name, _timed(getattr(manager, name), kv_time))
 
     kv_cache_utils.init_none_hash(sha256_cbor)
-    hash_time = [0.0]
+    hash_time = [0.0, 0]
     hasher = _timed(kv_cache_utils.get_request_block_hasher(block_size, sha256_cbor), hash_time)
     params = SamplingParams(max_tokens=steps + 8, ignore_eos=True)
     params.update_from_generation_config({}, 50256)
@@ -137,9 +179,23 @@ def run_engine(engine: str, running: int, prefix: int, suffix: int, steps: int) 
     for r in requests:
         scheduler.add_request(r)
 
-    step_times, kv_times, hash_times = [], [], []
+    # As vLLM's EngineCore does once built: the startup heap is frozen so
+    # that collections skip it.
+    gc_utils = importlib.import_module("vllm.utils.gc_utils")
+    gc_utils.freeze_gc_heap()
+    gc.callbacks.append(_gc_callback)
+    floor = _timer_floor()
+    step_times, kv_times, hash_times, gc_times = [], [], [], []
+    kv_calls = hash_calls = 0
+    profiler = None
     for step in range(steps + 1):
-        kv0, h0 = kv_time[0], hash_time[0]
+        if step == 1 and profile is not None:
+            import cProfile
+
+            profiler = cProfile.Profile()
+            profiler.enable()
+        kv0, h0, g0 = kv_time[0], hash_time[0], _GC_PAUSE[0]
+        kc0, hc0 = kv_time[1], hash_time[1]
         t0 = time.perf_counter()
         out = scheduler.schedule()
         t1 = time.perf_counter()
@@ -162,12 +218,24 @@ def run_engine(engine: str, running: int, prefix: int, suffix: int, steps: int) 
         step_times.append((t1 - t0) + (t3 - t2))
         kv_times.append(kv_time[0] - kv0)
         hash_times.append(hash_time[0] - h0)
+        gc_times.append(_GC_PAUSE[0] - g0)
+        kv_calls += kv_time[1] - kc0
+        hash_calls += hash_time[1] - hc0
+
+    if profiler is not None:
+        profiler.disable()
+        profiler.dump_stats(str(profile))
 
     def pct(xs: list[float], q: float) -> float:
         s = sorted(xs)
         return s[min(len(s) - 1, int(q * len(s)))]
 
-    total = sum(step_times)
+    # Shares are of the step's own work: garbage-collector pauses (reported
+    # apart) are left out of the step as they are of the manager and hashing.
+    work = sum(step_times) - sum(gc_times)
+    n = len(step_times)
+    kv_net = sum(kv_times) - floor * kv_calls
+    hash_net = sum(hash_times) - floor * hash_calls
     return {
         "engine": engine,
         "served_by_kvcoord": served,
@@ -177,10 +245,18 @@ def run_engine(engine: str, running: int, prefix: int, suffix: int, steps: int) 
         "decode_steps": len(step_times),
         "step_p50_ms": 1e3 * pct(step_times, 0.5),
         "step_p99_ms": 1e3 * pct(step_times, 0.99),
-        "kv_share": sum(kv_times) / total,
-        "hash_share": sum(hash_times) / total,
-        "kv_ms_per_step": 1e3 * sum(kv_times) / len(kv_times),
-        "hash_ms_per_step": 1e3 * sum(hash_times) / len(hash_times),
+        "gc_ms_per_step": 1e3 * sum(gc_times) / n,
+        "kv_share": sum(kv_times) / work,
+        "hash_share": sum(hash_times) / work,
+        "kv_ms_per_step": 1e3 * sum(kv_times) / n,
+        "hash_ms_per_step": 1e3 * sum(hash_times) / n,
+        "kv_calls_per_step": kv_calls / n,
+        "hash_calls_per_step": hash_calls / n,
+        "timer_floor_us": 1e6 * floor,
+        "kv_net_share": kv_net / work,
+        "hash_net_share": hash_net / work,
+        "kv_net_ms_per_step": 1e3 * kv_net / n,
+        "hash_net_ms_per_step": 1e3 * hash_net / n,
         "creation_s": creation,
         "creation_hash_s": creation_hash,
         **admit,
@@ -192,13 +268,20 @@ def main() -> int:
     ap.add_argument("--running", type=int, nargs="+", default=[256, 1024])
     ap.add_argument("--prefix", type=int, default=1792)
     ap.add_argument("--suffix", type=int, default=64)
-    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--steps", type=int, default=48)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--engine", choices=["vllm", "kvcoord"], help=argparse.SUPPRESS)
     ap.add_argument("--json", type=Path)
+    ap.add_argument(
+        "--profile",
+        type=Path,
+        help="with --engine: cProfile the decode steps into this file (figures then mean little)",
+    )
     args = ap.parse_args()
     if args.engine:
-        res = run_engine(args.engine, args.running[0], args.prefix, args.suffix, args.steps)
+        res = run_engine(
+            args.engine, args.running[0], args.prefix, args.suffix, args.steps, args.profile
+        )
         print(json.dumps(res))
         return 0
     env = dict(os.environ)
@@ -218,8 +301,12 @@ def main() -> int:
                 results.append(res)
                 print(
                     f"N={n:5d} {engine:8s} step p50 {res['step_p50_ms']:8.2f} ms "
-                    f"p99 {res['step_p99_ms']:8.2f} ms | KV manager {res['kv_ms_per_step']:7.2f} ms"
-                    f" ({100 * res['kv_share']:4.1f}%) hashing {res['hash_ms_per_step']:6.3f} ms"
+                    f"p99 {res['step_p99_ms']:8.2f} ms (GC {res['gc_ms_per_step']:.2f} ms)"
+                    f" | KV manager {res['kv_ms_per_step']:7.2f} ms"
+                    f" ({100 * res['kv_share']:4.1f}%; net {100 * res['kv_net_share']:4.1f}%)"
+                    f" hashing {res['hash_ms_per_step']:6.3f} ms"
+                    f" ({100 * res['hash_share']:4.1f}%; net {100 * res['hash_net_share']:4.1f}%)"
+                    f" timer {res['timer_floor_us']:.2f} us/call"
                     f" | admission step {res['admit_step_s']:.2f} s (KV {res['admit_kv_s']:.2f} s)"
                     f" | request creation {res['creation_s']:.2f} s"
                     f" (hashing {res['creation_hash_s']:.2f} s)",

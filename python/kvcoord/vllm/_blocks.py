@@ -22,7 +22,7 @@ import numpy as np
 from kvcoord.errors import BlockStateError
 from kvcoord.vllm._inspect import CachedBlockIndex, FreeListEnd
 
-__all__ = ["BlockView", "KVCacheBlocks", "PoolView", "ids_of"]
+__all__ = ["BlockView", "EmptyKVCacheBlocks", "KVCacheBlocks", "PoolView", "ids_of"]
 
 
 def _as_list(ids: Any) -> list[int]:
@@ -103,9 +103,10 @@ class KVCacheBlocks:
         self, allow_none: bool = False, *, group_ids: Sequence[int] | None = None
     ) -> tuple[list[int], ...] | None:
         groups = self.ids if group_ids is None else tuple(self.ids[g] for g in group_ids)
-        if allow_none and not any(len(g) for g in groups):
+        out = tuple([_as_list(g) for g in groups])
+        if allow_none and not any(out):
             return None
-        return tuple(_as_list(g) for g in groups)
+        return out
 
     def get_unhashed_block_ids(self) -> list[int]:
         if len(self.ids) != 1:
@@ -123,7 +124,7 @@ class KVCacheBlocks:
         return [i for i in ids if not cached[i] and (i or not skip_null)]
 
     def new_empty(self) -> KVCacheBlocks:
-        return KVCacheBlocks(tuple(() for _ in self.ids), self._pool)
+        return EmptyKVCacheBlocks(tuple(() for _ in self.ids), self._pool)
 
     def __add__(self, other: Any) -> KVCacheBlocks:
         other_ids = other.ids if isinstance(other, KVCacheBlocks) else other.blocks
@@ -144,6 +145,21 @@ class KVCacheBlocks:
 
     def __repr__(self) -> str:
         return f"KVCacheBlocks({self.get_block_ids()!r})"
+
+
+class EmptyKVCacheBlocks(KVCacheBlocks):
+    """No block in any group (a manager's ``empty_kv_cache_blocks``, the
+    result of most decode steps): the scheduler's per-step
+    ``get_block_ids(allow_none=True)`` is answered without looking."""
+
+    __slots__ = ()
+
+    def get_block_ids(
+        self, allow_none: bool = False, *, group_ids: Sequence[int] | None = None
+    ) -> tuple[list[int], ...] | None:
+        if allow_none:
+            return None
+        return tuple([] for _ in (self.ids if group_ids is None else group_ids))
 
 
 class FreeQueueView:

@@ -60,7 +60,8 @@ def make_block_hasher(
             return fallback
 
         def request_block_hasher(request: Any) -> list[bytes]:
-            if (len(request.block_hashes) + 1) * hash_block_size > request.num_tokens:
+            num_tokens = request.num_tokens
+            if (len(request.block_hashes) + 1) * hash_block_size > num_tokens:
                 # No block completed (most decode steps): nothing to hash yet;
                 # new tokens reach kvcoord's request when one does.
                 return []
@@ -75,16 +76,16 @@ def make_block_hasher(
                     return fallback(request)
                 request.__dict__[ATTR] = mine
                 stats["kvcoord_requests"] += 1
-            elif mine.num_tokens < request.num_tokens:
+            elif mine.num_tokens < num_tokens:
                 try:
                     mine.append_output_token_ids(
-                        request.all_token_ids[mine.num_tokens : request.num_tokens]
+                        request.all_token_ids[mine.num_tokens : num_tokens]
                     )
                 except InvalidTokenError:
                     # From here on vLLM hashes this request (same digests so far).
                     request.__dict__[ATTR] = _NOT_OURS
                     return fallback(request)
-            elif mine.num_tokens > request.num_tokens:
+            elif mine.num_tokens > num_tokens:
                 request.__dict__[ATTR] = _NOT_OURS
                 return fallback(request)
             done = len(request.block_hashes)

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import importlib
 import logging
+import sys
 from typing import Any
 
+from kvcoord.config import FullAttentionSpec
 from kvcoord.coordinator import get_kv_cache_coordinator, shared_prefix_boundary
 from kvcoord.errors import UnknownRequestError
-from kvcoord.vllm._blocks import KVCacheBlocks, PoolView, ids_of
+from kvcoord.vllm._blocks import EmptyKVCacheBlocks, KVCacheBlocks, PoolView, ids_of
 from kvcoord.vllm._construct import (
     bind_args,
     caller_reason,
@@ -85,8 +87,9 @@ class KVCacheManager:
         self.hash_block_size = int(a["hash_block_size"])
         watermark = float(a.get("watermark", 0.0))
         self.watermark_blocks = int(watermark * cfg.num_blocks)
+        kv_config = to_kvcoord_config(cfg)
         self._core_coordinator = get_kv_cache_coordinator(
-            to_kvcoord_config(cfg),
+            kv_config,
             max_model_len=self.max_model_len,
             enable_caching=self.enable_caching,
             hash_block_size=self.hash_block_size,
@@ -98,7 +101,14 @@ class KVCacheManager:
         self.block_pool = PoolView(self._pool, self._core, self._parking.free)
         self.coordinator = CoordinatorView(self, self._core_coordinator)
         self._block_sizes = tuple(int(g.kv_cache_spec.block_size) for g in cfg.kv_cache_groups)
-        self.empty_kv_cache_blocks = KVCacheBlocks(
+        # The decode fast path of allocate_slots: request id -> what it holds
+        # (see _room). Only where a step within it changes nothing in vLLM:
+        # full attention (no block leaves a window) and no watermark.
+        self._decode_room: dict[str, tuple[int, int]] = {}
+        plain = all(type(g.spec) is FullAttentionSpec for g in kv_config.groups)
+        sizes = tuple(sorted(set(self._block_sizes)))
+        self._room_sizes = sizes if plain and not self.watermark_blocks else ()
+        self.empty_kv_cache_blocks = EmptyKVCacheBlocks(
             tuple(() for _ in range(self.num_kv_cache_groups)), self._pool
         )
         self.prefix_cache_stats: Any = self._new_stats() if self.log_stats else None
@@ -215,7 +225,58 @@ class KVCacheManager:
         has_scheduled_reqs: bool = True,
         skip_zeroing_group_ids: tuple[int, ...] = (),
     ) -> KVCacheBlocks | None:
-        """vLLM's ``allocate_slots``: new blocks per group, or None (nothing changed)."""
+        """vLLM's ``allocate_slots``: new blocks per group, or None (nothing changed).
+
+        A decode step that needs no new block and completes no block to cache
+        (most steps of a running request) is answered here without the core:
+        vLLM's manager changes nothing then and returns its empty blocks. The
+        core's request catches up with vLLM's at the next call that reaches it.
+        """
+        room = self._decode_room.get(request.request_id)
+        if (
+            room is not None
+            and (new_computed_blocks is None or new_computed_blocks is self.empty_kv_cache_blocks)
+            and num_new_tokens > 0
+            and not (
+                num_new_computed_tokens
+                or num_external_computed_tokens
+                or num_encoder_tokens
+                or full_sequence_must_fit
+                or reserved_blocks
+            )
+        ):
+            done = request.num_computed_tokens + num_new_tokens
+            if done + num_lookahead_tokens <= room[0] and done < room[1]:
+                return self.empty_kv_cache_blocks
+        return self._allocate(
+            request,
+            num_new_tokens,
+            num_new_computed_tokens,
+            new_computed_blocks,
+            num_lookahead_tokens,
+            num_external_computed_tokens,
+            delay_cache_blocks,
+            num_encoder_tokens,
+            full_sequence_must_fit,
+            reserved_blocks,
+            has_scheduled_reqs,
+        )
+
+    def _allocate(
+        self,
+        request: Any,
+        num_new_tokens: int,
+        num_new_computed_tokens: int,
+        new_computed_blocks: Any,
+        num_lookahead_tokens: int,
+        num_external_computed_tokens: int,
+        delay_cache_blocks: bool,
+        num_encoder_tokens: int,
+        full_sequence_must_fit: bool,
+        reserved_blocks: int,
+        has_scheduled_reqs: bool,
+    ) -> KVCacheBlocks | None:
+        """``allocate_slots`` through the core (every call the fast path cannot answer)."""
         if (
             num_new_tokens == 0
             and num_external_computed_tokens == 0
@@ -255,8 +316,9 @@ class KVCacheManager:
         # vLLM caches only blocks its request has hashes for; when those lag
         # (no hasher, or a hash-lookahead hasher waiting for its token),
         # caching is done here, clipped to them.
+        num_tokens = mine.num_tokens  # vLLM's count, just synced
         hashed = len(request.block_hashes) * self.hash_block_size
-        lagging = hashed < request.num_tokens - self.hash_block_size + 1
+        lagging = hashed < num_tokens - self.hash_block_size + 1
         result = self._core.allocate_slots(
             mine,
             num_new_tokens + num_external_computed_tokens,
@@ -268,12 +330,18 @@ class KVCacheManager:
         )
         if result is None:
             return None
+        cached_to = min(total_computed + num_new_tokens, num_tokens)
         if lagging and not delay_cache_blocks and self.enable_caching:
-            done = min(total_computed + num_new_tokens, request.num_tokens, hashed)
-            self._core.cache_blocks(mine, done)
+            cached_to = min(cached_to, hashed)
+            self._core.cache_blocks(mine, cached_to)
+        if self._room_sizes and not delay_cache_blocks:
+            need = min(total_computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
+            self._decode_room[rid] = self._room(need, cached_to)
+        elif self._decode_room:
+            self._decode_room.pop(rid, None)
         if result.is_empty():
             return self.empty_kv_cache_blocks
-        new: tuple[Any, ...] = result.arrays()  # read-only int32 ids per group
+        new: tuple[Any, ...] = result.get_block_ids()  # fresh lists per group
         if num_external_computed_tokens:
             # vLLM returns the blocks past the external (connector) tokens only.
             new = self._past_external(new, num_local, num_local + num_external_computed_tokens)
@@ -285,6 +353,21 @@ class KVCacheManager:
             skip = _cdiv(computed, bs) - _cdiv(local, bs)
             out.append(new[g][max(skip, 0) :])
         return tuple(out)
+
+    def _room(self, need: int, cached_to: int) -> tuple[int, int]:
+        """What a request holds after an allocation for ``need`` slots that
+        cached its full blocks up to ``cached_to`` tokens, as (slots it has,
+        first token count that completes a block not yet cached), each the
+        smallest over groups. Lower bounds: a later step within both needs no
+        block and caches none (any other step goes to the core)."""
+        sizes = self._room_sizes
+        bs = sizes[0]
+        slots = -(-need // bs) * bs
+        next_block = (cached_to // bs + 1) * bs
+        for bs in sizes[1:]:
+            slots = min(slots, -(-need // bs) * bs)
+            next_block = min(next_block, (cached_to // bs + 1) * bs)
+        return slots, next_block if self.enable_caching else sys.maxsize
 
     def cache_blocks(self, request: Any, num_computed_tokens: int) -> None:
         if self.enable_caching and self._held(request.request_id) is not None:
@@ -298,6 +381,7 @@ class KVCacheManager:
         rid = request.request_id
         self._core.free(self._requests.core_id(rid))
         self._requests.drop(rid)
+        self._decode_room.pop(rid, None)
 
     def pop_blocks_for_free(self, request: Any) -> list[int]:
         """Forget the request but keep its blocks' references; the caller frees
@@ -305,6 +389,7 @@ class KVCacheManager:
         which frees them tail first as vLLM does (see :mod:`kvcoord.vllm._parking`)."""
         rid = request.request_id
         held = self._held(rid)
+        self._decode_room.pop(rid, None)
         if held is None:
             self._requests.drop(rid)
             return []
@@ -327,11 +412,13 @@ class KVCacheManager:
         """Full attention skips no blocks: nothing to release."""
 
     def evict_blocks(self, block_ids: Any) -> None:
+        self._decode_room.clear()
         self.block_pool.evict_blocks(block_ids)
 
     def reset_prefix_cache(self) -> bool:
         if not self._core.reset_prefix_cache():
             return False
+        self._decode_room.clear()
         if self.prefix_cache_stats is not None:
             self.prefix_cache_stats.reset = True
         return True

@@ -395,8 +395,12 @@ impl PyRequest {
         py: Python<'_>,
         token_ids: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
+        // Lists and tuples are never scalars: asking them for `__index__`
+        // raises inside `hasattr`, which cost ~6 us per append.
         let scalar = token_ids.is_instance_of::<PyInt>()
-            || (token_ids.cast::<numpy::PyUntypedArray>().is_err()
+            || (!token_ids.is_instance_of::<PyList>()
+                && !token_ids.is_instance_of::<PyTuple>()
+                && token_ids.cast::<numpy::PyUntypedArray>().is_err()
                 && crate::args::is_int_like(token_ids));
         if scalar {
             let t = token(self.inner.num_tokens(), token_ids)?;
