@@ -115,3 +115,41 @@ def test_prefix_keys() -> None:
     assert prefix_block_keys(t[:15], 16).shape == (0,)
     with pytest.raises(ValueError):
         best_possible_hits(Workload("w", []), 0)
+
+
+def test_unbounded_prefix_cache_counts_like_a_python_reference() -> None:
+    """The core's unbounded cache against a plain set of token prefixes."""
+
+    from kvcoord._core import UnboundedPrefixCache
+
+    rng = random.Random(7)
+    bs = 4
+    cache = UnboundedPrefixCache(bs)
+    seen: set[tuple[object, ...]] = set()
+    stems = [[rng.randrange(50) for _ in range(rng.randrange(0, 20))] for _ in range(6)]
+    for _ in range(300):
+        prompt = rng.choice(stems) + [rng.randrange(50) for _ in range(rng.randrange(1, 12))]
+        output = [rng.randrange(50) for _ in range(rng.randrange(0, 9))]
+        salt = rng.choice([None, None, "s"])
+        computed = (prompt + output)[: len(prompt) + len(output) - 1]
+        blocks = len(computed) // bs
+        cap = min((len(prompt) - 1) // bs, blocks)
+        want = 0
+        while want < cap and (salt, tuple(computed[: (want + 1) * bs])) in seen:
+            want += 1
+        seen.update((salt, tuple(computed[: (k + 1) * bs])) for k in range(blocks))
+        assert cache.add(prompt, np.asarray(output, dtype=np.int64), salt) == want * bs
+    assert len(cache) == len(seen)
+
+
+def test_unbounded_prefix_cache_refuses_bad_input_unchanged() -> None:
+    from kvcoord._core import UnboundedPrefixCache
+    from kvcoord.errors import ConfigError, InvalidTokenError
+
+    with pytest.raises(ConfigError):
+        UnboundedPrefixCache(0)
+    cache = UnboundedPrefixCache(2)
+    cache.add([1, 2, 3], [])
+    with pytest.raises(InvalidTokenError):
+        cache.add([1, 2, -1], [])
+    assert (cache.prompt_tokens, cache.hit_tokens, len(cache)) == (3, 0, 1)

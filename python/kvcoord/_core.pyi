@@ -21,6 +21,7 @@ __all__ = [
     "GroupSpec",
     "KVCacheBlocks",
     "Request",
+    "UnboundedPrefixCache",
     "__version__",
     "advance_requests",
     "choose_coordinator",
@@ -621,6 +622,26 @@ class KVCacheBlocks:
     def __eq__(self, value: object, /) -> bool: ...
     def __add__(self, value: KVCacheBlocks, /) -> KVCacheBlocks: ...
     def __radd__(self, value: KVCacheBlocks, /) -> KVCacheBlocks: ...
+
+@final
+class UnboundedPrefixCache:
+    """An unbounded, never-evicting prefix cache (the planner's best possible hit rate)."""
+
+    def __init__(self, block_size: int) -> None: ...
+    def add(
+        self,
+        prompt: TokenIds,
+        output: TokenIds,
+        salt: str | None = None,
+    ) -> int:
+        """Account one request in arrival order; returns its hit in tokens."""
+    @property
+    def block_size(self) -> int: ...
+    @property
+    def prompt_tokens(self) -> int: ...
+    @property
+    def hit_tokens(self) -> int: ...
+    def __len__(self) -> int: ...
 
 @final
 class BlockPoolView:

@@ -7,10 +7,10 @@ lookup at ``prompt_len - 1`` tokens (the last prompt token is always
 recomputed). A finished request has computed its prompt and all but its last
 output token, and all those full blocks stay cached forever.
 
-Prefixes are identified by a 64-bit key per block: a position-dependent mix
-of the block's tokens, summed over the prefix (numpy, no per-token Python).
-Keys of earlier prefixes go into one set; because every prefix of a stored
-prefix is stored too, a request's hit length is found by binary search.
+The unbounded cache itself is the core's ``UnboundedPrefixCache`` (chained
+64-bit block keys in a Rust hash set, no Python object per block).
+:func:`prefix_block_keys` is the numpy form of such keys, used by the host
+and disk tiers to name prefix chunks.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvcoord._core import UnboundedPrefixCache
 from kvcoord.replay.workloads import Workload, _splitmix64
 
 __all__ = [
@@ -69,15 +70,13 @@ class BestCase:
 
 
 class BestCaseTracker:
-    """Feed requests in arrival order; keeps the unbounded cache's prefix keys."""
+    """Feed requests in arrival order; an unbounded cache of their computed prefixes."""
 
     def __init__(self, block_size: int) -> None:
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
         self.block_size = block_size
-        self._seen: set[int] = set()
-        self.prompt_tokens = 0
-        self.hit_tokens = 0
+        self._cache = UnboundedPrefixCache(block_size)
 
     def add(
         self,
@@ -86,26 +85,15 @@ class BestCaseTracker:
         salt: str | None = None,
     ) -> int:
         """Account one request (its prompt and all its output tokens); returns its hit tokens."""
-        bs = self.block_size
-        p = np.asarray(prompt, dtype=np.int64)
-        n_prompt = p.shape[0]
-        n_out = len(output)
-        # computed tokens at the end: the prompt and all but the last output token
-        computed = np.concatenate([p, np.asarray(output, dtype=np.int64)])[: n_prompt + n_out - 1]
-        keys = prefix_block_keys(computed, bs, salt)
-        seen = self._seen
-        lo, hi = 0, min((n_prompt - 1) // bs, keys.shape[0])
-        # largest m <= hi with keys[:m] all seen (the seen set is prefix-closed)
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if int(keys[mid - 1]) in seen:
-                lo = mid
-            else:
-                hi = mid - 1
-        seen.update(keys[lo:].tolist())
-        self.prompt_tokens += n_prompt
-        self.hit_tokens += lo * bs
-        return lo * bs
+        return self._cache.add(prompt, output, salt)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self._cache.prompt_tokens
+
+    @property
+    def hit_tokens(self) -> int:
+        return self._cache.hit_tokens
 
     def result(self) -> BestCase:
         return BestCase(self.prompt_tokens, self.hit_tokens)

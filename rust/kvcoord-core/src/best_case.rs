@@ -2,8 +2,10 @@
 //! that never evicts, fed requests in arrival order.
 //!
 //! Only prefix *equality* matters here, not vLLM's digests, so each full
-//! block gets a 64-bit key chained from its predecessor's (a collision needs
-//! two different prefixes with one key: about 2^-64 per pair). Because a
+//! block gets a 64-bit key chained from its predecessor's: a cheap
+//! multiply-xorshift over the block's tokens, then a full 64-bit mix. Not
+//! collision-resistant against crafted input, which a hit-rate estimate
+//! does not need; for real traces a false hit is a 64-bit coincidence. Because a
 //! stored prefix brings all its own prefixes with it, the set of keys is
 //! prefix-closed and a request's hit is its leading run of known keys.
 
@@ -33,12 +35,20 @@ impl Hasher for KeyIsHash {
     }
 }
 
-/// SplitMix64's finaliser: a bijective mix of 64 bits.
+/// `SplitMix64`'s finaliser: a bijective mix of 64 bits.
 #[inline]
 fn mix(mut z: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^ (z >> 31)
+}
+
+/// The chain's starting key for a salted request (FNV-1a, then mixed).
+fn salt_key(salt: &[u8]) -> u64 {
+    let fnv = salt.iter().fold(0xCBF2_9CE4_8422_2325_u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01B3)
+    });
+    mix(fnv ^ 0xA5A5_5A5A_C3C3_3C3C)
 }
 
 /// An unbounded prefix cache keyed by chained 64-bit block keys.
@@ -96,29 +106,37 @@ impl UnboundedPrefixCache {
 
     /// Accounts one request and returns its hit in tokens.
     ///
-    /// The hit is the longest run of leading full blocks an earlier request
-    /// computed, capped like vLLM's lookup at `prompt.len() - 1` tokens (the
-    /// last prompt token is always recomputed). Afterwards the request's
-    /// computed tokens (the prompt and all but the last output token) stay
-    /// cached forever. `salt` separates requests whose prefixes must never
-    /// be shared (vLLM's `cache_salt`). On error nothing changed.
-    pub fn add(&mut self, prompt: &[u32], output: &[u32], salt: u64) -> KvResult<usize> {
+    /// `tokens` are the request's prompt (its first `num_prompt`) followed
+    /// by all its output tokens. The hit is the longest run of leading full
+    /// blocks an earlier request computed, capped like vLLM's lookup at
+    /// `num_prompt - 1` tokens (the last prompt token is always recomputed).
+    /// Afterwards the request's computed tokens (the prompt and all but the
+    /// last output token) stay cached forever. `salt` separates requests
+    /// whose prefixes must never be shared (vLLM's `cache_salt`). On error
+    /// nothing changed.
+    pub fn add(
+        &mut self,
+        tokens: &[u32],
+        num_prompt: usize,
+        salt: Option<&[u8]>,
+    ) -> KvResult<usize> {
         let bs = self.block_size;
-        let computed = (prompt.len() + output.len()).saturating_sub(1);
-        let num_blocks = computed / bs;
-        let max_hit = (prompt.len().saturating_sub(1) / bs).min(num_blocks);
+        let num_prompt = num_prompt.min(tokens.len());
+        let num_blocks = tokens.len().saturating_sub(1) / bs;
+        let max_hit = (num_prompt.saturating_sub(1) / bs).min(num_blocks);
         self.keys.clear();
         crate::limits::try_reserve(&mut self.keys, num_blocks, "best-case block keys")?;
-        let mut key = mix(salt ^ 0x5EED_CAFE_F00D_0001);
-        let tokens = prompt.iter().chain(output.iter()).take(num_blocks * bs);
-        let mut content = 0u64;
-        for (i, &t) in tokens.enumerate() {
-            content = mix(content ^ u64::from(t) ^ (((i % bs) as u64 + 1) << 32));
-            if (i + 1) % bs == 0 {
-                key = mix(key ^ content);
-                self.keys.push(key);
-                content = 0;
+        let mut key = salt.map_or(0x5EED_CAFE_F00D_0001, salt_key);
+        for block in tokens[..num_blocks * bs].chunks_exact(bs) {
+            // one multiply per token; the block's value is mixed fully below
+            let mut content = 0u64;
+            for (pos, &t) in (1u64..).zip(block) {
+                content =
+                    (content ^ u64::from(t) ^ (pos << 32)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                content ^= content >> 29;
             }
+            key = mix(key ^ mix(content));
+            self.keys.push(key);
         }
         let hit = self.keys[..max_hit]
             .iter()
@@ -133,7 +151,7 @@ impl UnboundedPrefixCache {
             })?;
         self.seen.extend(self.keys[hit..].iter().copied());
         let hit_tokens = hit * bs;
-        self.prompt_tokens += prompt.len() as u64;
+        self.prompt_tokens += num_prompt as u64;
         self.hit_tokens += hit_tokens as u64;
         Ok(hit_tokens)
     }
@@ -147,14 +165,25 @@ mod tests {
         r.collect()
     }
 
+    /// `add` with the prompt and the output apart.
+    fn add(
+        c: &mut UnboundedPrefixCache,
+        prompt: &[u32],
+        output: &[u32],
+        salt: Option<&[u8]>,
+    ) -> usize {
+        let all: Vec<u32> = prompt.iter().chain(output).copied().collect();
+        c.add(&all, prompt.len(), salt).unwrap()
+    }
+
     #[test]
     fn second_request_hits_the_shared_full_blocks_only() {
         let mut c = UnboundedPrefixCache::new(4).unwrap();
-        assert_eq!(c.add(&toks(0..10), &[], 0).unwrap(), 0);
+        assert_eq!(add(&mut c, &toks(0..10), &[], None), 0);
         // 9 tokens computed -> blocks [0..4), [4..8) stored
         let mut p = toks(0..8);
         p.extend([100, 101, 102]);
-        assert_eq!(c.add(&p, &[7], 0).unwrap(), 8);
+        assert_eq!(add(&mut c, &p, &[7], None), 8);
         assert_eq!(c.prompt_tokens(), 21);
         assert_eq!(c.hit_tokens(), 8);
     }
@@ -162,27 +191,27 @@ mod tests {
     #[test]
     fn hit_is_capped_below_the_last_prompt_token() {
         let mut c = UnboundedPrefixCache::new(4).unwrap();
-        c.add(&toks(0..8), &[1, 2, 3], 0).unwrap();
+        add(&mut c, &toks(0..8), &[1, 2, 3], None);
         // the same 8-token prompt may reuse only 7 tokens: one full block
-        assert_eq!(c.add(&toks(0..8), &[], 0).unwrap(), 4);
+        assert_eq!(add(&mut c, &toks(0..8), &[], None), 4);
     }
 
     #[test]
     fn outputs_are_cached_and_salts_separate() {
         let mut c = UnboundedPrefixCache::new(2).unwrap();
-        c.add(&[1, 2], &[3, 4, 5], 0).unwrap(); // computed 1 2 3 4
-        assert_eq!(c.add(&[1, 2, 3, 4, 9], &[], 0).unwrap(), 4);
-        assert_eq!(c.add(&[1, 2, 3, 4, 9], &[], 77).unwrap(), 0);
+        add(&mut c, &[1, 2], &[3, 4, 5], None); // computed 1 2 3 4
+        assert_eq!(add(&mut c, &[1, 2, 3, 4, 9], &[], None), 4);
+        assert_eq!(add(&mut c, &[1, 2, 3, 4, 9], &[], Some(b"salt")), 0);
     }
 
     #[test]
     fn a_changed_token_ends_the_hit_even_at_equal_later_blocks() {
         let mut c = UnboundedPrefixCache::new(2).unwrap();
-        c.add(&[1, 2, 3, 4, 5, 6, 0], &[], 0).unwrap();
-        assert_eq!(c.add(&[9, 2, 3, 4, 5, 6, 0], &[], 0).unwrap(), 0);
+        add(&mut c, &[1, 2, 3, 4, 5, 6, 0], &[], None);
+        assert_eq!(add(&mut c, &[9, 2, 3, 4, 5, 6, 0], &[], None), 0);
         // block contents alone do not match: position in the block matters
-        c.add(&[7, 8, 0], &[], 0).unwrap();
-        assert_eq!(c.add(&[8, 7, 0], &[], 0).unwrap(), 0);
+        add(&mut c, &[7, 8, 0], &[], None);
+        assert_eq!(add(&mut c, &[8, 7, 0], &[], None), 0);
     }
 
     #[test]

@@ -9,6 +9,7 @@
 #![allow(clippy::needless_pass_by_value, clippy::unused_self)]
 
 mod args;
+mod best_case;
 mod blocks;
 mod convert;
 mod coordinator;
@@ -26,6 +27,8 @@ use pyo3::prelude::*;
 #[pymodule(gil_used = false)]
 #[pyo3(name = "_core")]
 mod core_module {
+    #[pymodule_export]
+    use crate::best_case::PyUnboundedPrefixCache;
     #[pymodule_export]
     use crate::blocks::PyKVCacheBlocks;
     #[pymodule_export]

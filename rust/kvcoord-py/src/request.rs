@@ -153,7 +153,11 @@ macro_rules! try_token_array {
 /// 1-D integer numpy array) to `out`, validating each. Positions in errors
 /// count from `base`. On error `out` may hold part of the input: callers
 /// pass a scratch vector or truncate.
-fn extract_tokens(obj: &Bound<'_, PyAny>, out: &mut Vec<u32>, base: usize) -> PyResult<()> {
+pub(crate) fn extract_tokens(
+    obj: &Bound<'_, PyAny>,
+    out: &mut Vec<u32>,
+    base: usize,
+) -> PyResult<()> {
     if let Ok(list) = obj.cast::<PyList>() {
         reserve_tokens(out, list.len())?;
         return tokens_from_items(list.iter(), out, base);

@@ -1,0 +1,67 @@
+//! `kvcoord._core.UnboundedPrefixCache`: conversion only, the cache is
+//! `kvcoord_core::UnboundedPrefixCache`.
+
+use kvcoord_core::UnboundedPrefixCache;
+use pyo3::prelude::*;
+
+use crate::errors::core;
+use crate::request::extract_tokens;
+
+/// The best possible prefix cache: unbounded, never evicts. Feed requests in
+/// arrival order with `add`; see `kvcoord.replay.bestcase`.
+#[pyclass(module = "kvcoord._core", name = "UnboundedPrefixCache")]
+pub(crate) struct PyUnboundedPrefixCache {
+    cache: UnboundedPrefixCache,
+    tokens: Vec<u32>,
+}
+
+#[pymethods]
+impl PyUnboundedPrefixCache {
+    #[new]
+    #[pyo3(signature = (block_size))]
+    fn new(block_size: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let block_size = crate::args::count(block_size, "block_size")?;
+        Ok(Self {
+            cache: core(UnboundedPrefixCache::new(block_size))?,
+            tokens: Vec::new(),
+        })
+    }
+
+    /// Accounts one request (its prompt, all its output tokens and its
+    /// cache salt); returns its hit in tokens.
+    #[pyo3(signature = (prompt, output, salt = None))]
+    fn add(
+        &mut self,
+        py: Python<'_>,
+        prompt: &Bound<'_, PyAny>,
+        output: &Bound<'_, PyAny>,
+        salt: Option<&str>,
+    ) -> PyResult<usize> {
+        self.tokens.clear();
+        extract_tokens(prompt, &mut self.tokens, 0)?;
+        let num_prompt = self.tokens.len();
+        extract_tokens(output, &mut self.tokens, num_prompt)?;
+        let (cache, tokens) = (&mut self.cache, &self.tokens);
+        let salt = salt.map(str::as_bytes);
+        core(py.detach(|| cache.add(tokens, num_prompt, salt)))
+    }
+
+    #[getter]
+    fn block_size(&self) -> usize {
+        self.cache.block_size()
+    }
+
+    #[getter]
+    fn prompt_tokens(&self) -> u64 {
+        self.cache.prompt_tokens()
+    }
+
+    #[getter]
+    fn hit_tokens(&self) -> u64 {
+        self.cache.hit_tokens()
+    }
+
+    fn __len__(&self) -> usize {
+        self.cache.len()
+    }
+}
