@@ -188,3 +188,9 @@ pub(crate) fn request<'py>(
     })?;
     Ok(req.try_borrow()?)
 }
+
+/// A retention priority (the `priority` eviction policy): a count, with
+/// values beyond `i64` left for the core to refuse (it names the range).
+pub(crate) fn priority(obj: &Bound<'_, PyAny>) -> PyResult<i64> {
+    Ok(i64::try_from(count(obj, "priority")?).unwrap_or(i64::MAX))
+}

@@ -253,8 +253,7 @@ impl PyCoordinatorCore {
         block_ids: &Bound<'_, PyAny>,
         priority: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
-        // Out-of-range priorities are the core's error (it names the range).
-        let priority = i64::try_from(args::count(priority, "priority")?).unwrap_or(i64::MAX);
+        let priority = args::priority(priority)?;
         let ids = convert::block_ids(block_ids)?;
         core(self.inner.pool_mut().set_priority(&ids, priority))
     }

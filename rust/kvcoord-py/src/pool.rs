@@ -229,8 +229,7 @@ pool_readers!(PyBlockPool, "BlockPool", {
         block_ids: &Bound<'_, PyAny>,
         priority: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
-        // Out-of-range priorities are the core's error (it names the range).
-        let priority = i64::try_from(args::count(priority, "priority")?).unwrap_or(i64::MAX);
+        let priority = args::priority(priority)?;
         self.with_ids(block_ids, |pool, ids| pool.set_priority(ids, priority))
     }
 
