@@ -6,6 +6,8 @@ builtin a caller expects, and leaves all state exactly as it was
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 
@@ -420,3 +422,25 @@ def test_hit_tokens_without_hit_blocks_are_refused() -> None:
         state,
         lambda: mgr.allocate_slots(b, 1, 8, KVCacheBlocks([[]])),
     )
+
+
+@pytest.mark.parametrize(
+    ("call", "argument"),
+    [
+        (lambda: kvcoord.Request(7, [1, 2], hash_block_size=16), "request_id"),
+        (lambda: kvcoord.Request("r", [1], hash_block_size=16, hash_algo=b"x"), "hash_algo"),
+        (lambda: kvcoord.Request("r", [1], hash_block_size=16, hash_seed=1), "hash_seed"),
+        (lambda: kvcoord.Request("r", [1], hash_block_size=16, cache_salt=5), "cache_salt"),
+        (lambda: kvcoord.compute_block_hashes([1], hash_block_size=16, cache_salt=5), "cache_salt"),
+        (lambda: kvcoord.BlockPool(4, eviction_policy=3), "eviction_policy"),
+        (lambda: kvcoord._core.UnboundedPrefixCache(2).add([1, 2], [3], 5), "salt"),
+    ],
+)
+def test_non_str_for_a_str_argument_is_a_kvcoord_type_error(
+    call: Callable[[], object], argument: str
+) -> None:
+    """Regression: str parameters raised a bare TypeError, not a kvcoord error."""
+    with pytest.raises(kvcoord.errors.ArgumentTypeError, match="expected a str") as info:
+        call()
+    assert isinstance(info.value, TypeError)
+    assert any(argument in note for note in getattr(info.value, "__notes__", []))

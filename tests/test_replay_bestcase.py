@@ -153,3 +153,12 @@ def test_unbounded_prefix_cache_refuses_bad_input_unchanged() -> None:
     with pytest.raises(InvalidTokenError):
         cache.add([1, 2, -1], [])
     assert (cache.prompt_tokens, cache.hit_tokens, len(cache)) == (3, 0, 1)
+
+
+def test_tracker_block_size_is_checked_by_the_core() -> None:
+    from kvcoord.errors import ConfigError
+    from kvcoord.replay.bestcase import BestCaseTracker
+
+    with pytest.raises(ConfigError):
+        BestCaseTracker(0)
+    assert BestCaseTracker(16).block_size == 16

@@ -73,10 +73,11 @@ class BestCaseTracker:
     """Feed requests in arrival order; an unbounded cache of their computed prefixes."""
 
     def __init__(self, block_size: int) -> None:
-        if block_size <= 0:
-            raise ValueError(f"block_size must be positive, got {block_size}")
-        self.block_size = block_size
-        self._cache = UnboundedPrefixCache(block_size)
+        self._cache = UnboundedPrefixCache(block_size)  # checks block_size
+
+    @property
+    def block_size(self) -> int:
+        return self._cache.block_size
 
     def add(
         self,

@@ -3,7 +3,8 @@
 //! argument: an int out of range is an `InvalidArgumentError` (a
 //! `ValueError`), anything that is not an int an `ArgumentTypeError` (also a
 //! `TypeError`), never a bare `OverflowError` or `TypeError` from `PyO3`.
-//! Numpy integer scalars (anything with `__index__`) are ints.
+//! Numpy integer scalars (anything with `__index__`) are ints. String
+//! arguments are [`Text`], whose refusal is an `ArgumentTypeError` too.
 
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyInt};
@@ -193,4 +194,35 @@ pub(crate) fn request<'py>(
 /// values beyond `i64` left for the core to refuse (it names the range).
 pub(crate) fn priority(obj: &Bound<'_, PyAny>) -> PyResult<i64> {
     Ok(i64::try_from(count(obj, "priority")?).unwrap_or(i64::MAX))
+}
+
+/// A `str` argument. Anything else is an `ArgumentTypeError` (a kvcoord
+/// error and a `TypeError`; `PyO3` adds a note naming the argument), where
+/// a plain `String` parameter would raise a bare `TypeError`.
+pub(crate) struct Text(pub(crate) String);
+
+impl Text {
+    /// A default value for a `#[pyo3(signature)]`.
+    pub(crate) fn from_static(s: &'static str) -> Self {
+        Self(s.to_owned())
+    }
+
+    pub(crate) fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// An optional `str` argument as `Option<&str>`.
+    pub(crate) fn opt(text: Option<&Self>) -> Option<&str> {
+        text.map(Self::as_str)
+    }
+}
+
+impl<'a, 'py> FromPyObject<'a, 'py> for Text {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        obj.extract::<String>().map(Self).map_err(|_| {
+            ArgumentTypeError::new_err(format!("expected a str, got {}", type_name(&obj)))
+        })
+    }
 }

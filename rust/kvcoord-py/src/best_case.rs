@@ -4,6 +4,7 @@
 use kvcoord_core::UnboundedPrefixCache;
 use pyo3::prelude::*;
 
+use crate::args::Text;
 use crate::errors::core;
 use crate::request::extract_tokens;
 
@@ -35,14 +36,14 @@ impl PyUnboundedPrefixCache {
         py: Python<'_>,
         prompt: &Bound<'_, PyAny>,
         output: &Bound<'_, PyAny>,
-        salt: Option<&str>,
+        salt: Option<Text>,
     ) -> PyResult<usize> {
         self.tokens.clear();
         extract_tokens(prompt, &mut self.tokens, 0)?;
         let num_prompt = self.tokens.len();
         extract_tokens(output, &mut self.tokens, num_prompt)?;
         let (cache, tokens) = (&mut self.cache, &self.tokens);
-        let salt = salt.map(str::as_bytes);
+        let salt = Text::opt(salt.as_ref()).map(str::as_bytes);
         core(py.detach(|| cache.add(tokens, num_prompt, salt)))
     }
 

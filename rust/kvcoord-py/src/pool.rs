@@ -197,16 +197,23 @@ impl PyBlockPool {
 pool_readers!(PyBlockPool, "BlockPool", {
     #[new]
     /// Scalars are converted by `args` (`None` stands for the default).
-    #[pyo3(signature = (num_blocks, *, enable_caching = None, hash_block_size = None, enable_events = None, eviction_policy = "lru"))]
+    #[pyo3(
+        signature = (
+            num_blocks, *, enable_caching = None, hash_block_size = None, enable_events = None,
+            eviction_policy = args::Text::from_static("lru")
+        ),
+        text_signature = "(num_blocks, *, enable_caching=None, hash_block_size=None, \
+                          enable_events=None, eviction_policy='lru')"
+    )]
     fn new(
         py: Python<'_>,
         num_blocks: &Bound<'_, PyAny>,
         enable_caching: Option<&Bound<'_, PyAny>>,
         hash_block_size: Option<&Bound<'_, PyAny>>,
         enable_events: Option<&Bound<'_, PyAny>>,
-        eviction_policy: &str,
+        eviction_policy: args::Text,
     ) -> PyResult<Self> {
-        let eviction: EvictionConfig = core(eviction_policy.parse())?;
+        let eviction: EvictionConfig = core(eviction_policy.as_str().parse())?;
         let num_blocks = args::config_count(num_blocks, "num_blocks")?;
         let config = PoolConfig {
             num_blocks,

@@ -11,6 +11,7 @@ use pyo3::exceptions::PyIndexError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyInt, PyList, PySlice, PyString, PyTuple};
 
+use crate::args::Text;
 use crate::errors::{core, err};
 
 /// Hash without holding the GIL when at least this many tokens are new
@@ -365,29 +366,43 @@ pub(crate) struct PyRequest {
 #[pymethods]
 impl PyRequest {
     #[new]
-    #[pyo3(signature = (
-        request_id, prompt_token_ids, *, hash_block_size, hash_algo = "sha256_cbor",
-        hash_seed = None, cache_salt = None, lora = None, mm_features = None
-    ))]
+    #[pyo3(
+        signature = (
+            request_id, prompt_token_ids, *, hash_block_size,
+            hash_algo = Text::from_static("sha256_cbor"), hash_seed = None, cache_salt = None,
+            lora = None, mm_features = None
+        ),
+        text_signature = "(request_id, prompt_token_ids, *, hash_block_size, \
+                          hash_algo='sha256_cbor', hash_seed=None, cache_salt=None, lora=None, \
+                          mm_features=None)"
+    )]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
-        request_id: String,
+        request_id: Text,
         prompt_token_ids: &Bound<'_, PyAny>,
         hash_block_size: &Bound<'_, PyAny>,
-        hash_algo: &str,
-        hash_seed: Option<&str>,
-        cache_salt: Option<String>,
+        hash_algo: Text,
+        hash_seed: Option<Text>,
+        cache_salt: Option<Text>,
         lora: Option<&Bound<'_, PyAny>>,
         mm_features: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
-        let config = hash_config(hash_algo, hash_block_size, hash_seed)?;
-        let extra = ExtraKeys::new(lora_key(lora)?, self::mm_features(mm_features)?, cache_salt);
+        let config = hash_config(
+            hash_algo.as_str(),
+            hash_block_size,
+            Text::opt(hash_seed.as_ref()),
+        )?;
+        let extra = ExtraKeys::new(
+            lora_key(lora)?,
+            self::mm_features(mm_features)?,
+            cache_salt.map(|t| t.0),
+        );
         let mut tokens = Vec::new();
         let mut hasher = RequestHasher::new(config, extra);
         extract_and_hash(py, prompt_token_ids, &mut hasher, &mut tokens)?;
         Ok(Self {
-            inner: Request::from_hashed(request_id, tokens, hasher),
+            inner: Request::from_hashed(request_id.0, tokens, hasher),
         })
     }
 
@@ -768,23 +783,35 @@ impl BlockHashes {
 /// Hashes of every full block of `token_ids` (one-shot; equals what a
 /// `Request` with the same arguments holds).
 #[pyfunction]
-#[pyo3(signature = (
-    token_ids, *, hash_block_size, hash_algo = "sha256_cbor", hash_seed = None,
-    cache_salt = None, lora = None, mm_features = None
-))]
+#[pyo3(
+    signature = (
+        token_ids, *, hash_block_size, hash_algo = Text::from_static("sha256_cbor"),
+        hash_seed = None, cache_salt = None, lora = None, mm_features = None
+    ),
+    text_signature = "(token_ids, *, hash_block_size, hash_algo='sha256_cbor', hash_seed=None, \
+                      cache_salt=None, lora=None, mm_features=None)"
+)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn compute_block_hashes<'py>(
     py: Python<'py>,
     token_ids: &Bound<'py, PyAny>,
     hash_block_size: &Bound<'py, PyAny>,
-    hash_algo: &str,
-    hash_seed: Option<&str>,
-    cache_salt: Option<String>,
+    hash_algo: Text,
+    hash_seed: Option<Text>,
+    cache_salt: Option<Text>,
     lora: Option<&Bound<'py, PyAny>>,
     mm_features: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyList>> {
-    let config = hash_config(hash_algo, hash_block_size, hash_seed)?;
-    let extra = ExtraKeys::new(lora_key(lora)?, self::mm_features(mm_features)?, cache_salt);
+    let config = hash_config(
+        hash_algo.as_str(),
+        hash_block_size,
+        Text::opt(hash_seed.as_ref()),
+    )?;
+    let extra = ExtraKeys::new(
+        lora_key(lora)?,
+        self::mm_features(mm_features)?,
+        cache_salt.map(|t| t.0),
+    );
     let mut tokens = Vec::new();
     let mut hasher = RequestHasher::new(config, extra);
     extract_and_hash(py, token_ids, &mut hasher, &mut tokens)?;
@@ -794,14 +821,17 @@ pub(crate) fn compute_block_hashes<'py>(
 /// The root digest (`NONE_HASH`, parent of block 0) for an algorithm and
 /// seed; the seed defaults as for `Request`.
 #[pyfunction]
-#[pyo3(signature = (hash_algo = "sha256_cbor", hash_seed = None))]
-pub(crate) fn none_hash<'py>(
-    py: Python<'py>,
-    hash_algo: &str,
-    hash_seed: Option<&str>,
-) -> PyResult<Bound<'py, PyBytes>> {
-    let algo = core(HashAlgo::from_name(hash_algo))?;
-    let seed = hash_seed.unwrap_or_else(|| hashing::default_seed(algo));
+#[pyo3(
+    signature = (hash_algo = Text::from_static("sha256_cbor"), hash_seed = None),
+    text_signature = "(hash_algo='sha256_cbor', hash_seed=None)"
+)]
+pub(crate) fn none_hash(
+    py: Python<'_>,
+    hash_algo: Text,
+    hash_seed: Option<Text>,
+) -> PyResult<Bound<'_, PyBytes>> {
+    let algo = core(HashAlgo::from_name(hash_algo.as_str()))?;
+    let seed = Text::opt(hash_seed.as_ref()).unwrap_or_else(|| hashing::default_seed(algo));
     Ok(PyBytes::new(py, hashing::none_hash(algo, seed).as_bytes()))
 }
 
