@@ -237,3 +237,13 @@ def test_free_list_ends_and_cached_index_follow_the_pool() -> None:
     assert index[key].block_id == a[1] and key in index
     pool.free_blocks(a[::-1])
     assert pool.reset_prefix_cache() and len(view.cached_block_hash_to_block) == 0
+
+
+def test_a_new_request_object_under_a_known_id_gets_its_own_hashes() -> None:
+    # Regression: a probe request reusing an id kept the first probe's hashes
+    # (vLLM's test_scheduler_publishes_lookahead_blocks_at_allocation).
+    reg = RequestRegistry(4)
+    first = FakeRequest("probe", list(range(8)))
+    assert list(reg.get(first).block_hashes) == hashes(list(range(8)))
+    second = FakeRequest("probe", list(range(1, 9)))
+    assert list(reg.get(second).block_hashes) == hashes(list(range(1, 9)))

@@ -48,7 +48,10 @@ class RequestRegistry:
 
     def __init__(self, hash_block_size: int) -> None:
         self.hash_block_size = hash_block_size
-        self._by_id: dict[str, Request] = {}
+        #: vLLM request id -> (the vLLM request object, kvcoord's request). A
+        #: different object under a known id (a probe reusing an id, a request
+        #: rebuilt by a test) gets a fresh kvcoord request: never stale hashes.
+        self._by_id: dict[str, tuple[Any, Request]] = {}
         #: vLLM request id -> the id its kvcoord request has in the core, for
         #: ids whose earlier blocks are still parked under the plain id (see
         #: :mod:`kvcoord.vllm._parking`); absent: the same id.
@@ -63,7 +66,8 @@ class RequestRegistry:
 
     def get(self, request: Any) -> Request:
         """kvcoord's request for ``request`` (a vLLM ``Request``), in step with it."""
-        mine = self._by_id.get(request.request_id)
+        entry = self._by_id.get(request.request_id)
+        mine = entry[1] if entry is not None and entry[0] is request else None
         if mine is None:
             # The request's own hashing request (kvcoord as vLLM's block hasher).
             shared = request.__dict__.get(ATTR)
@@ -72,14 +76,15 @@ class RequestRegistry:
                 and shared.hash_block_size == self.hash_block_size
                 and request.request_id not in self.core_ids
             ):
-                mine = self._by_id[request.request_id] = shared
+                mine = shared
+                self._by_id[request.request_id] = (request, mine)
                 stats["shared"] += 1
         num_tokens = request.num_tokens
         if mine is None or mine.num_tokens > num_tokens:
             if mine is not None:
                 stats["rebuilt"] += 1
             mine = self._make(request)
-            self._by_id[request.request_id] = mine
+            self._by_id[request.request_id] = (request, mine)
         elif mine.num_tokens < num_tokens:
             new = request.all_token_ids[mine.num_tokens : num_tokens]
             try:
