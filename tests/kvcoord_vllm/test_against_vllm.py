@@ -404,3 +404,29 @@ def test_async_scheduler_with_several_groups_falls_back_at_construction() -> Non
     assert isinstance(one, kv.KVCacheManager)
     assert not isinstance(two, kv.KVCacheManager)
     assert sum(kv.fallbacks.values()) == before + 1
+
+
+def test_single_type_views_find_cached_blocks_by_vllms_block_hash() -> None:
+    # vLLM's auxiliary-output connector reads
+    # coordinator.single_type_managers[g].block_pool.get_cached_block(hash, [g]).
+    cfg = config(16, [full_spec()])
+    theirs, ours = managers(cfg)
+    req = make_request("a", list(range(10)))
+    for m in (theirs, ours):
+        m.get_computed_blocks(req)
+        m.allocate_slots(req, 10)
+    for i, h in enumerate(req.block_hashes):
+        a = theirs.coordinator.single_type_managers[0].block_pool.get_cached_block(h, [0])
+        b = ours.coordinator.single_type_managers[0].block_pool.get_cached_block(h, [0])
+        assert [blk.block_id for blk in a] == [ids_of_view(x) for x in b] == [i + 1]
+    other = make_request("b", [7] * 10)
+    assert (
+        ours.coordinator.single_type_managers[0].block_pool.get_cached_block(
+            other.block_hashes[0], [0]
+        )
+        is None
+    )
+
+
+def ids_of_view(block: object) -> int:
+    return int(getattr(block, "block_id", block))  # type: ignore[call-overload]
