@@ -1,0 +1,105 @@
+"""HiSparse configurations of vLLM 0.33.0: not served yet, each falls back with
+a reason naming the HiSparse element found (kvcoord.vllm._hisparse).
+
+Skipped when vLLM is not installed.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+import pytest
+
+pytest.importorskip(
+    "vllm.v1.core.kv_cache_manager", reason="needs vLLM 0.33.0 (pip install kvcoord[vllm])"
+)
+
+import torch
+from vllm.v1.kv_cache_interface import (
+    FullAttentionSpec,
+    HiSparseHotSpec,
+    HiSparseResidentSpec,
+    KVCacheConfig,
+    KVCacheGroupRole,
+    KVCacheGroupSpec,
+)
+
+import kvcoord.vllm as kv
+from kvcoord.vllm._support import unsupported_reason
+
+BS = 16
+ARGS = {"hash_block_size": BS, "enable_caching": True}
+
+
+def full() -> FullAttentionSpec:
+    return FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=1, dtype=torch.float32)
+
+
+def hisparse_config(host_num_blocks: int | None = 16) -> KVCacheConfig:
+    """The shape vLLM's own HiSparse tests build: source, indexer, resident, hot."""
+    groups = [
+        KVCacheGroupSpec(
+            ["source"], full(), role=KVCacheGroupRole.HISPARSE_SOURCE, host_resident=True
+        ),
+        KVCacheGroupSpec(["indexer"], full(), role=KVCacheGroupRole.HISPARSE_INDEXER),
+        KVCacheGroupSpec(["resident"], HiSparseResidentSpec(block_size=BS, page_size=4 * BS)),
+        KVCacheGroupSpec(
+            ["hot"], HiSparseHotSpec(block_size=BS, page_size=4 * BS, blocks_per_request=2)
+        ),
+    ]
+    return KVCacheConfig(
+        num_blocks=32,
+        hisparse_host_num_blocks=host_num_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=groups,
+    )
+
+
+def one_group(group: KVCacheGroupSpec) -> KVCacheConfig:
+    return KVCacheConfig(num_blocks=32, kv_cache_tensors=[], kv_cache_groups=[group])
+
+
+def test_hisparse_manager_falls_back_with_its_reason(caplog) -> None:
+    before = kv.fallbacks.copy()
+    with caplog.at_level(logging.WARNING, logger="kvcoord.vllm"):
+        m = kv.KVCacheManager(
+            hisparse_config(),
+            max_model_len=128,
+            scheduler_block_size=BS,
+            hash_block_size=BS,
+        )
+    assert type(m) is kv.original_manager_class()
+    (reason,) = [r for r in kv.fallbacks if kv.fallbacks[r] != before.get(r, 0)]
+    assert reason.startswith("HiSparse KV cache (hisparse_host_num_blocks is set)")
+    assert any(reason in r.getMessage() for r in caplog.records)
+
+
+def test_each_hisparse_element_is_named() -> None:
+    cfg = hisparse_config(host_num_blocks=None)
+    reason = unsupported_reason(cfg, ARGS)
+    assert reason is not None and "role hisparse_source" in reason
+    resident = cfg.kv_cache_groups[2]
+    reason = unsupported_reason(one_group(resident), ARGS)
+    assert reason is not None and "HiSparseResidentSpec group" in reason
+    reason = unsupported_reason(one_group(cfg.kv_cache_groups[3]), ARGS)
+    assert reason is not None and "HiSparseHotSpec group" in reason
+    host = KVCacheGroupSpec(["h"], full(), host_resident=True)
+    reason = unsupported_reason(one_group(host), ARGS)
+    assert reason is not None and "host-resident group" in reason
+
+
+def test_source_role_alone_is_not_served_as_full_attention() -> None:
+    # vLLM picks HiSparseSourceManager for the role whatever the spec (its
+    # admission prediction differs from full attention's): it was served as
+    # plain full attention before this check.
+    group = KVCacheGroupSpec(["s"], full(), role=KVCacheGroupRole.HISPARSE_SOURCE)
+    assert unsupported_reason(one_group(group), ARGS) is not None
+
+
+def test_indexer_role_alone_is_plain_full_attention() -> None:
+    group = KVCacheGroupSpec(["i"], full(), role=KVCacheGroupRole.HISPARSE_INDEXER)
+    assert unsupported_reason(one_group(group), ARGS) is None
+    assert (
+        unsupported_reason(one_group(replace(group, role=KVCacheGroupRole.DEFAULT)), ARGS) is None
+    )
