@@ -33,6 +33,7 @@ use crate::ids::{BlockId, GroupId};
 use crate::managers::GroupSpec;
 use crate::prefix_index::{CacheKey, KeySlot, PrefixIndex};
 use crate::residency::Residency;
+use crate::reuse_watch::ReuseWatch;
 
 /// `BlockMeta::key` of a block that is not in the prefix index.
 const NO_KEY: KeySlot = KeySlot::MAX;
@@ -175,6 +176,8 @@ pub struct BlockPool {
     now: u32,
     /// Residency metrics, when enabled (see [`crate::residency`]).
     residency: Option<Box<Residency>>,
+    /// Released blocks still read until reused ([`Self::unpin_blocks`]).
+    watch: ReuseWatch,
 }
 
 impl BlockPool {
@@ -306,6 +309,7 @@ impl BlockPool {
             num_evictions: 0,
             now: 0,
             residency: None,
+            watch: ReuseWatch::default(),
         })
     }
 
@@ -468,6 +472,9 @@ impl BlockPool {
                 });
                 with_policy!(policy, p => p.on_allocate(&out[start..], queue));
             }
+        }
+        if !self.watch.is_empty() {
+            self.watch.on_handed_out(&out[start..]);
         }
         if let Some(r) = self.residency.as_deref_mut() {
             for &b in &out[start..] {
@@ -933,10 +940,73 @@ impl BlockPool {
             }
             m.key = NO_KEY;
         }
+        if !self.watch.is_empty() {
+            self.watch.on_reset();
+        }
         if let Some(events) = &mut self.events {
             events.push(KvEvent::AllBlocksCleared);
         }
         true
+    }
+
+    // ---- released but still read (HiSparse) --------------------------------
+
+    /// Release one reference of each block while its contents stay readable
+    /// until the pool reuses it (vLLM's `BlockPool.unpin_blocks`). A block
+    /// reaching zero joins the back of the free queue whether or not it is
+    /// cached (the last to be reused), and counts as free; every listed block
+    /// is watched: when [`Self::get_new_blocks`] hands it out, or a
+    /// successful [`Self::reset_prefix_cache`] forgets the pool's contents,
+    /// it is reported once by [`Self::take_reused_watched`].
+    ///
+    /// Refused (nothing changed) for an out-of-range id, the null block, a
+    /// block listed more often than it has references, and on a pool with a
+    /// ranked eviction policy (vLLM's rule is a single LRU queue).
+    pub fn unpin_blocks(&mut self, blocks: &[BlockId]) -> KvResult<()> {
+        self.check_ids(blocks)?;
+        let Order::Lru(q) = &mut self.free else {
+            return Err(KvError::Unsupported {
+                what: "unpin_blocks on a pool with a ranked eviction policy".into(),
+            });
+        };
+        let mut counts: std::collections::HashMap<BlockId, u32> =
+            std::collections::HashMap::with_capacity(blocks.len());
+        for &b in blocks {
+            if b.is_null() {
+                return Err(KvError::InvalidArgument {
+                    name: "blocks",
+                    detail: "the null block cannot be unpinned".into(),
+                });
+            }
+            let n = counts.entry(b).or_insert(0);
+            *n += 1;
+            if *n > self.meta[b.index()].ref_cnt {
+                return Err(KvError::RefCountUnderflow(b));
+            }
+        }
+        let mut batch = q.begin_enqueue();
+        for &b in blocks {
+            let m = &mut self.meta[b.index()];
+            m.ref_cnt -= 1;
+            if m.ref_cnt == 0 {
+                batch.push(b, true);
+            }
+        }
+        batch.commit();
+        self.watch.watch(self.meta.len(), blocks);
+        Ok(())
+    }
+
+    /// The watched blocks ([`Self::unpin_blocks`]) handed out or forgotten
+    /// since the last call, in that order; each is reported once and is no
+    /// longer watched.
+    pub fn take_reused_watched(&mut self) -> Vec<BlockId> {
+        self.watch.take_reused()
+    }
+
+    /// Number of blocks watched by [`Self::unpin_blocks`] and not reused yet.
+    pub fn num_watched(&self) -> usize {
+        self.watch.len()
     }
 
     /// Number of blocks still in use besides the null block.
@@ -1040,6 +1110,7 @@ impl BlockPool {
             }
         }
         let _ = keyed;
+        self.watch.check_invariants()?;
         if self.free.capacity() != self.meta.len() {
             return Err("free queue capacity differs from the pool size".into());
         }
@@ -1371,5 +1442,85 @@ mod tests {
             );
             p.check_invariants().unwrap();
         }
+    }
+
+    // ---- unpin_blocks (HiSparse's released-but-read pages) ---------------
+
+    #[test]
+    fn unpinned_blocks_go_to_the_back_and_fire_once_when_reused() {
+        // Pool of 6: free queue 1..=5. Take 1, 2, 3; unpin 1 and 2 (uncached,
+        // yet they join the back, unlike free_blocks which puts them first).
+        let mut p = pool(6);
+        let mut b = Vec::new();
+        p.get_new_blocks(3, &mut b).unwrap();
+        assert_eq!(b, ids(&[1, 2, 3]));
+        p.unpin_blocks(&ids(&[2, 1])).unwrap();
+        assert_eq!(queue(&p), vec![4, 5, 2, 1]);
+        assert_eq!(p.num_free_blocks(), 4);
+        assert_eq!(p.num_watched(), 2);
+        p.check_invariants().unwrap();
+        // Handing out 4, 5, 2 reports 2 only; 1 stays watched.
+        let mut c = Vec::new();
+        p.get_new_blocks(3, &mut c).unwrap();
+        assert_eq!(c, ids(&[4, 5, 2]));
+        assert_eq!(p.take_reused_watched(), ids(&[2]));
+        assert!(p.take_reused_watched().is_empty());
+        assert_eq!(p.num_watched(), 1);
+        p.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn unpin_keeps_a_shared_block_allocated_but_watched() {
+        let mut p = pool(4);
+        let mut b = Vec::new();
+        p.get_new_blocks(1, &mut b).unwrap();
+        p.touch(&b).unwrap(); // two owners
+        p.unpin_blocks(&b).unwrap();
+        assert_eq!(p.ref_count(b[0]).unwrap(), 1);
+        assert_eq!(queue(&p), vec![2, 3]);
+        assert_eq!(p.num_watched(), 1);
+        // Its last owner frees it normally: front of the queue (uncached).
+        p.free_blocks(&b).unwrap();
+        assert_eq!(queue(&p), vec![1, 2, 3]);
+        let mut c = Vec::new();
+        p.get_new_blocks(1, &mut c).unwrap();
+        assert_eq!(p.take_reused_watched(), b);
+        p.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn unpin_refuses_bad_input_without_change() {
+        let mut p = pool(4);
+        let mut b = Vec::new();
+        p.get_new_blocks(1, &mut b).unwrap();
+        let before = (queue(&p), p.ref_count(b[0]).unwrap());
+        for bad in [ids(&[0]), ids(&[9]), ids(&[1, 1]), ids(&[2])] {
+            assert!(p.unpin_blocks(&bad).is_err(), "{bad:?}");
+            assert_eq!((queue(&p), p.ref_count(b[0]).unwrap()), before);
+            assert_eq!(p.num_watched(), 0);
+        }
+        let mut ranked =
+            BlockPool::with_eviction(PoolConfig::new(4), "lfu".parse().unwrap()).unwrap();
+        let mut r = Vec::new();
+        ranked.get_new_blocks(1, &mut r).unwrap();
+        assert!(matches!(
+            ranked.unpin_blocks(&r),
+            Err(KvError::Unsupported { .. })
+        ));
+        assert_eq!(ranked.ref_count(r[0]).unwrap(), 1);
+        p.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn reset_reports_every_watched_block_in_first_watch_order() {
+        let mut p = pool(5);
+        let mut b = Vec::new();
+        p.get_new_blocks(3, &mut b).unwrap();
+        p.unpin_blocks(&ids(&[3])).unwrap();
+        p.unpin_blocks(&ids(&[1, 2])).unwrap();
+        assert!(p.reset_prefix_cache());
+        assert_eq!(p.take_reused_watched(), ids(&[3, 1, 2]));
+        assert_eq!(p.num_watched(), 0);
+        p.check_invariants().unwrap();
     }
 }
