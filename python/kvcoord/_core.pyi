@@ -150,6 +150,28 @@ class BlockPool:
         """
     def touch(self, block_ids: BlockIds) -> None:
         """Add one reference to each block; free blocks leave the free queue."""
+    def unpin_blocks(self, block_ids: BlockIds) -> None:
+        """Release one reference of each block while its contents stay readable
+        until the pool hands it out again (vLLM's ``BlockPool.unpin_blocks``,
+        used by HiSparse for device pages whose host copy is durable). Blocks
+        reaching zero join the back of the free queue, cached or not; every
+        listed block is watched until :meth:`get_new_blocks` hands it out or a
+        successful :meth:`reset_prefix_cache` forgets the pool's contents, then
+        reported once by :meth:`take_reused_watched`. On any error nothing
+        changes.
+
+        Raises:
+            BlockStateError: a block is listed more often than it has references.
+            InvalidBlockIdError: an id is negative or not below ``num_blocks``.
+            InvalidArgumentError: the null block, or a pool with a ranked
+                eviction policy.
+        """
+    def take_reused_watched(self) -> npt.NDArray[np.uint32]:
+        """The watched blocks (:meth:`unpin_blocks`) handed out or forgotten since
+        the last call, in that order; each is reported once."""
+    @property
+    def num_watched(self) -> int:
+        """Blocks watched by :meth:`unpin_blocks` and not reused yet."""
     def cache_full_blocks(
         self,
         block_ids: BlockIds,

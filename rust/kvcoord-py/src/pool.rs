@@ -269,6 +269,25 @@ pool_readers!(PyBlockPool, "BlockPool", {
         self.with_ids(block_ids, BlockPool::touch)
     }
 
+    fn unpin_blocks(&mut self, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.with_ids(block_ids, BlockPool::unpin_blocks)
+    }
+
+    fn take_reused_watched<'py>(&mut self, py: Python<'py>) -> Bound<'py, PyArray1<u32>> {
+        let ids: Vec<u32> = self
+            .inner
+            .take_reused_watched()
+            .iter()
+            .map(|b| b.0)
+            .collect();
+        PyArray1::from_vec(py, ids)
+    }
+
+    #[getter]
+    fn num_watched(&self) -> usize {
+        self.inner.num_watched()
+    }
+
     #[pyo3(signature = (block_ids, block_hashes, num_cached_blocks, num_full_blocks, group_id, block_mask = None))]
     fn cache_full_blocks(
         &mut self,
