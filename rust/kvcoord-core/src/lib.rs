@@ -28,6 +28,7 @@
 
 pub mod best_case;
 pub mod block_hash;
+pub mod block_ids;
 pub mod cbor;
 pub mod coordinator;
 pub mod error;

@@ -67,7 +67,7 @@ impl PyCoordinatorCore {
             inner: core(inner)?,
             out: NewBlocks::new(),
             hits: Vec::new(),
-            empty: Py::new(py, PyKVCacheBlocks::empty(groups.len()))?,
+            empty: Py::new(py, PyKVCacheBlocks::new(NewBlocks::empty(groups.len()))?)?,
         })
     }
 
@@ -121,7 +121,7 @@ impl PyCoordinatorCore {
             alignment,
         ))?;
         Ok((
-            PyKVCacheBlocks::from_groups(blocks.iter().map(Vec::as_slice))?,
+            PyKVCacheBlocks::new(NewBlocks::from_groups(blocks.iter().map(Vec::as_slice)))?,
             hit,
         ))
     }
@@ -172,7 +172,7 @@ impl PyCoordinatorCore {
         if out.flat().is_empty() {
             return Ok(Some(empty.clone_ref(py)));
         }
-        Ok(Some(Py::new(py, PyKVCacheBlocks::from_new_blocks(out)?)?))
+        Ok(Some(Py::new(py, PyKVCacheBlocks::new(out.clone())?)?))
     }
 
     fn cache_blocks(
@@ -217,7 +217,7 @@ impl PyCoordinatorCore {
     /// The request's block tables per group (0 marks null positions).
     fn blocks(&self, request_id: &str) -> PyResult<PyKVCacheBlocks> {
         let tables = core(self.inner.request_block_ids(request_id))?;
-        PyKVCacheBlocks::from_groups(tables.into_iter())
+        PyKVCacheBlocks::new(NewBlocks::from_groups(tables))
     }
 
     fn num_common_prefix_blocks(&self, request_id: &str) -> PyResult<Vec<usize>> {
@@ -278,7 +278,7 @@ impl PyCoordinatorCore {
 /// sequence of per-group id sequences/arrays.
 fn fill_hits(obj: &Bound<'_, PyAny>, hits: &mut Vec<Vec<BlockId>>) -> PyResult<()> {
     if let Ok(b) = obj.cast::<PyKVCacheBlocks>() {
-        b.get().fill_hits(hits);
+        b.get().inner.to_vecs_into(hits);
         return Ok(());
     }
     let seq = obj
