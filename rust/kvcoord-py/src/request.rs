@@ -612,41 +612,21 @@ pub(crate) fn advance_requests(
     num_computed: &Bound<'_, PyAny>,
     new_tokens: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<()> {
-    let n = requests.len();
-    let computed: Vec<i64> = step_ints(num_computed, "num_computed", false)?;
-    let sampled: Option<Vec<i64>> = new_tokens
+    let computed = step_ints(num_computed, "num_computed", false)?;
+    let sampled = new_tokens
         .map(|t| step_ints(t, "new_tokens", true))
         .transpose()?;
-    if computed.len() != n || sampled.as_ref().is_some_and(|s| s.len() != n) {
-        return Err(crate::errors::CoreError(KvError::InvalidArgument {
-            name: "advance_requests",
-            detail: format!(
-                "{n} requests but {} computed counts and {} new tokens",
-                computed.len(),
-                sampled.as_ref().map_or(n, Vec::len)
-            ),
-        })
-        .into());
-    }
-    let mut borrowed = Vec::with_capacity(n);
-    for (i, item) in requests.iter().enumerate() {
-        let r = item.cast_into::<PyRequest>()?;
-        let add = crate::convert::count(computed[i], "num_computed")?;
-        if let Some(s) = &sampled {
-            if s[i] >= 0 {
-                core(hashing::token_id(i, s[i]))?;
-            }
-        }
-        borrowed.push((r, add));
-    }
-    for (i, (r, add)) in borrowed.into_iter().enumerate() {
-        let mut r = r.try_borrow_mut()?;
-        r.inner.num_computed_tokens += add;
-        if let Some(s) = &sampled {
-            if let Ok(t) = u32::try_from(s[i]) {
-                r.inner.push_token(t);
-            }
-        }
+    let requests = requests
+        .iter()
+        .map(Bound::cast_into::<PyRequest>)
+        .collect::<Result<Vec<_>, _>>()?;
+    let steps = core(kvcoord_core::step_progress(
+        requests.len(),
+        &computed,
+        sampled.as_deref(),
+    ))?;
+    for (r, step) in requests.iter().zip(steps) {
+        r.try_borrow_mut()?.inner.advance(step);
     }
     Ok(())
 }
