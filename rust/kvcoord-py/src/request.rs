@@ -301,15 +301,8 @@ fn hash_config(
     hash_seed: Option<&str>,
 ) -> PyResult<HashConfig> {
     let algo = core(HashAlgo::from_name(hash_algo))?;
-    let raw = crate::args::config_count(hash_block_size, "hash_block_size")?;
-    let bs = Some(raw).filter(|&b| b > 0).ok_or_else(|| {
-        crate::errors::CoreError(KvError::InvalidConfig {
-            name: "hash_block_size",
-            value: raw.to_string(),
-            rule: "must be a positive number of tokens".into(),
-        })
-    })?;
-    core(HashConfig::new(algo, bs, hash_seed))
+    let block_size = crate::args::config_count(hash_block_size, "hash_block_size")?;
+    core(HashConfig::new(algo, block_size, hash_seed))
 }
 
 fn hashes_to_list<'py>(py: Python<'py>, hashes: &[BlockHash]) -> PyResult<Bound<'py, PyList>> {
@@ -317,14 +310,7 @@ fn hashes_to_list<'py>(py: Python<'py>, hashes: &[BlockHash]) -> PyResult<Bound<
 }
 
 fn hashes_to_bytes<'py>(py: Python<'py>, hashes: &[BlockHash]) -> Bound<'py, PyBytes> {
-    let d = hashes.first().map_or(0, BlockHash::len);
-    PyBytes::new_with(py, hashes.len() * d, |buf| {
-        for (dst, h) in buf.chunks_exact_mut(d.max(1)).zip(hashes) {
-            dst.copy_from_slice(h.as_bytes());
-        }
-        Ok(())
-    })
-    .expect("filling a fresh bytes object cannot fail")
+    PyBytes::new(py, &BlockHash::concat(hashes))
 }
 
 /// Run `hasher.update(tokens)`, without the GIL when the new part is long.
@@ -569,11 +555,7 @@ impl PyRequest {
     fn block_hashes_array<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray2<u8>> {
         let hashes = self.inner.block_hashes();
         let d = self.inner.hasher().config().algo().digest_len();
-        let mut flat = Vec::with_capacity(hashes.len() * d);
-        for h in hashes {
-            flat.extend_from_slice(h.as_bytes());
-        }
-        Array2::from_shape_vec((hashes.len(), d), flat)
+        Array2::from_shape_vec((hashes.len(), d), BlockHash::concat(hashes))
             .expect("shape matches")
             .into_pyarray(py)
     }
