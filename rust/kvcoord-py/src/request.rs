@@ -35,9 +35,7 @@ fn token(position: usize, item: &Bound<'_, PyAny>) -> PyResult<u32> {
         Err(_) if crate::args::is_int_like(item) => Err(invalid_token(position, item)),
         Err(e) => Err(crate::errors::ArgumentTypeError::new_err(format!(
             "token id at position {position} must be an int, got {} ({e})",
-            item.get_type()
-                .name()
-                .map_or_else(|_| "?".to_owned(), |n| n.to_string())
+            crate::args::type_name(item)
         ))),
     }
 }
@@ -206,12 +204,8 @@ fn reserve_tokens(out: &mut Vec<u32>, n: usize) -> PyResult<()> {
 
 fn str_field(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<String> {
     obj.extract::<String>().map_err(|_| {
-        crate::errors::ArgumentTypeError::new_err(format!(
-            "{what} must be a str, got {}",
-            obj.get_type()
-                .name()
-                .map_or_else(|_| "?".to_owned(), |n| n.to_string())
-        ))
+        let got = crate::args::type_name(obj);
+        crate::errors::ArgumentTypeError::new_err(format!("{what} must be a str, got {got}"))
     })
 }
 
