@@ -50,6 +50,21 @@ impl BlockHash {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+
+    /// vLLM's external form of a hash in KV events
+    /// (`VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES`, on by default): the digest's
+    /// last 8 bytes read as a big-endian integer.
+    pub fn external(&self) -> u64 {
+        let b = self.as_bytes();
+        let mut last = [0u8; 8];
+        last.copy_from_slice(&b[b.len() - 8..]);
+        u64::from_be_bytes(last)
+    }
+
+    /// The digests of `hashes` concatenated (`len * digest length` bytes).
+    pub fn concat(hashes: &[Self]) -> Vec<u8> {
+        hashes.iter().flat_map(Self::as_bytes).copied().collect()
+    }
 }
 
 impl fmt::Debug for BlockHash {
@@ -64,6 +79,17 @@ impl fmt::Debug for BlockHash {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn external_form_and_concat() {
+        let mut d = [0u8; 32];
+        d[24..].copy_from_slice(&0x0102_0304_0506_0708u64.to_be_bytes());
+        let h = super::BlockHash::from_slice(&d).unwrap();
+        assert_eq!(h.external(), 0x0102_0304_0506_0708);
+        let both = super::BlockHash::concat(&[h, h]);
+        assert_eq!(both.len(), 64);
+        assert_eq!(&both[32..], &d);
+    }
+
     use super::*;
 
     #[test]

@@ -20,6 +20,7 @@ use hashbrown::hash_map::Entry;
 use hashbrown::{HashMap, HashSet};
 
 use crate::block_hash::BlockHash;
+pub use crate::block_ids::NewBlocks;
 use crate::error::{KvError, KvResult};
 use crate::ids::{BlockId, GroupId, ReqId};
 use crate::managers::mamba_align;
@@ -314,61 +315,6 @@ impl AllocateArgs {
             num_new_computed_tokens,
             ..Self::new(num_new_tokens)
         }
-    }
-}
-
-/// Newly allocated blocks of one `allocate_slots` call, per group, in one
-/// flat reusable buffer.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct NewBlocks {
-    ids: Vec<BlockId>,
-    /// `ends[g]` is one past group `g`'s last id in `ids`.
-    ends: Vec<usize>,
-}
-
-impl NewBlocks {
-    /// An empty buffer.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Number of groups described.
-    #[inline]
-    pub fn num_groups(&self) -> usize {
-        self.ends.len()
-    }
-
-    /// Group `g`'s new blocks, in table order (empty for an unknown group).
-    pub fn group(&self, g: usize) -> &[BlockId] {
-        let Some(&end) = self.ends.get(g) else {
-            return &[];
-        };
-        let start = if g == 0 { 0 } else { self.ends[g - 1] };
-        &self.ids[start..end]
-    }
-
-    /// All new ids, group after group.
-    #[inline]
-    pub fn flat(&self) -> &[BlockId] {
-        &self.ids
-    }
-
-    /// One past each group's last index in [`flat`](Self::flat).
-    #[inline]
-    pub fn group_ends(&self) -> &[usize] {
-        &self.ends
-    }
-
-    /// Per-group lists.
-    pub fn to_vecs(&self) -> Vec<Vec<BlockId>> {
-        (0..self.ends.len())
-            .map(|g| self.group(g).to_vec())
-            .collect()
-    }
-
-    fn clear(&mut self) {
-        self.ids.clear();
-        self.ends.clear();
     }
 }
 

@@ -28,6 +28,7 @@
 
 pub mod best_case;
 pub mod block_hash;
+pub mod block_ids;
 pub mod cbor;
 pub mod coordinator;
 pub mod error;
@@ -61,6 +62,6 @@ pub use ids::{BlockId, GroupId, ReqId};
 pub use managers::{GroupSpec, GroupTable, HitSearch, KindFacts, Manager, NullEntries, SpecKind};
 pub use pool::{BlockPool, PoolConfig};
 pub use prefix_index::{CacheKey, PrefixIndex};
-pub use request::{Request, RequestRegistry};
+pub use request::{step_progress, Request, RequestRegistry, StepProgress};
 pub use residency::{EvictionRecord, Histogram, Residency, ResidencySnapshot};
 pub use retention::validate_retention_interval;

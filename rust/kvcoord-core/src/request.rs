@@ -13,6 +13,7 @@
 use hashbrown::HashMap;
 
 use crate::block_hash::BlockHash;
+use crate::error::{KvError, KvResult};
 use crate::hashing::RequestHasher;
 use crate::ids::ReqId;
 
@@ -180,6 +181,60 @@ impl Request {
     }
 }
 
+/// One request's progress in a scheduler step: tokens newly computed and
+/// the token sampled, if any (see [`step_progress`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepProgress {
+    /// Added to `num_computed_tokens`.
+    pub computed: usize,
+    /// Appended (hashing the block it completes).
+    pub token: Option<u32>,
+}
+
+impl Request {
+    /// Apply one step's progress.
+    pub fn advance(&mut self, step: StepProgress) {
+        self.num_computed_tokens += step.computed;
+        if let Some(t) = step.token {
+            self.push_token(t);
+        }
+    }
+}
+
+/// One scheduler step's progress for `num_requests` requests, checked as a
+/// whole before any request changes: `computed[i]` tokens computed
+/// (non-negative) and, where `sampled` is given, `sampled[i]` the token
+/// sampled (a negative value: none; otherwise a valid token id).
+pub fn step_progress(
+    num_requests: usize,
+    computed: &[i64],
+    sampled: Option<&[i64]>,
+) -> KvResult<Vec<StepProgress>> {
+    if computed.len() != num_requests || sampled.is_some_and(|s| s.len() != num_requests) {
+        return Err(KvError::InvalidArgument {
+            name: "advance_requests",
+            detail: format!(
+                "{num_requests} requests but {} computed counts and {} new tokens",
+                computed.len(),
+                sampled.map_or(num_requests, <[i64]>::len)
+            ),
+        });
+    }
+    let mut out = Vec::with_capacity(num_requests);
+    for (i, &c) in computed.iter().enumerate() {
+        let computed = usize::try_from(c).map_err(|_| KvError::InvalidArgument {
+            name: "num_computed",
+            detail: format!("must be non-negative, got {c}"),
+        })?;
+        let token = match sampled.map(|s| s[i]) {
+            Some(t) if t >= 0 => Some(crate::hashing::token_id(i, t)?),
+            _ => None,
+        };
+        out.push(StepProgress { computed, token });
+    }
+    Ok(out)
+}
+
 /// Scheduler ids of the requests that hold blocks, mapped to the core's
 /// dense [`ReqId`]s.
 #[derive(Clone, Debug, Default)]
@@ -228,6 +283,35 @@ impl RequestRegistry {
 
 #[cfg(test)]
 mod tests {
+    use super::{step_progress, StepProgress};
+
+    #[test]
+    fn step_progress_checks_everything_first() {
+        let got = step_progress(2, &[3, 0], Some(&[-1, 7])).unwrap();
+        assert_eq!(
+            got,
+            vec![
+                StepProgress {
+                    computed: 3,
+                    token: None
+                },
+                StepProgress {
+                    computed: 0,
+                    token: Some(7)
+                },
+            ]
+        );
+        assert_eq!(step_progress(1, &[1], None).unwrap()[0].token, None);
+        let e = step_progress(2, &[1], None).unwrap_err().to_string();
+        assert!(
+            e.contains("2 requests but 1 computed counts and 2 new tokens"),
+            "{e}"
+        );
+        let e = step_progress(1, &[-2], None).unwrap_err().to_string();
+        assert!(e.contains("must be non-negative, got -2"), "{e}");
+        assert!(step_progress(1, &[0], Some(&[1 << 40])).is_err());
+    }
+
     use super::*;
     use crate::hashing::{ExtraKeys, HashAlgo, HashConfig};
 

@@ -6,7 +6,7 @@ use pyo3::prelude::*;
 
 use crate::args::Text;
 use crate::errors::core;
-use crate::request::extract_tokens;
+use crate::tokens::extract_tokens;
 
 /// The best possible prefix cache: unbounded, never evicts. Feed requests in
 /// arrival order with `add`; see `kvcoord.replay.bestcase`.

@@ -1,10 +1,10 @@
-//! `kvcoord.KVCacheBlocks`: the manager's result type (block ids per
-//! group), built here straight from the core's output buffer. Ids live in
-//! one flat `i32` vector with `i64` group offsets; the read-only numpy
-//! arrays are made on first access, so a result nobody reads costs no numpy
-//! object and a block id never becomes a Python int on the hot path.
+//! `kvcoord.KVCacheBlocks`: the manager's result type, the core's
+//! [`NewBlocks`] (block ids per group in one flat buffer) as Python sees
+//! it. The read-only numpy arrays are made on first access, so a result
+//! nobody reads costs no numpy object and a block id never becomes a Python
+//! int on the hot path.
 
-use kvcoord_core::{BlockId, KvError, NewBlocks};
+use kvcoord_core::{KvError, NewBlocks};
 use numpy::{PyArray1, PyUntypedArray};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
@@ -12,90 +12,44 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyBytes, PyInt, PyList, PySlice, PyString, PyTuple};
 
 use crate::convert;
-use crate::errors::{err, CoreError};
+use crate::errors::{core, err};
 
 /// Block ids per KV cache group (see `_core.pyi`). Immutable.
 #[pyclass(module = "kvcoord._core", name = "KVCacheBlocks", frozen)]
 pub(crate) struct PyKVCacheBlocks {
-    /// All groups' ids, group 0 first. Invariant: every value is >= 0.
-    flat: Vec<i32>,
-    /// `offsets[g]..offsets[g+1]` is group `g`'s range of `flat`.
-    /// Invariant: starts at 0, non-decreasing, ends at `flat.len()`.
-    offsets: Vec<usize>,
+    /// Invariant: every id fits in `int32` (checked by [`Self::new`]).
+    pub(crate) inner: NewBlocks,
     flat_array: PyOnceLock<Py<PyArray1<i32>>>,
     offsets_array: PyOnceLock<Py<PyArray1<i64>>>,
 }
 
-fn id32(b: BlockId) -> PyResult<i32> {
-    i32::try_from(b.0).map_err(|_| {
-        err(KvError::InvalidBlockId {
-            value: Some(i128::from(b.0)),
-        })
-    })
-}
-
 impl PyKVCacheBlocks {
-    fn from_parts(flat: Vec<i32>, offsets: Vec<usize>) -> Self {
-        debug_assert_eq!(offsets.last().copied(), Some(flat.len()));
-        Self {
-            flat,
-            offsets,
+    /// A result of the core's ids; refused when an id does not fit in
+    /// `int32` (the arrays' dtype).
+    pub(crate) fn new(inner: NewBlocks) -> PyResult<Self> {
+        if let Some(b) = inner.max_id().filter(|b| i32::try_from(b.0).is_err()) {
+            return Err(err(KvError::InvalidBlockId {
+                value: Some(i128::from(b.0)),
+            }));
+        }
+        Ok(Self {
+            inner,
             flat_array: PyOnceLock::new(),
             offsets_array: PyOnceLock::new(),
-        }
-    }
-
-    /// No block in any of `num_groups` groups.
-    pub(crate) fn empty(num_groups: usize) -> Self {
-        Self::from_parts(Vec::new(), vec![0; num_groups + 1])
-    }
-
-    /// The new blocks of one `allocate_slots` call (validated by the pool).
-    pub(crate) fn from_new_blocks(out: &NewBlocks) -> PyResult<Self> {
-        Self::from_groups((0..out.num_groups()).map(|g| out.group(g)))
-    }
-
-    /// Per-group id lists from the core (validated by the pool).
-    pub(crate) fn from_groups<'a>(
-        groups: impl ExactSizeIterator<Item = &'a [BlockId]>,
-    ) -> PyResult<Self> {
-        let mut flat = Vec::new();
-        let mut offsets = Vec::with_capacity(groups.len() + 1);
-        offsets.push(0);
-        for g in groups {
-            for &b in g {
-                flat.push(id32(b)?);
-            }
-            offsets.push(flat.len());
-        }
-        Ok(Self::from_parts(flat, offsets))
-    }
-
-    /// Number of groups.
-    pub(crate) fn num_groups_usize(&self) -> usize {
-        self.offsets.len() - 1
-    }
-
-    /// Group `g`'s ids.
-    pub(crate) fn group(&self, g: usize) -> &[i32] {
-        &self.flat[self.offsets[g]..self.offsets[g + 1]]
-    }
-
-    /// Per-group ids into reusable core buffers.
-    pub(crate) fn fill_hits(&self, hits: &mut Vec<Vec<BlockId>>) {
-        let n = self.num_groups_usize();
-        hits.resize_with(n, Vec::new);
-        hits.truncate(n);
-        for (g, out) in hits.iter_mut().enumerate() {
-            out.clear();
-            // Non-negative by the type's invariant.
-            out.extend(self.group(g).iter().map(|&v| BlockId(v.unsigned_abs())));
-        }
+        })
     }
 
     fn flat_array<'py>(&self, py: Python<'py>) -> PyResult<&Bound<'py, PyArray1<i32>>> {
         self.flat_array
-            .get_or_try_init(py, || readonly(PyArray1::from_slice(py, &self.flat)))
+            .get_or_try_init(py, || {
+                // Each id fits in i32 (the type's invariant).
+                let ids = self
+                    .inner
+                    .flat()
+                    .iter()
+                    .map(|b| i32::try_from(b.0).unwrap_or(i32::MAX));
+                readonly(PyArray1::from_iter(py, ids))
+            })
             .map(|a| a.bind(py))
     }
 }
@@ -125,15 +79,12 @@ fn build(per_group: &Bound<'_, PyAny>, form: Form) -> PyResult<PyKVCacheBlocks> 
             "KVCacheBlocks expects one sequence of block ids per group",
         ));
     }
-    let (mut flat, mut offsets, mut ids) = (Vec::new(), vec![0usize], Vec::new());
+    let (mut out, mut ids) = (NewBlocks::new(), Vec::new());
     for (g, group) in per_group.try_iter()?.enumerate() {
         let group = group?;
+        ids.clear();
         if is_array(&group) && form != Form::Lists {
-            ids.clear();
             convert::extract_block_ids(&group, &mut ids)?;
-            for &b in &ids {
-                flat.push(id32(b)?);
-            }
         } else if form == Form::Arrays {
             let got = group.get_type().name()?;
             let msg = format!("group {g}: from_arrays expects numpy arrays, got {got}");
@@ -148,13 +99,12 @@ fn build(per_group: &Bound<'_, PyAny>, form: Form) -> PyResult<PyKVCacheBlocks> 
                     let msg = format!("group {g}: block id {} is not an int", item.repr()?);
                     return Err(PyTypeError::new_err(msg));
                 }
-                let id = convert::block_id_of(&item)?;
-                flat.push(id32(id)?);
+                ids.push(convert::block_id_of(&item)?);
             }
         }
-        offsets.push(flat.len());
+        out.push_group(ids.iter().copied());
     }
-    Ok(PyKVCacheBlocks::from_parts(flat, offsets))
+    PyKVCacheBlocks::new(out)
 }
 
 #[pymethods]
@@ -190,35 +140,22 @@ impl PyKVCacheBlocks {
         _cls: &Bound<'_, pyo3::types::PyType>,
         picks: Vec<(Bound<'_, Self>, usize, usize)>,
     ) -> PyResult<Self> {
-        let mut flat = Vec::new();
-        let mut offsets = vec![0usize];
-        for (g, (part, index, keep)) in picks.iter().enumerate() {
-            let part = part.get();
-            if *index >= part.num_groups_usize() {
-                return Err(err(KvError::InvalidArgument {
-                    name: "picks",
-                    detail: format!(
-                        "entry {g}: group {index} of a result with {} groups",
-                        part.num_groups_usize()
-                    ),
-                }));
-            }
-            let ids = part.group(*index);
-            flat.extend_from_slice(&ids[..(*keep).min(ids.len())]);
-            offsets.push(flat.len());
-        }
-        Ok(Self::from_parts(flat, offsets))
+        let picks: Vec<_> = picks
+            .iter()
+            .map(|(p, g, k)| (&p.get().inner, *g, *k))
+            .collect();
+        Self::new(core(NewBlocks::gather(&picks))?)
     }
 
     #[classmethod]
     #[pyo3(name = "empty")]
-    fn py_empty(_cls: &Bound<'_, pyo3::types::PyType>, num_groups: usize) -> Self {
-        Self::empty(num_groups)
+    fn py_empty(_cls: &Bound<'_, pyo3::types::PyType>, num_groups: usize) -> PyResult<Self> {
+        Self::new(NewBlocks::empty(num_groups))
     }
 
     #[getter]
     fn num_groups(&self) -> usize {
-        self.num_groups_usize()
+        self.inner.num_groups()
     }
 
     #[getter]
@@ -231,9 +168,9 @@ impl PyKVCacheBlocks {
         self.offsets_array
             .get_or_try_init(py, || {
                 let wide = self
-                    .offsets
-                    .iter()
-                    .map(|&o| i64::try_from(o).unwrap_or(i64::MAX));
+                    .inner
+                    .offsets()
+                    .map(|o| i64::try_from(o).unwrap_or(i64::MAX));
                 readonly(PyArray1::from_iter(py, wide))
             })
             .map(|a| a.bind(py).clone())
@@ -242,43 +179,38 @@ impl PyKVCacheBlocks {
     /// One read-only `int32` array per group (views of `flat`).
     fn arrays<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
         let flat = self.flat_array(py)?;
-        let views = (0..self.num_groups_usize())
-            .map(|g| {
-                let at = |i: usize| isize::try_from(self.offsets[i]).unwrap_or(isize::MAX);
-                let s = PySlice::new(py, at(g), at(g + 1), 1);
-                flat.get_item(s)
-            })
-            .collect::<PyResult<Vec<_>>>()?;
-        PyTuple::new(py, views)
+        let at = |i: usize| isize::try_from(i).unwrap_or(isize::MAX);
+        let mut start = 0;
+        let views = self.inner.group_ends().iter().map(|&end| {
+            let s = PySlice::new(py, at(start), at(end), 1);
+            start = end;
+            flat.get_item(s)
+        });
+        PyTuple::new(py, views.collect::<PyResult<Vec<_>>>()?)
     }
 
     /// Fresh lists of ids per group (vLLM's shape; not for hot paths).
     fn get_block_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
-        let lists = (0..self.num_groups_usize())
-            .map(|g| PyList::new(py, self.group(g)))
+        let lists = (0..self.inner.num_groups())
+            .map(|g| PyList::new(py, self.inner.group(g).iter().map(|b| b.0)))
             .collect::<PyResult<Vec<_>>>()?;
         PyTuple::new(py, lists)
     }
 
     fn is_empty(&self) -> bool {
-        self.flat.is_empty()
+        self.inner.is_empty()
     }
 
     #[allow(clippy::unnecessary_wraps)] // PyO3's comparison protocol shape
     fn __eq__(&self, other: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
         let py = other.py();
-        match other.cast::<Self>() {
-            Ok(o) => {
-                let o = o.get();
-                Ok(
-                    PyBool::new(py, self.offsets == o.offsets && self.flat == o.flat)
-                        .to_owned()
-                        .into_any()
-                        .unbind(),
-                )
-            }
-            Err(_) => Ok(py.NotImplemented()),
-        }
+        Ok(match other.cast::<Self>() {
+            Ok(o) => PyBool::new(py, self.inner == o.get().inner)
+                .to_owned()
+                .into_any()
+                .unbind(),
+            Err(_) => py.NotImplemented(),
+        })
     }
 
     fn __add__(&self, other: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
@@ -286,26 +218,8 @@ impl PyKVCacheBlocks {
         let Ok(o) = other.cast::<Self>() else {
             return Ok(py.NotImplemented());
         };
-        let o = o.get();
-        if o.num_groups_usize() != self.num_groups_usize() {
-            return Err(CoreError(KvError::InvalidArgument {
-                name: "KVCacheBlocks",
-                detail: format!(
-                    "cannot add results of {} and {} groups",
-                    self.num_groups_usize(),
-                    o.num_groups_usize()
-                ),
-            })
-            .into());
-        }
-        let mut flat = Vec::with_capacity(self.flat.len() + o.flat.len());
-        let mut offsets = vec![0usize];
-        for g in 0..self.num_groups_usize() {
-            flat.extend_from_slice(self.group(g));
-            flat.extend_from_slice(o.group(g));
-            offsets.push(flat.len());
-        }
-        Ok(Py::new(py, Self::from_parts(flat, offsets))?.into_any())
+        let sum = core(self.inner.concat(&o.get().inner))?;
+        Ok(Py::new(py, Self::new(sum)?)?.into_any())
     }
 
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {

@@ -7,17 +7,15 @@
 use kvcoord_core::coordinator::{AllocateArgs, CoordinatorConfig, CoordinatorCore, NewBlocks};
 use kvcoord_core::{BlockId, BlockPool, CoordinatorKind, EvictionConfig, KvError};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyTuple};
+use pyo3::types::{PyList, PyTuple};
 
 use crate::args;
 use crate::blocks::PyKVCacheBlocks;
 use crate::convert;
 use crate::errors::{core, CoreError};
-use crate::events::PyEventList;
 use crate::kinds::{self, PyCoordinatorKind, PyGroupSpec};
-use crate::pool::{self, pool_readers};
+use crate::pool::{pool_readers, pool_writers, pymethods_block};
 use crate::request::PyRequest;
-use crate::residency;
 
 /// One scheduler's KV-cache mechanism: a pool shared by one manager per
 /// group, every request's per-group block tables and the request registry.
@@ -31,8 +29,27 @@ pub(crate) struct PyCoordinatorCore {
     empty: Py<PyKVCacheBlocks>,
 }
 
-#[pymethods]
 impl PyCoordinatorCore {
+    fn pool(&self) -> &BlockPool {
+        self.inner.pool()
+    }
+
+    fn pool_mut(&mut self) -> &mut BlockPool {
+        self.inner.pool_mut()
+    }
+
+    /// `f(pool, ids)` with `block_ids` converted.
+    fn with_ids<R>(
+        &mut self,
+        block_ids: &Bound<'_, PyAny>,
+        f: impl FnOnce(&mut BlockPool, &[BlockId]) -> Result<R, KvError>,
+    ) -> PyResult<R> {
+        let ids = convert::block_ids(block_ids)?;
+        core(f(self.inner.pool_mut(), &ids))
+    }
+}
+
+pool_writers!(pymethods_block!(PyCoordinatorCore,) {
     #[new]
     #[pyo3(signature = (num_blocks, groups, *, kind, hash_block_size, max_model_len,
                         retention_interval = None, enable_events = false))]
@@ -67,7 +84,7 @@ impl PyCoordinatorCore {
             inner: core(inner)?,
             out: NewBlocks::new(),
             hits: Vec::new(),
-            empty: Py::new(py, PyKVCacheBlocks::empty(groups.len()))?,
+            empty: Py::new(py, PyKVCacheBlocks::new(NewBlocks::empty(groups.len()))?)?,
         })
     }
 
@@ -121,7 +138,7 @@ impl PyCoordinatorCore {
             alignment,
         ))?;
         Ok((
-            PyKVCacheBlocks::from_groups(blocks.iter().map(Vec::as_slice))?,
+            PyKVCacheBlocks::new(NewBlocks::from_groups(blocks.iter().map(Vec::as_slice)))?,
             hit,
         ))
     }
@@ -172,7 +189,7 @@ impl PyCoordinatorCore {
         if out.flat().is_empty() {
             return Ok(Some(empty.clone_ref(py)));
         }
-        Ok(Some(Py::new(py, PyKVCacheBlocks::from_new_blocks(out)?)?))
+        Ok(Some(Py::new(py, PyKVCacheBlocks::new(out.clone())?)?))
     }
 
     fn cache_blocks(
@@ -191,24 +208,6 @@ impl PyCoordinatorCore {
         self.inner.new_step_starts();
     }
 
-    /// Start tracking residency metrics of the pool's blocks.
-    fn enable_residency(&mut self) {
-        self.inner.pool_mut().enable_residency();
-    }
-
-    fn set_residency_clock(&mut self, now: &Bound<'_, PyAny>) -> PyResult<()> {
-        residency::set_clock(self.inner.pool_mut(), args::count(now, "now")? as u64);
-        Ok(())
-    }
-
-    fn residency_snapshot<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
-        residency::snapshot(py, self.inner.pool())
-    }
-
-    fn drain_eviction_records(&mut self) -> Vec<residency::RecordTuple> {
-        residency::drain(self.inner.pool_mut())
-    }
-
     /// Free a request's blocks; unknown ids are ignored (as in vLLM).
     fn free(&mut self, request_id: &str) -> PyResult<bool> {
         core(self.inner.free_request(request_id))
@@ -217,26 +216,11 @@ impl PyCoordinatorCore {
     /// The request's block tables per group (0 marks null positions).
     fn blocks(&self, request_id: &str) -> PyResult<PyKVCacheBlocks> {
         let tables = core(self.inner.request_block_ids(request_id))?;
-        PyKVCacheBlocks::from_groups(tables.into_iter())
+        PyKVCacheBlocks::new(NewBlocks::from_groups(tables))
     }
 
     fn num_common_prefix_blocks(&self, request_id: &str) -> PyResult<Vec<usize>> {
         core(self.inner.request_common_prefix_blocks(request_id))
-    }
-
-    /// Drop these blocks from the prefix cache (they stay allocated).
-    fn evict_blocks(&mut self, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
-        core(
-            self.inner
-                .pool_mut()
-                .evict_blocks(&convert::block_ids(block_ids)?),
-        )
-    }
-
-    /// Forget every cached prefix; refused (False, with a warning) while
-    /// blocks are in use.
-    fn reset_prefix_cache(&mut self, py: Python<'_>) -> PyResult<bool> {
-        pool::reset_prefix_cache(py, self.inner.pool_mut())
     }
 
     /// Switch the pool's eviction policy (a spec string such as `"lfu"`);
@@ -246,39 +230,16 @@ impl PyCoordinatorCore {
         core(self.inner.pool_mut().set_eviction(eviction))
     }
 
-    /// Mark blocks with a retention priority (the `priority` eviction
-    /// policy; ignored by the others).
-    fn set_priority(
-        &mut self,
-        block_ids: &Bound<'_, PyAny>,
-        priority: &Bound<'_, PyAny>,
-    ) -> PyResult<()> {
-        let priority = args::priority(priority)?;
-        let ids = convert::block_ids(block_ids)?;
-        core(self.inner.pool_mut().set_priority(&ids, priority))
-    }
-
-    /// Advance the pool's eviction clock (retention durations count its ticks).
-    fn advance_clock(&mut self, ticks: &Bound<'_, PyAny>) -> PyResult<()> {
-        let ticks = i64::try_from(args::count(ticks, "ticks")?).unwrap_or(i64::MAX);
-        core(self.inner.pool_mut().advance_clock(ticks))
-    }
-
-    /// Drain the pool's KV-cache events.
-    fn take_events(&mut self, py: Python<'_>) -> PyResult<PyEventList> {
-        pool::take_events(py, self.inner.pool_mut())
-    }
-
     fn check_invariants(&self) -> PyResult<()> {
         crate::errors::invariants(self.inner.check_invariants())
     }
-}
+});
 
 /// `new_computed_blocks`: a `KVCacheBlocks` (ids read directly), or a plain
 /// sequence of per-group id sequences/arrays.
 fn fill_hits(obj: &Bound<'_, PyAny>, hits: &mut Vec<Vec<BlockId>>) -> PyResult<()> {
     if let Ok(b) = obj.cast::<PyKVCacheBlocks>() {
-        b.get().fill_hits(hits);
+        b.get().inner.to_vecs_into(hits);
         return Ok(());
     }
     let seq = obj

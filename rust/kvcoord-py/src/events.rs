@@ -10,15 +10,6 @@ use numpy::{IntoPyArray, PyArray1};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
 
-/// vLLM's external form of a block hash (`VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES`,
-/// on by default): the low 64 bits of the digest read as a big-endian integer.
-fn external(h: &BlockHash) -> u64 {
-    let b = h.as_bytes();
-    let mut last = [0u8; 8];
-    last.copy_from_slice(&b[b.len() - 8..]);
-    u64::from_be_bytes(last)
-}
-
 /// A `cache_full_blocks` call registered blocks in the prefix cache.
 #[pyclass(module = "kvcoord._core", frozen)]
 pub(crate) struct BlockStored {
@@ -30,7 +21,12 @@ impl BlockStored {
     /// Hashes of the stored blocks, vLLM's integer form (uint64).
     #[getter]
     fn block_hashes<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<u64>> {
-        let v: Vec<u64> = self.inner.block_hashes.iter().map(external).collect();
+        let v: Vec<u64> = self
+            .inner
+            .block_hashes
+            .iter()
+            .map(BlockHash::external)
+            .collect();
         v.into_pyarray(py)
     }
 
@@ -56,7 +52,10 @@ impl BlockStored {
     /// Integer hash of the block before the range; None when it starts at 0.
     #[getter]
     fn parent_block_hash(&self) -> Option<u64> {
-        self.inner.parent_block_hash.as_ref().map(external)
+        self.inner
+            .parent_block_hash
+            .as_ref()
+            .map(BlockHash::external)
     }
 
     /// Full digest of the block before the range; None when it starts at 0.
@@ -185,13 +184,13 @@ impl BlockRemoved {
     /// The removed key's hash, vLLM's integer form.
     #[getter]
     fn block_hash(&self) -> u64 {
-        external(&self.hash)
+        self.hash.external()
     }
 
     /// vLLM's list form: `[block_hash]`.
     #[getter]
     fn block_hashes(&self) -> Vec<u64> {
-        vec![external(&self.hash)]
+        vec![self.hash.external()]
     }
 
     /// The removed key's full digest.
@@ -215,7 +214,7 @@ impl BlockRemoved {
     fn __repr__(&self) -> String {
         format!(
             "BlockRemoved(block_hash={:#018x}, group_idx={})",
-            external(&self.hash),
+            self.hash.external(),
             self.group
         )
     }

@@ -20,6 +20,7 @@ mod pool;
 mod request;
 mod residency;
 mod retention;
+mod tokens;
 
 use pyo3::prelude::*;
 

@@ -5,13 +5,12 @@
 use kvcoord_core::{BlockId, BlockPool, EvictionConfig, GroupId, KvEvent, PoolConfig};
 use numpy::PyArray1;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList};
+use pyo3::types::PyList;
 
 use crate::args;
 use crate::convert::{self, id_list, Scratch};
 use crate::errors::core;
 use crate::events::{event_to_py, PyEventList};
-use crate::residency;
 
 /// The read-only surface of a pool, written once for both pool types:
 /// `$ty` has `fn with<R>(&self, py, f: impl FnOnce(&BlockPool) -> R) ->
@@ -135,6 +134,90 @@ macro_rules! pool_readers {
 }
 pub(crate) use pool_readers;
 
+/// The pool methods that change it, written once for both owners of a pool
+/// (a standalone `BlockPool` and a `CoordinatorCore`). `$ty` has
+/// `fn pool(&self) -> &BlockPool`, `fn pool_mut(&mut self) -> &mut
+/// BlockPool` and `fn with_ids(&mut self, block_ids, f) -> PyResult<R>`;
+/// the methods are handed to `$cb!($args { ... $extra })`, which emits the
+/// type's one `#[pymethods]` block.
+macro_rules! pool_writers {
+    ($cb:ident!($($args:tt)*) { $($extra:tt)* }) => {
+        $cb!($($args)* {
+            /// Mark blocks with a retention priority (the `priority`
+            /// eviction policy; ignored by the others).
+            fn set_priority(
+                &mut self,
+                block_ids: &Bound<'_, PyAny>,
+                priority: &Bound<'_, PyAny>,
+            ) -> PyResult<()> {
+                let priority = $crate::args::priority(priority)?;
+                self.with_ids(block_ids, |pool, ids| pool.set_priority(ids, priority))
+            }
+
+            /// Advance the pool's eviction clock (retention durations count
+            /// its ticks).
+            fn advance_clock(&mut self, ticks: &Bound<'_, PyAny>) -> PyResult<()> {
+                let ticks = $crate::args::count(ticks, "ticks")?;
+                let ticks = i64::try_from(ticks).unwrap_or(i64::MAX);
+                $crate::errors::core(self.pool_mut().advance_clock(ticks))
+            }
+
+            /// Drop these blocks from the prefix cache (they stay allocated).
+            fn evict_blocks(&mut self, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
+                self.with_ids(block_ids, BlockPool::evict_blocks)
+            }
+
+            /// Start tracking residency metrics for every block.
+            fn enable_residency(&mut self) {
+                self.pool_mut().enable_residency();
+            }
+
+            fn set_residency_clock(&mut self, now: &Bound<'_, PyAny>) -> PyResult<()> {
+                let now = $crate::args::count(now, "now")? as u64;
+                $crate::residency::set_clock(self.pool_mut(), now);
+                Ok(())
+            }
+
+            fn residency_snapshot<'py>(
+                &self,
+                py: Python<'py>,
+            ) -> PyResult<Option<Bound<'py, pyo3::types::PyDict>>> {
+                $crate::residency::snapshot(py, self.pool())
+            }
+
+            fn drain_eviction_records(&mut self) -> Vec<$crate::residency::RecordTuple> {
+                $crate::residency::drain(self.pool_mut())
+            }
+
+            /// Forget every cached prefix; refused (False, with a warning)
+            /// while blocks are in use.
+            fn reset_prefix_cache(&mut self, py: Python<'_>) -> PyResult<bool> {
+                $crate::pool::reset_prefix_cache(py, self.pool_mut())
+            }
+
+            /// Drain the pool's KV-cache events.
+            fn take_events(&mut self, py: Python<'_>) -> PyResult<$crate::events::PyEventList> {
+                $crate::pool::take_events(py, self.pool_mut())
+            }
+
+            $($extra)*
+        });
+    };
+}
+pub(crate) use pool_writers;
+
+/// `#[pymethods] impl $ty { $items }`: the plain end of a
+/// [`pool_writers`] chain.
+macro_rules! pymethods_block {
+    ($ty:ty, { $($items:tt)* }) => {
+        #[pymethods]
+        impl $ty {
+            $($items)*
+        }
+    };
+}
+pub(crate) use pymethods_block;
+
 /// Forget every cached prefix; logs a warning (as vLLM does) when refused.
 pub(crate) fn reset_prefix_cache(py: Python<'_>, pool: &mut BlockPool) -> PyResult<bool> {
     let ok = pool.reset_prefix_cache();
@@ -173,6 +256,14 @@ impl PyBlockPool {
         Ok(f(&self.inner))
     }
 
+    fn pool(&self) -> &BlockPool {
+        &self.inner
+    }
+
+    fn pool_mut(&mut self) -> &mut BlockPool {
+        &mut self.inner
+    }
+
     /// `f(pool, ids)` with `block_ids` converted into the reused buffer.
     fn with_ids<R>(
         &mut self,
@@ -194,7 +285,7 @@ impl PyBlockPool {
     }
 }
 
-pool_readers!(PyBlockPool, "BlockPool", {
+pool_writers!(pool_readers!(PyBlockPool, "BlockPool",) {
     #[new]
     /// Scalars are converted by `args` (`None` stands for the default).
     #[pyo3(
@@ -229,20 +320,6 @@ pool_readers!(PyBlockPool, "BlockPool", {
             inner: core(pool)?,
             scratch: Scratch::default(),
         })
-    }
-
-    fn set_priority(
-        &mut self,
-        block_ids: &Bound<'_, PyAny>,
-        priority: &Bound<'_, PyAny>,
-    ) -> PyResult<()> {
-        let priority = args::priority(priority)?;
-        self.with_ids(block_ids, |pool, ids| pool.set_priority(ids, priority))
-    }
-
-    fn advance_clock(&mut self, ticks: &Bound<'_, PyAny>) -> PyResult<()> {
-        let ticks = i64::try_from(args::count(ticks, "ticks")?).unwrap_or(i64::MAX);
-        core(self.inner.advance_clock(ticks))
     }
 
     fn get_new_blocks<'py>(
@@ -317,38 +394,8 @@ pool_readers!(PyBlockPool, "BlockPool", {
         ))
     }
 
-    fn evict_blocks(&mut self, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
-        self.with_ids(block_ids, BlockPool::evict_blocks)
-    }
-
-    /// Start tracking residency metrics for every block (see `_core.pyi`).
-    fn enable_residency(&mut self) {
-        self.inner.enable_residency();
-    }
-
     #[getter]
     fn residency_enabled(&self) -> bool {
         self.inner.residency().is_some()
-    }
-
-    fn set_residency_clock(&mut self, now: &Bound<'_, PyAny>) -> PyResult<()> {
-        residency::set_clock(&mut self.inner, args::count(now, "now")? as u64);
-        Ok(())
-    }
-
-    fn residency_snapshot<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
-        residency::snapshot(py, &self.inner)
-    }
-
-    fn drain_eviction_records(&mut self) -> Vec<residency::RecordTuple> {
-        residency::drain(&mut self.inner)
-    }
-
-    fn reset_prefix_cache(&mut self, py: Python<'_>) -> PyResult<bool> {
-        reset_prefix_cache(py, &mut self.inner)
-    }
-
-    fn take_events(&mut self, py: Python<'_>) -> PyResult<PyEventList> {
-        take_events(py, &mut self.inner)
     }
 });

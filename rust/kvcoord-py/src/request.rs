@@ -2,298 +2,20 @@
 //! only; the hashing is `kvcoord_core::hashing`.
 
 use kvcoord_core::hashing;
-use kvcoord_core::{
-    BlockHash, ExtraKeys, HashAlgo, HashConfig, KvError, LoraKey, MmFeature, Request, RequestHasher,
-};
+use kvcoord_core::{BlockHash, ExtraKeys, HashAlgo, HashConfig, Request, RequestHasher};
 use numpy::ndarray::Array2;
-use numpy::{IntoPyArray, PyArray1, PyArray2, PyReadonlyArray1};
+use numpy::{IntoPyArray, PyArray1, PyArray2};
 use pyo3::exceptions::PyIndexError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyInt, PyList, PySlice, PyString, PyTuple};
 
 use crate::args::Text;
-use crate::errors::{core, err};
+use crate::errors::core;
+use crate::tokens::{extract_tokens, lora_key, mm_features, step_ints, token};
 
 /// Hash without holding the GIL when at least this many tokens are new
 /// (releasing and re-taking the GIL costs about a microsecond).
 const DETACH_MIN_TOKENS: usize = 4096;
-
-// ---------------------------------------------------------------- conversion
-
-fn invalid_token(position: usize, value: &Bound<'_, PyAny>) -> PyErr {
-    // Beyond i128 the value is shown saturated; the position is exact.
-    let value = value.extract::<i128>().unwrap_or(i128::MAX);
-    err(KvError::InvalidTokenId { position, value })
-}
-
-/// One token from a Python object at `position`.
-#[inline]
-fn token(position: usize, item: &Bound<'_, PyAny>) -> PyResult<u32> {
-    match item.extract::<i64>() {
-        Ok(v) => core(hashing::token_id(position, v)),
-        // Too large for i64 but still an int: a token error, not OverflowError.
-        Err(_) if crate::args::is_int_like(item) => Err(invalid_token(position, item)),
-        Err(e) => Err(crate::errors::ArgumentTypeError::new_err(format!(
-            "token id at position {position} must be an int, got {} ({e})",
-            item.get_type()
-                .name()
-                .map_or_else(|_| "?".to_owned(), |n| n.to_string())
-        ))),
-    }
-}
-
-/// The token id `item` holds when it is an exact `int` in `[0, 2^32)`:
-/// the list fast path, with no error built and no generic dispatch.
-#[inline]
-fn plain_token(item: &Bound<'_, PyAny>) -> Option<u32> {
-    if item.is_exact_instance_of::<PyInt>() {
-        item.extract::<i64>()
-            .ok()
-            .and_then(|v| u32::try_from(v).ok())
-    } else {
-        None
-    }
-}
-
-/// Append the token ids of a list's or tuple's items: a tight loop over
-/// plain ints, the checked conversion (and its error) for anything else.
-fn tokens_from_items<'py>(
-    items: impl Iterator<Item = Bound<'py, PyAny>>,
-    out: &mut Vec<u32>,
-    base: usize,
-) -> PyResult<()> {
-    for (i, item) in items.enumerate() {
-        match plain_token(&item) {
-            Some(t) => out.push(t),
-            None => out.push(token(base + i, &item)?),
-        }
-    }
-    Ok(())
-}
-
-/// One per-request int of `advance_requests` (`what` names the argument;
-/// `tokens`: a value beyond 64 bits is an invalid token id at `position`).
-#[inline]
-fn step_int(item: &Bound<'_, PyAny>, what: &str, tokens: bool, position: usize) -> PyResult<i64> {
-    if let Ok(v) = item.extract::<i64>() {
-        return Ok(v);
-    }
-    if !crate::args::is_int_like(item) {
-        return Err(crate::args::not_an_int(
-            item,
-            &format!("{what}[{position}]"),
-        ));
-    }
-    if tokens {
-        return Err(invalid_token(position, item));
-    }
-    Err(crate::errors::InvalidArgumentError::new_err(format!(
-        "invalid {what}[{position}]: {} (must be below 2^63)",
-        crate::args::shown(item)
-    )))
-}
-
-/// The per-request ints of `advance_requests`: a list (the usual case) item
-/// by item with no generic sequence protocol, anything else (numpy arrays,
-/// other sequences) through `convert::int_vec`, its overflow and type
-/// errors mapped onto `kvcoord.errors`.
-fn step_ints(obj: &Bound<'_, PyAny>, what: &str, tokens: bool) -> PyResult<Vec<i64>> {
-    if let Ok(list) = obj.cast::<PyList>() {
-        let mut out = Vec::with_capacity(list.len());
-        for (i, item) in list.iter().enumerate() {
-            out.push(step_int(&item, what, tokens, i)?);
-        }
-        return Ok(out);
-    }
-    let py = obj.py();
-    crate::convert::int_vec(obj).map_err(|e| {
-        if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(py) {
-            crate::errors::InvalidArgumentError::new_err(format!(
-                "invalid {what}: a value is beyond 64 bits ({e})"
-            ))
-        } else if e.is_instance_of::<pyo3::exceptions::PyTypeError>(py)
-            && !e.is_instance_of::<crate::errors::ArgumentTypeError>(py)
-        {
-            crate::errors::ArgumentTypeError::new_err(format!(
-                "{what} must be a sequence of ints or an integer numpy array ({e})"
-            ))
-        } else {
-            e
-        }
-    })
-}
-
-macro_rules! try_token_array {
-    ($obj:expr, $out:expr, $base:expr, $($t:ty),*) => {
-        $(
-            if let Ok(arr) = $obj.extract::<PyReadonlyArray1<'_, $t>>() {
-                let view = arr.as_array();
-                reserve_tokens($out, view.len())?;
-                // Check the whole array first (a loop the compiler
-                // vectorizes), then convert; report the first bad position.
-                #[allow(clippy::cast_lossless, clippy::unnecessary_cast, clippy::cast_possible_wrap, clippy::cast_sign_loss, clippy::checked_conversions, unused_comparisons)]
-                {
-                    let ok = |v: $t| v >= 0 && (v as u64) <= u64::from(u32::MAX);
-                    if view.iter().all(|&v| ok(v)) {
-                        $out.extend(view.iter().map(|&v| v as u32));
-                    } else {
-                        let (i, &v) = view.iter().enumerate().find(|&(_, &v)| !ok(v)).expect("a bad value");
-                        return Err(err(KvError::InvalidTokenId {
-                            position: $base + i,
-                            value: v as i128,
-                        }));
-                    }
-                }
-                return Ok(());
-            }
-        )*
-    };
-}
-
-/// Append the token ids in `obj` (an int, a list/tuple/sequence of ints, or a
-/// 1-D integer numpy array) to `out`, validating each. Positions in errors
-/// count from `base`. On error `out` may hold part of the input: callers
-/// pass a scratch vector or truncate.
-pub(crate) fn extract_tokens(
-    obj: &Bound<'_, PyAny>,
-    out: &mut Vec<u32>,
-    base: usize,
-) -> PyResult<()> {
-    if let Ok(list) = obj.cast::<PyList>() {
-        reserve_tokens(out, list.len())?;
-        return tokens_from_items(list.iter(), out, base);
-    }
-    if let Ok(tuple) = obj.cast::<PyTuple>() {
-        reserve_tokens(out, tuple.len())?;
-        return tokens_from_items(tuple.iter(), out, base);
-    }
-    // uint32 first: always valid, copied as one slice when contiguous.
-    if let Ok(arr) = obj.extract::<PyReadonlyArray1<'_, u32>>() {
-        reserve_tokens(out, arr.as_array().len())?;
-        match arr.as_slice() {
-            Ok(s) => out.extend_from_slice(s),
-            Err(_) => out.extend(arr.as_array().iter().copied()),
-        }
-        return Ok(());
-    }
-    try_token_array!(obj, out, base, i64, i32, u64, u16, i16, u8, i8);
-    if obj.cast::<numpy::PyUntypedArray>().is_ok() {
-        if let Some(native) = crate::convert::native_int_array(obj)? {
-            return extract_tokens(&native, out, base);
-        }
-    }
-    if obj.is_instance_of::<PyString>() || obj.is_instance_of::<PyBytes>() {
-        return Err(crate::errors::ArgumentTypeError::new_err(
-            "token ids must be a sequence of ints, not str/bytes",
-        ));
-    }
-    let items = obj.try_iter().map_err(|_| {
-        crate::errors::ArgumentTypeError::new_err(format!(
-            "token ids must be an int, a sequence of ints or an integer numpy array, got {}",
-            crate::args::type_name(obj)
-        ))
-    })?;
-    for (i, item) in items.enumerate() {
-        out.push(token(base + i, &item?)?);
-    }
-    Ok(())
-}
-
-/// Room for `n` more tokens, or `OutOfMemoryError` (nothing appended).
-fn reserve_tokens(out: &mut Vec<u32>, n: usize) -> PyResult<()> {
-    core(kvcoord_core::limits::try_reserve(out, n, "token ids"))
-}
-
-fn str_field(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<String> {
-    obj.extract::<String>().map_err(|_| {
-        crate::errors::ArgumentTypeError::new_err(format!(
-            "{what} must be a str, got {}",
-            obj.get_type()
-                .name()
-                .map_or_else(|_| "?".to_owned(), |n| n.to_string())
-        ))
-    })
-}
-
-/// `lora`: `None`, a `(name, path)` tuple, or an object with `name` and
-/// `path` attributes (such as `kvcoord.LoRA`).
-fn lora_key(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<LoraKey>> {
-    let Some(obj) = obj.filter(|o| !o.is_none()) else {
-        return Ok(None);
-    };
-    let (name, path) = if let Ok(t) = obj.cast::<PyTuple>() {
-        if t.len() != 2 {
-            return Err(crate::errors::ArgumentTypeError::new_err(format!(
-                "lora must be (name, path), got a tuple of {} items",
-                t.len()
-            )));
-        }
-        (t.get_item(0)?, t.get_item(1)?)
-    } else if obj.hasattr("name")? && obj.hasattr("path")? {
-        (obj.getattr("name")?, obj.getattr("path")?)
-    } else {
-        return Err(crate::errors::ArgumentTypeError::new_err(
-            "lora must be None, a (name, path) tuple or an object with .name and .path",
-        ));
-    };
-    Ok(Some(LoraKey {
-        name: str_field(&name, "lora name")?,
-        path: str_field(&path, "lora path")?,
-    }))
-}
-
-/// `mm_features`: `None` or an iterable of `(identifier, offset, length)`
-/// tuples or objects with those attributes (such as
-/// `kvcoord.MultiModalFeature`).
-fn mm_features(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<MmFeature>> {
-    let Some(obj) = obj.filter(|o| !o.is_none()) else {
-        return Ok(Vec::new());
-    };
-    let mut out = Vec::new();
-    for item in obj.try_iter()? {
-        let item = item?;
-        let (id, offset, length) = if let Ok(t) = item.cast::<PyTuple>() {
-            if t.len() != 3 {
-                return Err(crate::errors::ArgumentTypeError::new_err(format!(
-                    "each mm_features item must be (identifier, offset, length), got a tuple of {} items",
-                    t.len()
-                )));
-            }
-            (t.get_item(0)?, t.get_item(1)?, t.get_item(2)?)
-        } else if item.hasattr("identifier")? {
-            (
-                item.getattr("identifier")?,
-                item.getattr("offset")?,
-                item.getattr("length")?,
-            )
-        } else {
-            return Err(crate::errors::ArgumentTypeError::new_err(
-                "each mm_features item must be an (identifier, offset, length) tuple or an object with those attributes",
-            ));
-        };
-        let id = str_field(&id, "mm_features identifier")?;
-        out.push(core(hashing::mm_feature(
-            id,
-            mm_int(&offset, "offset")?,
-            mm_int(&length, "length")?,
-        ))?);
-    }
-    Ok(out)
-}
-
-/// A multimodal item's offset or length: an int (range-checked by the core).
-fn mm_int(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<i64> {
-    obj.extract::<i64>().map_err(|_| {
-        if crate::args::is_int_like(obj) {
-            crate::errors::InvalidArgumentError::new_err(format!(
-                "invalid mm_features: {what} {} is not in [0, 2^32)",
-                crate::args::shown(obj)
-            ))
-        } else {
-            crate::args::not_an_int(obj, &format!("mm_features {what}"))
-        }
-    })
-}
 
 fn hash_config(
     hash_algo: &str,
@@ -301,15 +23,8 @@ fn hash_config(
     hash_seed: Option<&str>,
 ) -> PyResult<HashConfig> {
     let algo = core(HashAlgo::from_name(hash_algo))?;
-    let raw = crate::args::config_count(hash_block_size, "hash_block_size")?;
-    let bs = Some(raw).filter(|&b| b > 0).ok_or_else(|| {
-        crate::errors::CoreError(KvError::InvalidConfig {
-            name: "hash_block_size",
-            value: raw.to_string(),
-            rule: "must be a positive number of tokens".into(),
-        })
-    })?;
-    core(HashConfig::new(algo, bs, hash_seed))
+    let block_size = crate::args::config_count(hash_block_size, "hash_block_size")?;
+    core(HashConfig::new(algo, block_size, hash_seed))
 }
 
 fn hashes_to_list<'py>(py: Python<'py>, hashes: &[BlockHash]) -> PyResult<Bound<'py, PyList>> {
@@ -317,14 +32,7 @@ fn hashes_to_list<'py>(py: Python<'py>, hashes: &[BlockHash]) -> PyResult<Bound<
 }
 
 fn hashes_to_bytes<'py>(py: Python<'py>, hashes: &[BlockHash]) -> Bound<'py, PyBytes> {
-    let d = hashes.first().map_or(0, BlockHash::len);
-    PyBytes::new_with(py, hashes.len() * d, |buf| {
-        for (dst, h) in buf.chunks_exact_mut(d.max(1)).zip(hashes) {
-            dst.copy_from_slice(h.as_bytes());
-        }
-        Ok(())
-    })
-    .expect("filling a fresh bytes object cannot fail")
+    PyBytes::new(py, &BlockHash::concat(hashes))
 }
 
 /// Run `hasher.update(tokens)`, without the GIL when the new part is long.
@@ -577,11 +285,7 @@ impl PyRequest {
     fn block_hashes_array<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray2<u8>> {
         let hashes = self.inner.block_hashes();
         let d = self.inner.hasher().digest_len();
-        let mut flat = Vec::with_capacity(hashes.len() * d);
-        for h in hashes {
-            flat.extend_from_slice(h.as_bytes());
-        }
-        Array2::from_shape_vec((hashes.len(), d), flat)
+        Array2::from_shape_vec((hashes.len(), d), BlockHash::concat(hashes))
             .expect("shape matches")
             .into_pyarray(py)
     }
@@ -620,41 +324,21 @@ pub(crate) fn advance_requests(
     num_computed: &Bound<'_, PyAny>,
     new_tokens: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<()> {
-    let n = requests.len();
-    let computed: Vec<i64> = step_ints(num_computed, "num_computed", false)?;
-    let sampled: Option<Vec<i64>> = new_tokens
+    let computed = step_ints(num_computed, "num_computed", false)?;
+    let sampled = new_tokens
         .map(|t| step_ints(t, "new_tokens", true))
         .transpose()?;
-    if computed.len() != n || sampled.as_ref().is_some_and(|s| s.len() != n) {
-        return Err(crate::errors::CoreError(KvError::InvalidArgument {
-            name: "advance_requests",
-            detail: format!(
-                "{n} requests but {} computed counts and {} new tokens",
-                computed.len(),
-                sampled.as_ref().map_or(n, Vec::len)
-            ),
-        })
-        .into());
-    }
-    let mut borrowed = Vec::with_capacity(n);
-    for (i, item) in requests.iter().enumerate() {
-        let r = item.cast_into::<PyRequest>()?;
-        let add = crate::convert::count(computed[i], "num_computed")?;
-        if let Some(s) = &sampled {
-            if s[i] >= 0 {
-                core(hashing::token_id(i, s[i]))?;
-            }
-        }
-        borrowed.push((r, add));
-    }
-    for (i, (r, add)) in borrowed.into_iter().enumerate() {
-        let mut r = r.try_borrow_mut()?;
-        r.inner.num_computed_tokens += add;
-        if let Some(s) = &sampled {
-            if let Ok(t) = u32::try_from(s[i]) {
-                r.inner.push_token(t);
-            }
-        }
+    let requests = requests
+        .iter()
+        .map(Bound::cast_into::<PyRequest>)
+        .collect::<Result<Vec<_>, _>>()?;
+    let steps = core(kvcoord_core::step_progress(
+        requests.len(),
+        &computed,
+        sampled.as_deref(),
+    ))?;
+    for (r, step) in requests.iter().zip(steps) {
+        r.try_borrow_mut()?.inner.advance(step);
     }
     Ok(())
 }

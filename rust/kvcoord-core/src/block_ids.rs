@@ -1,0 +1,209 @@
+//! [`NewBlocks`]: block ids per KV cache group in one flat buffer, the shape
+//! of every manager result (`allocate_slots`' new blocks, a cache hit, a
+//! request's tables). The bindings hand it to Python as it is: one flat id
+//! array and group offsets, no object per block.
+
+use crate::error::{KvError, KvResult};
+use crate::ids::BlockId;
+
+/// Block ids per group, group 0 first, in one flat buffer.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NewBlocks {
+    /// All groups' ids, group after group.
+    pub(crate) ids: Vec<BlockId>,
+    /// `ends[g]` is one past group `g`'s last id in `ids`. Invariant:
+    /// non-decreasing, the last equals `ids.len()`.
+    pub(crate) ends: Vec<usize>,
+}
+
+impl NewBlocks {
+    /// An empty buffer (no group).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// `num_groups` groups, none holding a block.
+    pub fn empty(num_groups: usize) -> Self {
+        Self {
+            ids: Vec::new(),
+            ends: vec![0; num_groups],
+        }
+    }
+
+    /// One group per item, in order.
+    pub fn from_groups<'a>(groups: impl IntoIterator<Item = &'a [BlockId]>) -> Self {
+        let mut out = Self::new();
+        for g in groups {
+            out.push_group(g.iter().copied());
+        }
+        out
+    }
+
+    /// Append one group holding `ids`.
+    pub fn push_group(&mut self, ids: impl IntoIterator<Item = BlockId>) {
+        self.ids.extend(ids);
+        self.ends.push(self.ids.len());
+    }
+
+    /// Group `g` of the result is group `picks[g].1` of `picks[g].0`, cut
+    /// to its first `picks[g].2` blocks (a hybrid hit assembled from its
+    /// per-spec lookups).
+    pub fn gather(picks: &[(&Self, usize, usize)]) -> KvResult<Self> {
+        let mut out = Self::new();
+        for (g, &(part, index, keep)) in picks.iter().enumerate() {
+            if index >= part.num_groups() {
+                return Err(KvError::InvalidArgument {
+                    name: "picks",
+                    detail: format!(
+                        "entry {g}: group {index} of a result with {} groups",
+                        part.num_groups()
+                    ),
+                });
+            }
+            let ids = part.group(index);
+            out.push_group(ids[..keep.min(ids.len())].iter().copied());
+        }
+        Ok(out)
+    }
+
+    /// Group by group, `self`'s ids then `other`'s.
+    pub fn concat(&self, other: &Self) -> KvResult<Self> {
+        if self.num_groups() != other.num_groups() {
+            return Err(KvError::InvalidArgument {
+                name: "KVCacheBlocks",
+                detail: format!(
+                    "cannot add results of {} and {} groups",
+                    self.num_groups(),
+                    other.num_groups()
+                ),
+            });
+        }
+        let mut out = Self::new();
+        out.ids.reserve(self.ids.len() + other.ids.len());
+        for g in 0..self.num_groups() {
+            out.push_group(self.group(g).iter().chain(other.group(g)).copied());
+        }
+        Ok(out)
+    }
+
+    /// Number of groups described.
+    #[inline]
+    pub fn num_groups(&self) -> usize {
+        self.ends.len()
+    }
+
+    /// Whether no group holds a block.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+
+    /// Group `g`'s ids, in table order (empty for an unknown group).
+    pub fn group(&self, g: usize) -> &[BlockId] {
+        let Some(&end) = self.ends.get(g) else {
+            return &[];
+        };
+        let start = if g == 0 { 0 } else { self.ends[g - 1] };
+        &self.ids[start..end]
+    }
+
+    /// All ids, group after group.
+    #[inline]
+    pub fn flat(&self) -> &[BlockId] {
+        &self.ids
+    }
+
+    /// One past each group's last index in [`flat`](Self::flat).
+    #[inline]
+    pub fn group_ends(&self) -> &[usize] {
+        &self.ends
+    }
+
+    /// Group offsets into [`flat`](Self::flat): 0, then each group's end.
+    pub fn offsets(&self) -> impl Iterator<Item = usize> + '_ {
+        std::iter::once(0).chain(self.ends.iter().copied())
+    }
+
+    /// Per-group lists.
+    pub fn to_vecs(&self) -> Vec<Vec<BlockId>> {
+        let mut out = Vec::new();
+        self.to_vecs_into(&mut out);
+        out
+    }
+
+    /// Per-group lists into reusable buffers (resized to the group count).
+    pub fn to_vecs_into(&self, out: &mut Vec<Vec<BlockId>>) {
+        out.resize_with(self.num_groups(), Vec::new);
+        for (g, v) in out.iter_mut().enumerate() {
+            v.clear();
+            v.extend_from_slice(self.group(g));
+        }
+    }
+
+    /// The largest id, if any: results cross to Python as `int32`, which
+    /// callers check with it.
+    pub fn max_id(&self) -> Option<BlockId> {
+        self.ids.iter().copied().max()
+    }
+
+    pub(crate) fn clear(&mut self) {
+        self.ids.clear();
+        self.ends.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids(v: &[u32]) -> Vec<BlockId> {
+        v.iter().copied().map(BlockId).collect()
+    }
+
+    #[test]
+    fn groups_offsets_and_lists() {
+        let b = NewBlocks::from_groups([ids(&[1, 2]).as_slice(), &[], &ids(&[7])]);
+        assert_eq!(b.num_groups(), 3);
+        assert_eq!(b.group(0), ids(&[1, 2]).as_slice());
+        assert!(b.group(1).is_empty());
+        assert!(b.group(3).is_empty());
+        assert_eq!(b.offsets().collect::<Vec<_>>(), vec![0, 2, 2, 3]);
+        assert_eq!(b.to_vecs(), vec![ids(&[1, 2]), vec![], ids(&[7])]);
+        assert_eq!(b.max_id(), Some(BlockId(7)));
+        assert!(!b.is_empty());
+        let e = NewBlocks::empty(2);
+        assert!(e.is_empty() && e.num_groups() == 2);
+        assert_eq!(e.offsets().collect::<Vec<_>>(), vec![0, 0, 0]);
+    }
+
+    #[test]
+    fn to_vecs_into_resizes_and_clears() {
+        let b = NewBlocks::from_groups([ids(&[3]).as_slice()]);
+        let mut out = vec![ids(&[9, 9]), ids(&[8])];
+        b.to_vecs_into(&mut out);
+        assert_eq!(out, vec![ids(&[3])]);
+    }
+
+    #[test]
+    fn gather_cuts_and_refuses_unknown_groups() {
+        let a = NewBlocks::from_groups([ids(&[1, 2, 3]).as_slice(), &ids(&[4, 5])]);
+        let b = NewBlocks::from_groups([ids(&[6]).as_slice()]);
+        let g = NewBlocks::gather(&[(&a, 1, 1), (&b, 0, 9), (&a, 0, 2)]).unwrap();
+        assert_eq!(g.to_vecs(), vec![ids(&[4]), ids(&[6]), ids(&[1, 2])]);
+        let e = NewBlocks::gather(&[(&b, 1, 1)]).unwrap_err();
+        assert!(e
+            .to_string()
+            .contains("entry 0: group 1 of a result with 1 groups"));
+    }
+
+    #[test]
+    fn concat_is_group_wise_and_needs_equal_group_counts() {
+        let a = NewBlocks::from_groups([ids(&[1]).as_slice(), &ids(&[2])]);
+        let b = NewBlocks::from_groups([ids(&[3]).as_slice(), &[]]);
+        assert_eq!(
+            a.concat(&b).unwrap().to_vecs(),
+            vec![ids(&[1, 3]), ids(&[2])]
+        );
+        assert!(a.concat(&NewBlocks::empty(1)).is_err());
+    }
+}

@@ -1,0 +1,281 @@
+//! Conversion of token ids and of a request's hashing extras (`LoRA`,
+//! multimodal items) from Python: lists of plain ints on a tight fast path,
+//! integer numpy arrays as slices, anything else through the checked
+//! conversion. Every refusal is a `kvcoord.errors` exception.
+
+use kvcoord_core::hashing;
+use kvcoord_core::{KvError, LoraKey, MmFeature};
+use numpy::PyReadonlyArray1;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyInt, PyList, PyString, PyTuple};
+
+use crate::errors::{core, err};
+
+fn invalid_token(position: usize, value: &Bound<'_, PyAny>) -> PyErr {
+    // Beyond i128 the value is shown saturated; the position is exact.
+    let value = value.extract::<i128>().unwrap_or(i128::MAX);
+    err(KvError::InvalidTokenId { position, value })
+}
+
+/// One token from a Python object at `position`.
+#[inline]
+pub(crate) fn token(position: usize, item: &Bound<'_, PyAny>) -> PyResult<u32> {
+    match item.extract::<i64>() {
+        Ok(v) => core(hashing::token_id(position, v)),
+        // Too large for i64 but still an int: a token error, not OverflowError.
+        Err(_) if crate::args::is_int_like(item) => Err(invalid_token(position, item)),
+        Err(e) => Err(crate::errors::ArgumentTypeError::new_err(format!(
+            "token id at position {position} must be an int, got {} ({e})",
+            crate::args::type_name(item)
+        ))),
+    }
+}
+
+/// The token id `item` holds when it is an exact `int` in `[0, 2^32)`:
+/// the list fast path, with no error built and no generic dispatch.
+#[inline]
+fn plain_token(item: &Bound<'_, PyAny>) -> Option<u32> {
+    if item.is_exact_instance_of::<PyInt>() {
+        item.extract::<i64>()
+            .ok()
+            .and_then(|v| u32::try_from(v).ok())
+    } else {
+        None
+    }
+}
+
+/// Append the token ids of a list's or tuple's items: a tight loop over
+/// plain ints, the checked conversion (and its error) for anything else.
+fn tokens_from_items<'py>(
+    items: impl Iterator<Item = Bound<'py, PyAny>>,
+    out: &mut Vec<u32>,
+    base: usize,
+) -> PyResult<()> {
+    for (i, item) in items.enumerate() {
+        match plain_token(&item) {
+            Some(t) => out.push(t),
+            None => out.push(token(base + i, &item)?),
+        }
+    }
+    Ok(())
+}
+
+/// One per-request int of `advance_requests` (`what` names the argument;
+/// `tokens`: a value beyond 64 bits is an invalid token id at `position`).
+#[inline]
+fn step_int(item: &Bound<'_, PyAny>, what: &str, tokens: bool, position: usize) -> PyResult<i64> {
+    if let Ok(v) = item.extract::<i64>() {
+        return Ok(v);
+    }
+    if !crate::args::is_int_like(item) {
+        return Err(crate::args::not_an_int(
+            item,
+            &format!("{what}[{position}]"),
+        ));
+    }
+    if tokens {
+        return Err(invalid_token(position, item));
+    }
+    Err(crate::errors::InvalidArgumentError::new_err(format!(
+        "invalid {what}[{position}]: {} (must be below 2^63)",
+        crate::args::shown(item)
+    )))
+}
+
+/// The per-request ints of `advance_requests`: a list (the usual case) item
+/// by item with no generic sequence protocol, anything else (numpy arrays,
+/// other sequences) through `convert::int_vec`, its overflow and type
+/// errors mapped onto `kvcoord.errors`.
+pub(crate) fn step_ints(obj: &Bound<'_, PyAny>, what: &str, tokens: bool) -> PyResult<Vec<i64>> {
+    if let Ok(list) = obj.cast::<PyList>() {
+        let mut out = Vec::with_capacity(list.len());
+        for (i, item) in list.iter().enumerate() {
+            out.push(step_int(&item, what, tokens, i)?);
+        }
+        return Ok(out);
+    }
+    let py = obj.py();
+    crate::convert::int_vec(obj).map_err(|e| {
+        if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(py) {
+            crate::errors::InvalidArgumentError::new_err(format!(
+                "invalid {what}: a value is beyond 64 bits ({e})"
+            ))
+        } else if e.is_instance_of::<pyo3::exceptions::PyTypeError>(py)
+            && !e.is_instance_of::<crate::errors::ArgumentTypeError>(py)
+        {
+            crate::errors::ArgumentTypeError::new_err(format!(
+                "{what} must be a sequence of ints or an integer numpy array ({e})"
+            ))
+        } else {
+            e
+        }
+    })
+}
+
+macro_rules! try_token_array {
+    ($obj:expr, $out:expr, $base:expr, $($t:ty),*) => {
+        $(
+            if let Ok(arr) = $obj.extract::<PyReadonlyArray1<'_, $t>>() {
+                let view = arr.as_array();
+                reserve_tokens($out, view.len())?;
+                // Check the whole array first (a loop the compiler
+                // vectorizes), then convert; report the first bad position.
+                #[allow(clippy::cast_lossless, clippy::unnecessary_cast, clippy::cast_possible_wrap, clippy::cast_sign_loss, clippy::checked_conversions, unused_comparisons)]
+                {
+                    let ok = |v: $t| v >= 0 && (v as u64) <= u64::from(u32::MAX);
+                    if view.iter().all(|&v| ok(v)) {
+                        $out.extend(view.iter().map(|&v| v as u32));
+                    } else {
+                        let (i, &v) = view.iter().enumerate().find(|&(_, &v)| !ok(v)).expect("a bad value");
+                        return Err(err(KvError::InvalidTokenId {
+                            position: $base + i,
+                            value: v as i128,
+                        }));
+                    }
+                }
+                return Ok(());
+            }
+        )*
+    };
+}
+
+/// Append the token ids in `obj` (an int, a list/tuple/sequence of ints, or a
+/// 1-D integer numpy array) to `out`, validating each. Positions in errors
+/// count from `base`. On error `out` may hold part of the input: callers
+/// pass a scratch vector or truncate.
+pub(crate) fn extract_tokens(
+    obj: &Bound<'_, PyAny>,
+    out: &mut Vec<u32>,
+    base: usize,
+) -> PyResult<()> {
+    if let Ok(list) = obj.cast::<PyList>() {
+        reserve_tokens(out, list.len())?;
+        return tokens_from_items(list.iter(), out, base);
+    }
+    if let Ok(tuple) = obj.cast::<PyTuple>() {
+        reserve_tokens(out, tuple.len())?;
+        return tokens_from_items(tuple.iter(), out, base);
+    }
+    // uint32 first: always valid, copied as one slice when contiguous.
+    if let Ok(arr) = obj.extract::<PyReadonlyArray1<'_, u32>>() {
+        reserve_tokens(out, arr.as_array().len())?;
+        match arr.as_slice() {
+            Ok(s) => out.extend_from_slice(s),
+            Err(_) => out.extend(arr.as_array().iter().copied()),
+        }
+        return Ok(());
+    }
+    try_token_array!(obj, out, base, i64, i32, u64, u16, i16, u8, i8);
+    if obj.cast::<numpy::PyUntypedArray>().is_ok() {
+        if let Some(native) = crate::convert::native_int_array(obj)? {
+            return extract_tokens(&native, out, base);
+        }
+    }
+    if obj.is_instance_of::<PyString>() || obj.is_instance_of::<PyBytes>() {
+        return Err(crate::errors::ArgumentTypeError::new_err(
+            "token ids must be a sequence of ints, not str/bytes",
+        ));
+    }
+    let items = obj.try_iter().map_err(|_| {
+        crate::errors::ArgumentTypeError::new_err(format!(
+            "token ids must be an int, a sequence of ints or an integer numpy array, got {}",
+            crate::args::type_name(obj)
+        ))
+    })?;
+    for (i, item) in items.enumerate() {
+        out.push(token(base + i, &item?)?);
+    }
+    Ok(())
+}
+
+/// Room for `n` more tokens, or `OutOfMemoryError` (nothing appended).
+fn reserve_tokens(out: &mut Vec<u32>, n: usize) -> PyResult<()> {
+    core(kvcoord_core::limits::try_reserve(out, n, "token ids"))
+}
+
+fn str_field(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<String> {
+    obj.extract::<String>().map_err(|_| {
+        let got = crate::args::type_name(obj);
+        crate::errors::ArgumentTypeError::new_err(format!("{what} must be a str, got {got}"))
+    })
+}
+
+/// `lora`: `None`, a `(name, path)` tuple, or an object with `name` and
+/// `path` attributes (such as `kvcoord.LoRA`).
+pub(crate) fn lora_key(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<LoraKey>> {
+    let Some(obj) = obj.filter(|o| !o.is_none()) else {
+        return Ok(None);
+    };
+    let (name, path) = if let Ok(t) = obj.cast::<PyTuple>() {
+        if t.len() != 2 {
+            return Err(crate::errors::ArgumentTypeError::new_err(format!(
+                "lora must be (name, path), got a tuple of {} items",
+                t.len()
+            )));
+        }
+        (t.get_item(0)?, t.get_item(1)?)
+    } else if obj.hasattr("name")? && obj.hasattr("path")? {
+        (obj.getattr("name")?, obj.getattr("path")?)
+    } else {
+        return Err(crate::errors::ArgumentTypeError::new_err(
+            "lora must be None, a (name, path) tuple or an object with .name and .path",
+        ));
+    };
+    Ok(Some(LoraKey {
+        name: str_field(&name, "lora name")?,
+        path: str_field(&path, "lora path")?,
+    }))
+}
+
+/// `mm_features`: `None` or an iterable of `(identifier, offset, length)`
+/// tuples or objects with those attributes (such as
+/// `kvcoord.MultiModalFeature`).
+pub(crate) fn mm_features(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<MmFeature>> {
+    let Some(obj) = obj.filter(|o| !o.is_none()) else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::new();
+    for item in obj.try_iter()? {
+        let item = item?;
+        let (id, offset, length) = if let Ok(t) = item.cast::<PyTuple>() {
+            if t.len() != 3 {
+                return Err(crate::errors::ArgumentTypeError::new_err(format!(
+                    "each mm_features item must be (identifier, offset, length), got a tuple of {} items",
+                    t.len()
+                )));
+            }
+            (t.get_item(0)?, t.get_item(1)?, t.get_item(2)?)
+        } else if item.hasattr("identifier")? {
+            (
+                item.getattr("identifier")?,
+                item.getattr("offset")?,
+                item.getattr("length")?,
+            )
+        } else {
+            return Err(crate::errors::ArgumentTypeError::new_err(
+                "each mm_features item must be an (identifier, offset, length) tuple or an object with those attributes",
+            ));
+        };
+        let id = str_field(&id, "mm_features identifier")?;
+        out.push(core(hashing::mm_feature(
+            id,
+            mm_int(&offset, "offset")?,
+            mm_int(&length, "length")?,
+        ))?);
+    }
+    Ok(out)
+}
+
+/// A multimodal item's offset or length: an int (range-checked by the core).
+fn mm_int(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<i64> {
+    obj.extract::<i64>().map_err(|_| {
+        if crate::args::is_int_like(obj) {
+            crate::errors::InvalidArgumentError::new_err(format!(
+                "invalid mm_features: {what} {} is not in [0, 2^32)",
+                crate::args::shown(obj)
+            ))
+        } else {
+            crate::args::not_an_int(obj, &format!("mm_features {what}"))
+        }
+    })
+}
