@@ -404,3 +404,20 @@ def test_async_scheduler_with_several_groups_falls_back_at_construction() -> Non
     assert isinstance(one, kv.KVCacheManager)
     assert not isinstance(two, kv.KVCacheManager)
     assert sum(kv.fallbacks.values()) == before + 1
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+@pytest.mark.parametrize("num_tokens", [8, 9, 12])
+def test_eagle_hit_of_a_fully_cached_prompt_matches_vllm(groups: int, num_tokens: int) -> None:
+    """vLLM's hybrid coordinator (several groups) matches one block past the
+    lookup limit before its EAGLE drop, its single-group one does not: a
+    fully cached 8-token prompt hits 4 tokens with two groups, none with one
+    (kvcoord gave none with two groups)."""
+    theirs, ours = managers(config(16, [full_spec()] * groups), use_eagle=True)
+    for m in (theirs, ours):
+        req = make_request("a", list(range(num_tokens)))
+        m.allocate_slots(req, num_tokens)
+        m.free(req)
+    req = make_request("b", list(range(num_tokens)))
+    (ha, na, _), (hb, nb, _) = theirs.get_computed_blocks(req), ours.get_computed_blocks(req)
+    assert (nb, ids(hb)) == (na, ids(ha))

@@ -172,6 +172,10 @@ class KVCacheManager:
             return self.empty_kv_cache_blocks, 0, 0
         if max_cache_hit_length is None:
             max_cache_hit_length = request.num_tokens - 1
+        if self.drop_eagle_group_ids and self.num_kv_cache_groups > 1:
+            # vLLM's hybrid coordinator matches one block past the limit
+            # before its EAGLE drop (its single-group one does not).
+            max_cache_hit_length += self._block_sizes[0]
         # vLLM looks up only the blocks its request has hashes for.
         max_cache_hit_length = min(
             max_cache_hit_length, len(request.block_hashes) * self.hash_block_size
