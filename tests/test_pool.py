@@ -175,6 +175,24 @@ def test_events() -> None:
     assert isinstance(cleared, kvcoord.AllBlocksCleared)
 
 
+def test_stored_event_range_and_positions() -> None:
+    """``num_blocks`` spans the whole cached range, skipped blocks included;
+    ``positions`` names the blocks that were stored (aligned with ``block_ids``)."""
+    pool = BlockPool(8, enable_events=True)
+    blocks = pool.get_new_blocks(3)
+    table = [blocks[0], 0, blocks[1], blocks[2]]
+    pool.cache_full_blocks(table, [h(i) for i in range(4)], 0, 4, 0, [True, True, False, True])
+    (stored,) = pool.take_events()
+    assert stored.first_block == 0 and stored.num_blocks == 4
+    assert stored.positions.tolist() == [0, 3]
+    assert stored.block_ids.tolist() == [blocks[0], blocks[2]]
+    assert stored.block_hash_digests == [h(0), h(3)]
+    more = pool.get_new_blocks(1)
+    pool.cache_full_blocks([*table, *more], [h(i) for i in range(5)], 4, 5, 0)
+    (stored,) = pool.take_events()
+    assert (stored.first_block, stored.num_blocks, stored.positions.tolist()) == (4, 1, [4])
+
+
 def test_events_off_by_default(pool: BlockPool) -> None:
     blocks = pool.get_new_blocks(1)
     pool.cache_full_blocks(blocks, [h(1)], 0, 1, 0)

@@ -268,6 +268,14 @@ class BlockStored:
     def first_block(self) -> int:
         """Position (in blocks) of the range's first block."""
     @property
+    def num_blocks(self) -> int:
+        """Blocks in the range, skipped (null or masked) ones included: the
+        range covers tokens ``first_block * block_size`` to
+        ``(first_block + num_blocks) * block_size``."""
+    @property
+    def positions(self) -> npt.NDArray[np.uint32]:
+        """Positions (in blocks) of the stored blocks, aligned with ``block_ids``."""
+    @property
     def group_idx(self) -> int:
         """The KV-cache group."""
     @property

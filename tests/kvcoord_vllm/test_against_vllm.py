@@ -430,3 +430,20 @@ def test_single_type_views_find_cached_blocks_by_vllms_block_hash() -> None:
 
 def ids_of_view(block: object) -> int:
     return int(getattr(block, "block_id", block))  # type: ignore[call-overload]
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+@pytest.mark.parametrize("num_tokens", [8, 9, 12])
+def test_eagle_hit_of_a_fully_cached_prompt_matches_vllm(groups: int, num_tokens: int) -> None:
+    """vLLM's hybrid coordinator (several groups) matches one block past the
+    lookup limit before its EAGLE drop, its single-group one does not: a
+    fully cached 8-token prompt hits 4 tokens with two groups, none with one
+    (kvcoord gave none with two groups)."""
+    theirs, ours = managers(config(16, [full_spec()] * groups), use_eagle=True)
+    for m in (theirs, ours):
+        req = make_request("a", list(range(num_tokens)))
+        m.allocate_slots(req, num_tokens)
+        m.free(req)
+    req = make_request("b", list(range(num_tokens)))
+    (ha, na, _), (hb, nb, _) = theirs.get_computed_blocks(req), ours.get_computed_blocks(req)
+    assert (nb, ids(hb)) == (na, ids(ha))

@@ -259,7 +259,9 @@ class PoolView:
         return self.pool if self._core is None else self._core
 
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
-        self._owner().evict_blocks(sorted(int(i) for i in block_ids))
+        # In the caller's iteration order, as vLLM evicts (its removal events
+        # follow that order).
+        self._owner().evict_blocks([int(i) for i in block_ids])
 
     def reset_prefix_cache(self) -> bool:
         return bool(self._owner().reset_prefix_cache())

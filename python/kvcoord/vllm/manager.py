@@ -23,7 +23,7 @@ from typing import Any
 from kvcoord.config import FullAttentionSpec
 from kvcoord.coordinator import get_kv_cache_coordinator, shared_prefix_boundary
 from kvcoord.errors import UnknownRequestError
-from kvcoord.vllm._blocks import EmptyKVCacheBlocks, KVCacheBlocks, PoolView, ids_of
+from kvcoord.vllm._blocks import EmptyKVCacheBlocks, KVCacheBlocks, ids_of
 from kvcoord.vllm._construct import (
     bind_args,
     caller_reason,
@@ -31,6 +31,7 @@ from kvcoord.vllm._construct import (
     served,
     vllm_manager_class,
 )
+from kvcoord.vllm._events import event_metadata, pool_view
 from kvcoord.vllm._parking import Parking
 from kvcoord.vllm._requests import RequestRegistry
 from kvcoord.vllm._support import to_kvcoord_config, unsupported_reason
@@ -68,7 +69,8 @@ class KVCacheManager:
         self.kv_cache_config = cfg
         self.max_model_len = int(a["max_model_len"])
         self.enable_caching = bool(a.get("enable_caching", True))
-        self.enable_kv_cache_events = False
+        self.enable_kv_cache_events = bool(a.get("enable_kv_cache_events", False))
+        self.kv_cache_event_metadata = event_metadata(cfg)
         self.use_eagle = bool(a.get("use_eagle", False))
         # EAGLE groups (flagged, else all when use_eagle) and those whose hits
         # drop their last block: every group here shares one spec.
@@ -107,12 +109,13 @@ class KVCacheManager:
             max_model_len=self.max_model_len,
             enable_caching=self.enable_caching,
             hash_block_size=self.hash_block_size,
+            enable_events=self.enable_kv_cache_events,
         )
         self._core = self._core_coordinator.core
         self._pool = self._core_coordinator.block_pool
         self._requests = RequestRegistry(self.hash_block_size)
         self._parking = Parking(self._core, self._requests)
-        self.block_pool = PoolView(self._pool, self._core, self._parking.free)
+        self.block_pool, self._events = pool_view(self._pool, self._core, self._parking.free, a)
         self.coordinator = CoordinatorView(self, self._core_coordinator)
         self._block_sizes = tuple(int(g.kv_cache_spec.block_size) for g in cfg.kv_cache_groups)
         # The decode fast path of allocate_slots: request id -> what it holds
@@ -169,6 +172,10 @@ class KVCacheManager:
             return self.empty_kv_cache_blocks, 0, 0
         if max_cache_hit_length is None:
             max_cache_hit_length = request.num_tokens - 1
+        if self.drop_eagle_group_ids and self.num_kv_cache_groups > 1:
+            # vLLM's hybrid coordinator matches one block past the limit
+            # before its EAGLE drop (its single-group one does not).
+            max_cache_hit_length += self._block_sizes[0]
         # vLLM looks up only the blocks its request has hashes for.
         max_cache_hit_length = min(
             max_cache_hit_length, len(request.block_hashes) * self.hash_block_size
@@ -185,6 +192,8 @@ class KVCacheManager:
             per_group = tuple(g[: hit // bs] for g in per_group)
         if not hit:
             return self.empty_kv_cache_blocks, 0, 0
+        if self._events is not None:
+            self._events.cached_hits(request, per_group, self._block_sizes, self.hash_block_size)
         boundary = shared_prefix_boundary(hit, uncached)
         return KVCacheBlocks(per_group, self._pool), hit, boundary
 
@@ -350,6 +359,8 @@ class KVCacheManager:
         if lagging and not delay_cache_blocks and self.enable_caching:
             cached_to = max(min(cached_to - self.num_reprefillable_tokens, hashed), 0)
             self._core.cache_blocks(mine, cached_to)
+        if self._events is not None:
+            self._events.drain(request)
         if self._room_sizes and not delay_cache_blocks:
             need = min(total_computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
             self._decode_room[rid] = self._room(need, cached_to)
@@ -392,6 +403,8 @@ class KVCacheManager:
             hashed = len(request.block_hashes) * self.hash_block_size
             cacheable = max(num_computed_tokens - self.num_reprefillable_tokens, 0)
             self._core.cache_blocks(self._requests.get(request), min(cacheable, hashed))
+            if self._events is not None:
+                self._events.drain(request)
 
     # ---- freeing ---------------------------------------------------------
 
@@ -448,7 +461,8 @@ class KVCacheManager:
         return [0] * self.num_kv_cache_groups
 
     def take_events(self) -> list[Any]:
-        return []
+        """vLLM's KV-cache events since the last call (empty unless enabled)."""
+        return [] if self._events is None else self._events.take()
 
     def create_kv_cache_blocks(self, blocks: Any) -> KVCacheBlocks:
         if not any(len(g) for g in blocks):

@@ -86,6 +86,26 @@ impl BlockStored {
         self.inner.first_block
     }
 
+    /// Number of blocks in the range, skipped (null or masked) ones included:
+    /// the range covers tokens `first_block * block_size` to
+    /// `(first_block + num_blocks) * block_size`.
+    #[getter]
+    fn num_blocks(&self) -> usize {
+        self.inner.num_blocks
+    }
+
+    /// Positions (in blocks) of the stored blocks, aligned with `block_ids`
+    /// (uint32; the range's positions less the skipped ones).
+    #[getter]
+    fn positions<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<u32>> {
+        let v: Vec<u32> = self
+            .inner
+            .positions()
+            .map(|p| u32::try_from(p).unwrap_or(u32::MAX))
+            .collect();
+        v.into_pyarray(py)
+    }
+
     /// The KV-cache group (vLLM's `group_idx`).
     #[getter]
     fn group_idx(&self) -> u32 {
