@@ -87,6 +87,14 @@ class RequestRegistry:
         mine.num_computed_tokens = request.num_computed_tokens
         return mine
 
+    def peek(self, request_id: str) -> Request:
+        """kvcoord's request for the vLLM request id ``request_id`` as last
+        synced, or an empty request under its core id when none is live."""
+        mine = self._by_id.get(request_id)
+        if mine is None:
+            mine = Request(self.core_id(request_id), [], hash_block_size=self.hash_block_size)
+        return mine
+
     def ids(self) -> list[str]:
         """Ids of the requests seen and not yet dropped."""
         return list(self._by_id)
