@@ -544,6 +544,7 @@ class CoordinatorCore:
         num_lookahead_tokens: int = 0,
         num_encoder_tokens: int = 0,
         delay_cache_blocks: bool = False,
+        num_external_computed_tokens: int = 0,
     ) -> KVCacheBlocks | None:
         """One scheduler step for ``request`` in every group: release blocks
         that left the window, adopt the hits (first allocation), allocate,

@@ -7,6 +7,7 @@ must be equal. Skipped without vLLM."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -100,13 +101,19 @@ LAYOUTS = {
     "full+swa": lambda: [full_spec(), swa_spec(12)],
     "full+swa16": lambda: [full_spec(8), swa_spec(16)],
     "chunked": lambda: [chunked_spec(8)],
+    "full+full8": lambda: [full_spec(), full_spec(8)],
     "full+chunked": lambda: [full_spec(), chunked_spec(16)],
 }
 
 
-def pair(layout: str, num_blocks: int, retention: int | None, **kw: object):
-    cfg = config(num_blocks, LAYOUTS[layout]())
+def pair(layout: str, num_blocks: int, retention: int | None, zeroing=False, **kw: object):
+    specs = LAYOUTS[layout]()
+    if zeroing and len(specs) > 1:
+        # Mixed precisions make vLLM zero new blocks (needs_kv_cache_zeroing).
+        specs[-1] = dataclasses.replace(specs[-1], dtype=torch.float16)
+    cfg = config(num_blocks, specs)
     cfg.prefix_cache_retention_interval = retention
+    assert cfg.needs_kv_cache_zeroing == (zeroing and len(specs) > 1)
     sbs = max(g.kv_cache_spec.block_size for g in cfg.kv_cache_groups)
     args = {"max_model_len": 512, "scheduler_block_size": sbs, "hash_block_size": BS, **kw}
     theirs = kv.original_manager_class()(cfg, **args)
@@ -122,7 +129,13 @@ def test_windowed_schedule_matches_vllm(seed: int, layout: str, retention: int |
     if retention and "swa" not in layout:
         retention = None  # vLLM accepts a positive interval only with SWA/Mamba groups
     rng = random.Random(seed)
-    theirs, ours = pair(layout, 40, retention, max_in_flight_tokens=rng.choice([8, 16, 64, None]))
+    theirs, ours = pair(
+        layout,
+        40,
+        retention,
+        zeroing=seed % 2 == 1,
+        max_in_flight_tokens=rng.choice([8, 16, 64, None]),
+    )
     prefixes = [[rng.randrange(1000) for _ in range(rng.randrange(8, 60))] for _ in range(3)]
     waiting = []
     running = []
@@ -183,6 +196,7 @@ def test_windowed_schedule_matches_vllm(seed: int, layout: str, retention: int |
                 ours.remove_skipped_blocks(*args)
         assert theirs.block_pool.get_num_free_blocks() == ours.block_pool.get_num_free_blocks()
         assert free_queue(theirs) == free_queue(ours)
+        assert theirs.take_new_block_ids() == ours.take_new_block_ids()
         for req in running:
             assert theirs.get_block_ids(req.request_id) == ours.get_block_ids(req.request_id)
             for cap in (False, True):
@@ -233,3 +247,36 @@ def test_unserved_windowed_configurations_fall_back(specs, kw, reason) -> None:
     m = kv.KVCacheManager(cfg, max_model_len=64, scheduler_block_size=sbs, hash_block_size=BS, **kw)
     assert not isinstance(m, kv.KVCacheManager)
     assert sum(v for k, v in kv.fallbacks.items() if reason in k) == before + 1
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("local", [0, 1, 3])
+@pytest.mark.parametrize("external", [4, 24, 40])
+@pytest.mark.parametrize("skip", [(), (0,), (1,)])
+def test_external_tokens_and_zeroing_match_vllm(layout, local, external, skip) -> None:
+    # A primed prefix gives `local` hit blocks (of the scheduler block
+    # size); `external` connector tokens follow; new blocks are zeroed
+    # except the external ones of the groups in `skip`.
+    theirs, ours = pair(layout, 60, None, zeroing=True)
+    sbs = max(s.block_size for s in LAYOUTS[layout]())
+    prompt = list(range(200))
+    results = []
+    for m in (theirs, ours):
+        primer = make_request("primer", prompt[:96])
+        assert m.allocate_slots(primer, 96) is not None
+        m.free(primer)
+        m.take_new_block_ids()
+        req = make_request("r", prompt)
+        hits, n, _ = m.get_computed_blocks(req, max_cache_hit_length=local * sbs)
+        new = m.allocate_slots(
+            req,
+            16,
+            num_new_computed_tokens=n,
+            new_computed_blocks=hits,
+            num_external_computed_tokens=external,
+            skip_zeroing_group_ids=skip,
+        )
+        got = [n, ids(new), m.take_new_block_ids(), m.get_block_ids("r")]
+        m.record_blocks_for_zeroing("r", 0)
+        results.append([*got, m.take_new_block_ids()])
+    assert results[0] == results[1]

@@ -81,8 +81,6 @@ def unsupported_reason(kv_cache_config: Any, args: Mapping[str, Any]) -> str | N
     ):
         if getattr(kv_cache_config, field, None) is not None:
             return f"{what} ({field} is set)"
-    if getattr(kv_cache_config, "needs_kv_cache_zeroing", False):
-        return "KV-cache zeroing of new blocks (needs_kv_cache_zeroing)"
     specs = [g.kv_cache_spec for g in groups]
     reason = _windows.config_reason(specs, bool(args.get("use_eagle", False)))
     if reason is not None:

@@ -35,6 +35,7 @@ from kvcoord.vllm._parking import Parking
 from kvcoord.vllm._requests import RequestRegistry
 from kvcoord.vllm._support import to_kvcoord_config, unsupported_reason
 from kvcoord.vllm._views import coordinator_view
+from kvcoord.vllm._zeroing import ZeroingLog
 
 __all__ = ["KVCacheManager", "fallbacks", "served"]
 
@@ -113,6 +114,12 @@ class KVCacheManager:
         self._windowed = not plain
         sizes = tuple(sorted(set(self._block_sizes)))
         self._room_sizes = sizes if plain and not self.watermark_blocks else ()
+        # Every served spec is an attention spec whose new blocks vLLM zeroes.
+        self._zeroing = (
+            ZeroingLog(self.num_kv_cache_groups)
+            if getattr(cfg, "needs_kv_cache_zeroing", False)
+            else None
+        )
         self.empty_kv_cache_blocks = EmptyKVCacheBlocks(
             tuple(() for _ in range(self.num_kv_cache_groups)), self._pool
         )
@@ -272,6 +279,7 @@ class KVCacheManager:
             full_sequence_must_fit,
             reserved_blocks,
             has_scheduled_reqs,
+            skip_zeroing_group_ids,
         )
 
     def _allocate(
@@ -287,6 +295,7 @@ class KVCacheManager:
         full_sequence_must_fit: bool,
         reserved_blocks: int,
         has_scheduled_reqs: bool,
+        skip_zeroing_group_ids: tuple[int, ...] = (),
     ) -> KVCacheBlocks | None:
         """``allocate_slots`` through the core (every call the fast path cannot answer)."""
         if (
@@ -348,14 +357,22 @@ class KVCacheManager:
         num_tokens = mine.num_tokens  # vLLM's count, just synced
         hashed = len(request.block_hashes) * self.hash_block_size
         lagging = hashed < num_tokens - self.hash_block_size + 1
+        # A new request's external tokens get blocks of their own (zeroed
+        # apart); a running request's are allocated as new tokens.
+        fresh_external = (
+            num_external_computed_tokens
+            if num_external_computed_tokens and self._held(rid) is None
+            else 0
+        )
         result = self._core.allocate_slots(
             mine,
-            num_new_tokens + num_external_computed_tokens,
+            num_new_tokens,
             num_new_computed_tokens,
             hits or None,
             num_lookahead_tokens,
             num_encoder_tokens,
             delay_cache_blocks or lagging,
+            num_external_computed_tokens,
         )
         if result is None:
             return None
@@ -368,20 +385,39 @@ class KVCacheManager:
             self._decode_room[rid] = self._room(need, cached_to)
         elif self._decode_room:
             self._decode_room.pop(rid, None)
+        if self._zeroing is not None:
+            self._record_zeroing(
+                rid, result.get_block_ids(), hits, fresh_external, skip_zeroing_group_ids
+            )
         if result.is_empty():
             return self.empty_kv_cache_blocks
+        # The core returns what vLLM returns: for a new request, not the
+        # blocks of the external (connector) tokens.
         new: tuple[Any, ...] = result.get_block_ids()  # fresh lists per group
-        if num_external_computed_tokens:
-            # vLLM returns the blocks past the external (connector) tokens only.
-            new = self._past_external(new, num_local, num_local + num_external_computed_tokens)
         return KVCacheBlocks(new, self._pool)
 
-    def _past_external(self, new: Any, local: int, computed: int) -> tuple[Any, ...]:
-        out = []
-        for g, bs in enumerate(self._block_sizes):
-            skip = _cdiv(computed, bs) - _cdiv(local, bs)
-            out.append(new[g][max(skip, 0) :])
-        return tuple(out)
+    def _record_zeroing(
+        self,
+        rid: str,
+        new: tuple[Any, ...],
+        hits: tuple[Any, ...],
+        external: int,
+        skip: tuple[int, ...],
+    ) -> None:
+        """Log an allocation's new blocks for zeroing as vLLM does, group by
+        group: a new request's blocks for external tokens (unless an async
+        load writes them: groups in ``skip``), then the blocks for new tokens."""
+        ext: list[list[int]] = [[] for _ in new]
+        held = self._held(rid) if external else None
+        if held is not None:
+            for g, table in enumerate(held):
+                if g in skip:
+                    continue
+                start = len(hits[g]) if hits else 0
+                ext[g] = [int(i) for i in table[start : len(table) - len(new[g])] if i]
+        assert self._zeroing is not None
+        self._zeroing.record(ext, [0] * len(new))
+        self._zeroing.record(new, [0] * len(new))
 
     def _room(self, need: int, cached_to: int) -> tuple[int, int]:
         """What a request holds after an allocation for ``need`` slots that
@@ -524,10 +560,19 @@ class KVCacheManager:
     # ---- per-step hand-offs (none for full attention) ----------------------
 
     def take_new_block_ids(self) -> list[int]:
-        return []
+        """Blocks allocated since the last call, for zeroing (group by group;
+        empty unless the config needs KV-cache zeroing)."""
+        return [] if self._zeroing is None else self._zeroing.take()
 
     def record_blocks_for_zeroing(self, request_id: str, start_token: int) -> None:
-        """No group records blocks for zeroing in a served configuration."""
+        """Record the request's blocks from ``start_token`` on for zeroing
+        again (blocks a failed async load left unwritten)."""
+        if self._zeroing is None:
+            return
+        held = self._held(request_id)
+        if held is None:
+            held = tuple(() for _ in self._block_sizes)
+        self._zeroing.record_table(held, self._block_sizes, start_token)
 
     def take_kv_cache_block_copies(self) -> tuple[list[Any], list[int]]:
         return [], []

@@ -294,6 +294,12 @@ pub struct AllocateArgs {
     pub num_encoder_tokens: usize,
     /// Skip caching the newly full blocks this step.
     pub delay_cache_blocks: bool,
+    /// Tokens a KV connector supplies after the hits (computed, not cached
+    /// here): a new request's table covers them with fresh blocks, in every
+    /// group before any group's blocks for the new tokens (vLLM's
+    /// `allocate_external_computed_blocks`); these blocks are not part of
+    /// the result. A running request allocates them as new tokens.
+    pub num_external_computed_tokens: usize,
 }
 
 impl AllocateArgs {
@@ -305,6 +311,7 @@ impl AllocateArgs {
             num_lookahead_tokens: 0,
             num_encoder_tokens: 0,
             delay_cache_blocks: false,
+            num_external_computed_tokens: 0,
         }
     }
 
@@ -782,18 +789,11 @@ impl CoordinatorCore {
             num_lookahead_tokens: _,
             num_encoder_tokens,
             delay_cache_blocks,
+            num_external_computed_tokens,
         } = *args;
-        let arg = |name, detail: String| KvError::InvalidArgument { name, detail };
         // Every count is below 2^48, so the sums below cannot wrap.
         crate::limits::check_step(view, args)?;
-        // Step 1.
-        if num_new_tokens == 0 && num_new_computed_tokens == 0 {
-            return Err(arg(
-                "num_new_tokens",
-                "num_new_tokens must be greater than 0 when there are no computed tokens to adopt"
-                    .into(),
-            ));
-        }
+        check_nonempty(args)?; // Step 1.
         let hits = new_computed_blocks.unwrap_or(&[]);
         let Self {
             pool,
@@ -819,11 +819,15 @@ impl CoordinatorCore {
         // Hit tokens of a new request must come with their blocks: fresh
         // blocks would otherwise be cached as holding them.
         let claims_hits = !tracked && num_new_computed_tokens > 0 && config.enable_caching();
+        if !tracked && num_external_computed_tokens > 0 {
+            check_external(managers)?;
+        }
         if new_computed_blocks.is_some() || claims_hits {
             check_hits(managers, pool, config, hits, tracked, local, view.hashes)?;
         }
-        // Steps 3 and 7.
-        let (total, main, need_slots) = step_tokens(local, args, config.max_model_len)?;
+        // Steps 3 and 7 (external tokens count as computed).
+        let computed = local + num_external_computed_tokens;
+        let (total, main, need_slots) = step_tokens(computed, args, config.max_model_len)?;
         // Step 8: blocks that left the window are dead whether or not this
         // step fits; in-flight steps may still read the newest ones.
         if let Entry::Occupied(tables) = &mut slot {
@@ -859,11 +863,11 @@ impl CoordinatorCore {
             Entry::Vacant(vacant) => {
                 let mut fresh = spare.pop().unwrap_or_default();
                 fresh.resize_with(managers.len(), GroupTable::default);
-                if new_computed_blocks.is_some() {
-                    for (g, (m, t)) in managers.iter().zip(fresh.iter_mut()).enumerate() {
-                        m.add_local_computed_blocks(pool, t, &hits[g], total)?;
-                    }
-                }
+                let adopt = new_computed_blocks.is_some();
+                let external = num_external_computed_tokens;
+                adopt_prefix(
+                    managers, pool, &mut fresh, hits, adopt, total, external, scratch,
+                )?;
                 vacant.insert(fresh)
             }
         };
@@ -1119,6 +1123,62 @@ fn step_tokens(
         main,
         (main + args.num_lookahead_tokens).min(max_model_len),
     ))
+}
+
+/// Step 1 of `allocate_slots`: a step must allocate or adopt something.
+fn check_nonempty(args: &AllocateArgs) -> KvResult<()> {
+    if args.num_new_tokens == 0
+        && args.num_new_computed_tokens == 0
+        && args.num_external_computed_tokens == 0
+    {
+        return Err(KvError::InvalidArgument {
+            name: "num_new_tokens",
+            detail: "num_new_tokens must be greater than 0 when there are no computed tokens to \
+                     adopt"
+                .into(),
+        });
+    }
+    Ok(())
+}
+
+/// Refuse external tokens where some group cannot take them.
+fn check_external(managers: &[Manager]) -> KvResult<()> {
+    if managers.iter().all(Manager::supports_external_tokens) {
+        return Ok(());
+    }
+    Err(KvError::Unsupported {
+        what: "external (KV-connector) tokens with Mamba groups".into(),
+    })
+}
+
+/// A new request's table before its new tokens (vLLM's
+/// `allocate_new_computed_blocks`): when it adopts hits or brings external
+/// tokens, every group first takes its hits (nulls before the window), then
+/// every group its blocks for the `external` tokens.
+#[allow(clippy::too_many_arguments)]
+fn adopt_prefix(
+    managers: &[Manager],
+    pool: &mut BlockPool,
+    tables: &mut [GroupTable],
+    hits: &[Vec<BlockId>],
+    adopt: bool,
+    total: usize,
+    external: usize,
+    scratch: &mut Vec<BlockId>,
+) -> KvResult<()> {
+    if !adopt && external == 0 {
+        return Ok(());
+    }
+    for (g, (m, t)) in managers.iter().zip(tables.iter_mut()).enumerate() {
+        let group_hits = hits.get(g).map_or(&[][..], Vec::as_slice);
+        m.add_local_computed_blocks(pool, t, group_hits, total)?;
+    }
+    if external > 0 {
+        for (m, t) in managers.iter().zip(tables.iter_mut()) {
+            m.allocate_external_blocks(pool, t, total, external, scratch)?;
+        }
+    }
+    Ok(())
 }
 
 /// Step 8 of `allocate_slots` in every group (R-SWA measures its gap from
@@ -1468,6 +1528,7 @@ mod tests {
                     num_lookahead_tokens: 0,
                     num_encoder_tokens: 0,
                     delay_cache_blocks: false,
+                    num_external_computed_tokens: 0,
                 },
                 Some(&hits),
             )
@@ -1535,6 +1596,7 @@ mod tests {
                     num_lookahead_tokens: 0,
                     num_encoder_tokens: 0,
                     delay_cache_blocks: false,
+                    num_external_computed_tokens: 0,
                 },
                 None,
             )
@@ -1555,6 +1617,7 @@ mod tests {
                     num_lookahead_tokens: 0,
                     num_encoder_tokens: 0,
                     delay_cache_blocks: false,
+                    num_external_computed_tokens: 0,
                 },
                 None,
             )
@@ -1652,6 +1715,7 @@ mod tests {
                     num_lookahead_tokens: 0,
                     num_encoder_tokens: 0,
                     delay_cache_blocks: false,
+                    num_external_computed_tokens: 0,
                 },
                 Some(&hits),
             )
@@ -1694,6 +1758,7 @@ mod tests {
                     num_lookahead_tokens: 0,
                     num_encoder_tokens: 0,
                     delay_cache_blocks: false,
+                    num_external_computed_tokens: 0,
                 },
                 None,
             )
@@ -1713,6 +1778,7 @@ mod tests {
                     num_lookahead_tokens: 20,
                     num_encoder_tokens: 0,
                     delay_cache_blocks: false,
+                    num_external_computed_tokens: 0,
                 },
                 None,
             )
@@ -1729,6 +1795,7 @@ mod tests {
                     num_lookahead_tokens: 0,
                     num_encoder_tokens: 0,
                     delay_cache_blocks: false,
+                    num_external_computed_tokens: 0,
                 },
                 None,
             )
@@ -1754,7 +1821,8 @@ mod tests {
                     num_new_computed_tokens: 32,
                     num_lookahead_tokens: 0,
                     num_encoder_tokens: 0,
-                    delay_cache_blocks: false
+                    delay_cache_blocks: false,
+                    num_external_computed_tokens: 0
                 },
                 Some(&[])
             )
@@ -1769,7 +1837,8 @@ mod tests {
                     num_new_computed_tokens: 16,
                     num_lookahead_tokens: 0,
                     num_encoder_tokens: 0,
-                    delay_cache_blocks: false
+                    delay_cache_blocks: false,
+                    num_external_computed_tokens: 0
                 },
                 Some(&far)
             )
@@ -1784,7 +1853,8 @@ mod tests {
                     num_new_computed_tokens: 16,
                     num_lookahead_tokens: 0,
                     num_encoder_tokens: 0,
-                    delay_cache_blocks: false
+                    delay_cache_blocks: false,
+                    num_external_computed_tokens: 0
                 },
                 Some(&hit)
             )
@@ -1799,7 +1869,8 @@ mod tests {
                     num_new_computed_tokens: 8,
                     num_lookahead_tokens: 0,
                     num_encoder_tokens: 0,
-                    delay_cache_blocks: false
+                    delay_cache_blocks: false,
+                    num_external_computed_tokens: 0
                 },
                 Some(&hit)
             ),
@@ -1972,6 +2043,7 @@ mod tests {
                     num_lookahead_tokens: 0,
                     num_encoder_tokens: 0,
                     delay_cache_blocks: false,
+                    num_external_computed_tokens: 0,
                 },
                 None,
             )
@@ -2028,6 +2100,7 @@ mod tests {
                         num_lookahead_tokens: 0,
                         num_encoder_tokens: 0,
                         delay_cache_blocks: false,
+                        num_external_computed_tokens: 0,
                     },
                     None,
                 )
@@ -2066,6 +2139,7 @@ mod tests {
                     num_lookahead_tokens: 0,
                     num_encoder_tokens: 6,
                     delay_cache_blocks: false,
+                    num_external_computed_tokens: 0,
                 },
                 None,
             )
@@ -2084,6 +2158,7 @@ mod tests {
                     num_lookahead_tokens: 0,
                     num_encoder_tokens: 6,
                     delay_cache_blocks: false,
+                    num_external_computed_tokens: 0,
                 },
                 None,
             )

@@ -129,7 +129,8 @@ impl PyCoordinatorCore {
     /// Every scalar is converted by `args` (range and type checked, naming
     /// the argument); `None` stands for an omitted default.
     #[pyo3(signature = (request, num_new_tokens, num_new_computed_tokens = None, new_computed_blocks = None,
-                        num_lookahead_tokens = None, num_encoder_tokens = None, delay_cache_blocks = None))]
+                        num_lookahead_tokens = None, num_encoder_tokens = None, delay_cache_blocks = None,
+                        num_external_computed_tokens = None))]
     #[allow(clippy::too_many_arguments)]
     fn allocate_slots(
         &mut self,
@@ -141,6 +142,7 @@ impl PyCoordinatorCore {
         num_lookahead_tokens: Option<&Bound<'_, PyAny>>,
         num_encoder_tokens: Option<&Bound<'_, PyAny>>,
         delay_cache_blocks: Option<&Bound<'_, PyAny>>,
+        num_external_computed_tokens: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Option<Py<PyKVCacheBlocks>>> {
         let request = args::request(request)?;
         let args = AllocateArgs {
@@ -152,6 +154,10 @@ impl PyCoordinatorCore {
             num_lookahead_tokens: args::opt_count(num_lookahead_tokens, "num_lookahead_tokens")?,
             num_encoder_tokens: args::opt_count(num_encoder_tokens, "num_encoder_tokens")?,
             delay_cache_blocks: args::opt_flag(delay_cache_blocks, "delay_cache_blocks", false)?,
+            num_external_computed_tokens: args::opt_count(
+                num_external_computed_tokens,
+                "num_external_computed_tokens",
+            )?,
         };
         let Self {
             inner,

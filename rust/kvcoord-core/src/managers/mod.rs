@@ -843,6 +843,53 @@ impl Manager {
         Ok(())
     }
 
+    /// A new request's blocks for `external` tokens a KV connector supplies
+    /// (its table holds its hits, or the nulls before the window): fresh
+    /// blocks up to the `total` computed tokens, unless every external
+    /// token is before the window (vLLM's `allocate_external_computed_blocks`).
+    /// Cross-attention has no external tokens (nothing allocated); callers
+    /// refuse them for kinds without
+    /// [`supports_external_tokens`](Self::supports_external_tokens).
+    pub fn allocate_external_blocks(
+        &self,
+        pool: &mut BlockPool,
+        table: &mut GroupTable,
+        total: usize,
+        external: usize,
+        scratch: &mut Vec<BlockId>,
+    ) -> KvResult<()> {
+        if self.spec.facts().sized_by_encoder || !self.supports_external_tokens() {
+            return Ok(());
+        }
+        if external.min(total - self.num_skipped_tokens(total).min(total)) == 0 {
+            return Ok(());
+        }
+        let n = cdiv(total, self.block_size).saturating_sub(table.blocks.len());
+        if n > 0 {
+            scratch.clear();
+            pool.get_new_blocks(n, scratch)?;
+            table.blocks.extend_from_slice(scratch);
+            scratch.clear();
+        }
+        Ok(())
+    }
+
+    /// Whether a new request may bring external (KV-connector) tokens in
+    /// this group: not Mamba groups, whose states are not positional blocks
+    /// (not reproduced yet).
+    pub const fn supports_external_tokens(&self) -> bool {
+        match self.spec.kind {
+            SpecKind::Mamba { .. } | SpecKind::MambaAlign { .. } => false,
+            SpecKind::FullAttention
+            | SpecKind::SlidingWindow { .. }
+            | SpecKind::ChunkedLocal { .. }
+            | SpecKind::CrossAttention
+            | SpecKind::MlaAttention
+            | SpecKind::SlidingWindowMla { .. }
+            | SpecKind::Rswa { .. } => true,
+        }
+    }
+
     /// Grow the table to cover `num_tokens` slots with fresh blocks, which
     /// are also appended to `new_blocks`.
     pub fn allocate_new_blocks(
