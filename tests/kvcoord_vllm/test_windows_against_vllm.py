@@ -197,6 +197,14 @@ def test_windowed_schedule_matches_vllm(seed: int, layout: str, retention: int |
         assert theirs.block_pool.get_num_free_blocks() == ours.block_pool.get_num_free_blocks()
         assert free_queue(theirs) == free_queue(ours)
         assert theirs.take_new_block_ids() == ours.take_new_block_ids()
+        for req in running[:2]:  # the pool by vLLM's block hash, per group
+            for h in req.block_hashes:
+                for g, m in enumerate(theirs.coordinator.single_type_managers):
+                    if m.block_size != BS:
+                        continue  # keyed by the hash unit only (see docs/vllm.md)
+                    a = theirs.block_pool.get_cached_block(h, kv_cache_group_ids=[g])
+                    b = ours.block_pool.get_cached_block(h, kv_cache_group_ids=[g])
+                    assert (a and [x.block_id for x in a]) == (b and [x.block_id for x in b])
         for req in running:
             assert theirs.get_block_ids(req.request_id) == ours.get_block_ids(req.request_id)
             for cap in (False, True):
