@@ -20,12 +20,24 @@ class ZeroingLog:
     def __init__(self, num_groups: int) -> None:
         self._ids: list[list[int]] = [[] for _ in range(num_groups)]
 
-    def record(self, new: Sequence[Sequence[int]], skip: Sequence[int]) -> None:
-        """Record one allocation's new ids per group, less the first
-        ``skip[g]`` of group ``g`` (blocks an async KV load writes, which
-        zeroing would race)."""
-        for log, ids, n in zip(self._ids, new, skip, strict=True):
-            log.extend(ids[n:])
+    def record_allocation(
+        self,
+        new: Sequence[Sequence[int]],
+        held: Sequence[Any] | None,
+        hits: Sequence[Sequence[int]],
+        skip: Sequence[int],
+    ) -> None:
+        """Record one allocation as vLLM does, group by group: a new
+        request's blocks for external tokens (``held``: its tables after the
+        allocation, None without external tokens; skipped for the groups in
+        ``skip``, whose blocks an async load writes), then the blocks for the
+        new tokens (``new``; ``hits``: the hit lists it adopted)."""
+        for g, (log, ids) in enumerate(zip(self._ids, new, strict=True)):
+            if held is not None and g not in skip:
+                table = held[g]
+                start = len(hits[g]) if hits else 0
+                log.extend(int(i) for i in table[start : len(table) - len(ids)] if i)
+            log.extend(ids)
 
     def record_table(self, held: Sequence[Any], block_sizes: Sequence[int], start: int) -> None:
         """Record a request's blocks from token ``start`` on (block-aligned

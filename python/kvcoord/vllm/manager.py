@@ -402,8 +402,9 @@ class KVCacheManager:
         elif self._decode_room:
             self._decode_room.pop(rid, None)
         if self._zeroing is not None:
-            self._record_zeroing(
-                rid, result.get_block_ids(), hits, fresh_external, skip_zeroing_group_ids
+            held = self._held(rid) if fresh_external else None
+            self._zeroing.record_allocation(
+                result.get_block_ids(), held, hits, skip_zeroing_group_ids
             )
         if result.is_empty():
             return self.empty_kv_cache_blocks
@@ -411,29 +412,6 @@ class KVCacheManager:
         # blocks of the external (connector) tokens.
         new: tuple[Any, ...] = result.get_block_ids()  # fresh lists per group
         return KVCacheBlocks(new, self._pool)
-
-    def _record_zeroing(
-        self,
-        rid: str,
-        new: tuple[Any, ...],
-        hits: tuple[Any, ...],
-        external: int,
-        skip: tuple[int, ...],
-    ) -> None:
-        """Log an allocation's new blocks for zeroing as vLLM does, group by
-        group: a new request's blocks for external tokens (unless an async
-        load writes them: groups in ``skip``), then the blocks for new tokens."""
-        ext: list[list[int]] = [[] for _ in new]
-        held = self._held(rid) if external else None
-        if held is not None:
-            for g, table in enumerate(held):
-                if g in skip:
-                    continue
-                start = len(hits[g]) if hits else 0
-                ext[g] = [int(i) for i in table[start : len(table) - len(new[g])] if i]
-        assert self._zeroing is not None
-        self._zeroing.record(ext, [0] * len(new))
-        self._zeroing.record(new, [0] * len(new))
 
     def _room(self, need: int, cached_to: int) -> tuple[int, int]:
         """What a request holds after an allocation for ``need`` slots that
