@@ -1948,6 +1948,49 @@ mod tests {
     }
 
     #[test]
+    fn external_tokens_allocate_like_vllm() {
+        // Full B = 4 + SWA B = 4 (W = 8); a new request with 24 external
+        // tokens and 8 new ones: every group's external blocks come before
+        // any group's new blocks; SWA skips the 4 blocks before its window.
+        let cfg = CoordinatorConfig::new(
+            vec![
+                GroupSpec::full_attention(4),
+                GroupSpec::sliding_window(4, 8),
+            ],
+            100,
+            true,
+            1000,
+        );
+        let mut c = CoordinatorCore::new(cfg).unwrap();
+        let r = live_request("a", 40, 4);
+        let args = AllocateArgs {
+            num_external_computed_tokens: 24,
+            ..AllocateArgs::new(8)
+        };
+        let mut out = NewBlocks::new();
+        assert!(c.allocate_request(&r, &args, None, &mut out).unwrap());
+        // Returned: the new blocks only (vLLM's result).
+        assert_eq!(
+            (ids(out.group(0)), ids(out.group(1))),
+            (vec![9, 10], vec![11, 12])
+        );
+        let tables = c.request_block_ids("a").unwrap();
+        assert_eq!(ids(tables[0]), (1..=6).chain(9..=10).collect::<Vec<_>>());
+        assert_eq!(ids(tables[1]), vec![0, 0, 0, 0, 7, 8, 11, 12]);
+        // Mamba groups refuse external tokens before any change.
+        let cfg = CoordinatorConfig::new(
+            vec![GroupSpec::full_attention(4), GroupSpec::mamba(4, 0)],
+            100,
+            false,
+            1000,
+        );
+        let mut c = CoordinatorCore::new(cfg).unwrap();
+        let free = c.pool().num_free_blocks();
+        assert!(c.allocate_request(&r, &args, None, &mut out).is_err());
+        assert_eq!((c.pool().num_free_blocks(), c.num_requests()), (free, 0));
+    }
+
+    #[test]
     fn admission_capped_prediction() {
         // Full B = 4, SWA B = 4 (W = 8), chunked local B = 4 (chunk 8),
         // max_model_len 1000; a 100-token request needs 25 blocks per group.
