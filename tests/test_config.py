@@ -65,7 +65,7 @@ def test_retention_interval_rules() -> None:
     assert KVCacheConfig(10, (full,), 0).prefix_cache_retention_interval == 0
     with pytest.raises(ValueError, match="no sliding-window or Mamba"):
         KVCacheConfig(10, (full,), 32)
-    with pytest.raises(ValueError, match=r"multiple of the scheduler block size \(32\)"):
+    with pytest.raises(ValueError, match=r"multiple of scheduler_block_size \(32\)"):
         KVCacheConfig(10, (full, swa), 48)
     with pytest.raises(ValueError, match="non-negative"):
         KVCacheConfig(10, (full, swa), -32)

@@ -296,9 +296,7 @@ def test_retention_interval_validation() -> None:
     kvcoord.validate_retention_interval(64, 16, True)
     with pytest.raises(ConfigError, match=r"=32: the model has no sliding-window"):
         kvcoord.validate_retention_interval(32, 16, False)
-    with pytest.raises(
-        ValueError, match=r"=33: must be a multiple of the scheduler block size \(16\)"
-    ):
+    with pytest.raises(ValueError, match=r"=33: must be a multiple of scheduler_block_size \(16\)"):
         kvcoord.validate_retention_interval(33, 16, True)
     with pytest.raises(ValueError, match=r"=-32: must be non-negative"):
         kvcoord.validate_retention_interval(-32, 16, True)

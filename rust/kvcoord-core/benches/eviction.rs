@@ -157,6 +157,7 @@ impl Admissions {
                     num_lookahead_tokens: 0,
                     num_encoder_tokens: 0,
                     delay_cache_blocks: false,
+                    num_external_computed_tokens: 0,
                 },
                 Some(&self.hits),
             )

@@ -137,6 +137,7 @@ fn main() {
                         num_lookahead_tokens: 0,
                         num_encoder_tokens: 0,
                         delay_cache_blocks: false,
+                        num_external_computed_tokens: 0,
                     },
                     Some(&hits),
                 )

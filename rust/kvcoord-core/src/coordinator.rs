@@ -295,6 +295,12 @@ pub struct AllocateArgs {
     pub num_encoder_tokens: usize,
     /// Skip caching the newly full blocks this step.
     pub delay_cache_blocks: bool,
+    /// Tokens a KV connector supplies after the hits (computed, not cached
+    /// here): a new request's table covers them with fresh blocks, in every
+    /// group before any group's blocks for the new tokens (vLLM's
+    /// `allocate_external_computed_blocks`); these blocks are not part of
+    /// the result. A running request allocates them as new tokens.
+    pub num_external_computed_tokens: usize,
 }
 
 impl AllocateArgs {
@@ -306,6 +312,7 @@ impl AllocateArgs {
             num_lookahead_tokens: 0,
             num_encoder_tokens: 0,
             delay_cache_blocks: false,
+            num_external_computed_tokens: 0,
         }
     }
 
@@ -476,6 +483,64 @@ impl CoordinatorCore {
         }
         self.complete_events(request);
         Ok(ok)
+    }
+
+    /// Blocks an allocation giving `request` `num_tokens` slots would pull
+    /// from the pool over all groups, adopting the prefix-cache hits `hits`
+    /// (one list per group, or none) with `total_computed` tokens computed:
+    /// vLLM's `get_num_blocks_to_allocate`, the prediction `allocate_slots`
+    /// checks against the free blocks. With `max_in_flight_tokens`, groups
+    /// that release blocks behind their attention are capped at the most
+    /// blocks a request can hold in them
+    /// ([`Manager::max_admission_blocks`]): vLLM's full-sequence admission
+    /// check. Changes nothing.
+    pub fn num_blocks_to_allocate(
+        &self,
+        request: &Request,
+        num_tokens: usize,
+        hits: &[Vec<BlockId>],
+        total_computed: usize,
+        num_encoder_tokens: usize,
+        max_in_flight_tokens: Option<usize>,
+    ) -> KvResult<usize> {
+        let arg = |detail: String| KvError::InvalidArgument {
+            name: "new_computed_blocks",
+            detail,
+        };
+        if !hits.is_empty() && hits.len() != self.managers.len() {
+            return Err(arg(format!(
+                "{} lists for {} groups",
+                hits.len(),
+                self.managers.len()
+            )));
+        }
+        if hits.iter().any(|list| !self.pool.ids_in_range(list)) {
+            return Err(arg("block id out of range".into()));
+        }
+        let tables = self
+            .registry
+            .get(request.id())
+            .and_then(|req| self.requests.get(&req))
+            .map(Vec::as_slice);
+        let step = StepSize::new(num_tokens, num_tokens, total_computed, num_encoder_tokens);
+        let mut checkpoints = vec![None; self.managers.len()];
+        let caps = Caps {
+            max_in_flight_tokens,
+            max_model_len: self.config.max_model_len,
+        };
+        Ok(predict(
+            &self.managers,
+            &self.pool,
+            &self.config,
+            self.retention,
+            &request.view(),
+            tables,
+            hits,
+            &step,
+            &self.cached_this_step,
+            &mut checkpoints,
+            caps,
+        ))
     }
 
     /// [`cache_blocks`](Self::cache_blocks) for a live request.
@@ -670,18 +735,11 @@ impl CoordinatorCore {
             num_lookahead_tokens: _,
             num_encoder_tokens,
             delay_cache_blocks,
+            num_external_computed_tokens,
         } = *args;
-        let arg = |name, detail: String| KvError::InvalidArgument { name, detail };
         // Every count is below 2^48, so the sums below cannot wrap.
         crate::limits::check_step(view, args)?;
-        // Step 1.
-        if num_new_tokens == 0 && num_new_computed_tokens == 0 {
-            return Err(arg(
-                "num_new_tokens",
-                "num_new_tokens must be greater than 0 when there are no computed tokens to adopt"
-                    .into(),
-            ));
-        }
+        check_nonempty(args)?; // Step 1.
         let hits = new_computed_blocks.unwrap_or(&[]);
         let Self {
             pool,
@@ -707,11 +765,15 @@ impl CoordinatorCore {
         // Hit tokens of a new request must come with their blocks: fresh
         // blocks would otherwise be cached as holding them.
         let claims_hits = !tracked && num_new_computed_tokens > 0 && config.enable_caching();
+        if !tracked && num_external_computed_tokens > 0 {
+            check_external(managers)?;
+        }
         if new_computed_blocks.is_some() || claims_hits {
             check_hits(managers, pool, config, hits, tracked, local, view.hashes)?;
         }
-        // Steps 3 and 7.
-        let (total, main, need_slots) = step_tokens(local, args, config.max_model_len)?;
+        // Steps 3 and 7 (external tokens count as computed).
+        let computed = local + num_external_computed_tokens;
+        let (total, main, need_slots) = step_tokens(computed, args, config.max_model_len)?;
         // Step 8: blocks that left the window are dead whether or not this
         // step fits; in-flight steps may still read the newest ones.
         if let Entry::Occupied(tables) = &mut slot {
@@ -735,6 +797,7 @@ impl CoordinatorCore {
             &step,
             cached_this_step,
             checkpoints,
+            Caps::none(config.max_model_len),
         );
         if needed > pool.num_free_blocks() {
             return Ok(false);
@@ -746,11 +809,11 @@ impl CoordinatorCore {
             Entry::Vacant(vacant) => {
                 let mut fresh = spare.pop().unwrap_or_default();
                 fresh.resize_with(managers.len(), GroupTable::default);
-                if new_computed_blocks.is_some() {
-                    for (g, (m, t)) in managers.iter().zip(fresh.iter_mut()).enumerate() {
-                        m.add_local_computed_blocks(pool, t, &hits[g], total)?;
-                    }
-                }
+                let adopt = new_computed_blocks.is_some();
+                let external = num_external_computed_tokens;
+                adopt_prefix(
+                    managers, pool, &mut fresh, hits, adopt, total, external, scratch,
+                )?;
                 vacant.insert(fresh)
             }
         };
@@ -857,6 +920,24 @@ impl CoordinatorCore {
             m.remove_skipped_blocks(pool, t, num_computed_tokens, num_prompt_tokens, scratch)?;
         }
         Ok(())
+    }
+
+    /// [`remove_skipped_blocks`](Self::remove_skipped_blocks) for a request
+    /// known by its scheduler id; an unknown id holds nothing (`false`).
+    pub fn remove_skipped_request(
+        &mut self,
+        id: &str,
+        num_computed_tokens: usize,
+        num_prompt_tokens: Option<usize>,
+    ) -> KvResult<bool> {
+        let Some(req) = self.registry.get(id) else {
+            return Ok(false);
+        };
+        if !self.requests.contains_key(&req) {
+            return Ok(false);
+        }
+        self.remove_skipped_blocks(req, num_computed_tokens, num_prompt_tokens)?;
+        Ok(true)
     }
 
     /// Per group, how many leading blocks of `req`'s table are shared by all
@@ -990,6 +1071,62 @@ fn step_tokens(
     ))
 }
 
+/// Step 1 of `allocate_slots`: a step must allocate or adopt something.
+fn check_nonempty(args: &AllocateArgs) -> KvResult<()> {
+    if args.num_new_tokens == 0
+        && args.num_new_computed_tokens == 0
+        && args.num_external_computed_tokens == 0
+    {
+        return Err(KvError::InvalidArgument {
+            name: "num_new_tokens",
+            detail: "num_new_tokens must be greater than 0 when there are no computed tokens to \
+                     adopt"
+                .into(),
+        });
+    }
+    Ok(())
+}
+
+/// Refuse external tokens where some group cannot take them.
+fn check_external(managers: &[Manager]) -> KvResult<()> {
+    if managers.iter().all(Manager::supports_external_tokens) {
+        return Ok(());
+    }
+    Err(KvError::Unsupported {
+        what: "external (KV-connector) tokens with Mamba groups".into(),
+    })
+}
+
+/// A new request's table before its new tokens (vLLM's
+/// `allocate_new_computed_blocks`): when it adopts hits or brings external
+/// tokens, every group first takes its hits (nulls before the window), then
+/// every group its blocks for the `external` tokens.
+#[allow(clippy::too_many_arguments)]
+fn adopt_prefix(
+    managers: &[Manager],
+    pool: &mut BlockPool,
+    tables: &mut [GroupTable],
+    hits: &[Vec<BlockId>],
+    adopt: bool,
+    total: usize,
+    external: usize,
+    scratch: &mut Vec<BlockId>,
+) -> KvResult<()> {
+    if !adopt && external == 0 {
+        return Ok(());
+    }
+    for (g, (m, t)) in managers.iter().zip(tables.iter_mut()).enumerate() {
+        let group_hits = hits.get(g).map_or(&[][..], Vec::as_slice);
+        m.add_local_computed_blocks(pool, t, group_hits, total)?;
+    }
+    if external > 0 {
+        for (m, t) in managers.iter().zip(tables.iter_mut()) {
+            m.allocate_external_blocks(pool, t, total, external, scratch)?;
+        }
+    }
+    Ok(())
+}
+
 /// Step 8 of `allocate_slots` in every group (R-SWA measures its gap from
 /// the request's prompt).
 #[inline]
@@ -1031,6 +1168,24 @@ fn allocate_groups(
     Ok(())
 }
 
+/// The admission cap of a prediction: with `max_in_flight_tokens`, each
+/// group's blocks are capped at [`Manager::max_admission_blocks`].
+#[derive(Clone, Copy)]
+struct Caps {
+    max_in_flight_tokens: Option<usize>,
+    max_model_len: usize,
+}
+
+impl Caps {
+    /// No cap (the prediction of a step).
+    const fn none(max_model_len: usize) -> Self {
+        Self {
+            max_in_flight_tokens: None,
+            max_model_len,
+        }
+    }
+}
+
 /// Blocks the step pulls from the pool over all groups (vLLM's signed sum:
 /// a Mamba "align" table longer than needed lowers the total, floored at 0).
 /// Records each Mamba "align" group's prefill checkpoint in `checkpoints`.
@@ -1047,6 +1202,7 @@ fn predict(
     step: &StepSize,
     cached_this_step: &HashSet<CacheKey>,
     checkpoints: &mut [Option<(usize, usize)>],
+    caps: Caps,
 ) -> usize {
     let (mut needed, mut surplus) = (0usize, 0usize);
     for (g, m) in managers.iter().enumerate() {
@@ -1073,8 +1229,11 @@ fn predict(
             surplus = surplus.saturating_add(n.give_back);
         } else {
             let tokens = CoordinatorCore::group_tokens(m, step.need_slots, step.num_encoder_tokens);
+            let cap = caps
+                .max_in_flight_tokens
+                .and_then(|f| m.max_admission_blocks(f, caps.max_model_len));
             needed = needed.saturating_add(
-                m.num_blocks_to_allocate(pool, table, tokens, group_hits, step.total),
+                m.num_blocks_to_allocate_capped(pool, table, tokens, group_hits, step.total, cap),
             );
         }
     }
@@ -1315,6 +1474,7 @@ mod tests {
                     num_lookahead_tokens: 0,
                     num_encoder_tokens: 0,
                     delay_cache_blocks: false,
+                    num_external_computed_tokens: 0,
                 },
                 Some(&hits),
             )
@@ -1382,6 +1542,7 @@ mod tests {
                     num_lookahead_tokens: 0,
                     num_encoder_tokens: 0,
                     delay_cache_blocks: false,
+                    num_external_computed_tokens: 0,
                 },
                 None,
             )
@@ -1402,6 +1563,7 @@ mod tests {
                     num_lookahead_tokens: 0,
                     num_encoder_tokens: 0,
                     delay_cache_blocks: false,
+                    num_external_computed_tokens: 0,
                 },
                 None,
             )
@@ -1499,6 +1661,7 @@ mod tests {
                     num_lookahead_tokens: 0,
                     num_encoder_tokens: 0,
                     delay_cache_blocks: false,
+                    num_external_computed_tokens: 0,
                 },
                 Some(&hits),
             )
@@ -1541,6 +1704,7 @@ mod tests {
                     num_lookahead_tokens: 0,
                     num_encoder_tokens: 0,
                     delay_cache_blocks: false,
+                    num_external_computed_tokens: 0,
                 },
                 None,
             )
@@ -1560,6 +1724,7 @@ mod tests {
                     num_lookahead_tokens: 20,
                     num_encoder_tokens: 0,
                     delay_cache_blocks: false,
+                    num_external_computed_tokens: 0,
                 },
                 None,
             )
@@ -1576,6 +1741,7 @@ mod tests {
                     num_lookahead_tokens: 0,
                     num_encoder_tokens: 0,
                     delay_cache_blocks: false,
+                    num_external_computed_tokens: 0,
                 },
                 None,
             )
@@ -1601,7 +1767,8 @@ mod tests {
                     num_new_computed_tokens: 32,
                     num_lookahead_tokens: 0,
                     num_encoder_tokens: 0,
-                    delay_cache_blocks: false
+                    delay_cache_blocks: false,
+                    num_external_computed_tokens: 0
                 },
                 Some(&[])
             )
@@ -1616,7 +1783,8 @@ mod tests {
                     num_new_computed_tokens: 16,
                     num_lookahead_tokens: 0,
                     num_encoder_tokens: 0,
-                    delay_cache_blocks: false
+                    delay_cache_blocks: false,
+                    num_external_computed_tokens: 0
                 },
                 Some(&far)
             )
@@ -1631,7 +1799,8 @@ mod tests {
                     num_new_computed_tokens: 16,
                     num_lookahead_tokens: 0,
                     num_encoder_tokens: 0,
-                    delay_cache_blocks: false
+                    delay_cache_blocks: false,
+                    num_external_computed_tokens: 0
                 },
                 Some(&hit)
             )
@@ -1646,7 +1815,8 @@ mod tests {
                     num_new_computed_tokens: 8,
                     num_lookahead_tokens: 0,
                     num_encoder_tokens: 0,
-                    delay_cache_blocks: false
+                    delay_cache_blocks: false,
+                    num_external_computed_tokens: 0
                 },
                 Some(&hit)
             ),
@@ -1713,6 +1883,128 @@ mod tests {
         assert!(CoordinatorCore::new(cfg).is_ok());
     }
 
+    fn live_request(id: &str, len: u32, unit: usize) -> Request {
+        use crate::hashing::{ExtraKeys, HashAlgo, HashConfig, RequestHasher};
+        let config = HashConfig::new(HashAlgo::Native, unit, Some("t")).unwrap();
+        Request::new(
+            id.into(),
+            (0..len).collect(),
+            RequestHasher::new(config, ExtraKeys::default()),
+        )
+    }
+
+    #[test]
+    fn external_tokens_allocate_like_vllm() {
+        // Full B = 4 + SWA B = 4 (W = 8); a new request with 24 external
+        // tokens and 8 new ones: every group's external blocks come before
+        // any group's new blocks; SWA skips the 4 blocks before its window.
+        let cfg = CoordinatorConfig::new(
+            vec![
+                GroupSpec::full_attention(4),
+                GroupSpec::sliding_window(4, 8),
+            ],
+            100,
+            true,
+            1000,
+        );
+        let mut c = CoordinatorCore::new(cfg).unwrap();
+        let r = live_request("a", 40, 4);
+        let args = AllocateArgs {
+            num_external_computed_tokens: 24,
+            ..AllocateArgs::new(8)
+        };
+        let mut out = NewBlocks::new();
+        assert!(c.allocate_request(&r, &args, None, &mut out).unwrap());
+        // Returned: the new blocks only (vLLM's result).
+        assert_eq!(
+            (ids(out.group(0)), ids(out.group(1))),
+            (vec![9, 10], vec![11, 12])
+        );
+        let tables = c.request_block_ids("a").unwrap();
+        assert_eq!(ids(tables[0]), (1..=6).chain(9..=10).collect::<Vec<_>>());
+        assert_eq!(ids(tables[1]), vec![0, 0, 0, 0, 7, 8, 11, 12]);
+        // Mamba groups refuse external tokens before any change.
+        let cfg = CoordinatorConfig::new(
+            vec![GroupSpec::full_attention(4), GroupSpec::mamba(4, 0)],
+            100,
+            false,
+            1000,
+        );
+        let mut c = CoordinatorCore::new(cfg).unwrap();
+        let free = c.pool().num_free_blocks();
+        assert!(c.allocate_request(&r, &args, None, &mut out).is_err());
+        assert_eq!((c.pool().num_free_blocks(), c.num_requests()), (free, 0));
+    }
+
+    #[test]
+    fn admission_capped_prediction() {
+        // Full B = 4, SWA B = 4 (W = 8), chunked local B = 4 (chunk 8),
+        // max_model_len 1000; a 100-token request needs 25 blocks per group.
+        let cfg = CoordinatorConfig::new(
+            vec![
+                GroupSpec::full_attention(4),
+                GroupSpec::sliding_window(4, 8),
+                GroupSpec::chunked_local(4, 8),
+            ],
+            200,
+            true,
+            1000,
+        );
+        let mut c = CoordinatorCore::new(cfg).unwrap();
+        let r = live_request("a", 100, 4);
+        assert_eq!(
+            c.num_blocks_to_allocate(&r, 100, &[], 0, 0, None).unwrap(),
+            75
+        );
+        // 16 tokens in flight: SWA holds cdiv(7 + 16, 4) + 1 = 7 blocks at
+        // most, chunked local cdiv(8 + 16, 4) = 6; full attention is not capped.
+        assert_eq!(
+            c.num_blocks_to_allocate(&r, 100, &[], 0, 0, Some(16))
+                .unwrap(),
+            25 + 7 + 6
+        );
+        // The cap never exceeds what max_model_len allows.
+        let m = &c.managers()[1];
+        assert_eq!(m.max_admission_blocks(10_000, 1000), Some(251));
+        assert_eq!(
+            c.managers()[2].max_admission_blocks(10_000, 1000),
+            Some(250)
+        );
+        assert_eq!(c.managers()[0].max_admission_blocks(16, 1000), None);
+        // Below the cap the prediction is the uncapped one.
+        assert_eq!(
+            c.num_blocks_to_allocate(&r, 8, &[], 0, 0, Some(16))
+                .unwrap(),
+            6
+        );
+        // A running request: only the blocks past its table (capped likewise);
+        // nothing changed by the predictions.
+        let free = c.pool().num_free_blocks();
+        let mut out = NewBlocks::new();
+        assert!(c
+            .allocate_request(&r, &AllocateArgs::new(24), None, &mut out)
+            .unwrap());
+        assert_eq!(c.pool().num_free_blocks(), free - 18);
+        assert_eq!(
+            c.num_blocks_to_allocate(&r, 100, &[], 24, 0, Some(16))
+                .unwrap(),
+            19 + 1
+        );
+        assert_eq!(c.pool().num_free_blocks(), free - 18);
+        // Bad hit lists are refused.
+        assert!(c
+            .num_blocks_to_allocate(&r, 8, &[vec![BlockId(1)]], 0, 0, None)
+            .is_err());
+        assert!(c
+            .num_blocks_to_allocate(&r, 8, &[vec![], vec![], vec![BlockId(9999)]], 0, 0, None)
+            .is_err());
+        // Released blocks: an unknown id holds nothing; a known one drops
+        // the SWA and chunked-local blocks before the window.
+        assert!(!c.remove_skipped_request("nobody", 24, None).unwrap());
+        assert!(c.remove_skipped_request("a", 24, None).unwrap());
+        assert_eq!(c.pool().num_free_blocks(), free - 18 + 4 + 6);
+    }
+
     #[test]
     fn hybrid_swa_cacheable_clamp_53_and_masks_54() {
         // Full B = 32 + SWA B = 16 (W = 32), hash unit 16: a 112-token prompt
@@ -1740,6 +2032,7 @@ mod tests {
                     num_lookahead_tokens: 0,
                     num_encoder_tokens: 0,
                     delay_cache_blocks: false,
+                    num_external_computed_tokens: 0,
                 },
                 None,
             )
@@ -1796,6 +2089,7 @@ mod tests {
                         num_lookahead_tokens: 0,
                         num_encoder_tokens: 0,
                         delay_cache_blocks: false,
+                        num_external_computed_tokens: 0,
                     },
                     None,
                 )
@@ -1834,6 +2128,7 @@ mod tests {
                     num_lookahead_tokens: 0,
                     num_encoder_tokens: 6,
                     delay_cache_blocks: false,
+                    num_external_computed_tokens: 0,
                 },
                 None,
             )
@@ -1852,6 +2147,7 @@ mod tests {
                     num_lookahead_tokens: 0,
                     num_encoder_tokens: 6,
                     delay_cache_blocks: false,
+                    num_external_computed_tokens: 0,
                 },
                 None,
             )

@@ -64,6 +64,7 @@ pub fn check_step(view: &RequestView<'_>, args: &AllocateArgs) -> KvResult<()> {
         | args.num_new_computed_tokens
         | args.num_lookahead_tokens
         | args.num_encoder_tokens
+        | args.num_external_computed_tokens
         | view.num_computed_tokens
         | view.num_in_flight_tokens;
     if any < MAX_TOKENS {
@@ -79,6 +80,10 @@ fn name_step_overflow(view: &RequestView<'_>, args: &AllocateArgs) -> KvResult<(
     check_tokens("num_new_computed_tokens", args.num_new_computed_tokens)?;
     check_tokens("num_lookahead_tokens", args.num_lookahead_tokens)?;
     check_tokens("num_encoder_tokens", args.num_encoder_tokens)?;
+    check_tokens(
+        "num_external_computed_tokens",
+        args.num_external_computed_tokens,
+    )?;
     check_tokens("num_computed_tokens", view.num_computed_tokens)?;
     check_tokens("num_in_flight_tokens", view.num_in_flight_tokens)?;
     Ok(())

@@ -47,7 +47,7 @@ pub fn validate_retention_interval(
     }
     if value % i64::from(scheduler_block_size) != 0 {
         return Err(fail(format!(
-            "must be a multiple of the scheduler block size ({scheduler_block_size})"
+            "must be a multiple of scheduler_block_size ({scheduler_block_size})"
         )));
     }
     Ok(())
@@ -68,7 +68,7 @@ mod tests {
         let e = validate_retention_interval(Some(33), 32, true).unwrap_err();
         assert!(
             e.to_string()
-                .contains("multiple of the scheduler block size (32)"),
+                .contains("multiple of scheduler_block_size (32)"),
             "{e}"
         );
         let e = validate_retention_interval(Some(-32), 32, true).unwrap_err();

@@ -293,6 +293,7 @@ fn alloc(
         num_lookahead_tokens,
         num_encoder_tokens,
         delay_cache_blocks: false,
+        num_external_computed_tokens: 0,
     };
     c.allocate_slots(req, view, &args, hits)
 }

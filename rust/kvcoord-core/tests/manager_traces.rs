@@ -246,6 +246,7 @@ fn replay(path: &Path) -> usize {
                             num_lookahead_tokens: 0,
                             num_encoder_tokens: 0,
                             delay_cache_blocks: false,
+                            num_external_computed_tokens: 0,
                         },
                         hits,
                     )

@@ -633,6 +633,53 @@ impl Manager {
         }
     }
 
+    /// The most blocks one request can hold at once in this group, or `None`
+    /// when it keeps every block until it finishes (vLLM's
+    /// `max_admission_blocks_per_request`, the bound its startup pool sizing
+    /// and its full-sequence admission check share). Kinds that release
+    /// blocks behind the attention while a prompt is prefilled in chunks
+    /// hold at most what the attention still reads plus the
+    /// `max_in_flight_tokens` tokens scheduled but not yet processed
+    /// (blocks are released on processed tokens only):
+    ///
+    /// * sliding window: the `W - 1` tokens before the next one plus the
+    ///   in-flight tokens, capped at `max_model_len`, and one block more
+    ///   because the window need not start on a block boundary;
+    /// * chunked local: one chunk plus the in-flight tokens, capped at
+    ///   `max_model_len` (chunks start on block boundaries).
+    pub fn max_admission_blocks(
+        &self,
+        max_in_flight_tokens: usize,
+        max_model_len: usize,
+    ) -> Option<usize> {
+        let bs = self.block_size;
+        match self.spec.kind {
+            SpecKind::SlidingWindow { sliding_window }
+            | SpecKind::SlidingWindowMla { sliding_window } => {
+                let tokens = (sliding_window as usize - 1)
+                    .saturating_add(max_in_flight_tokens)
+                    .min(max_model_len);
+                Some(cdiv(tokens, bs) + 1)
+            }
+            SpecKind::ChunkedLocal {
+                attention_chunk_size,
+            } => {
+                let tokens = (attention_chunk_size as usize)
+                    .saturating_add(max_in_flight_tokens)
+                    .min(max_model_len);
+                Some(cdiv(tokens, bs))
+            }
+            // Every block stays until the request finishes (R-SWA's gap is
+            // released during decode, but its peak is full attention's).
+            SpecKind::FullAttention
+            | SpecKind::CrossAttention
+            | SpecKind::MlaAttention
+            | SpecKind::Rswa { .. }
+            | SpecKind::Mamba { .. }
+            | SpecKind::MambaAlign { .. } => None,
+        }
+    }
+
     /// Tokens this group allocates for when the request needs `num_tokens`
     /// slots (Mamba adds its speculative scratch blocks).
     fn tokens_to_allocate(&self, num_tokens: usize) -> usize {
@@ -741,8 +788,26 @@ impl Manager {
         hits: &[BlockId],
         total_computed: usize,
     ) -> usize {
+        self.num_blocks_to_allocate_capped(pool, table, num_tokens, hits, total_computed, None)
+    }
+
+    /// [`num_blocks_to_allocate`](Self::num_blocks_to_allocate) with the
+    /// blocks the request needs capped at `cap` (vLLM's admission cap, see
+    /// [`max_admission_blocks`](Self::max_admission_blocks); `None`: no cap).
+    pub fn num_blocks_to_allocate_capped(
+        &self,
+        pool: &BlockPool,
+        table: Option<&GroupTable>,
+        num_tokens: usize,
+        hits: &[BlockId],
+        total_computed: usize,
+        cap: Option<usize>,
+    ) -> usize {
         let bs = self.block_size;
-        let required = cdiv(self.tokens_to_allocate(num_tokens), bs);
+        let mut required = cdiv(self.tokens_to_allocate(num_tokens), bs);
+        if let Some(cap) = cap {
+            required = required.min(cap);
+        }
         // Running request: hits were adopted at admission.
         if let Some(t) = table {
             return required.saturating_sub(t.blocks.len());
@@ -776,6 +841,53 @@ impl Manager {
         table.blocks.extend_from_slice(kept);
         table.num_cached = table.blocks.len();
         Ok(())
+    }
+
+    /// A new request's blocks for `external` tokens a KV connector supplies
+    /// (its table holds its hits, or the nulls before the window): fresh
+    /// blocks up to the `total` computed tokens, unless every external
+    /// token is before the window (vLLM's `allocate_external_computed_blocks`).
+    /// Cross-attention has no external tokens (nothing allocated); callers
+    /// refuse them for kinds without
+    /// [`supports_external_tokens`](Self::supports_external_tokens).
+    pub fn allocate_external_blocks(
+        &self,
+        pool: &mut BlockPool,
+        table: &mut GroupTable,
+        total: usize,
+        external: usize,
+        scratch: &mut Vec<BlockId>,
+    ) -> KvResult<()> {
+        if self.spec.facts().sized_by_encoder || !self.supports_external_tokens() {
+            return Ok(());
+        }
+        if external.min(total - self.num_skipped_tokens(total).min(total)) == 0 {
+            return Ok(());
+        }
+        let n = cdiv(total, self.block_size).saturating_sub(table.blocks.len());
+        if n > 0 {
+            scratch.clear();
+            pool.get_new_blocks(n, scratch)?;
+            table.blocks.extend_from_slice(scratch);
+            scratch.clear();
+        }
+        Ok(())
+    }
+
+    /// Whether a new request may bring external (KV-connector) tokens in
+    /// this group: not Mamba groups, whose states are not positional blocks
+    /// (not reproduced yet).
+    pub const fn supports_external_tokens(&self) -> bool {
+        match self.spec.kind {
+            SpecKind::Mamba { .. } | SpecKind::MambaAlign { .. } => false,
+            SpecKind::FullAttention
+            | SpecKind::SlidingWindow { .. }
+            | SpecKind::ChunkedLocal { .. }
+            | SpecKind::CrossAttention
+            | SpecKind::MlaAttention
+            | SpecKind::SlidingWindowMla { .. }
+            | SpecKind::Rswa { .. } => true,
+        }
     }
 
     /// Grow the table to cover `num_tokens` slots with fresh blocks, which
