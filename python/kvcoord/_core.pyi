@@ -567,6 +567,28 @@ class CoordinatorCore:
         cache the newly full blocks. New ids per group (:attr:`empty` when no
         group got a new block); ``None`` when the pool cannot hold them
         (nothing changed)."""
+    def num_blocks_to_allocate(
+        self,
+        request: Request,
+        num_tokens: int,
+        new_computed_blocks: KVCacheBlocks | Sequence[BlockIds] | None = None,
+        total_computed_tokens: int | None = None,
+        num_encoder_tokens: int | None = None,
+        max_in_flight_tokens: int | None = None,
+    ) -> int:
+        """Blocks an allocation of ``num_tokens`` slots would pull from the
+        pool (vLLM's ``get_num_blocks_to_allocate``); with
+        ``max_in_flight_tokens``, capped per group at the most blocks a
+        request can hold (sliding window, chunked local: vLLM's
+        full-sequence admission check). Changes nothing."""
+    def remove_skipped_blocks(
+        self,
+        request_id: str,
+        num_computed_tokens: int,
+        num_prompt_tokens: int | None = None,
+    ) -> bool:
+        """Release the request's blocks that left every group's attention
+        window; False for an unknown id (nothing held)."""
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """Cache the request's full blocks within its first ``num_tokens`` tokens."""
     def new_step_starts(self) -> None:

@@ -99,6 +99,14 @@ class RequestRegistry:
         mine.num_computed_tokens = request.num_computed_tokens
         return mine
 
+    def peek(self, request_id: str) -> Request:
+        """kvcoord's request for the vLLM request id ``request_id`` as last
+        synced, or an empty request under its core id when none is live."""
+        entry = self._by_id.get(request_id)
+        if entry is not None:
+            return entry[1]
+        return Request(self.core_id(request_id), [], hash_block_size=self.hash_block_size)
+
     def ids(self) -> list[str]:
         """Ids of the requests seen and not yet dropped."""
         return list(self._by_id)

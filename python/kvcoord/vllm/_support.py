@@ -14,7 +14,8 @@ import importlib
 from collections.abc import Mapping
 from typing import Any
 
-from kvcoord.config import FullAttentionSpec, KVCacheConfig, KVCacheGroup
+from kvcoord.config import FullAttentionSpec, KVCacheConfig, KVCacheGroup, KVCacheSpec
+from kvcoord.vllm import _windows
 
 __all__ = ["to_kvcoord_config", "unsupported_reason"]
 
@@ -36,17 +37,22 @@ _UNSERVED_ARGS: tuple[tuple[str, object, str], ...] = (
 def _spec_reason(spec: Any) -> str | None:
     """Why a vLLM spec is not served, or None. Served: plain full attention
     (``FullAttentionSpec``, and MLA without DeepSeek-V4 fields), whose block
-    management does not depend on the attention variant."""
+    management does not depend on the attention variant, sliding window and
+    chunked local (see :mod:`kvcoord.vllm._windows`)."""
     interface: Any = importlib.import_module("vllm.v1.kv_cache_interface")
     VFull, MLAAttentionSpec = interface.FullAttentionSpec, interface.MLAAttentionSpec
     kind = type(spec).__name__
     if type(spec) is VFull:
         pass
+    elif _windows.is_window_spec(spec):
+        reason = _windows.spec_reason(spec)
+        if reason is not None:
+            return reason
     elif type(spec) is MLAAttentionSpec:
         if spec.model_version is not None or spec.alignment is not None:
             return f"{kind} with DeepSeek-V4 fields"
     else:
-        return f"KV cache spec {kind} (only full attention is served yet)"
+        return f"KV cache spec {kind} (not served yet)"
     if not spec.prefix_cacheable:
         return f"{kind} that is not prefix-cacheable"
     return None
@@ -80,6 +86,9 @@ def unsupported_reason(kv_cache_config: Any, args: Mapping[str, Any]) -> str | N
         # re-prefillable tail to its scheduler block and EAGLE block.
         return "num_prefill_lookahead > 0 over several KV cache groups"
     specs = [g.kv_cache_spec for g in groups]
+    reason = _windows.config_reason(specs, bool(args.get("use_eagle", False)))
+    if reason is not None:
+        return reason
     if args.get("use_eagle", False) and any(s != specs[0] for s in specs[1:]):
         return "EAGLE's last-block drop over groups of different specs (use_eagle=True)"
     hash_block_size = args["hash_block_size"]
@@ -94,13 +103,20 @@ def unsupported_reason(kv_cache_config: Any, args: Mapping[str, Any]) -> str | N
     return None
 
 
+def _spec(spec: Any) -> KVCacheSpec:
+    """The kvcoord spec of a served vLLM spec."""
+    if _windows.is_window_spec(spec):
+        return _windows.window_spec(spec)
+    return FullAttentionSpec(block_size=int(spec.block_size))
+
+
 def to_kvcoord_config(kv_cache_config: Any) -> KVCacheConfig:
     """The kvcoord configuration of a served vLLM ``KVCacheConfig``."""
     return KVCacheConfig(
         num_blocks=int(kv_cache_config.num_blocks),
         groups=tuple(
             KVCacheGroup(
-                FullAttentionSpec(block_size=int(g.kv_cache_spec.block_size)),
+                _spec(g.kv_cache_spec),
                 tuple(g.layer_names),
             )
             for g in kv_cache_config.kv_cache_groups

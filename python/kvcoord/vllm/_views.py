@@ -12,7 +12,7 @@ from kvcoord.vllm._blocks import BlockView, PoolView, ids_of
 if TYPE_CHECKING:
     from kvcoord.vllm.manager import KVCacheManager
 
-__all__ = ["CoordinatorView"]
+__all__ = ["CoordinatorView", "coordinator_view"]
 
 
 class _RequestTables(Mapping[str, list[BlockView]]):
@@ -135,6 +135,35 @@ class CoordinatorView:
         apply_admission_cap: bool = False,
         prefill_end: int = 0,
     ) -> int:
-        """Blocks an allocation of ``num_tokens`` slots would take (full attention)."""
+        """vLLM's prediction: blocks an allocation of ``num_tokens`` slots
+        would take (``apply_admission_cap``: capped per group at the most
+        blocks a request can hold there)."""
         hits = tuple(ids_of(g) for g in new_computed_blocks) if any(new_computed_blocks) else ()
-        return self._manager._predict(request_id, num_tokens, hits)
+        manager = self._manager
+        mine = manager._requests.peek(request_id)
+        return manager._predict(
+            mine,
+            num_tokens,
+            hits,
+            total_computed_tokens,
+            num_encoder_tokens,
+            apply_admission_cap,
+        )
+
+
+# vLLM's coordinator classes share the names of kvcoord's policies; the view
+# of a manager's coordinator is a class of the same name (code and tests
+# read ``type(manager.coordinator).__name__``).
+_VIEW_CLASSES: dict[str, type[CoordinatorView]] = {
+    name: type(name, (CoordinatorView,), {"__doc__": f"CoordinatorView of a {name} policy."})
+    for name in (
+        "KVCacheCoordinatorNoPrefixCache",
+        "UnitaryKVCacheCoordinator",
+        "HybridKVCacheCoordinator",
+    )
+}
+
+
+def coordinator_view(manager: KVCacheManager, core: KVCacheCoordinator) -> CoordinatorView:
+    """The coordinator view of ``manager``, its class named after the policy."""
+    return _VIEW_CLASSES.get(type(core).__name__, CoordinatorView)(manager, core)

@@ -34,7 +34,7 @@ from kvcoord.vllm._construct import (
 from kvcoord.vllm._parking import Parking
 from kvcoord.vllm._requests import RequestRegistry
 from kvcoord.vllm._support import to_kvcoord_config, unsupported_reason
-from kvcoord.vllm._views import CoordinatorView
+from kvcoord.vllm._views import coordinator_view
 
 __all__ = ["KVCacheManager", "fallbacks", "served"]
 
@@ -67,6 +67,9 @@ class KVCacheManager:
         cfg = a["kv_cache_config"]
         self.kv_cache_config = cfg
         self.max_model_len = int(a["max_model_len"])
+        # vLLM's admission cap falls back to max_model_len when unset.
+        in_flight = a.get("max_in_flight_tokens")
+        self.max_in_flight_tokens = self.max_model_len if in_flight is None else int(in_flight)
         self.enable_caching = bool(a.get("enable_caching", True))
         self.enable_kv_cache_events = False
         self.use_eagle = bool(a.get("use_eagle", False))
@@ -113,13 +116,15 @@ class KVCacheManager:
         self._requests = RequestRegistry(self.hash_block_size)
         self._parking = Parking(self._core, self._requests)
         self.block_pool = PoolView(self._pool, self._core, self._parking.free)
-        self.coordinator = CoordinatorView(self, self._core_coordinator)
+        self.coordinator = coordinator_view(self, self._core_coordinator)
         self._block_sizes = tuple(int(g.kv_cache_spec.block_size) for g in cfg.kv_cache_groups)
         # The decode fast path of allocate_slots: request id -> what it holds
         # (see _room). Only where a step within it changes nothing in vLLM:
         # full attention (no block leaves a window) and no watermark.
         self._decode_room: dict[str, tuple[int, int]] = {}
         plain = all(type(g.spec) is FullAttentionSpec for g in kv_config.groups)
+        # Whether some group releases blocks behind its attention window.
+        self._windowed = not plain
         sizes = tuple(sorted(set(self._block_sizes)))
         self._room_sizes = sizes if plain and not self.watermark_blocks else ()
         self.empty_kv_cache_blocks = EmptyKVCacheBlocks(
@@ -183,9 +188,11 @@ class KVCacheManager:
             bs = self._block_sizes[0]
             hit -= bs
             per_group = tuple(g[: hit // bs] for g in per_group)
-        if not hit:
-            return self.empty_kv_cache_blocks, 0, 0
         boundary = shared_prefix_boundary(hit, uncached)
+        if not hit:
+            # A junction some group has not cached is reported even when
+            # the reconciled hit is empty (sparse retention pins it).
+            return self.empty_kv_cache_blocks, 0, boundary
         return KVCacheBlocks(per_group, self._pool), hit, boundary
 
     def get_computed_blocks_for_connector(
@@ -202,25 +209,30 @@ class KVCacheManager:
         arrays: tuple[Any, ...] = blocks.arrays()
         return arrays
 
-    def _predict(self, request_id: str, num_tokens: int, hits: tuple[list[int], ...]) -> int:
-        """vLLM's block prediction for full-attention groups: blocks still
-        needed for ``num_tokens`` slots, plus the hit blocks that sit in the
-        free queue (touching them takes them out of it)."""
-        held = self._held(request_id)
-        total = 0
-        ref_counts = None
-        for g, bs in enumerate(self._block_sizes):
-            required = _cdiv(num_tokens, bs)
-            if held is not None:
-                total += max(required - len(held[g]), 0)
-                continue
-            group_hits = hits[g] if hits else []
-            total += max(required - len(group_hits), 0)
-            if group_hits:
-                if ref_counts is None:
-                    ref_counts = self._pool.ref_counts()
-                total += int((ref_counts[group_hits] == 0).sum())
-        return total
+    def _predict(
+        self,
+        mine: Any,
+        num_tokens: int,
+        hits: tuple[list[int], ...],
+        total_computed: int,
+        num_encoder_tokens: int = 0,
+        admission: bool = False,
+    ) -> int:
+        """vLLM's ``get_num_blocks_to_allocate``, answered by the core: blocks
+        still needed for ``num_tokens`` slots over all groups, plus the hit
+        blocks that sit in the free queue (touching them takes them out of
+        it). ``admission``: capped per group at the most blocks a request can
+        hold there (the full-sequence admission check)."""
+        return int(
+            self._core.num_blocks_to_allocate(
+                mine,
+                num_tokens,
+                hits or None,
+                total_computed,
+                num_encoder_tokens,
+                self.max_in_flight_tokens if admission else None,
+            )
+        )
 
     # ---- the per-step call -----------------------------------------------
 
@@ -317,16 +329,33 @@ class KVCacheManager:
         rid = request.request_id
         num_local = request.num_computed_tokens + num_new_computed_tokens
         total_computed = min(num_local + num_external_computed_tokens, self.max_model_len)
+        mine = self._requests.get(request)
+        if self._windowed:
+            # The junction a sparse-retention group keeps (set by vLLM's
+            # scheduler from get_computed_blocks).
+            mine.shared_prefix_boundary = request.shared_prefix_boundary
         if full_sequence_must_fit:
             full = min(request.num_tokens, self.max_model_len)
-            if self._predict(rid, full, hits) + watermark > self._pool.num_free_blocks:
+            needed = self._predict(mine, full, hits, total_computed, num_encoder_tokens, True)
+            if needed + watermark > self._pool.num_free_blocks:
                 return None
         if watermark or reserved_blocks:
+            if self._windowed:
+                # vLLM releases out-of-window blocks before this check,
+                # whether or not the step fits (the core does so again,
+                # a no-op, when it allocates).
+                self._core.remove_skipped_blocks(
+                    self._requests.core_id(rid),
+                    max(0, total_computed - request.num_in_flight_tokens),
+                    request.num_prompt_tokens,
+                )
             need = min(total_computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
             free = self._pool.num_free_blocks - reserved_blocks
-            if self._predict(rid, need, hits) + watermark > free:
+            needed = self._predict(
+                mine, need, hits, num_local + num_external_computed_tokens, num_encoder_tokens
+            )
+            if needed + watermark > free:
                 return None
-        mine = self._requests.get(request)
         # vLLM caches only blocks its request has hashes for; when those lag
         # (no hasher, or a hash-lookahead hasher waiting for its token),
         # caching is done here, clipped to them.
@@ -391,7 +420,10 @@ class KVCacheManager:
         if self.enable_caching and self._held(request.request_id) is not None:
             hashed = len(request.block_hashes) * self.hash_block_size
             cacheable = max(num_computed_tokens - self.num_reprefillable_tokens, 0)
-            self._core.cache_blocks(self._requests.get(request), min(cacheable, hashed))
+            mine = self._requests.get(request)
+            if self._windowed:
+                mine.shared_prefix_boundary = request.shared_prefix_boundary
+            self._core.cache_blocks(mine, min(cacheable, hashed))
 
     # ---- freeing ---------------------------------------------------------
 
@@ -428,7 +460,12 @@ class KVCacheManager:
     def remove_skipped_blocks(
         self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
     ) -> None:
-        """Full attention skips no blocks: nothing to release."""
+        """Release the blocks that left every group's attention window
+        (a no-op for full attention and unknown requests)."""
+        if self._windowed:
+            self._core.remove_skipped_blocks(
+                self._requests.core_id(request_id), processed_computed_tokens, num_prompt_tokens
+            )
 
     def evict_blocks(self, block_ids: Any) -> None:
         self._decode_room.clear()

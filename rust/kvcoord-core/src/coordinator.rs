@@ -532,6 +532,64 @@ impl CoordinatorCore {
         Ok(ok)
     }
 
+    /// Blocks an allocation giving `request` `num_tokens` slots would pull
+    /// from the pool over all groups, adopting the prefix-cache hits `hits`
+    /// (one list per group, or none) with `total_computed` tokens computed:
+    /// vLLM's `get_num_blocks_to_allocate`, the prediction `allocate_slots`
+    /// checks against the free blocks. With `max_in_flight_tokens`, groups
+    /// that release blocks behind their attention are capped at the most
+    /// blocks a request can hold in them
+    /// ([`Manager::max_admission_blocks`]): vLLM's full-sequence admission
+    /// check. Changes nothing.
+    pub fn num_blocks_to_allocate(
+        &self,
+        request: &Request,
+        num_tokens: usize,
+        hits: &[Vec<BlockId>],
+        total_computed: usize,
+        num_encoder_tokens: usize,
+        max_in_flight_tokens: Option<usize>,
+    ) -> KvResult<usize> {
+        let arg = |detail: String| KvError::InvalidArgument {
+            name: "new_computed_blocks",
+            detail,
+        };
+        if !hits.is_empty() && hits.len() != self.managers.len() {
+            return Err(arg(format!(
+                "{} lists for {} groups",
+                hits.len(),
+                self.managers.len()
+            )));
+        }
+        if hits.iter().any(|list| !self.pool.ids_in_range(list)) {
+            return Err(arg("block id out of range".into()));
+        }
+        let tables = self
+            .registry
+            .get(request.id())
+            .and_then(|req| self.requests.get(&req))
+            .map(Vec::as_slice);
+        let step = StepSize::new(num_tokens, num_tokens, total_computed, num_encoder_tokens);
+        let mut checkpoints = vec![None; self.managers.len()];
+        let caps = Caps {
+            max_in_flight_tokens,
+            max_model_len: self.config.max_model_len,
+        };
+        Ok(predict(
+            &self.managers,
+            &self.pool,
+            &self.config,
+            self.retention,
+            &request.view(),
+            tables,
+            hits,
+            &step,
+            &self.cached_this_step,
+            &mut checkpoints,
+            caps,
+        ))
+    }
+
     /// [`cache_blocks`](Self::cache_blocks) for a live request.
     pub fn cache_request(&mut self, request: &Request, num_tokens: usize) -> KvResult<()> {
         self.check_hash_unit(request)?;
@@ -789,6 +847,7 @@ impl CoordinatorCore {
             &step,
             cached_this_step,
             checkpoints,
+            Caps::none(config.max_model_len),
         );
         if needed > pool.num_free_blocks() {
             return Ok(false);
@@ -911,6 +970,24 @@ impl CoordinatorCore {
             m.remove_skipped_blocks(pool, t, num_computed_tokens, num_prompt_tokens, scratch)?;
         }
         Ok(())
+    }
+
+    /// [`remove_skipped_blocks`](Self::remove_skipped_blocks) for a request
+    /// known by its scheduler id; an unknown id holds nothing (`false`).
+    pub fn remove_skipped_request(
+        &mut self,
+        id: &str,
+        num_computed_tokens: usize,
+        num_prompt_tokens: Option<usize>,
+    ) -> KvResult<bool> {
+        let Some(req) = self.registry.get(id) else {
+            return Ok(false);
+        };
+        if !self.requests.contains_key(&req) {
+            return Ok(false);
+        }
+        self.remove_skipped_blocks(req, num_computed_tokens, num_prompt_tokens)?;
+        Ok(true)
     }
 
     /// Per group, how many leading blocks of `req`'s table are shared by all
@@ -1085,6 +1162,24 @@ fn allocate_groups(
     Ok(())
 }
 
+/// The admission cap of a prediction: with `max_in_flight_tokens`, each
+/// group's blocks are capped at [`Manager::max_admission_blocks`].
+#[derive(Clone, Copy)]
+struct Caps {
+    max_in_flight_tokens: Option<usize>,
+    max_model_len: usize,
+}
+
+impl Caps {
+    /// No cap (the prediction of a step).
+    const fn none(max_model_len: usize) -> Self {
+        Self {
+            max_in_flight_tokens: None,
+            max_model_len,
+        }
+    }
+}
+
 /// Blocks the step pulls from the pool over all groups (vLLM's signed sum:
 /// a Mamba "align" table longer than needed lowers the total, floored at 0).
 /// Records each Mamba "align" group's prefill checkpoint in `checkpoints`.
@@ -1101,6 +1196,7 @@ fn predict(
     step: &StepSize,
     cached_this_step: &HashSet<CacheKey>,
     checkpoints: &mut [Option<(usize, usize)>],
+    caps: Caps,
 ) -> usize {
     let (mut needed, mut surplus) = (0usize, 0usize);
     for (g, m) in managers.iter().enumerate() {
@@ -1127,8 +1223,11 @@ fn predict(
             surplus = surplus.saturating_add(n.give_back);
         } else {
             let tokens = CoordinatorCore::group_tokens(m, step.need_slots, step.num_encoder_tokens);
+            let cap = caps
+                .max_in_flight_tokens
+                .and_then(|f| m.max_admission_blocks(f, caps.max_model_len));
             needed = needed.saturating_add(
-                m.num_blocks_to_allocate(pool, table, tokens, group_hits, step.total),
+                m.num_blocks_to_allocate_capped(pool, table, tokens, group_hits, step.total, cap),
             );
         }
     }
@@ -1765,6 +1864,85 @@ mod tests {
         assert!(CoordinatorCore::new(cfg.clone()).is_err());
         cfg.retention_interval = Some(64);
         assert!(CoordinatorCore::new(cfg).is_ok());
+    }
+
+    fn live_request(id: &str, len: u32, unit: usize) -> Request {
+        use crate::hashing::{ExtraKeys, HashAlgo, HashConfig, RequestHasher};
+        let config = HashConfig::new(HashAlgo::Native, unit, Some("t")).unwrap();
+        Request::new(
+            id.into(),
+            (0..len).collect(),
+            RequestHasher::new(config, ExtraKeys::default()),
+        )
+    }
+
+    #[test]
+    fn admission_capped_prediction() {
+        // Full B = 4, SWA B = 4 (W = 8), chunked local B = 4 (chunk 8),
+        // max_model_len 1000; a 100-token request needs 25 blocks per group.
+        let cfg = CoordinatorConfig::new(
+            vec![
+                GroupSpec::full_attention(4),
+                GroupSpec::sliding_window(4, 8),
+                GroupSpec::chunked_local(4, 8),
+            ],
+            200,
+            true,
+            1000,
+        );
+        let mut c = CoordinatorCore::new(cfg).unwrap();
+        let r = live_request("a", 100, 4);
+        assert_eq!(
+            c.num_blocks_to_allocate(&r, 100, &[], 0, 0, None).unwrap(),
+            75
+        );
+        // 16 tokens in flight: SWA holds cdiv(7 + 16, 4) + 1 = 7 blocks at
+        // most, chunked local cdiv(8 + 16, 4) = 6; full attention is not capped.
+        assert_eq!(
+            c.num_blocks_to_allocate(&r, 100, &[], 0, 0, Some(16))
+                .unwrap(),
+            25 + 7 + 6
+        );
+        // The cap never exceeds what max_model_len allows.
+        let m = &c.managers()[1];
+        assert_eq!(m.max_admission_blocks(10_000, 1000), Some(251));
+        assert_eq!(
+            c.managers()[2].max_admission_blocks(10_000, 1000),
+            Some(250)
+        );
+        assert_eq!(c.managers()[0].max_admission_blocks(16, 1000), None);
+        // Below the cap the prediction is the uncapped one.
+        assert_eq!(
+            c.num_blocks_to_allocate(&r, 8, &[], 0, 0, Some(16))
+                .unwrap(),
+            6
+        );
+        // A running request: only the blocks past its table (capped likewise);
+        // nothing changed by the predictions.
+        let free = c.pool().num_free_blocks();
+        let mut out = NewBlocks::new();
+        assert!(c
+            .allocate_request(&r, &AllocateArgs::new(24), None, &mut out)
+            .unwrap());
+        assert_eq!(c.pool().num_free_blocks(), free - 18);
+        assert_eq!(
+            c.num_blocks_to_allocate(&r, 100, &[], 24, 0, Some(16))
+                .unwrap(),
+            19 + 1
+        );
+        assert_eq!(c.pool().num_free_blocks(), free - 18);
+        // Bad hit lists are refused.
+        assert!(c
+            .num_blocks_to_allocate(&r, 8, &[vec![BlockId(1)]], 0, 0, None)
+            .is_err());
+        assert!(c
+            .num_blocks_to_allocate(&r, 8, &[vec![], vec![], vec![BlockId(9999)]], 0, 0, None)
+            .is_err());
+        // Released blocks: an unknown id holds nothing; a known one drops
+        // the SWA and chunked-local blocks before the window.
+        assert!(!c.remove_skipped_request("nobody", 24, None).unwrap());
+        assert!(c.remove_skipped_request("a", 24, None).unwrap());
+        assert_eq!(c.pool().num_free_blocks(), free - 18 + 4 + 6);
     }
 
     #[test]

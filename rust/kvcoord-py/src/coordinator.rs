@@ -175,6 +175,64 @@ impl PyCoordinatorCore {
         Ok(Some(Py::new(py, PyKVCacheBlocks::from_new_blocks(out)?)?))
     }
 
+    /// Blocks an allocation of `num_tokens` slots would pull from the pool
+    /// (vLLM's `get_num_blocks_to_allocate`); with `max_in_flight_tokens`,
+    /// capped per group at the most blocks a request can hold (vLLM's
+    /// full-sequence admission check). Changes nothing.
+    #[pyo3(signature = (request, num_tokens, new_computed_blocks = None, total_computed_tokens = None,
+                        num_encoder_tokens = None, max_in_flight_tokens = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn num_blocks_to_allocate(
+        &mut self,
+        request: &Bound<'_, PyAny>,
+        num_tokens: &Bound<'_, PyAny>,
+        new_computed_blocks: Option<&Bound<'_, PyAny>>,
+        total_computed_tokens: Option<&Bound<'_, PyAny>>,
+        num_encoder_tokens: Option<&Bound<'_, PyAny>>,
+        max_in_flight_tokens: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<usize> {
+        let request = args::request(request)?;
+        let num_tokens = args::count(num_tokens, "num_tokens")?;
+        let total = args::opt_count(total_computed_tokens, "total_computed_tokens")?;
+        let encoder = args::opt_count(num_encoder_tokens, "num_encoder_tokens")?;
+        let in_flight = match max_in_flight_tokens {
+            Some(v) => Some(args::count(v, "max_in_flight_tokens")?),
+            None => None,
+        };
+        let Self { inner, hits, .. } = self;
+        hits.clear();
+        if let Some(obj) = new_computed_blocks {
+            fill_hits(obj, hits)?;
+        }
+        core(inner.num_blocks_to_allocate(
+            &request.inner,
+            num_tokens,
+            hits,
+            total,
+            encoder,
+            in_flight,
+        ))
+    }
+
+    /// Release the blocks of `request_id` that left every group's attention
+    /// once `num_computed_tokens` tokens are processed (with
+    /// `num_prompt_tokens`, R-SWA groups free their decode gap); an unknown
+    /// id holds nothing (False).
+    #[pyo3(signature = (request_id, num_computed_tokens, num_prompt_tokens = None))]
+    fn remove_skipped_blocks(
+        &mut self,
+        request_id: &str,
+        num_computed_tokens: &Bound<'_, PyAny>,
+        num_prompt_tokens: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<bool> {
+        let n = args::count(num_computed_tokens, "num_computed_tokens")?;
+        let prompt = match num_prompt_tokens {
+            Some(v) => Some(args::count(v, "num_prompt_tokens")?),
+            None => None,
+        };
+        core(self.inner.remove_skipped_request(request_id, n, prompt))
+    }
+
     fn cache_blocks(
         &mut self,
         request: &Bound<'_, PyAny>,

@@ -633,6 +633,53 @@ impl Manager {
         }
     }
 
+    /// The most blocks one request can hold at once in this group, or `None`
+    /// when it keeps every block until it finishes (vLLM's
+    /// `max_admission_blocks_per_request`, the bound its startup pool sizing
+    /// and its full-sequence admission check share). Kinds that release
+    /// blocks behind the attention while a prompt is prefilled in chunks
+    /// hold at most what the attention still reads plus the
+    /// `max_in_flight_tokens` tokens scheduled but not yet processed
+    /// (blocks are released on processed tokens only):
+    ///
+    /// * sliding window: the `W - 1` tokens before the next one plus the
+    ///   in-flight tokens, capped at `max_model_len`, and one block more
+    ///   because the window need not start on a block boundary;
+    /// * chunked local: one chunk plus the in-flight tokens, capped at
+    ///   `max_model_len` (chunks start on block boundaries).
+    pub fn max_admission_blocks(
+        &self,
+        max_in_flight_tokens: usize,
+        max_model_len: usize,
+    ) -> Option<usize> {
+        let bs = self.block_size;
+        match self.spec.kind {
+            SpecKind::SlidingWindow { sliding_window }
+            | SpecKind::SlidingWindowMla { sliding_window } => {
+                let tokens = (sliding_window as usize - 1)
+                    .saturating_add(max_in_flight_tokens)
+                    .min(max_model_len);
+                Some(cdiv(tokens, bs) + 1)
+            }
+            SpecKind::ChunkedLocal {
+                attention_chunk_size,
+            } => {
+                let tokens = (attention_chunk_size as usize)
+                    .saturating_add(max_in_flight_tokens)
+                    .min(max_model_len);
+                Some(cdiv(tokens, bs))
+            }
+            // Every block stays until the request finishes (R-SWA's gap is
+            // released during decode, but its peak is full attention's).
+            SpecKind::FullAttention
+            | SpecKind::CrossAttention
+            | SpecKind::MlaAttention
+            | SpecKind::Rswa { .. }
+            | SpecKind::Mamba { .. }
+            | SpecKind::MambaAlign { .. } => None,
+        }
+    }
+
     /// Tokens this group allocates for when the request needs `num_tokens`
     /// slots (Mamba adds its speculative scratch blocks).
     fn tokens_to_allocate(&self, num_tokens: usize) -> usize {
@@ -741,8 +788,26 @@ impl Manager {
         hits: &[BlockId],
         total_computed: usize,
     ) -> usize {
+        self.num_blocks_to_allocate_capped(pool, table, num_tokens, hits, total_computed, None)
+    }
+
+    /// [`num_blocks_to_allocate`](Self::num_blocks_to_allocate) with the
+    /// blocks the request needs capped at `cap` (vLLM's admission cap, see
+    /// [`max_admission_blocks`](Self::max_admission_blocks); `None`: no cap).
+    pub fn num_blocks_to_allocate_capped(
+        &self,
+        pool: &BlockPool,
+        table: Option<&GroupTable>,
+        num_tokens: usize,
+        hits: &[BlockId],
+        total_computed: usize,
+        cap: Option<usize>,
+    ) -> usize {
         let bs = self.block_size;
-        let required = cdiv(self.tokens_to_allocate(num_tokens), bs);
+        let mut required = cdiv(self.tokens_to_allocate(num_tokens), bs);
+        if let Some(cap) = cap {
+            required = required.min(cap);
+        }
         // Running request: hits were adopted at admission.
         if let Some(t) = table {
             return required.saturating_sub(t.blocks.len());

@@ -1,0 +1,67 @@
+"""vLLM 0.33.0's windowed attention specs (``SlidingWindowSpec``,
+``ChunkedLocalAttentionSpec``) as kvcoord specs, and the configurations of
+them kvcoord does not serve yet.
+
+Their rules (hit search, released blocks, sparse caching under a retention
+interval, the admission cap of the full-sequence check) are the core's
+sliding-window and chunked-local managers; this module only translates.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from typing import Any
+
+from kvcoord.config import ChunkedLocalAttentionSpec, KVCacheSpec, SlidingWindowSpec
+
+__all__ = ["config_reason", "is_window_spec", "spec_reason", "window_spec"]
+
+
+def _interface() -> Any:
+    return importlib.import_module("vllm.v1.kv_cache_interface")
+
+
+def is_window_spec(spec: Any) -> bool:
+    """Whether ``spec`` is exactly vLLM's sliding-window or chunked-local spec
+    (subclasses, such as sliding-window MLA, are other kinds)."""
+    interface = _interface()
+    return type(spec) in (interface.SlidingWindowSpec, interface.ChunkedLocalAttentionSpec)
+
+
+def spec_reason(spec: Any) -> str | None:
+    """Why a windowed vLLM spec is not served, or None."""
+    if type(spec) is _interface().SlidingWindowSpec and spec.extra_retained_tokens:
+        return (
+            "SlidingWindowSpec with extra_retained_tokens > 0 (multi-module MTP's "
+            "retained tail below the window)"
+        )
+    return None
+
+
+def config_reason(specs: Sequence[Any], use_eagle: bool) -> str | None:
+    """Why a configuration with windowed groups is not served, or None."""
+    windowed = [s for s in specs if is_window_spec(s)]
+    if not windowed:
+        return None
+    if use_eagle:
+        return (
+            "EAGLE with sliding-window or chunked-local groups (vLLM drops the EAGLE "
+            "block inside the window scan and shifts the cached tails; not reproduced yet)"
+        )
+    chunked = _interface().ChunkedLocalAttentionSpec
+    if any(type(s) is chunked for s in windowed) and len({s.block_size for s in specs}) > 1:
+        # vLLM's chunked-local scan requires the hit alignment to be its block size.
+        return "chunked-local attention beside groups of other block sizes"
+    return None
+
+
+def window_spec(spec: Any) -> KVCacheSpec:
+    """The kvcoord spec of a served windowed vLLM spec."""
+    if type(spec) is _interface().SlidingWindowSpec:
+        return SlidingWindowSpec(
+            block_size=int(spec.block_size), sliding_window=int(spec.sliding_window)
+        )
+    return ChunkedLocalAttentionSpec(
+        block_size=int(spec.block_size), attention_chunk_size=int(spec.attention_chunk_size)
+    )

@@ -1,0 +1,235 @@
+"""Sliding-window and chunked-local groups served by kvcoord.vllm, beside
+vLLM 0.33.0's own manager: random schedules with chunked prefill (blocks
+leave the window while a prompt is prefilled), the full-sequence admission
+check with vLLM's admission cap, retention intervals and shared-prefix
+junctions. Every hit, junction, allocation, block table and the free queue
+must be equal. Skipped without vLLM."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+pytest.importorskip(
+    "vllm.v1.core.kv_cache_manager", reason="needs vLLM 0.33.0 (pip install kvcoord[vllm])"
+)
+
+import torch
+from vllm.sampling_params import SamplingParams
+from vllm.utils.hashing import sha256
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.kv_cache_interface import (
+    ChunkedLocalAttentionSpec,
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    SlidingWindowSpec,
+)
+from vllm.v1.request import Request, RequestStatus
+
+import kvcoord.vllm as kv
+
+BS = 4
+
+
+@pytest.fixture(autouse=True)
+def _none_hash() -> None:
+    init_none_hash(sha256)
+
+
+def config(num_blocks: int, specs: list) -> KVCacheConfig:
+    return KVCacheConfig(
+        num_blocks=num_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec([f"l{i}"], s) for i, s in enumerate(specs)],
+    )
+
+
+def make_request(rid: str, tokens: list[int]) -> Request:
+    params = SamplingParams(max_tokens=1000)
+    params.update_from_generation_config({}, eos_token_id=100)
+    return Request(
+        request_id=rid,
+        prompt_token_ids=tokens,
+        sampling_params=params,
+        pooling_params=None,
+        block_hasher=get_request_block_hasher(BS, sha256),
+    )
+
+
+def free_queue(manager: object) -> list[int]:
+    if isinstance(manager, kv.KVCacheManager):
+        return manager.block_pool.free_block_ids().tolist()
+    return [b.block_id for b in manager.block_pool.free_block_queue.get_all_free_blocks()]
+
+
+def ids(blocks: object) -> object:
+    return None if blocks is None else blocks.get_block_ids()
+
+
+def full_spec(block_size: int = BS) -> FullAttentionSpec:
+    return FullAttentionSpec(
+        block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32
+    )
+
+
+def swa_spec(window: int, block_size: int = BS, **kw: object) -> SlidingWindowSpec:
+    return SlidingWindowSpec(
+        block_size=block_size,
+        num_kv_heads=1,
+        head_size=1,
+        dtype=torch.float32,
+        sliding_window=window,
+        **kw,
+    )
+
+
+def chunked_spec(chunk: int, block_size: int = BS) -> ChunkedLocalAttentionSpec:
+    return ChunkedLocalAttentionSpec(
+        block_size=block_size,
+        num_kv_heads=1,
+        head_size=1,
+        dtype=torch.float32,
+        attention_chunk_size=chunk,
+    )
+
+
+LAYOUTS = {
+    "swa": lambda: [swa_spec(8)],
+    "full+swa": lambda: [full_spec(), swa_spec(12)],
+    "full+swa16": lambda: [full_spec(8), swa_spec(16)],
+    "chunked": lambda: [chunked_spec(8)],
+    "full+chunked": lambda: [full_spec(), chunked_spec(16)],
+}
+
+
+def pair(layout: str, num_blocks: int, retention: int | None, **kw: object):
+    cfg = config(num_blocks, LAYOUTS[layout]())
+    cfg.prefix_cache_retention_interval = retention
+    sbs = max(g.kv_cache_spec.block_size for g in cfg.kv_cache_groups)
+    args = {"max_model_len": 512, "scheduler_block_size": sbs, "hash_block_size": BS, **kw}
+    theirs = kv.original_manager_class()(cfg, **args)
+    ours = kv.KVCacheManager(cfg, **args)
+    assert isinstance(ours, kv.KVCacheManager)
+    return theirs, ours
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("retention", [None, 0, 16])
+def test_windowed_schedule_matches_vllm(seed: int, layout: str, retention: int | None) -> None:
+    if retention and "swa" not in layout:
+        retention = None  # vLLM accepts a positive interval only with SWA/Mamba groups
+    rng = random.Random(seed)
+    theirs, ours = pair(layout, 40, retention, max_in_flight_tokens=rng.choice([8, 16, 64, None]))
+    prefixes = [[rng.randrange(1000) for _ in range(rng.randrange(8, 60))] for _ in range(3)]
+    waiting = []
+    running = []
+    for step in range(100):
+        if rng.random() < 0.5:
+            tokens = rng.choice(prefixes) + [
+                rng.randrange(1000) for _ in range(rng.randrange(1, 40))
+            ]
+            waiting.append(make_request(f"r{step}", tokens))
+        for req in list(running):
+            if req.num_computed_tokens >= req.num_tokens:  # decode one token
+                req.append_output_token_ids(rng.randrange(1000))
+            n = min(req.num_tokens - req.num_computed_tokens, rng.choice([4, 8, 13]))
+            a = theirs.allocate_slots(req, n)
+            b = ours.allocate_slots(req, n)
+            assert ids(a) == ids(b)
+            if a is None:
+                for m in (theirs, ours):
+                    m.free(req)
+                running.remove(req)
+                req.num_computed_tokens = 0
+                req.status = RequestStatus.PREEMPTED
+                waiting.insert(0, req)
+            else:
+                req.num_computed_tokens += n
+        while waiting:
+            req = waiting[0]
+            (ha, na, ja), (hb, nb, jb) = (
+                theirs.get_computed_blocks(req),
+                ours.get_computed_blocks(req),
+            )
+            assert (na, ja, ids(ha)) == (nb, jb, ids(hb))
+            req.shared_prefix_boundary = ja
+            n = min(req.num_tokens - na, rng.choice([8, 16, 100]))
+            kwargs = {
+                "num_new_computed_tokens": na,
+                "full_sequence_must_fit": rng.random() < 0.8,
+                "has_scheduled_reqs": bool(running),
+                "reserved_blocks": rng.choice([0, 0, 2]),
+            }
+            a = theirs.allocate_slots(req, n, new_computed_blocks=ha, **kwargs)
+            b = ours.allocate_slots(req, n, new_computed_blocks=hb, **kwargs)
+            assert ids(a) == ids(b)
+            if a is None:
+                break
+            waiting.pop(0)
+            req.num_computed_tokens = na + n
+            req.status = RequestStatus.RUNNING
+            running.append(req)
+        for req in list(running):
+            if rng.random() < 0.08:
+                running.remove(req)
+                for m in (theirs, ours):
+                    m.free(req)
+            elif rng.random() < 0.3:
+                args = (req.request_id, req.num_computed_tokens, req.num_prompt_tokens)
+                theirs.remove_skipped_blocks(*args)
+                ours.remove_skipped_blocks(*args)
+        assert theirs.block_pool.get_num_free_blocks() == ours.block_pool.get_num_free_blocks()
+        assert free_queue(theirs) == free_queue(ours)
+        for req in running:
+            assert theirs.get_block_ids(req.request_id) == ours.get_block_ids(req.request_id)
+            for cap in (False, True):
+                kwargs = {
+                    "request_id": req.request_id,
+                    "num_tokens": req.num_tokens + 30,
+                    "new_computed_blocks": theirs.empty_kv_cache_blocks.blocks,
+                    "num_encoder_tokens": 0,
+                    "total_computed_tokens": req.num_computed_tokens,
+                    "num_local_computed_tokens": req.num_computed_tokens,
+                    "num_tokens_main_model": req.num_tokens + 30,
+                    "apply_admission_cap": cap,
+                }
+                assert theirs.coordinator.get_num_blocks_to_allocate(
+                    **kwargs
+                ) == ours.coordinator.get_num_blocks_to_allocate(**kwargs)
+        ours.check_invariants()
+
+
+def test_admission_cap_admits_a_prompt_longer_than_the_pool() -> None:
+    # 30 blocks of 4 tokens, SWA window 8, 16 tokens in flight: a 400-token
+    # prompt needs 100 blocks uncapped but holds at most cdiv(7 + 16, 4) + 1.
+    theirs, ours = pair("swa", 30, None, max_in_flight_tokens=16)
+    results = []
+    for m in (theirs, ours):
+        req = make_request("long", list(range(400)))
+        results.append(ids(m.allocate_slots(req, 16, full_sequence_must_fit=True)))
+    assert results[0] == results[1] and results[0] is not None
+    theirs, ours = pair("full+swa", 30, None, max_in_flight_tokens=16)
+    for m in (theirs, ours):
+        req = make_request("long", list(range(400)))
+        assert m.allocate_slots(req, 16, full_sequence_must_fit=True) is None
+
+
+@pytest.mark.parametrize(
+    ("specs", "kw", "reason"),
+    [
+        ([full_spec(), swa_spec(8)], {"use_eagle": True}, "EAGLE with sliding-window"),
+        ([swa_spec(8)], {"use_eagle": True}, "EAGLE with sliding-window"),
+        ([swa_spec(8, extra_retained_tokens=2)], {}, "extra_retained_tokens"),
+        ([full_spec(8), chunked_spec(16)], {}, "chunked-local attention beside"),
+    ],
+)
+def test_unserved_windowed_configurations_fall_back(specs, kw, reason) -> None:
+    before = sum(v for k, v in kv.fallbacks.items() if reason in k)
+    cfg = config(16, specs)
+    sbs = max(s.block_size for s in specs)
+    m = kv.KVCacheManager(cfg, max_model_len=64, scheduler_block_size=sbs, hash_block_size=BS, **kw)
+    assert not isinstance(m, kv.KVCacheManager)
+    assert sum(v for k, v in kv.fallbacks.items() if reason in k) == before + 1
