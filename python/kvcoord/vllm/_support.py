@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvcoord.config import FullAttentionSpec, KVCacheConfig, KVCacheGroup, KVCacheSpec
-from kvcoord.vllm import _windows
+from kvcoord.vllm import _mamba, _windows
 
 __all__ = ["to_kvcoord_config", "unsupported_reason"]
 
@@ -26,11 +26,6 @@ _UNSERVED_ARGS: tuple[tuple[str, object, str], ...] = (
     ("pcp_world_size", 1, "prefill context parallelism (pcp_world_size > 1)"),
     ("metrics_collector", None, "KV-cache residency metrics (metrics_collector)"),
     ("enable_kv_cache_events", False, "KV-cache events (enable_kv_cache_events=True)"),
-    (
-        "enable_mamba_shared_prefix_checkpoint",
-        False,
-        "Mamba shared-prefix checkpoints",
-    ),
 )
 
 
@@ -48,6 +43,8 @@ def _spec_reason(spec: Any) -> str | None:
         reason = _windows.spec_reason(spec)
         if reason is not None:
             return reason
+    elif _mamba.is_mamba_spec(spec):
+        return None  # checked with the configuration (_mamba.config_reason)
     elif type(spec) is MLAAttentionSpec:
         if spec.model_version is not None or spec.alignment is not None:
             return f"{kind} with DeepSeek-V4 fields"
@@ -79,14 +76,15 @@ def unsupported_reason(kv_cache_config: Any, args: Mapping[str, Any]) -> str | N
     ):
         if getattr(kv_cache_config, field, None) is not None:
             return f"{what} ({field} is set)"
-    if getattr(kv_cache_config, "needs_kv_cache_zeroing", False):
-        return "KV-cache zeroing of new blocks (needs_kv_cache_zeroing)"
     if args.get("num_prefill_lookahead", 0) > 0 and len(groups) > 1:
         # Served with one group: vLLM's hybrid coordinator aligns the
         # re-prefillable tail to its scheduler block and EAGLE block.
         return "num_prefill_lookahead > 0 over several KV cache groups"
     specs = [g.kv_cache_spec for g in groups]
     reason = _windows.config_reason(specs, bool(args.get("use_eagle", False)))
+    if reason is not None:
+        return reason
+    reason = _mamba.config_reason(specs, args)
     if reason is not None:
         return reason
     if args.get("use_eagle", False) and any(s != specs[0] for s in specs[1:]):
@@ -107,6 +105,8 @@ def _spec(spec: Any) -> KVCacheSpec:
     """The kvcoord spec of a served vLLM spec."""
     if _windows.is_window_spec(spec):
         return _windows.window_spec(spec)
+    if _mamba.is_mamba_spec(spec):
+        return _mamba.mamba_spec(spec)
     return FullAttentionSpec(block_size=int(spec.block_size))
 
 

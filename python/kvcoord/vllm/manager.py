@@ -23,6 +23,7 @@ from typing import Any
 from kvcoord.config import FullAttentionSpec
 from kvcoord.coordinator import get_kv_cache_coordinator, shared_prefix_boundary
 from kvcoord.errors import UnknownRequestError
+from kvcoord.vllm import _mamba
 from kvcoord.vllm._blocks import EmptyKVCacheBlocks, KVCacheBlocks, PoolView, ids_of
 from kvcoord.vllm._construct import (
     bind_args,
@@ -35,6 +36,7 @@ from kvcoord.vllm._parking import Parking
 from kvcoord.vllm._requests import RequestRegistry
 from kvcoord.vllm._support import to_kvcoord_config, unsupported_reason
 from kvcoord.vllm._views import coordinator_view
+from kvcoord.vllm._zeroing import ZeroingLog, zeroed_group_ids
 
 __all__ = ["KVCacheManager", "fallbacks", "served"]
 
@@ -118,6 +120,12 @@ class KVCacheManager:
         self.block_pool = PoolView(self._pool, self._core, self._parking.free)
         self.coordinator = coordinator_view(self, self._core_coordinator)
         self._block_sizes = tuple(int(g.kv_cache_spec.block_size) for g in cfg.kv_cache_groups)
+        # Mamba groups: state tables, not token-indexed KV (see _mamba).
+        self._mamba_groups = _mamba.mamba_group_ids(cfg)
+        # vLLM answers connector lookups per group for these (see _mamba).
+        self._connector_per_group = _mamba.connector_looks_up_per_group(cfg, self.enable_caching)
+        zeroed = zeroed_group_ids(cfg)
+        self._zeroing = ZeroingLog(zeroed) if zeroed else None
         # The decode fast path of allocate_slots: request id -> what it holds
         # (see _room). Only where a step within it changes nothing in vLLM:
         # full attention (no block leaves a window) and no watermark.
@@ -198,6 +206,14 @@ class KVCacheManager:
     def get_computed_blocks_for_connector(
         self, request: Any, max_cache_hit_length: int | None = None
     ) -> tuple[KVCacheBlocks, int, int, bool]:
+        if self._connector_per_group:
+            # Never reached through vLLM's scheduler (a connector beside Mamba
+            # groups falls back at construction): refuse rather than answer
+            # with the reconciled hit.
+            raise NotImplementedError(
+                "kvcoord: get_computed_blocks_for_connector beside Mamba groups "
+                "(vLLM's per-group hits)"
+            )
         return (*self.get_computed_blocks(request, max_cache_hit_length), False)
 
     def _held(self, request_id: str) -> tuple[Any, ...] | None:
@@ -286,6 +302,7 @@ class KVCacheManager:
             full_sequence_must_fit,
             reserved_blocks,
             has_scheduled_reqs,
+            skip_zeroing_group_ids,
         )
 
     def _allocate(
@@ -301,6 +318,7 @@ class KVCacheManager:
         full_sequence_must_fit: bool,
         reserved_blocks: int,
         has_scheduled_reqs: bool,
+        skip_zeroing_group_ids: tuple[int, ...] = (),
     ) -> KVCacheBlocks | None:
         """``allocate_slots`` through the core (every call the fast path cannot answer)."""
         if (
@@ -386,10 +404,14 @@ class KVCacheManager:
             self._decode_room.pop(rid, None)
         if result.is_empty():
             return self.empty_kv_cache_blocks
-        new: tuple[Any, ...] = result.get_block_ids()  # fresh lists per group
+        taken: tuple[Any, ...] = result.get_block_ids()  # fresh lists per group
+        new = taken
         if num_external_computed_tokens:
             # vLLM returns the blocks past the external (connector) tokens only.
-            new = self._past_external(new, num_local, num_local + num_external_computed_tokens)
+            new = self._past_external(taken, num_local, num_local + num_external_computed_tokens)
+        if self._zeroing is not None:
+            external = [len(a) - len(b) for a, b in zip(taken, new, strict=True)]
+            self._zeroing.record(taken, external, tuple(skip_zeroing_group_ids))
         return KVCacheBlocks(new, self._pool)
 
     def _past_external(self, new: Any, local: int, computed: int) -> tuple[Any, ...]:
@@ -507,8 +529,8 @@ class KVCacheManager:
     ) -> tuple[list[int], ...]:
         ids = self.get_block_ids(request_id)
         return tuple(
-            g[: _cdiv(num_computed_tokens, bs)]
-            for g, bs in zip(ids, self._block_sizes, strict=True)
+            g if i in self._mamba_groups else g[: _cdiv(num_computed_tokens, bs)]
+            for i, (g, bs) in enumerate(zip(ids, self._block_sizes, strict=True))
         )
 
     def estimate_cached_tokens(self, request: Any) -> int:
@@ -531,34 +553,50 @@ class KVCacheManager:
     def truncate_computed_blocks(self, blocks: Any, num_computed_tokens: int) -> KVCacheBlocks:
         groups = blocks.ids if isinstance(blocks, KVCacheBlocks) else blocks.blocks
         out = []
-        for g, bs in zip(groups, self._block_sizes, strict=True):
+        for i, (g, bs) in enumerate(zip(groups, self._block_sizes, strict=True)):
             if num_computed_tokens % bs:
                 raise ValueError(f"{num_computed_tokens} tokens is not a multiple of {bs}")
             n = num_computed_tokens // bs
-            if n > len(g):
+            if i in self._mamba_groups:
+                # An external hit may supply the final Mamba state.
+                n = min(n, len(g))
+            elif n > len(g):
                 raise ValueError(f"cannot truncate {len(g)} blocks to {n}")
             out.append(ids_of(g)[:n])
         return self.create_kv_cache_blocks(tuple(out))
 
-    # ---- per-step hand-offs (none for full attention) ----------------------
+    # ---- per-step hand-offs (Mamba states; nothing else for served kinds) --
 
     def take_new_block_ids(self) -> list[int]:
-        return []
+        """Blocks allocated since the last call that the worker must zero
+        (only when the configuration needs zeroing; see :mod:`._zeroing`)."""
+        return [] if self._zeroing is None else self._zeroing.take()
 
     def record_blocks_for_zeroing(self, request_id: str, start_token: int) -> None:
-        """No group records blocks for zeroing in a served configuration."""
+        """Record the request's blocks from ``start_token`` on for zeroing again."""
+        if self._zeroing is not None:
+            held = self._held(request_id)
+            if held is not None:
+                self._zeroing.record_table(held, self._block_sizes, start_token)
 
     def take_kv_cache_block_copies(self) -> tuple[list[Any], list[int]]:
         return [], []
 
     def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
-        return {}
+        """The Mamba states committed since the last call, per request:
+        ``(group, block_id, tokens)`` each (empty without Mamba groups)."""
+        if not self._mamba_groups:
+            return {}
+        return _mamba.boundary_offloads(self._core)
 
     def finalize_partial_tail_offloads(self, request: Any) -> list[tuple[int, int, int]]:
         return []
 
     def new_step_starts(self) -> None:
-        """Nothing is step-scoped for full attention."""
+        """A scheduler step begins: Mamba states cached during the previous
+        step become usable as hits."""
+        if self._mamba_groups:
+            self._core.new_step_starts()
 
     def check_invariants(self) -> None:
         self._core.check_invariants()

@@ -249,6 +249,20 @@ impl PyCoordinatorCore {
         self.inner.new_step_starts();
     }
 
+    /// Drain the Mamba "align" states committed since the last call:
+    /// `(request_id, group, block_id, num_tokens)` each, in the order they
+    /// were cached (vLLM's boundary-state hand-offs; nothing pinned).
+    fn take_boundary_state_offloads(&mut self) -> Vec<(String, u32, u32, usize)> {
+        let taken = self.inner.take_boundary_state_offloads();
+        taken
+            .into_iter()
+            .map(|o| {
+                let name = self.inner.request_name(o.req).unwrap_or_default();
+                (name.to_owned(), o.group.0, o.block.0, o.num_tokens)
+            })
+            .collect()
+    }
+
     /// Start tracking residency metrics of the pool's blocks.
     fn enable_residency(&mut self) {
         self.inner.pool_mut().enable_residency();
