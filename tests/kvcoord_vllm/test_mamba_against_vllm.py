@@ -259,3 +259,26 @@ def test_scheduler_with_connector_beside_mamba_falls_back() -> None:
     plain = FakeScheduler()
     plain.kv_cache_config = config(16, LAYOUTS["full+swa+mamba"]()[:2])
     assert plain.build() is None
+
+
+def test_retention_refused_with_vllms_message() -> None:
+    for retention in (6, -4):
+        cfg = config(16, LAYOUTS["full+mamba"]())
+        cfg.prefix_cache_retention_interval = retention
+        for cls in (kv.original_manager_class(), kv.KVCacheManager):
+            with pytest.raises(ValueError, match="multiple of scheduler_block_size"):
+                cls(cfg, max_model_len=64, scheduler_block_size=BS, hash_block_size=BS)
+
+
+def test_get_cached_block_by_keyword_matches_vllm() -> None:
+    theirs, ours = pair("full+mamba", 30, None)
+    req = make_request("a", list(range(13)))
+    for m in (theirs, ours):
+        m.allocate_slots(req, 12)
+    for h in req.block_hashes:
+        for groups in ([0], [1], [0, 1]):
+            a = theirs.block_pool.get_cached_block(h, kv_cache_group_ids=groups)
+            b = ours.block_pool.get_cached_block(h, kv_cache_group_ids=groups)
+            assert (a is None) == (b is None)
+            if a is not None:
+                assert [x.block_id for x in a] == [y.block_id for y in b]

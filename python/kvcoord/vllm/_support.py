@@ -17,7 +17,7 @@ from typing import Any
 from kvcoord.config import FullAttentionSpec, KVCacheConfig, KVCacheGroup, KVCacheSpec
 from kvcoord.vllm import _mamba, _windows
 
-__all__ = ["to_kvcoord_config", "unsupported_reason"]
+__all__ = ["check_retention", "to_kvcoord_config", "unsupported_reason"]
 
 # Constructor arguments whose non-default values kvcoord does not serve yet,
 # with the reason given in the fallback log line.
@@ -108,6 +108,28 @@ def _spec(spec: Any) -> KVCacheSpec:
     if _mamba.is_mamba_spec(spec):
         return _mamba.mamba_spec(spec)
     return FullAttentionSpec(block_size=int(spec.block_size))
+
+
+def check_retention(kv_cache_config: Any, scheduler_block_size: int) -> None:
+    """Refuse a retention interval as vLLM's coordinator does, with its
+    message (ValueError); the core checks the same rules again."""
+    interval = getattr(kv_cache_config, "prefix_cache_retention_interval", None)
+    if interval is None:
+        return
+    interface: Any = importlib.import_module("vllm.v1.kv_cache_interface")
+    sparse = (interface.SlidingWindowSpec, interface.MambaSpec)
+    if not any(isinstance(g.kv_cache_spec, sparse) for g in kv_cache_config.kv_cache_groups):
+        if interval == 0:
+            return
+        raise ValueError(
+            "prefix_cache_retention_interval is set but this model has no sliding-window "
+            "or Mamba KV cache group, so retention has no effect"
+        )
+    if interval < 0 or interval % scheduler_block_size:
+        raise ValueError(
+            f"prefix_cache_retention_interval ({interval}) must be non-negative and a "
+            f"multiple of scheduler_block_size ({scheduler_block_size})."
+        )
 
 
 def to_kvcoord_config(kv_cache_config: Any) -> KVCacheConfig:

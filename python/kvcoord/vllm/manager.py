@@ -34,7 +34,7 @@ from kvcoord.vllm._construct import (
 )
 from kvcoord.vllm._parking import Parking
 from kvcoord.vllm._requests import RequestRegistry
-from kvcoord.vllm._support import to_kvcoord_config, unsupported_reason
+from kvcoord.vllm._support import check_retention, to_kvcoord_config, unsupported_reason
 from kvcoord.vllm._views import coordinator_view
 from kvcoord.vllm._zeroing import ZeroingLog, zeroed_group_ids
 
@@ -106,6 +106,7 @@ class KVCacheManager:
             )
         watermark = float(a.get("watermark", 0.0))
         self.watermark_blocks = int(watermark * cfg.num_blocks)
+        check_retention(cfg, int(a["scheduler_block_size"]))
         kv_config = to_kvcoord_config(cfg)
         self._core_coordinator = get_kv_cache_coordinator(
             kv_config,
