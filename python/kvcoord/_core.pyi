@@ -625,6 +625,10 @@ class CoordinatorCore:
     def new_step_starts(self) -> None:
         """A scheduler step begins: Mamba "align" states cached during the
         previous step become usable as hits."""
+    def take_boundary_state_offloads(self) -> list[tuple[str, int, int, int]]:
+        """Drain the Mamba "align" states committed since the last call:
+        ``(request_id, group, block_id, num_tokens)`` each, in the order they
+        were cached; a freed request's are dropped. Nothing is pinned."""
     def enable_residency(self) -> None:
         """Start tracking residency metrics of the pool's blocks (see
         :meth:`BlockPool.enable_residency`)."""

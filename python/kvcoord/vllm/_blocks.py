@@ -235,6 +235,14 @@ class PoolView:
         """Live ``num_free_blocks`` and the blocks front to back (inspection only)."""
         return FreeQueueView(self.pool)
 
+    def get_cached_block(
+        self, block_hash: bytes, kv_cache_group_ids: Sequence[int]
+    ) -> list[BlockView] | None:
+        """vLLM's lookup by block hash: one cached block per group (the first
+        cached under the key), or None when any group misses (inspection)."""
+        found = self.pool.get_cached_block(block_hash, list(kv_cache_group_ids))
+        return None if found is None else [BlockView(self.pool, int(i)) for i in found]
+
     def get_num_free_blocks(self) -> int:
         return int(self.pool.num_free_blocks)
 

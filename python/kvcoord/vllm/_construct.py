@@ -66,11 +66,16 @@ def caller_reason() -> str | None:
         owner = frame.f_locals.get("self")
         if owner is not None and hasattr(owner, "defer_block_free"):
             connector = getattr(owner, "connector", None)
+            groups = getattr(getattr(owner, "kv_cache_config", None), "kv_cache_groups", ())
             if connector is not None:
                 reason = connector_reason(connector)
                 if reason is not None:
                     return reason
-            groups = getattr(getattr(owner, "kv_cache_config", None), "kv_cache_groups", ())
+                if any(type(g.kv_cache_spec).__name__ == "MambaSpec" for g in groups):
+                    # get_computed_blocks_for_connector reports per-group
+                    # hits of hybrid Mamba models (vLLM's
+                    # find_longest_cache_hit_per_group); not reproduced yet.
+                    return "a KV connector beside Mamba groups (per-group connector lookups)"
             if getattr(owner, "defer_block_free", False) and len(groups) > 1:
                 # vLLM frees deferred blocks last group first; kvcoord's core
                 # frees a request's groups first to last.

@@ -100,12 +100,12 @@ class RequestRegistry:
         return mine
 
     def peek(self, request_id: str) -> Request:
-        """kvcoord's request for the vLLM request id ``request_id``, in step
-        with it, or an empty request under its core id when none is live."""
+        """kvcoord's request for the vLLM request id ``request_id`` as last
+        synced, or an empty request under its core id when none is live."""
         entry = self._by_id.get(request_id)
-        if entry is None:
-            return Request(self.core_id(request_id), [], hash_block_size=self.hash_block_size)
-        return self.get(entry[0])
+        if entry is not None:
+            return entry[1]
+        return Request(self.core_id(request_id), [], hash_block_size=self.hash_block_size)
 
     def ids(self) -> list[str]:
         """Ids of the requests seen and not yet dropped."""

@@ -15,10 +15,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvcoord.config import FullAttentionSpec, KVCacheConfig, KVCacheGroup, KVCacheSpec
-from kvcoord.vllm import _windows
+from kvcoord.vllm import _mamba, _windows
 from kvcoord.vllm._hisparse import hisparse_reason, role_reason
 
-__all__ = ["to_kvcoord_config", "unsupported_reason"]
+__all__ = ["check_retention", "to_kvcoord_config", "unsupported_reason"]
 
 # Constructor arguments whose non-default values kvcoord does not serve yet,
 # with the reason given in the fallback log line.
@@ -26,11 +26,6 @@ _UNSERVED_ARGS: tuple[tuple[str, object, str], ...] = (
     ("dcp_world_size", 1, "decode context parallelism (dcp_world_size > 1)"),
     ("pcp_world_size", 1, "prefill context parallelism (pcp_world_size > 1)"),
     ("metrics_collector", None, "KV-cache residency metrics (metrics_collector)"),
-    (
-        "enable_mamba_shared_prefix_checkpoint",
-        False,
-        "Mamba shared-prefix checkpoints",
-    ),
 )
 
 
@@ -48,6 +43,8 @@ def _spec_reason(spec: Any) -> str | None:
         reason = _windows.spec_reason(spec)
         if reason is not None:
             return reason
+    elif _mamba.is_mamba_spec(spec):
+        return None  # checked with the configuration (_mamba.config_reason)
     elif type(spec) is MLAAttentionSpec:
         if spec.model_version is not None or spec.alignment is not None:
             return f"{kind} with DeepSeek-V4 fields"
@@ -87,6 +84,9 @@ def unsupported_reason(kv_cache_config: Any, args: Mapping[str, Any]) -> str | N
     reason = _windows.config_reason(specs, bool(args.get("use_eagle", False)))
     if reason is not None:
         return reason
+    reason = _mamba.config_reason(specs, args)
+    if reason is not None:
+        return reason
     if args.get("use_eagle", False) and any(s != specs[0] for s in specs[1:]):
         return "EAGLE's last-block drop over groups of different specs (use_eagle=True)"
     hash_block_size = args["hash_block_size"]
@@ -109,7 +109,31 @@ def _spec(spec: Any) -> KVCacheSpec:
     """The kvcoord spec of a served vLLM spec."""
     if _windows.is_window_spec(spec):
         return _windows.window_spec(spec)
+    if _mamba.is_mamba_spec(spec):
+        return _mamba.mamba_spec(spec)
     return FullAttentionSpec(block_size=int(spec.block_size))
+
+
+def check_retention(kv_cache_config: Any, scheduler_block_size: int) -> None:
+    """Refuse a retention interval as vLLM's coordinator does, with its
+    message (ValueError); the core checks the same rules again."""
+    interval = getattr(kv_cache_config, "prefix_cache_retention_interval", None)
+    if interval is None:
+        return
+    interface: Any = importlib.import_module("vllm.v1.kv_cache_interface")
+    sparse = (interface.SlidingWindowSpec, interface.MambaSpec)
+    if not any(isinstance(g.kv_cache_spec, sparse) for g in kv_cache_config.kv_cache_groups):
+        if interval == 0:
+            return
+        raise ValueError(
+            "prefix_cache_retention_interval is set but this model has no sliding-window "
+            "or Mamba KV cache group, so retention has no effect"
+        )
+    if interval < 0 or interval % scheduler_block_size:
+        raise ValueError(
+            f"prefix_cache_retention_interval ({interval}) must be non-negative and a "
+            f"multiple of scheduler_block_size ({scheduler_block_size})."
+        )
 
 
 def to_kvcoord_config(kv_cache_config: Any) -> KVCacheConfig:

@@ -2,22 +2,38 @@
 the ids of blocks newly allocated to attention groups, drained once per step
 by the scheduler (``take_new_block_ids``) so that workers zero them before
 use. Kept per group and drained in group order, as vLLM's single-type
-managers keep and drain theirs."""
+managers keep and drain theirs; only attention groups record (Mamba and
+other state groups never do)."""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["ZeroingLog"]
+__all__ = ["ZeroingLog", "zeroed_group_ids"]
+
+
+def zeroed_group_ids(kv_cache_config: Any) -> tuple[int, ...]:
+    """Groups whose new blocks vLLM records for zeroing (none unless the
+    configuration needs zeroing)."""
+    if not getattr(kv_cache_config, "needs_kv_cache_zeroing", False):
+        return ()
+    attention = importlib.import_module("vllm.v1.kv_cache_interface").AttentionSpec
+    return tuple(
+        i
+        for i, g in enumerate(kv_cache_config.kv_cache_groups)
+        if isinstance(g.kv_cache_spec, attention)
+    )
 
 
 class ZeroingLog:
     """New block ids per group since the last :meth:`take`."""
 
-    __slots__ = ("_ids",)
+    __slots__ = ("_groups", "_ids")
 
-    def __init__(self, num_groups: int) -> None:
+    def __init__(self, num_groups: int, group_ids: tuple[int, ...]) -> None:
+        self._groups = frozenset(group_ids)
         self._ids: list[list[int]] = [[] for _ in range(num_groups)]
 
     def record_allocation(
@@ -33,6 +49,8 @@ class ZeroingLog:
         ``skip``, whose blocks an async load writes), then the blocks for the
         new tokens (``new``; ``hits``: the hit lists it adopted)."""
         for g, (log, ids) in enumerate(zip(self._ids, new, strict=True)):
+            if g not in self._groups:
+                continue
             if held is not None and g not in skip:
                 table = held[g]
                 start = len(hits[g]) if hits else 0
@@ -43,7 +61,9 @@ class ZeroingLog:
         """Record a request's blocks from token ``start`` on (block-aligned
         in every group), null entries included, as vLLM re-records blocks a
         failed load left unwritten."""
-        for log, table, bs in zip(self._ids, held, block_sizes, strict=True):
+        for g, (log, table, bs) in enumerate(zip(self._ids, held, block_sizes, strict=True)):
+            if g not in self._groups:
+                continue
             if start % bs:
                 raise ValueError(f"start_token {start} is not a multiple of block size {bs}")
             log.extend(int(i) for i in table[start // bs :])

@@ -23,6 +23,7 @@ from typing import Any
 from kvcoord.config import FullAttentionSpec
 from kvcoord.coordinator import get_kv_cache_coordinator, shared_prefix_boundary
 from kvcoord.errors import UnknownRequestError
+from kvcoord.vllm import _mamba
 from kvcoord.vllm._blocks import EmptyKVCacheBlocks, KVCacheBlocks, ids_of
 from kvcoord.vllm._construct import (
     bind_args,
@@ -34,9 +35,9 @@ from kvcoord.vllm._construct import (
 from kvcoord.vllm._events import event_metadata, pool_view
 from kvcoord.vllm._parking import Parking
 from kvcoord.vllm._requests import RequestRegistry
-from kvcoord.vllm._support import to_kvcoord_config, unsupported_reason
+from kvcoord.vllm._support import check_retention, to_kvcoord_config, unsupported_reason
 from kvcoord.vllm._views import coordinator_view
-from kvcoord.vllm._zeroing import ZeroingLog
+from kvcoord.vllm._zeroing import ZeroingLog, zeroed_group_ids
 
 __all__ = ["KVCacheManager", "fallbacks", "served"]
 
@@ -107,6 +108,7 @@ class KVCacheManager:
             )
         watermark = float(a.get("watermark", 0.0))
         self.watermark_blocks = int(watermark * cfg.num_blocks)
+        check_retention(cfg, int(a["scheduler_block_size"]))
         kv_config = to_kvcoord_config(cfg)
         self._core_coordinator = get_kv_cache_coordinator(
             kv_config,
@@ -122,6 +124,10 @@ class KVCacheManager:
         self.block_pool, self._events = pool_view(self._pool, self._core, self._parking.free, a)
         self.coordinator = coordinator_view(self, self._core_coordinator)
         self._block_sizes = tuple(int(g.kv_cache_spec.block_size) for g in cfg.kv_cache_groups)
+        # Mamba groups: state tables, not token-indexed KV (see _mamba).
+        self._mamba_groups = _mamba.mamba_group_ids(cfg)
+        # vLLM answers connector lookups per group for these (see _mamba).
+        self._connector_per_group = _mamba.connector_looks_up_per_group(cfg, self.enable_caching)
         # The decode fast path of allocate_slots: request id -> what it holds
         # (see _room). Only where a step within it changes nothing in vLLM:
         # full attention (no block leaves a window) and no watermark.
@@ -131,12 +137,9 @@ class KVCacheManager:
         self._windowed = not plain
         sizes = tuple(sorted(set(self._block_sizes)))
         self._room_sizes = sizes if plain and not self.watermark_blocks else ()
-        # Every served spec is an attention spec whose new blocks vLLM zeroes.
-        self._zeroing = (
-            ZeroingLog(self.num_kv_cache_groups)
-            if getattr(cfg, "needs_kv_cache_zeroing", False)
-            else None
-        )
+        # vLLM zeroes the new blocks of attention groups (not Mamba's).
+        zeroed = zeroed_group_ids(cfg)
+        self._zeroing = ZeroingLog(self.num_kv_cache_groups, zeroed) if zeroed else None
         self.empty_kv_cache_blocks = EmptyKVCacheBlocks(
             tuple(() for _ in range(self.num_kv_cache_groups)), self._pool
         )
@@ -214,6 +217,14 @@ class KVCacheManager:
     def get_computed_blocks_for_connector(
         self, request: Any, max_cache_hit_length: int | None = None
     ) -> tuple[KVCacheBlocks, int, int, bool]:
+        if self._connector_per_group:
+            # Never reached through vLLM's scheduler (a connector beside Mamba
+            # groups falls back at construction): refuse rather than answer
+            # with the reconciled hit.
+            raise NotImplementedError(
+                "kvcoord: get_computed_blocks_for_connector beside Mamba groups "
+                "(vLLM's per-group hits)"
+            )
         return (*self.get_computed_blocks(request, max_cache_hit_length), False)
 
     def _held(self, request_id: str) -> tuple[Any, ...] | None:
@@ -535,8 +546,8 @@ class KVCacheManager:
     ) -> tuple[list[int], ...]:
         ids = self.get_block_ids(request_id)
         return tuple(
-            g[: _cdiv(num_computed_tokens, bs)]
-            for g, bs in zip(ids, self._block_sizes, strict=True)
+            g if i in self._mamba_groups else g[: _cdiv(num_computed_tokens, bs)]
+            for i, (g, bs) in enumerate(zip(ids, self._block_sizes, strict=True))
         )
 
     def estimate_cached_tokens(self, request: Any) -> int:
@@ -559,16 +570,19 @@ class KVCacheManager:
     def truncate_computed_blocks(self, blocks: Any, num_computed_tokens: int) -> KVCacheBlocks:
         groups = blocks.ids if isinstance(blocks, KVCacheBlocks) else blocks.blocks
         out = []
-        for g, bs in zip(groups, self._block_sizes, strict=True):
+        for i, (g, bs) in enumerate(zip(groups, self._block_sizes, strict=True)):
             if num_computed_tokens % bs:
                 raise ValueError(f"{num_computed_tokens} tokens is not a multiple of {bs}")
             n = num_computed_tokens // bs
-            if n > len(g):
+            if i in self._mamba_groups:
+                # An external hit may supply the final Mamba state.
+                n = min(n, len(g))
+            elif n > len(g):
                 raise ValueError(f"cannot truncate {len(g)} blocks to {n}")
             out.append(ids_of(g)[:n])
         return self.create_kv_cache_blocks(tuple(out))
 
-    # ---- per-step hand-offs (none for full attention) ----------------------
+    # ---- per-step hand-offs (Mamba states; nothing else for served kinds) --
 
     def take_new_block_ids(self) -> list[int]:
         """Blocks allocated since the last call, for zeroing (group by group;
@@ -589,13 +603,20 @@ class KVCacheManager:
         return [], []
 
     def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
-        return {}
+        """The Mamba states committed since the last call, per request:
+        ``(group, block_id, tokens)`` each (empty without Mamba groups)."""
+        if not self._mamba_groups:
+            return {}
+        return _mamba.boundary_offloads(self._core)
 
     def finalize_partial_tail_offloads(self, request: Any) -> list[tuple[int, int, int]]:
         return []
 
     def new_step_starts(self) -> None:
-        """Nothing is step-scoped for full attention."""
+        """A scheduler step begins: Mamba states cached during the previous
+        step become usable as hits."""
+        if self._mamba_groups:
+            self._core.new_step_starts()
 
     def check_invariants(self) -> None:
         self._core.check_invariants()

@@ -350,6 +350,10 @@ pub struct CoordinatorCore {
     /// step: a hit on one is refused until [`new_step_starts`](Self::new_step_starts)
     /// (the state is written by this step's forward pass).
     cached_this_step: HashSet<CacheKey>,
+    /// Mamba "align" states committed since the last
+    /// [`take_boundary_state_offloads`](Self::take_boundary_state_offloads),
+    /// in the order they were cached.
+    boundary_offloads: Vec<BoundaryOffload>,
     /// Per group, the prefill checkpoint decided by the current allocation's
     /// prediction (Mamba "align" only).
     checkpoints: Vec<Option<(usize, usize)>>,
@@ -397,6 +401,7 @@ impl CoordinatorCore {
             mask_buf: Vec::new(),
             out: NewBlocks::new(),
             cached_this_step: HashSet::new(),
+            boundary_offloads: Vec::new(),
             checkpoints: vec![None; managers_len],
             has_align,
             registry: RequestRegistry::default(),
@@ -751,6 +756,7 @@ impl CoordinatorCore {
             config,
             retention,
             cached_this_step,
+            boundary_offloads,
             checkpoints,
             has_align,
             ..
@@ -827,16 +833,13 @@ impl CoordinatorCore {
         // Steps 13-14: only final tokens (no drafts) are cached.
         if config.enable_caching() && !delay_cache_blocks {
             let n = (total + num_new_tokens).min(view.num_tokens);
+            let log = StepLog {
+                req,
+                cached: cached_this_step,
+                offloads: boundary_offloads,
+            };
             cache_tables(
-                managers,
-                pool,
-                tables,
-                config,
-                *retention,
-                view,
-                n,
-                mask_buf,
-                cached_this_step,
+                managers, pool, tables, config, *retention, view, n, mask_buf, log,
             )?;
         }
         Ok(true)
@@ -858,22 +861,20 @@ impl CoordinatorCore {
             retention,
             mask_buf,
             cached_this_step,
+            boundary_offloads,
             ..
         } = self;
         let tables = requests.get_mut(&req).ok_or(KvError::UnknownRequest(req))?;
         if !config.enable_caching() {
             return Ok(());
         }
+        let log = StepLog {
+            req,
+            cached: cached_this_step,
+            offloads: boundary_offloads,
+        };
         cache_tables(
-            managers,
-            pool,
-            tables,
-            config,
-            *retention,
-            view,
-            num_tokens,
-            mask_buf,
-            cached_this_step,
+            managers, pool, tables, config, *retention, view, num_tokens, mask_buf, log,
         )
     }
 
@@ -883,6 +884,11 @@ impl CoordinatorCore {
         let Some(mut tables) = self.requests.remove(&req) else {
             return Ok(false);
         };
+        // Its blocks go back to the pool now: a hand-off not yet taken could
+        // name a block another request is about to get.
+        if !self.boundary_offloads.is_empty() {
+            self.boundary_offloads.retain(|o| o.req != req);
+        }
         let mut res = Ok(());
         for (m, t) in self.managers.iter().zip(tables.iter_mut()) {
             res = res.and(m.free(&mut self.pool, t));
@@ -895,6 +901,21 @@ impl CoordinatorCore {
     /// previous step become usable as hits (a no-op for the other kinds).
     pub fn new_step_starts(&mut self) {
         self.cached_this_step.clear();
+    }
+
+    /// Drain the Mamba "align" states committed (cached) since the last
+    /// call, in the order they were cached: vLLM's boundary-state hand-offs
+    /// for KV connectors, each (request, group, block, tokens the state
+    /// covers). A freed request's hand-offs are dropped. Nothing is pinned:
+    /// a caller that reads the blocks later must hold them itself.
+    pub fn take_boundary_state_offloads(&mut self) -> Vec<BoundaryOffload> {
+        std::mem::take(&mut self.boundary_offloads)
+    }
+
+    /// The scheduler id of a request registered through the id-keyed calls
+    /// ([`allocate_request`](Self::allocate_request)).
+    pub fn request_name(&self, req: ReqId) -> Option<&str> {
+        self.registry.name(req)
     }
 
     /// Release `req`'s blocks that fell out of every group's attention window
@@ -1330,8 +1351,13 @@ fn cache_tables(
     view: &RequestView<'_>,
     num_tokens: usize,
     mask_buf: &mut Vec<bool>,
-    cached_this_step: &mut HashSet<CacheKey>,
+    log: StepLog<'_>,
 ) -> KvResult<()> {
+    let StepLog {
+        req,
+        cached: cached_this_step,
+        offloads,
+    } = log;
     let sbs = config.scheduler_block_size as usize;
     let hbs = config.hash_block_size as usize;
     // Hybrid hits land on scheduler-block boundaries, so tokens past the last
@@ -1386,9 +1412,47 @@ fn cache_tables(
                 before,
                 cached_this_step,
             )?;
+            // Every state committed by this call is handed off (vLLM's
+            // boundary-state offloads), with the tokens it covers.
+            let bs = m.block_size();
+            let end = t.num_cached().min(t.blocks().len());
+            for idx in before.min(end)..end {
+                let b = t.blocks()[idx];
+                if !b.is_null() && pool.cache_key(b)?.is_some() {
+                    offloads.push(BoundaryOffload {
+                        req,
+                        group: m.group(),
+                        block: b,
+                        num_tokens: (idx + 1) * bs,
+                    });
+                }
+            }
         }
     }
     Ok(())
+}
+
+/// One committed Mamba "align" state, handed to KV connectors
+/// ([`CoordinatorCore::take_boundary_state_offloads`]).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct BoundaryOffload {
+    /// The request that computed it.
+    pub req: ReqId,
+    /// Its group.
+    pub group: GroupId,
+    /// The block holding the state.
+    pub block: BlockId,
+    /// Tokens the state covers (its block's end).
+    pub num_tokens: usize,
+}
+
+/// Where [`cache_tables`] records what it cached for one request.
+struct StepLog<'a> {
+    req: ReqId,
+    /// Keys of Mamba "align" states cached during the current step.
+    cached: &'a mut HashSet<CacheKey>,
+    /// Boundary-state hand-offs.
+    offloads: &'a mut Vec<BoundaryOffload>,
 }
 
 #[cfg(test)]
@@ -1891,6 +1955,64 @@ mod tests {
             (0..len).collect(),
             RequestHasher::new(config, ExtraKeys::default()),
         )
+    }
+
+    #[test]
+    fn mamba_boundary_offloads() {
+        // Full B = 16 beside Mamba "align" B = 16: each chunk that ends on a
+        // block boundary commits the Mamba state there, handed off once.
+        let cfg = CoordinatorConfig::new(
+            vec![
+                GroupSpec::full_attention(16),
+                GroupSpec::mamba_align(16, false, None),
+            ],
+            40,
+            true,
+            1000,
+        );
+        let mut c = CoordinatorCore::new(cfg).unwrap();
+        let mut r = live_request("a", 64, 16);
+        let mut out = NewBlocks::new();
+        let mut states = Vec::new();
+        for end in [16, 32, 48] {
+            assert!(c
+                .allocate_request(&r, &AllocateArgs::new(16), None, &mut out)
+                .unwrap());
+            states.push(*out.group(1).last().unwrap());
+            r.num_computed_tokens = end;
+            let taken = c.take_boundary_state_offloads();
+            assert_eq!(taken.len(), 1, "one state per chunk");
+            let o = taken[0];
+            assert_eq!(c.request_name(o.req), Some("a"));
+            assert_eq!(
+                (o.group, o.block, o.num_tokens),
+                (GroupId(1), states[states.len() - 1], end)
+            );
+            // Drained: a second take is empty.
+            assert!(c.take_boundary_state_offloads().is_empty());
+            c.new_step_starts();
+        }
+        // A freed request's hand-offs not yet taken are dropped.
+        let r2 = live_request("b", 40, 16);
+        assert!(c
+            .allocate_request(&r2, &AllocateArgs::new(32), None, &mut out)
+            .unwrap());
+        assert!(c.free_request("b").unwrap());
+        assert!(c.take_boundary_state_offloads().is_empty());
+        // Caching off: nothing is handed off.
+        let cfg = CoordinatorConfig::new(
+            vec![GroupSpec::mamba_align(16, false, None)],
+            40,
+            false,
+            1000,
+        );
+        let mut c = CoordinatorCore::new(cfg).unwrap();
+        let r = live_request("c", 64, 16);
+        assert!(c
+            .allocate_request(&r, &AllocateArgs::new(32), None, &mut out)
+            .unwrap());
+        assert!(c.take_boundary_state_offloads().is_empty());
+        c.check_invariants().unwrap();
     }
 
     #[test]

@@ -50,8 +50,8 @@ pub mod reuse_watch;
 pub use best_case::UnboundedPrefixCache;
 pub use block_hash::BlockHash;
 pub use coordinator::{
-    default_hash_block_size, scheduler_block_size, AllocateArgs, CoordinatorConfig,
-    CoordinatorCore, CoordinatorKind, NewBlocks, RequestView,
+    default_hash_block_size, scheduler_block_size, AllocateArgs, BoundaryOffload,
+    CoordinatorConfig, CoordinatorCore, CoordinatorKind, NewBlocks, RequestView,
 };
 pub use error::{KvError, KvResult};
 pub use events::KvEvent;

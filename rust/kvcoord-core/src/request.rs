@@ -240,6 +240,8 @@ pub fn step_progress(
 #[derive(Clone, Debug, Default)]
 pub struct RequestRegistry {
     ids: HashMap<String, ReqId>,
+    /// The reverse of `ids`.
+    names: HashMap<ReqId, String>,
     /// The next id to hand out (never reused).
     next: u64,
 }
@@ -261,13 +263,21 @@ impl RequestRegistry {
         if !self.ids.contains_key(id) {
             debug_assert_eq!(req, ReqId(self.next));
             self.ids.insert(id.to_owned(), req);
+            self.names.insert(req, id.to_owned());
             self.next += 1;
         }
     }
 
     /// Forget `id`; returns its core id if it was live.
     pub fn remove(&mut self, id: &str) -> Option<ReqId> {
-        self.ids.remove(id)
+        let req = self.ids.remove(id)?;
+        self.names.remove(&req);
+        Some(req)
+    }
+
+    /// The scheduler id of a live request.
+    pub fn name(&self, req: ReqId) -> Option<&str> {
+        self.names.get(&req).map(String::as_str)
     }
 
     /// Number of live requests.

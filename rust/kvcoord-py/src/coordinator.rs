@@ -272,6 +272,20 @@ pool_writers!(pymethods_block!(PyCoordinatorCore,) {
         self.inner.new_step_starts();
     }
 
+    /// Drain the Mamba "align" states committed since the last call:
+    /// `(request_id, group, block_id, num_tokens)` each, in the order they
+    /// were cached (vLLM's boundary-state hand-offs; nothing pinned).
+    fn take_boundary_state_offloads(&mut self) -> Vec<(String, u32, u32, usize)> {
+        let taken = self.inner.take_boundary_state_offloads();
+        taken
+            .into_iter()
+            .map(|o| {
+                let name = self.inner.request_name(o.req).unwrap_or_default();
+                (name.to_owned(), o.group.0, o.block.0, o.num_tokens)
+            })
+            .collect()
+    }
+
     /// Free a request's blocks; unknown ids are ignored (as in vLLM).
     fn free(&mut self, request_id: &str) -> PyResult<bool> {
         core(self.inner.free_request(request_id))

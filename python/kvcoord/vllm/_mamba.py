@@ -1,0 +1,137 @@
+"""vLLM 0.33.0's ``MambaSpec`` groups as kvcoord specs, the Mamba
+configurations kvcoord does not serve yet, and the Mamba parts of the
+manager's per-step hand-offs.
+
+The rules (the state kept per request, the prefill checkpoint, which states
+are cached and when a hit on one may be used, sparse retention) are the
+core's Mamba managers; this module only translates.
+
+Served: ``mamba_cache_mode="align"`` with the hash unit equal to the Mamba
+block size (every hit and every cached state on a block boundary), no
+speculative blocks, no hash lookahead and no EAGLE; ``mamba_cache_mode="none"``
+with prefix caching off.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping, Sequence
+from math import lcm
+from typing import Any
+
+from kvcoord.config import MambaSpec
+
+__all__ = [
+    "boundary_offloads",
+    "config_reason",
+    "connector_looks_up_per_group",
+    "is_mamba_spec",
+    "mamba_group_ids",
+    "mamba_spec",
+    "spec_reason",
+]
+
+
+def _interface() -> Any:
+    return importlib.import_module("vllm.v1.kv_cache_interface")
+
+
+def is_mamba_spec(spec: Any) -> bool:
+    """Whether ``spec`` is exactly vLLM's ``MambaSpec``."""
+    return type(spec) is _interface().MambaSpec
+
+
+def spec_reason(spec: Any, caching: bool) -> str | None:
+    """Why a vLLM ``MambaSpec`` group is not served, or None."""
+    mode = spec.mamba_cache_mode
+    if mode not in ("none", "align"):
+        return f"MambaSpec with mamba_cache_mode={mode!r}"
+    if mode == "align" and spec.num_speculative_blocks:
+        return (
+            "MambaSpec in align mode with num_speculative_blocks > 0 (MTP scratch "
+            "blocks relocated inside the state table)"
+        )
+    if mode == "none" and caching:
+        # vLLM refuses it too (Mamba prefix caching needs align mode).
+        return "MambaSpec in mode 'none' with prefix caching on"
+    return None
+
+
+def config_reason(specs: Sequence[Any], args: Mapping[str, Any]) -> str | None:
+    """Why a configuration with Mamba groups is not served, or None."""
+    mambas = [s for s in specs if is_mamba_spec(s)]
+    if not mambas:
+        return None
+    caching = bool(args.get("enable_caching", True))
+    for spec in mambas:
+        reason = spec_reason(spec, caching)
+        if reason is not None:
+            return reason
+    if not caching:
+        return None
+    hash_block_size = int(args["hash_block_size"])
+    if any(s.block_size != hash_block_size for s in mambas):
+        return (
+            "Mamba prefix caching with hash_block_size below the Mamba block size "
+            "(sub-block partial state hits and their copy-on-write)"
+        )
+    if args.get("use_eagle", False):
+        return "EAGLE beside Mamba groups (the checkpoint follows EAGLE's replay boundary)"
+    if args.get("num_hash_lookahead_tokens", 0):
+        return "hash lookahead beside Mamba groups (the checkpoint leaves the lookahead tokens)"
+    if args.get("num_prefill_lookahead", 0):
+        return "num_prefill_lookahead beside Mamba groups"
+    sizes = [int(s.block_size) for s in specs]
+    if int(args["scheduler_block_size"]) != lcm(*sizes):
+        # Mamba hits and checkpoints align to the scheduler block, which
+        # kvcoord's core derives from the block sizes.
+        return (
+            f"scheduler_block_size={args['scheduler_block_size']} other than the LCM of "
+            f"the block sizes beside Mamba groups"
+        )
+    return None
+
+
+def mamba_spec(spec: Any) -> MambaSpec:
+    """The kvcoord spec of a served vLLM ``MambaSpec``."""
+    alignment = spec.prefill_checkpoint_alignment
+    return MambaSpec(
+        block_size=int(spec.block_size),
+        num_speculative_blocks=int(spec.num_speculative_blocks),
+        mamba_cache_mode=spec.mamba_cache_mode,
+        num_prefill_checkpoint_blocks=int(spec.num_prefill_checkpoint_blocks),
+        prefill_checkpoint_alignment=None if alignment is None else int(alignment),
+    )
+
+
+def mamba_group_ids(kv_cache_config: Any) -> tuple[int, ...]:
+    """Ids of the Mamba groups of a vLLM ``KVCacheConfig``."""
+    return tuple(
+        i for i, g in enumerate(kv_cache_config.kv_cache_groups) if is_mamba_spec(g.kv_cache_spec)
+    )
+
+
+def connector_looks_up_per_group(kv_cache_config: Any, caching: bool) -> bool:
+    """Whether vLLM's ``get_computed_blocks_for_connector`` looks each group
+    up on its own for this configuration: Mamba groups beside full attention
+    under the hybrid coordinator."""
+    groups = kv_cache_config.kv_cache_groups
+    full = _interface().FullAttentionSpec
+    return (
+        caching
+        and len(groups) > 1
+        and bool(mamba_group_ids(kv_cache_config))
+        and any(isinstance(g.kv_cache_spec, full) for g in groups)
+    )
+
+
+def boundary_offloads(core: Any) -> dict[str, list[tuple[int, int, int]]]:
+    """vLLM's ``take_boundary_state_offloads``: the states the core committed
+    since the last call, as ``{request_id: [(group, block_id, tokens), ...]}``."""
+    offloads: dict[str, list[tuple[int, int, int]]] = {}
+    for request_id, group, block, tokens in core.take_boundary_state_offloads():
+        offloads.setdefault(request_id, []).append((group, block, tokens))
+    for entries in offloads.values():
+        # vLLM drains group by group (stable: cache order within a group).
+        entries.sort(key=lambda e: e[0])
+    return offloads
