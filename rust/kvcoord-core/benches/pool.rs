@@ -96,5 +96,48 @@ pub(crate) fn register(c: &mut Criterion) {
             black_box(cached.get_cached_block(&misses[i], &[GroupId(0)], &mut hit_out))
         });
     });
+
+    // The replay's steady state: every block handed out was cached, so each
+    // allocation evicts (prefix index removal, residency metrics).
+    for mode in ["off", "histograms", "records"] {
+        let mut p = BlockPool::new(PoolConfig::new(4 * BATCH + 1)).unwrap();
+        if mode != "off" {
+            p.enable_residency_with(mode == "records");
+        }
+        let mut next = 0u64;
+        let mut ids = Vec::with_capacity(BATCH);
+        let mut keys = Vec::with_capacity(BATCH);
+        g.bench_function(format!("evict_cache_free_64/residency_{mode}"), |b| {
+            b.iter(|| {
+                ids.clear();
+                p.get_new_blocks(BATCH, &mut ids).unwrap();
+                keys.clear();
+                keys.extend((next..next + BATCH as u64).map(hash));
+                next += BATCH as u64;
+                p.cache_full_blocks(&ids, &keys, 0, BATCH, GroupId(0), None)
+                    .unwrap();
+                p.free_blocks(black_box(&ids)).unwrap();
+                if let Some(r) = p.residency_mut() {
+                    black_box(r.drain_records());
+                }
+            });
+        });
+    }
+
+    // Mooncake token synthesis (`kvcoord replay`): 128 blocks of 512 tokens.
+    let ids: Vec<u64> = (0..128u64).map(|i| i * 0x9E37_79B9).collect();
+    let mut toks = Vec::new();
+    g.throughput(Throughput::Elements(128 * 512));
+    g.bench_function("mooncake_tokens_64k", |b| {
+        b.iter(|| {
+            toks.clear();
+            kvcoord_core::trace_tokens::mooncake_prompt_tokens(
+                black_box(&ids),
+                128 * 512,
+                &mut toks,
+            );
+            black_box(&toks);
+        });
+    });
     g.finish();
 }

@@ -44,6 +44,7 @@ pub mod prefix_index;
 pub mod request;
 pub mod residency;
 pub mod retention;
+pub mod trace_tokens;
 
 pub use best_case::UnboundedPrefixCache;
 pub use block_hash::BlockHash;

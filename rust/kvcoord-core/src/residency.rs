@@ -100,6 +100,9 @@ pub struct Residency {
     reuse_gap: Histogram,
     hits_per_block: Histogram,
     records: Vec<EvictionRecord>,
+    /// Whether [`Self::on_evict`] keeps an [`EvictionRecord`] (off: the
+    /// histograms only, for a long replay that never drains the records).
+    keep_records: bool,
 }
 
 /// A copy of the histograms.
@@ -129,7 +132,21 @@ impl Residency {
             reuse_gap: Histogram::default(),
             hits_per_block: Histogram::default(),
             records: Vec::new(),
+            keep_records: true,
         }
+    }
+
+    /// Whether each eviction also keeps an [`EvictionRecord`] for
+    /// [`Self::drain_records`] (on by default). Off, an eviction only
+    /// updates the histograms: no allocation per evicted block, and memory
+    /// that does not grow with the number of evictions.
+    pub fn set_keep_records(&mut self, keep: bool) {
+        self.keep_records = keep;
+    }
+
+    /// Whether evictions keep records (see [`Self::set_keep_records`]).
+    pub fn keeps_records(&self) -> bool {
+        self.keep_records
     }
 
     /// The clock.
@@ -197,6 +214,9 @@ impl Residency {
         self.lifetime.record(lifetime);
         self.idle.record(idle);
         self.hits_per_block.record(u64::from(self.hits[i]));
+        if !self.keep_records {
+            return;
+        }
         self.records.push(EvictionRecord {
             block: b,
             lifetime,
@@ -266,5 +286,25 @@ mod tests {
         );
         assert_eq!(s.hits_per_block.buckets[Histogram::bucket(4)], 1);
         assert!(r.drain_records().is_empty());
+    }
+
+    #[test]
+    fn histograms_without_records() {
+        let run = |keep: bool| {
+            let mut r = Residency::new(4);
+            r.set_keep_records(keep);
+            let b = BlockId(1);
+            r.set_now(3);
+            r.on_allocate(b);
+            r.set_now(8);
+            r.on_hit(b);
+            r.set_now(20);
+            r.on_evict(b);
+            (r.snapshot(), r.drain_records().len())
+        };
+        let (with, n_with) = run(true);
+        let (without, n_without) = run(false);
+        assert_eq!(with, without, "the histograms do not depend on records");
+        assert_eq!((n_with, n_without), (1, 0));
     }
 }

@@ -192,8 +192,11 @@ impl PyCoordinatorCore {
     }
 
     /// Start tracking residency metrics of the pool's blocks.
-    fn enable_residency(&mut self) {
-        self.inner.pool_mut().enable_residency();
+    #[pyo3(signature = (records = None), text_signature = "($self, records=True)")]
+    fn enable_residency(&mut self, records: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+        let keep = args::opt_flag(records, "records", true)?;
+        self.inner.pool_mut().enable_residency_with(keep);
+        Ok(())
     }
 
     fn set_residency_clock(&mut self, now: &Bound<'_, PyAny>) -> PyResult<()> {

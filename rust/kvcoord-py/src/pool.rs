@@ -303,8 +303,11 @@ pool_readers!(PyBlockPool, "BlockPool", {
     }
 
     /// Start tracking residency metrics for every block (see `_core.pyi`).
-    fn enable_residency(&mut self) {
-        self.inner.enable_residency();
+    #[pyo3(signature = (records = None), text_signature = "($self, records=True)")]
+    fn enable_residency(&mut self, records: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+        let keep = args::opt_flag(records, "records", true)?;
+        self.inner.enable_residency_with(keep);
+        Ok(())
     }
 
     #[getter]
