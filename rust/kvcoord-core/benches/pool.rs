@@ -97,6 +97,13 @@ pub(crate) fn register(c: &mut Criterion) {
         });
     });
 
+    g.finish();
+}
+
+/// The replay's hot paths: allocation that evicts, token synthesis.
+pub(crate) fn replay(c: &mut Criterion) {
+    let mut g = c.benchmark_group("pool");
+    g.throughput(Throughput::Elements(BATCH as u64));
     // The replay's steady state: every block handed out was cached, so each
     // allocation evicts (prefix index removal, residency metrics).
     for mode in ["off", "histograms", "records"] {
