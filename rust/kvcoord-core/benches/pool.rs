@@ -131,6 +131,33 @@ pub(crate) fn replay(c: &mut Criterion) {
         });
     }
 
+    // The same at the replay's scale: 200k blocks, all cached, 512 (a
+    // prefill chunk) evicted per call, so the index no longer fits in cache.
+    {
+        const BIG: usize = 200_000;
+        const CHUNK: usize = 512;
+        let mut p = BlockPool::new(PoolConfig::new(BIG + 1)).unwrap();
+        p.enable_residency_with(false);
+        let mut next = 0u64;
+        let mut ids = Vec::with_capacity(BIG);
+        let mut keys = Vec::with_capacity(BIG);
+        let mut cycle = |p: &mut BlockPool, n: usize| {
+            ids.clear();
+            p.get_new_blocks(n, &mut ids).unwrap();
+            keys.clear();
+            keys.extend((next..next + n as u64).map(hash));
+            next += n as u64;
+            p.cache_full_blocks(&ids, &keys, 0, n, GroupId(0), None)
+                .unwrap();
+            p.free_blocks(&ids).unwrap();
+        };
+        cycle(&mut p, BIG);
+        g.throughput(Throughput::Elements(CHUNK as u64));
+        g.bench_function("evict_cache_free_512_of_200k", |b| {
+            b.iter(|| cycle(&mut p, CHUNK));
+        });
+    }
+
     // Mooncake token synthesis (`kvcoord replay`): 128 blocks of 512 tokens.
     let ids: Vec<u64> = (0..128u64).map(|i| i * 0x9E37_79B9).collect();
     let mut toks = Vec::new();
