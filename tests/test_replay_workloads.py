@@ -19,6 +19,7 @@ from kvcoord.replay.workloads import (
     VOCAB_SIZE,
     TraceFormatError,
     Workload,
+    _splitmix64,
     load_workload,
     mooncake_block_tokens,
     mooncake_prompt_tokens,
@@ -70,6 +71,31 @@ def test_mooncake_shared_ids_give_shared_prefixes() -> None:
     assert (e[:MOONCAKE_BLOCK_TOKENS] == c[:MOONCAKE_BLOCK_TOKENS]).all()
     assert (mooncake_block_tokens(6)[:188] == e[MOONCAKE_BLOCK_TOKENS:]).all()
     assert (mooncake_prompt_tokens([9, 4], 1024)[512:] == mooncake_block_tokens(4)).all()
+
+
+def _numpy_mooncake_tokens(hash_ids: list[int], input_length: int) -> np.ndarray:
+    """The numpy arithmetic the core's synthesis replaced (the reference)."""
+    n_blocks = -(-input_length // MOONCAKE_BLOCK_TOKENS)
+    ids = np.asarray(hash_ids[:n_blocks], dtype=np.uint64)
+    offsets = _splitmix64(np.arange(MOONCAKE_BLOCK_TOKENS, dtype=np.uint64) + np.uint64(0xA5A5))
+    with np.errstate(over="ignore"):
+        base = _splitmix64(ids * np.uint64(0x100000001B3) + np.uint64(0x6D6F6F6E63616B65))
+        grid = (base[:, None] ^ offsets[None, :]) * np.uint64(0xD6E8FEB86659FD93)
+    high = (grid >> np.uint64(33)).astype(np.uint32)
+    return (high % np.uint32(VOCAB_SIZE)).reshape(-1)[:input_length]
+
+
+@pytest.mark.parametrize("n", [1, 511, 512, 513, 1300, 4096])
+def test_mooncake_tokens_match_the_numpy_reference(n: int) -> None:
+    rng = np.random.default_rng(n)
+    ids = [int(x) for x in rng.integers(0, 1 << 63, size=9, dtype=np.uint64)] + [0, (1 << 63) - 1]
+    got = mooncake_prompt_tokens(ids, n)
+    assert got.dtype == np.uint32
+    np.testing.assert_array_equal(got, _numpy_mooncake_tokens(ids, n))
+    # fewer ids than the length needs: every token of every id
+    np.testing.assert_array_equal(
+        mooncake_prompt_tokens(ids[:1], n), _numpy_mooncake_tokens(ids[:1], n)
+    )
 
 
 def test_mooncake_block_tokens_distinct_at_small_block_sizes() -> None:

@@ -135,6 +135,29 @@ def test_off_by_default_and_vllm_event_fields(tmp_path: Path) -> None:
     assert snap is not None and snap.reuse_gap.count == 1 and snap.lifetime.quantile(0.5) == 20
 
 
+@pytest.mark.parametrize("records", [True, False])
+def test_histograms_without_records(records: bool) -> None:
+    """``residency_records=False`` (the replay's choice) keeps the same
+    histograms and no per-eviction record."""
+    cfg = kvcoord.KVCacheConfig(
+        num_blocks=4, groups=(kvcoord.KVCacheGroup(kvcoord.FullAttentionSpec(4)),)
+    )
+    opts = kvcoord.KVCacheManagerOptions(residency_metrics=True, residency_records=records)
+    m = kvcoord.KVCacheManager(cfg, max_model_len=100, options=opts)
+    for t, name in enumerate("abcd"):
+        m.set_residency_clock(10 * t)
+        r = kvcoord.Request(name, [t] * 8 + [9], hash_block_size=4)
+        m.allocate_slots(r, 9)
+        m.free(r)
+    snap = m.residency_snapshot()
+    # each request reuses the previous one's two cached blocks
+    assert snap is not None and snap.lifetime.count == 6
+    assert snap.lifetime.quantile(0.5) == 10
+    assert len(m.drain_eviction_records()) == (6 if records else 0)
+    with pytest.raises(kvcoord.ArgumentTypeError, match="records"):
+        kvcoord.BlockPool(4).enable_residency(records=1)  # type: ignore[arg-type]
+
+
 def test_replay_summary_reports_residency() -> None:
     from kvcoord.replay.layouts import PRESETS
     from kvcoord.replay.report import format_summary, summarize

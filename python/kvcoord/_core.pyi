@@ -27,6 +27,7 @@ __all__ = [
     "choose_coordinator",
     "compute_block_hashes",
     "default_hash_block_size",
+    "mooncake_prompt_tokens",
     "none_hash",
     "scheduler_block_size",
     "validate_retention_interval",
@@ -200,9 +201,12 @@ class BlockPool:
     def evict_blocks(self, block_ids: BlockIds) -> None:
         """Drop these blocks' cache keys; reference counts and queue positions
         are unchanged."""
-    def enable_residency(self) -> None:
+    def enable_residency(self, records: bool = True) -> None:
         """Start tracking residency metrics for every block (45 bytes per
-        block; clock at 0). Enabling again keeps the data gathered so far."""
+        block; clock at 0). Enabling again keeps the data gathered so far.
+        ``records=False`` keeps the histograms only: evictions then add no
+        record for :meth:`drain_eviction_records` (whose memory would grow
+        with every eviction of a long replay that never drains them)."""
     @property
     def residency_enabled(self) -> bool:
         """Whether residency metrics are tracked."""
@@ -629,7 +633,7 @@ class CoordinatorCore:
         """Drain the Mamba "align" states committed since the last call:
         ``(request_id, group, block_id, num_tokens)`` each, in the order they
         were cached; a freed request's are dropped. Nothing is pinned."""
-    def enable_residency(self) -> None:
+    def enable_residency(self, records: bool = True) -> None:
         """Start tracking residency metrics of the pool's blocks (see
         :meth:`BlockPool.enable_residency`)."""
     def set_residency_clock(self, now: int) -> None:
@@ -696,6 +700,11 @@ class KVCacheBlocks:
     def __eq__(self, value: object, /) -> bool: ...
     def __add__(self, value: KVCacheBlocks, /) -> KVCacheBlocks: ...
     def __radd__(self, value: KVCacheBlocks, /) -> KVCacheBlocks: ...
+
+def mooncake_prompt_tokens(hash_ids: Sequence[int], input_length: int) -> npt.NDArray[np.uint32]:
+    """Prompt tokens of a Mooncake request: the 512-token blocks named by
+    ``hash_ids``, cut at ``input_length`` (fewer ids give a shorter prompt);
+    see :func:`kvcoord.replay.workloads.mooncake_prompt_tokens`."""
 
 @final
 class UnboundedPrefixCache:

@@ -85,6 +85,10 @@ class KVCacheManagerOptions:
         log_stats: keep prefix-cache hit statistics.
         residency_metrics: track every block's residency (lifetime, idle
             time before eviction, reuse gaps, hits; see :mod:`kvcoord.residency`).
+        residency_records: with ``residency_metrics``, also keep one record
+            per eviction for :meth:`KVCacheManager.drain_eviction_records`
+            (``False``: the histograms only, for a long run that never drains
+            them; its memory then does not grow with the evictions).
         eviction_policy: which cached free block the pool reuses first, a
             spec string of ``BlockPool(eviction_policy=...)`` (``"lru"``, vLLM's
             order and the default; ``"lfu"``, ``"prefix-depth"``,
@@ -96,10 +100,17 @@ class KVCacheManagerOptions:
     enable_events: bool = False
     log_stats: bool = True
     residency_metrics: bool = False
+    residency_records: bool = True
     eviction_policy: str = "lru"
 
     def __post_init__(self) -> None:
-        for name in ("enable_caching", "enable_events", "log_stats", "residency_metrics"):
+        for name in (
+            "enable_caching",
+            "enable_events",
+            "log_stats",
+            "residency_metrics",
+            "residency_records",
+        ):
             as_bool(getattr(self, name), f"KVCacheManagerOptions.{name}")
         h = self.hash_block_size
         if h is not None:
@@ -178,7 +189,7 @@ class KVCacheManager:
             PrefixCacheStats() if options.log_stats else None
         )
         if options.residency_metrics:
-            self._core.enable_residency()
+            self._core.enable_residency(options.residency_records)
 
     # ---- the scheduler's four questions --------------------------------
 

@@ -49,6 +49,9 @@ def make_manager(
         options=KVCacheManagerOptions(
             enable_caching=layout.enable_caching,
             residency_metrics=True,
+            # histograms only: a replay evicts millions of blocks and never
+            # drains the per-eviction records
+            residency_records=False,
             eviction_policy=eviction_policy,
             enable_events=enable_events,
         ),

@@ -95,6 +95,9 @@ class RunningBatch:
 
     def __init__(self, capacity: int) -> None:
         self.lives: list[Live] = []
+        #: ``live.req`` of each of :attr:`lives` (the list a step hands to
+        #: ``advance_requests``, kept rather than rebuilt every step).
+        self.reqs: list[Any] = []
         self.out_tokens = np.zeros(1024, dtype=np.int64)
         self._out_used = 0
         cap = max(1, capacity)
@@ -136,6 +139,7 @@ class RunningBatch:
         if k == self.computed.shape[0]:
             self._grow()
         self.lives.append(live)
+        self.reqs.append(live.req)
         self.computed[k] = live.computed
         self.num_tokens[k] = live.num_tokens
         self.out_pos[k] = live.out_pos
@@ -145,6 +149,7 @@ class RunningBatch:
     def pop(self) -> Live:
         """Remove the most recently admitted request; its progress goes back to it."""
         live = self.lives.pop()
+        self.reqs.pop()
         k = len(self.lives)
         live.computed = int(self.computed[k])
         live.num_tokens = int(self.num_tokens[k])
@@ -244,7 +249,8 @@ class RunningBatch:
             sampled[done_idx] = self.out_tokens[self.out_base[done_idx] + dpos]
             first = done_idx[dpos == 0].tolist()
             fin = done_idx[dpos + 1 >= self.out_len[done_idx]].tolist()
-        advance_requests([lv.req for lv in lives[:count]], nn, sampled)
+        reqs = self.reqs
+        advance_requests(reqs if count == len(reqs) else reqs[:count], nn, sampled)
         self.out_pos[:count] += done
         self.num_tokens[:count] += done
         return (
@@ -271,7 +277,9 @@ class RunningBatch:
         for name in self._ARRAYS:
             a = getattr(self, name)
             a[:m] = a[idx]
-        self.lives = [self.lives[i] for i in idx.tolist()]
+        kept = idx.tolist()
+        self.lives = [self.lives[i] for i in kept]
+        self.reqs = [self.reqs[i] for i in kept]
 
 
 _sum = np.add.reduce

@@ -38,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kvcoord._core import mooncake_prompt_tokens as _core_mooncake_tokens
 from kvcoord.replay._jsonl import (
     MAX_REQUEST_TOKENS,
     TOKEN_ID_LIMIT,
@@ -94,9 +95,6 @@ def _derived_tokens(stream: int, count: int, start: int = 0) -> np.ndarray:
     return (mixed % np.uint64(VOCAB_SIZE)).astype(np.int64)
 
 
-_OFFSET_KEYS = _splitmix64(np.arange(MOONCAKE_BLOCK_TOKENS, dtype=np.uint64) + np.uint64(0xA5A5))
-
-
 def mooncake_block_tokens(hash_id: int) -> np.ndarray:
     """The 512 tokens named by one Mooncake hash id (a function of the id alone)."""
     return mooncake_prompt_tokens([hash_id], MOONCAKE_BLOCK_TOKENS)
@@ -108,19 +106,15 @@ def mooncake_prompt_tokens(hash_ids: Sequence[int], input_length: int) -> np.nda
     Token ``j`` of the block named ``h`` is a hash of ``(h, j)`` reduced to
     ``[0, VOCAB_SIZE)``, so a shared id gives a shared 512-token run and a
     shared id prefix a shared token prefix, whatever block size the cache uses.
+
+    The arithmetic is the core's (``kvcoord._core.mooncake_prompt_tokens``,
+    one pass in Rust); the tests hold it to a numpy reference. Returns a
+    uint32 array, which the core takes back as one copy.
     """
     if input_length <= 0:
         return np.zeros(0, dtype=np.uint32)
     n_blocks = -(-input_length // MOONCAKE_BLOCK_TOKENS)
-    ids = np.asarray(hash_ids[:n_blocks], dtype=np.uint64)
-    with np.errstate(over="ignore"):
-        base = _splitmix64(ids * np.uint64(0x100000001B3) + np.uint64(0x6D6F6F6E63616B65))
-        grid = (base[:, None] ^ _OFFSET_KEYS[None, :]) * np.uint64(0xD6E8FEB86659FD93)
-    # 31 bits reduced in uint32 (a cheaper modulo than in uint64), kept as
-    # uint32: the core takes a uint32 array as one copy, nothing to check
-    high = (grid >> np.uint64(33)).astype(np.uint32)
-    flat = (high % np.uint32(VOCAB_SIZE)).reshape(-1)
-    out: np.ndarray = flat[:input_length]
+    out: np.ndarray = _core_mooncake_tokens(hash_ids[:n_blocks], input_length)
     return out
 
 

@@ -12,6 +12,7 @@ mod pool;
 criterion_group!(
     benches,
     pool::register,
+    pool::replay,
     eviction::register,
     hashing::register,
     hashing::primitives

@@ -96,5 +96,82 @@ pub(crate) fn register(c: &mut Criterion) {
             black_box(cached.get_cached_block(&misses[i], &[GroupId(0)], &mut hit_out))
         });
     });
+
+    g.finish();
+}
+
+/// The replay's hot paths: allocation that evicts, token synthesis.
+pub(crate) fn replay(c: &mut Criterion) {
+    let mut g = c.benchmark_group("pool");
+    g.throughput(Throughput::Elements(BATCH as u64));
+    // The replay's steady state: every block handed out was cached, so each
+    // allocation evicts (prefix index removal, residency metrics).
+    for mode in ["off", "histograms", "records"] {
+        let mut p = BlockPool::new(PoolConfig::new(4 * BATCH + 1)).unwrap();
+        if mode != "off" {
+            p.enable_residency_with(mode == "records");
+        }
+        let mut next = 0u64;
+        let mut ids = Vec::with_capacity(BATCH);
+        let mut keys = Vec::with_capacity(BATCH);
+        g.bench_function(format!("evict_cache_free_64/residency_{mode}"), |b| {
+            b.iter(|| {
+                ids.clear();
+                p.get_new_blocks(BATCH, &mut ids).unwrap();
+                keys.clear();
+                keys.extend((next..next + BATCH as u64).map(hash));
+                next += BATCH as u64;
+                p.cache_full_blocks(&ids, &keys, 0, BATCH, GroupId(0), None)
+                    .unwrap();
+                p.free_blocks(black_box(&ids)).unwrap();
+                if let Some(r) = p.residency_mut() {
+                    black_box(r.drain_records());
+                }
+            });
+        });
+    }
+
+    // The same at the replay's scale: 200k blocks, all cached, 512 (a
+    // prefill chunk) evicted per call, so the index no longer fits in cache.
+    {
+        const BIG: usize = 200_000;
+        const CHUNK: usize = 512;
+        let mut p = BlockPool::new(PoolConfig::new(BIG + 1)).unwrap();
+        p.enable_residency_with(false);
+        let mut next = 0u64;
+        let mut ids = Vec::with_capacity(BIG);
+        let mut keys = Vec::with_capacity(BIG);
+        let mut cycle = |p: &mut BlockPool, n: usize| {
+            ids.clear();
+            p.get_new_blocks(n, &mut ids).unwrap();
+            keys.clear();
+            keys.extend((next..next + n as u64).map(hash));
+            next += n as u64;
+            p.cache_full_blocks(&ids, &keys, 0, n, GroupId(0), None)
+                .unwrap();
+            p.free_blocks(&ids).unwrap();
+        };
+        cycle(&mut p, BIG);
+        g.throughput(Throughput::Elements(CHUNK as u64));
+        g.bench_function("evict_cache_free_512_of_200k", |b| {
+            b.iter(|| cycle(&mut p, CHUNK));
+        });
+    }
+
+    // Mooncake token synthesis (`kvcoord replay`): 128 blocks of 512 tokens.
+    let ids: Vec<u64> = (0..128u64).map(|i| i * 0x9E37_79B9).collect();
+    let mut toks = Vec::new();
+    g.throughput(Throughput::Elements(128 * 512));
+    g.bench_function("mooncake_tokens_64k", |b| {
+        b.iter(|| {
+            toks.clear();
+            kvcoord_core::trace_tokens::mooncake_prompt_tokens(
+                black_box(&ids),
+                128 * 512,
+                &mut toks,
+            );
+            black_box(&toks);
+        });
+    });
     g.finish();
 }

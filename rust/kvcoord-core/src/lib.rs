@@ -46,6 +46,7 @@ pub mod request;
 pub mod residency;
 pub mod retention;
 pub mod reuse_watch;
+pub mod trace_tokens;
 
 pub use best_case::UnboundedPrefixCache;
 pub use block_hash::BlockHash;

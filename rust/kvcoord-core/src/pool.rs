@@ -318,9 +318,18 @@ impl BlockPool {
     /// Start tracking residency metrics for every block (clock at 0).
     /// Enabling again keeps the data gathered so far.
     pub fn enable_residency(&mut self) {
-        if self.residency.is_none() {
-            self.residency = Some(Box::new(Residency::new(self.meta.len())));
-        }
+        self.enable_residency_with(true);
+    }
+
+    /// [`Self::enable_residency`], choosing whether each eviction keeps a
+    /// record for `drain_records` (`false`: the histograms only; see
+    /// [`Residency::set_keep_records`]). Enabling again sets the choice and
+    /// keeps the data gathered so far.
+    pub fn enable_residency_with(&mut self, keep_records: bool) {
+        let n = self.meta.len();
+        self.residency
+            .get_or_insert_with(|| Box::new(Residency::new(n)))
+            .set_keep_records(keep_records);
     }
 
     /// The residency metrics, when enabled.

@@ -85,21 +85,33 @@ pub struct EvictionRecord {
     pub hits: u32,
 }
 
+/// One block's times (45 bytes of data).
+#[derive(Copy, Clone, Debug, Default)]
+struct BlockTimes {
+    born: u64,
+    /// The last four access times, newest at `num_accesses - 1` (the
+    /// allocation counts as the first access).
+    accesses: [u64; 4],
+    hits: u32,
+    num_accesses: u8,
+}
+
 /// Per-block times, the histograms and the undrained eviction records.
 #[derive(Clone, Debug)]
 pub struct Residency {
     now: u64,
-    born: Vec<u64>,
-    /// `accesses[b]`: the last four access times, newest at `len - 1` (the
-    /// allocation counts as the first access).
-    accesses: Vec<[u64; 4]>,
-    num_accesses: Vec<u8>,
-    hits: Vec<u32>,
+    /// Per block, by id: one record, so that an eviction followed by the
+    /// block's reallocation touches one place (a replay evicts millions of
+    /// blocks spread over the pool).
+    blocks: Vec<BlockTimes>,
     lifetime: Histogram,
     idle: Histogram,
     reuse_gap: Histogram,
     hits_per_block: Histogram,
     records: Vec<EvictionRecord>,
+    /// Whether [`Self::on_evict`] keeps an [`EvictionRecord`] (off: the
+    /// histograms only, for a long replay that never drains the records).
+    keep_records: bool,
 }
 
 /// A copy of the histograms.
@@ -120,16 +132,27 @@ impl Residency {
     pub fn new(num_blocks: usize) -> Self {
         Self {
             now: 0,
-            born: vec![0; num_blocks],
-            accesses: vec![[0; 4]; num_blocks],
-            num_accesses: vec![0; num_blocks],
-            hits: vec![0; num_blocks],
+            blocks: vec![BlockTimes::default(); num_blocks],
             lifetime: Histogram::default(),
             idle: Histogram::default(),
             reuse_gap: Histogram::default(),
             hits_per_block: Histogram::default(),
             records: Vec::new(),
+            keep_records: true,
         }
+    }
+
+    /// Whether each eviction also keeps an [`EvictionRecord`] for
+    /// [`Self::drain_records`] (on by default). Off, an eviction only
+    /// updates the histograms: no allocation per evicted block, and memory
+    /// that does not grow with the number of evictions.
+    pub fn set_keep_records(&mut self, keep: bool) {
+        self.keep_records = keep;
+    }
+
+    /// Whether evictions keep records (see [`Self::set_keep_records`]).
+    pub fn keeps_records(&self) -> bool {
+        self.keep_records
     }
 
     /// The clock.
@@ -144,65 +167,63 @@ impl Residency {
 
     /// Heap bytes of the per-block state.
     pub fn heap_bytes(&self) -> usize {
-        self.born.capacity() * 8
-            + self.accesses.capacity() * 32
-            + self.num_accesses.capacity()
-            + self.hits.capacity() * 4
+        self.blocks.capacity() * std::mem::size_of::<BlockTimes>()
     }
 
-    fn push_access(&mut self, i: usize) {
-        let n = self.num_accesses[i] as usize;
-        let a = &mut self.accesses[i];
+    fn push_access(t: &mut BlockTimes, now: u64) {
+        let n = t.num_accesses as usize;
         if n == 4 {
-            a.rotate_left(1);
-            a[3] = self.now;
+            t.accesses.rotate_left(1);
+            t.accesses[3] = now;
         } else {
-            a[n] = self.now;
-            self.num_accesses[i] += 1;
+            t.accesses[n] = now;
+            t.num_accesses += 1;
         }
     }
 
     /// `b` was handed out for new data.
     #[inline]
     pub(crate) fn on_allocate(&mut self, b: BlockId) {
-        let i = b.index();
-        self.born[i] = self.now;
-        self.hits[i] = 0;
-        self.num_accesses[i] = 0;
-        self.push_access(i);
+        let now = self.now;
+        let t = &mut self.blocks[b.index()];
+        t.born = now;
+        t.hits = 0;
+        t.num_accesses = 0;
+        Self::push_access(t, now);
     }
 
     /// `b` served a prefix-cache hit.
     #[inline]
     pub(crate) fn on_hit(&mut self, b: BlockId) {
-        let i = b.index();
-        let n = self.num_accesses[i] as usize;
+        let now = self.now;
+        let t = &mut self.blocks[b.index()];
+        let n = t.num_accesses as usize;
         if n > 0 {
-            let last = self.accesses[i][n - 1];
-            self.reuse_gap.record(self.now.saturating_sub(last));
+            self.reuse_gap.record(now.saturating_sub(t.accesses[n - 1]));
         }
-        self.hits[i] = self.hits[i].saturating_add(1);
-        self.push_access(i);
+        t.hits = t.hits.saturating_add(1);
+        Self::push_access(t, now);
     }
 
     /// `b` lost its cache key.
     pub(crate) fn on_evict(&mut self, b: BlockId) {
-        let i = b.index();
-        let n = self.num_accesses[i] as usize;
-        let a = &self.accesses[i][..n];
-        let lifetime = self.now.saturating_sub(self.born[i]);
-        let idle = self
-            .now
-            .saturating_sub(a.last().copied().unwrap_or(self.born[i]));
+        let now = self.now;
+        let t = &self.blocks[b.index()];
+        let a = &t.accesses[..t.num_accesses as usize];
+        let lifetime = now.saturating_sub(t.born);
+        let idle = now.saturating_sub(a.last().copied().unwrap_or(t.born));
         self.lifetime.record(lifetime);
         self.idle.record(idle);
-        self.hits_per_block.record(u64::from(self.hits[i]));
+        self.hits_per_block.record(u64::from(t.hits));
+        if !self.keep_records {
+            return;
+        }
         self.records.push(EvictionRecord {
             block: b,
             lifetime,
             idle,
             reuse_gaps: a.windows(2).map(|w| w[1] - w[0]).collect(),
-            hits: self.hits[i],
+            hits: t.hits,
         });
     }
 
@@ -266,5 +287,25 @@ mod tests {
         );
         assert_eq!(s.hits_per_block.buckets[Histogram::bucket(4)], 1);
         assert!(r.drain_records().is_empty());
+    }
+
+    #[test]
+    fn histograms_without_records() {
+        let run = |keep: bool| {
+            let mut r = Residency::new(4);
+            r.set_keep_records(keep);
+            let b = BlockId(1);
+            r.set_now(3);
+            r.on_allocate(b);
+            r.set_now(8);
+            r.on_hit(b);
+            r.set_now(20);
+            r.on_evict(b);
+            (r.snapshot(), r.drain_records().len())
+        };
+        let (with, n_with) = run(true);
+        let (without, n_without) = run(false);
+        assert_eq!(with, without, "the histograms do not depend on records");
+        assert_eq!((n_with, n_without), (1, 0));
     }
 }

@@ -66,3 +66,28 @@ impl PyUnboundedPrefixCache {
         self.cache.len()
     }
 }
+
+/// The prompt tokens of a Mooncake request (`kvcoord_core::trace_tokens`):
+/// the 512-token blocks named by `hash_ids`, cut at `input_length`, as a
+/// uint32 array.
+#[pyfunction]
+#[pyo3(signature = (hash_ids, input_length))]
+pub(crate) fn mooncake_prompt_tokens<'py>(
+    py: Python<'py>,
+    hash_ids: &Bound<'py, PyAny>,
+    input_length: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, numpy::PyArray1<u32>>> {
+    let n = crate::args::count(input_length, "input_length")?;
+    let ids: Vec<u64> = hash_ids.extract().map_err(|_| {
+        crate::errors::ArgumentTypeError::new_err(format!(
+            "hash_ids must be a sequence of ints in [0, 2**64), got {}",
+            crate::args::type_name(hash_ids)
+        ))
+    })?;
+    let tokens = py.detach(|| {
+        let mut out = Vec::new();
+        kvcoord_core::trace_tokens::mooncake_prompt_tokens(&ids, n, &mut out);
+        out
+    });
+    Ok(numpy::PyArray1::from_vec(py, tokens))
+}

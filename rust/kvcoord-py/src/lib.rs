@@ -29,7 +29,7 @@ use pyo3::prelude::*;
 #[pyo3(name = "_core")]
 mod core_module {
     #[pymodule_export]
-    use crate::best_case::PyUnboundedPrefixCache;
+    use crate::best_case::{mooncake_prompt_tokens, PyUnboundedPrefixCache};
     #[pymodule_export]
     use crate::blocks::PyKVCacheBlocks;
     #[pymodule_export]

@@ -167,9 +167,13 @@ macro_rules! pool_writers {
                 self.with_ids(block_ids, BlockPool::evict_blocks)
             }
 
-            /// Start tracking residency metrics for every block.
-            fn enable_residency(&mut self) {
-                self.pool_mut().enable_residency();
+            /// Start tracking residency metrics for every block; `records`
+            /// False keeps the histograms but no per-eviction records.
+            #[pyo3(signature = (records = None), text_signature = "($self, records=True)")]
+            fn enable_residency(&mut self, records: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+                let keep = $crate::args::opt_flag(records, "records", true)?;
+                self.pool_mut().enable_residency_with(keep);
+                Ok(())
             }
 
             fn set_residency_clock(&mut self, now: &Bound<'_, PyAny>) -> PyResult<()> {
