@@ -34,26 +34,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-MANAGER_METHODS = (
-    "get_computed_blocks",
-    "get_computed_blocks_for_connector",
-    "allocate_slots",
-    "free",
-    "cache_blocks",
-    "get_blocks",
-    "get_block_ids",
-    "new_step_starts",
-    "take_events",
-    "make_prefix_cache_stats",
-    "record_prefix_cache_stats",
-    "estimate_cached_tokens",
-    "take_new_block_ids",
-    "take_kv_cache_block_copies",
-    "take_boundary_state_offloads",
-    "remove_skipped_blocks",
-    "get_block_ids_for_computed_tokens",
-    "pop_blocks_for_free",
-)
+# Result-object methods the scheduler calls on what the manager returns
+# (``get_block_ids(allow_none=True)`` per scheduled request and step...):
+# the manager's own result type on each side, so timed as manager work.
+RESULT_METHODS = ("get_block_ids", "get_unhashed_block_ids", "new_empty", "__add__")
 
 
 # Seconds spent in the cyclic garbage collector so far (gc.callbacks): its
@@ -61,6 +45,9 @@ MANAGER_METHODS = (
 # are reported apart and not counted as manager or hashing time.
 _GC_PAUSE = [0.0]
 _GC_START = [0.0]
+# Timed calls now open: only the outermost is timed (a manager method calling
+# another, or a result method, is counted once).
+_DEPTH = [0]
 
 
 def _gc_callback(phase: str, info: dict) -> None:
@@ -71,11 +58,16 @@ def _gc_callback(phase: str, info: dict) -> None:
 
 
 def _timed(fn, acc):
-    """``fn`` timed into ``acc`` = [seconds, calls], garbage-collector pauses excluded."""
+    """``fn`` timed into ``acc`` = [seconds, calls], garbage-collector pauses
+    excluded; calls made inside another timed call are not timed again."""
     clock = time.perf_counter
     pause = _GC_PAUSE
+    depth = _DEPTH
 
     def wrapper(*args, **kwargs):
+        if depth[0]:
+            return fn(*args, **kwargs)
+        depth[0] = 1
         g0 = pause[0]
         t0 = clock()
         try:
@@ -83,8 +75,50 @@ def _timed(fn, acc):
         finally:
             acc[0] += clock() - t0 - (pause[0] - g0)
             acc[1] += 1
+            depth[0] = 0
 
     return wrapper
+
+
+def _wrap_manager(manager, acc) -> list[str]:
+    """Time every public method of ``manager`` (its class's callables), its
+    ``usage`` property, its pool's ``free_blocks``, its coordinator's
+    ``get_num_blocks_to_allocate`` and the result methods of its
+    ``KVCacheBlocks`` type (class-level: each engine runs in its own
+    process) into ``acc``; the names wrapped."""
+    names = []
+    cls = type(manager)
+    for name in dir(cls):
+        if name.startswith("_"):
+            continue
+        attr = getattr(cls, name)
+        if isinstance(attr, property):
+            if name == "usage":
+                setattr(cls, name, property(_timed(attr.fget, acc)))
+                names.append(name)
+            continue
+        if callable(attr) and not isinstance(attr, type):
+            setattr(manager, name, _timed(getattr(manager, name), acc))
+            names.append(name)
+    for owner, name in ((manager.block_pool, "free_blocks"),
+                        (manager.coordinator, "get_num_blocks_to_allocate")):
+        if hasattr(owner, name):
+            try:
+                setattr(owner, name, _timed(getattr(owner, name), acc))
+                names.append(f"{type(owner).__name__}.{name}")
+            except AttributeError:  # __slots__: wrap on the class
+                fn = getattr(type(owner), name)
+                setattr(type(owner), name, _timed(fn, acc))
+                names.append(f"{type(owner).__name__}.{name}")
+    result_types = {type(manager.empty_kv_cache_blocks)}
+    result_types.update(c for c in type(manager.empty_kv_cache_blocks).__mro__
+                        if c.__name__ == "KVCacheBlocks")
+    for rt in result_types:
+        for name in RESULT_METHODS:
+            if name in rt.__dict__:
+                setattr(rt, name, _timed(rt.__dict__[name], acc))
+                names.append(f"{rt.__name__}.{name}")
+    return sorted(names)
 
 
 def _timer_floor(rounds: int = 7, calls: int = 20000) -> float:
@@ -153,9 +187,7 @@ def run_engine(
     manager = scheduler.kv_cache_manager
     served = type(manager).__module__.startswith("kvcoord")
     kv_time = [0.0, 0]
-    for name in MANAGER_METHODS:
-        if hasattr(manager, name):
-            setattr(manager, name, _timed(getattr(manager, name), kv_time))
+    wrapped = _wrap_manager(manager, kv_time)
 
     kv_cache_utils.init_none_hash(sha256_cbor)
     hash_time = [0.0, 0]
@@ -258,6 +290,7 @@ def run_engine(
         "kv_net_ms_per_step": 1e3 * kv_net / n,
         "hash_net_ms_per_step": 1e3 * hash_net / n,
         "creation_s": creation,
+        "wrapped": wrapped,
         "creation_hash_s": creation_hash,
         **admit,
     }

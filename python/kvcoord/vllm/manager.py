@@ -95,6 +95,8 @@ class KVCacheManager:
             hash_block_size=self.hash_block_size,
         )
         self._core = self._core_coordinator.core
+        # The core's shared empty result (an allocation that added no block).
+        self._core_empty = self._core.empty
         self._pool = self._core_coordinator.block_pool
         self._requests = RequestRegistry(self.hash_block_size)
         self._parking = Parking(self._core, self._requests)
@@ -235,7 +237,6 @@ class KVCacheManager:
         room = self._decode_room.get(request.request_id)
         if (
             room is not None
-            and (new_computed_blocks is None or new_computed_blocks is self.empty_kv_cache_blocks)
             and num_new_tokens > 0
             and not (
                 num_new_computed_tokens
@@ -244,10 +245,13 @@ class KVCacheManager:
                 or full_sequence_must_fit
                 or reserved_blocks
             )
+            and (new_computed_blocks is None or new_computed_blocks is self.empty_kv_cache_blocks)
         ):
             done = request.num_computed_tokens + num_new_tokens
             if done + num_lookahead_tokens <= room[0] and done < room[1]:
                 return self.empty_kv_cache_blocks
+            if not delay_cache_blocks:
+                return self._decode_core(request, num_new_tokens, num_lookahead_tokens)
         return self._allocate(
             request,
             num_new_tokens,
@@ -347,6 +351,36 @@ class KVCacheManager:
             new = self._past_external(new, num_local, num_local + num_external_computed_tokens)
         return KVCacheBlocks(new, self._pool)
 
+    def _decode_core(
+        self, request: Any, num_new_tokens: int, num_lookahead_tokens: int
+    ) -> KVCacheBlocks | None:
+        """``_allocate`` for a running request of a plain configuration (it has
+        a decode room) with no hit, external, encoder or reserved tokens and
+        caching not delayed: the same core calls, without the general checks
+        (no watermark, no hits, no prediction)."""
+        mine = self._requests.get(request)
+        num_tokens = mine.num_tokens
+        hbs = self.hash_block_size
+        hashed = len(request.block_hashes) * hbs
+        lagging = hashed < num_tokens - hbs + 1
+        result = self._core.allocate_slots(
+            mine, num_new_tokens, None, None, num_lookahead_tokens or None, None, lagging
+        )
+        if result is None:
+            return None
+        computed = request.num_computed_tokens
+        if computed > self.max_model_len:
+            computed = self.max_model_len
+        cached_to = min(computed + num_new_tokens, num_tokens)
+        if lagging and self.enable_caching:
+            cached_to = min(cached_to, hashed)
+            self._core.cache_blocks(mine, cached_to)
+        need = min(computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
+        self._decode_room[request.request_id] = self._room(need, cached_to)
+        if result is self._core_empty:
+            return self.empty_kv_cache_blocks
+        return KVCacheBlocks(result.get_block_ids(), self._pool)
+
     def _past_external(self, new: Any, local: int, computed: int) -> tuple[Any, ...]:
         out = []
         for g, bs in enumerate(self._block_sizes):
@@ -364,9 +398,10 @@ class KVCacheManager:
         bs = sizes[0]
         slots = -(-need // bs) * bs
         next_block = (cached_to // bs + 1) * bs
-        for bs in sizes[1:]:
-            slots = min(slots, -(-need // bs) * bs)
-            next_block = min(next_block, (cached_to // bs + 1) * bs)
+        if len(sizes) > 1:
+            for bs in sizes[1:]:
+                slots = min(slots, -(-need // bs) * bs)
+                next_block = min(next_block, (cached_to // bs + 1) * bs)
         return slots, next_block if self.enable_caching else sys.maxsize
 
     def cache_blocks(self, request: Any, num_computed_tokens: int) -> None:
