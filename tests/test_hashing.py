@@ -340,3 +340,26 @@ def test_long_prompt_releases_gil() -> None:
         lambda: Request("long", toks, hash_block_size=16, hash_algo="sha256_cbor")
     )
     assert inside >= 5, (seconds, inside)
+
+
+def test_supplied_hashes_are_the_callers_and_checked_all_or_nothing() -> None:
+    """``hash_algo="supplied"``: kvcoord keys blocks by the caller's digests
+    (e.g. vLLM's pickle ``sha256`` or hash-lookahead digests)."""
+    r = kvcoord.Request("a", list(range(40)), hash_block_size=16, hash_algo="supplied")
+    assert (r.hash_algo, r.num_block_hashes) == ("supplied", 0)
+    r.supply_block_hashes([b"\x01" * 32])
+    assert list(r.block_hashes) == [b"\x01" * 32] and r.digest_len == 32
+    with pytest.raises(kvcoord.InvalidArgumentError, match="32 bytes"):
+        r.supply_block_hashes([b"\x02" * 16])
+    with pytest.raises(kvcoord.InvalidArgumentError, match="full blocks"):
+        r.supply_block_hashes([b"\x02" * 32] * 2)
+    with pytest.raises(kvcoord.InvalidHashError):
+        r.supply_block_hashes([b"\x02" * 5])
+    assert r.num_block_hashes == 1
+    r.append_output_token_ids(list(range(8)))
+    r.supply_block_hashes(np.full((2, 32), 3, dtype=np.uint8))
+    assert r.block_hashes_bytes() == b"\x01" * 32 + b"\x03" * 64
+    computed = kvcoord.Request("b", list(range(40)), hash_block_size=16)
+    with pytest.raises(kvcoord.ConfigError, match="supplied"):
+        computed.supply_block_hashes([b"\x01" * 32])
+    assert computed.num_block_hashes == 2

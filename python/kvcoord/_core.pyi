@@ -305,10 +305,11 @@ def validate_retention_interval(
 
 # ---------------------------------------------------------------- hashing
 
-HashAlgoName = Literal["sha256_cbor", "xxhash_cbor", "xxh3_native"]
+HashAlgoName = Literal["sha256_cbor", "xxhash_cbor", "xxh3_native", "supplied"]
 
 HASH_ALGOS: tuple[HashAlgoName, ...]
-"""The accepted ``hash_algo`` names: ``("sha256_cbor", "xxhash_cbor", "xxh3_native")``."""
+"""The accepted ``hash_algo`` names:
+``("sha256_cbor", "xxhash_cbor", "xxh3_native", "supplied")``."""
 
 TokenIds = Sequence[int] | npt.NDArray[np.integer]
 """Token ids: a list/tuple of ints or a 1-D integer numpy array (uint32 is
@@ -350,7 +351,11 @@ class Request:
     ``[parent, [tokens...], extra_keys | null]``); ``"xxh3_native"`` is
     kvcoord's own faster format (XXH3-128 over the parent digest, the tokens
     as little-endian u32 and length-prefixed extra keys; frozen as version
-    1, not vLLM-compatible).
+    1, not vLLM-compatible). ``"supplied"`` computes nothing: the caller
+    hands over each full block's digest with :meth:`supply_block_hashes`
+    (16 or 32 bytes, e.g. the digests a scheduler computed with a hash kvcoord
+    does not implement); the request may hold fewer digests than full blocks,
+    and lookups and caching stop where they end.
 
     Seed: ``hash_seed`` sets the root ``NONE_HASH = H(seed)``. When it is
     None, ``sha256_cbor`` uses vLLM's ``"vllm-none-hash"`` and the other
@@ -391,6 +396,18 @@ class Request:
     def append_output_token_ids(self, token_ids: int | TokenIds) -> None:
         """Append one token or many and hash the blocks they complete.
         All-or-nothing: on an invalid token nothing is appended."""
+
+    def supply_block_hashes(self, block_hashes: Sequence[bytes] | npt.NDArray[np.uint8]) -> None:
+        """Append the digests of the next full blocks (``hash_algo="supplied"``
+        only): a sequence of bytes or a ``(n, digest_len)`` uint8 array.
+        All-or-nothing.
+
+        Raises:
+            ConfigError: the request computes its own hashes.
+            InvalidHashError: a digest is not 16 or 32 bytes.
+            InvalidArgumentError: a digest's length differs from the request's earlier
+                ones, or the digests would outnumber the full blocks.
+        """
 
     @property
     def request_id(self) -> str: ...

@@ -22,7 +22,7 @@ from typing import Literal, NamedTuple
 
 __all__ = ["HashAlgoName", "LoRA", "MultiModalFeature"]
 
-HashAlgoName = Literal["sha256_cbor", "xxhash_cbor", "xxh3_native"]
+HashAlgoName = Literal["sha256_cbor", "xxhash_cbor", "xxh3_native", "supplied"]
 """Names accepted by ``hash_algo``."""
 
 

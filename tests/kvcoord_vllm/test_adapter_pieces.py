@@ -15,18 +15,25 @@ from kvcoord.vllm._requests import RequestRegistry, stats
 
 
 class FakeRequest:
-    """The attributes of vLLM's Request that the registry reads."""
+    """The attributes of vLLM's Request that the registry reads. Its block
+    hashes are made as vLLM's hasher makes them (``sha256_cbor``), unless the
+    test sets ``block_hashes`` itself."""
 
-    def __init__(self, rid: str, prompt: list[int], **extra: object) -> None:
+    def __init__(self, rid: str, prompt: list[int] | None, **extra: object) -> None:
         self.request_id = rid
-        self.prompt_token_ids = list(prompt)
-        self._all = list(prompt)
-        self.num_prompt_tokens = len(prompt)
+        self.prompt_token_ids = None if prompt is None else list(prompt)
+        self._all = list(prompt) if prompt is not None else [0] * int(extra["num_prompt"])  # type: ignore[call-overload]
+        self.num_prompt_tokens = len(self._all)
         self.num_computed_tokens = 0
         self.cache_salt = extra.get("cache_salt")
         self.lora_request = extra.get("lora_request")
         self.mm_features = extra.get("mm_features", [])
         self.prompt_embeds = extra.get("prompt_embeds")
+        self.block_hashes: list[bytes] = hashes(self._all)
+
+    def extend(self, tokens: list[int]) -> None:
+        self._all += tokens
+        self.block_hashes = hashes(self._all)
 
     @property
     def num_tokens(self) -> int:
@@ -37,9 +44,9 @@ class FakeRequest:
         return self._all
 
 
-def hashes(tokens: list[int], **kw: object) -> list[bytes]:
+def hashes(tokens: list[int]) -> list[bytes]:
     return kvcoord.compute_block_hashes(
-        tokens, hash_block_size=4, hash_algo="xxh3_native", hash_seed="s", **kw
+        [t % 2**32 for t in tokens], hash_block_size=4, hash_algo="sha256_cbor"
     )
 
 
@@ -48,7 +55,7 @@ def test_registry_follows_appended_tokens_and_computed_count() -> None:
     req = FakeRequest("a", list(range(10)))
     mine = reg.get(req)
     assert (mine.num_tokens, mine.num_prompt_tokens, mine.num_block_hashes) == (10, 10, 2)
-    req._all += [10, 11, 12]
+    req.extend([10, 11, 12])
     req.num_computed_tokens = 9
     again = reg.get(req)
     assert again is mine
@@ -56,16 +63,32 @@ def test_registry_follows_appended_tokens_and_computed_count() -> None:
     assert mine.all_token_ids == list(range(13))
 
 
-def test_registry_hashes_equal_a_fresh_request_of_the_same_tokens() -> None:
+def test_registry_keys_are_the_vllm_requests_own_hashes() -> None:
     reg = RequestRegistry(4)
-    reg.hash_algo = "sha256_cbor"
     req = FakeRequest("a", list(range(6)))
     reg.get(req)
-    req._all += list(range(6, 17))
+    req.extend(list(range(6, 17)))
     mine = reg.get(req)
-    assert list(mine.block_hashes) == kvcoord.compute_block_hashes(
-        list(range(17)), hash_block_size=4
-    )
+    assert mine.hash_algo == "supplied"
+    assert list(mine.block_hashes) == req.block_hashes == hashes(list(range(17)))
+
+
+def test_registry_stops_where_vllms_hashes_stop() -> None:
+    # A hash-lookahead hasher (or none) leaves full blocks without a hash:
+    # kvcoord's request holds exactly the hashes vLLM's holds, whatever they are.
+    reg = RequestRegistry(4)
+    req = FakeRequest("a", list(range(12)))
+    req.block_hashes = [b"\x01" * 32]
+    mine = reg.get(req)
+    assert list(mine.block_hashes) == [b"\x01" * 32]
+    req.extend([12, 13])
+    req.block_hashes = [b"\x01" * 32, b"\x02" * 32]
+    assert list(reg.get(req).block_hashes) == [b"\x01" * 32, b"\x02" * 32]
+    req.block_hashes = []
+    assert reg.get(FakeRequest("b", list(range(12)))).num_block_hashes == 3
+    unhashed = FakeRequest("c", list(range(12)))
+    unhashed.block_hashes = []
+    assert reg.get(unhashed).num_block_hashes == 0
 
 
 def test_negative_placeholder_tokens_are_taken_modulo_2_32() -> None:
@@ -73,46 +96,43 @@ def test_negative_placeholder_tokens_are_taken_modulo_2_32() -> None:
     req = FakeRequest("a", [1, -1, 3, 4, 5])
     mine = reg.get(req)
     assert mine.all_token_ids == [1, 2**32 - 1, 3, 4, 5]
-    req._all += [-2, 7, 8]
+    req.extend([-2, 7, 8])
     assert reg.get(req).all_token_ids[-3:] == [2**32 - 2, 7, 8]
 
 
 def test_shrunk_request_is_rebuilt() -> None:
     reg = RequestRegistry(4)
     req = FakeRequest("a", list(range(8)))
-    req._all += [8, 9, 10]
+    req.extend([8, 9, 10])
     first = reg.get(req)
     del req._all[-2:]
+    req.block_hashes = hashes(req._all)
     before = stats["rebuilt"]
     second = reg.get(req)
     assert second is not first and second.num_tokens == 9
+    assert list(second.block_hashes) == req.block_hashes
     assert stats["rebuilt"] == before + 1
 
 
-def test_extra_keys_reach_the_hashes() -> None:
+def test_extra_keys_are_kept_for_events() -> None:
     reg = RequestRegistry(4)
-    plain = reg.get(FakeRequest("p", list(range(8)))).block_hashes_bytes()
     lora = SimpleNamespace(lora_name="ad", lora_path="/p")
     mm = [SimpleNamespace(identifier="img", mm_position=SimpleNamespace(offset=4, length=2))]
     with_lora = reg.get(FakeRequest("l", list(range(8)), lora_request=lora))
     with_mm = reg.get(FakeRequest("m", list(range(8)), mm_features=mm))
     salted = reg.get(FakeRequest("s", list(range(8)), cache_salt="x"))
-    digests = {plain, *(r.block_hashes_bytes() for r in (with_lora, with_mm, salted))}
-    assert len(digests) == 4
     assert with_lora.lora == ("ad", "/p")
     assert with_mm.mm_features == [("img", 4, 2)]
-    # The multimodal item starts in block 1: block 0 equals the plain request's.
-    assert with_mm.block_hashes[0] == reg.get(FakeRequest("q", list(range(8)))).block_hashes[0]
+    assert salted.cache_salt == "x"
 
 
-def test_prompt_embeds_requests_never_share_blocks() -> None:
+def test_prompt_embeds_requests_are_keyed_by_vllms_hashes() -> None:
+    # vLLM hashes the embeddings; kvcoord takes its digests and placeholder tokens.
     reg = RequestRegistry(4)
-    before = stats["prompt_embeds_isolated"]
-    a = FakeRequest("a", [0] * 8, prompt_embeds=object())
-    b = FakeRequest("b", [0] * 8, prompt_embeds=object())
-    ha, hb = reg.get(a).block_hashes[0], reg.get(b).block_hashes[0]
-    assert ha != hb
-    assert stats["prompt_embeds_isolated"] == before + 2
+    a = FakeRequest("a", None, num_prompt=8, prompt_embeds=object())
+    a.block_hashes = [b"\x0a" * 32, b"\x0b" * 32]
+    mine = reg.get(a)
+    assert mine.num_tokens == 8 and list(mine.block_hashes) == a.block_hashes
 
 
 def test_drop_forgets() -> None:
@@ -217,3 +237,13 @@ def test_free_list_ends_and_cached_index_follow_the_pool() -> None:
     assert index[key].block_id == a[1] and key in index
     pool.free_blocks(a[::-1])
     assert pool.reset_prefix_cache() and len(view.cached_block_hash_to_block) == 0
+
+
+def test_a_new_request_object_under_a_known_id_gets_its_own_hashes() -> None:
+    # Regression: a probe request reusing an id kept the first probe's hashes
+    # (vLLM's test_scheduler_publishes_lookahead_blocks_at_allocation).
+    reg = RequestRegistry(4)
+    first = FakeRequest("probe", list(range(8)))
+    assert list(reg.get(first).block_hashes) == hashes(list(range(8)))
+    second = FakeRequest("probe", list(range(1, 9)))
+    assert list(reg.get(second).block_hashes) == hashes(list(range(1, 9)))

@@ -48,7 +48,9 @@ def config(num_blocks: int, specs: list) -> KVCacheConfig:
     )
 
 
-def make_request(rid: str, tokens: list[int], hash_block_size: int = BS) -> Request:
+def make_request(
+    rid: str, tokens: list[int], hash_block_size: int = BS, lookahead: int = 0
+) -> Request:
     params = SamplingParams(max_tokens=1000)
     params.update_from_generation_config({}, eos_token_id=100)
     return Request(
@@ -56,7 +58,7 @@ def make_request(rid: str, tokens: list[int], hash_block_size: int = BS) -> Requ
         prompt_token_ids=tokens,
         sampling_params=params,
         pooling_params=None,
-        block_hasher=get_request_block_hasher(hash_block_size, sha256),
+        block_hasher=get_request_block_hasher(hash_block_size, sha256, lookahead),
     )
 
 
@@ -86,10 +88,26 @@ def _none_hash() -> None:
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("groups", [1, 2])
 @pytest.mark.parametrize("use_eagle", [False, True])
-def test_random_schedule_matches_vllm(seed: int, groups: int, use_eagle: bool) -> None:
+@pytest.mark.parametrize(("lookahead", "prefill_lookahead"), [(0, 0), (2, 0), (0, 3)])
+def test_random_schedule_matches_vllm(
+    seed: int, groups: int, use_eagle: bool, lookahead: int, prefill_lookahead: int
+) -> None:
+    """``lookahead``: vLLM's hash-lookahead hasher (each block's hash also
+    covers the next tokens, so it exists only once they do); kvcoord keys by
+    those hashes as they are. ``prefill_lookahead``: multi-module MTP, whose
+    last ``prefill_lookahead - 1`` computed tokens are never cached (served
+    with one group)."""
+    if prefill_lookahead and groups > 1:
+        pytest.skip("num_prefill_lookahead is served with one KV cache group")
     rng = random.Random(seed)
     cfg = config(48, [full_spec() for _ in range(groups)])
-    theirs, ours = managers(cfg, watermark=rng.choice([0.0, 0.05]), use_eagle=use_eagle)
+    theirs, ours = managers(
+        cfg,
+        watermark=rng.choice([0.0, 0.05]),
+        use_eagle=use_eagle,
+        num_hash_lookahead_tokens=lookahead,
+        num_prefill_lookahead=prefill_lookahead,
+    )
     prefixes = [[rng.randrange(1000) for _ in range(rng.randrange(4, 30))] for _ in range(3)]
     waiting: list[Request] = []
     running: list[Request] = []
@@ -98,7 +116,7 @@ def test_random_schedule_matches_vllm(seed: int, groups: int, use_eagle: bool) -
             tokens = rng.choice(prefixes) + [
                 rng.randrange(1000) for _ in range(rng.randrange(1, 12))
             ]
-            waiting.append(make_request(f"r{step}", tokens))
+            waiting.append(make_request(f"r{step}", tokens, lookahead=lookahead))
         for req in list(running):  # decode: one token each, preempt the last on failure
             req.append_output_token_ids(rng.randrange(1000))
             a = theirs.allocate_slots(req, 1)
@@ -211,11 +229,11 @@ def test_unserved_configuration_falls_back_with_one_log_line(caplog) -> None:
     assert sum(kv.fallbacks.values()) == before + 1
     assert [r.getMessage() for r in caplog.records if "SlidingWindowSpec" in r.getMessage()]
     m2 = kv.KVCacheManager(
-        config(16, [full_spec()]),
+        config(16, [full_spec(), full_spec()]),
         max_model_len=64,
         scheduler_block_size=BS,
         hash_block_size=BS,
-        num_hash_lookahead_tokens=1,
+        num_prefill_lookahead=2,
     )
     assert type(m2) is kv.original_manager_class()
     # EAGLE is served over groups of one spec only.
@@ -386,3 +404,29 @@ def test_async_scheduler_with_several_groups_falls_back_at_construction() -> Non
     assert isinstance(one, kv.KVCacheManager)
     assert not isinstance(two, kv.KVCacheManager)
     assert sum(kv.fallbacks.values()) == before + 1
+
+
+def test_single_type_views_find_cached_blocks_by_vllms_block_hash() -> None:
+    # vLLM's auxiliary-output connector reads
+    # coordinator.single_type_managers[g].block_pool.get_cached_block(hash, [g]).
+    cfg = config(16, [full_spec()])
+    theirs, ours = managers(cfg)
+    req = make_request("a", list(range(10)))
+    for m in (theirs, ours):
+        m.get_computed_blocks(req)
+        m.allocate_slots(req, 10)
+    for i, h in enumerate(req.block_hashes):
+        a = theirs.coordinator.single_type_managers[0].block_pool.get_cached_block(h, [0])
+        b = ours.coordinator.single_type_managers[0].block_pool.get_cached_block(h, [0])
+        assert [blk.block_id for blk in a] == [ids_of_view(x) for x in b] == [i + 1]
+    other = make_request("b", [7] * 10)
+    assert (
+        ours.coordinator.single_type_managers[0].block_pool.get_cached_block(
+            other.block_hashes[0], [0]
+        )
+        is None
+    )
+
+
+def ids_of_view(block: object) -> int:
+    return int(getattr(block, "block_id", block))  # type: ignore[call-overload]

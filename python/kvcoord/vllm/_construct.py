@@ -70,9 +70,6 @@ def caller_reason() -> str | None:
                 reason = connector_reason(connector)
                 if reason is not None:
                     return reason
-            aux = getattr(getattr(owner, "vllm_config", None), "aux_output_config", None)
-            if getattr(aux, "enabled", False):
-                return "auxiliary outputs (their connector reads vLLM's pool by block hash)"
             groups = getattr(getattr(owner, "kv_cache_config", None), "kv_cache_groups", ())
             if getattr(owner, "defer_block_free", False) and len(groups) > 1:
                 # vLLM frees deferred blocks last group first; kvcoord's core

@@ -2,18 +2,20 @@
 
 kvcoord's core reads a request's token count, prompt length, computed-token
 count and chained block hashes from a :class:`kvcoord.Request`. The registry
-keeps one per live vLLM request, made from the vLLM request itself (prompt,
-LoRA adapter, multimodal items, cache salt) and brought up to date from it
-before each use: new output tokens are appended (one call, their blocks
-hashed in Rust) and the computed-token count copied. vLLM's request stays
-the only thing the scheduler touches.
+keeps one per live vLLM request, made from the vLLM request itself and
+brought up to date from it before each use: new output tokens are appended
+(one call) and the computed-token count copied. vLLM's request stays the
+only thing the scheduler touches.
 
-Hashes are kvcoord's own (``xxh3_native`` by default, with the extra keys
-vLLM hashes), so decisions equal vLLM's whatever hash vLLM itself uses.
-Placeholder token ids below 0 (multimodal inputs) are taken modulo 2**32.
-A request with prompt embeddings gets a salt of its own: its blocks are
-never shared (fewer hits than vLLM, never a wrong one) and
-:data:`stats` counts it.
+The block hashes are vLLM's own: the request's ``block_hashes``, whatever
+hash vLLM computed them with (pickle-based ``sha256``, hash lookahead,
+prompt embeddings, ...), handed to a ``hash_algo="supplied"`` request as they
+appear. So the prefix cache is keyed exactly as vLLM's, hits stop where
+vLLM's hashes stop, and a block's hash seen through the views and events is
+vLLM's digest. Where kvcoord's own hasher made those hashes (see
+:mod:`kvcoord.vllm._hasher`), its :class:`kvcoord.Request` already holds them
+and is reused. Placeholder token ids below 0 (multimodal inputs) are taken
+modulo 2**32 (tokens never enter the keys here).
 """
 
 from __future__ import annotations
@@ -25,12 +27,12 @@ import numpy as np
 
 from kvcoord._core import Request
 from kvcoord.errors import InvalidTokenError
-from kvcoord.hashing import HashAlgoName
 from kvcoord.vllm._hasher import ATTR
 
 __all__ = ["RequestRegistry", "stats"]
 
-#: Process-wide counters (``prompt_embeds_isolated``, ``rebuilt``).
+#: Process-wide counters (``rebuilt``: a request rebuilt after vLLM's
+#: token count went back, ``shared``: kvcoord-hashed requests reused).
 stats: Counter[str] = Counter()
 
 
@@ -42,12 +44,14 @@ def _tokens(ids: Any) -> Any:
 class RequestRegistry:
     """One :class:`kvcoord.Request` per live vLLM request id."""
 
-    __slots__ = ("_by_id", "core_ids", "hash_algo", "hash_block_size")
+    __slots__ = ("_by_id", "core_ids", "hash_block_size")
 
-    def __init__(self, hash_block_size: int, hash_algo: HashAlgoName = "xxh3_native") -> None:
+    def __init__(self, hash_block_size: int) -> None:
         self.hash_block_size = hash_block_size
-        self.hash_algo: HashAlgoName = hash_algo
-        self._by_id: dict[str, Request] = {}
+        #: vLLM request id -> (the vLLM request object, kvcoord's request). A
+        #: different object under a known id (a probe reusing an id, a request
+        #: rebuilt by a test) gets a fresh kvcoord request: never stale hashes.
+        self._by_id: dict[str, tuple[Any, Request]] = {}
         #: vLLM request id -> the id its kvcoord request has in the core, for
         #: ids whose earlier blocks are still parked under the plain id (see
         #: :mod:`kvcoord.vllm._parking`); absent: the same id.
@@ -62,7 +66,8 @@ class RequestRegistry:
 
     def get(self, request: Any) -> Request:
         """kvcoord's request for ``request`` (a vLLM ``Request``), in step with it."""
-        mine = self._by_id.get(request.request_id)
+        entry = self._by_id.get(request.request_id)
+        mine = entry[1] if entry is not None and entry[0] is request else None
         if mine is None:
             # The request's own hashing request (kvcoord as vLLM's block hasher).
             shared = request.__dict__.get(ATTR)
@@ -71,19 +76,26 @@ class RequestRegistry:
                 and shared.hash_block_size == self.hash_block_size
                 and request.request_id not in self.core_ids
             ):
-                mine = self._by_id[request.request_id] = shared
+                mine = shared
+                self._by_id[request.request_id] = (request, mine)
+                stats["shared"] += 1
         num_tokens = request.num_tokens
         if mine is None or mine.num_tokens > num_tokens:
             if mine is not None:
                 stats["rebuilt"] += 1
             mine = self._make(request)
-            self._by_id[request.request_id] = mine
+            self._by_id[request.request_id] = (request, mine)
         elif mine.num_tokens < num_tokens:
             new = request.all_token_ids[mine.num_tokens : num_tokens]
             try:
                 mine.append_output_token_ids(new)
             except InvalidTokenError:
                 mine.append_output_token_ids(_tokens(new))
+        # vLLM's new block hashes (a kvcoord-hashed request already has them).
+        theirs = request.block_hashes
+        held = mine.num_block_hashes
+        if len(theirs) > held:
+            mine.supply_block_hashes(theirs[held:])
         mine.num_computed_tokens = request.num_computed_tokens
         return mine
 
@@ -96,14 +108,10 @@ class RequestRegistry:
 
     def _make(self, request: Any) -> Request:
         prompt = request.prompt_token_ids
-        salt = request.cache_salt or None
-        if prompt is None or getattr(request, "prompt_embeds", None) is not None:
-            # vLLM hashes the embeddings; kvcoord cannot yet: isolate the request.
-            stats["prompt_embeds_isolated"] += 1
+        if prompt is None:
+            # Prompt embeddings: vLLM's hashes cover them; tokens are placeholders.
             prompt = [0] * request.num_prompt_tokens
-            salt = f"kvcoord-isolated:{id(request)}:{request.request_id}:{salt}"
-        lora = request.lora_request
-        mine = self._new(request, prompt, salt, lora)
+        mine = self._new(request, prompt)
         if request.num_tokens > mine.num_tokens:
             outputs = request.all_token_ids[mine.num_tokens : request.num_tokens]
             try:
@@ -112,11 +120,12 @@ class RequestRegistry:
                 mine.append_output_token_ids(_tokens(outputs))
         return mine
 
-    def _new(self, request: Any, prompt: Any, salt: str | None, lora: Any) -> Request:
+    def _new(self, request: Any, prompt: Any) -> Request:
+        lora = request.lora_request
         kwargs: dict[str, Any] = {
             "hash_block_size": self.hash_block_size,
-            "hash_algo": self.hash_algo,
-            "cache_salt": salt,
+            "hash_algo": "supplied",
+            "cache_salt": request.cache_salt or None,
             "lora": (lora.lora_name, lora.lora_path or "") if lora else None,
             "mm_features": [
                 (f.identifier, f.mm_position.offset, f.mm_position.length)

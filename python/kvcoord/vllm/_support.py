@@ -21,8 +21,6 @@ __all__ = ["to_kvcoord_config", "unsupported_reason"]
 # Constructor arguments whose non-default values kvcoord does not serve yet,
 # with the reason given in the fallback log line.
 _UNSERVED_ARGS: tuple[tuple[str, object, str], ...] = (
-    ("num_hash_lookahead_tokens", 0, "hash lookahead (num_hash_lookahead_tokens > 0)"),
-    ("num_prefill_lookahead", 0, "num_prefill_lookahead > 0"),
     ("dcp_world_size", 1, "decode context parallelism (dcp_world_size > 1)"),
     ("pcp_world_size", 1, "prefill context parallelism (pcp_world_size > 1)"),
     ("metrics_collector", None, "KV-cache residency metrics (metrics_collector)"),
@@ -77,6 +75,10 @@ def unsupported_reason(kv_cache_config: Any, args: Mapping[str, Any]) -> str | N
             return f"{what} ({field} is set)"
     if getattr(kv_cache_config, "needs_kv_cache_zeroing", False):
         return "KV-cache zeroing of new blocks (needs_kv_cache_zeroing)"
+    if args.get("num_prefill_lookahead", 0) > 0 and len(groups) > 1:
+        # Served with one group: vLLM's hybrid coordinator aligns the
+        # re-prefillable tail to its scheduler block and EAGLE block.
+        return "num_prefill_lookahead > 0 over several KV cache groups"
     specs = [g.kv_cache_spec for g in groups]
     if args.get("use_eagle", False) and any(s != specs[0] for s in specs[1:]):
         return "EAGLE's last-block drop over groups of different specs (use_eagle=True)"

@@ -80,6 +80,7 @@ class _SingleTypeView:
     """What the scheduler reads of each of vLLM's single-type managers."""
 
     __slots__ = (
+        "block_pool",
         "block_size",
         "kv_cache_group_id",
         "kv_cache_spec",
@@ -95,6 +96,9 @@ class _SingleTypeView:
         self.req_to_blocks = _RequestTables(manager, group_id)
         self.num_cached_block = _CachedCounts(self.req_to_blocks)
         self.use_eagle = group_id in manager.drop_eagle_group_ids
+        # Auxiliary-output connectors look blocks up by vLLM's block hash
+        # here; kvcoord's keys are vLLM's hashes (see kvcoord.vllm._requests).
+        self.block_pool = manager.block_pool
 
 
 class CoordinatorView:

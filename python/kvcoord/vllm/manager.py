@@ -85,6 +85,20 @@ class KVCacheManager:
         self.retained_hit_group_ids: tuple[int, ...] = ()
         self.num_kv_cache_groups = len(cfg.kv_cache_groups)
         self.hash_block_size = int(a["hash_block_size"])
+        # Multi-module MTP re-prefills the last num_prefill_lookahead - 1
+        # computed tokens: their KV is not final, so they are never cached.
+        self.num_reprefillable_tokens = max(0, int(a.get("num_prefill_lookahead", 0)) - 1)
+        if (
+            self.enable_caching
+            and self.eagle_group_ids
+            and self.num_reprefillable_tokens
+            and int(a["scheduler_block_size"]) < self.num_reprefillable_tokens + 1
+        ):
+            raise ValueError(
+                "Multi-module MTP with prefix caching needs scheduler_block_size >= "
+                f"num_prefill_lookahead (scheduler_block_size {a['scheduler_block_size']}, "
+                f"num_prefill_lookahead {self.num_reprefillable_tokens + 1})"
+            )
         watermark = float(a.get("watermark", 0.0))
         self.watermark_blocks = int(watermark * cfg.num_blocks)
         kv_config = to_kvcoord_config(cfg)
@@ -322,7 +336,9 @@ class KVCacheManager:
         # caching is done here, clipped to them.
         num_tokens = mine.num_tokens  # vLLM's count, just synced
         hashed = len(request.block_hashes) * self.hash_block_size
-        lagging = hashed < num_tokens - self.hash_block_size + 1
+        lagging = (
+            hashed < num_tokens - self.hash_block_size + 1 or self.num_reprefillable_tokens > 0
+        )
         result = self._core.allocate_slots(
             mine,
             num_new_tokens + num_external_computed_tokens,
@@ -336,7 +352,7 @@ class KVCacheManager:
             return None
         cached_to = min(total_computed + num_new_tokens, num_tokens)
         if lagging and not delay_cache_blocks and self.enable_caching:
-            cached_to = min(cached_to, hashed)
+            cached_to = max(min(cached_to - self.num_reprefillable_tokens, hashed), 0)
             self._core.cache_blocks(mine, cached_to)
         if self._room_sizes and not delay_cache_blocks:
             need = min(total_computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
@@ -362,7 +378,8 @@ class KVCacheManager:
         num_tokens = mine.num_tokens
         hbs = self.hash_block_size
         hashed = len(request.block_hashes) * hbs
-        lagging = hashed < num_tokens - hbs + 1
+        reprefill = self.num_reprefillable_tokens
+        lagging = hashed < num_tokens - hbs + 1 or reprefill > 0
         result = self._core.allocate_slots(
             mine, num_new_tokens, None, None, num_lookahead_tokens or None, None, lagging
         )
@@ -373,7 +390,7 @@ class KVCacheManager:
             computed = self.max_model_len
         cached_to = min(computed + num_new_tokens, num_tokens)
         if lagging and self.enable_caching:
-            cached_to = min(cached_to, hashed)
+            cached_to = max(min(cached_to - reprefill, hashed), 0)
             self._core.cache_blocks(mine, cached_to)
         need = min(computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
         self._decode_room[request.request_id] = self._room(need, cached_to)
@@ -402,12 +419,15 @@ class KVCacheManager:
             for bs in sizes[1:]:
                 slots = min(slots, -(-need // bs) * bs)
                 next_block = min(next_block, (cached_to // bs + 1) * bs)
+        # A block is cached once the tokens past the re-prefillable tail fill it.
+        next_block += self.num_reprefillable_tokens
         return slots, next_block if self.enable_caching else sys.maxsize
 
     def cache_blocks(self, request: Any, num_computed_tokens: int) -> None:
         if self.enable_caching and self._held(request.request_id) is not None:
             hashed = len(request.block_hashes) * self.hash_block_size
-            self._core.cache_blocks(self._requests.get(request), min(num_computed_tokens, hashed))
+            cacheable = max(num_computed_tokens - self.num_reprefillable_tokens, 0)
+            self._core.cache_blocks(self._requests.get(request), min(cacheable, hashed))
 
     # ---- freeing ---------------------------------------------------------
 

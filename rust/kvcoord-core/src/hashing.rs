@@ -33,6 +33,14 @@
 //!     (UTF-8). Each key is self-delimiting, so no two inputs share an
 //!     encoding. Digests are the 128-bit value in big-endian byte order.
 //!
+//! * `supplied`: kvcoord computes nothing; the caller supplies each full
+//!   block's digest ([`RequestHasher::supply`]), for example the digests a
+//!   scheduler already computed with a hash kvcoord does not implement (a
+//!   pickle-based one, or one that folds look-ahead tokens into a block). The
+//!   digests are taken as they are (16 or 32 bytes, one length per request);
+//!   a request may hold fewer of them than it has full blocks, and lookups
+//!   and caching stop where they end.
+//!
 //! # Seeds
 //!
 //! The root digest `NONE_HASH` comes from a seed string ([`none_hash`]). When
@@ -79,13 +87,22 @@ pub enum HashAlgo {
     /// XXH3-128 over raw little-endian integers; kvcoord's own stable format
     /// (16-byte digests), not compatible with vLLM.
     Native,
+    /// No hashing: the caller supplies every digest (16 or 32 bytes).
+    Supplied,
 }
 
 impl HashAlgo {
     /// Every algorithm, in the order of [`HashAlgo::NAMES`].
-    pub const ALL: [Self; 3] = [Self::Sha256Cbor, Self::XxhashCbor, Self::Native];
+    pub const ALL: [Self; 4] = [
+        Self::Sha256Cbor,
+        Self::XxhashCbor,
+        Self::Native,
+        Self::Supplied,
+    ];
+    /// The algorithms that compute digests (every one but `supplied`).
+    pub const COMPUTED: [Self; 3] = [Self::Sha256Cbor, Self::XxhashCbor, Self::Native];
     /// The accepted names.
-    pub const NAMES: [&'static str; 3] = ["sha256_cbor", "xxhash_cbor", "xxh3_native"];
+    pub const NAMES: [&'static str; 4] = ["sha256_cbor", "xxhash_cbor", "xxh3_native", "supplied"];
 
     /// Parse an algorithm name (exact, lower case).
     pub fn from_name(name: &str) -> KvResult<Self> {
@@ -109,21 +126,29 @@ impl HashAlgo {
             Self::Sha256Cbor => Self::NAMES[0],
             Self::XxhashCbor => Self::NAMES[1],
             Self::Native => Self::NAMES[2],
+            Self::Supplied => Self::NAMES[3],
         }
     }
 
-    /// Digest length in bytes (32 for SHA-256, 16 for XXH3-128).
-    pub fn digest_len(self) -> usize {
+    /// Digest length in bytes (32 for SHA-256, 16 for XXH3-128); `None` for
+    /// supplied digests, whose length the caller chooses.
+    pub fn digest_len(self) -> Option<usize> {
         match self {
-            Self::Sha256Cbor => 32,
-            Self::XxhashCbor | Self::Native => 16,
+            Self::Sha256Cbor => Some(32),
+            Self::XxhashCbor | Self::Native => Some(16),
+            Self::Supplied => None,
         }
+    }
+
+    /// Whether kvcoord computes the digests (every algorithm but `supplied`).
+    pub fn computes(self) -> bool {
+        !matches!(self, Self::Supplied)
     }
 
     /// Whether digests are byte-identical to vLLM 0.33.0's algorithm of the
     /// same name.
     pub fn is_vllm_compatible(self) -> bool {
-        !matches!(self, Self::Native)
+        matches!(self, Self::Sha256Cbor | Self::XxhashCbor)
     }
 
     /// Whether the default seed is random per process (see the module docs).
@@ -194,7 +219,11 @@ fn digest(algo: HashAlgo, payload: &[u8]) -> BlockHash {
         HashAlgo::Sha256Cbor => {
             BlockHash::from_slice(Sha256::digest(payload).as_slice()).expect("32-byte digest")
         }
-        HashAlgo::XxhashCbor | HashAlgo::Native => xxh3_digest(xxh3_128(payload)),
+        // A supplied request's root (see `none_hash`) is the only payload
+        // hashed for it; it is never a block's parent.
+        HashAlgo::XxhashCbor | HashAlgo::Native | HashAlgo::Supplied => {
+            xxh3_digest(xxh3_128(payload))
+        }
     }
 }
 
@@ -206,7 +235,7 @@ pub fn none_hash(algo: HashAlgo, seed: &str) -> BlockHash {
             c.text(seed);
             digest(algo, c.as_bytes())
         }
-        HashAlgo::Native => {
+        HashAlgo::Native | HashAlgo::Supplied => {
             let mut h = Xxh3::new();
             h.update(NATIVE_ROOT_PREFIX);
             h.update(seed.as_bytes());
@@ -387,7 +416,65 @@ impl RequestHasher {
     /// Number of new full blocks that [`RequestHasher::update`] would hash
     /// for a sequence of `num_tokens` tokens.
     pub fn pending_blocks(&self, num_tokens: usize) -> usize {
+        if !self.config.algo.computes() {
+            return 0;
+        }
         (num_tokens / self.config.block_size).saturating_sub(self.hashes.len())
+    }
+
+    /// Digest length of this request's hashes: the algorithm's, or for
+    /// supplied digests the length of the first one (32 before any).
+    pub fn digest_len(&self) -> usize {
+        self.config
+            .algo
+            .digest_len()
+            .or_else(|| self.hashes.first().map(BlockHash::len))
+            .unwrap_or(crate::block_hash::MAX_DIGEST_LEN)
+    }
+
+    /// Append caller-supplied digests (algorithm `supplied` only) for the
+    /// next full blocks of a `num_tokens`-token sequence. All-or-nothing:
+    /// on error nothing is appended.
+    ///
+    /// # Errors
+    /// [`KvError::InvalidConfig`] when this hasher computes its digests;
+    /// [`KvError::InvalidArgument`] when a digest's length differs from the
+    /// request's earlier ones, or when the digests would outnumber the full
+    /// blocks of `num_tokens` tokens.
+    pub fn supply(&mut self, digests: &[BlockHash], num_tokens: usize) -> KvResult<()> {
+        if self.config.algo.computes() {
+            return Err(KvError::InvalidConfig {
+                name: "hash_algo",
+                value: format!("{:?}", self.config.algo.name()),
+                rule: "only a request with hash_algo=\"supplied\" takes supplied block hashes"
+                    .into(),
+            });
+        }
+        let len = self.hashes.first().or(digests.first()).map(BlockHash::len);
+        if let Some(bad) = digests.iter().position(|d| Some(d.len()) != len) {
+            return Err(KvError::InvalidArgument {
+                name: "block_hashes",
+                detail: format!(
+                    "digest {bad} has {} bytes; this request's digests have {} bytes",
+                    digests[bad].len(),
+                    len.unwrap_or_default()
+                ),
+            });
+        }
+        let full = num_tokens / self.config.block_size;
+        if self.hashes.len() + digests.len() > full {
+            return Err(KvError::InvalidArgument {
+                name: "block_hashes",
+                detail: format!(
+                    "{} digests held plus {} supplied exceed the {full} full blocks of {num_tokens} tokens",
+                    self.hashes.len(),
+                    digests.len()
+                ),
+            });
+        }
+        crate::limits::try_reserve(&mut self.hashes, digests.len(), "block hashes")?;
+        self.hashes.extend_from_slice(digests);
+        Ok(())
     }
 
     /// Reserve room for the digests of a `num_tokens`-token sequence, so
@@ -456,6 +543,7 @@ impl RequestHasher {
         let c = &mut self.buf;
         c.clear();
         match algo {
+            HashAlgo::Supplied => unreachable!("update() hashes nothing for supplied digests"),
             HashAlgo::Sha256Cbor | HashAlgo::XxhashCbor => {
                 c.array(3);
                 c.bytes(parent.as_bytes());
@@ -762,7 +850,7 @@ mod tests {
         let tokens: Vec<u32> = (0..203u32)
             .map(|i| i.wrapping_mul(2_654_435_761) >> 8)
             .collect();
-        for algo in HashAlgo::ALL {
+        for algo in HashAlgo::COMPUTED {
             for bs in [1, 3, 16] {
                 for extra in [ExtraKeys::default(), all_extra()] {
                     let config = cfg(algo, bs, "seed");
@@ -785,7 +873,7 @@ mod tests {
     #[test]
     fn change_propagates_forward_only() {
         let tokens: Vec<u32> = (0..64).collect();
-        for algo in HashAlgo::ALL {
+        for algo in HashAlgo::COMPUTED {
             let config = cfg(algo, 8, "seed");
             let base = compute_block_hashes(config, ExtraKeys::default(), &tokens);
             let mut t2 = tokens.clone();
@@ -890,5 +978,44 @@ mod tests {
         q.extend_from_slice(b"m");
         q.extend_from_slice(&(-1i64).to_le_bytes());
         assert_eq!(got[1].as_bytes(), &xxh3_128(&q).to_be_bytes());
+    }
+
+    #[test]
+    fn supplied_digests_are_taken_as_given_and_checked_all_or_nothing() {
+        let d = |b: u8, n: usize| BlockHash::from_slice(&vec![b; n]).unwrap();
+        let mut h = RequestHasher::new(cfg(HashAlgo::Supplied, 4, "s"), ExtraKeys::default());
+        assert_eq!(h.update(&[1; 12]), 0, "nothing is computed");
+        assert_eq!(h.digest_len(), 32);
+        h.supply(&[d(1, 16)], 12).unwrap();
+        assert_eq!(h.block_hashes(), &[d(1, 16)]);
+        assert_eq!(h.digest_len(), 16);
+        // A different length, or more digests than full blocks: nothing changes.
+        assert!(matches!(
+            h.supply(&[d(2, 16), d(3, 32)], 12),
+            Err(KvError::InvalidArgument { .. })
+        ));
+        assert!(matches!(
+            h.supply(&[d(2, 16), d(3, 16), d(4, 16)], 12),
+            Err(KvError::InvalidArgument { .. })
+        ));
+        assert_eq!(h.block_hashes(), &[d(1, 16)]);
+        // Fewer digests than full blocks is fine (a look-ahead hash waits).
+        h.supply(&[d(2, 16)], 12).unwrap();
+        assert_eq!(h.block_hashes().len(), 2);
+        assert_eq!(h.pending_blocks(40), 0);
+    }
+
+    #[test]
+    fn computing_hashers_refuse_supplied_digests() {
+        let mut h = RequestHasher::new(cfg(HashAlgo::Native, 4, "s"), ExtraKeys::default());
+        h.update(&[1; 8]);
+        let d = BlockHash::from_slice(&[9; 16]).unwrap();
+        assert!(matches!(
+            h.supply(&[d], 8),
+            Err(KvError::InvalidConfig { .. })
+        ));
+        assert_eq!(h.block_hashes().len(), 2);
+        assert_eq!(HashAlgo::from_name("supplied").unwrap(), HashAlgo::Supplied);
+        assert!(!HashAlgo::Supplied.is_vllm_compatible());
     }
 }

@@ -5,7 +5,9 @@
 //!
 //! * `num_prompt_tokens <= tokens.len()`.
 //! * `hasher` has hashed every full hash unit of `tokens`
-//!   (`hasher.num_hashed_tokens() == tokens.len() / unit * unit`).
+//!   (`hasher.num_hashed_tokens() == tokens.len() / unit * unit`), except
+//!   for supplied digests (`hash_algo = "supplied"`), which may cover fewer
+//!   units (never more).
 //! * In a [`RequestRegistry`], each live id maps to one distinct [`ReqId`].
 
 use hashbrown::HashMap;
@@ -141,6 +143,12 @@ impl Request {
     pub fn append_tokens(&mut self, tokens: &[u32]) {
         self.tokens.extend_from_slice(tokens);
         self.hasher.update(&self.tokens);
+    }
+
+    /// Append caller-supplied digests for the next full hash units (a
+    /// request whose algorithm is `supplied`); all-or-nothing.
+    pub fn supply_block_hashes(&mut self, digests: &[BlockHash]) -> crate::KvResult<()> {
+        self.hasher.supply(digests, self.tokens.len())
     }
 
     /// Append one output token (the decode step's case).

@@ -406,6 +406,14 @@ impl PyRequest {
         })
     }
 
+    /// Append caller-supplied block hashes (a sequence of bytes or a 2-D
+    /// uint8 array) for the next full blocks; `hash_algo="supplied"` only.
+    /// All-or-nothing.
+    fn supply_block_hashes(&mut self, block_hashes: &Bound<'_, PyAny>) -> PyResult<()> {
+        let digests = crate::convert::block_hashes(block_hashes)?;
+        core(self.inner.supply_block_hashes(&digests))
+    }
+
     /// Append one token (an int) or many (a sequence or numpy array); hashes
     /// the blocks this completes. All-or-nothing: on an invalid token nothing
     /// is appended.
@@ -523,7 +531,7 @@ impl PyRequest {
 
     #[getter]
     fn digest_len(&self) -> usize {
-        self.inner.hasher().config().algo().digest_len()
+        self.inner.hasher().digest_len()
     }
 
     #[getter]
@@ -568,7 +576,7 @@ impl PyRequest {
     /// The block hashes as a new `(n, digest_len)` uint8 numpy array.
     fn block_hashes_array<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray2<u8>> {
         let hashes = self.inner.block_hashes();
-        let d = self.inner.hasher().config().algo().digest_len();
+        let d = self.inner.hasher().digest_len();
         let mut flat = Vec::with_capacity(hashes.len() * d);
         for h in hashes {
             flat.extend_from_slice(h.as_bytes());
@@ -773,7 +781,7 @@ impl BlockHashes {
         Ok(format!(
             "BlockHashes(n={}, digest_len={})",
             hashes.len(),
-            req.inner.hasher().config().algo().digest_len()
+            req.inner.hasher().digest_len()
         ))
     }
 }
