@@ -100,8 +100,10 @@ def _wrap_manager(manager, acc) -> list[str]:
         if callable(attr) and not isinstance(attr, type):
             setattr(manager, name, _timed(getattr(manager, name), acc))
             names.append(name)
-    for owner, name in ((manager.block_pool, "free_blocks"),
-                        (manager.coordinator, "get_num_blocks_to_allocate")):
+    for owner, name in (
+        (manager.block_pool, "free_blocks"),
+        (manager.coordinator, "get_num_blocks_to_allocate"),
+    ):
         if hasattr(owner, name):
             try:
                 setattr(owner, name, _timed(getattr(owner, name), acc))
@@ -111,8 +113,9 @@ def _wrap_manager(manager, acc) -> list[str]:
                 setattr(type(owner), name, _timed(fn, acc))
                 names.append(f"{type(owner).__name__}.{name}")
     result_types = {type(manager.empty_kv_cache_blocks)}
-    result_types.update(c for c in type(manager.empty_kv_cache_blocks).__mro__
-                        if c.__name__ == "KVCacheBlocks")
+    result_types.update(
+        c for c in type(manager.empty_kv_cache_blocks).__mro__ if c.__name__ == "KVCacheBlocks"
+    )
     for rt in result_types:
         for name in RESULT_METHODS:
             if name in rt.__dict__:
