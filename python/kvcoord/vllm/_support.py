@@ -15,7 +15,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvcoord.config import FullAttentionSpec, KVCacheConfig, KVCacheGroup
-from kvcoord.vllm._hisparse import hisparse_reason, role_reason
 
 __all__ = ["to_kvcoord_config", "unsupported_reason"]
 
@@ -64,14 +63,14 @@ def unsupported_reason(kv_cache_config: Any, args: Mapping[str, Any]) -> str | N
     groups = list(kv_cache_config.kv_cache_groups)
     if not groups:
         return "a KV cache config without groups"
-    reason = hisparse_reason(kv_cache_config)
-    if reason is not None:
-        return reason
     for group in groups:
-        reason = _spec_reason(group.kv_cache_spec) or role_reason(group)
+        reason = _spec_reason(group.kv_cache_spec)
         if reason is not None:
             return reason
-    for field, what in (("cache_hit_alignment_tokens", "cache-hit alignment"),):
+    for field, what in (
+        ("cache_hit_alignment_tokens", "cache-hit alignment"),
+        ("hisparse_host_num_blocks", "HiSparse host pools"),
+    ):
         if getattr(kv_cache_config, field, None) is not None:
             return f"{what} ({field} is set)"
     if getattr(kv_cache_config, "needs_kv_cache_zeroing", False):

@@ -124,6 +124,10 @@ class KVCacheManager:
         plain = all(type(g.spec) is FullAttentionSpec for g in kv_config.groups)
         sizes = tuple(sorted(set(self._block_sizes)))
         self._room_sizes = sizes if plain and not self.watermark_blocks else ()
+        self._room_bs = self._room_sizes[0] if len(self._room_sizes) == 1 else 0
+        # The registry's entries (vLLM request, kvcoord request) by id, read
+        # in place by the decode path (_decode_core).
+        self._registered = self._requests._by_id
         self.empty_kv_cache_blocks = EmptyKVCacheBlocks(
             tuple(() for _ in range(self.num_kv_cache_groups)), self._pool
         )
@@ -373,27 +377,49 @@ class KVCacheManager:
         """``_allocate`` for a running request of a plain configuration (it has
         a decode room) with no hit, external, encoder or reserved tokens and
         caching not delayed: the same core calls, without the general checks
-        (no watermark, no hits, no prediction)."""
-        mine = self._requests.get(request)
-        num_tokens = mine.num_tokens
+        (no watermark, no hits, no prediction), and the request synced in
+        place when only its computed-token count moved."""
+        num_hashes = len(request.block_hashes)
+        entry = self._registered.get(request.request_id)
+        if entry is not None and entry[0] is request:
+            mine = entry[1]
+            num_tokens = mine.num_tokens
+            if num_tokens == request.num_tokens and mine.num_block_hashes >= num_hashes:
+                mine.num_computed_tokens = request.num_computed_tokens
+            else:
+                mine = self._requests.get(request)
+                num_tokens = mine.num_tokens
+        else:
+            mine = self._requests.get(request)
+            num_tokens = mine.num_tokens
         hbs = self.hash_block_size
-        hashed = len(request.block_hashes) * hbs
+        hashed = num_hashes * hbs
         reprefill = self.num_reprefillable_tokens
         lagging = hashed < num_tokens - hbs + 1 or reprefill > 0
         result = self._core.allocate_slots(
-            mine, num_new_tokens, None, None, num_lookahead_tokens or None, None, lagging
+            mine, num_new_tokens, 0, None, num_lookahead_tokens, 0, lagging
         )
         if result is None:
             return None
         computed = request.num_computed_tokens
         if computed > self.max_model_len:
             computed = self.max_model_len
-        cached_to = min(computed + num_new_tokens, num_tokens)
+        cached_to = computed + num_new_tokens
+        if cached_to > num_tokens:
+            cached_to = num_tokens
         if lagging and self.enable_caching:
             cached_to = max(min(cached_to - reprefill, hashed), 0)
             self._core.cache_blocks(mine, cached_to)
         need = min(computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
-        self._decode_room[request.request_id] = self._room(need, cached_to)
+        bs = self._room_bs
+        if bs:
+            # _room for one block size, inline.
+            self._decode_room[request.request_id] = (
+                -(-need // bs) * bs,
+                (cached_to // bs + 1) * bs + reprefill if self.enable_caching else sys.maxsize,
+            )
+        else:
+            self._decode_room[request.request_id] = self._room(need, cached_to)
         if result is self._core_empty:
             return self.empty_kv_cache_blocks
         return KVCacheBlocks(result.get_block_ids(), self._pool)
@@ -511,19 +537,36 @@ class KVCacheManager:
         )
 
     def estimate_cached_tokens(self, request: Any) -> int:
-        """Tokens covered by the request's cached blocks (min over groups)."""
+        """Tokens covered by the request's cached blocks (min over groups).
+
+        The last cached block is looked for from the tail: a few single-block
+        lookups (a running request's last full block is usually cached), the
+        pool's whole cached mask only when those find none."""
         held = self._held(request.request_id)
-        if held is None:
+        if held is None or not self.enable_caching:
             return 0
-        cached = self._pool.cached_mask()
+        cached: Any = None
+        block_hash = self._pool.block_hash
         result: int | None = None
         for g, bs in zip(held, self._block_sizes, strict=True):
             tokens = 0
-            g = g.tolist()
-            for index in range(len(g) - 1, -1, -1):
-                if g[index] and cached[g[index]]:
+            ids = g.tolist()
+            index = len(ids) - 1
+            stop = max(index - 4, -1)
+            while index > stop:
+                if ids[index] and block_hash(ids[index]) is not None:
                     tokens = (index + 1) * bs
                     break
+                index -= 1
+            else:
+                if index >= 0:
+                    if cached is None:
+                        cached = self._pool.cached_mask()
+                    while index >= 0:
+                        if ids[index] and cached[ids[index]]:
+                            tokens = (index + 1) * bs
+                            break
+                        index -= 1
             result = tokens if result is None else min(result, tokens)
         return result or 0
 
