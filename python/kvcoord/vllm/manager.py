@@ -41,6 +41,10 @@ __all__ = ["KVCacheManager", "fallbacks", "served"]
 logger = logging.getLogger("kvcoord.vllm")
 
 
+# vLLM's PrefixCacheStats class, imported once (make_prefix_cache_stats runs every step).
+_STATS_CLASS: dict[str, Any] = {}
+
+
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -138,7 +142,12 @@ class KVCacheManager:
 
     @staticmethod
     def _new_stats() -> Any:
-        return importlib.import_module("vllm.v1.metrics.stats").PrefixCacheStats()
+        cls = _STATS_CLASS.get("cls")
+        if cls is None:
+            cls = _STATS_CLASS["cls"] = importlib.import_module(
+                "vllm.v1.metrics.stats"
+            ).PrefixCacheStats
+        return cls()
 
     @property
     def usage(self) -> float:
