@@ -113,8 +113,6 @@ class KVCacheManager:
             hash_block_size=self.hash_block_size,
         )
         self._core = self._core_coordinator.core
-        # The core's shared empty result (an allocation that added no block).
-        self._core_empty = self._core.empty
         self._pool = self._core_coordinator.block_pool
         self._requests = RequestRegistry(self.hash_block_size)
         self._parking = Parking(self._core, self._requests)
@@ -128,10 +126,16 @@ class KVCacheManager:
         plain = all(type(g.spec) is FullAttentionSpec for g in kv_config.groups)
         sizes = tuple(sorted(set(self._block_sizes)))
         self._room_sizes = sizes if plain and not self.watermark_blocks else ()
-        self._room_bs = self._room_sizes[0] if len(self._room_sizes) == 1 else 0
-        # The registry's entries (vLLM request, kvcoord request) by id, read
-        # in place by the decode path (_decode_core).
-        self._registered = self._requests._by_id
+        # What _decode_core reads: the registry's entries (vLLM request,
+        # kvcoord request) by id, the core's shared empty result (an
+        # allocation that added no block) and the block size when there is
+        # one. One attribute: past 30 instance attributes CPython 3.11 stops
+        # specialising attribute reads, and every method here slows down.
+        self._decode_fixed = (
+            self._requests._by_id,
+            self._core.empty,
+            self._room_sizes[0] if len(self._room_sizes) == 1 else 0,
+        )
         self.empty_kv_cache_blocks = EmptyKVCacheBlocks(
             tuple(() for _ in range(self.num_kv_cache_groups)), self._pool
         )
@@ -264,6 +268,7 @@ class KVCacheManager:
         room = self._decode_room.get(request.request_id)
         if (
             room is not None
+            and (new_computed_blocks is None or new_computed_blocks is self.empty_kv_cache_blocks)
             and num_new_tokens > 0
             and not (
                 num_new_computed_tokens
@@ -272,7 +277,6 @@ class KVCacheManager:
                 or full_sequence_must_fit
                 or reserved_blocks
             )
-            and (new_computed_blocks is None or new_computed_blocks is self.empty_kv_cache_blocks)
         ):
             done = request.num_computed_tokens + num_new_tokens
             if done + num_lookahead_tokens <= room[0] and done < room[1]:
@@ -388,8 +392,9 @@ class KVCacheManager:
         caching not delayed: the same core calls, without the general checks
         (no watermark, no hits, no prediction), and the request synced in
         place when only its computed-token count moved."""
+        registered, core_empty, bs = self._decode_fixed
         num_hashes = len(request.block_hashes)
-        entry = self._registered.get(request.request_id)
+        entry = registered.get(request.request_id)
         if entry is not None and entry[0] is request:
             mine = entry[1]
             num_tokens = mine.num_tokens
@@ -420,7 +425,6 @@ class KVCacheManager:
             cached_to = max(min(cached_to - reprefill, hashed), 0)
             self._core.cache_blocks(mine, cached_to)
         need = min(computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
-        bs = self._room_bs
         if bs:
             # _room for one block size, inline.
             self._decode_room[request.request_id] = (
@@ -429,7 +433,7 @@ class KVCacheManager:
             )
         else:
             self._decode_room[request.request_id] = self._room(need, cached_to)
-        if result is self._core_empty:
+        if result is core_empty:
             return self.empty_kv_cache_blocks
         return KVCacheBlocks(result.get_block_ids(), self._pool)
 
