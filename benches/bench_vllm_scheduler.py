@@ -4,21 +4,41 @@
         .venv-vllm/bin/python benches/bench_vllm_scheduler.py --running 256 1024
 
 Each engine runs in its own process (kvcoord.vllm.enable() is process-wide),
-alternating. A run builds vLLM's ``Scheduler`` the way vLLM's scheduler tests
-do (opt-125m config, one full-attention group, prefix caching on,
-``sha256_cbor`` block hashes), admits N requests whose prompts share a long
-prefix, then times ``schedule()`` + ``update_from_output()`` (synthetic model
-output: one sampled token per request) over decode steps. The time inside
-the KV manager (every manager method the scheduler calls, timed by a
-wrapper) and in block hashing (the request block hasher) is reported apart.
-Request creation (where vLLM hashes prompts) is timed separately.
+engines alternating within each of ``--rounds`` rounds (3 by default; the
+summary gives medians over rounds). A run builds vLLM's ``Scheduler`` the
+way vLLM's scheduler tests do (opt-125m config, one full-attention group,
+prefix caching on, ``sha256_cbor`` block hashes, stats logging on), admits
+N requests whose prompts share a long prefix (step 0, not in the figures),
+then times ``schedule()`` + ``update_from_output()`` (synthetic model
+output: one sampled token per request) over decode steps. Three whole
+cycles of 16 steps by default, so each kind of step (plain, a block
+completes, a block is needed) weighs the same on both engines; the first
+decode step also finalises prefill statistics (``estimate_cached_tokens``).
 
-As vLLM's ``EngineCore`` does, the startup heap is frozen before requests
-arrive. Garbage-collector pauses are timed apart (``gc.callbacks``) and left
+What is timed as "KV manager", by a wrapper, on each engine alike: every
+public method of the manager's class (``allocate_slots``,
+``get_computed_blocks``, ``free``, ``get_blocks``, the ``take_*``
+hand-offs, ``record_prefix_cache_stats``...), its ``usage`` property, its
+pool's ``free_blocks``, its coordinator's ``get_num_blocks_to_allocate``
+and the methods the scheduler calls on the manager's results
+(``get_block_ids`` of the ``KVCacheBlocks`` type, per scheduled request and
+step). Only the outermost timed call counts (a method calling another is
+timed once). "Hashing" is the request block hasher, which vLLM's
+``Request`` calls on every token append. Request creation (where vLLM
+hashes prompts) is timed separately.
+
+As vLLM's ``EngineCore`` does, the startup heap is frozen before decode
+steps. Garbage-collector pauses are timed apart (``gc.callbacks``) and left
 out of the manager, hashing and share figures, whose denominator is the
 step minus its pauses. "Net" figures subtract the wrapper's own cost per
-call, calibrated on a wrapped no-op (``timer_floor_us``). Single-call
-medians, steadier on a loaded machine: ``bench_vllm_decode_calls.py``.
+call, calibrated on a wrapped no-op (``timer_floor_us``): what remains is
+the time inside the callee beyond calling an empty Python function.
+``--clock cpu`` times everything in this thread's CPU time instead of wall
+time: on a machine shared with other work, time spent descheduled then
+counts nowhere (the timer's own cost is higher, about 0.6 us a call, and
+subtracted in the net figures). The JSON output breaks the manager time
+down by method (``per_name_ms_per_step``). Single-call medians:
+``bench_vllm_decode_calls.py``.
 """
 
 from __future__ import annotations
@@ -34,26 +54,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-MANAGER_METHODS = (
-    "get_computed_blocks",
-    "get_computed_blocks_for_connector",
-    "allocate_slots",
-    "free",
-    "cache_blocks",
-    "get_blocks",
-    "get_block_ids",
-    "new_step_starts",
-    "take_events",
-    "make_prefix_cache_stats",
-    "record_prefix_cache_stats",
-    "estimate_cached_tokens",
-    "take_new_block_ids",
-    "take_kv_cache_block_copies",
-    "take_boundary_state_offloads",
-    "remove_skipped_blocks",
-    "get_block_ids_for_computed_tokens",
-    "pop_blocks_for_free",
-)
+# Result-object methods the scheduler calls on what the manager returns
+# (``get_block_ids(allow_none=True)`` per scheduled request and step...):
+# the manager's own result type on each side, so timed as manager work.
+RESULT_METHODS = ("get_block_ids", "get_unhashed_block_ids", "new_empty", "__add__")
 
 
 # Seconds spent in the cyclic garbage collector so far (gc.callbacks): its
@@ -61,30 +65,92 @@ MANAGER_METHODS = (
 # are reported apart and not counted as manager or hashing time.
 _GC_PAUSE = [0.0]
 _GC_START = [0.0]
+# Timed calls now open: only the outermost is timed (a manager method calling
+# another, or a result method, is counted once).
+_DEPTH = [0]
+# The clock of every figure: wall time (perf_counter) or, with --clock cpu,
+# this thread's CPU time (time spent descheduled by other work not counted).
+CLOCK = [time.perf_counter]
+# Seconds and calls per wrapped name (the breakdown in the JSON output).
+PER_NAME: dict[str, list] = {}
 
 
 def _gc_callback(phase: str, info: dict) -> None:
     if phase == "start":
-        _GC_START[0] = time.perf_counter()
+        _GC_START[0] = CLOCK[0]()
     else:
-        _GC_PAUSE[0] += time.perf_counter() - _GC_START[0]
+        _GC_PAUSE[0] += CLOCK[0]() - _GC_START[0]
 
 
-def _timed(fn, acc):
-    """``fn`` timed into ``acc`` = [seconds, calls], garbage-collector pauses excluded."""
-    clock = time.perf_counter
+def _timed(fn, acc, name="noop"):
+    """``fn`` timed into ``acc`` = [seconds, calls], garbage-collector pauses
+    excluded; calls made inside another timed call are not timed again."""
+    clock = CLOCK[0]
     pause = _GC_PAUSE
+    depth = _DEPTH
+    own = PER_NAME.setdefault(name, [0.0, 0])
 
     def wrapper(*args, **kwargs):
+        if depth[0]:
+            return fn(*args, **kwargs)
+        depth[0] = 1
         g0 = pause[0]
         t0 = clock()
         try:
             return fn(*args, **kwargs)
         finally:
-            acc[0] += clock() - t0 - (pause[0] - g0)
+            spent = clock() - t0 - (pause[0] - g0)
+            acc[0] += spent
             acc[1] += 1
+            own[0] += spent
+            own[1] += 1
+            depth[0] = 0
 
     return wrapper
+
+
+def _wrap_manager(manager, acc) -> list[str]:
+    """Time every public method of ``manager`` (its class's callables), its
+    ``usage`` property, its pool's ``free_blocks``, its coordinator's
+    ``get_num_blocks_to_allocate`` and the result methods of its
+    ``KVCacheBlocks`` type (class-level: each engine runs in its own
+    process) into ``acc``; the names wrapped."""
+    names = []
+    cls = type(manager)
+    for name in dir(cls):
+        if name.startswith("_"):
+            continue
+        attr = getattr(cls, name)
+        if isinstance(attr, property):
+            if name == "usage":
+                setattr(cls, name, property(_timed(attr.fget, acc, name)))
+                names.append(name)
+            continue
+        if callable(attr) and not isinstance(attr, type):
+            setattr(manager, name, _timed(getattr(manager, name), acc, name))
+            names.append(name)
+    for owner, name in (
+        (manager.block_pool, "free_blocks"),
+        (manager.coordinator, "get_num_blocks_to_allocate"),
+    ):
+        if hasattr(owner, name):
+            label = f"{type(owner).__name__}.{name}"
+            try:
+                setattr(owner, name, _timed(getattr(owner, name), acc, label))
+            except AttributeError:  # __slots__: wrap on the class
+                setattr(type(owner), name, _timed(getattr(type(owner), name), acc, label))
+            names.append(label)
+    result_types = {type(manager.empty_kv_cache_blocks)}
+    result_types.update(
+        c for c in type(manager.empty_kv_cache_blocks).__mro__ if c.__name__ == "KVCacheBlocks"
+    )
+    for rt in result_types:
+        for name in RESULT_METHODS:
+            if name in rt.__dict__:
+                label = f"{rt.__name__}.{name}"
+                setattr(rt, name, _timed(rt.__dict__[name], acc, label))
+                names.append(label)
+    return sorted(names)
 
 
 def _timer_floor(rounds: int = 7, calls: int = 20000) -> float:
@@ -101,8 +167,16 @@ def _timer_floor(rounds: int = 7, calls: int = 20000) -> float:
 
 
 def run_engine(
-    engine: str, running: int, prefix: int, suffix: int, steps: int, profile: Path | None = None
+    engine: str,
+    running: int,
+    prefix: int,
+    suffix: int,
+    steps: int,
+    profile: Path | None = None,
+    clock_name: str = "wall",
 ) -> dict:
+    CLOCK[0] = time.thread_time if clock_name == "cpu" else time.perf_counter
+    clock = CLOCK[0]
     if engine == "kvcoord":
         import kvcoord.vllm
 
@@ -153,13 +227,13 @@ def run_engine(
     manager = scheduler.kv_cache_manager
     served = type(manager).__module__.startswith("kvcoord")
     kv_time = [0.0, 0]
-    for name in MANAGER_METHODS:
-        if hasattr(manager, name):
-            setattr(manager, name, _timed(getattr(manager, name), kv_time))
+    wrapped = _wrap_manager(manager, kv_time)
 
     kv_cache_utils.init_none_hash(sha256_cbor)
     hash_time = [0.0, 0]
-    hasher = _timed(kv_cache_utils.get_request_block_hasher(block_size, sha256_cbor), hash_time)
+    hasher = _timed(
+        kv_cache_utils.get_request_block_hasher(block_size, sha256_cbor), hash_time, "hasher"
+    )
     params = SamplingParams(max_tokens=steps + 8, ignore_eos=True)
     params.update_from_generation_config({}, 50256)
     shared = [(7 * i) % 50000 + 1 for i in range(prefix)]
@@ -196,9 +270,9 @@ def run_engine(
             profiler.enable()
         kv0, h0, g0 = kv_time[0], hash_time[0], _GC_PAUSE[0]
         kc0, hc0 = kv_time[1], hash_time[1]
-        t0 = time.perf_counter()
+        t0 = clock()
         out = scheduler.schedule()
-        t1 = time.perf_counter()
+        t1 = clock()
         ids = list(out.num_scheduled_tokens)
         mro = ModelRunnerOutput(
             req_ids=ids,
@@ -208,10 +282,12 @@ def run_engine(
             prompt_logprobs_dict={},
             pooler_output=[],
         )
-        t2 = time.perf_counter()
+        t2 = clock()
         scheduler.update_from_output(out, mro)
-        t3 = time.perf_counter()
+        t3 = clock()
         if step == 0:
+            for acc in PER_NAME.values():
+                acc[:] = [0.0, 0]
             admit = {"admit_step_s": (t1 - t0) + (t3 - t2), "admitted": len(ids)}
             admit["admit_kv_s"] = kv_time[0] - kv0
             continue
@@ -258,6 +334,14 @@ def run_engine(
         "kv_net_ms_per_step": 1e3 * kv_net / n,
         "hash_net_ms_per_step": 1e3 * hash_net / n,
         "creation_s": creation,
+        "wrapped": wrapped,
+        "clock": clock_name,
+        "per_name_ms_per_step": {
+            k: round(1e3 * v[0] / n, 4) for k, v in PER_NAME.items() if v[1] and k != "noop"
+        },
+        "per_name_calls_per_step": {
+            k: v[1] / n for k, v in PER_NAME.items() if v[1] and k != "noop"
+        },
         "creation_hash_s": creation_hash,
         **admit,
     }
@@ -269,9 +353,15 @@ def main() -> int:
     ap.add_argument("--prefix", type=int, default=1792)
     ap.add_argument("--suffix", type=int, default=64)
     ap.add_argument("--steps", type=int, default=48)
-    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--engine", choices=["vllm", "kvcoord"], help=argparse.SUPPRESS)
     ap.add_argument("--json", type=Path)
+    ap.add_argument(
+        "--clock",
+        choices=["wall", "cpu"],
+        default="wall",
+        help="wall time, or this thread's CPU time (steadier on a machine shared with other work)",
+    )
     ap.add_argument(
         "--profile",
         type=Path,
@@ -280,7 +370,13 @@ def main() -> int:
     args = ap.parse_args()
     if args.engine:
         res = run_engine(
-            args.engine, args.running[0], args.prefix, args.suffix, args.steps, args.profile
+            args.engine,
+            args.running[0],
+            args.prefix,
+            args.suffix,
+            args.steps,
+            args.profile,
+            args.clock,
         )
         print(json.dumps(res))
         return 0
@@ -292,12 +388,13 @@ def main() -> int:
             for engine in ("vllm", "kvcoord"):
                 cmd = [sys.executable, __file__, "--engine", engine, "--running", str(n)]
                 cmd += ["--prefix", str(args.prefix), "--suffix", str(args.suffix)]
-                cmd += ["--steps", str(args.steps)]
+                cmd += ["--steps", str(args.steps), "--clock", args.clock]
                 proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
                 if proc.returncode:
                     print(proc.stderr[-3000:], file=sys.stderr)
                     return proc.returncode
                 res = json.loads(proc.stdout.strip().splitlines()[-1])
+                res["load_average"] = os.getloadavg()[0]
                 results.append(res)
                 print(
                     f"N={n:5d} {engine:8s} step p50 {res['step_p50_ms']:8.2f} ms "
@@ -312,9 +409,39 @@ def main() -> int:
                     f" (hashing {res['creation_hash_s']:.2f} s)",
                     flush=True,
                 )
+    _summary(results)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
     return 0
+
+
+def _summary(results: list[dict]) -> None:
+    """Per size: medians over rounds, and vLLM's figure over kvcoord's."""
+
+    def med(xs: list[float]) -> float:
+        s = sorted(xs)
+        return s[len(s) // 2] if len(s) % 2 else (s[len(s) // 2 - 1] + s[len(s) // 2]) / 2
+
+    for n in sorted({r["running"] for r in results}):
+        row = {}
+        for engine in ("vllm", "kvcoord"):
+            rs = [r for r in results if r["running"] == n and r["engine"] == engine]
+            row[engine] = {
+                "step": med([r["step_p50_ms"] for r in rs]),
+                "work": med([r["kv_ms_per_step"] + r["hash_ms_per_step"] for r in rs]),
+                "share": med([r["kv_share"] + r["hash_share"] for r in rs]),
+                "net": med([r["kv_net_share"] + r["hash_net_share"] for r in rs]),
+            }
+        v, k = row["vllm"], row["kvcoord"]
+        print(
+            f"N={n:5d} medians of {len(rs)} round(s): step p50 {v['step']:.2f} vs "
+            f"{k['step']:.2f} ms ({v['step'] / k['step']:.2f}x); KV manager + hashing "
+            f"{v['work']:.3f} vs {k['work']:.3f} ms/step ({v['work'] / k['work']:.1f}x), "
+            f"share {100 * v['share']:.1f}% vs {100 * k['share']:.1f}% "
+            f"({v['share'] / k['share']:.1f}x smaller), net of the timer "
+            f"{100 * v['net']:.1f}% vs {100 * k['net']:.1f}% ({v['net'] / k['net']:.1f}x smaller)",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

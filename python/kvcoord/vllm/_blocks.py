@@ -246,14 +246,6 @@ class PoolView:
     def get_num_free_blocks(self) -> int:
         return int(self.pool.num_free_blocks)
 
-    def get_cached_block(
-        self, block_hash: bytes, kv_cache_group_ids: Sequence[int]
-    ) -> list[BlockView] | None:
-        """vLLM's lookup by block hash: one cached block per group (read-only
-        views), or None when any group misses. Pins nothing."""
-        ids = self.pool.get_cached_block(block_hash, list(kv_cache_group_ids))
-        return None if ids is None else [BlockView(self.pool, int(i)) for i in ids]
-
     def get_usage(self) -> float:
         return float(self.pool.usage)
 

@@ -44,6 +44,10 @@ __all__ = ["KVCacheManager", "fallbacks", "served"]
 logger = logging.getLogger("kvcoord.vllm")
 
 
+# vLLM's PrefixCacheStats class, imported once (make_prefix_cache_stats runs every step).
+_STATS_CLASS: dict[str, Any] = {}
+
+
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -140,6 +144,22 @@ class KVCacheManager:
         # vLLM zeroes the new blocks of attention groups (not Mamba's).
         zeroed = zeroed_group_ids(cfg)
         self._zeroing = ZeroingLog(self.num_kv_cache_groups, zeroed) if zeroed else None
+        # What _decode_core reads: the registry's entries (vLLM request,
+        # kvcoord request) by id, the core's shared empty result (an
+        # allocation that added no block) and the block size when there is
+        # one. One attribute: past 30 instance attributes CPython 3.11 stops
+        # specialising attribute reads, and every method here slows down.
+        # None where a decode step has more to do (events to drain, blocks
+        # to record for zeroing): those steps take _allocate.
+        self._decode_fixed = (
+            (
+                self._requests._by_id,
+                self._core.empty,
+                self._room_sizes[0] if len(self._room_sizes) == 1 else 0,
+            )
+            if self._events is None and self._zeroing is None
+            else None
+        )
         self.empty_kv_cache_blocks = EmptyKVCacheBlocks(
             tuple(() for _ in range(self.num_kv_cache_groups)), self._pool
         )
@@ -150,7 +170,12 @@ class KVCacheManager:
 
     @staticmethod
     def _new_stats() -> Any:
-        return importlib.import_module("vllm.v1.metrics.stats").PrefixCacheStats()
+        cls = _STATS_CLASS.get("cls")
+        if cls is None:
+            cls = _STATS_CLASS["cls"] = importlib.import_module(
+                "vllm.v1.metrics.stats"
+            ).PrefixCacheStats
+        return cls()
 
     @property
     def usage(self) -> float:
@@ -301,6 +326,8 @@ class KVCacheManager:
             done = request.num_computed_tokens + num_new_tokens
             if done + num_lookahead_tokens <= room[0] and done < room[1]:
                 return self.empty_kv_cache_blocks
+            if not delay_cache_blocks and self._decode_fixed is not None:
+                return self._decode_core(request, num_new_tokens, num_lookahead_tokens)
         return self._allocate(
             request,
             num_new_tokens,
@@ -435,6 +462,60 @@ class KVCacheManager:
         new: tuple[Any, ...] = result.get_block_ids()  # fresh lists per group
         return KVCacheBlocks(new, self._pool)
 
+    def _decode_core(
+        self, request: Any, num_new_tokens: int, num_lookahead_tokens: int
+    ) -> KVCacheBlocks | None:
+        """``_allocate`` for a running request of a plain configuration (it has
+        a decode room) with no hit, external, encoder or reserved tokens and
+        caching not delayed: the same core calls, without the general checks
+        (no watermark, no hits, no prediction), and the request synced in
+        place when only its computed-token count moved."""
+        assert self._decode_fixed is not None  # checked by the caller
+        registered, core_empty, bs = self._decode_fixed
+        num_hashes = len(request.block_hashes)
+        entry = registered.get(request.request_id)
+        if entry is not None and entry[0] is request:
+            mine = entry[1]
+            num_tokens = mine.num_tokens
+            if num_tokens == request.num_tokens and mine.num_block_hashes >= num_hashes:
+                mine.num_computed_tokens = request.num_computed_tokens
+            else:
+                mine = self._requests.get(request)
+                num_tokens = mine.num_tokens
+        else:
+            mine = self._requests.get(request)
+            num_tokens = mine.num_tokens
+        hbs = self.hash_block_size
+        hashed = num_hashes * hbs
+        reprefill = self.num_reprefillable_tokens
+        lagging = hashed < num_tokens - hbs + 1 or reprefill > 0
+        result = self._core.allocate_slots(
+            mine, num_new_tokens, 0, None, num_lookahead_tokens, 0, lagging
+        )
+        if result is None:
+            return None
+        computed = request.num_computed_tokens
+        if computed > self.max_model_len:
+            computed = self.max_model_len
+        cached_to = computed + num_new_tokens
+        if cached_to > num_tokens:
+            cached_to = num_tokens
+        if lagging and self.enable_caching:
+            cached_to = max(min(cached_to - reprefill, hashed), 0)
+            self._core.cache_blocks(mine, cached_to)
+        need = min(computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
+        if bs:
+            # _room for one block size, inline.
+            self._decode_room[request.request_id] = (
+                -(-need // bs) * bs,
+                (cached_to // bs + 1) * bs + reprefill if self.enable_caching else sys.maxsize,
+            )
+        else:
+            self._decode_room[request.request_id] = self._room(need, cached_to)
+        if result is core_empty:
+            return self.empty_kv_cache_blocks
+        return KVCacheBlocks(result.get_block_ids(), self._pool)
+
     def _room(self, need: int, cached_to: int) -> tuple[int, int]:
         """What a request holds after an allocation for ``need`` slots that
         cached its full blocks up to ``cached_to`` tokens, as (slots it has,
@@ -445,9 +526,10 @@ class KVCacheManager:
         bs = sizes[0]
         slots = -(-need // bs) * bs
         next_block = (cached_to // bs + 1) * bs
-        for bs in sizes[1:]:
-            slots = min(slots, -(-need // bs) * bs)
-            next_block = min(next_block, (cached_to // bs + 1) * bs)
+        if len(sizes) > 1:
+            for bs in sizes[1:]:
+                slots = min(slots, -(-need // bs) * bs)
+                next_block = min(next_block, (cached_to // bs + 1) * bs)
         # A block is cached once the tokens past the re-prefillable tail fill it.
         next_block += self.num_reprefillable_tokens
         return slots, next_block if self.enable_caching else sys.maxsize
@@ -551,19 +633,36 @@ class KVCacheManager:
         )
 
     def estimate_cached_tokens(self, request: Any) -> int:
-        """Tokens covered by the request's cached blocks (min over groups)."""
+        """Tokens covered by the request's cached blocks (min over groups).
+
+        The last cached block is looked for from the tail: a few single-block
+        lookups (a running request's last full block is usually cached), the
+        pool's whole cached mask only when those find none."""
         held = self._held(request.request_id)
-        if held is None:
+        if held is None or not self.enable_caching:
             return 0
-        cached = self._pool.cached_mask()
+        cached: Any = None
+        block_hash = self._pool.block_hash
         result: int | None = None
         for g, bs in zip(held, self._block_sizes, strict=True):
             tokens = 0
-            g = g.tolist()
-            for index in range(len(g) - 1, -1, -1):
-                if g[index] and cached[g[index]]:
+            ids = g.tolist()
+            index = len(ids) - 1
+            stop = max(index - 4, -1)
+            while index > stop:
+                if ids[index] and block_hash(ids[index]) is not None:
                     tokens = (index + 1) * bs
                     break
+                index -= 1
+            else:
+                if index >= 0:
+                    if cached is None:
+                        cached = self._pool.cached_mask()
+                    while index >= 0:
+                        if ids[index] and cached[ids[index]]:
+                            tokens = (index + 1) * bs
+                            break
+                        index -= 1
             result = tokens if result is None else min(result, tokens)
         return result or 0
 
