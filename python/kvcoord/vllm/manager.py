@@ -17,12 +17,10 @@ from __future__ import annotations
 
 import importlib
 import logging
-import sys
 from typing import Any
 
 from kvcoord.config import FullAttentionSpec
 from kvcoord.coordinator import get_kv_cache_coordinator, shared_prefix_boundary
-from kvcoord.errors import UnknownRequestError
 from kvcoord.vllm import _mamba
 from kvcoord.vllm._blocks import EmptyKVCacheBlocks, KVCacheBlocks, ids_of
 from kvcoord.vllm._construct import (
@@ -32,8 +30,10 @@ from kvcoord.vllm._construct import (
     served,
     vllm_manager_class,
 )
+from kvcoord.vllm._decode import DecodePath
 from kvcoord.vllm._events import event_metadata, pool_view
 from kvcoord.vllm._parking import Parking
+from kvcoord.vllm._readouts import ManagerReadouts
 from kvcoord.vllm._requests import RequestRegistry
 from kvcoord.vllm._support import check_retention, to_kvcoord_config, unsupported_reason
 from kvcoord.vllm._views import coordinator_view
@@ -44,15 +44,11 @@ __all__ = ["KVCacheManager", "fallbacks", "served"]
 logger = logging.getLogger("kvcoord.vllm")
 
 
-# vLLM's PrefixCacheStats class, imported once (make_prefix_cache_stats runs every step).
-_STATS_CLASS: dict[str, Any] = {}
-
-
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-class KVCacheManager:
+class KVCacheManager(DecodePath, ManagerReadouts):
     """vLLM 0.33.0's ``KVCacheManager`` on kvcoord's core (same constructor)."""
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
@@ -166,41 +162,6 @@ class KVCacheManager:
         self.prefix_cache_stats: Any = self._new_stats() if self.log_stats else None
         served["managers"] += 1
 
-    # ---- statistics ------------------------------------------------------
-
-    @staticmethod
-    def _new_stats() -> Any:
-        cls = _STATS_CLASS.get("cls")
-        if cls is None:
-            cls = _STATS_CLASS["cls"] = importlib.import_module(
-                "vllm.v1.metrics.stats"
-            ).PrefixCacheStats
-        return cls()
-
-    @property
-    def usage(self) -> float:
-        return float(self._pool.usage)
-
-    def make_prefix_cache_stats(self) -> Any:
-        if not self.log_stats:
-            return None
-        stats = self.prefix_cache_stats
-        self.prefix_cache_stats = self._new_stats()
-        return stats
-
-    def prefix_cache_lookup_enabled(self, request: Any) -> bool:
-        return self.enable_caching and not request.skip_reading_prefix_cache
-
-    def record_prefix_cache_stats(self, request: Any, num_hits: int) -> None:
-        if not self.log_stats or not self.prefix_cache_lookup_enabled(request):
-            return
-        stats: Any = self.prefix_cache_stats
-        stats.record(
-            num_tokens=request.num_tokens,
-            num_hits=num_hits,
-            preempted=request.num_preemptions > 0,
-        )
-
     # ---- lookups ---------------------------------------------------------
 
     def get_computed_blocks(
@@ -251,15 +212,6 @@ class KVCacheManager:
                 "(vLLM's per-group hits)"
             )
         return (*self.get_computed_blocks(request, max_cache_hit_length), False)
-
-    def _held(self, request_id: str) -> tuple[Any, ...] | None:
-        """The request's block table per group (read-only int32 arrays), or None."""
-        try:
-            blocks = self._core.blocks(self._requests.core_id(request_id))
-        except UnknownRequestError:
-            return None
-        arrays: tuple[Any, ...] = blocks.arrays()
-        return arrays
 
     def _predict(
         self,
@@ -462,78 +414,6 @@ class KVCacheManager:
         new: tuple[Any, ...] = result.get_block_ids()  # fresh lists per group
         return KVCacheBlocks(new, self._pool)
 
-    def _decode_core(
-        self, request: Any, num_new_tokens: int, num_lookahead_tokens: int
-    ) -> KVCacheBlocks | None:
-        """``_allocate`` for a running request of a plain configuration (it has
-        a decode room) with no hit, external, encoder or reserved tokens and
-        caching not delayed: the same core calls, without the general checks
-        (no watermark, no hits, no prediction), and the request synced in
-        place when only its computed-token count moved."""
-        assert self._decode_fixed is not None  # checked by the caller
-        registered, core_empty, bs = self._decode_fixed
-        num_hashes = len(request.block_hashes)
-        entry = registered.get(request.request_id)
-        if entry is not None and entry[0] is request:
-            mine = entry[1]
-            num_tokens = mine.num_tokens
-            if num_tokens == request.num_tokens and mine.num_block_hashes >= num_hashes:
-                mine.num_computed_tokens = request.num_computed_tokens
-            else:
-                mine = self._requests.get(request)
-                num_tokens = mine.num_tokens
-        else:
-            mine = self._requests.get(request)
-            num_tokens = mine.num_tokens
-        hbs = self.hash_block_size
-        hashed = num_hashes * hbs
-        reprefill = self.num_reprefillable_tokens
-        lagging = hashed < num_tokens - hbs + 1 or reprefill > 0
-        result = self._core.allocate_slots(
-            mine, num_new_tokens, 0, None, num_lookahead_tokens, 0, lagging
-        )
-        if result is None:
-            return None
-        computed = request.num_computed_tokens
-        if computed > self.max_model_len:
-            computed = self.max_model_len
-        cached_to = computed + num_new_tokens
-        if cached_to > num_tokens:
-            cached_to = num_tokens
-        if lagging and self.enable_caching:
-            cached_to = max(min(cached_to - reprefill, hashed), 0)
-            self._core.cache_blocks(mine, cached_to)
-        need = min(computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
-        if bs:
-            # _room for one block size, inline.
-            self._decode_room[request.request_id] = (
-                -(-need // bs) * bs,
-                (cached_to // bs + 1) * bs + reprefill if self.enable_caching else sys.maxsize,
-            )
-        else:
-            self._decode_room[request.request_id] = self._room(need, cached_to)
-        if result is core_empty:
-            return self.empty_kv_cache_blocks
-        return KVCacheBlocks(result.get_block_ids(), self._pool)
-
-    def _room(self, need: int, cached_to: int) -> tuple[int, int]:
-        """What a request holds after an allocation for ``need`` slots that
-        cached its full blocks up to ``cached_to`` tokens, as (slots it has,
-        first token count that completes a block not yet cached), each the
-        smallest over groups. Lower bounds: a later step within both needs no
-        block and caches none (any other step goes to the core)."""
-        sizes = self._room_sizes
-        bs = sizes[0]
-        slots = -(-need // bs) * bs
-        next_block = (cached_to // bs + 1) * bs
-        if len(sizes) > 1:
-            for bs in sizes[1:]:
-                slots = min(slots, -(-need // bs) * bs)
-                next_block = min(next_block, (cached_to // bs + 1) * bs)
-        # A block is cached once the tokens past the re-prefillable tail fill it.
-        next_block += self.num_reprefillable_tokens
-        return slots, next_block if self.enable_caching else sys.maxsize
-
     def cache_blocks(self, request: Any, num_computed_tokens: int) -> None:
         if self.enable_caching and self._held(request.request_id) is not None:
             hashed = len(request.block_hashes) * self.hash_block_size
@@ -598,124 +478,3 @@ class KVCacheManager:
         if self.prefix_cache_stats is not None:
             self.prefix_cache_stats.reset = True
         return True
-
-    # ---- inspection --------------------------------------------------------
-
-    def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
-        return [0] * self.num_kv_cache_groups
-
-    def take_events(self) -> list[Any]:
-        """vLLM's KV-cache events since the last call (empty unless enabled)."""
-        return [] if self._events is None else self._events.take()
-
-    def create_kv_cache_blocks(self, blocks: Any) -> KVCacheBlocks:
-        if not any(len(g) for g in blocks):
-            return self.empty_kv_cache_blocks
-        return KVCacheBlocks(tuple(ids_of(g) for g in blocks), self._pool)
-
-    def get_blocks(self, request_id: str) -> KVCacheBlocks:
-        held = self._held(request_id)
-        return self.empty_kv_cache_blocks if held is None else self.create_kv_cache_blocks(held)
-
-    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
-        held = self._held(request_id)
-        if held is None:
-            return tuple([] for _ in range(self.num_kv_cache_groups))
-        return tuple(g.tolist() for g in held)
-
-    def get_block_ids_for_computed_tokens(
-        self, request_id: str, num_computed_tokens: int
-    ) -> tuple[list[int], ...]:
-        ids = self.get_block_ids(request_id)
-        return tuple(
-            g if i in self._mamba_groups else g[: _cdiv(num_computed_tokens, bs)]
-            for i, (g, bs) in enumerate(zip(ids, self._block_sizes, strict=True))
-        )
-
-    def estimate_cached_tokens(self, request: Any) -> int:
-        """Tokens covered by the request's cached blocks (min over groups).
-
-        The last cached block is looked for from the tail: a few single-block
-        lookups (a running request's last full block is usually cached), the
-        pool's whole cached mask only when those find none."""
-        held = self._held(request.request_id)
-        if held is None or not self.enable_caching:
-            return 0
-        cached: Any = None
-        block_hash = self._pool.block_hash
-        result: int | None = None
-        for g, bs in zip(held, self._block_sizes, strict=True):
-            tokens = 0
-            ids = g.tolist()
-            index = len(ids) - 1
-            stop = max(index - 4, -1)
-            while index > stop:
-                if ids[index] and block_hash(ids[index]) is not None:
-                    tokens = (index + 1) * bs
-                    break
-                index -= 1
-            else:
-                if index >= 0:
-                    if cached is None:
-                        cached = self._pool.cached_mask()
-                    while index >= 0:
-                        if ids[index] and cached[ids[index]]:
-                            tokens = (index + 1) * bs
-                            break
-                        index -= 1
-            result = tokens if result is None else min(result, tokens)
-        return result or 0
-
-    def truncate_computed_blocks(self, blocks: Any, num_computed_tokens: int) -> KVCacheBlocks:
-        groups = blocks.ids if isinstance(blocks, KVCacheBlocks) else blocks.blocks
-        out = []
-        for i, (g, bs) in enumerate(zip(groups, self._block_sizes, strict=True)):
-            if num_computed_tokens % bs:
-                raise ValueError(f"{num_computed_tokens} tokens is not a multiple of {bs}")
-            n = num_computed_tokens // bs
-            if i in self._mamba_groups:
-                # An external hit may supply the final Mamba state.
-                n = min(n, len(g))
-            elif n > len(g):
-                raise ValueError(f"cannot truncate {len(g)} blocks to {n}")
-            out.append(ids_of(g)[:n])
-        return self.create_kv_cache_blocks(tuple(out))
-
-    # ---- per-step hand-offs (Mamba states; nothing else for served kinds) --
-
-    def take_new_block_ids(self) -> list[int]:
-        """Blocks allocated since the last call, for zeroing (group by group;
-        empty unless the config needs KV-cache zeroing)."""
-        return [] if self._zeroing is None else self._zeroing.take()
-
-    def record_blocks_for_zeroing(self, request_id: str, start_token: int) -> None:
-        """Record the request's blocks from ``start_token`` on for zeroing
-        again (blocks a failed async load left unwritten)."""
-        if self._zeroing is None:
-            return
-        held = self._held(request_id)
-        if held is None:
-            held = tuple(() for _ in self._block_sizes)
-        self._zeroing.record_table(held, self._block_sizes, start_token)
-
-    def take_kv_cache_block_copies(self) -> tuple[list[Any], list[int]]:
-        return [], []
-
-    def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
-        """The Mamba states committed since the last call, per request:
-        ``(group, block_id, tokens)`` each (empty without Mamba groups)."""
-        if not self._mamba_groups:
-            return {}
-        return _mamba.boundary_offloads(self._core)
-
-    def finalize_partial_tail_offloads(self, request: Any) -> list[tuple[int, int, int]]:
-        return []
-
-    def new_step_starts(self) -> None:
-        """A scheduler step begins: Mamba states cached during the previous
-        step become usable as hits."""
-        if self._mamba_groups:
-            self._core.new_step_starts()
-
-    def check_invariants(self) -> None:
-        self._core.check_invariants()
