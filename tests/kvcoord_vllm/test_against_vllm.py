@@ -22,44 +22,13 @@ from vllm.sampling_params import SamplingParams  # noqa: E402
 from vllm.utils.hashing import sha256  # noqa: E402
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
 from vllm.v1.kv_cache_interface import (  # noqa: E402
-    FullAttentionSpec,
     KVCacheConfig,
-    KVCacheGroupSpec,
     SlidingWindowSpec,
 )
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
+from vllm_helpers import BS, config, free_queue, full_spec, ids, make_request  # noqa: E402
 
 import kvcoord.vllm as kv  # noqa: E402
-
-BS = 4
-
-
-def full_spec(block_size: int = BS) -> FullAttentionSpec:
-    return FullAttentionSpec(
-        block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32
-    )
-
-
-def config(num_blocks: int, specs: list) -> KVCacheConfig:
-    return KVCacheConfig(
-        num_blocks=num_blocks,
-        kv_cache_tensors=[],
-        kv_cache_groups=[KVCacheGroupSpec([f"l{i}"], s) for i, s in enumerate(specs)],
-    )
-
-
-def make_request(
-    rid: str, tokens: list[int], hash_block_size: int = BS, lookahead: int = 0
-) -> Request:
-    params = SamplingParams(max_tokens=1000)
-    params.update_from_generation_config({}, eos_token_id=100)
-    return Request(
-        request_id=rid,
-        prompt_token_ids=tokens,
-        sampling_params=params,
-        pooling_params=None,
-        block_hasher=get_request_block_hasher(hash_block_size, sha256, lookahead),
-    )
 
 
 def managers(cfg: KVCacheConfig, **kw: object) -> tuple[object, object]:
@@ -68,16 +37,6 @@ def managers(cfg: KVCacheConfig, **kw: object) -> tuple[object, object]:
     ours = kv.KVCacheManager(cfg, **args)
     assert isinstance(ours, kv.KVCacheManager)
     return theirs, ours
-
-
-def free_queue(manager: object) -> list[int]:
-    if isinstance(manager, kv.KVCacheManager):
-        return manager.block_pool.free_block_ids().tolist()
-    return [b.block_id for b in manager.block_pool.free_block_queue.get_all_free_blocks()]
-
-
-def ids(blocks: object) -> object:
-    return None if blocks is None else blocks.get_block_ids()
 
 
 @pytest.fixture(autouse=True)

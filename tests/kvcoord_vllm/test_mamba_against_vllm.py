@@ -17,60 +17,21 @@ pytest.importorskip(
 )
 
 import torch
-from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.kv_cache_utils import init_none_hash
 from vllm.v1.kv_cache_interface import (
-    FullAttentionSpec,
-    KVCacheConfig,
-    KVCacheGroupSpec,
     MambaSpec,
     SlidingWindowSpec,
 )
 from vllm.v1.request import Request, RequestStatus
+from vllm_helpers import BS, config, free_queue, full_spec, ids, make_request
 
 import kvcoord.vllm as kv
-
-BS = 4
 
 
 @pytest.fixture(autouse=True)
 def _none_hash() -> None:
     init_none_hash(sha256)
-
-
-def config(num_blocks: int, specs: list) -> KVCacheConfig:
-    return KVCacheConfig(
-        num_blocks=num_blocks,
-        kv_cache_tensors=[],
-        kv_cache_groups=[KVCacheGroupSpec([f"l{i}"], s) for i, s in enumerate(specs)],
-    )
-
-
-def make_request(rid: str, tokens: list[int]) -> Request:
-    params = SamplingParams(max_tokens=1000)
-    params.update_from_generation_config({}, eos_token_id=100)
-    return Request(
-        request_id=rid,
-        prompt_token_ids=tokens,
-        sampling_params=params,
-        pooling_params=None,
-        block_hasher=get_request_block_hasher(BS, sha256),
-    )
-
-
-def free_queue(manager: object) -> list[int]:
-    if isinstance(manager, kv.KVCacheManager):
-        return manager.block_pool.free_block_ids().tolist()
-    return [b.block_id for b in manager.block_pool.free_block_queue.get_all_free_blocks()]
-
-
-def ids(blocks: object) -> object:
-    return None if blocks is None else blocks.get_block_ids()
-
-
-def full_spec() -> FullAttentionSpec:
-    return FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=1, dtype=torch.float32)
 
 
 def swa_spec(window: int) -> SlidingWindowSpec:
