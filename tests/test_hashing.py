@@ -363,3 +363,12 @@ def test_supplied_hashes_are_the_callers_and_checked_all_or_nothing() -> None:
     with pytest.raises(kvcoord.ConfigError, match="supplied"):
         computed.supply_block_hashes([b"\x01" * 32])
     assert computed.num_block_hashes == 2
+
+
+def test_one_shot_hashing_refuses_supplied_digests() -> None:
+    # Regression: compute_block_hashes(hash_algo="supplied") returned [] and
+    # none_hash a meaningless root; nothing computes "supplied" digests.
+    with pytest.raises(kvcoord.ConfigError, match="supplied"):
+        kvcoord.compute_block_hashes(list(range(32)), hash_block_size=16, hash_algo="supplied")
+    with pytest.raises(kvcoord.ConfigError, match="supplied"):
+        kvcoord.none_hash("supplied")

@@ -531,11 +531,13 @@ def compute_block_hashes(
     mm_features: Iterable[MultiModalArg] | None = None,
 ) -> list[bytes]:
     """Hashes of every full block of ``token_ids`` at once: the same values a
-    :class:`Request` with these arguments holds. Errors as for ``Request``."""
+    :class:`Request` with these arguments holds. Errors as for ``Request``;
+    ``"supplied"`` raises ``ConfigError`` (its digests come from the caller)."""
 
 def none_hash(hash_algo: HashAlgoName = "sha256_cbor", hash_seed: str | None = None) -> bytes:
     """The root digest (parent of block 0) for an algorithm and seed; the
-    seed defaults as for :class:`Request`."""
+    seed defaults as for :class:`Request`. ``"supplied"`` raises
+    ``ConfigError`` (kvcoord computes no digest for it)."""
 
 # ---------------------------------------------------------------- coordination
 

@@ -145,6 +145,21 @@ impl HashAlgo {
         !matches!(self, Self::Supplied)
     }
 
+    /// `self` when it computes digests; for `supplied`, the error a caller
+    /// asking kvcoord to compute a digest (`what`) gets.
+    pub fn computing(self, what: &str) -> KvResult<Self> {
+        if self.computes() {
+            return Ok(self);
+        }
+        Err(KvError::InvalidConfig {
+            name: "hash_algo",
+            value: format!("{:?}", self.name()),
+            rule: format!(
+                "{what} needs an algorithm that computes digests; \"supplied\" digests come from the caller"
+            ),
+        })
+    }
+
     /// Whether digests are byte-identical to vLLM 0.33.0's algorithm of the
     /// same name.
     pub fn is_vllm_compatible(self) -> bool {
@@ -1016,6 +1031,11 @@ mod tests {
         ));
         assert_eq!(h.block_hashes().len(), 2);
         assert_eq!(HashAlgo::from_name("supplied").unwrap(), HashAlgo::Supplied);
+        assert!(matches!(
+            HashAlgo::Supplied.computing("a root digest"),
+            Err(KvError::InvalidConfig { .. })
+        ));
+        assert_eq!(HashAlgo::Native.computing("x").unwrap(), HashAlgo::Native);
         assert!(!HashAlgo::Supplied.is_vllm_compatible());
     }
 }

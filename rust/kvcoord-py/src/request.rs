@@ -17,14 +17,24 @@ use crate::tokens::{extract_tokens, lora_key, mm_features, step_ints, token};
 /// (releasing and re-taking the GIL costs about a microsecond).
 const DETACH_MIN_TOKENS: usize = 4096;
 
-fn hash_config(
-    hash_algo: &str,
+/// The hash arguments `Request` and `compute_block_hashes` share, as a
+/// fresh hasher.
+fn request_hasher(
+    hash_algo: HashAlgo,
     hash_block_size: &Bound<'_, PyAny>,
-    hash_seed: Option<&str>,
-) -> PyResult<HashConfig> {
-    let algo = core(HashAlgo::from_name(hash_algo))?;
+    hash_seed: Option<&Text>,
+    cache_salt: Option<Text>,
+    lora: Option<&Bound<'_, PyAny>>,
+    mm_features: Option<&Bound<'_, PyAny>>,
+) -> PyResult<RequestHasher> {
     let block_size = crate::args::config_count(hash_block_size, "hash_block_size")?;
-    core(HashConfig::new(algo, block_size, hash_seed))
+    let config = core(HashConfig::new(hash_algo, block_size, Text::opt(hash_seed)))?;
+    let extra = ExtraKeys::new(
+        lora_key(lora)?,
+        self::mm_features(mm_features)?,
+        cache_salt.map(|t| t.0),
+    );
+    Ok(RequestHasher::new(config, extra))
 }
 
 fn hashes_to_list<'py>(py: Python<'py>, hashes: &[BlockHash]) -> PyResult<Bound<'py, PyList>> {
@@ -96,18 +106,16 @@ impl PyRequest {
         lora: Option<&Bound<'_, PyAny>>,
         mm_features: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
-        let config = hash_config(
-            hash_algo.as_str(),
+        let algo = core(HashAlgo::from_name(hash_algo.as_str()))?;
+        let mut hasher = request_hasher(
+            algo,
             hash_block_size,
-            Text::opt(hash_seed.as_ref()),
+            hash_seed.as_ref(),
+            cache_salt,
+            lora,
+            mm_features,
         )?;
-        let extra = ExtraKeys::new(
-            lora_key(lora)?,
-            self::mm_features(mm_features)?,
-            cache_salt.map(|t| t.0),
-        );
         let mut tokens = Vec::new();
-        let mut hasher = RequestHasher::new(config, extra);
         extract_and_hash(py, prompt_token_ids, &mut hasher, &mut tokens)?;
         Ok(Self {
             inner: Request::from_hashed(request_id.0, tokens, hasher),
@@ -494,18 +502,17 @@ pub(crate) fn compute_block_hashes<'py>(
     lora: Option<&Bound<'py, PyAny>>,
     mm_features: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyList>> {
-    let config = hash_config(
-        hash_algo.as_str(),
+    let algo = core(HashAlgo::from_name(hash_algo.as_str()))?;
+    let algo = core(algo.computing("compute_block_hashes"))?;
+    let mut hasher = request_hasher(
+        algo,
         hash_block_size,
-        Text::opt(hash_seed.as_ref()),
+        hash_seed.as_ref(),
+        cache_salt,
+        lora,
+        mm_features,
     )?;
-    let extra = ExtraKeys::new(
-        lora_key(lora)?,
-        self::mm_features(mm_features)?,
-        cache_salt.map(|t| t.0),
-    );
     let mut tokens = Vec::new();
-    let mut hasher = RequestHasher::new(config, extra);
     extract_and_hash(py, token_ids, &mut hasher, &mut tokens)?;
     hashes_to_list(py, hasher.block_hashes())
 }
@@ -523,6 +530,7 @@ pub(crate) fn none_hash(
     hash_seed: Option<Text>,
 ) -> PyResult<Bound<'_, PyBytes>> {
     let algo = core(HashAlgo::from_name(hash_algo.as_str()))?;
+    let algo = core(algo.computing("none_hash"))?;
     let seed = Text::opt(hash_seed.as_ref()).unwrap_or_else(|| hashing::default_seed(algo));
     Ok(PyBytes::new(py, hashing::none_hash(algo, seed).as_bytes()))
 }
