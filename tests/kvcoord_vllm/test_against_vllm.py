@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -48,18 +49,31 @@ def _none_hash() -> None:
 @pytest.mark.parametrize("groups", [1, 2])
 @pytest.mark.parametrize("use_eagle", [False, True])
 @pytest.mark.parametrize(("lookahead", "prefill_lookahead"), [(0, 0), (2, 0), (0, 3)])
+@pytest.mark.parametrize("hisparse_fields", [False, True])
 def test_random_schedule_matches_vllm(
-    seed: int, groups: int, use_eagle: bool, lookahead: int, prefill_lookahead: int
+    seed: int,
+    groups: int,
+    use_eagle: bool,
+    lookahead: int,
+    prefill_lookahead: int,
+    hisparse_fields: bool,
 ) -> None:
     """``lookahead``: vLLM's hash-lookahead hasher (each block's hash also
     covers the next tokens, so it exists only once they do); kvcoord keys by
     those hashes as they are. ``prefill_lookahead``: multi-module MTP, whose
     last ``prefill_lookahead - 1`` computed tokens are never cached (served
-    with one group)."""
+    with one group). ``hisparse_fields``: every group ``host_resident`` and
+    ``hisparse_host_num_blocks`` set, which vLLM's manager never reads (served
+    as the plain configuration; kvcoord.vllm._hisparse)."""
     if prefill_lookahead and groups > 1:
         pytest.skip("num_prefill_lookahead is served with one KV cache group")
+    if hisparse_fields and (use_eagle or lookahead or prefill_lookahead):
+        pytest.skip("the HiSparse fields are checked on the plain schedule")
     rng = random.Random(seed)
     cfg = config(48, [full_spec() for _ in range(groups)])
+    if hisparse_fields:
+        host_groups = [replace(g, host_resident=True) for g in cfg.kv_cache_groups]
+        cfg = replace(cfg, kv_cache_groups=host_groups, hisparse_host_num_blocks=16)
     theirs, ours = managers(
         cfg,
         watermark=rng.choice([0.0, 0.05]),
