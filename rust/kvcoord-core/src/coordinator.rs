@@ -116,6 +116,14 @@ pub struct CoordinatorConfig {
     pub retention_interval: Option<i64>,
     /// Whether the pool records [`KvEvent`](crate::KvEvent)s.
     pub enable_events: bool,
+    /// Multi-module MTP's re-prefillable tail (vLLM's `num_prefill_lookahead
+    /// - 1`): the last computed tokens are written again by the next step,
+    /// so their KV is not final (see [`Self::num_cacheable_tokens`]).
+    pub num_reprefillable_tokens: usize,
+    /// Groups whose hits drop the EAGLE block (vLLM's per-manager
+    /// `use_eagle`, set on every group of a spec group with one EAGLE group);
+    /// a hybrid coordinator caches them one block past the aligned prefix.
+    pub eagle_groups: Vec<GroupId>,
 }
 
 impl CoordinatorConfig {
@@ -138,6 +146,54 @@ impl CoordinatorConfig {
             max_model_len,
             retention_interval: None,
             enable_events: false,
+            num_reprefillable_tokens: 0,
+            eagle_groups: Vec::new(),
+        }
+    }
+
+    /// Whether `group` caches the way an EAGLE group of a hybrid
+    /// coordinator does (see [`Self::num_cacheable_tokens`]).
+    fn caches_past_alignment(&self, group: GroupId) -> bool {
+        self.kind == CoordinatorKind::Hybrid && self.eagle_groups.contains(&group)
+    }
+
+    /// The re-prefillable tokens `group` holds back from caching: all of
+    /// them with one caching group and in a hybrid coordinator's EAGLE
+    /// groups; the other groups of a hybrid coordinator cache the
+    /// scheduler-block-aligned prefix, whatever its tail.
+    pub fn num_held_back_tokens(&self, group: GroupId) -> usize {
+        match self.kind {
+            CoordinatorKind::Unitary => self.num_reprefillable_tokens,
+            CoordinatorKind::Hybrid if self.caches_past_alignment(group) => {
+                self.num_reprefillable_tokens
+            }
+            CoordinatorKind::Hybrid | CoordinatorKind::NoPrefixCache => 0,
+        }
+    }
+
+    /// How many of `num_computed_tokens` `group` may cache (vLLM's
+    /// `get_num_cacheable_tokens`). One caching group: all but the
+    /// re-prefillable tail. Hybrid: hits land on scheduler-block
+    /// boundaries, so the prefix rounded down to one; an EAGLE group, once
+    /// that prefix is not empty, caches its final tokens up to one block
+    /// past their own rounded prefix (the block an EAGLE lookup matches
+    /// before dropping it).
+    pub fn num_cacheable_tokens(&self, group: GroupId, num_computed_tokens: usize) -> usize {
+        let finalized = num_computed_tokens.saturating_sub(self.num_held_back_tokens(group));
+        match self.kind {
+            CoordinatorKind::NoPrefixCache | CoordinatorKind::Unitary => finalized,
+            CoordinatorKind::Hybrid => {
+                let sbs = self.scheduler_block_size.max(1) as usize;
+                let aligned = num_computed_tokens / sbs * sbs;
+                if aligned == 0 || !self.caches_past_alignment(group) {
+                    return aligned;
+                }
+                let block_size = self
+                    .groups
+                    .get(group.0 as usize)
+                    .map_or(0, |g| g.block_size as usize);
+                finalized.min(finalized / sbs * sbs + block_size)
+            }
         }
     }
 
@@ -156,6 +212,24 @@ impl CoordinatorConfig {
         };
         for g in &self.groups {
             g.validate()?;
+        }
+        if let Some(g) = self
+            .eagle_groups
+            .iter()
+            .find(|g| g.0 as usize >= self.groups.len())
+        {
+            return Err(bad(
+                "eagle_groups",
+                g.to_string(),
+                &format!("must name one of the {} groups", self.groups.len()),
+            ));
+        }
+        if self.num_reprefillable_tokens >= crate::limits::MAX_TOKENS {
+            return Err(bad(
+                "num_reprefillable_tokens",
+                self.num_reprefillable_tokens.to_string(),
+                "must be below 2^48 tokens",
+            ));
         }
         let (hbs, sbs) = (self.hash_block_size, self.scheduler_block_size);
         if hbs == 0 {
@@ -1360,15 +1434,10 @@ fn cache_tables(
     } = log;
     let sbs = config.scheduler_block_size as usize;
     let hbs = config.hash_block_size as usize;
-    // Hybrid hits land on scheduler-block boundaries, so tokens past the last
-    // one can never serve a hit.
-    let cacheable = match config.kind {
-        CoordinatorKind::Unitary | CoordinatorKind::NoPrefixCache => num_tokens,
-        CoordinatorKind::Hybrid => num_tokens / sbs * sbs,
-    };
-    let num_full_tokens = cacheable.min(view.hashes.len() * hbs);
+    let hashed = view.hashes.len() * hbs;
     for (m, t) in managers.iter().zip(tables.iter()) {
-        let num_full = num_full_tokens / m.block_size();
+        let cacheable = config.num_cacheable_tokens(m.group(), num_tokens);
+        let num_full = cacheable.min(hashed) / m.block_size();
         if m.spec().prefix_cacheable() && num_full > t.num_cached() && num_full > t.blocks().len() {
             return Err(KvError::InvalidArgument {
                 name: "num_tokens",
@@ -1397,6 +1466,7 @@ fn cache_tables(
     };
     for (m, t) in managers.iter().zip(tables.iter_mut()) {
         let before = t.num_cached();
+        let cacheable = config.num_cacheable_tokens(m.group(), num_tokens);
         m.cache_blocks(pool, t, view.hashes, hbs, cacheable, &policy, mask_buf)?;
         if let SpecKind::MambaAlign { .. } = m.spec().kind {
             mamba_align::after_cache_blocks(
