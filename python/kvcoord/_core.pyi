@@ -581,13 +581,17 @@ class CoordinatorCore:
     def num_reprefillable_tokens(self) -> int:
         """Multi-module MTP's re-prefillable tail."""
     @property
+    def eagle_groups(self) -> list[int]:
+        """The groups whose hits drop the EAGLE block."""
+    @property
     def held_back_tokens(self) -> list[int]:
         """Per group, the re-prefillable tokens it holds back from caching
         (all of them with one caching group and in a hybrid coordinator's
         EAGLE groups, none in its other groups)."""
     def num_cacheable_tokens(self, group: int, num_computed_tokens: int) -> int:
         """How many of ``num_computed_tokens`` ``group`` may cache (vLLM's
-        ``get_num_cacheable_tokens``); ``KeyError`` for an unknown group."""
+        ``get_num_cacheable_tokens``); ``InvalidArgumentError`` for an unknown
+        group."""
     @property
     def empty(self) -> KVCacheBlocks:
         """The shared result with no block in any group."""

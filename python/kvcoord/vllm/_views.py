@@ -103,7 +103,8 @@ class _SingleTypeView:
         self.pcp_world_size = int(args.get("pcp_world_size", 1)) if sharded else 1
         self.req_to_blocks = _RequestTables(manager, group_id)
         self.num_cached_block = _CachedCounts(self.req_to_blocks)
-        self.use_eagle = group_id in manager.drop_eagle_group_ids
+        # vLLM's use_eagle: set on every group of a spec with an EAGLE group.
+        self.use_eagle = group_id in manager._core.eagle_groups
         # Auxiliary-output connectors look blocks up by vLLM's block hash
         # here; kvcoord's keys are vLLM's hashes (see kvcoord.vllm._requests).
         self.block_pool = manager.block_pool

@@ -125,7 +125,9 @@ class KVCacheManager(DecodePath, ManagerReadouts):
             hash_block_size=self.hash_block_size,
             enable_events=self.enable_kv_cache_events,
             num_reprefillable_tokens=self.num_reprefillable_tokens,
-            eagle_groups=eagle_spec_groups(cfg, self.drop_eagle_group_ids),
+            eagle_groups=(
+                eagle_spec_groups(cfg, self.drop_eagle_group_ids) if self.enable_caching else ()
+            ),
         )
         self._core = self._core_coordinator.core
         # The re-prefillable tokens the groups hold back from caching: the

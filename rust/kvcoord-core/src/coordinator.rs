@@ -116,9 +116,10 @@ pub struct CoordinatorConfig {
     pub retention_interval: Option<i64>,
     /// Whether the pool records [`KvEvent`](crate::KvEvent)s.
     pub enable_events: bool,
-    /// Multi-module MTP's re-prefillable tail (vLLM's `num_prefill_lookahead
-    /// - 1`): the last computed tokens are written again by the next step,
-    /// so their KV is not final (see [`Self::num_cacheable_tokens`]).
+    /// Multi-module MTP's re-prefillable tail (one less than vLLM's
+    /// `num_prefill_lookahead`): the last computed tokens are written again
+    /// by the next step, so their KV is not final (see
+    /// [`Self::num_cacheable_tokens`]).
     pub num_reprefillable_tokens: usize,
     /// Groups whose hits drop the EAGLE block (vLLM's per-manager
     /// `use_eagle`, set on every group of a spec group with one EAGLE group);
@@ -2355,5 +2356,96 @@ mod tests {
         c.free(r.id).unwrap();
         assert_eq!(c.pool().num_free_blocks(), 39);
         assert_eq!(c.num_requests(), 0);
+    }
+
+    #[test]
+    fn reprefillable_tail_held_back_per_group() {
+        // Unitary, B = 4, R = 2: all but the tail.
+        let mut cfg = CoordinatorConfig::new(vec![GroupSpec::full_attention(4)], 10, true, 100);
+        cfg.num_reprefillable_tokens = 2;
+        let g0 = GroupId(0);
+        assert_eq!(cfg.num_cacheable_tokens(g0, 11), 9);
+        assert_eq!(cfg.num_cacheable_tokens(g0, 1), 0);
+        assert_eq!(cfg.num_held_back_tokens(g0), 2);
+        // Hybrid full 4 + full 8 (scheduler block 8), R = 3: no EAGLE group
+        // caches the aligned prefix, tail included.
+        let mut cfg = CoordinatorConfig::new(
+            vec![GroupSpec::full_attention(4), GroupSpec::full_attention(8)],
+            10,
+            true,
+            100,
+        );
+        cfg.hash_block_size = 4;
+        cfg.num_reprefillable_tokens = 3;
+        for g in [GroupId(0), GroupId(1)] {
+            assert_eq!(cfg.num_cacheable_tokens(g, 17), 16);
+            assert_eq!(cfg.num_cacheable_tokens(g, 7), 0);
+            assert_eq!(cfg.num_held_back_tokens(g), 0);
+        }
+        // Group 0 an EAGLE group: final tokens (17 - 3 = 14) up to one of its
+        // blocks past their aligned prefix (8 + 4 = 12); nothing while the
+        // aligned prefix of all tokens is empty.
+        cfg.eagle_groups = vec![GroupId(0)];
+        assert_eq!(cfg.num_cacheable_tokens(GroupId(0), 17), 12);
+        assert_eq!(cfg.num_cacheable_tokens(GroupId(0), 13), 10);
+        assert_eq!(cfg.num_cacheable_tokens(GroupId(0), 7), 0);
+        // 9 tokens: 6 final ones, one block past their empty aligned prefix.
+        assert_eq!(cfg.num_cacheable_tokens(GroupId(0), 9), 4);
+        assert_eq!(cfg.num_cacheable_tokens(GroupId(1), 17), 16);
+        assert_eq!(cfg.num_held_back_tokens(GroupId(0)), 3);
+        // Caching off: nothing is held back.
+        cfg.kind = CoordinatorKind::NoPrefixCache;
+        assert_eq!(cfg.num_held_back_tokens(GroupId(0)), 0);
+        // Out-of-range EAGLE groups and huge tails are refused.
+        cfg.kind = CoordinatorKind::Hybrid;
+        cfg.eagle_groups = vec![GroupId(2)];
+        assert!(matches!(
+            cfg.validate(),
+            Err(KvError::InvalidConfig {
+                name: "eagle_groups",
+                ..
+            })
+        ));
+        cfg.eagle_groups.clear();
+        cfg.num_reprefillable_tokens = crate::limits::MAX_TOKENS;
+        assert!(cfg.validate().is_err());
+    }
+
+    #[test]
+    fn caching_holds_back_the_tail_group_by_group() {
+        // Two full groups of B = 4, R = 2, a 14-token prompt: a unitary
+        // coordinator would cache 3 blocks (12 final tokens); the hybrid one
+        // caches the aligned 12 tokens in its plain group whatever the tail,
+        // and 12 - 2 = 10 final tokens (2 blocks) in its EAGLE group.
+        let mut cfg = CoordinatorConfig::new(
+            vec![GroupSpec::full_attention(4), GroupSpec::full_attention(4)],
+            20,
+            true,
+            100,
+        );
+        cfg.num_reprefillable_tokens = 2;
+        cfg.eagle_groups = vec![GroupId(1)];
+        let mut c = CoordinatorCore::new(cfg).unwrap();
+        let r = Req::new(0, (0..14).collect(), 4);
+        let new = c
+            .allocate_slots(r.id, &r.view(), &AllocateArgs::new(12), None)
+            .unwrap()
+            .unwrap();
+        let cached = |c: &CoordinatorCore, b: &[BlockId]| {
+            b.iter()
+                .filter(|&&x| c.pool().is_cached(x).unwrap())
+                .count()
+        };
+        assert_eq!((cached(&c, &new[0]), cached(&c, &new[1])), (3, 2));
+        // The rest of the prompt: 14 - 2 = 12 final tokens, 3 blocks each.
+        let mut r = r;
+        r.computed = 12;
+        c.allocate_slots(r.id, &r.view(), &AllocateArgs::new(2), None)
+            .unwrap()
+            .unwrap();
+        let tables = c.block_ids(r.id).unwrap();
+        let (t0, t1) = (tables[0].to_vec(), tables[1].to_vec());
+        assert_eq!((cached(&c, &t0), cached(&c, &t1)), (3, 3));
+        c.check_invariants().unwrap();
     }
 }

@@ -116,6 +116,12 @@ pool_writers!(pymethods_block!(PyCoordinatorCore,) {
         self.inner.config().num_reprefillable_tokens
     }
 
+    /// The groups whose hits drop the EAGLE block.
+    #[getter]
+    fn eagle_groups(&self) -> Vec<u32> {
+        self.inner.config().eagle_groups.iter().map(|g| g.0).collect()
+    }
+
     /// Per group, the re-prefillable tokens it holds back from caching.
     #[getter]
     fn held_back_tokens(&self) -> Vec<usize> {
