@@ -565,12 +565,13 @@ class CoordinatorCore:
         retention_interval: int | None = None,
         enable_events: bool = False,
         num_reprefillable_tokens: int | None = None,
-        eagle_groups: Sequence[int] | None = None,
+        eagle_group_ids: Sequence[int] | None = None,
     ) -> None:
         """``hash_block_size`` ``None`` takes :func:`default_hash_block_size`.
         ``num_reprefillable_tokens``: multi-module MTP's re-prefillable tail
-        (``num_prefill_lookahead - 1``, never cached); ``eagle_groups``: the
-        groups whose hits drop the EAGLE block."""
+        (``num_prefill_lookahead - 1``, never cached); ``eagle_group_ids``:
+        the groups serving an EAGLE drafter (vLLM's ``drop_eagle_group_ids``;
+        groups of equal spec join them)."""
     @property
     def hash_block_size(self) -> int:
         """Tokens per hash unit."""
@@ -582,7 +583,8 @@ class CoordinatorCore:
         """Multi-module MTP's re-prefillable tail."""
     @property
     def eagle_groups(self) -> list[int]:
-        """The groups whose hits drop the EAGLE block."""
+        """The groups whose hits drop the EAGLE block, those of equal spec
+        included."""
     @property
     def held_back_tokens(self) -> list[int]:
         """Per group, the re-prefillable tokens it holds back from caching

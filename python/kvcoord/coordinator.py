@@ -69,8 +69,9 @@ class KVCacheCoordinator:
         enable_events: record KV-cache events in the pool.
         num_reprefillable_tokens: multi-module MTP's re-prefillable tail
             (vLLM's ``num_prefill_lookahead - 1``), never cached.
-        eagle_groups: the groups whose hits drop the EAGLE block; a hybrid
-            coordinator caches them one block past its aligned prefix.
+        eagle_group_ids: groups serving an EAGLE drafter (vLLM's
+            ``drop_eagle_group_ids``; groups of equal spec join them): a
+            hybrid coordinator caches them one block past its aligned prefix.
     """
 
     #: Which policy this class is (decides caching and hit alignment).
@@ -84,7 +85,7 @@ class KVCacheCoordinator:
         hash_block_size: int | None = None,
         enable_events: bool = False,
         num_reprefillable_tokens: int = 0,
-        eagle_groups: Sequence[int] = (),
+        eagle_group_ids: Sequence[int] = (),
     ) -> None:
         # Type checks and the 64-bit crossing here; the rules are the core's.
         max_model_len = as_i64(max_model_len, "max_model_len")
@@ -101,7 +102,7 @@ class KVCacheCoordinator:
             retention_interval=config.prefix_cache_retention_interval,
             enable_events=enable_events,
             num_reprefillable_tokens=num_reprefillable_tokens,
-            eagle_groups=eagle_groups,
+            eagle_group_ids=eagle_group_ids,
         )
         self.enable_caching = self.kind != CoordinatorKind.NoPrefixCache
         self.hash_block_size: int = self.core.hash_block_size
@@ -157,7 +158,7 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
         hash_block_size: int | None = None,
         enable_events: bool = False,
         num_reprefillable_tokens: int = 0,
-        eagle_groups: Sequence[int] = (),
+        eagle_group_ids: Sequence[int] = (),
     ) -> None:
         super().__init__(
             config,
@@ -165,7 +166,7 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
             hash_block_size=hash_block_size,
             enable_events=enable_events,
             num_reprefillable_tokens=num_reprefillable_tokens,
-            eagle_groups=eagle_groups,
+            eagle_group_ids=eagle_group_ids,
         )
         self._block_size = config.groups[0].spec.block_size
 
@@ -209,7 +210,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         hash_block_size: int | None = None,
         enable_events: bool = False,
         num_reprefillable_tokens: int = 0,
-        eagle_groups: Sequence[int] = (),
+        eagle_group_ids: Sequence[int] = (),
     ) -> None:
         super().__init__(
             config,
@@ -217,7 +218,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
             hash_block_size=hash_block_size,
             enable_events=enable_events,
             num_reprefillable_tokens=num_reprefillable_tokens,
-            eagle_groups=eagle_groups,
+            eagle_group_ids=eagle_group_ids,
         )
         buckets: list[SpecGroup] = []
         for gid, g in enumerate(config.groups):
@@ -294,7 +295,7 @@ def get_kv_cache_coordinator(
     hash_block_size: int | None = None,
     enable_events: bool = False,
     num_reprefillable_tokens: int = 0,
-    eagle_groups: Sequence[int] = (),
+    eagle_group_ids: Sequence[int] = (),
 ) -> KVCacheCoordinator:
     """The policy the core chooses (:func:`kvcoord._core.choose_coordinator`):
     caching off -> NoPrefixCache; one group -> Unitary; otherwise Hybrid."""
@@ -307,5 +308,5 @@ def get_kv_cache_coordinator(
         hash_block_size=hash_block_size,
         enable_events=enable_events,
         num_reprefillable_tokens=num_reprefillable_tokens,
-        eagle_groups=eagle_groups,
+        eagle_group_ids=eagle_group_ids,
     )

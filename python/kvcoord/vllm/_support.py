@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import importlib
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from kvcoord.config import FullAttentionSpec, KVCacheConfig, KVCacheGroup, KVCacheSpec
@@ -21,7 +21,6 @@ from kvcoord.vllm._hisparse import hisparse_reason, role_reason
 
 __all__ = [
     "check_retention",
-    "eagle_spec_groups",
     "kv_block_size",
     "to_kvcoord_config",
     "unsupported_reason",
@@ -146,19 +145,6 @@ def unsupported_reason(kv_cache_config: Any, args: Mapping[str, Any]) -> str | N
         # boundary (no hit uses it, but it is stored, reported and removed).
         return "KV-cache events over groups with blocks larger than hash_block_size"
     return None
-
-
-def eagle_spec_groups(kv_cache_config: Any, drop_eagle_group_ids: Sequence[int]) -> list[int]:
-    """The groups vLLM's managers treat as EAGLE groups (``use_eagle``):
-    vLLM looks up equal specs together, so one group whose hits drop the
-    EAGLE block makes every prefix-cacheable group of its spec one."""
-    groups = kv_cache_config.kv_cache_groups
-    specs = [groups[i].kv_cache_spec for i in drop_eagle_group_ids]
-    return [
-        i
-        for i, g in enumerate(groups)
-        if g.kv_cache_spec.prefix_cacheable and any(g.kv_cache_spec == s for s in specs)
-    ]
 
 
 def _spec(spec: Any, dcp_world_size: int) -> KVCacheSpec:

@@ -103,8 +103,9 @@ class _SingleTypeView:
         self.pcp_world_size = int(args.get("pcp_world_size", 1)) if sharded else 1
         self.req_to_blocks = _RequestTables(manager, group_id)
         self.num_cached_block = _CachedCounts(self.req_to_blocks)
-        # vLLM's use_eagle: set on every group of a spec with an EAGLE group.
-        self.use_eagle = group_id in manager._core.eagle_groups
+        # vLLM's use_eagle: set on every group of a spec with an EAGLE
+        # group, by a caching coordinator only.
+        self.use_eagle = manager.enable_caching and group_id in manager._core.eagle_groups
         # Auxiliary-output connectors look blocks up by vLLM's block hash
         # here; kvcoord's keys are vLLM's hashes (see kvcoord.vllm._requests).
         self.block_pool = manager.block_pool

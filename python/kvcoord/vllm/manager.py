@@ -35,12 +35,7 @@ from kvcoord.vllm._events import event_metadata, pool_view
 from kvcoord.vllm._parking import Parking
 from kvcoord.vllm._readouts import ManagerReadouts
 from kvcoord.vllm._requests import RequestRegistry
-from kvcoord.vllm._support import (
-    check_retention,
-    eagle_spec_groups,
-    to_kvcoord_config,
-    unsupported_reason,
-)
+from kvcoord.vllm._support import check_retention, to_kvcoord_config, unsupported_reason
 from kvcoord.vllm._views import coordinator_view
 from kvcoord.vllm._zeroing import ZeroingLog, zeroed_group_ids
 
@@ -125,9 +120,7 @@ class KVCacheManager(DecodePath, ManagerReadouts):
             hash_block_size=self.hash_block_size,
             enable_events=self.enable_kv_cache_events,
             num_reprefillable_tokens=self.num_reprefillable_tokens,
-            eagle_groups=(
-                eagle_spec_groups(cfg, self.drop_eagle_group_ids) if self.enable_caching else ()
-            ),
+            eagle_group_ids=self.drop_eagle_group_ids,
         )
         self._core = self._core_coordinator.core
         # The re-prefillable tokens the groups hold back from caching: the

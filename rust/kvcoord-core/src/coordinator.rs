@@ -121,9 +121,10 @@ pub struct CoordinatorConfig {
     /// by the next step, so their KV is not final (see
     /// [`Self::num_cacheable_tokens`]).
     pub num_reprefillable_tokens: usize,
-    /// Groups whose hits drop the EAGLE block (vLLM's per-manager
-    /// `use_eagle`, set on every group of a spec group with one EAGLE group);
-    /// a hybrid coordinator caches them one block past the aligned prefix.
+    /// Groups serving an EAGLE drafter (vLLM's `drop_eagle_group_ids`): their
+    /// hits drop one block, so a hybrid coordinator caches them one block
+    /// past its aligned prefix. Every group with the spec of one of them is
+    /// one too (equal specs are looked up together, so they share the drop).
     pub eagle_groups: Vec<GroupId>,
 }
 
@@ -152,10 +153,19 @@ impl CoordinatorConfig {
         }
     }
 
+    /// Whether group `g` drops EAGLE's block: it or a group of equal spec
+    /// is listed in [`eagle_groups`](Self::eagle_groups).
+    pub fn is_eagle_group(&self, g: usize) -> bool {
+        let spec = self.groups.get(g);
+        self.eagle_groups
+            .iter()
+            .any(|e| self.groups.get(e.0 as usize) == spec)
+    }
+
     /// Whether `group` caches the way an EAGLE group of a hybrid
     /// coordinator does (see [`Self::num_cacheable_tokens`]).
     fn caches_past_alignment(&self, group: GroupId) -> bool {
-        self.kind == CoordinatorKind::Hybrid && self.eagle_groups.contains(&group)
+        self.kind == CoordinatorKind::Hybrid && self.is_eagle_group(group.0 as usize)
     }
 
     /// The re-prefillable tokens `group` holds back from caching: all of
@@ -220,8 +230,8 @@ impl CoordinatorConfig {
             .find(|g| g.0 as usize >= self.groups.len())
         {
             return Err(bad(
-                "eagle_groups",
-                g.to_string(),
+                "eagle_group_ids",
+                g.0.to_string(),
                 &format!("must name one of the {} groups", self.groups.len()),
             ));
         }
@@ -2402,7 +2412,7 @@ mod tests {
         assert!(matches!(
             cfg.validate(),
             Err(KvError::InvalidConfig {
-                name: "eagle_groups",
+                name: "eagle_group_ids",
                 ..
             })
         ));
@@ -2413,39 +2423,43 @@ mod tests {
 
     #[test]
     fn caching_holds_back_the_tail_group_by_group() {
-        // Two full groups of B = 4, R = 2, a 14-token prompt: a unitary
-        // coordinator would cache 3 blocks (12 final tokens); the hybrid one
-        // caches the aligned 12 tokens in its plain group whatever the tail,
-        // and 12 - 2 = 10 final tokens (2 blocks) in its EAGLE group.
+        // An EAGLE full group of B = 4 beside a full group of B = 8
+        // (scheduler block 8), R = 2, an 18-token prompt. After 16 tokens
+        // the plain group caches the aligned 16 whatever the tail (2
+        // blocks; holding the tail back would leave 1), the EAGLE group the
+        // 14 final tokens (3 blocks).
         let mut cfg = CoordinatorConfig::new(
-            vec![GroupSpec::full_attention(4), GroupSpec::full_attention(4)],
+            vec![GroupSpec::full_attention(4), GroupSpec::full_attention(8)],
             20,
             true,
             100,
         );
+        cfg.hash_block_size = 4;
         cfg.num_reprefillable_tokens = 2;
-        cfg.eagle_groups = vec![GroupId(1)];
+        cfg.eagle_groups = vec![GroupId(0)];
         let mut c = CoordinatorCore::new(cfg).unwrap();
-        let r = Req::new(0, (0..14).collect(), 4);
-        let new = c
-            .allocate_slots(r.id, &r.view(), &AllocateArgs::new(12), None)
+        let mut r = Req::new(0, (0..18).collect(), 4);
+        let cached = |c: &CoordinatorCore| {
+            let tables = c.block_ids(ReqId(0)).unwrap();
+            tables
+                .iter()
+                .map(|t| {
+                    t.iter()
+                        .filter(|&&x| c.pool().is_cached(x).unwrap())
+                        .count()
+                })
+                .collect::<Vec<_>>()
+        };
+        c.allocate_slots(r.id, &r.view(), &AllocateArgs::new(16), None)
             .unwrap()
             .unwrap();
-        let cached = |c: &CoordinatorCore, b: &[BlockId]| {
-            b.iter()
-                .filter(|&&x| c.pool().is_cached(x).unwrap())
-                .count()
-        };
-        assert_eq!((cached(&c, &new[0]), cached(&c, &new[1])), (3, 2));
-        // The rest of the prompt: 14 - 2 = 12 final tokens, 3 blocks each.
-        let mut r = r;
-        r.computed = 12;
+        assert_eq!(cached(&c), [3, 2]);
+        // The rest of the prompt: 16 final tokens, 4 blocks of the EAGLE group.
+        r.computed = 16;
         c.allocate_slots(r.id, &r.view(), &AllocateArgs::new(2), None)
             .unwrap()
             .unwrap();
-        let tables = c.block_ids(r.id).unwrap();
-        let (t0, t1) = (tables[0].to_vec(), tables[1].to_vec());
-        assert_eq!((cached(&c, &t0), cached(&c, &t1)), (3, 3));
+        assert_eq!(cached(&c), [4, 2]);
         c.check_invariants().unwrap();
     }
 }

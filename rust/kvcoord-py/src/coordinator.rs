@@ -53,7 +53,7 @@ pool_writers!(pymethods_block!(PyCoordinatorCore,) {
     #[new]
     #[pyo3(signature = (num_blocks, groups, *, kind, hash_block_size, max_model_len,
                         retention_interval = None, enable_events = false,
-                        num_reprefillable_tokens = None, eagle_groups = None))]
+                        num_reprefillable_tokens = None, eagle_group_ids = None))]
     #[allow(clippy::too_many_arguments)] // Python keyword arguments, converted once
     fn new(
         py: Python<'_>,
@@ -65,7 +65,7 @@ pool_writers!(pymethods_block!(PyCoordinatorCore,) {
         retention_interval: Option<i64>,
         enable_events: bool,
         num_reprefillable_tokens: Option<&Bound<'_, PyAny>>,
-        eagle_groups: Option<&Bound<'_, PyAny>>,
+        eagle_group_ids: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let num_blocks = args::config_count(num_blocks, "num_blocks")?;
         let kind = CoordinatorKind::from(kind);
@@ -86,7 +86,7 @@ pool_writers!(pymethods_block!(PyCoordinatorCore,) {
             config.num_reprefillable_tokens =
                 args::config_count(n, "num_reprefillable_tokens")?;
         }
-        if let Some(g) = eagle_groups {
+        if let Some(g) = eagle_group_ids {
             config.eagle_groups = convert::group_ids(g)?;
         }
         let inner = convert::build_pool_sized(py, num_blocks, || CoordinatorCore::new(config));
@@ -116,10 +116,15 @@ pool_writers!(pymethods_block!(PyCoordinatorCore,) {
         self.inner.config().num_reprefillable_tokens
     }
 
-    /// The groups whose hits drop the EAGLE block.
+    /// The groups whose hits drop the EAGLE block, those of equal spec
+    /// included.
     #[getter]
     fn eagle_groups(&self) -> Vec<u32> {
-        self.inner.config().eagle_groups.iter().map(|g| g.0).collect()
+        let config = self.inner.config();
+        (0..config.groups.len())
+            .filter(|&g| config.is_eagle_group(g))
+            .map(|g| g as u32)
+            .collect()
     }
 
     /// Per group, the re-prefillable tokens it holds back from caching.
