@@ -24,7 +24,6 @@ class DecodePath:
     enable_caching: bool
     max_model_len: int
     hash_block_size: int
-    num_reprefillable_tokens: int
     _held_back: int
     empty_kv_cache_blocks: KVCacheBlocks
     _core: Any

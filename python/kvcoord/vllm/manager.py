@@ -95,17 +95,17 @@ class KVCacheManager(DecodePath, ManagerReadouts):
         # Multi-module MTP re-prefills the last num_prefill_lookahead - 1
         # computed tokens: their KV is not final (the core decides, per
         # group, how much of them is held back from caching).
-        self.num_reprefillable_tokens = max(0, int(a.get("num_prefill_lookahead", 0)) - 1)
+        reprefillable = max(0, int(a.get("num_prefill_lookahead", 0)) - 1)
         if (
             self.enable_caching
             and self.eagle_group_ids
-            and self.num_reprefillable_tokens
-            and int(a["scheduler_block_size"]) < self.num_reprefillable_tokens + 1
+            and reprefillable
+            and int(a["scheduler_block_size"]) < reprefillable + 1
         ):
             raise ValueError(
                 "Multi-module MTP with prefix caching needs scheduler_block_size >= "
                 f"num_prefill_lookahead (scheduler_block_size {a['scheduler_block_size']}, "
-                f"num_prefill_lookahead {self.num_reprefillable_tokens + 1})"
+                f"num_prefill_lookahead {reprefillable + 1})"
             )
         watermark = float(a.get("watermark", 0.0))
         self.watermark_blocks = int(watermark * cfg.num_blocks)
@@ -119,7 +119,7 @@ class KVCacheManager(DecodePath, ManagerReadouts):
             enable_caching=self.enable_caching,
             hash_block_size=self.hash_block_size,
             enable_events=self.enable_kv_cache_events,
-            num_reprefillable_tokens=self.num_reprefillable_tokens,
+            num_reprefillable_tokens=reprefillable,
             eagle_group_ids=self.drop_eagle_group_ids,
         )
         self._core = self._core_coordinator.core
