@@ -1235,7 +1235,10 @@ fn adopt_prefix(
 
 /// Step 8 of `allocate_slots` in every group (R-SWA measures its gap from
 /// the request's prompt).
-#[inline]
+// Measured: as an out-of-line call this step helper cost more in
+// prologue and argument spills than its work (callgrind, decode step).
+#[allow(clippy::inline_always)]
+#[inline(always)]
 fn remove_skipped_all(
     managers: &[Manager],
     pool: &mut BlockPool,
@@ -1253,7 +1256,10 @@ fn remove_skipped_all(
 
 /// Grow every group's table for the step (vLLM's `allocate_new_blocks` per
 /// group), appending each group's new ids to `out`.
-#[inline]
+// Measured: as an out-of-line call this step helper cost more in
+// prologue and argument spills than its work (callgrind, decode step).
+#[allow(clippy::inline_always)]
+#[inline(always)]
 fn allocate_groups(
     managers: &[Manager],
     pool: &mut BlockPool,
@@ -1296,7 +1302,10 @@ impl Caps {
 /// a Mamba "align" table longer than needed lowers the total, floored at 0).
 /// Records each Mamba "align" group's prefill checkpoint in `checkpoints`.
 #[allow(clippy::too_many_arguments)]
-#[inline]
+// Measured: as an out-of-line call this step helper cost more in
+// prologue and argument spills than its work (callgrind, decode step).
+#[allow(clippy::inline_always)]
+#[inline(always)]
 fn predict(
     managers: &[Manager],
     pool: &BlockPool,
@@ -1427,6 +1436,10 @@ fn check_hits(
 /// Cache every group's newly full blocks of the first `num_tokens` tokens.
 /// Validates all groups before caching any.
 #[allow(clippy::too_many_arguments)]
+// Measured: as an out-of-line call this step helper cost more in
+// prologue and argument spills than its work (callgrind, decode step).
+#[allow(clippy::inline_always)]
+#[inline(always)]
 fn cache_tables(
     managers: &[Manager],
     pool: &mut BlockPool,
@@ -1446,19 +1459,22 @@ fn cache_tables(
     let sbs = config.scheduler_block_size as usize;
     let hbs = config.hash_block_size as usize;
     let hashed = view.hashes.len() * hbs;
+    // Whether any group has a newly full block, or keeps Mamba "align"
+    // state (which is looked after on every call): on most decode steps
+    // neither, and nothing below would change anything.
+    let mut work = false;
     for (m, t) in managers.iter().zip(tables.iter()) {
         let cacheable = config.num_cacheable_tokens(m.group(), num_tokens);
         let num_full = cacheable.min(hashed) / m.block_size();
-        if m.spec().prefix_cacheable() && num_full > t.num_cached() && num_full > t.blocks().len() {
-            return Err(KvError::InvalidArgument {
-                name: "num_tokens",
-                detail: format!(
-                    "{num_tokens} tokens fill {num_full} blocks of group {} but its table holds {}",
-                    m.group(),
-                    t.blocks().len()
-                ),
-            });
+        let cacheable_group = m.spec().prefix_cacheable();
+        if cacheable_group && num_full > t.num_cached() && num_full > t.blocks().len() {
+            return Err(table_too_short(num_tokens, num_full, m, t));
         }
+        work |= (cacheable_group && num_full > t.num_cached())
+            || matches!(m.spec().kind, SpecKind::MambaAlign { .. });
+    }
+    if !work {
+        return Ok(());
     }
     let mut boundaries = [0usize; 2];
     let mut nb = 0;
@@ -1511,6 +1527,19 @@ fn cache_tables(
         }
     }
     Ok(())
+}
+
+/// The error of [`cache_tables`] for a table shorter than its full blocks.
+#[cold]
+fn table_too_short(num_tokens: usize, num_full: usize, m: &Manager, t: &GroupTable) -> KvError {
+    KvError::InvalidArgument {
+        name: "num_tokens",
+        detail: format!(
+            "{num_tokens} tokens fill {num_full} blocks of group {} but its table holds {}",
+            m.group(),
+            t.blocks().len()
+        ),
+    }
 }
 
 /// One committed Mamba "align" state, handed to KV connectors
