@@ -79,7 +79,7 @@ pub(crate) fn mooncake_prompt_tokens<'py>(
 ) -> PyResult<Bound<'py, numpy::PyArray1<u32>>> {
     let n = crate::args::count(input_length, "input_length")?;
     let ids: Vec<u64> = hash_ids.extract().map_err(|_| {
-        crate::errors::ArgumentTypeError::new_err(format!(
+        crate::errors::type_error(format!(
             "hash_ids must be a sequence of ints in [0, 2**64), got {}",
             crate::args::type_name(hash_ids)
         ))

@@ -6,13 +6,12 @@
 
 use kvcoord_core::{KvError, NewBlocks};
 use numpy::{PyArray1, PyUntypedArray};
-use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyBytes, PyInt, PyList, PySlice, PyString, PyTuple};
 
 use crate::convert;
-use crate::errors::{core, err};
+use crate::errors::{core, err, protocol_error, Protocol};
 
 /// Block ids per KV cache group (see `_core.pyi`). Immutable.
 #[pyclass(module = "kvcoord._core", name = "KVCacheBlocks", frozen)]
@@ -75,7 +74,8 @@ fn build(per_group: &Bound<'_, PyAny>, form: Form) -> PyResult<PyKVCacheBlocks> 
         |o: &Bound<'_, PyAny>| o.is_instance_of::<PyString>() || o.is_instance_of::<PyBytes>();
     let is_array = |o: &Bound<'_, PyAny>| o.cast::<PyUntypedArray>().is_ok();
     if text(per_group) || is_array(per_group) {
-        return Err(PyTypeError::new_err(
+        return Err(protocol_error(
+            Protocol::Type,
             "KVCacheBlocks expects one sequence of block ids per group",
         ));
     }
@@ -88,16 +88,16 @@ fn build(per_group: &Bound<'_, PyAny>, form: Form) -> PyResult<PyKVCacheBlocks> 
         } else if form == Form::Arrays {
             let got = group.get_type().name()?;
             let msg = format!("group {g}: from_arrays expects numpy arrays, got {got}");
-            return Err(PyTypeError::new_err(msg));
+            return Err(protocol_error(Protocol::Type, msg));
         } else if text(&group) {
             let msg = format!("group {g}: block ids must be a sequence of ints, not str/bytes");
-            return Err(PyTypeError::new_err(msg));
+            return Err(protocol_error(Protocol::Type, msg));
         } else {
             for item in group.try_iter()? {
                 let item = item?;
                 if item.is_instance_of::<PyBool>() || !item.is_instance_of::<PyInt>() {
                     let msg = format!("group {g}: block id {} is not an int", item.repr()?);
-                    return Err(PyTypeError::new_err(msg));
+                    return Err(protocol_error(Protocol::Type, msg));
                 }
                 ids.push(convert::block_id_of(&item)?);
             }

@@ -3,11 +3,13 @@
 //! numpy arrays. One pass per argument, no Python object per block kept.
 
 use kvcoord_core::{BlockHash, BlockId, GroupId, KvError};
-use numpy::{Element, PyArray1, PyArrayMethods, PyReadonlyArray2, PyUntypedArray};
+use numpy::{
+    Element, PyArray1, PyArrayMethods, PyReadonlyArray2, PyUntypedArray, PyUntypedArrayMethods,
+};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
 
-use crate::errors::{core, err, CoreError};
+use crate::errors::{core, err, type_error};
 
 /// One block id (non-negative, 32-bit; the pool checks the upper bound).
 #[inline]
@@ -35,21 +37,62 @@ fn array_values<T: Element + Copy>(arr: &Bound<'_, PyArray1<T>>) -> Vec<T> {
         .unwrap_or_else(|_| arr.to_owned_array().iter().copied().collect())
 }
 
-/// Try each integer dtype in turn: a failed `cast` is a cheap dtype check
-/// (no Python exception is built), so the common `uint32` array pays one.
-macro_rules! try_int_array {
-    ($arr:expr, $out:expr, $($t:ty),*) => {
-        $(
-            if let Ok(typed) = $arr.cast::<PyArray1<$t>>() {
-                let values = array_values(typed);
-                $out.reserve(values.len());
-                for v in values {
-                    $out.push(block_id(i64::try_from(v).unwrap_or(i64::MAX))?);
+/// Arrays up to this length are copied before they are read.
+const COPY_MAX_VALUES: usize = 4096;
+
+/// `out` extended by `wrap(v)` for each of `values` (all checked first);
+/// `Ok(true)`.
+fn push_checked<T: Copy + TryInto<u32> + Into<i128>, O>(
+    values: impl Iterator<Item = T> + Clone,
+    out: &mut Vec<O>,
+    wrap: fn(u32) -> O,
+    bad: &dyn Fn(usize, i128) -> PyErr,
+) -> PyResult<bool> {
+    if let Some((i, v)) = kvcoord_core::ids::first_outside_u32(values.clone()) {
+        return Err(bad(i, v));
+    }
+    out.extend(values.map(|v| wrap(v.try_into().unwrap_or(0))));
+    Ok(true)
+}
+
+/// Append the values of `obj`, a 1-D numpy array of any integer dtype in
+/// either byte order, to `out` as `wrap(id)`: `Ok(false)` when `obj` is not
+/// such an array. Every value must fit in 32 bits (ids and token ids);
+/// `bad(position, value)` is the refusal of the first that does not, and
+/// nothing is appended then. `what` names the buffer if memory runs out.
+pub(crate) fn extend_from_int_array<O>(
+    obj: &Bound<'_, PyAny>,
+    out: &mut Vec<O>,
+    wrap: fn(u32) -> O,
+    bad: &dyn Fn(usize, i128) -> PyErr,
+    what: &'static str,
+) -> PyResult<bool> {
+    if obj.cast::<PyUntypedArray>().is_err() {
+        return Ok(false);
+    }
+    // A failed `cast` is a cheap dtype check (no Python exception is
+    // built), so the common `uint32` array pays one. A small contiguous
+    // array is copied (cheaper than numpy's borrow tracking, see
+    // `array_values`), a large or strided one read in place.
+    macro_rules! each_dtype {
+        ($($t:ty),*) => {$(
+            if let Ok(typed) = obj.cast::<PyArray1<$t>>() {
+                core(kvcoord_core::limits::try_reserve(out, typed.len(), what))?;
+                if typed.len() <= COPY_MAX_VALUES {
+                    if let Ok(values) = typed.to_vec() {
+                        return push_checked(values.iter().copied(), out, wrap, bad);
+                    }
                 }
-                return Ok(());
+                let view = typed.try_readonly()?;
+                return push_checked(view.as_array().iter().copied(), out, wrap, bad);
             }
-        )*
-    };
+        )*};
+    }
+    each_dtype!(u32, i64, i32, u64, u16, i16, u8, i8);
+    match native_int_array(obj)? {
+        Some(native) => extend_from_int_array(&native, out, wrap, bad, what),
+        None => Ok(false),
+    }
 }
 
 /// One block id from a Python object (an int, or anything with `__index__`).
@@ -64,7 +107,7 @@ pub(crate) fn block_id_of(item: &Bound<'_, PyAny>) -> PyResult<BlockId> {
 #[cold]
 fn bad_block_id_object(item: &Bound<'_, PyAny>) -> PyErr {
     if crate::args::is_int_like(item) {
-        crate::errors::InvalidBlockIdError::new_err(format!(
+        crate::errors::block_id_error(format!(
             "block id {} does not fit in 32 bits",
             crate::args::shown(item)
         ))
@@ -108,27 +151,22 @@ pub(crate) fn extract_block_ids(obj: &Bound<'_, PyAny>, out: &mut Vec<BlockId>) 
         }
         return Ok(());
     }
+    let bad = |_, v| err(KvError::InvalidBlockId { value: Some(v) });
+    if extend_from_int_array(obj, out, BlockId, &bad, "block ids")? {
+        return Ok(());
+    }
     if obj.cast::<PyUntypedArray>().is_ok() {
-        if let Ok(typed) = obj.cast::<PyArray1<u32>>() {
-            // The pool's own output type: every value is a valid u32 id.
-            out.extend(array_values(typed).into_iter().map(BlockId));
-            return Ok(());
-        }
-        try_int_array!(obj, out, i64, i32, u64, i16, u16, i8, u8);
-        if let Some(native) = native_int_array(obj)? {
-            return extract_block_ids(&native, out);
-        }
-        return Err(crate::errors::ArgumentTypeError::new_err(
+        return Err(type_error(
             "block ids must be a 1-D integer numpy array (or a sequence of ints)",
         ));
     }
     if obj.is_instance_of::<pyo3::types::PyString>() || obj.is_instance_of::<PyBytes>() {
-        return Err(crate::errors::ArgumentTypeError::new_err(
+        return Err(type_error(
             "block ids must be a sequence of ints, not str/bytes",
         ));
     }
     let items = obj.try_iter().map_err(|_| {
-        crate::errors::ArgumentTypeError::new_err(format!(
+        type_error(format!(
             "block ids must be a sequence of ints or an integer numpy array, got {}",
             crate::args::type_name(obj)
         ))
@@ -197,17 +235,6 @@ pub(crate) fn block_hashes(obj: &Bound<'_, PyAny>) -> PyResult<Vec<BlockHash>> {
         out.push(block_hash(&item?)?);
     }
     Ok(out)
-}
-
-/// A non-negative count argument.
-pub(crate) fn count(n: i64, name: &'static str) -> PyResult<usize> {
-    usize::try_from(n).map_err(|_| {
-        CoreError(KvError::InvalidArgument {
-            name,
-            detail: format!("must be non-negative, got {n}"),
-        })
-        .into()
-    })
 }
 
 /// Integers from a list/tuple of ints or a 1-D integer numpy array.

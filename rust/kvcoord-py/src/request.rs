@@ -5,71 +5,65 @@ use kvcoord_core::hashing;
 use kvcoord_core::{BlockHash, ExtraKeys, HashAlgo, HashConfig, Request, RequestHasher};
 use numpy::ndarray::Array2;
 use numpy::{IntoPyArray, PyArray1, PyArray2};
-use pyo3::exceptions::PyIndexError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyInt, PyList, PySlice, PyString, PyTuple};
 
 use crate::args::Text;
-use crate::errors::core;
+use crate::errors::{core, protocol_error, Protocol, Refused};
 use crate::tokens::{extract_tokens, lora_key, mm_features, step_ints, token};
 
 /// Hash without holding the GIL when at least this many tokens are new
 /// (releasing and re-taking the GIL costs about a microsecond).
 const DETACH_MIN_TOKENS: usize = 4096;
 
-/// The hash arguments `Request` and `compute_block_hashes` share, as a
-/// fresh hasher.
-fn request_hasher(
-    hash_algo: HashAlgo,
+/// A request of the tokens in `obj`, hashed with the arguments `Request`
+/// and `compute_block_hashes` share (`what`: the caller that needs a
+/// computing algorithm, if any).
+#[allow(clippy::too_many_arguments)]
+fn new_request(
+    py: Python<'_>,
+    request_id: String,
+    obj: &Bound<'_, PyAny>,
     hash_block_size: &Bound<'_, PyAny>,
+    hash_algo: &Text,
+    computing: Option<&str>,
     hash_seed: Option<&Text>,
     cache_salt: Option<Text>,
     lora: Option<&Bound<'_, PyAny>>,
     mm_features: Option<&Bound<'_, PyAny>>,
-) -> PyResult<RequestHasher> {
+) -> PyResult<Request> {
+    let mut algo = core(HashAlgo::from_name(hash_algo.as_str()))?;
+    if let Some(what) = computing {
+        algo = core(algo.computing(what))?;
+    }
     let block_size = crate::args::config_count(hash_block_size, "hash_block_size")?;
-    let config = core(HashConfig::new(hash_algo, block_size, Text::opt(hash_seed)))?;
+    let config = core(HashConfig::new(algo, block_size, Text::opt(hash_seed)))?;
     let extra = ExtraKeys::new(
         lora_key(lora)?,
         self::mm_features(mm_features)?,
         cache_salt.map(|t| t.0),
     );
-    Ok(RequestHasher::new(config, extra))
+    let hasher = RequestHasher::new(config, extra);
+    let fill = |t: &mut Vec<u32>| extract_tokens(obj, t, 0).map_err(Refused);
+    // (Converting on this thread while a worker thread hashed was measured
+    // slower on a 2-core machine: thread start-up and cross-core traffic
+    // cost more than the overlap saved.)
+    Ok(Request::try_new(request_id, hasher, fill, |h, t| {
+        hash(py, h, t);
+    })?)
 }
 
 fn hashes_to_list<'py>(py: Python<'py>, hashes: &[BlockHash]) -> PyResult<Bound<'py, PyList>> {
     PyList::new(py, hashes.iter().map(|h| PyBytes::new(py, h.as_bytes())))
 }
 
-fn hashes_to_bytes<'py>(py: Python<'py>, hashes: &[BlockHash]) -> Bound<'py, PyBytes> {
-    PyBytes::new(py, &BlockHash::concat(hashes))
-}
-
-/// Run `hasher.update(tokens)`, without the GIL when the new part is long.
-fn update_hashes(py: Python<'_>, hasher: &mut RequestHasher, tokens: &[u32]) -> PyResult<()> {
-    core(hasher.try_reserve_for(tokens.len()))?;
-    let new_tokens = hasher.pending_blocks(tokens.len()) * hasher.config().block_size();
-    if new_tokens >= DETACH_MIN_TOKENS {
+/// `hasher.update(tokens)`, without the GIL when the new part is long.
+fn hash(py: Python<'_>, hasher: &mut RequestHasher, tokens: &[u32]) {
+    if hasher.num_tokens_to_hash(tokens.len()) >= DETACH_MIN_TOKENS {
         py.detach(|| hasher.update(tokens));
     } else {
         hasher.update(tokens);
     }
-    Ok(())
-}
-
-/// Convert `obj` into `tokens` and bring `hasher` up to date with them.
-///
-/// (A pipelined variant, converting on this thread while a worker thread
-/// hashed, was measured slower on the 2-core development machine: thread
-/// start-up and cross-core traffic cost more than the overlap saved.)
-fn extract_and_hash(
-    py: Python<'_>,
-    obj: &Bound<'_, PyAny>,
-    hasher: &mut RequestHasher,
-    tokens: &mut Vec<u32>,
-) -> PyResult<()> {
-    extract_tokens(obj, tokens, 0)?;
-    update_hashes(py, hasher, tokens)
 }
 
 // ------------------------------------------------------------------ Request
@@ -106,19 +100,19 @@ impl PyRequest {
         lora: Option<&Bound<'_, PyAny>>,
         mm_features: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
-        let algo = core(HashAlgo::from_name(hash_algo.as_str()))?;
-        let mut hasher = request_hasher(
-            algo,
-            hash_block_size,
-            hash_seed.as_ref(),
-            cache_salt,
-            lora,
-            mm_features,
-        )?;
-        let mut tokens = Vec::new();
-        extract_and_hash(py, prompt_token_ids, &mut hasher, &mut tokens)?;
         Ok(Self {
-            inner: Request::from_hashed(request_id.0, tokens, hasher),
+            inner: new_request(
+                py,
+                request_id.0,
+                prompt_token_ids,
+                hash_block_size,
+                &hash_algo,
+                None,
+                hash_seed.as_ref(),
+                cache_salt,
+                lora,
+                mm_features,
+            )?,
         })
     }
 
@@ -150,17 +144,9 @@ impl PyRequest {
             self.inner.push_token(t);
             return Ok(());
         }
-        let (tokens, hasher) = self.inner.tokens_and_hasher_mut();
-        let base = tokens.len();
-        if let Err(e) = extract_tokens(token_ids, tokens, base) {
-            tokens.truncate(base);
-            return Err(e);
-        }
-        if let Err(e) = update_hashes(py, hasher, tokens) {
-            tokens.truncate(base);
-            return Err(e);
-        }
-        Ok(())
+        let base = self.inner.num_tokens();
+        let fill = |t: &mut Vec<u32>| extract_tokens(token_ids, t, base).map_err(Refused);
+        Ok(self.inner.try_append(fill, |h, t| hash(py, h, t))?)
     }
 
     #[getter]
@@ -185,7 +171,7 @@ impl PyRequest {
 
     #[getter]
     fn num_output_tokens(&self) -> usize {
-        self.inner.num_tokens() - self.inner.num_prompt_tokens()
+        self.inner.num_output_tokens()
     }
 
     #[getter]
@@ -200,7 +186,10 @@ impl PyRequest {
 
     #[setter]
     fn set_shared_prefix_boundary(&mut self, value: i64) -> PyResult<()> {
-        self.inner.shared_prefix_boundary = crate::convert::count(value, "shared_prefix_boundary")?;
+        self.inner.shared_prefix_boundary = core(kvcoord_core::ids::non_negative(
+            "shared_prefix_boundary",
+            value,
+        ))?;
         Ok(())
     }
 
@@ -301,7 +290,7 @@ impl PyRequest {
     /// The block hashes concatenated into one bytes object
     /// (`n * digest_len` bytes).
     fn block_hashes_bytes<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
-        hashes_to_bytes(py, self.inner.block_hashes())
+        PyBytes::new(py, &BlockHash::concat(self.inner.block_hashes()))
     }
 
     fn __repr__(&self) -> String {
@@ -384,7 +373,10 @@ impl BlockHashes {
         let n = isize::try_from(hashes.len()).unwrap_or(isize::MAX);
         let j = if i < 0 { i + n } else { i };
         if !(0..n).contains(&j) {
-            return Err(PyIndexError::new_err("block hash index out of range"));
+            return Err(protocol_error(
+                Protocol::Index,
+                "block hash index out of range",
+            ));
         }
         Ok(PyBytes::new(py, hashes[j.unsigned_abs()].as_bytes()).into_any())
     }
@@ -410,7 +402,8 @@ impl BlockHashes {
                 return Ok(i);
             }
         }
-        Err(pyo3::exceptions::PyValueError::new_err(
+        Err(protocol_error(
+            Protocol::NotFound,
             "block hash is not in this request's block hashes",
         ))
     }
@@ -502,19 +495,19 @@ pub(crate) fn compute_block_hashes<'py>(
     lora: Option<&Bound<'py, PyAny>>,
     mm_features: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyList>> {
-    let algo = core(HashAlgo::from_name(hash_algo.as_str()))?;
-    let algo = core(algo.computing("compute_block_hashes"))?;
-    let mut hasher = request_hasher(
-        algo,
+    let request = new_request(
+        py,
+        String::new(),
+        token_ids,
         hash_block_size,
+        &hash_algo,
+        Some("compute_block_hashes"),
         hash_seed.as_ref(),
         cache_salt,
         lora,
         mm_features,
     )?;
-    let mut tokens = Vec::new();
-    extract_and_hash(py, token_ids, &mut hasher, &mut tokens)?;
-    hashes_to_list(py, hasher.block_hashes())
+    hashes_to_list(py, request.block_hashes())
 }
 
 /// The root digest (`NONE_HASH`, parent of block 0) for an algorithm and
