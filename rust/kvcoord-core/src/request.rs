@@ -344,12 +344,6 @@ mod tests {
 
     use super::*;
 
-    fn hasher(block_size: usize) -> RequestHasher {
-        let algo = crate::HashAlgo::from_name("sha256_cbor").unwrap();
-        let config = crate::HashConfig::new(algo, block_size, None).unwrap();
-        RequestHasher::new(config, crate::ExtraKeys::default())
-    }
-
     fn update(h: &mut RequestHasher, tokens: &[u32]) {
         h.update(tokens);
     }
