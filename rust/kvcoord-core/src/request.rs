@@ -119,6 +119,16 @@ impl Request {
         &self.tokens
     }
 
+    /// The prompt's tokens.
+    pub fn prompt_tokens(&self) -> &[u32] {
+        &self.tokens[..self.num_prompt_tokens]
+    }
+
+    /// The output tokens (appended after the prompt).
+    pub fn output_tokens(&self) -> &[u32] {
+        &self.tokens[self.num_prompt_tokens..]
+    }
+
     /// Number of tokens (prompt + outputs).
     pub fn num_tokens(&self) -> usize {
         self.tokens.len()

@@ -248,6 +248,19 @@ pub(crate) fn int_vec(obj: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
     obj.extract()
 }
 
+/// A digest as Python `bytes`.
+pub(crate) fn digest<'py>(py: Python<'py>, h: &BlockHash) -> Bound<'py, PyBytes> {
+    PyBytes::new(py, h.as_bytes())
+}
+
+/// Digests as a new list of `bytes`.
+pub(crate) fn digest_list<'py>(
+    py: Python<'py>,
+    hashes: &[BlockHash],
+) -> PyResult<Bound<'py, PyList>> {
+    PyList::new(py, hashes.iter().map(|h| digest(py, h)))
+}
+
 /// Ids as a Python list of ints.
 pub(crate) fn id_list<'py>(py: Python<'py>, ids: &[BlockId]) -> PyResult<Bound<'py, PyList>> {
     PyList::new(py, ids.iter().map(|b| b.0))
