@@ -4,14 +4,14 @@
 //! nobody reads costs no numpy object and a block id never becomes a Python
 //! int on the hot path.
 
-use kvcoord_core::{KvError, NewBlocks};
+use kvcoord_core::NewBlocks;
 use numpy::{PyArray1, PyUntypedArray};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyBytes, PyInt, PyList, PySlice, PyString, PyTuple};
 
 use crate::convert;
-use crate::errors::{core, err, protocol_error, Protocol};
+use crate::errors::{core, protocol_error, Protocol};
 
 /// Block ids per KV cache group (see `_core.pyi`). Immutable.
 #[pyclass(module = "kvcoord._core", name = "KVCacheBlocks", frozen)]
@@ -26,13 +26,8 @@ impl PyKVCacheBlocks {
     /// A result of the core's ids; refused when an id does not fit in
     /// `int32` (the arrays' dtype).
     pub(crate) fn new(inner: NewBlocks) -> PyResult<Self> {
-        if let Some(b) = inner.max_id().filter(|b| i32::try_from(b.0).is_err()) {
-            return Err(err(KvError::InvalidBlockId {
-                value: Some(i128::from(b.0)),
-            }));
-        }
         Ok(Self {
-            inner,
+            inner: core(inner.fitting_i32())?,
             flat_array: PyOnceLock::new(),
             offsets_array: PyOnceLock::new(),
         })
@@ -41,13 +36,7 @@ impl PyKVCacheBlocks {
     fn flat_array<'py>(&self, py: Python<'py>) -> PyResult<&Bound<'py, PyArray1<i32>>> {
         self.flat_array
             .get_or_try_init(py, || {
-                // Each id fits in i32 (the type's invariant).
-                let ids = self
-                    .inner
-                    .flat()
-                    .iter()
-                    .map(|b| i32::try_from(b.0).unwrap_or(i32::MAX));
-                readonly(PyArray1::from_iter(py, ids))
+                readonly(PyArray1::from_iter(py, self.inner.flat_i32()))
             })
             .map(|a| a.bind(py))
     }
@@ -107,8 +96,18 @@ fn build(per_group: &Bound<'_, PyAny>, form: Form) -> PyResult<PyKVCacheBlocks> 
     PyKVCacheBlocks::new(out)
 }
 
-#[pymethods]
-impl PyKVCacheBlocks {
+pymethods!(PyKVCacheBlocks {
+    get num_groups(&self) -> usize = self.inner.num_groups();
+    get flat['py](&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<i32>>> =
+        self.flat_array(py).cloned();
+    get offsets['py](&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<i64>>> = self
+        .offsets_array
+        .get_or_try_init(py, || {
+            let wide = self.inner.offsets().map(|o| i64::try_from(o).unwrap_or(i64::MAX));
+            readonly(PyArray1::from_iter(py, wide))
+        })
+        .map(|a| a.bind(py).clone());
+}
     /// `KVCacheBlocks(per_group)`: one sequence of ints or integer array per
     /// group (validated).
     #[new]
@@ -151,29 +150,6 @@ impl PyKVCacheBlocks {
     #[pyo3(name = "empty")]
     fn py_empty(_cls: &Bound<'_, pyo3::types::PyType>, num_groups: usize) -> PyResult<Self> {
         Self::new(NewBlocks::empty(num_groups))
-    }
-
-    #[getter]
-    fn num_groups(&self) -> usize {
-        self.inner.num_groups()
-    }
-
-    #[getter]
-    fn flat<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<i32>>> {
-        self.flat_array(py).cloned()
-    }
-
-    #[getter]
-    fn offsets<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<i64>>> {
-        self.offsets_array
-            .get_or_try_init(py, || {
-                let wide = self
-                    .inner
-                    .offsets()
-                    .map(|o| i64::try_from(o).unwrap_or(i64::MAX));
-                readonly(PyArray1::from_iter(py, wide))
-            })
-            .map(|a| a.bind(py).clone())
     }
 
     /// One read-only `int32` array per group (views of `flat`).
@@ -228,4 +204,4 @@ impl PyKVCacheBlocks {
             self.get_block_ids(py)?.repr()?
         ))
     }
-}
+);

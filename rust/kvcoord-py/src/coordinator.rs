@@ -14,7 +14,7 @@ use crate::blocks::PyKVCacheBlocks;
 use crate::convert;
 use crate::errors::{core, CoreError};
 use crate::kinds::{self, PyCoordinatorKind, PyGroupSpec};
-use crate::pool::{pool_readers, pool_writers, pymethods_block};
+use crate::pool::{pool_readers, pool_writers};
 use crate::request::PyRequest;
 
 /// One scheduler's KV-cache mechanism: a pool shared by one manager per
@@ -49,7 +49,17 @@ impl PyCoordinatorCore {
     }
 }
 
-pool_writers!(pymethods_block!(PyCoordinatorCore,) {
+pool_writers!(pymethods!(PyCoordinatorCore {
+    /// Tokens per hash unit (requests must be hashed with it).
+    get hash_block_size(&self) -> u32 = self.inner.config().hash_block_size;
+    /// LCM of the groups' block sizes.
+    get scheduler_block_size(&self) -> u32 = self.inner.config().scheduler_block_size;
+    /// The shared pool, read-only.
+    get block_pool(slf: Bound<'_, Self>) -> PyBlockPoolView = PyBlockPoolView { owner: slf.unbind() };
+    /// The shared empty result (no new block in any group).
+    get empty(&self, py: Python<'_>) -> Py<PyKVCacheBlocks> = self.empty.clone_ref(py);
+    get num_requests(&self) -> usize = self.inner.num_requests();
+}) {
     #[new]
     #[pyo3(signature = (num_blocks, groups, *, kind, hash_block_size, max_model_len,
                         retention_interval = None, enable_events = false))]
@@ -86,37 +96,6 @@ pool_writers!(pymethods_block!(PyCoordinatorCore,) {
             hits: Vec::new(),
             empty: Py::new(py, PyKVCacheBlocks::new(NewBlocks::empty(groups.len()))?)?,
         })
-    }
-
-    /// Tokens per hash unit (requests must be hashed with it).
-    #[getter]
-    fn hash_block_size(&self) -> u32 {
-        self.inner.config().hash_block_size
-    }
-
-    /// LCM of the groups' block sizes.
-    #[getter]
-    fn scheduler_block_size(&self) -> u32 {
-        self.inner.config().scheduler_block_size
-    }
-
-    /// The shared pool, read-only.
-    #[getter]
-    fn block_pool(slf: Bound<'_, Self>) -> PyBlockPoolView {
-        PyBlockPoolView {
-            owner: slf.unbind(),
-        }
-    }
-
-    /// The shared empty result (no new block in any group).
-    #[getter]
-    fn empty(&self, py: Python<'_>) -> Py<PyKVCacheBlocks> {
-        self.empty.clone_ref(py)
-    }
-
-    #[getter]
-    fn num_requests(&self) -> usize {
-        self.inner.num_requests()
     }
 
     /// Longest hit for groups sharing one spec: the blocks (one group per
