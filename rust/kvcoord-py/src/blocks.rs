@@ -177,16 +177,12 @@ pymethods!(PyKVCacheBlocks {
         self.inner.is_empty()
     }
 
-    #[allow(clippy::unnecessary_wraps)] // PyO3's comparison protocol shape
-    fn __eq__(&self, other: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+    fn __eq__(&self, other: &Bound<'_, PyAny>) -> Py<PyAny> {
         let py = other.py();
-        Ok(match other.cast::<Self>() {
-            Ok(o) => PyBool::new(py, self.inner == o.get().inner)
-                .to_owned()
-                .into_any()
-                .unbind(),
+        match other.cast::<Self>() {
+            Ok(o) => PyBool::new(py, self.inner == o.get().inner).to_owned().into_any().unbind(),
             Err(_) => py.NotImplemented(),
-        })
+        }
     }
 
     fn __add__(&self, other: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {

@@ -265,13 +265,12 @@ pool_writers!(pool_readers!(PyBlockPool, "BlockPool",) {
     ) -> PyResult<Self> {
         let eviction: EvictionConfig = core(eviction_policy.as_str().parse())?;
         let num_blocks = args::config_count(num_blocks, "num_blocks")?;
-        let config = PoolConfig {
-            num_blocks,
-            enable_caching: args::opt_flag(enable_caching, "enable_caching", true)?,
-            hash_block_size: hash_block_size
-                .map_or(Ok(16), |h| args::config_u32(h, "hash_block_size"))?,
-            enable_events: args::opt_flag(enable_events, "enable_events", false)?,
-        };
+        let mut config = PoolConfig::new(num_blocks);
+        config.enable_caching = args::opt_flag(enable_caching, "enable_caching", config.enable_caching)?;
+        if let Some(h) = hash_block_size {
+            config.hash_block_size = args::config_u32(h, "hash_block_size")?;
+        }
+        config.enable_events = args::opt_flag(enable_events, "enable_events", config.enable_events)?;
         let pool = convert::build_pool_sized(py, num_blocks, || {
             BlockPool::with_eviction(config, eviction)
         });
