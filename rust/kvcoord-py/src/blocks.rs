@@ -73,7 +73,7 @@ fn build(per_group: &Bound<'_, PyAny>, form: Form) -> PyResult<PyKVCacheBlocks> 
         let group = group?;
         ids.clear();
         if is_array(&group) && form != Form::Lists {
-            convert::extract_block_ids(&group, &mut ids)?;
+            convert::extend_ids(&group, &mut ids, 0)?;
         } else if form == Form::Arrays {
             let got = group.get_type().name()?;
             let msg = format!("group {g}: from_arrays expects numpy arrays, got {got}");

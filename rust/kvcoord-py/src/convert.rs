@@ -37,35 +37,119 @@ fn array_values<T: Element + Copy>(arr: &Bound<'_, PyArray1<T>>) -> Vec<T> {
         .unwrap_or_else(|_| arr.to_owned_array().iter().copied().collect())
 }
 
+/// What a sequence of 32-bit ids holds (block ids, token ids), written
+/// once for [`extend_ids`], the one converter of them all.
+pub(crate) trait Id: Sized {
+    /// Their name in messages.
+    const WHAT: &'static str;
+    /// What a caller may pass, for messages.
+    const EXPECTED: &'static str;
+    /// The refusal of a numpy array of another dtype; `None`: such an array
+    /// is read item by item (each item refused on its own).
+    const OTHER_ARRAYS: Option<&'static str>;
+    /// An id known to fit (an array's checked value).
+    fn wrap(v: u32) -> Self;
+    /// The id `item` at `position` stands for.
+    fn item(position: usize, item: &Bound<'_, PyAny>) -> PyResult<Self>;
+    /// The refusal of an array's `value` at `position` (not 32-bit).
+    fn out_of_range(position: usize, value: i128) -> PyErr;
+}
+
+impl Id for BlockId {
+    const WHAT: &'static str = "block ids";
+    const EXPECTED: &'static str = "a sequence of ints or an integer numpy array";
+    const OTHER_ARRAYS: Option<&'static str> =
+        Some("block ids must be a 1-D integer numpy array (or a sequence of ints)");
+
+    fn wrap(v: u32) -> Self {
+        Self(v)
+    }
+
+    #[inline]
+    fn item(_: usize, item: &Bound<'_, PyAny>) -> PyResult<Self> {
+        block_id_of(item)
+    }
+
+    fn out_of_range(_: usize, value: i128) -> PyErr {
+        err(KvError::InvalidBlockId { value: Some(value) })
+    }
+}
+
+/// Append the ids in `obj` (a list/tuple/sequence of ints, or a 1-D integer
+/// numpy array in either byte order) to `out`, checking each; positions in
+/// errors count from `base`. On error `out` may hold part of the input:
+/// callers pass a scratch vector or truncate.
+pub(crate) fn extend_ids<I: Id>(
+    obj: &Bound<'_, PyAny>,
+    out: &mut Vec<I>,
+    base: usize,
+) -> PyResult<()> {
+    if let Ok(list) = obj.cast::<PyList>() {
+        return extend_items(list.iter(), list.len(), out, base);
+    }
+    if let Ok(tuple) = obj.cast::<PyTuple>() {
+        return extend_items(tuple.iter(), tuple.len(), out, base);
+    }
+    if extend_from_int_array(obj, out, base)? {
+        return Ok(());
+    }
+    if let Some(refusal) = I::OTHER_ARRAYS.filter(|_| obj.cast::<PyUntypedArray>().is_ok()) {
+        return Err(type_error(refusal));
+    }
+    if obj.is_instance_of::<pyo3::types::PyString>() || obj.is_instance_of::<PyBytes>() {
+        let what = I::WHAT;
+        return Err(type_error(format!(
+            "{what} must be a sequence of ints, not str/bytes"
+        )));
+    }
+    let items = obj.try_iter().map_err(|_| {
+        let (what, expected, got) = (I::WHAT, I::EXPECTED, crate::args::type_name(obj));
+        type_error(format!("{what} must be {expected}, got {got}"))
+    })?;
+    for (i, item) in items.enumerate() {
+        out.push(I::item(base + i, &item?)?);
+    }
+    Ok(())
+}
+
+/// The items of a list or tuple of `n`, room reserved first.
+#[inline]
+fn extend_items<'py, I: Id>(
+    items: impl Iterator<Item = Bound<'py, PyAny>>,
+    n: usize,
+    out: &mut Vec<I>,
+    base: usize,
+) -> PyResult<()> {
+    core(kvcoord_core::limits::try_reserve(out, n, I::WHAT))?;
+    for (i, item) in items.enumerate() {
+        out.push(I::item(base + i, &item)?);
+    }
+    Ok(())
+}
+
 /// Arrays up to this length are copied before they are read.
 const COPY_MAX_VALUES: usize = 4096;
 
-/// `out` extended by `wrap(v)` for each of `values` (all checked first);
-/// `Ok(true)`.
-fn push_checked<T: Copy + TryInto<u32> + Into<i128>, O>(
+/// `out` extended by the ids `values` (all checked first); `Ok(true)`.
+fn push_checked<T: Copy + TryInto<u32> + Into<i128>, I: Id>(
     values: impl Iterator<Item = T> + Clone,
-    out: &mut Vec<O>,
-    wrap: fn(u32) -> O,
-    bad: &dyn Fn(usize, i128) -> PyErr,
+    out: &mut Vec<I>,
+    base: usize,
 ) -> PyResult<bool> {
     if let Some((i, v)) = kvcoord_core::ids::first_outside_u32(values.clone()) {
-        return Err(bad(i, v));
+        return Err(I::out_of_range(base + i, v));
     }
-    out.extend(values.map(|v| wrap(v.try_into().unwrap_or(0))));
+    out.extend(values.map(|v| I::wrap(v.try_into().unwrap_or(0))));
     Ok(true)
 }
 
 /// Append the values of `obj`, a 1-D numpy array of any integer dtype in
-/// either byte order, to `out` as `wrap(id)`: `Ok(false)` when `obj` is not
-/// such an array. Every value must fit in 32 bits (ids and token ids);
-/// `bad(position, value)` is the refusal of the first that does not, and
-/// nothing is appended then. `what` names the buffer if memory runs out.
-pub(crate) fn extend_from_int_array<O>(
+/// either byte order, to `out`: `Ok(false)` when `obj` is not such an
+/// array. Every value must fit in 32 bits; nothing is appended otherwise.
+fn extend_from_int_array<I: Id>(
     obj: &Bound<'_, PyAny>,
-    out: &mut Vec<O>,
-    wrap: fn(u32) -> O,
-    bad: &dyn Fn(usize, i128) -> PyErr,
-    what: &'static str,
+    out: &mut Vec<I>,
+    base: usize,
 ) -> PyResult<bool> {
     if obj.cast::<PyUntypedArray>().is_err() {
         return Ok(false);
@@ -77,20 +161,20 @@ pub(crate) fn extend_from_int_array<O>(
     macro_rules! each_dtype {
         ($($t:ty),*) => {$(
             if let Ok(typed) = obj.cast::<PyArray1<$t>>() {
-                core(kvcoord_core::limits::try_reserve(out, typed.len(), what))?;
+                core(kvcoord_core::limits::try_reserve(out, typed.len(), I::WHAT))?;
                 if typed.len() <= COPY_MAX_VALUES {
                     if let Ok(values) = typed.to_vec() {
-                        return push_checked(values.iter().copied(), out, wrap, bad);
+                        return push_checked(values.iter().copied(), out, base);
                     }
                 }
                 let view = typed.try_readonly()?;
-                return push_checked(view.as_array().iter().copied(), out, wrap, bad);
+                return push_checked(view.as_array().iter().copied(), out, base);
             }
         )*};
     }
     each_dtype!(u32, i64, i32, u64, u16, i16, u8, i8);
     match native_int_array(obj)? {
-        Some(native) => extend_from_int_array(&native, out, wrap, bad, what),
+        Some(native) => extend_from_int_array(&native, out, base),
         None => Ok(false),
     }
 }
@@ -134,53 +218,10 @@ pub(crate) fn native_int_array<'py>(
         .map(Some)
 }
 
-/// Append the block ids in `obj` (a list/tuple/sequence of ints, or a 1-D
-/// integer numpy array in either byte order) to `out`.
-pub(crate) fn extract_block_ids(obj: &Bound<'_, PyAny>, out: &mut Vec<BlockId>) -> PyResult<()> {
-    if let Ok(list) = obj.cast::<PyList>() {
-        out.reserve(list.len());
-        for item in list.iter() {
-            out.push(block_id_of(&item)?);
-        }
-        return Ok(());
-    }
-    if let Ok(tuple) = obj.cast::<PyTuple>() {
-        out.reserve(tuple.len());
-        for item in tuple.iter() {
-            out.push(block_id_of(&item)?);
-        }
-        return Ok(());
-    }
-    let bad = |_, v| err(KvError::InvalidBlockId { value: Some(v) });
-    if extend_from_int_array(obj, out, BlockId, &bad, "block ids")? {
-        return Ok(());
-    }
-    if obj.cast::<PyUntypedArray>().is_ok() {
-        return Err(type_error(
-            "block ids must be a 1-D integer numpy array (or a sequence of ints)",
-        ));
-    }
-    if obj.is_instance_of::<pyo3::types::PyString>() || obj.is_instance_of::<PyBytes>() {
-        return Err(type_error(
-            "block ids must be a sequence of ints, not str/bytes",
-        ));
-    }
-    let items = obj.try_iter().map_err(|_| {
-        type_error(format!(
-            "block ids must be a sequence of ints or an integer numpy array, got {}",
-            crate::args::type_name(obj)
-        ))
-    })?;
-    for item in items {
-        out.push(block_id_of(&item?)?);
-    }
-    Ok(())
-}
-
 /// Block ids as a fresh `Vec`.
 pub(crate) fn block_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<BlockId>> {
     let mut v = Vec::new();
-    extract_block_ids(obj, &mut v)?;
+    extend_ids(obj, &mut v, 0)?;
     Ok(v)
 }
 

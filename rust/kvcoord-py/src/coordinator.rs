@@ -314,7 +314,7 @@ fn fill_hits(obj: &Bound<'_, PyAny>, hits: &mut Vec<Vec<BlockId>>) -> PyResult<(
     hits.truncate(n);
     for (g, item) in seq.try_iter()?.enumerate() {
         hits[g].clear();
-        convert::extract_block_ids(&item?, &mut hits[g])?;
+        convert::extend_ids(&item?, &mut hits[g], 0)?;
     }
     Ok(())
 }

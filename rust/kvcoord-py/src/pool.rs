@@ -231,7 +231,7 @@ impl PyBlockPool {
     ) -> PyResult<R> {
         let ids = &mut self.scratch.ids;
         ids.clear();
-        convert::extract_block_ids(block_ids, ids)?;
+        convert::extend_ids(block_ids, ids, 0)?;
         core(f(&mut self.inner, ids))
     }
 

@@ -9,9 +9,10 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyInt, PyList, PySlice, PyString, PyTuple};
 
 use crate::args::Text;
+use crate::convert::extend_ids;
 use crate::convert::{digest, digest_list};
 use crate::errors::{core, protocol_error, Protocol, Refused};
-use crate::tokens::{extract_tokens, lora_key, mm_features, step_ints, token};
+use crate::tokens::{lora_key, mm_features, step_ints, token};
 
 /// Hash without holding the GIL when at least this many tokens are new
 /// (releasing and re-taking the GIL costs about a microsecond).
@@ -45,7 +46,7 @@ fn new_request(
         cache_salt.map(|t| t.0),
     );
     let hasher = RequestHasher::new(config, extra);
-    let fill = |t: &mut Vec<u32>| extract_tokens(obj, t, 0).map_err(Refused);
+    let fill = |t: &mut Vec<u32>| extend_ids(obj, t, 0).map_err(Refused);
     // (Converting on this thread while a worker thread hashed was measured
     // slower on a 2-core machine: thread start-up and cross-core traffic
     // cost more than the overlap saved.)
@@ -172,7 +173,7 @@ pymethods!(PyRequest {
             return Ok(());
         }
         let base = self.inner.num_tokens();
-        let fill = |t: &mut Vec<u32>| extract_tokens(token_ids, t, base).map_err(Refused);
+        let fill = |t: &mut Vec<u32>| extend_ids(token_ids, t, base).map_err(Refused);
         Ok(self.inner.try_append(fill, |h, t| hash(py, h, t))?)
     }
 

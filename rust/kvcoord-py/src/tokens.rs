@@ -6,7 +6,7 @@
 use kvcoord_core::hashing;
 use kvcoord_core::{KvError, LoraKey, MmFeature};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyInt, PyList, PyString, PyTuple};
+use pyo3::types::{PyInt, PyList, PyTuple};
 
 use crate::errors::{core, err, type_error, value_error};
 
@@ -43,20 +43,26 @@ fn plain_token(item: &Bound<'_, PyAny>) -> Option<u32> {
     }
 }
 
-/// Append the token ids of a list's or tuple's items: a tight loop over
-/// plain ints, the checked conversion (and its error) for anything else.
-fn tokens_from_items<'py>(
-    items: impl Iterator<Item = Bound<'py, PyAny>>,
-    out: &mut Vec<u32>,
-    base: usize,
-) -> PyResult<()> {
-    for (i, item) in items.enumerate() {
-        match plain_token(&item) {
-            Some(t) => out.push(t),
-            None => out.push(token(base + i, &item)?),
-        }
+/// Token ids are the `u32`s of [`crate::convert::extend_ids`].
+impl crate::convert::Id for u32 {
+    const WHAT: &'static str = "token ids";
+    const EXPECTED: &'static str = "an int, a sequence of ints or an integer numpy array";
+    const OTHER_ARRAYS: Option<&'static str> = None;
+
+    fn wrap(v: u32) -> Self {
+        v
     }
-    Ok(())
+
+    /// A tight path for plain ints, the checked conversion (and its error)
+    /// for anything else.
+    #[inline]
+    fn item(position: usize, item: &Bound<'_, PyAny>) -> PyResult<Self> {
+        plain_token(item).map_or_else(|| token(position, item), Ok)
+    }
+
+    fn out_of_range(position: usize, value: i128) -> PyErr {
+        err(KvError::InvalidTokenId { position, value })
+    }
 }
 
 /// One per-request int of `advance_requests` (`what` names the argument;
@@ -107,54 +113,6 @@ pub(crate) fn step_ints(obj: &Bound<'_, PyAny>, what: &str, tokens: bool) -> PyR
             e
         }
     })
-}
-
-/// Append the token ids in `obj` (an int, a list/tuple/sequence of ints, or a
-/// 1-D integer numpy array) to `out`, validating each. Positions in errors
-/// count from `base`. On error `out` may hold part of the input: callers
-/// pass a scratch vector or truncate.
-pub(crate) fn extract_tokens(
-    obj: &Bound<'_, PyAny>,
-    out: &mut Vec<u32>,
-    base: usize,
-) -> PyResult<()> {
-    if let Ok(list) = obj.cast::<PyList>() {
-        reserve_tokens(out, list.len())?;
-        return tokens_from_items(list.iter(), out, base);
-    }
-    if let Ok(tuple) = obj.cast::<PyTuple>() {
-        reserve_tokens(out, tuple.len())?;
-        return tokens_from_items(tuple.iter(), out, base);
-    }
-    let bad = |i, value| {
-        err(KvError::InvalidTokenId {
-            position: base + i,
-            value,
-        })
-    };
-    if crate::convert::extend_from_int_array(obj, out, std::convert::identity, &bad, "token ids")? {
-        return Ok(());
-    }
-    if obj.is_instance_of::<PyString>() || obj.is_instance_of::<PyBytes>() {
-        return Err(type_error(
-            "token ids must be a sequence of ints, not str/bytes",
-        ));
-    }
-    let items = obj.try_iter().map_err(|_| {
-        type_error(format!(
-            "token ids must be an int, a sequence of ints or an integer numpy array, got {}",
-            crate::args::type_name(obj)
-        ))
-    })?;
-    for (i, item) in items.enumerate() {
-        out.push(token(base + i, &item?)?);
-    }
-    Ok(())
-}
-
-/// Room for `n` more tokens, or `OutOfMemoryError` (nothing appended).
-fn reserve_tokens(out: &mut Vec<u32>, n: usize) -> PyResult<()> {
-    core(kvcoord_core::limits::try_reserve(out, n, "token ids"))
 }
 
 fn str_field(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<String> {
