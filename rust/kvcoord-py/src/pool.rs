@@ -145,7 +145,7 @@ macro_rules! pool_writers {
 
             fn set_residency_clock(&mut self, now: &Bound<'_, PyAny>) -> PyResult<()> {
                 let now = $crate::args::count(now, "now")? as u64;
-                $crate::residency::set_clock(self.pool_mut(), now);
+                self.pool_mut().set_residency_clock(now);
                 Ok(())
             }
 
