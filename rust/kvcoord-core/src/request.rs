@@ -379,9 +379,19 @@ mod tests {
         );
         assert!(refused.is_err());
         assert_eq!((r.tokens(), r.block_hashes().len()), (&[1, 2, 3][..], 1));
-        r.try_append(|t| Ok::<_, KvError>(t.push(4)), update)
-            .unwrap();
+        r.try_append(
+            |t| {
+                t.push(4);
+                Ok::<_, KvError>(())
+            },
+            update,
+        )
+        .unwrap();
         assert_eq!((r.num_output_tokens(), r.block_hashes().len()), (1, 2));
+        assert_eq!(
+            (r.prompt_tokens(), r.output_tokens()),
+            (&[1, 2, 3][..], &[4][..])
+        );
         assert_eq!(r.hasher().num_tokens_to_hash(8), 4);
         let whole = Request::new("w".into(), vec![1, 2, 3, 4], hasher(2));
         assert_eq!(whole.block_hashes(), r.block_hashes());

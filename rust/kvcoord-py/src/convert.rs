@@ -1,6 +1,7 @@
-//! Argument conversion at the boundary: block ids, group ids and hashes
-//! arrive as Python lists/sequences or numpy arrays and leave as lists or
-//! numpy arrays. One pass per argument, no Python object per block kept.
+//! Argument conversion at the boundary: block ids, token ids, group ids
+//! and hashes arrive as Python lists/sequences or numpy arrays and leave as
+//! lists or numpy arrays. One pass per argument, no Python object per block
+//! kept; every 32-bit id sequence goes through [`extend_ids`].
 
 use kvcoord_core::{BlockHash, BlockId, GroupId, KvError};
 use numpy::{

@@ -1,7 +1,8 @@
 //! Conversion of token ids and of a request's hashing extras (`LoRA`,
-//! multimodal items) from Python: lists of plain ints on a tight fast path,
-//! integer numpy arrays as slices, anything else through the checked
-//! conversion. Every refusal is a `kvcoord.errors` exception.
+//! multimodal items) from Python: token ids are one kind of id for
+//! `convert::extend_ids` (plain ints on a tight fast path, anything else
+//! through the checked conversion), plus `advance_requests`' per-request
+//! ints. Every refusal is a `kvcoord.errors` exception.
 
 use kvcoord_core::hashing;
 use kvcoord_core::{KvError, LoraKey, MmFeature};
