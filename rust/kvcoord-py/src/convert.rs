@@ -12,22 +12,6 @@ use pyo3::types::{PyBytes, PyList, PyTuple};
 
 use crate::errors::{core, err, type_error};
 
-/// One block id (non-negative, 32-bit; the pool checks the upper bound).
-#[inline]
-pub(crate) fn block_id(v: i64) -> PyResult<BlockId> {
-    match u32::try_from(v) {
-        Ok(x) => Ok(BlockId(x)),
-        Err(_) => Err(bad_block_id(v)),
-    }
-}
-
-#[cold]
-fn bad_block_id(v: i64) -> PyErr {
-    err(KvError::InvalidBlockId {
-        value: Some(i128::from(v)),
-    })
-}
-
 /// The elements of a 1-D numpy array, copied out.
 ///
 /// Copying 4-8 bytes per id costs less than numpy's borrow tracking, which
@@ -71,6 +55,7 @@ impl Id for BlockId {
         block_id_of(item)
     }
 
+    #[cold]
     fn out_of_range(_: usize, value: i128) -> PyErr {
         err(KvError::InvalidBlockId { value: Some(value) })
     }
@@ -180,11 +165,14 @@ fn extend_from_int_array<I: Id>(
     }
 }
 
-/// One block id from a Python object (an int, or anything with `__index__`).
+/// One block id from a Python object (an int, or anything with `__index__`;
+/// non-negative and 32-bit, the pool checks the upper bound).
 #[inline]
 pub(crate) fn block_id_of(item: &Bound<'_, PyAny>) -> PyResult<BlockId> {
     match item.extract::<i64>() {
-        Ok(v) => block_id(v),
+        Ok(v) => u32::try_from(v)
+            .map(BlockId)
+            .map_err(|_| BlockId::out_of_range(0, v.into())),
         Err(_) => Err(bad_block_id_object(item)),
     }
 }
@@ -203,9 +191,7 @@ fn bad_block_id_object(item: &Bound<'_, PyAny>) -> PyErr {
 
 /// `arr` converted to its dtype in native byte order, when it is an integer
 /// array stored in the other order (`None` otherwise).
-pub(crate) fn native_int_array<'py>(
-    arr: &Bound<'py, PyAny>,
-) -> PyResult<Option<Bound<'py, PyAny>>> {
+fn native_int_array<'py>(arr: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyAny>>> {
     let dtype = arr.getattr(pyo3::intern!(arr.py(), "dtype"))?;
     let kind: String = dtype.getattr(pyo3::intern!(arr.py(), "kind"))?.extract()?;
     let native: bool = dtype
