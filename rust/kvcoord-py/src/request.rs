@@ -18,41 +18,46 @@ use crate::tokens::{lora_key, mm_features, step_ints, token};
 /// (releasing and re-taking the GIL costs about a microsecond).
 const DETACH_MIN_TOKENS: usize = 4096;
 
-/// A request of the tokens in `obj`, hashed with the arguments `Request`
-/// and `compute_block_hashes` share (`what`: the caller that needs a
-/// computing algorithm, if any).
-#[allow(clippy::too_many_arguments)]
-fn new_request(
-    py: Python<'_>,
-    request_id: String,
-    obj: &Bound<'_, PyAny>,
-    hash_block_size: &Bound<'_, PyAny>,
-    hash_algo: &Text,
-    computing: Option<&str>,
-    hash_seed: Option<&Text>,
+/// The hash arguments `Request` and `compute_block_hashes` share.
+struct HashArgs<'a, 'py> {
+    hash_block_size: &'a Bound<'py, PyAny>,
+    hash_algo: &'a Text,
+    hash_seed: Option<&'a Text>,
     cache_salt: Option<Text>,
-    lora: Option<&Bound<'_, PyAny>>,
-    mm_features: Option<&Bound<'_, PyAny>>,
-) -> PyResult<Request> {
-    let mut algo = core(HashAlgo::from_name(hash_algo.as_str()))?;
-    if let Some(what) = computing {
-        algo = core(algo.computing(what))?;
+    lora: Option<&'a Bound<'py, PyAny>>,
+    mm_features: Option<&'a Bound<'py, PyAny>>,
+}
+
+impl HashArgs<'_, '_> {
+    /// A request of the tokens in `obj` hashed as these arguments say
+    /// (`computing`: the caller that needs a computing algorithm, if any).
+    fn request(
+        self,
+        py: Python<'_>,
+        request_id: String,
+        obj: &Bound<'_, PyAny>,
+        computing: Option<&str>,
+    ) -> PyResult<Request> {
+        let mut algo = core(HashAlgo::from_name(self.hash_algo.as_str()))?;
+        if let Some(what) = computing {
+            algo = core(algo.computing(what))?;
+        }
+        let block_size = crate::args::config_count(self.hash_block_size, "hash_block_size")?;
+        let config = core(HashConfig::new(algo, block_size, Text::opt(self.hash_seed)))?;
+        let extra = ExtraKeys::new(
+            lora_key(self.lora)?,
+            mm_features(self.mm_features)?,
+            self.cache_salt.map(|t| t.0),
+        );
+        let hasher = RequestHasher::new(config, extra);
+        let fill = |t: &mut Vec<u32>| extend_ids(obj, t, 0).map_err(Refused);
+        // (Converting on this thread while a worker thread hashed was
+        // measured slower on a 2-core machine: thread start-up and
+        // cross-core traffic cost more than the overlap saved.)
+        Ok(Request::try_new(request_id, hasher, fill, |h, t| {
+            hash(py, h, t);
+        })?)
     }
-    let block_size = crate::args::config_count(hash_block_size, "hash_block_size")?;
-    let config = core(HashConfig::new(algo, block_size, Text::opt(hash_seed)))?;
-    let extra = ExtraKeys::new(
-        lora_key(lora)?,
-        self::mm_features(mm_features)?,
-        cache_salt.map(|t| t.0),
-    );
-    let hasher = RequestHasher::new(config, extra);
-    let fill = |t: &mut Vec<u32>| extend_ids(obj, t, 0).map_err(Refused);
-    // (Converting on this thread while a worker thread hashed was measured
-    // slower on a 2-core machine: thread start-up and cross-core traffic
-    // cost more than the overlap saved.)
-    Ok(Request::try_new(request_id, hasher, fill, |h, t| {
-        hash(py, h, t);
-    })?)
 }
 
 /// `hasher.update(tokens)`, without the GIL when the new part is long.
@@ -128,20 +133,16 @@ pymethods!(PyRequest {
         lora: Option<&Bound<'_, PyAny>>,
         mm_features: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
-        Ok(Self {
-            inner: new_request(
-                py,
-                request_id.0,
-                prompt_token_ids,
-                hash_block_size,
-                &hash_algo,
-                None,
-                hash_seed.as_ref(),
-                cache_salt,
-                lora,
-                mm_features,
-            )?,
-        })
+        let args = HashArgs {
+            hash_block_size,
+            hash_algo: &hash_algo,
+            hash_seed: hash_seed.as_ref(),
+            cache_salt,
+            lora,
+            mm_features,
+        };
+        let inner = args.request(py, request_id.0, prompt_token_ids, None)?;
+        Ok(Self { inner })
     }
 
     /// Append caller-supplied block hashes (a sequence of bytes or a 2-D
@@ -412,18 +413,15 @@ pub(crate) fn compute_block_hashes<'py>(
     lora: Option<&Bound<'py, PyAny>>,
     mm_features: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyList>> {
-    let request = new_request(
-        py,
-        String::new(),
-        token_ids,
+    let args = HashArgs {
         hash_block_size,
-        &hash_algo,
-        Some("compute_block_hashes"),
-        hash_seed.as_ref(),
+        hash_algo: &hash_algo,
+        hash_seed: hash_seed.as_ref(),
         cache_salt,
         lora,
         mm_features,
-    )?;
+    };
+    let request = args.request(py, String::new(), token_ids, Some("compute_block_hashes"))?;
     digest_list(py, request.block_hashes())
 }
 
