@@ -5,7 +5,7 @@
 //! are core state.
 
 use kvcoord_core::coordinator::{AllocateArgs, CoordinatorConfig, CoordinatorCore, NewBlocks};
-use kvcoord_core::{BlockId, BlockPool, CoordinatorKind, EvictionConfig, KvError};
+use kvcoord_core::{BlockId, BlockPool, CoordinatorKind, EvictionConfig, GroupId, KvError};
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 
@@ -59,10 +59,19 @@ pool_writers!(pymethods!(PyCoordinatorCore {
     /// The shared empty result (no new block in any group).
     get empty(&self, py: Python<'_>) -> Py<PyKVCacheBlocks> = self.empty.clone_ref(py);
     get num_requests(&self) -> usize = self.inner.num_requests();
+    /// Multi-module MTP's re-prefillable tail (`num_prefill_lookahead - 1`).
+    get num_reprefillable_tokens(&self) -> usize = self.inner.config().num_reprefillable_tokens;
+    /// The groups whose hits drop the EAGLE block, those of equal spec
+    /// included.
+    get eagle_groups(&self) -> Vec<u32> =
+        self.inner.config().eagle_group_ids().map(|g| g.0).collect();
+    /// Per group, the re-prefillable tokens it holds back from caching.
+    get held_back_tokens(&self) -> Vec<usize> = self.inner.config().held_back_tokens().collect();
 }) {
     #[new]
     #[pyo3(signature = (num_blocks, groups, *, kind, hash_block_size, max_model_len,
-                        retention_interval = None, enable_events = false))]
+                        retention_interval = None, enable_events = false,
+                        num_reprefillable_tokens = None, eagle_group_ids = None))]
     #[allow(clippy::too_many_arguments)] // Python keyword arguments, converted once
     fn new(
         py: Python<'_>,
@@ -73,6 +82,8 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         max_model_len: &Bound<'_, PyAny>,
         retention_interval: Option<i64>,
         enable_events: bool,
+        num_reprefillable_tokens: Option<&Bound<'_, PyAny>>,
+        eagle_group_ids: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let num_blocks = args::config_count(num_blocks, "num_blocks")?;
         let kind = CoordinatorKind::from(kind);
@@ -89,6 +100,13 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         }
         config.retention_interval = retention_interval;
         config.enable_events = enable_events;
+        if let Some(n) = num_reprefillable_tokens {
+            config.num_reprefillable_tokens =
+                args::config_count(n, "num_reprefillable_tokens")?;
+        }
+        if let Some(g) = eagle_group_ids {
+            config.eagle_groups = convert::group_ids(g)?;
+        }
         let inner = convert::build_pool_sized(py, num_blocks, || CoordinatorCore::new(config));
         Ok(Self {
             inner: core(inner)?,
@@ -96,6 +114,17 @@ pool_writers!(pymethods!(PyCoordinatorCore {
             hits: Vec::new(),
             empty: Py::new(py, PyKVCacheBlocks::new(NewBlocks::empty(groups.len()))?)?,
         })
+    }
+
+    /// How many of `num_computed_tokens` group `group` may cache.
+    fn num_cacheable_tokens(
+        &self,
+        group: &Bound<'_, PyAny>,
+        num_computed_tokens: &Bound<'_, PyAny>,
+    ) -> PyResult<usize> {
+        let group = GroupId(args::u32_arg(group, "group")?);
+        let n = args::count(num_computed_tokens, "num_computed_tokens")?;
+        core(self.inner.config().checked_cacheable_tokens(group, n))
     }
 
     /// Longest hit for groups sharing one spec: the blocks (one group per
