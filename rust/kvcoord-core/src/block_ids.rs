@@ -140,10 +140,27 @@ impl NewBlocks {
         }
     }
 
-    /// The largest id, if any: results cross to Python as `int32`, which
-    /// callers check with it.
+    /// The largest id, if any.
     pub fn max_id(&self) -> Option<BlockId> {
         self.ids.iter().copied().max()
+    }
+
+    /// `self`, when every id fits in `int32`, the dtype results cross to
+    /// Python as; else [`KvError::InvalidBlockId`] naming the largest.
+    pub fn fitting_i32(self) -> KvResult<Self> {
+        match self.max_id().filter(|b| i32::try_from(b.0).is_err()) {
+            Some(b) => Err(KvError::InvalidBlockId {
+                value: Some(i128::from(b.0)),
+            }),
+            None => Ok(self),
+        }
+    }
+
+    /// The flat ids as `int32` (saturated; see [`fitting_i32`](Self::fitting_i32)).
+    pub fn flat_i32(&self) -> impl Iterator<Item = i32> + '_ {
+        self.ids
+            .iter()
+            .map(|b| i32::try_from(b.0).unwrap_or(i32::MAX))
     }
 
     pub(crate) fn clear(&mut self) {
@@ -170,6 +187,13 @@ mod tests {
         assert_eq!(b.offsets().collect::<Vec<_>>(), vec![0, 2, 2, 3]);
         assert_eq!(b.to_vecs(), vec![ids(&[1, 2]), vec![], ids(&[7])]);
         assert_eq!(b.max_id(), Some(BlockId(7)));
+        assert_eq!(b.flat_i32().collect::<Vec<_>>(), vec![1, 2, 7]);
+        assert!(b.clone().fitting_i32().is_ok());
+        let wide = NewBlocks::from_groups([ids(&[1, 1 << 31]).as_slice()]);
+        assert!(matches!(
+            wide.fitting_i32(),
+            Err(KvError::InvalidBlockId { value: Some(v) }) if v == 1 << 31
+        ));
         assert!(!b.is_empty());
         let e = NewBlocks::empty(2);
         assert!(e.is_empty() && e.num_groups() == 2);

@@ -162,6 +162,33 @@ impl CoordinatorConfig {
             .any(|e| self.groups.get(e.0 as usize) == spec)
     }
 
+    /// The groups whose hits drop the EAGLE block ([`Self::is_eagle_group`]).
+    pub fn eagle_group_ids(&self) -> impl Iterator<Item = GroupId> + '_ {
+        let n = u32::try_from(self.groups.len()).unwrap_or(u32::MAX);
+        (0..n)
+            .map(GroupId)
+            .filter(|g| self.is_eagle_group(g.0 as usize))
+    }
+
+    /// Per group, [`Self::num_held_back_tokens`].
+    pub fn held_back_tokens(&self) -> impl Iterator<Item = usize> + '_ {
+        let n = u32::try_from(self.groups.len()).unwrap_or(u32::MAX);
+        (0..n).map(move |g| self.num_held_back_tokens(GroupId(g)))
+    }
+
+    /// [`Self::num_cacheable_tokens`] of a caller's group id:
+    /// [`KvError::UnknownGroup`] when there is no such group.
+    pub fn checked_cacheable_tokens(
+        &self,
+        group: GroupId,
+        num_computed_tokens: usize,
+    ) -> KvResult<usize> {
+        if group.0 as usize >= self.groups.len() {
+            return Err(KvError::UnknownGroup(group));
+        }
+        Ok(self.num_cacheable_tokens(group, num_computed_tokens))
+    }
+
     /// Whether `group` caches the way an EAGLE group of a hybrid
     /// coordinator does (see [`Self::num_cacheable_tokens`]).
     fn caches_past_alignment(&self, group: GroupId) -> bool {
@@ -2432,6 +2459,13 @@ mod tests {
         assert_eq!(cfg.num_cacheable_tokens(GroupId(0), 9), 4);
         assert_eq!(cfg.num_cacheable_tokens(GroupId(1), 17), 16);
         assert_eq!(cfg.num_held_back_tokens(GroupId(0)), 3);
+        assert_eq!(cfg.eagle_group_ids().collect::<Vec<_>>(), vec![GroupId(0)]);
+        assert_eq!(cfg.held_back_tokens().collect::<Vec<_>>(), vec![3, 0]);
+        assert_eq!(cfg.checked_cacheable_tokens(GroupId(1), 17), Ok(16));
+        assert_eq!(
+            cfg.checked_cacheable_tokens(GroupId(2), 17),
+            Err(KvError::UnknownGroup(GroupId(2)))
+        );
         // Caching off: nothing is held back.
         cfg.kind = CoordinatorKind::NoPrefixCache;
         assert_eq!(cfg.num_held_back_tokens(GroupId(0)), 0);

@@ -127,6 +127,21 @@ impl StoredBlocks {
         self.first_block * self.block_size as usize
     }
 
+    /// Hashes of the stored blocks in vLLM's integer form
+    /// ([`BlockHash::external`]).
+    pub fn external_hashes(&self) -> impl Iterator<Item = u64> + '_ {
+        self.block_hashes.iter().map(BlockHash::external)
+    }
+
+    /// Per stored block, its extra keys (`None`: it has none); `None` when
+    /// no block was stored (vLLM publishes no extra keys then).
+    pub fn extra_keys_per_block(
+        &self,
+    ) -> Option<impl Iterator<Item = Option<&[EventExtraKey]>> + '_> {
+        let n = self.block_hashes.len();
+        (n > 0).then(|| (0..n).map(|i| self.extra_keys.get(i).and_then(Option::as_deref)))
+    }
+
     /// Positions (in blocks) of the stored blocks, aligned with `block_ids`.
     pub fn positions(&self) -> impl Iterator<Item = usize> + '_ {
         let range = self.first_block..self.first_block + self.num_blocks;
@@ -272,6 +287,27 @@ mod tests {
         let s = stored(2, 4, vec![3, 5]);
         assert_eq!(s.positions().collect::<Vec<_>>(), vec![2, 4]);
         assert_eq!(stored(0, 2, vec![]).positions().count(), 2);
+    }
+
+    #[test]
+    fn extra_keys_per_block_has_one_entry_per_stored_block() {
+        let mut s = stored(0, 2, vec![]);
+        assert!(s.extra_keys_per_block().is_none(), "no block stored");
+        s.block_hashes = vec![BlockHash::from_slice(&[7; 32]).unwrap(); 2];
+        let none: Vec<_> = s.extra_keys_per_block().unwrap().collect();
+        assert_eq!(none, vec![None, None]);
+        s.extra_keys = vec![None, Some(vec![EventExtraKey::Text("salt".into())])];
+        let got: Vec<_> = s
+            .extra_keys_per_block()
+            .unwrap()
+            .map(|k| k.map(<[_]>::len))
+            .collect();
+        assert_eq!(got, vec![None, Some(1)]);
+        assert_eq!(s.external_hashes().count(), 2);
+        assert_eq!(
+            s.external_hashes().next(),
+            Some(s.block_hashes[0].external())
+        );
     }
 
     #[test]

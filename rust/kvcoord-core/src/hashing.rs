@@ -477,6 +477,13 @@ impl RequestHasher {
         (num_tokens / self.config.block_size).saturating_sub(self.hashes.len())
     }
 
+    /// Number of tokens [`RequestHasher::update`] would hash for a
+    /// sequence of `num_tokens` tokens (a caller releases its locks for a
+    /// long one).
+    pub fn num_tokens_to_hash(&self, num_tokens: usize) -> usize {
+        self.pending_blocks(num_tokens) * self.config.block_size
+    }
+
     /// Digest length of this request's hashes: the algorithm's, or for
     /// supplied digests the length of the first one (32 before any).
     pub fn digest_len(&self) -> usize {

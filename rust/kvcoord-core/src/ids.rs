@@ -66,9 +66,59 @@ impl fmt::Display for ReqId {
     }
 }
 
+/// The first of `values` that is not a 32-bit id (block ids and token ids
+/// are `u32`), as its position and value; `None` when all are.
+pub fn first_outside_u32<T: Copy + TryInto<u32> + Into<i128>>(
+    values: impl IntoIterator<Item = T>,
+) -> Option<(usize, i128)> {
+    values
+        .into_iter()
+        .enumerate()
+        .find(|&(_, v)| v.try_into().is_err())
+        .map(|(i, v)| (i, v.into()))
+}
+
+/// A count the caller gave as a signed int: `Err(InvalidArgument)` naming
+/// `name` when it is negative.
+pub fn non_negative(name: &'static str, value: i64) -> crate::KvResult<usize> {
+    usize::try_from(value).map_err(|_| crate::KvError::InvalidArgument {
+        name,
+        detail: format!("must be non-negative, got {value}"),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn first_outside_u32_names_the_first_bad_value() {
+        assert_eq!(first_outside_u32::<i64>([0, 5, u32::MAX.into()]), None);
+        assert_eq!(first_outside_u32::<i64>([1, -1, 1 << 40]), Some((1, -1)));
+        assert_eq!(
+            first_outside_u32::<u64>([3, u64::MAX]),
+            Some((1, u64::MAX.into()))
+        );
+        assert_eq!(first_outside_u32::<u32>([u32::MAX]), None);
+        assert_eq!(first_outside_u32::<i8>([]), None);
+    }
+
+    #[test]
+    fn non_negative_refuses_negative_counts_by_name() {
+        assert_eq!(non_negative("n", 7).unwrap(), 7);
+        let e = non_negative("shared_prefix_boundary", -1).unwrap_err();
+        assert!(matches!(
+            e,
+            crate::KvError::InvalidArgument {
+                name: "shared_prefix_boundary",
+                ..
+            }
+        ));
+        assert!(
+            e.to_string().contains("must be non-negative, got -1"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn ids_are_four_bytes() {

@@ -342,6 +342,21 @@ impl BlockPool {
         self.residency.as_deref_mut()
     }
 
+    /// Move the residency clock to `now` (a no-op when metrics are off).
+    pub fn set_residency_clock(&mut self, now: u64) {
+        if let Some(r) = self.residency_mut() {
+            r.set_now(now);
+        }
+    }
+
+    /// The eviction records gathered since the last drain (none when
+    /// metrics are off).
+    pub fn drain_eviction_records(&mut self) -> Vec<crate::EvictionRecord> {
+        self.residency_mut()
+            .map(Residency::drain_records)
+            .unwrap_or_default()
+    }
+
     // ---- counters -------------------------------------------------------
 
     /// The construction parameters.
@@ -1171,6 +1186,25 @@ mod tests {
         assert_eq!(p.num_free_blocks(), 7);
         assert!(BlockPool::new(PoolConfig::new(0)).is_err());
         assert!(pool(1).usage().abs() < f64::EPSILON);
+    }
+
+    #[test]
+    fn residency_clock_and_records_through_the_pool() {
+        let mut p = pool(3);
+        p.set_residency_clock(5); // metrics off: nothing to move
+        assert!(p.drain_eviction_records().is_empty());
+        p.enable_residency();
+        p.set_residency_clock(10);
+        let b = ids(&get(&mut p, 2));
+        p.cache_full_blocks(&b[..1], &[h(1)], 0, 1, GroupId(0), None)
+            .unwrap();
+        p.free_blocks(&b).unwrap();
+        p.set_residency_clock(30);
+        get(&mut p, 2); // reuses both; the cached one is evicted
+        let records = p.drain_eviction_records();
+        assert_eq!(records.len(), 1);
+        assert_eq!((records[0].block, records[0].lifetime), (b[0], 20));
+        assert!(p.drain_eviction_records().is_empty());
     }
 
     #[test]

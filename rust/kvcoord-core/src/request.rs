@@ -91,23 +91,22 @@ impl Request {
         }
     }
 
-    /// A request whose tokens and hashes are already known (the caller
-    /// hashed `tokens` with `hasher`, for example without a lock held).
+    /// A request whose prompt is what `fill` writes into an empty buffer,
+    /// hashed by `hash` (see [`try_append`](Self::try_append)).
     ///
-    /// # Panics
+    /// # Errors
     ///
-    /// In debug builds, if `hasher` is not up to date with `tokens`.
-    pub fn from_hashed(id: String, tokens: Vec<u32>, hasher: RequestHasher) -> Self {
-        debug_assert_eq!(hasher.pending_blocks(tokens.len()), 0, "hasher is behind");
-        Self {
-            id,
-            num_prompt_tokens: tokens.len(),
-            tokens,
-            num_computed_tokens: 0,
-            hasher,
-            skip_reading_prefix_cache: false,
-            shared_prefix_boundary: 0,
-        }
+    /// `fill`'s error, or [`KvError::OutOfMemory`] for the hashes.
+    pub fn try_new<E: From<KvError>>(
+        id: String,
+        hasher: RequestHasher,
+        fill: impl FnOnce(&mut Vec<u32>) -> Result<(), E>,
+        hash: impl FnOnce(&mut RequestHasher, &[u32]),
+    ) -> Result<Self, E> {
+        let mut request = Self::new(id, Vec::new(), hasher);
+        request.try_append(fill, hash)?;
+        request.num_prompt_tokens = request.tokens.len();
+        Ok(request)
     }
 
     /// The scheduler's id.
@@ -118,6 +117,16 @@ impl Request {
     /// All tokens (prompt then outputs).
     pub fn tokens(&self) -> &[u32] {
         &self.tokens
+    }
+
+    /// The prompt's tokens.
+    pub fn prompt_tokens(&self) -> &[u32] {
+        &self.tokens[..self.num_prompt_tokens]
+    }
+
+    /// The output tokens (appended after the prompt).
+    pub fn output_tokens(&self) -> &[u32] {
+        &self.tokens[self.num_prompt_tokens..]
     }
 
     /// Number of tokens (prompt + outputs).
@@ -160,11 +169,35 @@ impl Request {
         }
     }
 
-    /// Mutable access to the token buffer and the hasher, for a caller that
-    /// converts tokens into the buffer in place; it must call
-    /// [`RequestHasher::update`] with the whole buffer afterwards.
-    pub fn tokens_and_hasher_mut(&mut self) -> (&mut Vec<u32>, &mut RequestHasher) {
-        (&mut self.tokens, &mut self.hasher)
+    /// Append the tokens `fill` writes at the end of the token buffer, then
+    /// hash the units they complete by `hash(hasher, all_tokens)` (which
+    /// must call [`RequestHasher::update`]; a caller may run it on another
+    /// thread, see [`RequestHasher::num_tokens_to_hash`]). All or nothing:
+    /// when `fill` fails, or the hashes' memory cannot be reserved, the
+    /// request is unchanged.
+    ///
+    /// # Errors
+    ///
+    /// `fill`'s error, or [`KvError::OutOfMemory`] for the hashes.
+    pub fn try_append<E: From<KvError>>(
+        &mut self,
+        fill: impl FnOnce(&mut Vec<u32>) -> Result<(), E>,
+        hash: impl FnOnce(&mut RequestHasher, &[u32]),
+    ) -> Result<(), E> {
+        let base = self.tokens.len();
+        let filled = fill(&mut self.tokens)
+            .and_then(|()| Ok(self.hasher.try_reserve_for(self.tokens.len())?));
+        if let Err(e) = filled {
+            self.tokens.truncate(base);
+            return Err(e);
+        }
+        hash(&mut self.hasher, &self.tokens);
+        Ok(())
+    }
+
+    /// Number of output tokens (appended after the prompt).
+    pub fn num_output_tokens(&self) -> usize {
+        self.tokens.len() - self.num_prompt_tokens
     }
 
     /// What `allocate_slots` and `cache_blocks` read.
@@ -222,10 +255,7 @@ pub fn step_progress(
     }
     let mut out = Vec::with_capacity(num_requests);
     for (i, &c) in computed.iter().enumerate() {
-        let computed = usize::try_from(c).map_err(|_| KvError::InvalidArgument {
-            name: "num_computed",
-            detail: format!("must be non-negative, got {c}"),
-        })?;
+        let computed = crate::ids::non_negative("num_computed", c)?;
         let token = match sampled.map(|s| s[i]) {
             Some(t) if t >= 0 => Some(crate::hashing::token_id(i, t)?),
             _ => None,
@@ -323,6 +353,49 @@ mod tests {
     }
 
     use super::*;
+
+    fn update(h: &mut RequestHasher, tokens: &[u32]) {
+        h.update(tokens);
+    }
+
+    #[test]
+    fn try_new_and_try_append_are_all_or_nothing() {
+        let fill = |t: &mut Vec<u32>| {
+            t.extend([1, 2, 3]);
+            Ok::<_, KvError>(())
+        };
+        let mut r = Request::try_new("r".into(), hasher(2), fill, update).unwrap();
+        assert_eq!((r.num_prompt_tokens(), r.num_output_tokens()), (3, 0));
+        assert_eq!(r.block_hashes().len(), 1);
+        let refused = r.try_append(
+            |t| {
+                t.extend([4, 5]);
+                Err(KvError::InvalidTokenId {
+                    position: 5,
+                    value: -1,
+                })
+            },
+            |_, _| panic!("nothing is hashed after a refusal"),
+        );
+        assert!(refused.is_err());
+        assert_eq!((r.tokens(), r.block_hashes().len()), (&[1, 2, 3][..], 1));
+        r.try_append(
+            |t| {
+                t.push(4);
+                Ok::<_, KvError>(())
+            },
+            update,
+        )
+        .unwrap();
+        assert_eq!((r.num_output_tokens(), r.block_hashes().len()), (1, 2));
+        assert_eq!(
+            (r.prompt_tokens(), r.output_tokens()),
+            (&[1, 2, 3][..], &[4][..])
+        );
+        assert_eq!(r.hasher().num_tokens_to_hash(8), 4);
+        let whole = Request::new("w".into(), vec![1, 2, 3, 4], hasher(2));
+        assert_eq!(whole.block_hashes(), r.block_hashes());
+    }
     use crate::hashing::{ExtraKeys, HashAlgo, HashConfig};
 
     fn hasher(unit: usize) -> RequestHasher {

@@ -9,7 +9,7 @@
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyInt};
 
-use crate::errors::{ArgumentTypeError, ConfigError, ConfigTypeError, InvalidArgumentError};
+use crate::errors::{config_error, type_error, value_error};
 
 /// The value's repr, for messages.
 pub(crate) fn shown(obj: &Bound<'_, PyAny>) -> String {
@@ -35,7 +35,7 @@ pub(crate) fn is_int_like(obj: &Bound<'_, PyAny>) -> bool {
 /// `ArgumentTypeError`: `name` must be an int.
 #[cold]
 pub(crate) fn not_an_int(obj: &Bound<'_, PyAny>, name: &str) -> PyErr {
-    ArgumentTypeError::new_err(format!("{name} must be an int, got {}", type_name(obj)))
+    type_error(format!("{name} must be an int, got {}", type_name(obj)))
 }
 
 /// Why a scalar is refused, before the caller's words for it are chosen: a
@@ -75,10 +75,9 @@ fn to_u32(obj: &Bound<'_, PyAny>) -> Result<u32, Refusal> {
 #[cold]
 fn argument_error(obj: &Bound<'_, PyAny>, name: &str, why: Refusal) -> PyErr {
     match why {
-        Refusal::Rule(rule) => InvalidArgumentError::new_err(format!(
-            "invalid {name}: {} (must be {rule})",
-            shown(obj)
-        )),
+        Refusal::Rule(rule) => {
+            value_error(format!("invalid {name}: {} (must be {rule})", shown(obj)))
+        }
         Refusal::NotInt => not_an_int(obj, name),
     }
 }
@@ -86,14 +85,16 @@ fn argument_error(obj: &Bound<'_, PyAny>, name: &str, why: Refusal) -> PyErr {
 /// A configuration value's refusal, in the core's words for configuration
 /// (`invalid name=value: rule`): `ConfigError` or `ConfigTypeError`.
 #[cold]
-fn config_error(obj: &Bound<'_, PyAny>, name: &str, why: Refusal) -> PyErr {
+fn config_refusal(obj: &Bound<'_, PyAny>, name: &str, why: Refusal) -> PyErr {
     match why {
-        Refusal::Rule(rule) => {
-            ConfigError::new_err(format!("invalid {name}={}: must be {rule}", shown(obj)))
-        }
-        Refusal::NotInt => {
-            ConfigTypeError::new_err(format!("{name} must be an int, got {}", type_name(obj)))
-        }
+        Refusal::Rule(rule) => config_error(
+            format!("invalid {name}={}: must be {rule}", shown(obj)),
+            false,
+        ),
+        Refusal::NotInt => config_error(
+            format!("{name} must be an int, got {}", type_name(obj)),
+            true,
+        ),
     }
 }
 
@@ -120,12 +121,12 @@ pub(crate) fn u32_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<u32> {
 
 /// A configuration count: like [`count`], but refused as a configuration.
 pub(crate) fn config_count(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<usize> {
-    to_count(obj).map_err(|why| config_error(obj, name, why))
+    to_count(obj).map_err(|why| config_refusal(obj, name, why))
 }
 
 /// A configuration value that fits in `u32` (see [`config_count`]).
 pub(crate) fn config_u32(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<u32> {
-    to_u32(obj).map_err(|why| config_error(obj, name, why))
+    to_u32(obj).map_err(|why| config_refusal(obj, name, why))
 }
 
 /// A flag: exactly `True` or `False` (not a truthy string or number).
@@ -134,7 +135,7 @@ pub(crate) fn flag(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<bool> {
     match obj.cast::<PyBool>() {
         Ok(b) => Ok(b.is_true()),
         Err(_) if is_numpy_bool(obj) => obj.is_truthy(),
-        Err(_) => Err(ArgumentTypeError::new_err(format!(
+        Err(_) => Err(type_error(format!(
             "{name} must be a bool, got {} {}",
             type_name(obj),
             shown(obj)
@@ -171,7 +172,7 @@ pub(crate) fn opt_flag(
 /// A sequence of flags (each exactly `True` or `False`).
 pub(crate) fn flags(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<bool>> {
     let items = obj.try_iter().map_err(|_| {
-        ArgumentTypeError::new_err(format!(
+        type_error(format!(
             "{name} must be a sequence of bools, got {}",
             type_name(obj)
         ))
@@ -192,7 +193,7 @@ pub(crate) fn request<'py>(
     obj: &Bound<'py, PyAny>,
 ) -> PyResult<PyRef<'py, crate::request::PyRequest>> {
     let req = obj.cast::<crate::request::PyRequest>().map_err(|_| {
-        ArgumentTypeError::new_err(format!(
+        type_error(format!(
             "request must be a kvcoord.Request, got {}",
             type_name(obj)
         ))
@@ -231,8 +232,8 @@ impl<'a, 'py> FromPyObject<'a, 'py> for Text {
     type Error = PyErr;
 
     fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
-        obj.extract::<String>().map(Self).map_err(|_| {
-            ArgumentTypeError::new_err(format!("expected a str, got {}", type_name(&obj)))
-        })
+        obj.extract::<String>()
+            .map(Self)
+            .map_err(|_| type_error(format!("expected a str, got {}", type_name(&obj))))
     }
 }

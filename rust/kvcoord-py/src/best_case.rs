@@ -5,8 +5,8 @@ use kvcoord_core::UnboundedPrefixCache;
 use pyo3::prelude::*;
 
 use crate::args::Text;
+use crate::convert::extend_ids;
 use crate::errors::core;
-use crate::tokens::extract_tokens;
 
 /// The best possible prefix cache: unbounded, never evicts. Feed requests in
 /// arrival order with `add`; see `kvcoord.replay.bestcase`.
@@ -39,9 +39,9 @@ impl PyUnboundedPrefixCache {
         salt: Option<Text>,
     ) -> PyResult<usize> {
         self.tokens.clear();
-        extract_tokens(prompt, &mut self.tokens, 0)?;
+        extend_ids(prompt, &mut self.tokens, 0)?;
         let num_prompt = self.tokens.len();
-        extract_tokens(output, &mut self.tokens, num_prompt)?;
+        extend_ids(output, &mut self.tokens, num_prompt)?;
         let (cache, tokens) = (&mut self.cache, &self.tokens);
         let salt = Text::opt(salt.as_ref()).map(str::as_bytes);
         core(py.detach(|| cache.add(tokens, num_prompt, salt)))
@@ -79,7 +79,7 @@ pub(crate) fn mooncake_prompt_tokens<'py>(
 ) -> PyResult<Bound<'py, numpy::PyArray1<u32>>> {
     let n = crate::args::count(input_length, "input_length")?;
     let ids: Vec<u64> = hash_ids.extract().map_err(|_| {
-        crate::errors::ArgumentTypeError::new_err(format!(
+        crate::errors::type_error(format!(
             "hash_ids must be a sequence of ints in [0, 2**64), got {}",
             crate::args::type_name(hash_ids)
         ))

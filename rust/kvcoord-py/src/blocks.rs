@@ -4,15 +4,14 @@
 //! nobody reads costs no numpy object and a block id never becomes a Python
 //! int on the hot path.
 
-use kvcoord_core::{KvError, NewBlocks};
+use kvcoord_core::NewBlocks;
 use numpy::{PyArray1, PyUntypedArray};
-use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyBytes, PyInt, PyList, PySlice, PyString, PyTuple};
 
 use crate::convert;
-use crate::errors::{core, err};
+use crate::errors::{core, protocol_error, Protocol};
 
 /// Block ids per KV cache group (see `_core.pyi`). Immutable.
 #[pyclass(module = "kvcoord._core", name = "KVCacheBlocks", frozen)]
@@ -27,13 +26,8 @@ impl PyKVCacheBlocks {
     /// A result of the core's ids; refused when an id does not fit in
     /// `int32` (the arrays' dtype).
     pub(crate) fn new(inner: NewBlocks) -> PyResult<Self> {
-        if let Some(b) = inner.max_id().filter(|b| i32::try_from(b.0).is_err()) {
-            return Err(err(KvError::InvalidBlockId {
-                value: Some(i128::from(b.0)),
-            }));
-        }
         Ok(Self {
-            inner,
+            inner: core(inner.fitting_i32())?,
             flat_array: PyOnceLock::new(),
             offsets_array: PyOnceLock::new(),
         })
@@ -42,13 +36,7 @@ impl PyKVCacheBlocks {
     fn flat_array<'py>(&self, py: Python<'py>) -> PyResult<&Bound<'py, PyArray1<i32>>> {
         self.flat_array
             .get_or_try_init(py, || {
-                // Each id fits in i32 (the type's invariant).
-                let ids = self
-                    .inner
-                    .flat()
-                    .iter()
-                    .map(|b| i32::try_from(b.0).unwrap_or(i32::MAX));
-                readonly(PyArray1::from_iter(py, ids))
+                readonly(PyArray1::from_iter(py, self.inner.flat_i32()))
             })
             .map(|a| a.bind(py))
     }
@@ -75,7 +63,8 @@ fn build(per_group: &Bound<'_, PyAny>, form: Form) -> PyResult<PyKVCacheBlocks> 
         |o: &Bound<'_, PyAny>| o.is_instance_of::<PyString>() || o.is_instance_of::<PyBytes>();
     let is_array = |o: &Bound<'_, PyAny>| o.cast::<PyUntypedArray>().is_ok();
     if text(per_group) || is_array(per_group) {
-        return Err(PyTypeError::new_err(
+        return Err(protocol_error(
+            Protocol::Type,
             "KVCacheBlocks expects one sequence of block ids per group",
         ));
     }
@@ -84,20 +73,20 @@ fn build(per_group: &Bound<'_, PyAny>, form: Form) -> PyResult<PyKVCacheBlocks> 
         let group = group?;
         ids.clear();
         if is_array(&group) && form != Form::Lists {
-            convert::extract_block_ids(&group, &mut ids)?;
+            convert::extend_ids(&group, &mut ids, 0)?;
         } else if form == Form::Arrays {
             let got = group.get_type().name()?;
             let msg = format!("group {g}: from_arrays expects numpy arrays, got {got}");
-            return Err(PyTypeError::new_err(msg));
+            return Err(protocol_error(Protocol::Type, msg));
         } else if text(&group) {
             let msg = format!("group {g}: block ids must be a sequence of ints, not str/bytes");
-            return Err(PyTypeError::new_err(msg));
+            return Err(protocol_error(Protocol::Type, msg));
         } else {
             for item in group.try_iter()? {
                 let item = item?;
                 if item.is_instance_of::<PyBool>() || !item.is_instance_of::<PyInt>() {
                     let msg = format!("group {g}: block id {} is not an int", item.repr()?);
-                    return Err(PyTypeError::new_err(msg));
+                    return Err(protocol_error(Protocol::Type, msg));
                 }
                 ids.push(convert::block_id_of(&item)?);
             }
@@ -107,8 +96,18 @@ fn build(per_group: &Bound<'_, PyAny>, form: Form) -> PyResult<PyKVCacheBlocks> 
     PyKVCacheBlocks::new(out)
 }
 
-#[pymethods]
-impl PyKVCacheBlocks {
+pymethods!(PyKVCacheBlocks {
+    get num_groups(&self) -> usize = self.inner.num_groups();
+    get flat['py](&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<i32>>> =
+        self.flat_array(py).cloned();
+    get offsets['py](&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<i64>>> = self
+        .offsets_array
+        .get_or_try_init(py, || {
+            let wide = self.inner.offsets().map(|o| i64::try_from(o).unwrap_or(i64::MAX));
+            readonly(PyArray1::from_iter(py, wide))
+        })
+        .map(|a| a.bind(py).clone());
+}
     /// `KVCacheBlocks(per_group)`: one sequence of ints or integer array per
     /// group (validated).
     #[new]
@@ -153,29 +152,6 @@ impl PyKVCacheBlocks {
         Self::new(NewBlocks::empty(num_groups))
     }
 
-    #[getter]
-    fn num_groups(&self) -> usize {
-        self.inner.num_groups()
-    }
-
-    #[getter]
-    fn flat<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<i32>>> {
-        self.flat_array(py).cloned()
-    }
-
-    #[getter]
-    fn offsets<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<i64>>> {
-        self.offsets_array
-            .get_or_try_init(py, || {
-                let wide = self
-                    .inner
-                    .offsets()
-                    .map(|o| i64::try_from(o).unwrap_or(i64::MAX));
-                readonly(PyArray1::from_iter(py, wide))
-            })
-            .map(|a| a.bind(py).clone())
-    }
-
     /// One read-only `int32` array per group (views of `flat`).
     fn arrays<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
         let flat = self.flat_array(py)?;
@@ -201,16 +177,12 @@ impl PyKVCacheBlocks {
         self.inner.is_empty()
     }
 
-    #[allow(clippy::unnecessary_wraps)] // PyO3's comparison protocol shape
-    fn __eq__(&self, other: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+    fn __eq__(&self, other: &Bound<'_, PyAny>) -> Py<PyAny> {
         let py = other.py();
-        Ok(match other.cast::<Self>() {
-            Ok(o) => PyBool::new(py, self.inner == o.get().inner)
-                .to_owned()
-                .into_any()
-                .unbind(),
+        match other.cast::<Self>() {
+            Ok(o) => PyBool::new(py, self.inner == o.get().inner).to_owned().into_any().unbind(),
             Err(_) => py.NotImplemented(),
-        })
+        }
     }
 
     fn __add__(&self, other: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
@@ -228,4 +200,4 @@ impl PyKVCacheBlocks {
             self.get_block_ids(py)?.repr()?
         ))
     }
-}
+);

@@ -1,29 +1,16 @@
-//! Argument conversion at the boundary: block ids, group ids and hashes
-//! arrive as Python lists/sequences or numpy arrays and leave as lists or
-//! numpy arrays. One pass per argument, no Python object per block kept.
+//! Argument conversion at the boundary: block ids, token ids, group ids
+//! and hashes arrive as Python lists/sequences or numpy arrays and leave as
+//! lists or numpy arrays. One pass per argument, no Python object per block
+//! kept; every 32-bit id sequence goes through [`extend_ids`].
 
 use kvcoord_core::{BlockHash, BlockId, GroupId, KvError};
-use numpy::{Element, PyArray1, PyArrayMethods, PyReadonlyArray2, PyUntypedArray};
+use numpy::{
+    Element, PyArray1, PyArrayMethods, PyReadonlyArray2, PyUntypedArray, PyUntypedArrayMethods,
+};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
 
-use crate::errors::{core, err, CoreError};
-
-/// One block id (non-negative, 32-bit; the pool checks the upper bound).
-#[inline]
-pub(crate) fn block_id(v: i64) -> PyResult<BlockId> {
-    match u32::try_from(v) {
-        Ok(x) => Ok(BlockId(x)),
-        Err(_) => Err(bad_block_id(v)),
-    }
-}
-
-#[cold]
-fn bad_block_id(v: i64) -> PyErr {
-    err(KvError::InvalidBlockId {
-        value: Some(i128::from(v)),
-    })
-}
+use crate::errors::{core, err, type_error};
 
 /// The elements of a 1-D numpy array, copied out.
 ///
@@ -35,28 +22,157 @@ fn array_values<T: Element + Copy>(arr: &Bound<'_, PyArray1<T>>) -> Vec<T> {
         .unwrap_or_else(|_| arr.to_owned_array().iter().copied().collect())
 }
 
-/// Try each integer dtype in turn: a failed `cast` is a cheap dtype check
-/// (no Python exception is built), so the common `uint32` array pays one.
-macro_rules! try_int_array {
-    ($arr:expr, $out:expr, $($t:ty),*) => {
-        $(
-            if let Ok(typed) = $arr.cast::<PyArray1<$t>>() {
-                let values = array_values(typed);
-                $out.reserve(values.len());
-                for v in values {
-                    $out.push(block_id(i64::try_from(v).unwrap_or(i64::MAX))?);
-                }
-                return Ok(());
-            }
-        )*
-    };
+/// What a sequence of 32-bit ids holds (block ids, token ids), written
+/// once for [`extend_ids`], the one converter of them all.
+pub(crate) trait Id: Sized {
+    /// Their name in messages.
+    const WHAT: &'static str;
+    /// What a caller may pass, for messages.
+    const EXPECTED: &'static str;
+    /// The refusal of a numpy array of another dtype; `None`: such an array
+    /// is read item by item (each item refused on its own).
+    const OTHER_ARRAYS: Option<&'static str>;
+    /// An id known to fit (an array's checked value).
+    fn wrap(v: u32) -> Self;
+    /// The id `item` at `position` stands for.
+    fn item(position: usize, item: &Bound<'_, PyAny>) -> PyResult<Self>;
+    /// The refusal of an array's `value` at `position` (not 32-bit).
+    fn out_of_range(position: usize, value: i128) -> PyErr;
 }
 
-/// One block id from a Python object (an int, or anything with `__index__`).
+impl Id for BlockId {
+    const WHAT: &'static str = "block ids";
+    const EXPECTED: &'static str = "a sequence of ints or an integer numpy array";
+    const OTHER_ARRAYS: Option<&'static str> =
+        Some("block ids must be a 1-D integer numpy array (or a sequence of ints)");
+
+    fn wrap(v: u32) -> Self {
+        Self(v)
+    }
+
+    #[inline]
+    fn item(_: usize, item: &Bound<'_, PyAny>) -> PyResult<Self> {
+        block_id_of(item)
+    }
+
+    #[cold]
+    fn out_of_range(_: usize, value: i128) -> PyErr {
+        err(KvError::InvalidBlockId { value: Some(value) })
+    }
+}
+
+/// Append the ids in `obj` (a list/tuple/sequence of ints, or a 1-D integer
+/// numpy array in either byte order) to `out`, checking each; positions in
+/// errors count from `base`. On error `out` may hold part of the input:
+/// callers pass a scratch vector or truncate.
+pub(crate) fn extend_ids<I: Id>(
+    obj: &Bound<'_, PyAny>,
+    out: &mut Vec<I>,
+    base: usize,
+) -> PyResult<()> {
+    if let Ok(list) = obj.cast::<PyList>() {
+        return extend_items(list.iter(), list.len(), out, base);
+    }
+    if let Ok(tuple) = obj.cast::<PyTuple>() {
+        return extend_items(tuple.iter(), tuple.len(), out, base);
+    }
+    if extend_from_int_array(obj, out, base)? {
+        return Ok(());
+    }
+    if let Some(refusal) = I::OTHER_ARRAYS.filter(|_| obj.cast::<PyUntypedArray>().is_ok()) {
+        return Err(type_error(refusal));
+    }
+    if obj.is_instance_of::<pyo3::types::PyString>() || obj.is_instance_of::<PyBytes>() {
+        let what = I::WHAT;
+        return Err(type_error(format!(
+            "{what} must be a sequence of ints, not str/bytes"
+        )));
+    }
+    let items = obj.try_iter().map_err(|_| {
+        let (what, expected, got) = (I::WHAT, I::EXPECTED, crate::args::type_name(obj));
+        type_error(format!("{what} must be {expected}, got {got}"))
+    })?;
+    for (i, item) in items.enumerate() {
+        out.push(I::item(base + i, &item?)?);
+    }
+    Ok(())
+}
+
+/// The items of a list or tuple of `n`, room reserved first.
+#[inline]
+fn extend_items<'py, I: Id>(
+    items: impl Iterator<Item = Bound<'py, PyAny>>,
+    n: usize,
+    out: &mut Vec<I>,
+    base: usize,
+) -> PyResult<()> {
+    core(kvcoord_core::limits::try_reserve(out, n, I::WHAT))?;
+    for (i, item) in items.enumerate() {
+        out.push(I::item(base + i, &item)?);
+    }
+    Ok(())
+}
+
+/// Arrays up to this length are copied before they are read.
+const COPY_MAX_VALUES: usize = 4096;
+
+/// `out` extended by the ids `values` (all checked first); `Ok(true)`.
+fn push_checked<T: Copy + TryInto<u32> + Into<i128>, I: Id>(
+    values: impl Iterator<Item = T> + Clone,
+    out: &mut Vec<I>,
+    base: usize,
+) -> PyResult<bool> {
+    if let Some((i, v)) = kvcoord_core::ids::first_outside_u32(values.clone()) {
+        return Err(I::out_of_range(base + i, v));
+    }
+    out.extend(values.map(|v| I::wrap(v.try_into().unwrap_or(0))));
+    Ok(true)
+}
+
+/// Append the values of `obj`, a 1-D numpy array of any integer dtype in
+/// either byte order, to `out`: `Ok(false)` when `obj` is not such an
+/// array. Every value must fit in 32 bits; nothing is appended otherwise.
+fn extend_from_int_array<I: Id>(
+    obj: &Bound<'_, PyAny>,
+    out: &mut Vec<I>,
+    base: usize,
+) -> PyResult<bool> {
+    if obj.cast::<PyUntypedArray>().is_err() {
+        return Ok(false);
+    }
+    // A failed `cast` is a cheap dtype check (no Python exception is
+    // built), so the common `uint32` array pays one. A small contiguous
+    // array is copied (cheaper than numpy's borrow tracking, see
+    // `array_values`), a large or strided one read in place.
+    macro_rules! each_dtype {
+        ($($t:ty),*) => {$(
+            if let Ok(typed) = obj.cast::<PyArray1<$t>>() {
+                core(kvcoord_core::limits::try_reserve(out, typed.len(), I::WHAT))?;
+                if typed.len() <= COPY_MAX_VALUES {
+                    if let Ok(values) = typed.to_vec() {
+                        return push_checked(values.iter().copied(), out, base);
+                    }
+                }
+                let view = typed.try_readonly()?;
+                return push_checked(view.as_array().iter().copied(), out, base);
+            }
+        )*};
+    }
+    each_dtype!(u32, i64, i32, u64, u16, i16, u8, i8);
+    match native_int_array(obj)? {
+        Some(native) => extend_from_int_array(&native, out, base),
+        None => Ok(false),
+    }
+}
+
+/// One block id from a Python object (an int, or anything with `__index__`;
+/// non-negative and 32-bit, the pool checks the upper bound).
 #[inline]
 pub(crate) fn block_id_of(item: &Bound<'_, PyAny>) -> PyResult<BlockId> {
     match item.extract::<i64>() {
-        Ok(v) => block_id(v),
+        Ok(v) => u32::try_from(v)
+            .map(BlockId)
+            .map_err(|_| BlockId::out_of_range(0, v.into())),
         Err(_) => Err(bad_block_id_object(item)),
     }
 }
@@ -64,7 +180,7 @@ pub(crate) fn block_id_of(item: &Bound<'_, PyAny>) -> PyResult<BlockId> {
 #[cold]
 fn bad_block_id_object(item: &Bound<'_, PyAny>) -> PyErr {
     if crate::args::is_int_like(item) {
-        crate::errors::InvalidBlockIdError::new_err(format!(
+        crate::errors::block_id_error(format!(
             "block id {} does not fit in 32 bits",
             crate::args::shown(item)
         ))
@@ -75,9 +191,7 @@ fn bad_block_id_object(item: &Bound<'_, PyAny>) -> PyErr {
 
 /// `arr` converted to its dtype in native byte order, when it is an integer
 /// array stored in the other order (`None` otherwise).
-pub(crate) fn native_int_array<'py>(
-    arr: &Bound<'py, PyAny>,
-) -> PyResult<Option<Bound<'py, PyAny>>> {
+fn native_int_array<'py>(arr: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyAny>>> {
     let dtype = arr.getattr(pyo3::intern!(arr.py(), "dtype"))?;
     let kind: String = dtype.getattr(pyo3::intern!(arr.py(), "kind"))?.extract()?;
     let native: bool = dtype
@@ -91,58 +205,10 @@ pub(crate) fn native_int_array<'py>(
         .map(Some)
 }
 
-/// Append the block ids in `obj` (a list/tuple/sequence of ints, or a 1-D
-/// integer numpy array in either byte order) to `out`.
-pub(crate) fn extract_block_ids(obj: &Bound<'_, PyAny>, out: &mut Vec<BlockId>) -> PyResult<()> {
-    if let Ok(list) = obj.cast::<PyList>() {
-        out.reserve(list.len());
-        for item in list.iter() {
-            out.push(block_id_of(&item)?);
-        }
-        return Ok(());
-    }
-    if let Ok(tuple) = obj.cast::<PyTuple>() {
-        out.reserve(tuple.len());
-        for item in tuple.iter() {
-            out.push(block_id_of(&item)?);
-        }
-        return Ok(());
-    }
-    if obj.cast::<PyUntypedArray>().is_ok() {
-        if let Ok(typed) = obj.cast::<PyArray1<u32>>() {
-            // The pool's own output type: every value is a valid u32 id.
-            out.extend(array_values(typed).into_iter().map(BlockId));
-            return Ok(());
-        }
-        try_int_array!(obj, out, i64, i32, u64, i16, u16, i8, u8);
-        if let Some(native) = native_int_array(obj)? {
-            return extract_block_ids(&native, out);
-        }
-        return Err(crate::errors::ArgumentTypeError::new_err(
-            "block ids must be a 1-D integer numpy array (or a sequence of ints)",
-        ));
-    }
-    if obj.is_instance_of::<pyo3::types::PyString>() || obj.is_instance_of::<PyBytes>() {
-        return Err(crate::errors::ArgumentTypeError::new_err(
-            "block ids must be a sequence of ints, not str/bytes",
-        ));
-    }
-    let items = obj.try_iter().map_err(|_| {
-        crate::errors::ArgumentTypeError::new_err(format!(
-            "block ids must be a sequence of ints or an integer numpy array, got {}",
-            crate::args::type_name(obj)
-        ))
-    })?;
-    for item in items {
-        out.push(block_id_of(&item?)?);
-    }
-    Ok(())
-}
-
 /// Block ids as a fresh `Vec`.
 pub(crate) fn block_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<BlockId>> {
     let mut v = Vec::new();
-    extract_block_ids(obj, &mut v)?;
+    extend_ids(obj, &mut v, 0)?;
     Ok(v)
 }
 
@@ -199,17 +265,6 @@ pub(crate) fn block_hashes(obj: &Bound<'_, PyAny>) -> PyResult<Vec<BlockHash>> {
     Ok(out)
 }
 
-/// A non-negative count argument.
-pub(crate) fn count(n: i64, name: &'static str) -> PyResult<usize> {
-    usize::try_from(n).map_err(|_| {
-        CoreError(KvError::InvalidArgument {
-            name,
-            detail: format!("must be non-negative, got {n}"),
-        })
-        .into()
-    })
-}
-
 /// Integers from a list/tuple of ints or a 1-D integer numpy array.
 pub(crate) fn int_vec(obj: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
     if let Ok(arr) = obj.cast::<PyArray1<i64>>() {
@@ -219,6 +274,19 @@ pub(crate) fn int_vec(obj: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
         return Ok(array_values(arr).into_iter().map(i64::from).collect());
     }
     obj.extract()
+}
+
+/// A digest as Python `bytes`.
+pub(crate) fn digest<'py>(py: Python<'py>, h: &BlockHash) -> Bound<'py, PyBytes> {
+    PyBytes::new(py, h.as_bytes())
+}
+
+/// Digests as a new list of `bytes`.
+pub(crate) fn digest_list<'py>(
+    py: Python<'py>,
+    hashes: &[BlockHash],
+) -> PyResult<Bound<'py, PyList>> {
+    PyList::new(py, hashes.iter().map(|h| digest(py, h)))
 }
 
 /// Ids as a Python list of ints.

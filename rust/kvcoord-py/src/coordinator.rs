@@ -14,7 +14,7 @@ use crate::blocks::PyKVCacheBlocks;
 use crate::convert;
 use crate::errors::{core, CoreError};
 use crate::kinds::{self, PyCoordinatorKind, PyGroupSpec};
-use crate::pool::{pool_readers, pool_writers, pymethods_block};
+use crate::pool::{pool_readers, pool_writers};
 use crate::request::PyRequest;
 
 /// One scheduler's KV-cache mechanism: a pool shared by one manager per
@@ -49,7 +49,25 @@ impl PyCoordinatorCore {
     }
 }
 
-pool_writers!(pymethods_block!(PyCoordinatorCore,) {
+pool_writers!(pymethods!(PyCoordinatorCore {
+    /// Tokens per hash unit (requests must be hashed with it).
+    get hash_block_size(&self) -> u32 = self.inner.config().hash_block_size;
+    /// LCM of the groups' block sizes.
+    get scheduler_block_size(&self) -> u32 = self.inner.config().scheduler_block_size;
+    /// The shared pool, read-only.
+    get block_pool(slf: Bound<'_, Self>) -> PyBlockPoolView = PyBlockPoolView { owner: slf.unbind() };
+    /// The shared empty result (no new block in any group).
+    get empty(&self, py: Python<'_>) -> Py<PyKVCacheBlocks> = self.empty.clone_ref(py);
+    get num_requests(&self) -> usize = self.inner.num_requests();
+    /// Multi-module MTP's re-prefillable tail (`num_prefill_lookahead - 1`).
+    get num_reprefillable_tokens(&self) -> usize = self.inner.config().num_reprefillable_tokens;
+    /// The groups whose hits drop the EAGLE block, those of equal spec
+    /// included.
+    get eagle_groups(&self) -> Vec<u32> =
+        self.inner.config().eagle_group_ids().map(|g| g.0).collect();
+    /// Per group, the re-prefillable tokens it holds back from caching.
+    get held_back_tokens(&self) -> Vec<usize> = self.inner.config().held_back_tokens().collect();
+}) {
     #[new]
     #[pyo3(signature = (num_blocks, groups, *, kind, hash_block_size, max_model_len,
                         retention_interval = None, enable_events = false,
@@ -98,77 +116,15 @@ pool_writers!(pymethods_block!(PyCoordinatorCore,) {
         })
     }
 
-    /// Tokens per hash unit (requests must be hashed with it).
-    #[getter]
-    fn hash_block_size(&self) -> u32 {
-        self.inner.config().hash_block_size
-    }
-
-    /// LCM of the groups' block sizes.
-    #[getter]
-    fn scheduler_block_size(&self) -> u32 {
-        self.inner.config().scheduler_block_size
-    }
-
-    /// Multi-module MTP's re-prefillable tail (`num_prefill_lookahead - 1`).
-    #[getter]
-    fn num_reprefillable_tokens(&self) -> usize {
-        self.inner.config().num_reprefillable_tokens
-    }
-
-    /// The groups whose hits drop the EAGLE block, those of equal spec
-    /// included.
-    #[getter]
-    fn eagle_groups(&self) -> Vec<u32> {
-        let config = self.inner.config();
-        (0..config.groups.len())
-            .filter(|&g| config.is_eagle_group(g))
-            .map(|g| g as u32)
-            .collect()
-    }
-
-    /// Per group, the re-prefillable tokens it holds back from caching.
-    #[getter]
-    fn held_back_tokens(&self) -> Vec<usize> {
-        let config = self.inner.config();
-        (0..config.groups.len())
-            .map(|g| config.num_held_back_tokens(GroupId(g as u32)))
-            .collect()
-    }
-
     /// How many of `num_computed_tokens` group `group` may cache.
     fn num_cacheable_tokens(
         &self,
         group: &Bound<'_, PyAny>,
         num_computed_tokens: &Bound<'_, PyAny>,
     ) -> PyResult<usize> {
-        let group = args::u32_arg(group, "group")?;
+        let group = GroupId(args::u32_arg(group, "group")?);
         let n = args::count(num_computed_tokens, "num_computed_tokens")?;
-        let config = self.inner.config();
-        let group = GroupId(group);
-        if group.0 as usize >= config.groups.len() {
-            return core(Err(KvError::UnknownGroup(group)));
-        }
-        Ok(config.num_cacheable_tokens(group, n))
-    }
-
-    /// The shared pool, read-only.
-    #[getter]
-    fn block_pool(slf: Bound<'_, Self>) -> PyBlockPoolView {
-        PyBlockPoolView {
-            owner: slf.unbind(),
-        }
-    }
-
-    /// The shared empty result (no new block in any group).
-    #[getter]
-    fn empty(&self, py: Python<'_>) -> Py<PyKVCacheBlocks> {
-        self.empty.clone_ref(py)
-    }
-
-    #[getter]
-    fn num_requests(&self) -> usize {
-        self.inner.num_requests()
+        core(self.inner.config().checked_cacheable_tokens(group, n))
     }
 
     /// Longest hit for groups sharing one spec: the blocks (one group per
@@ -387,7 +343,7 @@ fn fill_hits(obj: &Bound<'_, PyAny>, hits: &mut Vec<Vec<BlockId>>) -> PyResult<(
     hits.truncate(n);
     for (g, item) in seq.try_iter()?.enumerate() {
         hits[g].clear();
-        convert::extract_block_ids(&item?, &mut hits[g])?;
+        convert::extend_ids(&item?, &mut hits[g], 0)?;
     }
     Ok(())
 }

@@ -58,6 +58,22 @@ impl From<CoreError> for PyErr {
     }
 }
 
+/// A binding's error where a core function is generic over its caller's
+/// (`E: From<KvError>`); `?` turns it back into the `PyErr`.
+pub(crate) struct Refused(pub(crate) PyErr);
+
+impl From<KvError> for Refused {
+    fn from(e: KvError) -> Self {
+        Self(CoreError(e).into())
+    }
+}
+
+impl From<Refused> for PyErr {
+    fn from(Refused(e): Refused) -> PyErr {
+        e
+    }
+}
+
 /// Shorthand for binding methods.
 pub(crate) type PyResult<T> = Result<T, PyErr>;
 
@@ -74,4 +90,56 @@ pub(crate) fn invariants(r: Result<(), String>) -> PyResult<()> {
 /// Map a core result.
 pub(crate) fn core<T>(r: Result<T, KvError>) -> PyResult<T> {
     r.map_err(|e| CoreError(e).into())
+}
+
+// The bindings' own refusals: about a Python object, before the core sees a
+// value (a wrong type, an int beyond 64 bits). The message is the caller's;
+// the class is chosen here.
+
+/// `ArgumentTypeError` (a `TypeError`): not the type the argument takes.
+#[cold]
+pub(crate) fn type_error(msg: impl Into<String>) -> PyErr {
+    ArgumentTypeError::new_err(msg.into())
+}
+
+/// `InvalidArgumentError` (a `ValueError`): an int out of range.
+#[cold]
+pub(crate) fn value_error(msg: impl Into<String>) -> PyErr {
+    InvalidArgumentError::new_err(msg.into())
+}
+
+/// `ConfigError` / `ConfigTypeError`: a configuration value refused.
+#[cold]
+pub(crate) fn config_error(msg: String, is_type: bool) -> PyErr {
+    if is_type {
+        ConfigTypeError::new_err(msg)
+    } else {
+        ConfigError::new_err(msg)
+    }
+}
+
+/// `InvalidBlockIdError`: an int that cannot be a block id.
+#[cold]
+pub(crate) fn block_id_error(msg: String) -> PyErr {
+    InvalidBlockIdError::new_err(msg)
+}
+
+/// The builtin errors of Python's protocols (`KVCacheBlocks(...)` type
+/// checks, sequence indexing and `index`), as the protocols expect.
+#[cold]
+pub(crate) fn protocol_error(kind: Protocol, msg: impl Into<String>) -> PyErr {
+    use pyo3::exceptions::{PyIndexError, PyTypeError, PyValueError};
+    let msg = msg.into();
+    match kind {
+        Protocol::Type => PyTypeError::new_err(msg),
+        Protocol::Index => PyIndexError::new_err(msg),
+        Protocol::NotFound => PyValueError::new_err(msg),
+    }
+}
+
+/// Which builtin error [`protocol_error`] raises.
+pub(crate) enum Protocol {
+    Type,
+    Index,
+    NotFound,
 }

@@ -29,60 +29,48 @@ fn spec(kind: SpecKind, block_size: i64, param: Option<i64>) -> PyResult<PyGroup
     ))?))
 }
 
-#[pymethods]
-impl PyGroupSpec {
-    #[staticmethod]
-    fn full_attention(block_size: i64) -> PyResult<Self> {
-        spec(SpecKind::FullAttention, block_size, None)
-    }
+/// `GroupSpec`'s methods: the getters, then one static constructor per
+/// kind, `name(block_size[, param]) = kind` (the kind's parameter is the
+/// caller's, range-checked by the core), then the rest.
+macro_rules! group_spec_methods {
+    ({ $($getters:tt)* } $( $name:ident($($param:ident)?) = $kind:expr; )* { $($rest:tt)* }) => {
+        pymethods!(PyGroupSpec { $($getters)* }
+            $(
+                #[staticmethod]
+                fn $name(block_size: i64 $(, $param: i64)?) -> PyResult<Self> {
+                    spec($kind, block_size, None $(.or(Some($param)))?)
+                }
+            )*
+            $($rest)*
+        );
+    };
+}
 
-    #[staticmethod]
-    fn sliding_window(block_size: i64, sliding_window: i64) -> PyResult<Self> {
-        let kind = SpecKind::SlidingWindow { sliding_window: 0 };
-        spec(kind, block_size, Some(sliding_window))
-    }
-
-    #[staticmethod]
-    fn chunked_local(block_size: i64, attention_chunk_size: i64) -> PyResult<Self> {
-        let kind = SpecKind::ChunkedLocal {
-            attention_chunk_size: 0,
-        };
-        spec(kind, block_size, Some(attention_chunk_size))
-    }
-
-    #[staticmethod]
-    fn mamba(block_size: i64, num_speculative_blocks: i64) -> PyResult<Self> {
-        let kind = SpecKind::Mamba {
-            num_speculative_blocks: 0,
-        };
-        spec(kind, block_size, Some(num_speculative_blocks))
-    }
-
-    #[staticmethod]
-    fn cross_attention(block_size: i64) -> PyResult<Self> {
-        spec(SpecKind::CrossAttention, block_size, None)
-    }
-
-    #[staticmethod]
-    fn mla_attention(block_size: i64) -> PyResult<Self> {
-        spec(SpecKind::MlaAttention, block_size, None)
-    }
-
-    #[staticmethod]
-    fn sliding_window_mla(block_size: i64, sliding_window: i64) -> PyResult<Self> {
-        let kind = SpecKind::SlidingWindowMla { sliding_window: 0 };
-        spec(kind, block_size, Some(sliding_window))
-    }
-
-    #[staticmethod]
-    fn rswa(block_size: i64, rswa_window: i64) -> PyResult<Self> {
-        spec(
-            SpecKind::Rswa { rswa_window: 0 },
-            block_size,
-            Some(rswa_window),
-        )
-    }
-
+group_spec_methods!({
+    get block_size(&self) -> u32 = self.0.block_size;
+    /// Name of the public spec type.
+    get spec_name(&self) -> &'static str = self.0.facts().spec_name;
+    get prefix_cacheable(&self) -> bool = self.0.facts().prefix_cacheable;
+    /// Whether retention intervals (sparse caching) apply.
+    get sparse(&self) -> bool = self.0.facts().sparse;
+    /// Whether hits are prefix-closed (full attention): hybrid lookups scan
+    /// these first and never again.
+    get prefix_closed_hits(&self) -> bool =
+        matches!(self.0.facts().hit_search, HitSearch::PrefixClosed);
+    /// Whether a request's table may hold null entries after real blocks
+    /// (R-SWA decode gaps, Mamba "align" skipped states): the kind releases
+    /// blocks of a running request, not only when it is freed.
+    get interior_nulls(&self) -> bool = matches!(self.0.facts().nulls, NullEntries::Anywhere);
+}
+    full_attention() = SpecKind::FullAttention;
+    sliding_window(sliding_window) = SpecKind::SlidingWindow { sliding_window: 0 };
+    chunked_local(attention_chunk_size) = SpecKind::ChunkedLocal { attention_chunk_size: 0 };
+    mamba(num_speculative_blocks) = SpecKind::Mamba { num_speculative_blocks: 0 };
+    cross_attention() = SpecKind::CrossAttention;
+    mla_attention() = SpecKind::MlaAttention;
+    sliding_window_mla(sliding_window) = SpecKind::SlidingWindowMla { sliding_window: 0 };
+    rswa(rswa_window) = SpecKind::Rswa { rswa_window: 0 };
+{
     /// Mamba with `mamba_cache_mode="align"` (prefix caching of states at
     /// block boundaries).
     #[staticmethod]
@@ -102,43 +90,6 @@ impl PyGroupSpec {
         ))?))
     }
 
-    #[getter]
-    fn block_size(&self) -> u32 {
-        self.0.block_size
-    }
-
-    /// Name of the public spec type.
-    #[getter]
-    fn spec_name(&self) -> &'static str {
-        self.0.facts().spec_name
-    }
-
-    #[getter]
-    fn prefix_cacheable(&self) -> bool {
-        self.0.facts().prefix_cacheable
-    }
-
-    /// Whether retention intervals (sparse caching) apply.
-    #[getter]
-    fn sparse(&self) -> bool {
-        self.0.facts().sparse
-    }
-
-    /// Whether hits are prefix-closed (full attention): hybrid lookups scan
-    /// these first and never again.
-    #[getter]
-    fn prefix_closed_hits(&self) -> bool {
-        matches!(self.0.facts().hit_search, HitSearch::PrefixClosed)
-    }
-
-    /// Whether a request's table may hold null entries after real blocks
-    /// (R-SWA decode gaps, Mamba "align" skipped states): the kind releases
-    /// blocks of a running request, not only when it is freed.
-    #[getter]
-    fn interior_nulls(&self) -> bool {
-        matches!(self.0.facts().nulls, NullEntries::Anywhere)
-    }
-
     fn __repr__(&self) -> String {
         let param = self.0.param().map(|p| format!(", param={p}"));
         format!(
@@ -148,7 +99,7 @@ impl PyGroupSpec {
             param.unwrap_or_default()
         )
     }
-}
+});
 
 /// Which coordinator policy serves a configuration (see
 /// `kvcoord_core::CoordinatorKind`).
@@ -167,25 +118,22 @@ pub(crate) enum PyCoordinatorKind {
     Hybrid,
 }
 
-impl From<PyCoordinatorKind> for CoordinatorKind {
-    fn from(k: PyCoordinatorKind) -> Self {
-        match k {
-            PyCoordinatorKind::NoPrefixCache => Self::NoPrefixCache,
-            PyCoordinatorKind::Unitary => Self::Unitary,
-            PyCoordinatorKind::Hybrid => Self::Hybrid,
+/// The two spellings of the policies convert both ways, variant by variant.
+macro_rules! same_variants {
+    ($a:ident, $b:ident: $($v:ident),*) => {
+        impl From<$a> for $b {
+            fn from(k: $a) -> Self {
+                match k { $($a::$v => Self::$v),* }
+            }
         }
-    }
-}
-
-impl From<CoordinatorKind> for PyCoordinatorKind {
-    fn from(k: CoordinatorKind) -> Self {
-        match k {
-            CoordinatorKind::NoPrefixCache => Self::NoPrefixCache,
-            CoordinatorKind::Unitary => Self::Unitary,
-            CoordinatorKind::Hybrid => Self::Hybrid,
+        impl From<$b> for $a {
+            fn from(k: $b) -> Self {
+                match k { $($b::$v => Self::$v),* }
+            }
         }
-    }
+    };
 }
+same_variants!(PyCoordinatorKind, CoordinatorKind: NoPrefixCache, Unitary, Hybrid);
 
 pub(crate) fn specs(groups: &[PyGroupSpec]) -> Vec<GroupSpec> {
     groups.iter().map(|g| g.0).collect()

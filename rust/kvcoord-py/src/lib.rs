@@ -8,6 +8,27 @@
 // dunder methods, which these two pedantic lints flag without a fix.
 #![allow(clippy::needless_pass_by_value, clippy::unused_self)]
 
+/// `#[pymethods] impl $ty { ... }` whose plain getters are written as a
+/// table, one line each: `get name(&self) -> T = expr;` (generic
+/// parameters in brackets: `get name['py](&self, py: Python<'py>) -> ...`),
+/// then, after a `;`, the type's other methods. One `#[pymethods]` block
+/// per class, as `PyO3` requires. The other methods may come in one brace
+/// group (the end of a [`pool::pool_writers`] chain).
+macro_rules! pymethods {
+    ($ty:ty { $($getters:tt)* } { $($rest:tt)* }) => {
+        pymethods!($ty { $($getters)* } $($rest)*);
+    };
+    ($ty:ty {
+        $( $(#[$attr:meta])* get $name:ident $([$($gen:tt)*])? ($($args:tt)*) -> $ret:ty = $body:expr; )*
+    } $($rest:tt)*) => {
+        #[pyo3::pymethods]
+        impl $ty {
+            $( $(#[$attr])* #[getter] fn $name $(<$($gen)*>)? ($($args)*) -> $ret { $body } )*
+            $($rest)*
+        }
+    };
+}
+
 mod args;
 mod best_case;
 mod blocks;

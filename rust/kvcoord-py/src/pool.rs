@@ -18,58 +18,27 @@ use crate::events::{event_to_py, PyEventList};
 /// block per class).
 macro_rules! pool_readers {
     ($ty:ty, $name:literal, { $($extra:tt)* }) => {
-        #[pymethods]
-        impl $ty {
-            #[getter]
-            fn num_blocks(&self, py: Python<'_>) -> PyResult<usize> {
-                self.with(py, BlockPool::num_blocks)
-            }
-
-            #[getter]
-            fn num_free_blocks(&self, py: Python<'_>) -> PyResult<usize> {
-                self.with(py, BlockPool::num_free_blocks)
-            }
-
-            #[getter]
-            fn usage(&self, py: Python<'_>) -> PyResult<f64> {
-                self.with(py, BlockPool::usage)
-            }
-
-            #[getter]
-            fn num_cached_blocks(&self, py: Python<'_>) -> PyResult<usize> {
-                self.with(py, BlockPool::num_cached_keys)
-            }
-
-            #[getter]
-            fn num_evictions(&self, py: Python<'_>) -> PyResult<u64> {
-                self.with(py, BlockPool::num_evictions)
-            }
-
-            #[getter]
-            fn enable_caching(&self, py: Python<'_>) -> PyResult<bool> {
-                self.with(py, BlockPool::caching_enabled)
-            }
-
-            #[getter]
-            fn hash_block_size(&self, py: Python<'_>) -> PyResult<u32> {
-                self.with(py, |p| p.config().hash_block_size)
-            }
-
-            #[getter]
-            fn enable_events(&self, py: Python<'_>) -> PyResult<bool> {
-                self.with(py, BlockPool::events_enabled)
-            }
-
-            #[getter]
-            fn eviction_policy(&self, py: Python<'_>) -> PyResult<String> {
-                self.with(py, BlockPool::eviction_policy)
-            }
-
-            #[getter]
-            fn metadata_bytes(&self, py: Python<'_>) -> PyResult<usize> {
-                self.with(py, BlockPool::metadata_bytes)
-            }
-
+        pymethods!($ty {
+            get num_blocks(&self, py: Python<'_>) -> PyResult<usize> =
+                self.with(py, BlockPool::num_blocks);
+            get num_free_blocks(&self, py: Python<'_>) -> PyResult<usize> =
+                self.with(py, BlockPool::num_free_blocks);
+            get usage(&self, py: Python<'_>) -> PyResult<f64> = self.with(py, BlockPool::usage);
+            get num_cached_blocks(&self, py: Python<'_>) -> PyResult<usize> =
+                self.with(py, BlockPool::num_cached_keys);
+            get num_evictions(&self, py: Python<'_>) -> PyResult<u64> =
+                self.with(py, BlockPool::num_evictions);
+            get enable_caching(&self, py: Python<'_>) -> PyResult<bool> =
+                self.with(py, BlockPool::caching_enabled);
+            get hash_block_size(&self, py: Python<'_>) -> PyResult<u32> =
+                self.with(py, |p| p.config().hash_block_size);
+            get enable_events(&self, py: Python<'_>) -> PyResult<bool> =
+                self.with(py, BlockPool::events_enabled);
+            get eviction_policy(&self, py: Python<'_>) -> PyResult<String> =
+                self.with(py, BlockPool::eviction_policy);
+            get metadata_bytes(&self, py: Python<'_>) -> PyResult<usize> =
+                self.with(py, BlockPool::metadata_bytes);
+        }
             fn get_cached_block<'py>(
                 &self,
                 py: Python<'py>,
@@ -87,18 +56,16 @@ macro_rules! pool_readers {
             }
 
             fn free_block_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, numpy::PyArray1<u32>>> {
-                let ids: Vec<u32> = self.with(py, |p| p.free_block_ids().map(|b| b.0).collect())?;
+                let ids = self.with(py, |p| p.free_block_ids().map(|b| b.0).collect())?;
                 Ok(numpy::PyArray1::from_vec(py, ids))
             }
 
             fn ref_counts<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, numpy::PyArray1<u32>>> {
-                let counts: Vec<u32> = self.with(py, |p| p.ref_counts().collect())?;
-                Ok(numpy::PyArray1::from_vec(py, counts))
+                Ok(numpy::PyArray1::from_vec(py, self.with(py, |p| p.ref_counts().collect())?))
             }
 
             fn cached_mask<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, numpy::PyArray1<bool>>> {
-                let mask: Vec<bool> = self.with(py, |p| p.cached_mask().collect())?;
-                Ok(numpy::PyArray1::from_vec(py, mask))
+                Ok(numpy::PyArray1::from_vec(py, self.with(py, |p| p.cached_mask().collect())?))
             }
 
             fn block_hash<'py>(
@@ -108,7 +75,7 @@ macro_rules! pool_readers {
             ) -> PyResult<Option<(Bound<'py, pyo3::types::PyBytes>, u32)>> {
                 let b = $crate::convert::block_id_of(block_id)?;
                 let key = $crate::errors::core(self.with(py, |p| p.cache_key(b))?)?;
-                Ok(key.map(|k| (pyo3::types::PyBytes::new(py, k.hash.as_bytes()), k.group.0)))
+                Ok(key.map(|k| ($crate::convert::digest(py, &k.hash), k.group.0)))
             }
 
             fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
@@ -129,7 +96,7 @@ macro_rules! pool_readers {
             }
 
             $($extra)*
-        }
+        );
     };
 }
 pub(crate) use pool_readers;
@@ -178,7 +145,7 @@ macro_rules! pool_writers {
 
             fn set_residency_clock(&mut self, now: &Bound<'_, PyAny>) -> PyResult<()> {
                 let now = $crate::args::count(now, "now")? as u64;
-                $crate::residency::set_clock(self.pool_mut(), now);
+                self.pool_mut().set_residency_clock(now);
                 Ok(())
             }
 
@@ -209,18 +176,6 @@ macro_rules! pool_writers {
     };
 }
 pub(crate) use pool_writers;
-
-/// `#[pymethods] impl $ty { $items }`: the plain end of a
-/// [`pool_writers`] chain.
-macro_rules! pymethods_block {
-    ($ty:ty, { $($items:tt)* }) => {
-        #[pymethods]
-        impl $ty {
-            $($items)*
-        }
-    };
-}
-pub(crate) use pymethods_block;
 
 /// Forget every cached prefix; logs a warning (as vLLM does) when refused.
 pub(crate) fn reset_prefix_cache(py: Python<'_>, pool: &mut BlockPool) -> PyResult<bool> {
@@ -276,7 +231,7 @@ impl PyBlockPool {
     ) -> PyResult<R> {
         let ids = &mut self.scratch.ids;
         ids.clear();
-        convert::extract_block_ids(block_ids, ids)?;
+        convert::extend_ids(block_ids, ids, 0)?;
         core(f(&mut self.inner, ids))
     }
 
@@ -310,13 +265,12 @@ pool_writers!(pool_readers!(PyBlockPool, "BlockPool",) {
     ) -> PyResult<Self> {
         let eviction: EvictionConfig = core(eviction_policy.as_str().parse())?;
         let num_blocks = args::config_count(num_blocks, "num_blocks")?;
-        let config = PoolConfig {
-            num_blocks,
-            enable_caching: args::opt_flag(enable_caching, "enable_caching", true)?,
-            hash_block_size: hash_block_size
-                .map_or(Ok(16), |h| args::config_u32(h, "hash_block_size"))?,
-            enable_events: args::opt_flag(enable_events, "enable_events", false)?,
-        };
+        let mut config = PoolConfig::new(num_blocks);
+        config.enable_caching = args::opt_flag(enable_caching, "enable_caching", config.enable_caching)?;
+        if let Some(h) = hash_block_size {
+            config.hash_block_size = args::config_u32(h, "hash_block_size")?;
+        }
+        config.enable_events = args::opt_flag(enable_events, "enable_events", config.enable_events)?;
         let pool = convert::build_pool_sized(py, num_blocks, || {
             BlockPool::with_eviction(config, eviction)
         });

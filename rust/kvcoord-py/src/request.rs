@@ -5,71 +5,68 @@ use kvcoord_core::hashing;
 use kvcoord_core::{BlockHash, ExtraKeys, HashAlgo, HashConfig, Request, RequestHasher};
 use numpy::ndarray::Array2;
 use numpy::{IntoPyArray, PyArray1, PyArray2};
-use pyo3::exceptions::PyIndexError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyInt, PyList, PySlice, PyString, PyTuple};
 
 use crate::args::Text;
-use crate::errors::core;
-use crate::tokens::{extract_tokens, lora_key, mm_features, step_ints, token};
+use crate::convert::extend_ids;
+use crate::convert::{digest, digest_list};
+use crate::errors::{core, protocol_error, Protocol, Refused};
+use crate::tokens::{lora_key, mm_features, step_ints, token};
 
 /// Hash without holding the GIL when at least this many tokens are new
 /// (releasing and re-taking the GIL costs about a microsecond).
 const DETACH_MIN_TOKENS: usize = 4096;
 
-/// The hash arguments `Request` and `compute_block_hashes` share, as a
-/// fresh hasher.
-fn request_hasher(
-    hash_algo: HashAlgo,
-    hash_block_size: &Bound<'_, PyAny>,
-    hash_seed: Option<&Text>,
+/// The hash arguments `Request` and `compute_block_hashes` share.
+struct HashArgs<'a, 'py> {
+    hash_block_size: &'a Bound<'py, PyAny>,
+    hash_algo: &'a Text,
+    hash_seed: Option<&'a Text>,
     cache_salt: Option<Text>,
-    lora: Option<&Bound<'_, PyAny>>,
-    mm_features: Option<&Bound<'_, PyAny>>,
-) -> PyResult<RequestHasher> {
-    let block_size = crate::args::config_count(hash_block_size, "hash_block_size")?;
-    let config = core(HashConfig::new(hash_algo, block_size, Text::opt(hash_seed)))?;
-    let extra = ExtraKeys::new(
-        lora_key(lora)?,
-        self::mm_features(mm_features)?,
-        cache_salt.map(|t| t.0),
-    );
-    Ok(RequestHasher::new(config, extra))
+    lora: Option<&'a Bound<'py, PyAny>>,
+    mm_features: Option<&'a Bound<'py, PyAny>>,
 }
 
-fn hashes_to_list<'py>(py: Python<'py>, hashes: &[BlockHash]) -> PyResult<Bound<'py, PyList>> {
-    PyList::new(py, hashes.iter().map(|h| PyBytes::new(py, h.as_bytes())))
+impl HashArgs<'_, '_> {
+    /// A request of the tokens in `obj` hashed as these arguments say
+    /// (`computing`: the caller that needs a computing algorithm, if any).
+    fn request(
+        self,
+        py: Python<'_>,
+        request_id: String,
+        obj: &Bound<'_, PyAny>,
+        computing: Option<&str>,
+    ) -> PyResult<Request> {
+        let mut algo = core(HashAlgo::from_name(self.hash_algo.as_str()))?;
+        if let Some(what) = computing {
+            algo = core(algo.computing(what))?;
+        }
+        let block_size = crate::args::config_count(self.hash_block_size, "hash_block_size")?;
+        let config = core(HashConfig::new(algo, block_size, Text::opt(self.hash_seed)))?;
+        let extra = ExtraKeys::new(
+            lora_key(self.lora)?,
+            mm_features(self.mm_features)?,
+            self.cache_salt.map(|t| t.0),
+        );
+        let hasher = RequestHasher::new(config, extra);
+        let fill = |t: &mut Vec<u32>| extend_ids(obj, t, 0).map_err(Refused);
+        // (Converting on this thread while a worker thread hashed was
+        // measured slower on a 2-core machine: thread start-up and
+        // cross-core traffic cost more than the overlap saved.)
+        Ok(Request::try_new(request_id, hasher, fill, |h, t| {
+            hash(py, h, t);
+        })?)
+    }
 }
 
-fn hashes_to_bytes<'py>(py: Python<'py>, hashes: &[BlockHash]) -> Bound<'py, PyBytes> {
-    PyBytes::new(py, &BlockHash::concat(hashes))
-}
-
-/// Run `hasher.update(tokens)`, without the GIL when the new part is long.
-fn update_hashes(py: Python<'_>, hasher: &mut RequestHasher, tokens: &[u32]) -> PyResult<()> {
-    core(hasher.try_reserve_for(tokens.len()))?;
-    let new_tokens = hasher.pending_blocks(tokens.len()) * hasher.config().block_size();
-    if new_tokens >= DETACH_MIN_TOKENS {
+/// `hasher.update(tokens)`, without the GIL when the new part is long.
+fn hash(py: Python<'_>, hasher: &mut RequestHasher, tokens: &[u32]) {
+    if hasher.num_tokens_to_hash(tokens.len()) >= DETACH_MIN_TOKENS {
         py.detach(|| hasher.update(tokens));
     } else {
         hasher.update(tokens);
     }
-    Ok(())
-}
-
-/// Convert `obj` into `tokens` and bring `hasher` up to date with them.
-///
-/// (A pipelined variant, converting on this thread while a worker thread
-/// hashed, was measured slower on the 2-core development machine: thread
-/// start-up and cross-core traffic cost more than the overlap saved.)
-fn extract_and_hash(
-    py: Python<'_>,
-    obj: &Bound<'_, PyAny>,
-    hasher: &mut RequestHasher,
-    tokens: &mut Vec<u32>,
-) -> PyResult<()> {
-    extract_tokens(obj, tokens, 0)?;
-    update_hashes(py, hasher, tokens)
 }
 
 // ------------------------------------------------------------------ Request
@@ -81,8 +78,38 @@ pub(crate) struct PyRequest {
     pub(crate) inner: Request,
 }
 
-#[pymethods]
 impl PyRequest {
+    fn extra(&self) -> &ExtraKeys {
+        self.inner.hasher().extra_keys()
+    }
+}
+
+pymethods!(PyRequest {
+    get request_id(&self) -> &str = self.inner.id();
+    get skip_reading_prefix_cache(&self) -> bool = self.inner.skip_reading_prefix_cache;
+    get num_prompt_tokens(&self) -> usize = self.inner.num_prompt_tokens();
+    get num_output_tokens(&self) -> usize = self.inner.num_output_tokens();
+    get num_tokens(&self) -> usize = self.inner.num_tokens();
+    get shared_prefix_boundary(&self) -> usize = self.inner.shared_prefix_boundary;
+    get num_computed_tokens(&self) -> usize = self.inner.num_computed_tokens;
+    get prompt_token_ids['py](&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> =
+        PyList::new(py, self.inner.prompt_tokens());
+    get output_token_ids['py](&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> =
+        PyList::new(py, self.inner.output_tokens());
+    get all_token_ids['py](&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> =
+        PyList::new(py, self.inner.tokens());
+    get hash_block_size(&self) -> usize = self.inner.hasher().config().block_size();
+    get hash_algo(&self) -> &'static str = self.inner.hasher().config().algo().name();
+    get digest_len(&self) -> usize = self.inner.hasher().digest_len();
+    get cache_salt(&self) -> Option<&str> = self.extra().cache_salt.as_deref();
+    get lora(&self) -> Option<(String, String)> =
+        self.extra().lora.as_ref().map(|l| (l.name.clone(), l.path.clone()));
+    get mm_features(&self) -> Vec<(String, u32, u32)> =
+        self.extra().mm_features.iter().map(|f| (f.identifier.clone(), f.offset, f.length)).collect();
+    /// A live, read-only sequence view of the block hashes (bytes items).
+    get block_hashes(slf: Bound<'_, Self>) -> BlockHashes = BlockHashes { request: slf.unbind() };
+    get num_block_hashes(&self) -> usize = self.inner.block_hashes().len();
+}
     #[new]
     #[pyo3(
         signature = (
@@ -106,20 +133,16 @@ impl PyRequest {
         lora: Option<&Bound<'_, PyAny>>,
         mm_features: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
-        let algo = core(HashAlgo::from_name(hash_algo.as_str()))?;
-        let mut hasher = request_hasher(
-            algo,
+        let args = HashArgs {
             hash_block_size,
-            hash_seed.as_ref(),
+            hash_algo: &hash_algo,
+            hash_seed: hash_seed.as_ref(),
             cache_salt,
             lora,
             mm_features,
-        )?;
-        let mut tokens = Vec::new();
-        extract_and_hash(py, prompt_token_ids, &mut hasher, &mut tokens)?;
-        Ok(Self {
-            inner: Request::from_hashed(request_id.0, tokens, hasher),
-        })
+        };
+        let inner = args.request(py, request_id.0, prompt_token_ids, None)?;
+        Ok(Self { inner })
     }
 
     /// Append caller-supplied block hashes (a sequence of bytes or a 2-D
@@ -150,27 +173,9 @@ impl PyRequest {
             self.inner.push_token(t);
             return Ok(());
         }
-        let (tokens, hasher) = self.inner.tokens_and_hasher_mut();
-        let base = tokens.len();
-        if let Err(e) = extract_tokens(token_ids, tokens, base) {
-            tokens.truncate(base);
-            return Err(e);
-        }
-        if let Err(e) = update_hashes(py, hasher, tokens) {
-            tokens.truncate(base);
-            return Err(e);
-        }
-        Ok(())
-    }
-
-    #[getter]
-    fn request_id(&self) -> &str {
-        self.inner.id()
-    }
-
-    #[getter]
-    fn get_skip_reading_prefix_cache(&self) -> bool {
-        self.inner.skip_reading_prefix_cache
+        let base = self.inner.num_tokens();
+        let fill = |t: &mut Vec<u32>| extend_ids(token_ids, t, base).map_err(Refused);
+        Ok(self.inner.try_append(fill, |h, t| hash(py, h, t))?)
     }
 
     #[setter]
@@ -178,35 +183,13 @@ impl PyRequest {
         self.inner.skip_reading_prefix_cache = value;
     }
 
-    #[getter]
-    fn num_prompt_tokens(&self) -> usize {
-        self.inner.num_prompt_tokens()
-    }
-
-    #[getter]
-    fn num_output_tokens(&self) -> usize {
-        self.inner.num_tokens() - self.inner.num_prompt_tokens()
-    }
-
-    #[getter]
-    fn num_tokens(&self) -> usize {
-        self.inner.num_tokens()
-    }
-
-    #[getter]
-    fn get_shared_prefix_boundary(&self) -> usize {
-        self.inner.shared_prefix_boundary
-    }
-
     #[setter]
     fn set_shared_prefix_boundary(&mut self, value: i64) -> PyResult<()> {
-        self.inner.shared_prefix_boundary = crate::convert::count(value, "shared_prefix_boundary")?;
+        self.inner.shared_prefix_boundary = core(kvcoord_core::ids::non_negative(
+            "shared_prefix_boundary",
+            value,
+        ))?;
         Ok(())
-    }
-
-    #[getter]
-    fn get_num_computed_tokens(&self) -> usize {
-        self.inner.num_computed_tokens
     }
 
     #[setter]
@@ -215,78 +198,9 @@ impl PyRequest {
         Ok(())
     }
 
-    #[getter]
-    fn prompt_token_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        PyList::new(py, &self.inner.tokens()[..self.inner.num_prompt_tokens()])
-    }
-
-    #[getter]
-    fn output_token_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        PyList::new(py, &self.inner.tokens()[self.inner.num_prompt_tokens()..])
-    }
-
-    #[getter]
-    fn all_token_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        PyList::new(py, self.inner.tokens())
-    }
-
     /// All token ids as a new 1-D uint32 numpy array.
     fn token_ids_array<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<u32>> {
         PyArray1::from_slice(py, self.inner.tokens())
-    }
-
-    #[getter]
-    fn hash_block_size(&self) -> usize {
-        self.inner.hasher().config().block_size()
-    }
-
-    #[getter]
-    fn hash_algo(&self) -> &'static str {
-        self.inner.hasher().config().algo().name()
-    }
-
-    #[getter]
-    fn digest_len(&self) -> usize {
-        self.inner.hasher().digest_len()
-    }
-
-    #[getter]
-    fn cache_salt(&self) -> Option<&str> {
-        self.inner.hasher().extra_keys().cache_salt.as_deref()
-    }
-
-    #[getter]
-    fn lora(&self) -> Option<(String, String)> {
-        self.inner
-            .hasher()
-            .extra_keys()
-            .lora
-            .as_ref()
-            .map(|l| (l.name.clone(), l.path.clone()))
-    }
-
-    #[getter]
-    fn mm_features(&self) -> Vec<(String, u32, u32)> {
-        self.inner
-            .hasher()
-            .extra_keys()
-            .mm_features
-            .iter()
-            .map(|f| (f.identifier.clone(), f.offset, f.length))
-            .collect()
-    }
-
-    /// A live, read-only sequence view of the block hashes (bytes items).
-    #[getter]
-    fn block_hashes(slf: Bound<'_, Self>) -> BlockHashes {
-        BlockHashes {
-            request: slf.unbind(),
-        }
-    }
-
-    #[getter]
-    fn num_block_hashes(&self) -> usize {
-        self.inner.block_hashes().len()
     }
 
     /// The block hashes as a new `(n, digest_len)` uint8 numpy array.
@@ -301,7 +215,7 @@ impl PyRequest {
     /// The block hashes concatenated into one bytes object
     /// (`n * digest_len` bytes).
     fn block_hashes_bytes<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
-        hashes_to_bytes(py, self.inner.block_hashes())
+        PyBytes::new(py, &BlockHash::concat(self.inner.block_hashes()))
     }
 
     fn __repr__(&self) -> String {
@@ -318,7 +232,7 @@ impl PyRequest {
             r.block_hashes().len()
         )
     }
-}
+);
 
 /// One scheduler step's bookkeeping for many requests in one call:
 /// `requests[i].num_computed_tokens += num_computed[i]`, then, where
@@ -357,10 +271,22 @@ pub(crate) struct BlockHashes {
     request: Py<PyRequest>,
 }
 
+impl BlockHashes {
+    /// `f` of the request's hashes, as they are now (the view is live).
+    fn with<R>(&self, py: Python<'_>, f: impl FnOnce(&[BlockHash]) -> R) -> PyResult<R> {
+        Ok(f(self.request.try_borrow(py)?.inner.block_hashes()))
+    }
+
+    /// The hashes as a new list of `bytes`.
+    fn list<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        self.with(py, |h| digest_list(py, h))?
+    }
+}
+
 #[pymethods]
 impl BlockHashes {
     fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
-        Ok(self.request.try_borrow(py)?.inner.block_hashes().len())
+        self.with(py, <[BlockHash]>::len)
     }
 
     fn __getitem__<'py>(
@@ -368,25 +294,19 @@ impl BlockHashes {
         py: Python<'py>,
         index: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let req = self.request.try_borrow(py)?;
-        let hashes = req.inner.block_hashes();
-        if let Ok(slice) = index.cast::<PySlice>() {
-            let ind = slice.indices(isize::try_from(hashes.len()).unwrap_or(isize::MAX))?;
-            let mut out = Vec::with_capacity(ind.slicelength);
-            let mut i = ind.start;
-            for _ in 0..ind.slicelength {
-                out.push(PyBytes::new(py, hashes[i.unsigned_abs()].as_bytes()));
-                i += ind.step;
-            }
-            return Ok(PyList::new(py, out)?.into_any());
+        if index.is_instance_of::<PySlice>() {
+            return self.list(py)?.as_any().get_item(index);
         }
         let i: isize = index.extract()?;
-        let n = isize::try_from(hashes.len()).unwrap_or(isize::MAX);
-        let j = if i < 0 { i + n } else { i };
-        if !(0..n).contains(&j) {
-            return Err(PyIndexError::new_err("block hash index out of range"));
-        }
-        Ok(PyBytes::new(py, hashes[j.unsigned_abs()].as_bytes()).into_any())
+        let item = self.with(py, |hashes| {
+            let n = isize::try_from(hashes.len()).unwrap_or(isize::MAX);
+            let j = if i < 0 { i + n } else { i };
+            (0..n)
+                .contains(&j)
+                .then(|| digest(py, &hashes[j.unsigned_abs()]))
+        })?;
+        item.map(Bound::into_any)
+            .ok_or_else(|| protocol_error(Protocol::Index, "block hash index out of range"))
     }
 
     /// Position of the first hash equal to `value` (`ValueError` if none);
@@ -399,35 +319,32 @@ impl BlockHashes {
         start: isize,
         stop: Option<isize>,
     ) -> PyResult<usize> {
-        let req = self.request.try_borrow(py)?;
-        let hashes = req.inner.block_hashes();
-        let n = isize::try_from(hashes.len()).unwrap_or(isize::MAX);
-        let clamp = |i: isize| (if i < 0 { i + n } else { i }).clamp(0, n).unsigned_abs();
-        let (lo, hi) = (clamp(start), clamp(stop.unwrap_or(n)));
-        if let Ok(b) = value.cast::<PyBytes>() {
-            let wanted = b.as_bytes();
-            if let Some(i) = (lo..hi.max(lo)).find(|&i| hashes[i].as_bytes() == wanted) {
-                return Ok(i);
-            }
-        }
-        Err(pyo3::exceptions::PyValueError::new_err(
-            "block hash is not in this request's block hashes",
-        ))
+        let wanted = value.cast::<PyBytes>().ok();
+        let found = self.with(py, |hashes| {
+            let n = isize::try_from(hashes.len()).unwrap_or(isize::MAX);
+            let clamp = |i: isize| (if i < 0 { i + n } else { i }).clamp(0, n).unsigned_abs();
+            let lo = clamp(start);
+            let part = hashes.get(lo..clamp(stop.unwrap_or(n)))?;
+            let wanted = wanted?.as_bytes();
+            part.iter()
+                .position(|h| h.as_bytes() == wanted)
+                .map(|i| lo + i)
+        })?;
+        found.ok_or_else(|| {
+            protocol_error(
+                Protocol::NotFound,
+                "block hash is not in this request's block hashes",
+            )
+        })
     }
 
     /// Number of hashes equal to `value`.
     fn count(&self, py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<usize> {
-        let req = self.request.try_borrow(py)?;
-        let Ok(b) = value.cast::<PyBytes>() else {
+        let Ok(wanted) = value.cast::<PyBytes>() else {
             return Ok(0);
         };
-        let wanted = b.as_bytes();
-        Ok(req
-            .inner
-            .block_hashes()
-            .iter()
-            .filter(|h| h.as_bytes() == wanted)
-            .count())
+        let wanted = wanted.as_bytes();
+        self.with(py, |h| h.iter().filter(|h| h.as_bytes() == wanted).count())
     }
 
     fn __contains__(&self, py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<bool> {
@@ -435,24 +352,19 @@ impl BlockHashes {
     }
 
     fn __reversed__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let req = self.request.try_borrow(py)?;
-        let list = hashes_to_list(py, req.inner.block_hashes())?;
+        let list = self.list(py)?;
         list.reverse()?;
         list.try_iter().map(Bound::into_any)
     }
 
     fn __iter__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let req = self.request.try_borrow(py)?;
-        hashes_to_list(py, req.inner.block_hashes())?
-            .try_iter()
-            .map(Bound::into_any)
+        self.list(py)?.try_iter().map(Bound::into_any)
     }
 
     fn __eq__(&self, py: Python<'_>, other: &Bound<'_, PyAny>) -> PyResult<bool> {
-        let req = self.request.try_borrow(py)?;
         if let Ok(o) = other.cast::<BlockHashes>() {
             let theirs = o.get().request.try_borrow(py)?;
-            return Ok(req.inner.block_hashes() == theirs.inner.block_hashes());
+            return self.with(py, |mine| mine == theirs.inner.block_hashes());
         }
         if other.is_instance_of::<PyString>() || other.is_instance_of::<PyBytes>() {
             return Ok(false);
@@ -464,15 +376,14 @@ impl BlockHashes {
         for item in items {
             as_list.append(item?)?;
         }
-        hashes_to_list(py, req.inner.block_hashes())?.eq(as_list)
+        self.list(py)?.eq(as_list)
     }
 
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
         let req = self.request.try_borrow(py)?;
-        let hashes = req.inner.block_hashes();
         Ok(format!(
             "BlockHashes(n={}, digest_len={})",
-            hashes.len(),
+            req.inner.block_hashes().len(),
             req.inner.hasher().digest_len()
         ))
     }
@@ -502,19 +413,16 @@ pub(crate) fn compute_block_hashes<'py>(
     lora: Option<&Bound<'py, PyAny>>,
     mm_features: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyList>> {
-    let algo = core(HashAlgo::from_name(hash_algo.as_str()))?;
-    let algo = core(algo.computing("compute_block_hashes"))?;
-    let mut hasher = request_hasher(
-        algo,
+    let args = HashArgs {
         hash_block_size,
-        hash_seed.as_ref(),
+        hash_algo: &hash_algo,
+        hash_seed: hash_seed.as_ref(),
         cache_salt,
         lora,
         mm_features,
-    )?;
-    let mut tokens = Vec::new();
-    extract_and_hash(py, token_ids, &mut hasher, &mut tokens)?;
-    hashes_to_list(py, hasher.block_hashes())
+    };
+    let request = args.request(py, String::new(), token_ids, Some("compute_block_hashes"))?;
+    digest_list(py, request.block_hashes())
 }
 
 /// The root digest (`NONE_HASH`, parent of block 0) for an algorithm and

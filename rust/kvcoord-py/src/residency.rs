@@ -8,13 +8,6 @@ use pyo3::types::PyDict;
 /// One eviction record: `(block_id, lifetime, idle, reuse_gaps, hits)`.
 pub(crate) type RecordTuple = (u32, u64, u64, Vec<u64>, u32);
 
-/// Move the clock (a no-op when metrics are off).
-pub(crate) fn set_clock(pool: &mut BlockPool, now: u64) {
-    if let Some(r) = pool.residency_mut() {
-        r.set_now(now);
-    }
-}
-
 /// The histograms as a dict of name -> (buckets, count, sum, max); `None`
 /// when metrics are off.
 pub(crate) fn snapshot<'py>(
@@ -35,10 +28,8 @@ pub(crate) fn snapshot<'py>(
 
 /// Take the eviction records gathered since the last drain.
 pub(crate) fn drain(pool: &mut BlockPool) -> Vec<RecordTuple> {
-    pool.residency_mut()
-        .map(kvcoord_core::Residency::drain_records)
-        .unwrap_or_default()
-        .into_iter()
+    let records = pool.drain_eviction_records().into_iter();
+    records
         .map(|r| (r.block.0, r.lifetime, r.idle, r.reuse_gaps, r.hits))
         .collect()
 }

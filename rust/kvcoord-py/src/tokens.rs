@@ -1,15 +1,15 @@
 //! Conversion of token ids and of a request's hashing extras (`LoRA`,
-//! multimodal items) from Python: lists of plain ints on a tight fast path,
-//! integer numpy arrays as slices, anything else through the checked
-//! conversion. Every refusal is a `kvcoord.errors` exception.
+//! multimodal items) from Python: token ids are one kind of id for
+//! `convert::extend_ids` (plain ints on a tight fast path, anything else
+//! through the checked conversion), plus `advance_requests`' per-request
+//! ints. Every refusal is a `kvcoord.errors` exception.
 
 use kvcoord_core::hashing;
 use kvcoord_core::{KvError, LoraKey, MmFeature};
-use numpy::PyReadonlyArray1;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyInt, PyList, PyString, PyTuple};
+use pyo3::types::{PyInt, PyList, PyTuple};
 
-use crate::errors::{core, err};
+use crate::errors::{core, err, type_error, value_error};
 
 fn invalid_token(position: usize, value: &Bound<'_, PyAny>) -> PyErr {
     // Beyond i128 the value is shown saturated; the position is exact.
@@ -24,7 +24,7 @@ pub(crate) fn token(position: usize, item: &Bound<'_, PyAny>) -> PyResult<u32> {
         Ok(v) => core(hashing::token_id(position, v)),
         // Too large for i64 but still an int: a token error, not OverflowError.
         Err(_) if crate::args::is_int_like(item) => Err(invalid_token(position, item)),
-        Err(e) => Err(crate::errors::ArgumentTypeError::new_err(format!(
+        Err(e) => Err(type_error(format!(
             "token id at position {position} must be an int, got {} ({e})",
             crate::args::type_name(item)
         ))),
@@ -44,20 +44,26 @@ fn plain_token(item: &Bound<'_, PyAny>) -> Option<u32> {
     }
 }
 
-/// Append the token ids of a list's or tuple's items: a tight loop over
-/// plain ints, the checked conversion (and its error) for anything else.
-fn tokens_from_items<'py>(
-    items: impl Iterator<Item = Bound<'py, PyAny>>,
-    out: &mut Vec<u32>,
-    base: usize,
-) -> PyResult<()> {
-    for (i, item) in items.enumerate() {
-        match plain_token(&item) {
-            Some(t) => out.push(t),
-            None => out.push(token(base + i, &item)?),
-        }
+/// Token ids are the `u32`s of [`crate::convert::extend_ids`].
+impl crate::convert::Id for u32 {
+    const WHAT: &'static str = "token ids";
+    const EXPECTED: &'static str = "an int, a sequence of ints or an integer numpy array";
+    const OTHER_ARRAYS: Option<&'static str> = None;
+
+    fn wrap(v: u32) -> Self {
+        v
     }
-    Ok(())
+
+    /// A tight path for plain ints, the checked conversion (and its error)
+    /// for anything else.
+    #[inline]
+    fn item(position: usize, item: &Bound<'_, PyAny>) -> PyResult<Self> {
+        plain_token(item).map_or_else(|| token(position, item), Ok)
+    }
+
+    fn out_of_range(position: usize, value: i128) -> PyErr {
+        err(KvError::InvalidTokenId { position, value })
+    }
 }
 
 /// One per-request int of `advance_requests` (`what` names the argument;
@@ -76,7 +82,7 @@ fn step_int(item: &Bound<'_, PyAny>, what: &str, tokens: bool, position: usize) 
     if tokens {
         return Err(invalid_token(position, item));
     }
-    Err(crate::errors::InvalidArgumentError::new_err(format!(
+    Err(value_error(format!(
         "invalid {what}[{position}]: {} (must be below 2^63)",
         crate::args::shown(item)
     )))
@@ -97,13 +103,11 @@ pub(crate) fn step_ints(obj: &Bound<'_, PyAny>, what: &str, tokens: bool) -> PyR
     let py = obj.py();
     crate::convert::int_vec(obj).map_err(|e| {
         if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(py) {
-            crate::errors::InvalidArgumentError::new_err(format!(
-                "invalid {what}: a value is beyond 64 bits ({e})"
-            ))
+            value_error(format!("invalid {what}: a value is beyond 64 bits ({e})"))
         } else if e.is_instance_of::<pyo3::exceptions::PyTypeError>(py)
             && !e.is_instance_of::<crate::errors::ArgumentTypeError>(py)
         {
-            crate::errors::ArgumentTypeError::new_err(format!(
+            type_error(format!(
                 "{what} must be a sequence of ints or an integer numpy array ({e})"
             ))
         } else {
@@ -112,91 +116,10 @@ pub(crate) fn step_ints(obj: &Bound<'_, PyAny>, what: &str, tokens: bool) -> PyR
     })
 }
 
-macro_rules! try_token_array {
-    ($obj:expr, $out:expr, $base:expr, $($t:ty),*) => {
-        $(
-            if let Ok(arr) = $obj.extract::<PyReadonlyArray1<'_, $t>>() {
-                let view = arr.as_array();
-                reserve_tokens($out, view.len())?;
-                // Check the whole array first (a loop the compiler
-                // vectorizes), then convert; report the first bad position.
-                #[allow(clippy::cast_lossless, clippy::unnecessary_cast, clippy::cast_possible_wrap, clippy::cast_sign_loss, clippy::checked_conversions, unused_comparisons)]
-                {
-                    let ok = |v: $t| v >= 0 && (v as u64) <= u64::from(u32::MAX);
-                    if view.iter().all(|&v| ok(v)) {
-                        $out.extend(view.iter().map(|&v| v as u32));
-                    } else {
-                        let (i, &v) = view.iter().enumerate().find(|&(_, &v)| !ok(v)).expect("a bad value");
-                        return Err(err(KvError::InvalidTokenId {
-                            position: $base + i,
-                            value: v as i128,
-                        }));
-                    }
-                }
-                return Ok(());
-            }
-        )*
-    };
-}
-
-/// Append the token ids in `obj` (an int, a list/tuple/sequence of ints, or a
-/// 1-D integer numpy array) to `out`, validating each. Positions in errors
-/// count from `base`. On error `out` may hold part of the input: callers
-/// pass a scratch vector or truncate.
-pub(crate) fn extract_tokens(
-    obj: &Bound<'_, PyAny>,
-    out: &mut Vec<u32>,
-    base: usize,
-) -> PyResult<()> {
-    if let Ok(list) = obj.cast::<PyList>() {
-        reserve_tokens(out, list.len())?;
-        return tokens_from_items(list.iter(), out, base);
-    }
-    if let Ok(tuple) = obj.cast::<PyTuple>() {
-        reserve_tokens(out, tuple.len())?;
-        return tokens_from_items(tuple.iter(), out, base);
-    }
-    // uint32 first: always valid, copied as one slice when contiguous.
-    if let Ok(arr) = obj.extract::<PyReadonlyArray1<'_, u32>>() {
-        reserve_tokens(out, arr.as_array().len())?;
-        match arr.as_slice() {
-            Ok(s) => out.extend_from_slice(s),
-            Err(_) => out.extend(arr.as_array().iter().copied()),
-        }
-        return Ok(());
-    }
-    try_token_array!(obj, out, base, i64, i32, u64, u16, i16, u8, i8);
-    if obj.cast::<numpy::PyUntypedArray>().is_ok() {
-        if let Some(native) = crate::convert::native_int_array(obj)? {
-            return extract_tokens(&native, out, base);
-        }
-    }
-    if obj.is_instance_of::<PyString>() || obj.is_instance_of::<PyBytes>() {
-        return Err(crate::errors::ArgumentTypeError::new_err(
-            "token ids must be a sequence of ints, not str/bytes",
-        ));
-    }
-    let items = obj.try_iter().map_err(|_| {
-        crate::errors::ArgumentTypeError::new_err(format!(
-            "token ids must be an int, a sequence of ints or an integer numpy array, got {}",
-            crate::args::type_name(obj)
-        ))
-    })?;
-    for (i, item) in items.enumerate() {
-        out.push(token(base + i, &item?)?);
-    }
-    Ok(())
-}
-
-/// Room for `n` more tokens, or `OutOfMemoryError` (nothing appended).
-fn reserve_tokens(out: &mut Vec<u32>, n: usize) -> PyResult<()> {
-    core(kvcoord_core::limits::try_reserve(out, n, "token ids"))
-}
-
 fn str_field(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<String> {
     obj.extract::<String>().map_err(|_| {
         let got = crate::args::type_name(obj);
-        crate::errors::ArgumentTypeError::new_err(format!("{what} must be a str, got {got}"))
+        type_error(format!("{what} must be a str, got {got}"))
     })
 }
 
@@ -208,7 +131,7 @@ pub(crate) fn lora_key(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<LoraKe
     };
     let (name, path) = if let Ok(t) = obj.cast::<PyTuple>() {
         if t.len() != 2 {
-            return Err(crate::errors::ArgumentTypeError::new_err(format!(
+            return Err(type_error(format!(
                 "lora must be (name, path), got a tuple of {} items",
                 t.len()
             )));
@@ -217,7 +140,7 @@ pub(crate) fn lora_key(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<LoraKe
     } else if obj.hasattr("name")? && obj.hasattr("path")? {
         (obj.getattr("name")?, obj.getattr("path")?)
     } else {
-        return Err(crate::errors::ArgumentTypeError::new_err(
+        return Err(type_error(
             "lora must be None, a (name, path) tuple or an object with .name and .path",
         ));
     };
@@ -239,7 +162,7 @@ pub(crate) fn mm_features(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<MmFeat
         let item = item?;
         let (id, offset, length) = if let Ok(t) = item.cast::<PyTuple>() {
             if t.len() != 3 {
-                return Err(crate::errors::ArgumentTypeError::new_err(format!(
+                return Err(type_error(format!(
                     "each mm_features item must be (identifier, offset, length), got a tuple of {} items",
                     t.len()
                 )));
@@ -252,7 +175,7 @@ pub(crate) fn mm_features(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<MmFeat
                 item.getattr("length")?,
             )
         } else {
-            return Err(crate::errors::ArgumentTypeError::new_err(
+            return Err(type_error(
                 "each mm_features item must be an (identifier, offset, length) tuple or an object with those attributes",
             ));
         };
@@ -270,7 +193,7 @@ pub(crate) fn mm_features(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<MmFeat
 fn mm_int(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<i64> {
     obj.extract::<i64>().map_err(|_| {
         if crate::args::is_int_like(obj) {
-            crate::errors::InvalidArgumentError::new_err(format!(
+            value_error(format!(
                 "invalid mm_features: {what} {} is not in [0, 2^32)",
                 crate::args::shown(obj)
             ))
