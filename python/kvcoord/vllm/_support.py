@@ -18,7 +18,7 @@ from kvcoord.config import FullAttentionSpec, KVCacheConfig, KVCacheGroup, KVCac
 from kvcoord.vllm import _mamba, _windows
 from kvcoord.vllm._hisparse import hisparse_reason, role_reason
 
-__all__ = ["check_retention", "to_kvcoord_config", "unsupported_reason"]
+__all__ = ["check_retention", "eagle_groups", "to_kvcoord_config", "unsupported_reason"]
 
 # Constructor arguments whose non-default values kvcoord does not serve yet,
 # with the reason given in the fallback log line.
@@ -27,6 +27,17 @@ _UNSERVED_ARGS: tuple[tuple[str, object, str], ...] = (
     ("pcp_world_size", 1, "prefill context parallelism (pcp_world_size > 1)"),
     ("metrics_collector", None, "KV-cache residency metrics (metrics_collector)"),
 )
+
+
+def eagle_groups(kv_cache_config: Any, use_eagle: bool) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """vLLM's EAGLE groups (those flagged ``is_eagle_group``, else every
+    group when ``use_eagle``) and those whose hits drop EAGLE's block (the
+    EAGLE groups when ``use_eagle``, else none)."""
+    groups = kv_cache_config.kv_cache_groups
+    flagged = tuple(i for i, g in enumerate(groups) if getattr(g, "is_eagle_group", False))
+    if use_eagle and not flagged:
+        flagged = tuple(range(len(groups)))
+    return flagged, flagged if use_eagle else ()
 
 
 def _spec_reason(spec: Any) -> str | None:
@@ -81,14 +92,15 @@ def unsupported_reason(kv_cache_config: Any, args: Mapping[str, Any]) -> str | N
         # re-prefillable tail to its scheduler block and EAGLE block.
         return "num_prefill_lookahead > 0 over several KV cache groups"
     specs = [g.kv_cache_spec for g in groups]
-    reason = _windows.config_reason(specs, bool(args.get("use_eagle", False)))
+    _, dropping = eagle_groups(kv_cache_config, bool(args.get("use_eagle", False)))
+    # Equal specs are looked up together: they share the EAGLE drop.
+    eagle_specs = [s for s in specs if any(s == specs[i] for i in dropping)]
+    reason = _windows.config_reason(specs, eagle_specs, bool(args.get("enable_caching", True)))
     if reason is not None:
         return reason
     reason = _mamba.config_reason(specs, args)
     if reason is not None:
         return reason
-    if args.get("use_eagle", False) and any(s != specs[0] for s in specs[1:]):
-        return "EAGLE's last-block drop over groups of different specs (use_eagle=True)"
     hash_block_size = args["hash_block_size"]
     block_sizes = {g.kv_cache_spec.block_size for g in groups}
     if args.get("enable_caching", True) and any(b % hash_block_size for b in block_sizes):

@@ -89,13 +89,17 @@ class _SingleTypeView:
         "use_eagle",
     )
 
-    def __init__(self, manager: KVCacheManager, group_id: int, spec: Any) -> None:
+    def __init__(
+        self, manager: KVCacheManager, core: KVCacheCoordinator, group_id: int, spec: Any
+    ) -> None:
         self.kv_cache_group_id = group_id
         self.kv_cache_spec = spec
         self.block_size = int(spec.block_size)
         self.req_to_blocks = _RequestTables(manager, group_id)
         self.num_cached_block = _CachedCounts(self.req_to_blocks)
-        self.use_eagle = group_id in manager.drop_eagle_group_ids
+        # vLLM's per-manager flag: the group's hits drop EAGLE's block (a
+        # hybrid coordinator extends it to every group of the same spec).
+        self.use_eagle = core.eagle_margins[group_id] is not None
         # Auxiliary-output connectors look blocks up by vLLM's block hash
         # here; kvcoord's keys are vLLM's hashes (see kvcoord.vllm._requests).
         self.block_pool = manager.block_pool
@@ -115,7 +119,7 @@ class CoordinatorView:
         self.eagle_group_ids = manager.eagle_group_ids
         self.drop_eagle_group_ids = manager.drop_eagle_group_ids
         self.single_type_managers = [
-            _SingleTypeView(manager, i, g.kv_cache_spec)
+            _SingleTypeView(manager, core, i, g.kv_cache_spec)
             for i, g in enumerate(manager.kv_cache_config.kv_cache_groups)
         ]
 

@@ -120,7 +120,14 @@ fn main() {
             for next in 0..(8192 + rounds) as u64 {
                 let (len, hashes) = &prompts[(next % 1024) as usize];
                 let hit = c
-                    .find_longest_cache_hit_into(&[GroupId(0)], hashes, len - 1, 16, &mut hits)
+                    .find_longest_cache_hit_into(
+                        &[GroupId(0)],
+                        hashes,
+                        len - 1,
+                        16,
+                        false,
+                        &mut hits,
+                    )
                     .unwrap();
                 if next >= 8192 {
                     hit_tokens += hit;

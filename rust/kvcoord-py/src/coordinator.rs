@@ -52,7 +52,8 @@ impl PyCoordinatorCore {
 pool_writers!(pymethods_block!(PyCoordinatorCore,) {
     #[new]
     #[pyo3(signature = (num_blocks, groups, *, kind, hash_block_size, max_model_len,
-                        retention_interval = None, enable_events = false))]
+                        retention_interval = None, enable_events = false,
+                        eagle_group_ids = None))]
     #[allow(clippy::too_many_arguments)] // Python keyword arguments, converted once
     fn new(
         py: Python<'_>,
@@ -63,6 +64,7 @@ pool_writers!(pymethods_block!(PyCoordinatorCore,) {
         max_model_len: &Bound<'_, PyAny>,
         retention_interval: Option<i64>,
         enable_events: bool,
+        eagle_group_ids: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let num_blocks = args::config_count(num_blocks, "num_blocks")?;
         let kind = CoordinatorKind::from(kind);
@@ -79,6 +81,9 @@ pool_writers!(pymethods_block!(PyCoordinatorCore,) {
         }
         config.retention_interval = retention_interval;
         config.enable_events = enable_events;
+        if let Some(ids) = eagle_group_ids {
+            config.eagle_groups = convert::group_ids(ids)?;
+        }
         let inner = convert::build_pool_sized(py, num_blocks, || CoordinatorCore::new(config));
         Ok(Self {
             inner: core(inner)?,
@@ -119,14 +124,28 @@ pool_writers!(pymethods_block!(PyCoordinatorCore,) {
         self.inner.num_requests()
     }
 
+    /// Per group, `None` unless its hits drop EAGLE's block (listed groups
+    /// and those of equal spec), else the tokens a hybrid lookup lets it
+    /// match past the candidate before dropping them.
+    #[getter]
+    fn eagle_margins(&self) -> Vec<Option<usize>> {
+        self.inner
+            .managers()
+            .iter()
+            .map(|m| m.eagle().then(|| m.eagle_margin()))
+            .collect()
+    }
+
     /// Longest hit for groups sharing one spec: the blocks (one group per
     /// entry of `group_ids`) and the hit length in tokens.
+    #[pyo3(signature = (group_ids, request, max_length, alignment, *, drop_eagle = false))]
     fn find_longest_cache_hit(
         &self,
         group_ids: &Bound<'_, PyAny>,
         request: PyRef<'_, PyRequest>,
         max_length: &Bound<'_, PyAny>,
         alignment: &Bound<'_, PyAny>,
+        drop_eagle: bool,
     ) -> PyResult<(PyKVCacheBlocks, usize)> {
         let groups = convert::group_ids(group_ids)?;
         let max_length = args::count(max_length, "max_length")?;
@@ -136,6 +155,7 @@ pool_writers!(pymethods_block!(PyCoordinatorCore,) {
             request.inner.block_hashes(),
             max_length,
             alignment,
+            drop_eagle,
         ))?;
         Ok((
             PyKVCacheBlocks::new(NewBlocks::from_groups(blocks.iter().map(Vec::as_slice)))?,

@@ -75,7 +75,7 @@ mod tests {
         let hs = hashes(pattern.len() as u32);
         let max = pattern.len() * 2 + tail;
         let hit = m
-            .find_longest_cache_hit(&p, &[GroupId(0)], &hs, 2, max, 2, &mut out)
+            .find_longest_cache_hit(&p, &[GroupId(0)], &hs, 2, max, 2, false, &mut out)
             .unwrap();
         assert_eq!(hit, out[0].len() * 2);
         let first = max / 4 * 4 / 2;
