@@ -95,13 +95,21 @@ def unsupported_reason(kv_cache_config: Any, args: Mapping[str, Any]) -> str | N
     _, dropping = eagle_groups(kv_cache_config, bool(args.get("use_eagle", False)))
     # Equal specs are looked up together: they share the EAGLE drop.
     eagle_specs = [s for s in specs if any(s == specs[i] for i in dropping)]
-    reason = _windows.config_reason(specs, eagle_specs, bool(args.get("enable_caching", True)))
+    caching_on = bool(args.get("enable_caching", True))
+    reason = _windows.config_reason(specs, eagle_specs, caching_on)
     if reason is not None:
         return reason
     reason = _mamba.config_reason(specs, args)
     if reason is not None:
         return reason
     hash_block_size = args["hash_block_size"]
+    if caching_on and any(
+        s.block_size > hash_block_size and not _windows.is_window_spec(s) for s in eagle_specs
+    ):
+        # vLLM keys the prompt-tail block of such a group at the prompt's last
+        # hash boundary; with EAGLE that block may not be full yet, and the
+        # partial key (read by no hit) makes it a cached block when freed.
+        return "EAGLE over full-attention groups with blocks larger than hash_block_size"
     block_sizes = {g.kv_cache_spec.block_size for g in groups}
     if args.get("enable_caching", True) and any(b % hash_block_size for b in block_sizes):
         return f"hash_block_size={hash_block_size} not dividing the block sizes {block_sizes}"
