@@ -105,6 +105,18 @@ mod tests {
     }
 
     #[test]
+    fn eagle_drop_is_refused() {
+        // vLLM's chunked-local finder asserts that no EAGLE drop is asked.
+        let p = pool(8, 2);
+        let m = Manager::new(GroupSpec::chunked_local(2, 4), GroupId(0)).unwrap();
+        let mut out = vec![Vec::new()];
+        let err = m
+            .find_longest_cache_hit(&p, &[GroupId(0)], &hashes(2), 2, 4, 2, true, &mut out)
+            .unwrap_err();
+        assert!(err.to_string().contains("EAGLE"), "{err}");
+    }
+
+    #[test]
     fn skipped_block_removal_39() {
         let m = Manager::new(GroupSpec::chunked_local(2, 4), GroupId(0)).unwrap();
         let mut p = pool(40, 2);
