@@ -67,10 +67,11 @@ class KVCacheCoordinator:
         hash_block_size: tokens per hash unit; ``None`` for the core's
             default (:func:`kvcoord.default_hash_block_size`).
         enable_events: record KV-cache events in the pool.
+        num_reprefillable_tokens: multi-module MTP's re-prefillable tail
+            (vLLM's ``num_prefill_lookahead - 1``), never cached.
         eagle_group_ids: groups serving an EAGLE drafter (vLLM's
-            ``drop_eagle_group_ids``): their hits drop their last block, and
-            they cache one block further for it. Groups of the same spec
-            join them (the core decides; see ``CoordinatorCore.eagle_margins``).
+            ``drop_eagle_group_ids``; groups of equal spec join them): a
+            hybrid coordinator caches them one block past its aligned prefix.
     """
 
     #: Which policy this class is (decides caching and hit alignment).
@@ -83,6 +84,7 @@ class KVCacheCoordinator:
         max_model_len: int,
         hash_block_size: int | None = None,
         enable_events: bool = False,
+        num_reprefillable_tokens: int = 0,
         eagle_group_ids: Sequence[int] = (),
     ) -> None:
         # Type checks and the 64-bit crossing here; the rules are the core's.
@@ -99,7 +101,8 @@ class KVCacheCoordinator:
             max_model_len=max_model_len,
             retention_interval=config.prefix_cache_retention_interval,
             enable_events=enable_events,
-            eagle_group_ids=list(eagle_group_ids),
+            num_reprefillable_tokens=num_reprefillable_tokens,
+            eagle_group_ids=eagle_group_ids,
         )
         self.enable_caching = self.kind != CoordinatorKind.NoPrefixCache
         # Per group: None, or the tokens an EAGLE lookup matches past the
@@ -157,6 +160,7 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
         max_model_len: int,
         hash_block_size: int | None = None,
         enable_events: bool = False,
+        num_reprefillable_tokens: int = 0,
         eagle_group_ids: Sequence[int] = (),
     ) -> None:
         super().__init__(
@@ -164,6 +168,7 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
             max_model_len=max_model_len,
             hash_block_size=hash_block_size,
             enable_events=enable_events,
+            num_reprefillable_tokens=num_reprefillable_tokens,
             eagle_group_ids=eagle_group_ids,
         )
         self._block_size = config.groups[0].spec.block_size
@@ -217,6 +222,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         max_model_len: int,
         hash_block_size: int | None = None,
         enable_events: bool = False,
+        num_reprefillable_tokens: int = 0,
         eagle_group_ids: Sequence[int] = (),
     ) -> None:
         super().__init__(
@@ -224,6 +230,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
             max_model_len=max_model_len,
             hash_block_size=hash_block_size,
             enable_events=enable_events,
+            num_reprefillable_tokens=num_reprefillable_tokens,
             eagle_group_ids=eagle_group_ids,
         )
         buckets: list[SpecGroup] = []
@@ -318,6 +325,7 @@ def get_kv_cache_coordinator(
     enable_caching: bool,
     hash_block_size: int | None = None,
     enable_events: bool = False,
+    num_reprefillable_tokens: int = 0,
     eagle_group_ids: Sequence[int] = (),
 ) -> KVCacheCoordinator:
     """The policy the core chooses (:func:`kvcoord._core.choose_coordinator`):
@@ -330,5 +338,6 @@ def get_kv_cache_coordinator(
         max_model_len=max_model_len,
         hash_block_size=hash_block_size,
         enable_events=enable_events,
+        num_reprefillable_tokens=num_reprefillable_tokens,
         eagle_group_ids=eagle_group_ids,
     )
