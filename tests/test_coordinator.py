@@ -128,6 +128,25 @@ def test_chunked_local_hit_counts_skipped_chunks() -> None:
     assert local[:6] == [0] * 6 and all(local[6:])
 
 
+def test_eagle_groups_join_by_spec_and_only_they_drop() -> None:
+    config = cfg(FullAttentionSpec(4), SlidingWindowSpec(4, 8), SlidingWindowSpec(4, 8))
+    hybrid = make(config, eagle_group_ids=[2])
+    assert isinstance(hybrid, HybridKVCacheCoordinator)
+    # Equal specs are looked up together, so group 1 drops with group 2;
+    # the margin is one block.
+    assert hybrid.eagle_margins == (None, 4, 4)
+    request = kvcoord.Request("r", list(range(20)), hash_block_size=4)
+    with pytest.raises(ValueError, match="not an EAGLE group"):
+        hybrid.core.find_longest_cache_hit([0], request, 16, 4, drop_eagle=True)
+    _, hit = hybrid.core.find_longest_cache_hit([1, 2], request, 16, 4, drop_eagle=True)
+    assert hit == 0
+    with pytest.raises(ConfigError, match="eagle_group_ids"):
+        make(config, eagle_group_ids=[3])
+    unitary = make(cfg(SlidingWindowSpec(4, 8)), eagle_group_ids=[0])
+    assert isinstance(unitary, UnitaryKVCacheCoordinator)
+    assert unitary.eagle_margins == (4,)
+
+
 def test_reprefillable_tail_is_held_back_per_group() -> None:
     """Multi-module MTP: one caching group holds back the whole tail; a
     hybrid coordinator only in its EAGLE groups (the others cache the

@@ -603,13 +603,25 @@ class CoordinatorCore:
     @property
     def num_requests(self) -> int:
         """Requests currently holding blocks."""
+    @property
+    def eagle_margins(self) -> list[int | None]:
+        """Per group: ``None`` unless its hits drop EAGLE's block, else the
+        tokens a hybrid lookup lets it match past the candidate hit before
+        dropping them (a block; 0 for Mamba, whose finder never drops)."""
     def find_longest_cache_hit(
-        self, group_ids: Sequence[int], request: Request, max_length: int, alignment: int
+        self,
+        group_ids: Sequence[int],
+        request: Request,
+        max_length: int,
+        alignment: int,
+        *,
+        drop_eagle: bool = False,
     ) -> tuple[KVCacheBlocks, int]:
         """Longest cached prefix for groups sharing one spec, at most
         ``max_length`` tokens, a multiple of ``alignment``: the blocks (one
         group per entry of ``group_ids``, 0 in skipped positions) and the hit
-        in tokens. Pins nothing."""
+        in tokens. ``drop_eagle`` (EAGLE groups only): the hit drops its last
+        block. Pins nothing."""
     def allocate_slots(
         self,
         request: Request,

@@ -105,6 +105,9 @@ class KVCacheCoordinator:
             eagle_group_ids=eagle_group_ids,
         )
         self.enable_caching = self.kind != CoordinatorKind.NoPrefixCache
+        # Per group: None, or the tokens an EAGLE lookup matches past the
+        # candidate hit before it drops them (hybrid only).
+        self.eagle_margins: tuple[int | None, ...] = tuple(self.core.eagle_margins)
         self.hash_block_size: int = self.core.hash_block_size
         self.scheduler_block_size: int = self.core.scheduler_block_size
 
@@ -169,9 +172,13 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
             eagle_group_ids=eagle_group_ids,
         )
         self._block_size = config.groups[0].spec.block_size
+        # EAGLE: the hit drops its last block (no margin: one group).
+        self._drop_eagle = self.eagle_margins[0] is not None
 
     def find_longest_cache_hit(self, request: Request, max_length: int) -> CacheHit:
-        blocks, hit = self.core.find_longest_cache_hit([0], request, max_length, self._block_size)
+        blocks, hit = self.core.find_longest_cache_hit(
+            [0], request, max_length, self._block_size, drop_eagle=self._drop_eagle
+        )
         return blocks, hit, 0
 
 
@@ -198,6 +205,12 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
     shrinks and the other spec groups are asked again at that length, until
     every spec group agrees. Hits land on multiples of the scheduler block
     size so that every group sees whole blocks.
+
+    A spec group serving EAGLE drops the last block of its hit: it is asked
+    for one margin (a block) past the candidate and lands back on it. It
+    drops once per candidate length: a later look at the same candidate
+    does not drop again, until a non-dropping lookup shrinks the candidate
+    (vLLM's rule, so that hits equal its own).
     """
 
     kind = CoordinatorKind.Hybrid
@@ -237,9 +250,15 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         # the second scan already ran at the full-attention bound.
         self._single_pass = len(self.spec_groups) == 2 and self.spec_groups[0].is_full_attention
         # Per spec group, computed once: (group ids as the core takes them,
-        # prefix-closed?, block size).
+        # prefix-closed?, block size, EAGLE margin or None). Groups of one
+        # spec share the core's EAGLE decision.
         self._scans = tuple(
-            (list(sg.group_ids), sg.is_full_attention, sg.spec.block_size)
+            (
+                list(sg.group_ids),
+                sg.is_full_attention,
+                sg.spec.block_size,
+                self.eagle_margins[sg.group_ids[0]],
+            )
             for sg in self.spec_groups
         )
 
@@ -252,16 +271,28 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         # The longest hit any spec group reported on the way: beyond the
         # reconciled hit it marks a shared prefix some group has not cached.
         longest = 0
+        # Spec groups whose EAGLE drop is done at the current candidate.
+        dropped: set[int] = set()
         while True:
             length = candidate
-            for index, (group_ids, prefix_closed, _) in enumerate(self._scans):
+            for index, (group_ids, prefix_closed, _, margin) in enumerate(self._scans):
                 if prefix_closed and index in full_lengths:
                     # Full-attention hits are prefix-closed: never re-scan, cut later.
                     length = min(length, full_lengths[index])
                     continue
-                parts[index], length = self.core.find_longest_cache_hit(
-                    group_ids, request, length, self._alignment
+                drop = margin is not None and index not in dropped
+                parts[index], found = self.core.find_longest_cache_hit(
+                    group_ids,
+                    request,
+                    length + margin if drop and margin else length,
+                    self._alignment,
+                    drop_eagle=drop,
                 )
+                if drop:
+                    dropped.add(index)
+                elif found < length:
+                    dropped.clear()
+                length = found
                 if prefix_closed:
                     full_lengths[index] = length
                 longest = max(longest, length)
@@ -273,7 +304,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         # Every group keeps the blocks of the agreed hit (only full-attention
         # lookups may have run longer); no id is converted or re-validated.
         picks: list[tuple[KVCacheBlocks, int, int]] = [(parts[0], 0, 0)] * self.num_groups
-        for index, (group_ids, _, block_size) in enumerate(self._scans):
+        for index, (group_ids, _, block_size, _) in enumerate(self._scans):
             keep = -(-candidate // block_size)
             for i, gid in enumerate(group_ids):
                 picks[gid] = (parts[index], i, keep)

@@ -21,6 +21,7 @@ from kvcoord.vllm._hisparse import hisparse_reason, role_reason
 
 __all__ = [
     "check_retention",
+    "eagle_groups",
     "kv_block_size",
     "to_kvcoord_config",
     "unsupported_reason",
@@ -31,6 +32,17 @@ __all__ = [
 _UNSERVED_ARGS: tuple[tuple[str, object, str], ...] = (
     ("metrics_collector", None, "KV-cache residency metrics (metrics_collector)"),
 )
+
+
+def eagle_groups(kv_cache_config: Any, use_eagle: bool) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """vLLM's EAGLE groups (those flagged ``is_eagle_group``, else every
+    group when ``use_eagle``) and those whose hits drop EAGLE's block (the
+    EAGLE groups when ``use_eagle``, else none)."""
+    groups = kv_cache_config.kv_cache_groups
+    flagged = tuple(i for i, g in enumerate(groups) if getattr(g, "is_eagle_group", False))
+    if use_eagle and not flagged:
+        flagged = tuple(range(len(groups)))
+    return flagged, flagged if use_eagle else ()
 
 
 def kv_block_size(spec: Any, dcp_world_size: int) -> int:
@@ -122,16 +134,26 @@ def unsupported_reason(kv_cache_config: Any, args: Mapping[str, Any]) -> str | N
         if getattr(kv_cache_config, field, None) is not None:
             return f"{what} ({field} is set)"
     specs = [g.kv_cache_spec for g in groups]
-    reason = _windows.config_reason(specs, bool(args.get("use_eagle", False)))
+    _, dropping = eagle_groups(kv_cache_config, bool(args.get("use_eagle", False)))
+    # Equal specs are looked up together: they share the EAGLE drop.
+    eagle_specs = [s for s in specs if any(s == specs[i] for i in dropping)]
+    caching_on = bool(args.get("enable_caching", True))
+    reason = _windows.config_reason(specs, eagle_specs, caching_on)
     if reason is not None:
         return reason
     reason = _mamba.config_reason(specs, args)
     if reason is not None:
         return reason
-    if args.get("use_eagle", False) and any(s != specs[0] for s in specs[1:]):
-        return "EAGLE's last-block drop over groups of different specs (use_eagle=True)"
     hash_block_size = args["hash_block_size"]
     dcp = int(args.get("dcp_world_size", 1))
+    if caching_on and any(
+        kv_block_size(s, dcp) > hash_block_size and not _windows.is_window_spec(s)
+        for s in eagle_specs
+    ):
+        # vLLM keys the prompt-tail block of such a group at the prompt's last
+        # hash boundary; with EAGLE that block may not be full yet, and the
+        # partial key (read by no hit) makes it a cached block when freed.
+        return "EAGLE over full-attention groups with blocks larger than hash_block_size"
     block_sizes = {kv_block_size(g.kv_cache_spec, dcp) for g in groups}
     if args.get("enable_caching", True) and any(b % hash_block_size for b in block_sizes):
         return f"hash_block_size={hash_block_size} not dividing the block sizes {block_sizes}"

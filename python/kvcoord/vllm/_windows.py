@@ -39,18 +39,20 @@ def spec_reason(spec: Any) -> str | None:
     return None
 
 
-def config_reason(specs: Sequence[Any], use_eagle: bool) -> str | None:
-    """Why a configuration with windowed groups is not served, or None."""
+def config_reason(
+    specs: Sequence[Any], eagle_specs: Sequence[Any], enable_caching: bool
+) -> str | None:
+    """Why a configuration with windowed groups is not served, or None.
+    ``eagle_specs``: the specs of the groups whose hits drop EAGLE's block."""
     windowed = [s for s in specs if is_window_spec(s)]
     if not windowed:
         return None
-    if use_eagle:
-        return (
-            "EAGLE with sliding-window or chunked-local groups (vLLM drops the EAGLE "
-            "block inside the window scan and shifts the cached tails; not reproduced yet)"
-        )
     chunked = _interface().ChunkedLocalAttentionSpec
-    if any(type(s) is chunked for s in windowed) and len({s.block_size for s in specs}) > 1:
+    has_chunked = any(type(s) is chunked for s in windowed)
+    if enable_caching and any(type(s) is chunked for s in eagle_specs):
+        # vLLM's chunked-local finder asserts that no EAGLE drop is asked.
+        return "EAGLE with chunked-local groups and prefix caching (vLLM asserts on the lookup)"
+    if has_chunked and len({s.block_size for s in specs}) > 1:
         # vLLM's chunked-local scan requires the hit alignment to be its block size.
         return "chunked-local attention beside groups of other block sizes"
     return None

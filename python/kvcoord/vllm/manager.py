@@ -35,7 +35,12 @@ from kvcoord.vllm._events import event_metadata, pool_view
 from kvcoord.vllm._parking import Parking
 from kvcoord.vllm._readouts import ManagerReadouts
 from kvcoord.vllm._requests import RequestRegistry
-from kvcoord.vllm._support import check_retention, to_kvcoord_config, unsupported_reason
+from kvcoord.vllm._support import (
+    check_retention,
+    eagle_groups,
+    to_kvcoord_config,
+    unsupported_reason,
+)
 from kvcoord.vllm._views import coordinator_view
 from kvcoord.vllm._zeroing import ZeroingLog, zeroed_group_ids
 
@@ -77,15 +82,9 @@ class KVCacheManager(DecodePath, ManagerReadouts):
         self.enable_kv_cache_events = bool(a.get("enable_kv_cache_events", False))
         self.kv_cache_event_metadata = event_metadata(cfg)
         self.use_eagle = bool(a.get("use_eagle", False))
-        # EAGLE groups (flagged, else all when use_eagle) and those whose hits
-        # drop their last block: every group here shares one spec.
-        flagged = tuple(
-            i for i, g in enumerate(cfg.kv_cache_groups) if getattr(g, "is_eagle_group", False)
-        )
-        if self.use_eagle and not flagged:
-            flagged = tuple(range(len(cfg.kv_cache_groups)))
-        self.eagle_group_ids = flagged
-        self.drop_eagle_group_ids = flagged if self.use_eagle else ()
+        # EAGLE groups and those whose hits drop their last block (the
+        # coordinator's lookups drop it).
+        self.eagle_group_ids, self.drop_eagle_group_ids = eagle_groups(cfg, self.use_eagle)
         self.log_stats = bool(a.get("log_stats", False))
         self.metrics_collector = None
         self.mamba_shared_prefix_checkpoint = False
@@ -183,10 +182,6 @@ class KVCacheManager(DecodePath, ManagerReadouts):
             return self.empty_kv_cache_blocks, 0, 0
         if max_cache_hit_length is None:
             max_cache_hit_length = request.num_tokens - 1
-        if self.drop_eagle_group_ids and self.num_kv_cache_groups > 1:
-            # vLLM's hybrid coordinator matches one block past the limit
-            # before its EAGLE drop (its single-group one does not).
-            max_cache_hit_length += self._block_sizes[0]
         # vLLM looks up only the blocks its request has hashes for.
         max_cache_hit_length = min(
             max_cache_hit_length, len(request.block_hashes) * self.hash_block_size
@@ -196,11 +191,6 @@ class KVCacheManager(DecodePath, ManagerReadouts):
             mine, max_cache_hit_length
         )
         per_group = blocks.arrays()
-        if hit and self.drop_eagle_group_ids:
-            # EAGLE recomputes the block before the generation point.
-            bs = self._block_sizes[0]
-            hit -= bs
-            per_group = tuple(g[: hit // bs] for g in per_group)
         boundary = shared_prefix_boundary(hit, uncached)
         if not hit:
             # A junction some group has not cached is reported even when

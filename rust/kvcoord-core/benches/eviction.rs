@@ -143,7 +143,7 @@ impl Admissions {
         let (len, hashes) = &self.prompts[(self.next % 1024) as usize];
         let c = &mut self.core;
         let hit = c
-            .find_longest_cache_hit_into(&[GroupId(0)], hashes, len - 1, 16, &mut self.hits)
+            .find_longest_cache_hit_into(&[GroupId(0)], hashes, len - 1, 16, false, &mut self.hits)
             .unwrap();
         let view = RequestView::new(0, *len, *len, hashes);
         let id = ReqId(self.next);

@@ -119,8 +119,9 @@ fn main() {
             let (mut hit_tokens, mut prompt_tokens) = (0usize, 0usize);
             for next in 0..(8192 + rounds) as u64 {
                 let (len, hashes) = &prompts[(next % 1024) as usize];
+                let max = len - 1;
                 let hit = c
-                    .find_longest_cache_hit_into(&[GroupId(0)], hashes, len - 1, 16, &mut hits)
+                    .find_longest_cache_hit_into(&[GroupId(0)], hashes, max, 16, false, &mut hits)
                     .unwrap();
                 if next >= 8192 {
                     hit_tokens += hit;

@@ -491,7 +491,10 @@ impl CoordinatorCore {
             .groups
             .iter()
             .enumerate()
-            .map(|(g, &spec)| Manager::new(spec, GroupId(g as u32)))
+            .map(|(g, &spec)| {
+                Manager::new(spec, GroupId(g as u32))
+                    .map(|m| m.with_eagle(config.is_eagle_group(g)))
+            })
             .collect::<KvResult<Vec<_>>>()?;
         let managers_len = managers.len();
         let has_align = config
@@ -751,19 +754,23 @@ impl CoordinatorCore {
     /// Longest prefix-cache hit for groups sharing one spec: at most
     /// `max_length` tokens, ending on a multiple of `alignment` (the group's
     /// block size when unitary, the scheduler block size when hybrid).
-    /// `hashes` are the request's hash-unit hashes. Returns each group's
-    /// blocks (null block in skipped positions) and the hit in tokens.
-    /// Nothing is pinned: pass the blocks to `allocate_slots` right away.
+    /// `hashes` are the request's hash-unit hashes. `drop_eagle`: the hit
+    /// drops its last block for EAGLE (only EAGLE groups may ask; see
+    /// [`Manager::find_longest_cache_hit`]). Returns each group's blocks
+    /// (null block in skipped positions) and the hit in tokens. Nothing is
+    /// pinned: pass the blocks to `allocate_slots` right away.
     pub fn find_longest_cache_hit(
         &self,
         group_ids: &[GroupId],
         hashes: &[BlockHash],
         max_length: usize,
         alignment: usize,
+        drop_eagle: bool,
     ) -> KvResult<(Vec<Vec<BlockId>>, usize)> {
         let mut out = vec![Vec::new(); group_ids.len()];
-        let hit =
-            self.find_longest_cache_hit_into(group_ids, hashes, max_length, alignment, &mut out)?;
+        let hit = self.find_longest_cache_hit_into(
+            group_ids, hashes, max_length, alignment, drop_eagle, &mut out,
+        )?;
         Ok((out, hit))
     }
 
@@ -775,9 +782,16 @@ impl CoordinatorCore {
         hashes: &[BlockHash],
         max_length: usize,
         alignment: usize,
+        drop_eagle: bool,
         out: &mut [Vec<BlockId>],
     ) -> KvResult<usize> {
         let m = self.check_group_set(group_ids)?;
+        if drop_eagle && !m.eagle() {
+            return Err(KvError::InvalidArgument {
+                name: "drop_eagle",
+                detail: format!("group {} is not an EAGLE group", m.group()),
+            });
+        }
         if !self.config.enable_caching() {
             if out.len() != group_ids.len() {
                 return Err(KvError::InvalidArgument {
@@ -795,6 +809,7 @@ impl CoordinatorCore {
             self.config.hash_block_size as usize,
             max_length,
             alignment,
+            drop_eagle,
             out,
         )
     }
@@ -1503,22 +1518,33 @@ fn cache_tables(
     if !work {
         return Ok(());
     }
-    let mut boundaries = [0usize; 2];
-    let mut nb = 0;
-    if let Some(b) = view.num_prompt_tokens.checked_sub(1) {
-        boundaries[nb] = b;
+    // Positions a later request may resume at: [replay boundaries..., the
+    // shared-prefix junction, the block below it (EAGLE groups)].
+    let mut boundaries = [0usize; 4];
+    let mut nb = replay_boundaries(
+        view.num_prompt_tokens,
+        sbs,
+        managers.iter().any(Manager::eagle),
+        &mut boundaries,
+    );
+    let junction = view.shared_prefix_boundary;
+    if junction != 0 {
+        boundaries[nb] = junction;
         nb += 1;
     }
-    if view.shared_prefix_boundary != 0 {
-        boundaries[nb] = view.shared_prefix_boundary;
-        nb += 1;
-    }
-    let policy = CachePolicy {
-        alignment: sbs,
-        retention,
-        reachable_boundaries: &boundaries[..nb],
-    };
     for (m, t) in managers.iter().zip(tables.iter_mut()) {
+        // An EAGLE sibling diverging right after the junction cannot use the
+        // block past it as its dropped block: its hit lands a block lower.
+        let mut own = nb;
+        if junction != 0 && m.eagle() {
+            boundaries[own] = junction.saturating_sub(m.block_size());
+            own += 1;
+        }
+        let policy = CachePolicy {
+            alignment: sbs,
+            retention,
+            reachable_boundaries: &boundaries[..own],
+        };
         let before = t.num_cached();
         let cacheable = config.num_cacheable_tokens(m.group(), num_tokens);
         m.cache_blocks(pool, t, view.hashes, hbs, cacheable, &policy, mask_buf)?;
@@ -1566,6 +1592,39 @@ fn table_too_short(num_tokens: usize, num_full: usize, m: &Manager, t: &GroupTab
             m.group(),
             t.blocks().len()
         ),
+    }
+}
+
+/// Where a later request replaying a prompt of `num_prompt_tokens` tokens
+/// can resume, written to the front of `out`; returns how many. Without
+/// EAGLE: a resend of the same prompt stops one token short (its last token
+/// is recomputed for logits). With EAGLE hits land on scheduler blocks and
+/// drop one block: the resend's and a longer sibling's aligned ends, each a
+/// block lower (they differ only on a block-aligned prompt).
+pub fn replay_boundaries(
+    num_prompt_tokens: usize,
+    scheduler_block_size: usize,
+    eagle: bool,
+    out: &mut [usize; 4],
+) -> usize {
+    if !eagle {
+        return match num_prompt_tokens.checked_sub(1) {
+            Some(b) => {
+                out[0] = b;
+                1
+            }
+            None => 0,
+        };
+    }
+    let sbs = scheduler_block_size;
+    let resend = num_prompt_tokens.saturating_sub(1) / sbs * sbs;
+    let extension = num_prompt_tokens / sbs * sbs;
+    out[0] = resend.saturating_sub(sbs);
+    out[1] = extension.saturating_sub(sbs);
+    if out[0] == out[1] {
+        1
+    } else {
+        2
     }
 }
 
@@ -1663,7 +1722,7 @@ mod tests {
     fn admit(c: &mut CoordinatorCore, r: &mut Req) -> Option<(Vec<u32>, Vec<u32>)> {
         let bs = c.managers()[0].block_size();
         let (hits, hit) = c
-            .find_longest_cache_hit(&[GroupId(0)], &r.hashes, r.tokens.len() - 1, bs)
+            .find_longest_cache_hit(&[GroupId(0)], &r.hashes, r.tokens.len() - 1, bs, false)
             .unwrap();
         let new = c
             .allocate_slots(
@@ -1849,7 +1908,7 @@ mod tests {
         assert_eq!(c.pool().num_free_blocks(), 5);
         let r3 = Req::new(3, base.repeat(3), 16);
         let (hits, hit) = c
-            .find_longest_cache_hit(&[GroupId(0)], &r3.hashes, 143, 16)
+            .find_longest_cache_hit(&[GroupId(0)], &r3.hashes, 143, 16, false)
             .unwrap();
         assert_eq!(hit, 96);
         let res = c
@@ -2033,7 +2092,7 @@ mod tests {
             Err(KvError::UnknownRequest(_))
         ));
         assert!(matches!(
-            c.find_longest_cache_hit(&[GroupId(3)], &r1.hashes, 39, 16),
+            c.find_longest_cache_hit(&[GroupId(3)], &r1.hashes, 39, 16, false),
             Err(KvError::UnknownGroup(_))
         ));
         c.check_invariants().unwrap();
@@ -2307,11 +2366,11 @@ mod tests {
         assert_eq!(cached(&new[1]), [true, true, true, true, true, true, false]);
         // Lookups: 96 tokens in each bucket.
         let (hits, hit) = c
-            .find_longest_cache_hit(&[GroupId(0)], &r.hashes, 111, 32)
+            .find_longest_cache_hit(&[GroupId(0)], &r.hashes, 111, 32, false)
             .unwrap();
         assert_eq!((hit, hits[0].len()), (96, 3));
         let (hits, hit) = c
-            .find_longest_cache_hit(&[GroupId(1)], &r.hashes, 96, 32)
+            .find_longest_cache_hit(&[GroupId(1)], &r.hashes, 96, 32, false)
             .unwrap();
         assert_eq!((hit, hits[0].len()), (96, 6));
         assert!(hits[0][..4].iter().all(|b| b.is_null()));
@@ -2422,6 +2481,45 @@ mod tests {
         c.free(r.id).unwrap();
         assert_eq!(c.pool().num_free_blocks(), 39);
         assert_eq!(c.num_requests(), 0);
+    }
+
+    #[test]
+    fn eagle_replay_boundaries() {
+        let mut out = [0usize; 4];
+        let n = replay_boundaries(50, 16, false, &mut out);
+        assert_eq!(&out[..n], &[49]);
+        // Unaligned prompt: the resend and a longer sibling agree.
+        let n = replay_boundaries(50, 16, true, &mut out);
+        assert_eq!(&out[..n], &[32]);
+        // Aligned prompt: the resend stops a block below the sibling.
+        let n = replay_boundaries(48, 16, true, &mut out);
+        assert_eq!(&out[..n], &[16, 32]);
+        let n = replay_boundaries(10, 16, true, &mut out);
+        assert_eq!(&out[..n], &[0]);
+        assert_eq!(replay_boundaries(0, 16, false, &mut out), 0);
+    }
+
+    #[test]
+    fn eagle_groups_join_by_spec_and_are_checked() {
+        let specs = vec![
+            GroupSpec::full_attention(16),
+            GroupSpec::sliding_window(16, 32),
+            GroupSpec::sliding_window(16, 32),
+        ];
+        let mut config = CoordinatorConfig::new(specs, 64, true, 1024);
+        config.eagle_groups = vec![GroupId(2)];
+        let c = CoordinatorCore::new(config.clone()).unwrap();
+        let flags: Vec<bool> = c.managers().iter().map(Manager::eagle).collect();
+        assert_eq!(flags, vec![false, true, true]);
+        // Only EAGLE groups may drop.
+        let err = c.find_longest_cache_hit(&[GroupId(0)], &[], 32, 16, true);
+        assert!(err.is_err());
+        assert!(c
+            .find_longest_cache_hit(&[GroupId(1), GroupId(2)], &[], 32, 16, true)
+            .is_ok());
+        config.eagle_groups = vec![GroupId(3)];
+        let err = CoordinatorCore::new(config).unwrap_err();
+        assert!(err.to_string().contains("eagle_group_ids"), "{err}");
     }
 
     #[test]

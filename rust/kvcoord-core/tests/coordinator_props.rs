@@ -31,13 +31,13 @@ fn agreed_hit(
     alignment: usize,
 ) -> (Vec<Vec<BlockId>>, usize) {
     let (first, len) = c
-        .find_longest_cache_hit(&[GroupId(0)], hashes, max_len, alignment)
+        .find_longest_cache_hit(&[GroupId(0)], hashes, max_len, alignment, false)
         .unwrap();
     let mut out = vec![first.into_iter().next().unwrap()];
     for g in 1..specs.len() {
         let id = GroupId(u32::try_from(g).unwrap());
         let (mut blocks, hit) = c
-            .find_longest_cache_hit(&[id], hashes, len, alignment)
+            .find_longest_cache_hit(&[id], hashes, len, alignment, false)
             .unwrap();
         if hit != len {
             return (vec![Vec::new(); specs.len()], 0);
@@ -147,7 +147,7 @@ fn run(layout: usize, num_blocks: usize, caching: bool, retention: Option<i64>, 
                     CoordinatorKind::NoPrefixCache => (vec![Vec::new(); specs.len()], 0),
                     CoordinatorKind::Unitary => {
                         let bs = specs[0].block_size as usize;
-                        c.find_longest_cache_hit(&[GroupId(0)], &hashes, max_len, bs)
+                        c.find_longest_cache_hit(&[GroupId(0)], &hashes, max_len, bs, false)
                             .unwrap()
                     }
                     CoordinatorKind::Hybrid => agreed_hit(&c, &specs, &hashes, max_len, sched),

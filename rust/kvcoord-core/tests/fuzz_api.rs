@@ -311,12 +311,12 @@ fn lookup(
     }
     let max = r.tokens.len() - 1;
     let (mut all, len) = core
-        .find_longest_cache_hit(&[GroupId(0)], &r.hashes, max, BS)
+        .find_longest_cache_hit(&[GroupId(0)], &r.hashes, max, BS, false)
         .unwrap();
     for g in 1..n_groups {
         let id = GroupId(u32::try_from(g).unwrap());
         all.extend(
-            core.find_longest_cache_hit(&[id], &r.hashes, len, BS)
+            core.find_longest_cache_hit(&[id], &r.hashes, len, BS, false)
                 .unwrap()
                 .0,
         );

@@ -47,7 +47,7 @@ fn agree_at(
     let mut out = vec![Vec::new(); num_groups];
     for ids in buckets {
         let (blocks, hit) = c
-            .find_longest_cache_hit(ids, hashes, length, alignment)
+            .find_longest_cache_hit(ids, hashes, length, alignment, false)
             .unwrap();
         assert_eq!(hit, length, "groups {ids:?} disagree with the recorded hit");
         for (g, b) in ids.iter().zip(blocks) {
@@ -208,7 +208,7 @@ fn replay(path: &Path) -> usize {
                     CoordinatorKind::NoPrefixCache => (vec![Vec::new(); specs.len()], 0),
                     CoordinatorKind::Unitary => {
                         let bs = specs[0].block_size as usize;
-                        c.find_longest_cache_hit(&[GroupId(0)], &r.hashes, max_len, bs)
+                        c.find_longest_cache_hit(&[GroupId(0)], &r.hashes, max_len, bs, false)
                             .unwrap()
                     }
                     CoordinatorKind::Hybrid => {

@@ -127,14 +127,28 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         core(self.inner.config().checked_cacheable_tokens(group, n))
     }
 
+    /// Per group, `None` unless its hits drop EAGLE's block (listed groups
+    /// and those of equal spec), else the tokens a hybrid lookup lets it
+    /// match past the candidate before dropping them.
+    #[getter]
+    fn eagle_margins(&self) -> Vec<Option<usize>> {
+        self.inner
+            .managers()
+            .iter()
+            .map(|m| m.eagle().then(|| m.eagle_margin()))
+            .collect()
+    }
+
     /// Longest hit for groups sharing one spec: the blocks (one group per
     /// entry of `group_ids`) and the hit length in tokens.
+    #[pyo3(signature = (group_ids, request, max_length, alignment, *, drop_eagle = false))]
     fn find_longest_cache_hit(
         &self,
         group_ids: &Bound<'_, PyAny>,
         request: PyRef<'_, PyRequest>,
         max_length: &Bound<'_, PyAny>,
         alignment: &Bound<'_, PyAny>,
+        drop_eagle: bool,
     ) -> PyResult<(PyKVCacheBlocks, usize)> {
         let groups = convert::group_ids(group_ids)?;
         let max_length = args::count(max_length, "max_length")?;
@@ -144,6 +158,7 @@ pool_writers!(pymethods!(PyCoordinatorCore {
             request.inner.block_hashes(),
             max_length,
             alignment,
+            drop_eagle,
         ))?;
         Ok((
             PyKVCacheBlocks::new(NewBlocks::from_groups(blocks.iter().map(Vec::as_slice)))?,

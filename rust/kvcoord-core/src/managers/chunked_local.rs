@@ -75,7 +75,7 @@ mod tests {
         let hs = hashes(pattern.len() as u32);
         let max = pattern.len() * 2 + tail;
         let hit = m
-            .find_longest_cache_hit(&p, &[GroupId(0)], &hs, 2, max, 2, &mut out)
+            .find_longest_cache_hit(&p, &[GroupId(0)], &hs, 2, max, 2, false, &mut out)
             .unwrap();
         assert_eq!(hit, out[0].len() * 2);
         let first = max / 4 * 4 / 2;
@@ -102,6 +102,18 @@ mod tests {
         for last in [[f, f], [f, t], [t, f], [t, t]] {
             assert_eq!(find(&with(&last), 0), 10);
         }
+    }
+
+    #[test]
+    fn eagle_drop_is_refused() {
+        // vLLM's chunked-local finder asserts that no EAGLE drop is asked.
+        let p = pool(8, 2);
+        let m = Manager::new(GroupSpec::chunked_local(2, 4), GroupId(0)).unwrap();
+        let mut out = vec![Vec::new()];
+        let err = m
+            .find_longest_cache_hit(&p, &[GroupId(0)], &hashes(2), 2, 4, 2, true, &mut out)
+            .unwrap_err();
+        assert!(err.to_string().contains("EAGLE"), "{err}");
     }
 
     #[test]

@@ -28,7 +28,7 @@ mod tests {
             .unwrap();
         assert_eq!(p.num_cached_keys(), 0);
         let mut out = vec![Vec::new()];
-        let err = m.find_longest_cache_hit(&p, &[GroupId(0)], &hashes(2), 4, 8, 4, &mut out);
+        let err = m.find_longest_cache_hit(&p, &[GroupId(0)], &hashes(2), 4, 8, 4, false, &mut out);
         assert!(matches!(err, Err(KvError::Unsupported { .. })));
     }
 }

@@ -6,13 +6,16 @@ use crate::ids::GroupId;
 use crate::pool::BlockPool;
 
 /// Scan left to right and stop at the first miss (chained hashes make every
-/// later block miss too), then round down to the alignment.
+/// later block miss too), then round down to the alignment. `drop_eagle`:
+/// a non-empty run loses its last block first (EAGLE recomputes the block
+/// before the generation point to get its hidden states).
 pub(crate) fn find_longest_cache_hit(
     pool: &BlockPool,
     groups: &[GroupId],
     view: &HashView<'_>,
     max_length: usize,
     alignment: usize,
+    drop_eagle: bool,
     out: &mut HitLists,
 ) -> usize {
     let bs = view.block_size();
@@ -20,6 +23,9 @@ pub(crate) fn find_longest_cache_hit(
     let mut n = 0;
     while n < max_blocks && lookup_all(pool, groups, view.get(n), out) {
         n += 1;
+    }
+    if drop_eagle {
+        n = n.saturating_sub(1);
     }
     let hit = n * bs / alignment * alignment;
     let keep = cdiv(hit, bs);
@@ -36,6 +42,15 @@ mod tests {
     use crate::managers::{GroupSpec, Manager};
 
     fn find(cached: &[bool], max_length: usize, alignment: usize) -> (usize, Vec<u32>) {
+        find_eagle(cached, max_length, alignment, false)
+    }
+
+    fn find_eagle(
+        cached: &[bool],
+        max_length: usize,
+        alignment: usize,
+        drop_eagle: bool,
+    ) -> (usize, Vec<u32>) {
         let mut p = pool(20, 2);
         for (i, &c) in cached.iter().enumerate() {
             if c {
@@ -46,7 +61,16 @@ mod tests {
         let mut out = vec![Vec::new()];
         let hs = hashes(cached.len() as u32);
         let hit = m
-            .find_longest_cache_hit(&p, &[GroupId(0)], &hs, 2, max_length, alignment, &mut out)
+            .find_longest_cache_hit(
+                &p,
+                &[GroupId(0)],
+                &hs,
+                2,
+                max_length,
+                alignment,
+                drop_eagle,
+                &mut out,
+            )
             .unwrap();
         (hit, ids(&out[0]))
     }
@@ -57,5 +81,16 @@ mod tests {
         assert_eq!(find(&[true, true, true], 5, 2), (4, vec![1, 2]));
         assert_eq!(find(&[true, true, true], 6, 4), (4, vec![1, 2]));
         assert_eq!(find(&[false, true], 4, 2), (0, vec![]));
+    }
+
+    #[test]
+    fn eagle_drop() {
+        // The run loses its last block, then rounds down to the alignment.
+        let all = [true; 6];
+        assert_eq!(find_eagle(&all, 12, 2, true), (10, vec![1, 2, 3, 4, 5]));
+        assert_eq!(find_eagle(&all, 12, 4, true), (8, vec![1, 2, 3, 4]));
+        assert_eq!(find_eagle(&all, 8, 4, true), (4, vec![1, 2]));
+        assert_eq!(find_eagle(&[true], 2, 2, true), (0, vec![]));
+        assert_eq!(find_eagle(&[false, true], 4, 2, true), (0, vec![]));
     }
 }

@@ -44,7 +44,7 @@ mod tests {
             .unwrap();
         assert_eq!(t.num_leading_nulls(), 2);
         let mut out = vec![Vec::new()];
-        let err = m.find_longest_cache_hit(&p, &[GroupId(0)], &hashes(2), 4, 8, 4, &mut out);
+        let err = m.find_longest_cache_hit(&p, &[GroupId(0)], &hashes(2), 4, 8, 4, false, &mut out);
         assert!(matches!(err, Err(KvError::Unsupported { .. })));
         p.check_invariants().unwrap();
     }

@@ -21,10 +21,10 @@ mod tests {
         let mla = Manager::new(GroupSpec::mla_attention(2), GroupId(0)).unwrap();
         let full = Manager::new(GroupSpec::full_attention(2), GroupId(0)).unwrap();
         let a = mla
-            .find_longest_cache_hit(&p, &[GroupId(0)], &hs, 2, 8, 2, &mut out[..1])
+            .find_longest_cache_hit(&p, &[GroupId(0)], &hs, 2, 8, 2, false, &mut out[..1])
             .unwrap();
         let b = full
-            .find_longest_cache_hit(&p, &[GroupId(0)], &hs, 2, 8, 2, &mut out[1..])
+            .find_longest_cache_hit(&p, &[GroupId(0)], &hs, 2, 8, 2, false, &mut out[1..])
             .unwrap();
         assert_eq!((a, ids(&out[0])), (4, vec![1, 2]));
         assert_eq!((b, ids(&out[1])), (a, ids(&out[0])));

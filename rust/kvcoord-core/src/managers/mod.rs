@@ -586,6 +586,10 @@ pub struct Manager {
     group: GroupId,
     /// `spec.block_size` as a `usize` (no DCP scaling in kvcoord).
     block_size: usize,
+    /// Whether this group serves an EAGLE drafter: its hits drop their last
+    /// block again, so what it caches reaches one block further (see
+    /// [`Manager::with_eagle`]).
+    eagle: bool,
 }
 
 impl Manager {
@@ -596,7 +600,41 @@ impl Manager {
             spec,
             group,
             block_size: spec.block_size as usize,
+            eagle: false,
         })
+    }
+
+    /// This manager for a group whose prefix-cache hits drop their last
+    /// block for EAGLE (vLLM's per-manager `use_eagle`). It changes what the
+    /// group caches (the tails a hit reaches, the blocks kept around a
+    /// shared-prefix junction); whether one lookup drops is the caller's
+    /// choice (`drop_eagle` of [`Manager::find_longest_cache_hit`]).
+    #[must_use]
+    pub fn with_eagle(mut self, eagle: bool) -> Self {
+        self.eagle = eagle;
+        self
+    }
+
+    /// Whether this group's hits drop their last block for EAGLE.
+    pub fn eagle(&self) -> bool {
+        self.eagle
+    }
+
+    /// Tokens a hybrid lookup lets an EAGLE group match past the candidate
+    /// hit before it drops them again (vLLM's EAGLE proof margin): one
+    /// block, or 0 for Mamba "align", whose finder never drops (a margin
+    /// would let its hit grow past the candidate).
+    pub fn eagle_margin(&self) -> usize {
+        match self.spec.kind {
+            SpecKind::MambaAlign { .. } | SpecKind::Mamba { .. } => 0,
+            SpecKind::FullAttention
+            | SpecKind::SlidingWindow { .. }
+            | SpecKind::ChunkedLocal { .. }
+            | SpecKind::CrossAttention
+            | SpecKind::MlaAttention
+            | SpecKind::SlidingWindowMla { .. }
+            | SpecKind::Rswa { .. } => self.block_size,
+        }
     }
 
     /// The group's spec.
@@ -704,6 +742,11 @@ impl Manager {
     /// `max_length` tokens, ending on a multiple of `alignment`. Writes each
     /// group's blocks into `out[g]` (cleared first; null block in skipped
     /// positions) and returns the hit length in tokens.
+    ///
+    /// `drop_eagle`: the hit loses its last block (EAGLE recomputes it to get
+    /// the hidden states before the generation point); sliding windows match
+    /// one block more for it. Mamba "align" never drops (drafters have no
+    /// Mamba layers); chunked-local lookups refuse it, as vLLM's do.
     #[allow(clippy::too_many_arguments)]
     pub fn find_longest_cache_hit(
         &self,
@@ -713,6 +756,7 @@ impl Manager {
         hash_block_size: usize,
         max_length: usize,
         alignment: usize,
+        drop_eagle: bool,
         out: &mut HitLists,
     ) -> KvResult<usize> {
         if out.len() != groups.len() {
@@ -734,7 +778,7 @@ impl Manager {
         match self.spec.kind {
             SpecKind::FullAttention | SpecKind::MlaAttention | SpecKind::Rswa { .. } => {
                 Ok(full_attention::find_longest_cache_hit(
-                    pool, groups, &view, max_length, alignment, out,
+                    pool, groups, &view, max_length, alignment, drop_eagle, out,
                 ))
             }
             SpecKind::MambaAlign { .. } => Ok(mamba_align::find_longest_cache_hit(
@@ -749,9 +793,13 @@ impl Manager {
                     sliding_window as usize,
                     max_length,
                     alignment,
+                    drop_eagle,
                     out,
                 ))
             }
+            SpecKind::ChunkedLocal { .. } if drop_eagle => Err(KvError::Unsupported {
+                what: "an EAGLE block drop on a chunked-local lookup".into(),
+            }),
             SpecKind::ChunkedLocal {
                 attention_chunk_size,
             } => chunked_local::find_longest_cache_hit(
@@ -980,6 +1028,7 @@ impl Manager {
                     num_full,
                     bs,
                     sliding_window as usize,
+                    self.eagle,
                     policy,
                     mask_buf,
                 )

@@ -8,10 +8,12 @@ use super::{cdiv, CachePolicy, HashView, HitLists};
 use crate::ids::{BlockId, GroupId};
 use crate::pool::BlockPool;
 
-/// Blocks a hit needs right before its end: the window of the next token.
+/// Blocks a hit needs right before its end: the window of the next token,
+/// and with EAGLE one more (the block the hit drops again, whose hidden
+/// states EAGLE recomputes).
 #[inline]
-pub fn contiguous_blocks_needed(sliding_window: usize, block_size: usize) -> usize {
-    cdiv(sliding_window.saturating_sub(1), block_size)
+pub fn contiguous_blocks_needed(sliding_window: usize, block_size: usize, eagle: bool) -> usize {
+    cdiv(sliding_window.saturating_sub(1), block_size) + usize::from(eagle)
 }
 
 /// Tokens strictly before the window of the token after the first `n`.
@@ -24,6 +26,11 @@ pub fn num_skipped_tokens(n: usize, sliding_window: usize) -> usize {
 /// aligned; positions before the run are null. Without such a run, a run
 /// starting at block 0 is still a hit (nothing before token 0 is needed),
 /// trimmed to the alignment.
+///
+/// `drop_eagle`: the run needs one block more and loses it afterwards, so
+/// the alignment applies to the run's end without its last block; the
+/// result is trimmed to the alignment again after the drop.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn find_longest_cache_hit(
     pool: &BlockPool,
     groups: &[GroupId],
@@ -31,10 +38,11 @@ pub(crate) fn find_longest_cache_hit(
     sliding_window: usize,
     max_length: usize,
     alignment: usize,
+    drop_eagle: bool,
     out: &mut HitLists,
 ) -> usize {
     let bs = view.block_size();
-    let need = contiguous_blocks_needed(sliding_window, bs);
+    let need = contiguous_blocks_needed(sliding_window, bs, drop_eagle);
     // Blocks past the hashes cannot hit: scanning them would only reset the
     // (still empty) run, and the result never extends past a hit, so the
     // scan starts at the last hashed block.
@@ -42,6 +50,7 @@ pub(crate) fn find_longest_cache_hit(
     for list in out.iter_mut() {
         list.resize(max_blocks, BlockId::NULL);
     }
+    let aligned = |blocks: usize| (blocks * bs) % alignment == 0;
     let mut run = 0usize;
     let mut found = None;
     // One block per group; hybrid models have a handful of groups per spec.
@@ -59,8 +68,9 @@ pub(crate) fn find_longest_cache_hit(
             run = 0;
             continue;
         }
-        // A run must end on an aligned boundary.
-        if run == 0 && bs != alignment && ((i + 1) * bs) % alignment != 0 {
+        // A run must end on an aligned boundary (after the EAGLE drop).
+        let end = if drop_eagle { i } else { i + 1 };
+        if run == 0 && bs != alignment && !aligned(end) {
             continue;
         }
         for (list, &b) in out.iter_mut().zip(&probe) {
@@ -72,17 +82,23 @@ pub(crate) fn find_longest_cache_hit(
             break;
         }
     }
-    let len = if let Some(end) = found {
+    let mut len = if let Some(end) = found {
         end
     } else {
         // The scan stopped at block 0: `run` is the run starting there (0 if
         // block 0 missed or was skipped), trimmed to the alignment.
         let mut len = run;
-        while len > 0 && (len * bs) % alignment != 0 {
+        while len > 0 && !aligned(len) {
             len -= 1;
         }
         len
     };
+    if drop_eagle && len > 0 {
+        len -= 1;
+        while len > 0 && !aligned(len) {
+            len -= 1;
+        }
+    }
     for list in out.iter_mut() {
         list.truncate(len);
     }
@@ -98,11 +114,16 @@ pub(crate) fn find_longest_cache_hit(
 /// segment; `Some(r)` keeps the tail of every `r`-token segment; `Some(0)`
 /// keeps none. With a retention interval the blocks before each reachable
 /// boundary (rounded down to the alignment) are kept too.
+///
+/// `eagle`: an EAGLE group's hit matches one block past the boundary and
+/// drops it, so every kept tail is one block longer and ends one block
+/// later.
 pub fn reachable_block_mask(
     start: usize,
     end: usize,
     block_size: usize,
     sliding_window: usize,
+    eagle: bool,
     policy: &CachePolicy<'_>,
     mask: &mut Vec<bool>,
 ) -> bool {
@@ -110,7 +131,8 @@ pub fn reachable_block_mask(
     if alignment == 0 || alignment % block_size != 0 {
         return false;
     }
-    let need = contiguous_blocks_needed(sliding_window, block_size);
+    let need = contiguous_blocks_needed(sliding_window, block_size, eagle);
+    let shift = usize::from(eagle);
     let segment = match policy.retention {
         None => Some(alignment),
         Some(0) => None,
@@ -124,12 +146,12 @@ pub fn reachable_block_mask(
             return false;
         }
         for (i, m) in (start..end).zip(mask.iter_mut()) {
-            *m = i % per_segment >= per_segment - need;
+            *m = i >= shift && (i - shift) % per_segment >= per_segment - need;
         }
     }
     if policy.retention.is_some() {
         for &b in policy.reachable_boundaries {
-            let last = (b / alignment * alignment) / block_size;
+            let last = (b / alignment * alignment) / block_size + shift;
             for i in last.saturating_sub(need).max(start)..last.min(end) {
                 mask[i - start] = true;
             }
@@ -145,6 +167,15 @@ mod tests {
     use crate::managers::{GroupSpec, GroupTable, Manager};
 
     fn find(pattern: &str, max_blocks: usize) -> (Vec<u32>, usize) {
+        find_with(pattern, max_blocks, 2, false)
+    }
+
+    fn find_with(
+        pattern: &str,
+        max_blocks: usize,
+        alignment: usize,
+        drop_eagle: bool,
+    ) -> (Vec<u32>, usize) {
         // B = 2, W = 4; cached block i = pool block i + 10.
         let mut p = pool(40, 2);
         for (i, c) in pattern.chars().filter(|c| *c != ',').enumerate() {
@@ -156,10 +187,44 @@ mod tests {
         let hs = hashes(max_blocks as u32);
         let mut out = vec![Vec::new()];
         let hit = m
-            .find_longest_cache_hit(&p, &[GroupId(0)], &hs, 2, max_blocks * 2, 2, &mut out)
+            .find_longest_cache_hit(
+                &p,
+                &[GroupId(0)],
+                &hs,
+                2,
+                max_blocks * 2,
+                alignment,
+                drop_eagle,
+                &mut out,
+            )
             .unwrap();
         assert_eq!(hit, out[0].len() * 2);
         (ids(&out[0]), out[0].len())
+    }
+
+    #[test]
+    fn eagle_drop_needs_one_more_block() {
+        // W = 4, B = 2: a hit needs 2 blocks, 3 with EAGLE, then drops one.
+        let eagle = |pattern, n| find_with(pattern, n, 2, true);
+        assert_eq!(eagle("FFFF", 4).1, 0);
+        assert_eq!(eagle("T", 1), (vec![], 0));
+        assert_eq!(eagle("TT", 2), (vec![10], 1));
+        // Two cached blocks after a miss are not enough any more ...
+        assert_eq!(eagle("T,F,T,T", 4), (vec![], 0));
+        assert_eq!(find("T,F,T,T", 4), (vec![0, 0, 12, 13], 4));
+        // ... three are, and the last of them is dropped.
+        assert_eq!(eagle("T,F,T,T,T", 5), (vec![0, 0, 12, 13], 4));
+        assert_eq!(eagle("T,F,T,T,T,F", 6), (vec![0, 0, 12, 13], 4));
+        // Alignment 4 (two blocks): the run must end aligned after the drop.
+        assert_eq!(find_with("T,T,T,T,T", 5, 4, true), (vec![0, 0, 12, 13], 4));
+        assert_eq!(
+            find_with("F,T,T,T,T,T", 6, 4, true),
+            (vec![0, 0, 12, 13], 4)
+        );
+        assert_eq!(find_with("T,T,T", 3, 4, true), (vec![10, 11], 2));
+        // A run from block 0 too short for a window: aligned, dropped, aligned.
+        assert_eq!(find_with("T,T,F", 3, 4, true), (vec![], 0));
+        assert_eq!(find_with("T,T,T,F", 4, 4, true), (vec![10, 11], 2));
     }
 
     #[test]
@@ -191,7 +256,7 @@ mod tests {
         let m = Manager::new(GroupSpec::sliding_window(4, 8), GroupId(0)).unwrap();
         let mut out = vec![Vec::new()];
         let hit = m
-            .find_longest_cache_hit(&p, &[GroupId(0)], &hashes(4), 2, 8, 2, &mut out)
+            .find_longest_cache_hit(&p, &[GroupId(0)], &hashes(4), 2, 8, 2, false, &mut out)
             .unwrap();
         assert_eq!((hit, ids(&out[0])), (8, vec![10, 11]));
     }
@@ -289,7 +354,7 @@ mod tests {
         };
         let marked = |start, end, bs, w, p: &CachePolicy<'_>| {
             let mut m = Vec::new();
-            if reachable_block_mask(start, end, bs, w, p, &mut m) {
+            if reachable_block_mask(start, end, bs, w, false, p, &mut m) {
                 (start..end).filter(|i| m[i - start]).collect::<Vec<_>>()
             } else {
                 (start..end).collect()
@@ -318,5 +383,41 @@ mod tests {
             (0..16).collect::<Vec<_>>()
         );
         let _ = table(&[]);
+    }
+
+    #[test]
+    fn eagle_masks_keep_one_block_more_one_block_later() {
+        let marked = |bs, w, alignment, retention, boundaries: &'static [usize]| {
+            let policy = CachePolicy {
+                alignment,
+                retention,
+                reachable_boundaries: boundaries,
+            };
+            let mut m = Vec::new();
+            if reachable_block_mask(0, 16, bs, w, true, &policy, &mut m) {
+                (0..16).filter(|&i| m[i]).collect::<Vec<_>>()
+            } else {
+                (0..16).collect()
+            }
+        };
+        // Pure SWA (B = 16, W = 16, alignment 16), 256 tokens.
+        assert_eq!(
+            marked(16, 16, 16, Some(64), &[255]),
+            vec![3, 4, 7, 8, 11, 12, 14, 15]
+        );
+        assert_eq!(marked(16, 16, 16, Some(0), &[255]), vec![14, 15]);
+        // One block per segment: every block is reachable.
+        assert_eq!(
+            marked(16, 16, 16, None, &[255]),
+            (0..16).collect::<Vec<_>>()
+        );
+        // Hybrid full(32) + SWA(8, W = 8).
+        assert_eq!(marked(8, 8, 32, None, &[63]), vec![3, 4, 7, 8, 11, 12, 15]);
+        assert_eq!(marked(8, 8, 32, Some(64), &[127]), vec![7, 8, 11, 12, 15]);
+        assert_eq!(marked(8, 8, 32, Some(0), &[127]), vec![11, 12]);
+        assert_eq!(
+            marked(8, 8, 32, Some(0), &[127, 64, 56]),
+            vec![3, 4, 7, 8, 11, 12]
+        );
     }
 }

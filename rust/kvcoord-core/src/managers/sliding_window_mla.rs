@@ -27,7 +27,7 @@ mod tests {
                 let m = Manager::new(s, GroupId(0)).unwrap();
                 let mut out = [vec![]];
                 let hit = m
-                    .find_longest_cache_hit(&p, &[GroupId(0)], &hs, 2, 11, 2, &mut out)
+                    .find_longest_cache_hit(&p, &[GroupId(0)], &hs, 2, 11, 2, false, &mut out)
                     .unwrap();
                 (hit, ids(&out[0]), m.num_skipped_tokens(9))
             })
