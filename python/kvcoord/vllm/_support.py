@@ -14,11 +14,22 @@ import importlib
 from collections.abc import Mapping
 from typing import Any
 
-from kvcoord.config import FullAttentionSpec, KVCacheConfig, KVCacheGroup, KVCacheSpec
+from kvcoord.config import (
+    CrossAttentionSpec,
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroup,
+    KVCacheSpec,
+)
 from kvcoord.vllm import _mamba, _windows
 from kvcoord.vllm._hisparse import hisparse_reason, role_reason
 
-__all__ = ["check_retention", "to_kvcoord_config", "unsupported_reason"]
+__all__ = [
+    "check_retention",
+    "cross_attention_group_ids",
+    "to_kvcoord_config",
+    "unsupported_reason",
+]
 
 # Constructor arguments whose non-default values kvcoord does not serve yet,
 # with the reason given in the fallback log line.
@@ -33,7 +44,9 @@ def _spec_reason(spec: Any) -> str | None:
     """Why a vLLM spec is not served, or None. Served: plain full attention
     (``FullAttentionSpec``, and MLA without DeepSeek-V4 fields), whose block
     management does not depend on the attention variant, sliding window and
-    chunked local (see :mod:`kvcoord.vllm._windows`)."""
+    chunked local (see :mod:`kvcoord.vllm._windows`), Mamba, and
+    cross-attention (one allocation sized by the encoder tokens, never
+    cached)."""
     interface: Any = importlib.import_module("vllm.v1.kv_cache_interface")
     VFull, MLAAttentionSpec = interface.FullAttentionSpec, interface.MLAAttentionSpec
     kind = type(spec).__name__
@@ -45,6 +58,8 @@ def _spec_reason(spec: Any) -> str | None:
             return reason
     elif _mamba.is_mamba_spec(spec):
         return None  # checked with the configuration (_mamba.config_reason)
+    elif type(spec) is interface.CrossAttentionSpec:
+        return None  # never cached; caching is checked with the configuration
     elif type(spec) is MLAAttentionSpec:
         if spec.model_version is not None or spec.alignment is not None:
             return f"{kind} with DeepSeek-V4 fields"
@@ -73,6 +88,11 @@ def unsupported_reason(kv_cache_config: Any, args: Mapping[str, Any]) -> str | N
         reason = _spec_reason(group.kv_cache_spec) or role_reason(group)
         if reason is not None:
             return reason
+    caching = args.get("enable_caching", True)
+    if caching and any(_is_cross_attention(g.kv_cache_spec) for g in groups):
+        # vLLM's CrossAttentionManager refuses lookups and caching outright
+        # (vLLM turns prefix caching off for encoder-decoder models).
+        return "cross-attention (CrossAttentionSpec) with prefix caching on"
     for field, what in (("cache_hit_alignment_tokens", "cache-hit alignment"),):
         if getattr(kv_cache_config, field, None) is not None:
             return f"{what} ({field} is set)"
@@ -93,7 +113,6 @@ def unsupported_reason(kv_cache_config: Any, args: Mapping[str, Any]) -> str | N
     block_sizes = {g.kv_cache_spec.block_size for g in groups}
     if args.get("enable_caching", True) and any(b % hash_block_size for b in block_sizes):
         return f"hash_block_size={hash_block_size} not dividing the block sizes {block_sizes}"
-    caching = args.get("enable_caching", True)
     if caching and len(groups) == 1 and hash_block_size != groups[0].kv_cache_spec.block_size:
         return "sub-block (partial) prefix hits: hash_block_size below the block size"
     if args.get("enable_caching", True) and len(groups) > 1 and hash_block_size not in block_sizes:
@@ -105,8 +124,24 @@ def unsupported_reason(kv_cache_config: Any, args: Mapping[str, Any]) -> str | N
     return None
 
 
+def _is_cross_attention(spec: Any) -> bool:
+    interface: Any = importlib.import_module("vllm.v1.kv_cache_interface")
+    return type(spec) is interface.CrossAttentionSpec
+
+
+def cross_attention_group_ids(kv_cache_config: Any) -> tuple[int, ...]:
+    """Ids of the cross-attention groups of a vLLM ``KVCacheConfig``."""
+    return tuple(
+        i
+        for i, g in enumerate(kv_cache_config.kv_cache_groups)
+        if _is_cross_attention(g.kv_cache_spec)
+    )
+
+
 def _spec(spec: Any) -> KVCacheSpec:
     """The kvcoord spec of a served vLLM spec."""
+    if _is_cross_attention(spec):
+        return CrossAttentionSpec(block_size=int(spec.block_size))
     if _windows.is_window_spec(spec):
         return _windows.window_spec(spec)
     if _mamba.is_mamba_spec(spec):

@@ -35,7 +35,12 @@ from kvcoord.vllm._events import event_metadata, pool_view
 from kvcoord.vllm._parking import Parking
 from kvcoord.vllm._readouts import ManagerReadouts
 from kvcoord.vllm._requests import RequestRegistry
-from kvcoord.vllm._support import check_retention, to_kvcoord_config, unsupported_reason
+from kvcoord.vllm._support import (
+    check_retention,
+    cross_attention_group_ids,
+    to_kvcoord_config,
+    unsupported_reason,
+)
 from kvcoord.vllm._views import coordinator_view
 from kvcoord.vllm._zeroing import ZeroingLog, zeroed_group_ids
 
@@ -126,6 +131,9 @@ class KVCacheManager(DecodePath, ManagerReadouts):
         self._block_sizes = tuple(int(g.kv_cache_spec.block_size) for g in cfg.kv_cache_groups)
         # Mamba groups: state tables, not token-indexed KV (see _mamba).
         self._mamba_groups = _mamba.mamba_group_ids(cfg)
+        # Groups whose whole table serves the computed tokens (vLLM clips
+        # only the token-indexed attention groups).
+        self._whole_table_groups = self._mamba_groups + cross_attention_group_ids(cfg)
         # vLLM answers connector lookups per group for these (see _mamba).
         self._connector_per_group = _mamba.connector_looks_up_per_group(cfg, self.enable_caching)
         # The decode fast path of allocate_slots: request id -> what it holds
