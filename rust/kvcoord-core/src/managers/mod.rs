@@ -794,6 +794,7 @@ impl Manager {
     /// [`num_blocks_to_allocate`](Self::num_blocks_to_allocate) with the
     /// blocks the request needs capped at `cap` (vLLM's admission cap, see
     /// [`max_admission_blocks`](Self::max_admission_blocks); `None`: no cap).
+    #[inline]
     pub fn num_blocks_to_allocate_capped(
         &self,
         pool: &BlockPool,
@@ -892,6 +893,7 @@ impl Manager {
 
     /// Grow the table to cover `num_tokens` slots with fresh blocks, which
     /// are also appended to `new_blocks`.
+    #[inline]
     pub fn allocate_new_blocks(
         &self,
         pool: &mut BlockPool,
@@ -913,7 +915,11 @@ impl Manager {
     /// `num_tokens` tokens, as far as `hashes` (hash units of
     /// `hash_block_size` tokens) reach. Sliding-window groups cache only the
     /// blocks a later hit can reach (see [`sliding_window::reachable_block_mask`]).
+    ///
+    /// Inlined up to "nothing new is full" (most decode steps); the caching
+    /// itself is [`cache_new_blocks`](Self::cache_new_blocks).
     #[allow(clippy::too_many_arguments)]
+    #[inline]
     pub fn cache_blocks(
         &self,
         pool: &mut BlockPool,
@@ -933,6 +939,27 @@ impl Manager {
         if table.num_cached >= num_full {
             return Ok(());
         }
+        self.cache_new_blocks(
+            pool, table, hashes, scale, num_tokens, num_full, policy, mask_buf,
+        )
+    }
+
+    /// The part of [`cache_blocks`](Self::cache_blocks) that registers
+    /// `table`'s blocks `[num_cached, num_full)`.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(never)]
+    fn cache_new_blocks(
+        &self,
+        pool: &mut BlockPool,
+        table: &mut GroupTable,
+        hashes: &[BlockHash],
+        scale: usize,
+        num_tokens: usize,
+        num_full: usize,
+        policy: &CachePolicy<'_>,
+        mask_buf: &mut Vec<bool>,
+    ) -> KvResult<()> {
+        let bs = self.block_size;
         if num_full > table.blocks.len() {
             return Err(KvError::InvalidArgument {
                 name: "num_tokens",
@@ -985,6 +1012,7 @@ impl Manager {
     /// R-SWA frees its decode gap instead when `num_prompt_tokens` is given
     /// (see [`rswa`]); Mamba "align" skips null gaps and also frees the
     /// previous state (see [`mamba_align`]).
+    #[inline]
     pub fn remove_skipped_blocks(
         &self,
         pool: &mut BlockPool,
@@ -1022,6 +1050,11 @@ impl Manager {
             return Ok(());
         }
         let k = (skipped / self.block_size).min(table.blocks.len());
+        // Nulls form a prefix: when entry `k - 1` is null (or there is
+        // none), nothing is left to free (most steps of a window).
+        if k == 0 || table.blocks[k - 1].is_null() {
+            return Ok(());
+        }
         scratch.clear();
         for entry in table.blocks[..k].iter_mut().rev() {
             if entry.is_null() {
