@@ -21,7 +21,12 @@ from kvcoord.coordinator import (
     UnitaryKVCacheCoordinator,
     get_kv_cache_coordinator,
 )
-from kvcoord.errors import ConfigError
+from kvcoord.errors import (
+    BlockStateError,
+    ConfigError,
+    InvalidArgumentError,
+    OutOfBlocksError,
+)
 
 
 def cfg(*specs: object, num_blocks: int = 64) -> KVCacheConfig:
@@ -145,6 +150,45 @@ def test_eagle_groups_join_by_spec_and_only_they_drop() -> None:
     unitary = make(cfg(SlidingWindowSpec(4, 8)), eagle_group_ids=[0])
     assert isinstance(unitary, UnitaryKVCacheCoordinator)
     assert unitary.eagle_margins == (4,)
+
+
+def test_caller_held_blocks_and_key_edits_go_through_the_core() -> None:
+    """Blocks taken outside every request table: counted by the core's
+    invariant, cached and freed only while held; a dropped key comes back with
+    ``insert_cache_key``. Every refusal raises and leaves the core as it was."""
+    c = make(cfg(FullAttentionSpec(16), num_blocks=8))
+    core = c.core
+    pool = core.block_pool
+    taken = core.get_caller_blocks(3)
+    assert taken == [1, 2, 3] and core.num_caller_references == 3
+    core.check_invariants()
+    req = kvcoord.Request("r", list(range(48)), hash_block_size=16)
+    hashes = list(req.block_hashes)
+    with pytest.raises(OutOfBlocksError):
+        core.get_caller_blocks(5)
+    with pytest.raises(InvalidArgumentError):
+        core.cache_caller_blocks(taken, hashes, 0, 2, 0, 32)  # not one hash unit
+    with pytest.raises(InvalidArgumentError):
+        core.cache_caller_blocks(taken, hashes, 0, 2, 1, 16)  # no group 1
+    with pytest.raises(BlockStateError):
+        core.cache_caller_blocks([4], hashes, 0, 1, 0, 16)  # not the caller's
+    with pytest.raises(BlockStateError):
+        core.free_caller_blocks([1, 1])
+    assert pool.num_cached_blocks == 0 and core.num_caller_references == 3
+    core.cache_caller_blocks(taken, hashes, 0, 2, 0, 16)
+    assert pool.get_cached_block(hashes[1], [0]) == [2]
+    core.free_caller_blocks(taken)
+    assert core.num_caller_references == 0
+    core.check_invariants()
+    core.evict_blocks([2])
+    assert pool.get_cached_block(hashes[1], [0]) is None
+    with pytest.raises(BlockStateError):
+        core.insert_cache_key(hashes[1], 0, [1])  # cached under its own key
+    with pytest.raises(InvalidArgumentError):
+        core.insert_cache_key(hashes[1], 0, [0])
+    core.insert_cache_key(hashes[1], 0, [2])
+    assert pool.get_cached_block(hashes[1], [0]) == [2]
+    core.check_invariants()
 
 
 def test_reprefillable_tail_is_held_back_per_group() -> None:

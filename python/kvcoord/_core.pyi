@@ -700,6 +700,54 @@ class CoordinatorCore:
         """Drain the pool's KV-cache events."""
     def check_invariants(self) -> None:
         """Check every block-table and pool invariant (raises ``InvariantError``)."""
+    def get_caller_blocks(self, num_blocks: int) -> list[int]:
+        """Take ``num_blocks`` blocks from the front of the free queue for the
+        caller: one reference each, held outside every request table (counted
+        by :meth:`check_invariants`) until :meth:`free_caller_blocks`.
+
+        Raises:
+            OutOfBlocksError: more blocks requested than are free.
+        """
+    def free_caller_blocks(self, block_ids: BlockIds) -> None:
+        """Release one caller reference of each block, first = evicted first
+        (null block skipped). On any error nothing is released.
+
+        Raises:
+            BlockStateError: a block is listed more often than the caller holds it.
+            InvalidBlockIdError: an id is out of range.
+        """
+    @property
+    def num_caller_references(self) -> int:
+        """References the caller holds outside every request table."""
+    def cache_caller_blocks(
+        self,
+        block_ids: BlockIds,
+        block_hashes: Sequence[bytes] | npt.NDArray[np.uint8],
+        num_cached_blocks: int,
+        num_full_blocks: int,
+        group_id: int,
+        block_size: int,
+    ) -> None:
+        """Register the caller's blocks ``block_ids[num_cached_blocks:num_full_blocks]``
+        in group ``group_id``'s prefix index under ``block_hashes[i]`` (as
+        :meth:`BlockPool.cache_full_blocks`).
+
+        Raises:
+            BlockStateError: a block of the range is not held by the caller,
+                or is already cached.
+            InvalidArgumentError: an unknown group, ``block_size`` other than
+                the group's block size and the hash unit, inconsistent ranges.
+            InvalidHashError: a hash is not 16 or 32 bytes.
+        """
+    def insert_cache_key(self, block_hash: bytes, group_id: int, block_ids: BlockIds) -> None:
+        """Put uncached blocks, in order, in the prefix index under
+        ``(block_hash, group_id)``: the way back for a key dropped with
+        :meth:`evict_blocks`. Reference counts and queue positions do not change.
+
+        Raises:
+            BlockStateError: a block is already cached or listed twice.
+            InvalidArgumentError: the null block, or an unknown group.
+        """
 
 @final
 class KVCacheBlocks:

@@ -22,6 +22,7 @@ from vllm.v1.core.kv_cache_utils import init_none_hash
 from vllm.v1.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
     FullAttentionSpec,
+    SlidingWindowMLASpec,
     SlidingWindowSpec,
 )
 from vllm.v1.request import RequestStatus
@@ -37,6 +38,17 @@ def _none_hash() -> None:
 
 def swa_spec(window: int, block_size: int = BS, **kw: object) -> SlidingWindowSpec:
     return SlidingWindowSpec(
+        block_size=block_size,
+        num_kv_heads=1,
+        head_size=1,
+        dtype=torch.float32,
+        sliding_window=window,
+        **kw,
+    )
+
+
+def swa_mla_spec(window: int, block_size: int = BS, **kw: object) -> SlidingWindowMLASpec:
+    return SlidingWindowMLASpec(
         block_size=block_size,
         num_kv_heads=1,
         head_size=1,
@@ -63,6 +75,10 @@ LAYOUTS = {
     "chunked": lambda: [chunked_spec(8)],
     "full+full8": lambda: [full_spec(), full_spec(8)],
     "full+chunked": lambda: [full_spec(), chunked_spec(16)],
+    # Sliding-window MLA: vLLM's sliding-window manager, its own spec type in
+    # the hybrid hit search (beside plain sliding window too).
+    "full+swa_mla": lambda: [full_spec(), swa_mla_spec(12)],
+    "swa+swa_mla": lambda: [swa_spec(8), swa_mla_spec(16)],
 }
 
 #: Layouts served with EAGLE (chunked local is not: vLLM asserts on its
@@ -262,6 +278,10 @@ def test_admission_cap_admits_a_prompt_longer_than_the_pool() -> None:
         ([full_spec(8), swa_spec(8)], {"use_eagle": True}, "EAGLE over full-attention groups"),
         ([swa_spec(8, extra_retained_tokens=2)], {}, "extra_retained_tokens"),
         ([full_spec(8), chunked_spec(16)], {}, "chunked-local attention beside"),
+        ([full_spec(), swa_mla_spec(8)], {"use_eagle": True}, "EAGLE with sliding-window"),
+        ([swa_mla_spec(8, model_version="deepseek_v4")], {}, "DeepSeek-V4 fields"),
+        ([swa_mla_spec(8, bounded_replay=True)], {}, "bounded_replay"),
+        ([swa_mla_spec(8, extra_retained_tokens=2)], {}, "extra_retained_tokens"),
     ],
 )
 def test_unserved_windowed_configurations_fall_back(specs, kw, reason) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from kvcoord.errors import BlockStateError
+from kvcoord.errors import InvalidArgumentError
 from kvcoord.vllm._inspect import CachedBlockIndex, FreeListEnd
 
 __all__ = ["BlockView", "EmptyKVCacheBlocks", "KVCacheBlocks", "PoolView", "ids_of"]
@@ -227,8 +227,10 @@ class PoolView:
 
     @property
     def cached_block_hash_to_block(self) -> CachedBlockIndex:
-        """Cache key -> a cached block, read-only (inspection only)."""
-        return CachedBlockIndex(self.pool)
+        """vLLM's index from cache key to cached blocks, built from the pool
+        on each use; on a manager's pool its edits go through the core (see
+        :class:`~kvcoord.vllm._inspect.CachedBlockIndex`)."""
+        return CachedBlockIndex(self.pool, self._core)
 
     @property
     def free_block_queue(self) -> FreeQueueView:
@@ -251,17 +253,60 @@ class PoolView:
 
     def free_blocks(self, ordered_blocks: Iterable[Any]) -> None:
         """Release one reference of each block (ids or block objects), first =
-        evicted first. On a manager's pool, only the blocks of one
-        ``pop_blocks_for_free`` call can be freed this way."""
+        evicted first. On a manager's pool these are the blocks of one
+        ``pop_blocks_for_free`` call, or blocks taken with
+        :meth:`get_new_blocks` (the core refuses any other block, with
+        ``BlockStateError``, and releases nothing)."""
         ids = ids_of(ordered_blocks)
         if self._free_parked is not None and self._free_parked(ids):
             return
         if self._core is not None:
-            raise BlockStateError(
-                "free_blocks on a kvcoord manager's pool frees only the blocks returned by "
-                "one pop_blocks_for_free call"
-            )
+            self._core.free_caller_blocks(ids)
+            return
         self.pool.free_blocks(ids)
+
+    def get_new_blocks(self, num_blocks: int) -> list[BlockView]:
+        """vLLM's ``get_new_blocks``: blocks from the front of the free queue,
+        one reference each (a cached one loses its key). On a manager's pool
+        they belong to no request: the core counts them as the caller's until
+        :meth:`free_blocks` releases them (for code that drives vLLM's pool
+        interface directly, such as vLLM's tests)."""
+        take = self.pool.get_new_blocks if self._core is None else self._core.get_caller_blocks
+        return [BlockView(self.pool, i) for i in take(num_blocks)]
+
+    def cache_full_blocks(
+        self,
+        request: Any,
+        blocks: Sequence[Any],
+        num_cached_blocks: int,
+        num_full_blocks: int,
+        block_size: int,
+        kv_cache_group_id: int,
+    ) -> None:
+        """vLLM's ``cache_full_blocks`` of ``blocks[num_cached_blocks:num_full_blocks]``
+        under the vLLM request's block hashes, in group ``kv_cache_group_id``.
+        On a manager's pool only blocks taken with :meth:`get_new_blocks` are
+        cached this way (a request's are cached through the manager), and
+        ``block_size`` must be the hash unit."""
+        ids = ids_of(blocks)
+        hashes = list(request.block_hashes[:num_full_blocks])
+        if self._core is None:
+            if block_size != self.pool.hash_block_size:
+                raise InvalidArgumentError(
+                    f"block_size {block_size}: a plain pool caches blocks of one hash unit "
+                    f"({self.pool.hash_block_size} tokens)"
+                )
+            self.pool.cache_full_blocks(
+                ids, hashes, num_cached_blocks, num_full_blocks, kv_cache_group_id
+            )
+        else:
+            self._core.cache_caller_blocks(
+                ids, hashes, num_cached_blocks, num_full_blocks, kv_cache_group_id, block_size
+            )
+        self._cached_by(request)
+
+    def _cached_by(self, request: Any) -> None:
+        """Hook after a caching call for ``request`` (events drain here)."""
 
     def _owner(self) -> Any:
         return self.pool if self._core is None else self._core

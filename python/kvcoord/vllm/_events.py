@@ -77,6 +77,12 @@ class EventPoolView(PoolView):
         self.kv_event_queue: list[Any] = []
         self._log: EventLog | None = None
 
+    def _cached_by(self, request: Any) -> None:
+        # Stored events of a caching call through the pool take what only
+        # the vLLM request knows (tokens, LoRA, extra keys) from it.
+        if self._log is not None:
+            self._log.drain(request)
+
     def take_events(self) -> list[Any]:
         """vLLM's ``BlockPool.take_events``: every event so far, oldest first."""
         if self._log is not None:

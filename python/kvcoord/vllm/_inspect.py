@@ -1,17 +1,19 @@
-"""Read-only views of vLLM pool internals that vLLM's tests inspect: the
-free list's sentinel ends and ``cached_block_hash_to_block``.
+"""Views of vLLM pool internals that vLLM's tests inspect: the free list's
+sentinel ends and ``cached_block_hash_to_block``.
 
 Each is built on demand from kvcoord's pool (for inspection, never on the
 scheduler's path) and shows what vLLM's structure would hold in the same
-state; none of them can change the pool.
+state. The free list ends are read-only; the index's edits, which vLLM's
+tests make to hide cached blocks from a lookup, go through the manager's
+core (see :class:`CachedBlockIndex`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any
 
-__all__ = ["CachedBlockIndex", "FreeListEnd"]
+__all__ = ["CacheEntries", "CachedBlockIndex", "FreeListEnd"]
 
 
 class FreeListEnd:
@@ -50,32 +52,151 @@ class FreeListEnd:
         return None if self._is_head else self._end(first=False)
 
 
+def _split_key(key: object) -> tuple[bytes, int]:
+    """(digest, group id) of a vLLM cache key: the digest followed by the
+    group id in 4 bytes, big-endian (vLLM's ``BlockHashWithGroupId``)."""
+    if not isinstance(key, bytes | bytearray) or len(key) < 5:
+        raise KeyError(key)
+    return bytes(key[:-4]), int.from_bytes(key[-4:], "big")
+
+
+def _block_ids(value: Any) -> list[int]:
+    """Block ids of an index entry as vLLM holds it: one block, or a dict
+    block id -> block."""
+    if isinstance(value, Mapping):
+        return [int(b.block_id) for b in value.values()]
+    return [int(value.block_id)]
+
+
 class CachedBlockIndex(Mapping[bytes, Any]):
     """``cached_block_hash_to_block``: cache key (digest + 4-byte big-endian
-    group id, as :attr:`BlockView.block_hash` spells it) -> a cached block
-    with that key. Rebuilt from the pool on each use (inspection only)."""
+    group id, as :attr:`BlockView.block_hash` spells it) -> the blocks cached
+    under it, rebuilt from the pool on each use.
 
-    __slots__ = ("_pool",)
+    As a mapping it reads one block per key (the one a lookup finds). It also
+    answers vLLM's ``BlockHashToBlockMap`` methods (``get_one_block``,
+    ``contain``, ``insert``, ``pop(key, block_id)``) and its ``_cache`` dict
+    (:class:`CacheEntries`). Edits are served on a manager's pool only, each
+    one call into the core, which validates it and changes only cache keys
+    (reference counts and free-queue positions stay): removing an entry drops
+    the keys of its blocks, inserting one keys uncached blocks again.
+    """
 
-    def __init__(self, pool: Any) -> None:
+    __slots__ = ("_core", "_pool")
+
+    def __init__(self, pool: Any, core: Any = None) -> None:
         self._pool = pool
+        self._core = core  # the manager's CoordinatorCore; None: read-only
 
-    def _index(self) -> dict[bytes, int]:
-        index: dict[bytes, int] = {}
-        for block_id in self._pool.cached_mask().nonzero()[0].tolist():
-            key = self._pool.block_hash(block_id)
+    def _entries(self) -> dict[bytes, list[int]]:
+        """Every key -> its blocks, the one lookups find first."""
+        pool = self._pool
+        index: dict[bytes, list[int]] = {}
+        for block_id in pool.cached_mask().nonzero()[0].tolist():
+            key = pool.block_hash(block_id)
             if key is not None:
                 digest, group_id = key
-                index.setdefault(bytes(digest) + int(group_id).to_bytes(4, "big"), block_id)
+                index.setdefault(bytes(digest) + int(group_id).to_bytes(4, "big"), []).append(
+                    block_id
+                )
+        for key, ids in index.items():
+            if len(ids) > 1:
+                digest, group_id = _split_key(key)
+                first = pool.get_cached_block(digest, [group_id])[0]
+                ids.remove(first)
+                ids.insert(0, first)
         return index
 
-    def __getitem__(self, key: bytes) -> Any:
+    def _editable(self) -> Any:
+        if self._core is None:
+            raise TypeError("this pool's cached_block_hash_to_block is read-only")
+        if self._pool.enable_events:
+            # vLLM's dict edits record no KV-cache event; the core's key
+            # changes would.
+            raise NotImplementedError(
+                "kvcoord: editing cached_block_hash_to_block with KV-cache events on"
+            )
+        return self._core
+
+    def _view(self, block_id: int) -> Any:
         from kvcoord.vllm._blocks import BlockView
 
-        return BlockView(self._pool, self._index()[key])
+        return BlockView(self._pool, block_id)
+
+    def __getitem__(self, key: bytes) -> Any:
+        return self._view(self._entries()[key][0])
 
     def __iter__(self) -> Iterator[bytes]:
-        return iter(self._index())
+        return iter(self._entries())
 
     def __len__(self) -> int:
-        return len(self._index())
+        return len(self._entries())
+
+    # ---- vLLM's BlockHashToBlockMap ---------------------------------------
+
+    def get_one_block(self, key: bytes) -> Any:
+        ids = self._entries().get(key)
+        return None if ids is None else self._view(ids[0])
+
+    def contain(self, key: bytes, block_id: int) -> bool:
+        return int(block_id) in self._entries().get(key, ())
+
+    def insert(self, key: bytes, block: Any) -> None:
+        """Key ``block`` (uncached) under ``key``, after the blocks already there."""
+        digest, group_id = _split_key(key)
+        self._editable().insert_cache_key(digest, group_id, [int(block.block_id)])
+
+    def pop(self, key: bytes, block_id: int) -> Any:
+        """Drop ``block_id``'s key if it is cached under ``key`` (its view), else None."""
+        if not self.contain(key, block_id):
+            return None
+        self._editable().evict_blocks([int(block_id)])
+        return self._view(int(block_id))
+
+    @property
+    def _cache(self) -> CacheEntries:
+        return CacheEntries(self)
+
+
+class CacheEntries(MutableMapping[bytes, Any]):
+    """vLLM's ``BlockHashToBlockMap._cache``: key -> its block, or a dict
+    block id -> block when several blocks share the key. Deleting or popping
+    a key drops the keys of all its blocks; assigning a key that is not in
+    the index keys the given (uncached) blocks under it, in order, which
+    restores a popped entry. ``copy.copy`` gives a plain dict snapshot."""
+
+    __slots__ = ("_index",)
+
+    def __init__(self, index: CachedBlockIndex) -> None:
+        self._index = index
+
+    def _value(self, ids: list[int]) -> Any:
+        view = self._index._view
+        return view(ids[0]) if len(ids) == 1 else {i: view(i) for i in ids}
+
+    def __getitem__(self, key: bytes) -> Any:
+        return self._value(self._index._entries()[key])
+
+    def __setitem__(self, key: bytes, value: Any) -> None:
+        core = self._index._editable()
+        if key in self._index._entries():
+            raise NotImplementedError(
+                "kvcoord: replacing an entry of cached_block_hash_to_block (pop it first)"
+            )
+        digest, group_id = _split_key(key)
+        core.insert_cache_key(digest, group_id, _block_ids(value))
+
+    def __delitem__(self, key: bytes) -> None:
+        ids = self._index._entries()[key]
+        self._index._editable().evict_blocks(ids)
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self._index._entries())
+
+    def __len__(self) -> int:
+        return len(self._index._entries())
+
+    def copy(self) -> dict[bytes, Any]:
+        return {k: self._value(ids) for k, ids in self._index._entries().items()}
+
+    __copy__ = copy

@@ -43,6 +43,7 @@ class ManagerReadouts:
     _events: EventLog | None
     _zeroing: ZeroingLog | None
     _mamba_groups: tuple[int, ...]
+    _whole_table_groups: tuple[int, ...]
     _block_sizes: tuple[int, ...]
 
     # ---- statistics ------------------------------------------------------
@@ -118,7 +119,7 @@ class ManagerReadouts:
     ) -> tuple[list[int], ...]:
         ids = self.get_block_ids(request_id)
         return tuple(
-            g if i in self._mamba_groups else g[: _cdiv(num_computed_tokens, bs)]
+            g if i in self._whole_table_groups else g[: _cdiv(num_computed_tokens, bs)]
             for i, (g, bs) in enumerate(zip(ids, self._block_sizes, strict=True))
         )
 

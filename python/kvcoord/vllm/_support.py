@@ -15,12 +15,19 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from kvcoord.config import FullAttentionSpec, KVCacheConfig, KVCacheGroup, KVCacheSpec
+from kvcoord.config import (
+    CrossAttentionSpec,
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroup,
+    KVCacheSpec,
+)
 from kvcoord.vllm import _mamba, _windows
 from kvcoord.vllm._hisparse import hisparse_reason, role_reason
 
 __all__ = [
     "check_retention",
+    "cross_attention_group_ids",
     "eagle_groups",
     "kv_block_size",
     "to_kvcoord_config",
@@ -87,7 +94,9 @@ def _spec_reason(spec: Any) -> str | None:
     """Why a vLLM spec is not served, or None. Served: plain full attention
     (``FullAttentionSpec``, and MLA without DeepSeek-V4 fields), whose block
     management does not depend on the attention variant, sliding window and
-    chunked local (see :mod:`kvcoord.vllm._windows`)."""
+    chunked local (see :mod:`kvcoord.vllm._windows`), Mamba, and
+    cross-attention (one allocation sized by the encoder tokens, never
+    cached)."""
     interface: Any = importlib.import_module("vllm.v1.kv_cache_interface")
     VFull, MLAAttentionSpec = interface.FullAttentionSpec, interface.MLAAttentionSpec
     kind = type(spec).__name__
@@ -99,6 +108,8 @@ def _spec_reason(spec: Any) -> str | None:
             return reason
     elif _mamba.is_mamba_spec(spec):
         return None  # checked with the configuration (_mamba.config_reason)
+    elif type(spec) is interface.CrossAttentionSpec:
+        return None  # never cached; caching is checked with the configuration
     elif type(spec) is MLAAttentionSpec:
         if spec.model_version is not None or spec.alignment is not None:
             return f"{kind} with DeepSeek-V4 fields"
@@ -127,6 +138,11 @@ def unsupported_reason(kv_cache_config: Any, args: Mapping[str, Any]) -> str | N
         reason = _spec_reason(group.kv_cache_spec) or role_reason(group)
         if reason is not None:
             return reason
+    caching = args.get("enable_caching", True)
+    if caching and any(_is_cross_attention(g.kv_cache_spec) for g in groups):
+        # vLLM's CrossAttentionManager refuses lookups and caching outright
+        # (vLLM turns prefix caching off for encoder-decoder models).
+        return "cross-attention (CrossAttentionSpec) with prefix caching on"
     reason = _context_parallel_reason(groups, args)
     if reason is not None:
         return reason
@@ -157,7 +173,6 @@ def unsupported_reason(kv_cache_config: Any, args: Mapping[str, Any]) -> str | N
     block_sizes = {kv_block_size(g.kv_cache_spec, dcp) for g in groups}
     if args.get("enable_caching", True) and any(b % hash_block_size for b in block_sizes):
         return f"hash_block_size={hash_block_size} not dividing the block sizes {block_sizes}"
-    caching = args.get("enable_caching", True)
     if caching and len(groups) == 1 and {hash_block_size} != block_sizes:
         return "sub-block (partial) prefix hits: hash_block_size below the block size"
     if args.get("enable_caching", True) and len(groups) > 1 and hash_block_size not in block_sizes:
@@ -169,9 +184,25 @@ def unsupported_reason(kv_cache_config: Any, args: Mapping[str, Any]) -> str | N
     return None
 
 
+def _is_cross_attention(spec: Any) -> bool:
+    interface: Any = importlib.import_module("vllm.v1.kv_cache_interface")
+    return type(spec) is interface.CrossAttentionSpec
+
+
+def cross_attention_group_ids(kv_cache_config: Any) -> tuple[int, ...]:
+    """Ids of the cross-attention groups of a vLLM ``KVCacheConfig``."""
+    return tuple(
+        i
+        for i, g in enumerate(kv_cache_config.kv_cache_groups)
+        if _is_cross_attention(g.kv_cache_spec)
+    )
+
+
 def _spec(spec: Any, dcp_world_size: int) -> KVCacheSpec:
     """The kvcoord spec of a served vLLM spec (context parallelism is
     served beside full attention only)."""
+    if _is_cross_attention(spec):
+        return CrossAttentionSpec(block_size=int(spec.block_size))
     if _windows.is_window_spec(spec):
         return _windows.window_spec(spec)
     if _mamba.is_mamba_spec(spec):

@@ -3,6 +3,8 @@ single-type managers, as views over a :class:`kvcoord.vllm.KVCacheManager`."""
 
 from __future__ import annotations
 
+import functools
+import importlib
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -111,6 +113,33 @@ class _SingleTypeView:
         self.block_pool = manager.block_pool
 
 
+class _CrossAttentionView(_SingleTypeView):
+    """The view of a cross-attention group. Registered as a virtual subclass
+    of vLLM's ``CrossAttentionManager`` (an ABC), since code that reads the
+    coordinator finds that group by ``isinstance``; it reads only what
+    :class:`_SingleTypeView` has (``req_to_blocks``: the encoder blocks of
+    each request, allocated once by the core)."""
+
+    __slots__ = ()
+
+
+_CrossAttentionView.__name__ = _CrossAttentionView.__qualname__ = "CrossAttentionManager"
+
+
+@functools.cache
+def _cross_attention_view() -> type[_SingleTypeView]:
+    managers: Any = importlib.import_module("vllm.v1.core.single_type_kv_cache_manager")
+    managers.CrossAttentionManager.register(_CrossAttentionView)
+    return _CrossAttentionView
+
+
+def _view_class(spec: Any) -> type[_SingleTypeView]:
+    interface: Any = importlib.import_module("vllm.v1.kv_cache_interface")
+    if type(spec) is interface.CrossAttentionSpec:
+        return _cross_attention_view()
+    return _SingleTypeView
+
+
 class CoordinatorView:
     """What the scheduler and its helpers read of vLLM's coordinator."""
 
@@ -129,7 +158,7 @@ class CoordinatorView:
         self.eagle_group_ids = manager.eagle_group_ids
         self.drop_eagle_group_ids = manager.drop_eagle_group_ids
         self.single_type_managers = [
-            _SingleTypeView(manager, i, g.kv_cache_spec, args)
+            _view_class(g.kv_cache_spec)(manager, i, g.kv_cache_spec, args)
             for i, g in enumerate(manager.kv_cache_config.kv_cache_groups)
         ]
 

@@ -1,6 +1,6 @@
 """vLLM 0.33.0's windowed attention specs (``SlidingWindowSpec``,
-``ChunkedLocalAttentionSpec``) as kvcoord specs, and the configurations of
-them kvcoord does not serve yet.
+``SlidingWindowMLASpec``, ``ChunkedLocalAttentionSpec``) as kvcoord specs,
+and the configurations of them kvcoord does not serve yet.
 
 Their rules (hit search, released blocks, sparse caching under a retention
 interval, the admission cap of the full-sequence check) are the core's
@@ -13,7 +13,12 @@ import importlib
 from collections.abc import Sequence
 from typing import Any
 
-from kvcoord.config import ChunkedLocalAttentionSpec, KVCacheSpec, SlidingWindowSpec
+from kvcoord.config import (
+    ChunkedLocalAttentionSpec,
+    KVCacheSpec,
+    SlidingWindowMLASpec,
+    SlidingWindowSpec,
+)
 
 __all__ = ["config_reason", "is_window_spec", "spec_reason", "window_spec"]
 
@@ -23,17 +28,30 @@ def _interface() -> Any:
 
 
 def is_window_spec(spec: Any) -> bool:
-    """Whether ``spec`` is exactly vLLM's sliding-window or chunked-local spec
-    (subclasses, such as sliding-window MLA, are other kinds)."""
+    """Whether ``spec`` is exactly vLLM's sliding-window, sliding-window MLA
+    or chunked-local spec (other subclasses are other kinds)."""
     interface = _interface()
-    return type(spec) in (interface.SlidingWindowSpec, interface.ChunkedLocalAttentionSpec)
+    return type(spec) in (
+        interface.SlidingWindowSpec,
+        interface.SlidingWindowMLASpec,
+        interface.ChunkedLocalAttentionSpec,
+    )
 
 
 def spec_reason(spec: Any) -> str | None:
-    """Why a windowed vLLM spec is not served, or None."""
-    if type(spec) is _interface().SlidingWindowSpec and spec.extra_retained_tokens:
+    """Why a windowed vLLM spec is not served, or None. Sliding-window MLA is
+    managed by vLLM's sliding-window manager, as a spec type of its own in
+    the hybrid hit search; only its DeepSeek-V4 fields change that."""
+    interface = _interface()
+    kind = type(spec).__name__
+    if type(spec) is interface.SlidingWindowMLASpec:
+        if spec.model_version is not None or spec.alignment is not None:
+            return f"{kind} with DeepSeek-V4 fields"
+        if spec.bounded_replay:
+            return f"{kind} with bounded_replay (replayed window prefixes)"
+    if isinstance(spec, interface.SlidingWindowSpec) and spec.extra_retained_tokens:
         return (
-            "SlidingWindowSpec with extra_retained_tokens > 0 (multi-module MTP's "
+            f"{kind} with extra_retained_tokens > 0 (multi-module MTP's "
             "retained tail below the window)"
         )
     return None
@@ -60,7 +78,12 @@ def config_reason(
 
 def window_spec(spec: Any) -> KVCacheSpec:
     """The kvcoord spec of a served windowed vLLM spec."""
-    if type(spec) is _interface().SlidingWindowSpec:
+    interface = _interface()
+    if type(spec) is interface.SlidingWindowMLASpec:
+        return SlidingWindowMLASpec(
+            block_size=int(spec.block_size), sliding_window=int(spec.sliding_window)
+        )
+    if type(spec) is interface.SlidingWindowSpec:
         return SlidingWindowSpec(
             block_size=int(spec.block_size), sliding_window=int(spec.sliding_window)
         )

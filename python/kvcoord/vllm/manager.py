@@ -37,6 +37,7 @@ from kvcoord.vllm._readouts import ManagerReadouts
 from kvcoord.vllm._requests import RequestRegistry
 from kvcoord.vllm._support import (
     check_retention,
+    cross_attention_group_ids,
     eagle_groups,
     to_kvcoord_config,
     unsupported_reason,
@@ -134,6 +135,9 @@ class KVCacheManager(DecodePath, ManagerReadouts):
         self.coordinator = coordinator_view(self, self._core_coordinator, a)
         # Mamba groups: state tables, not token-indexed KV (see _mamba).
         self._mamba_groups = _mamba.mamba_group_ids(cfg)
+        # Groups whose whole table serves the computed tokens (vLLM clips
+        # only the token-indexed attention groups).
+        self._whole_table_groups = self._mamba_groups + cross_attention_group_ids(cfg)
         # vLLM answers connector lookups per group for these (see _mamba).
         self._connector_per_group = _mamba.connector_looks_up_per_group(cfg, self.enable_caching)
         # The decode fast path of allocate_slots: request id -> what it holds

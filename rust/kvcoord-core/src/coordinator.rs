@@ -10,7 +10,9 @@
 //!   one [`GroupTable`] per group. Entries appear when an `allocate_slots`
 //!   call succeeds and disappear on `free`.
 //! * Every non-null block's reference count equals the number of tables
-//!   that hold it (hits shared between requests count once per request).
+//!   that hold it (hits shared between requests count once per request)
+//!   plus the references the caller holds outside every table
+//!   ([`caller_held`]: blocks taken straight from the pool).
 //! * Every public method validates its whole input before changing
 //!   anything, except that `allocate_slots` releases out-of-window blocks of
 //!   a running request before finding out whether the new slots fit (vLLM
@@ -30,6 +32,8 @@ use crate::prefix_index::CacheKey;
 pub use crate::request::RequestView;
 use crate::request::{Request, RequestRegistry};
 use crate::retention::validate_retention_interval;
+
+mod caller_held;
 
 /// Which coordinator policy serves a configuration (vLLM's
 /// `get_kv_cache_coordinator`): it decides hit alignment and how many tokens
@@ -475,6 +479,9 @@ pub struct CoordinatorCore {
     /// Scheduler ids of the tracked requests. Invariant: its ids are exactly
     /// the keys of `requests`.
     registry: RequestRegistry,
+    /// References held by the caller outside every table, per block (see
+    /// [`caller_held`]).
+    caller_held: HashMap<BlockId, u32>,
 }
 
 impl CoordinatorCore {
@@ -520,6 +527,7 @@ impl CoordinatorCore {
             checkpoints: vec![None; managers_len],
             has_align,
             registry: RequestRegistry::default(),
+            caller_held: HashMap::new(),
         })
     }
 
@@ -1159,10 +1167,22 @@ impl CoordinatorCore {
                 self.requests.len()
             ));
         }
+        let by_tables = owners.clone();
+        for (&b, &n) in &self.caller_held {
+            if b.is_null() || n == 0 {
+                return Err(format!("block {b}: {n} caller references recorded"));
+            }
+            let slot = owners
+                .get_mut(b.index())
+                .ok_or_else(|| format!("caller-held block {b} out of range"))?;
+            *slot += n;
+        }
         for (i, (have, want)) in self.pool.ref_counts().zip(&owners).enumerate() {
             if have != *want {
                 return Err(format!(
-                    "block {i}: ref_cnt {have} but held by {want} tables"
+                    "block {i}: ref_cnt {have} but held by {} tables and {} times by the caller",
+                    by_tables[i],
+                    want - by_tables[i]
                 ));
             }
         }

@@ -33,6 +33,9 @@ pub enum KvError {
     /// `cache_full_blocks` was asked to cache a block that already carries a
     /// cache key.
     AlreadyCached(BlockId),
+    /// A release of blocks held by the caller outside every request table
+    /// names a block the caller does not hold (that often).
+    NotHeldByCaller(BlockId),
     /// A block hash has an unsupported length (16 and 32 bytes are accepted).
     InvalidHashLength(usize),
     /// A token id is negative or does not fit in 32 bits.
@@ -117,6 +120,11 @@ impl fmt::Display for KvError {
             Self::AlreadyCached(b) => write!(
                 f,
                 "block {b} is already in the prefix cache; num_cached_blocks is probably too small"
+            ),
+            Self::NotHeldByCaller(b) => write!(
+                f,
+                "block {b} is not held outside the request tables (only blocks taken with \
+                 get_new_blocks and not yet freed are)"
             ),
             Self::InvalidHashLength(len) => write!(
                 f,

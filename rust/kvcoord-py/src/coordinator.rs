@@ -334,6 +334,66 @@ pool_writers!(pymethods!(PyCoordinatorCore {
     fn check_invariants(&self) -> PyResult<()> {
         crate::errors::invariants(self.inner.check_invariants())
     }
+
+    /// Take blocks from the free queue for the caller, held outside every
+    /// request table until `free_caller_blocks`.
+    fn get_caller_blocks<'py>(
+        &mut self,
+        py: Python<'py>,
+        num_blocks: &Bound<'_, PyAny>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let n = args::count(num_blocks, "num_blocks")?;
+        let mut out = Vec::new();
+        core(self.inner.get_caller_blocks(n, &mut out))?;
+        convert::id_list(py, &out)
+    }
+
+    /// Release one caller reference of each block (eviction order).
+    fn free_caller_blocks(&mut self, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
+        let ids = convert::block_ids(block_ids)?;
+        core(self.inner.free_caller_blocks(&ids))
+    }
+
+    /// References the caller holds outside every request table.
+    #[getter]
+    fn num_caller_references(&self) -> usize {
+        self.inner.num_caller_references()
+    }
+
+    /// Cache the caller's blocks `block_ids[num_cached_blocks:num_full_blocks]`.
+    #[pyo3(signature = (block_ids, block_hashes, num_cached_blocks, num_full_blocks, group_id, block_size))]
+    fn cache_caller_blocks(
+        &mut self,
+        block_ids: &Bound<'_, PyAny>,
+        block_hashes: &Bound<'_, PyAny>,
+        num_cached_blocks: &Bound<'_, PyAny>,
+        num_full_blocks: &Bound<'_, PyAny>,
+        group_id: &Bound<'_, PyAny>,
+        block_size: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let ids = convert::block_ids(block_ids)?;
+        let hashes = convert::block_hashes(block_hashes)?;
+        let num_cached = args::count(num_cached_blocks, "num_cached_blocks")?;
+        let num_full = args::count(num_full_blocks, "num_full_blocks")?;
+        let group = GroupId(args::u32_arg(group_id, "group id")?);
+        let block_size = args::count(block_size, "block_size")?;
+        core(self.inner.cache_caller_blocks(
+            &ids, &hashes, num_cached, num_full, group, block_size,
+        ))
+    }
+
+    /// Put uncached blocks, in order, in the prefix index under one key.
+    fn insert_cache_key(
+        &mut self,
+        block_hash: &Bound<'_, PyAny>,
+        group_id: &Bound<'_, PyAny>,
+        block_ids: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let hash = convert::block_hash(block_hash)?;
+        let group = GroupId(args::u32_arg(group_id, "group id")?);
+        let ids = convert::block_ids(block_ids)?;
+        core(self.inner.insert_cache_key(hash, group, &ids))
+    }
 });
 
 /// `new_computed_blocks`: a `KVCacheBlocks` (ids read directly), or a plain

@@ -40,7 +40,8 @@ impl From<CoreError> for PyErr {
             }
             KvError::RefCountUnderflow(_)
             | KvError::RefCountOverflow(_)
-            | KvError::AlreadyCached(_) => BlockStateError::new_err(msg),
+            | KvError::AlreadyCached(_)
+            | KvError::NotHeldByCaller(_) => BlockStateError::new_err(msg),
             KvError::InvalidHashLength(_) | KvError::InvalidHash { .. } => {
                 InvalidHashError::new_err(msg)
             }
