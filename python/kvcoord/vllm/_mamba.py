@@ -7,9 +7,9 @@ are cached and when a hit on one may be used, sparse retention) are the
 core's Mamba managers; this module only translates.
 
 Served: ``mamba_cache_mode="align"`` with the hash unit equal to the Mamba
-block size (every hit and every cached state on a block boundary), no
-speculative blocks, no hash lookahead and no EAGLE; ``mamba_cache_mode="none"``
-with prefix caching off.
+block size (every hit and every cached state on a block boundary), with or
+without speculative (MTP) scratch blocks, no hash lookahead and no EAGLE;
+``mamba_cache_mode="none"`` with prefix caching off.
 """
 
 from __future__ import annotations
@@ -46,11 +46,6 @@ def spec_reason(spec: Any, caching: bool) -> str | None:
     mode = spec.mamba_cache_mode
     if mode not in ("none", "align"):
         return f"MambaSpec with mamba_cache_mode={mode!r}"
-    if mode == "align" and spec.num_speculative_blocks:
-        return (
-            "MambaSpec in align mode with num_speculative_blocks > 0 (MTP scratch "
-            "blocks relocated inside the state table)"
-        )
     if mode == "none" and caching:
         # vLLM refuses it too (Mamba prefix caching needs align mode).
         return "MambaSpec in mode 'none' with prefix caching on"

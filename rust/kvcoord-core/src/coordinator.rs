@@ -1177,9 +1177,20 @@ fn allocate_groups(
     out: &mut NewBlocks,
 ) -> KvResult<()> {
     for (m, t) in managers.iter().zip(tables.iter_mut()) {
-        if let SpecKind::MambaAlign { .. } = m.spec().kind {
+        if let SpecKind::MambaAlign {
+            num_speculative_blocks,
+            ..
+        } = m.spec().kind
+        {
             // Align mode sizes by the main model's tokens (no lookahead).
-            mamba_align::allocate_new_blocks(m.block_size(), pool, t, step.main, &mut out.ids)?;
+            mamba_align::allocate_new_blocks(
+                m.block_size(),
+                num_speculative_blocks as usize,
+                pool,
+                t,
+                step.main,
+                &mut out.ids,
+            )?;
         } else {
             let tokens = CoordinatorCore::group_tokens(m, step.need_slots, step.num_encoder_tokens);
             m.allocate_new_blocks(pool, t, tokens, &mut out.ids)?;
