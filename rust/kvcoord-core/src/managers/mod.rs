@@ -866,12 +866,16 @@ impl Manager {
     }
 
     /// Whether a new request may bring external (KV-connector) tokens in
-    /// this group: not Mamba groups, whose states are not positional blocks
-    /// (not reproduced yet).
+    /// this group: not Mamba groups in mode "none", whose scratch blocks
+    /// the external blocks would have to count (not reproduced yet). An
+    /// align-mode group gets the block of the state at the end of the
+    /// external tokens, after nulls (vLLM's generic rule with Mamba's
+    /// skipped tokens).
     pub const fn supports_external_tokens(&self) -> bool {
         match self.spec.kind {
-            SpecKind::Mamba { .. } | SpecKind::MambaAlign { .. } => false,
-            SpecKind::FullAttention
+            SpecKind::Mamba { .. } => false,
+            SpecKind::MambaAlign { .. }
+            | SpecKind::FullAttention
             | SpecKind::SlidingWindow { .. }
             | SpecKind::ChunkedLocal { .. }
             | SpecKind::CrossAttention
