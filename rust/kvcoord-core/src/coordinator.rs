@@ -775,17 +775,7 @@ impl CoordinatorCore {
             check_external(managers)?;
         }
         if new_computed_blocks.is_some() || claims_hits {
-            let external = num_external_computed_tokens;
-            check_hits(
-                managers,
-                pool,
-                config,
-                hits,
-                tracked,
-                local,
-                external,
-                view.hashes,
-            )?;
+            check_hits(managers, pool, config, hits, tracked, view, args)?;
         }
         // Steps 3 and 7 (external tokens count as computed).
         let computed = local + num_external_computed_tokens;
@@ -1284,18 +1274,20 @@ fn predict(
 
 /// Validate hit lists passed to `allocate_slots`: one list per group, only
 /// for a new request, only where caching applies, in range, and covering
-/// exactly the `num_local` computed tokens.
-#[allow(clippy::too_many_arguments)]
+/// exactly the locally computed tokens (fewer for a lagging group before
+/// external tokens).
 fn check_hits(
     managers: &[Manager],
     pool: &BlockPool,
     config: &CoordinatorConfig,
     hits: &[Vec<BlockId>],
     tracked: bool,
-    num_local: usize,
-    num_external: usize,
-    hashes: &[BlockHash],
+    view: &RequestView<'_>,
+    args: &AllocateArgs,
 ) -> KvResult<()> {
+    let num_local = view.num_computed_tokens + args.num_new_computed_tokens;
+    let num_external = args.num_external_computed_tokens;
+    let hashes = view.hashes;
     let arg = |detail: String| KvError::InvalidArgument {
         name: "new_computed_blocks",
         detail,

@@ -434,39 +434,39 @@ mod tests {
 
     #[test]
     fn speculative_scratch_blocks_follow_the_running_state() {
-        let mut p = pool(20, 4);
-        let mut t = GroupTable::default();
+        let mut pl = pool(20, 4);
+        let mut table = GroupTable::default();
         let mut out = Vec::new();
         // First allocation (8 tokens): a null, the running state, two
         // scratch blocks.
-        allocate_new_blocks(4, 2, &mut p, &mut t, 8, &mut out).unwrap();
+        allocate_new_blocks(4, 2, &mut pl, &mut table, 8, &mut out).unwrap();
         assert_eq!(out.len(), 4);
         assert!(out[0].is_null());
-        let (a, b, c) = (out[1], out[2], out[3]);
-        assert_eq!(t.blocks, vec![BlockId::NULL, a, b, c]);
-        assert_eq!(t.align.last_state, None);
+        let (s1, s2, s3) = (out[1], out[2], out[3]);
+        assert_eq!(table.blocks, vec![BlockId::NULL, s1, s2, s3]);
+        assert_eq!(table.align.last_state, None);
         // 12 tokens: the first scratch block becomes the running state, one
         // fresh scratch block; the previous state is remembered.
         out.clear();
-        allocate_new_blocks(4, 2, &mut p, &mut t, 12, &mut out).unwrap();
+        allocate_new_blocks(4, 2, &mut pl, &mut table, 12, &mut out).unwrap();
         assert_eq!(out.len(), 1);
-        let d = out[0];
-        assert_eq!(t.blocks, vec![BlockId::NULL, a, b, c, d]);
-        assert_eq!(t.align.last_state, Some(1));
+        let s4 = out[0];
+        assert_eq!(table.blocks, vec![BlockId::NULL, s1, s2, s3, s4]);
+        assert_eq!(table.align.last_state, Some(1));
         // 24 tokens: both scratch blocks left behind move to the new end
         // (returned with the fresh one), their entries become null.
         out.clear();
-        allocate_new_blocks(4, 2, &mut p, &mut t, 24, &mut out).unwrap();
-        assert_eq!(&out[..2], &[c, d]);
-        let e = out[2];
-        let n = BlockId::NULL;
-        assert_eq!(t.blocks, vec![n, a, b, n, n, c, d, e]);
-        assert_eq!(t.align.last_state, Some(2));
-        // Freeing past the old state releases it and b (the entries below
+        allocate_new_blocks(4, 2, &mut pl, &mut table, 24, &mut out).unwrap();
+        assert_eq!(&out[..2], &[s3, s4]);
+        let s5 = out[2];
+        let nul = BlockId::NULL;
+        assert_eq!(table.blocks, vec![nul, s1, s2, nul, nul, s3, s4, s5]);
+        assert_eq!(table.align.last_state, Some(2));
+        // Freeing past the old state releases it and s2 (the entries below
         // the last computed token's block).
         let mut scratch = Vec::new();
-        remove_skipped_blocks(4, &mut p, &mut t, 24, &mut scratch).unwrap();
-        assert_eq!(t.blocks, vec![n, n, n, n, n, c, d, e]);
+        remove_skipped_blocks(4, &mut pl, &mut table, 24, &mut scratch).unwrap();
+        assert_eq!(table.blocks, vec![nul, nul, nul, nul, nul, s3, s4, s5]);
     }
 
     #[test]
