@@ -8,6 +8,7 @@ virtualenv with vLLM 0.33.0).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 
@@ -54,10 +55,9 @@ def test_random_schedule_matches_vllm(
     """``lookahead``: vLLM's hash-lookahead hasher (each block's hash also
     covers the next tokens, so it exists only once they do); kvcoord keys by
     those hashes as they are. ``prefill_lookahead``: multi-module MTP, whose
-    last ``prefill_lookahead - 1`` computed tokens are never cached (served
-    with one group)."""
-    if prefill_lookahead and groups > 1:
-        pytest.skip("num_prefill_lookahead is served with one KV cache group")
+    last ``prefill_lookahead - 1`` computed tokens are never cached in one
+    group or in EAGLE groups; other groups of a hybrid coordinator cache the
+    aligned prefix (see test_lookahead_against_vllm)."""
     rng = random.Random(seed)
     cfg = config(48, [full_spec() for _ in range(groups)])
     theirs, ours = managers(
@@ -193,12 +193,13 @@ def test_unserved_configuration_falls_back_with_one_log_line(caplog) -> None:
     assert type(m) is kv.original_manager_class()
     assert sum(kv.fallbacks.values()) == before + 1
     assert [r.getMessage() for r in caplog.records if "SlidingWindowSpec" in r.getMessage()]
+    # Decode context parallelism is served beside full attention only.
     m2 = kv.KVCacheManager(
-        config(16, [full_spec(), full_spec()]),
+        config(16, [dataclasses.replace(swa, extra_retained_tokens=0)]),
         max_model_len=64,
-        scheduler_block_size=BS,
-        hash_block_size=BS,
-        num_prefill_lookahead=2,
+        scheduler_block_size=2 * BS,
+        hash_block_size=2 * BS,
+        dcp_world_size=2,
     )
     assert type(m2) is kv.original_manager_class()
     # EAGLE is served over groups of one spec only.
