@@ -122,6 +122,27 @@ def test_fixed_point_shrinks_until_groups_agree() -> None:
     assert blocks.get_block_ids()[0] == ids[0][:2]
 
 
+def test_per_group_lookup_does_not_reconcile() -> None:
+    # The same evictions as above: each spec group reports its own hit.
+    config = cfg(
+        FullAttentionSpec(4), SlidingWindowSpec(4, 8), SlidingWindowSpec(4, 16), num_blocks=40
+    )
+    manager = kvcoord.KVCacheManager(config, max_model_len=1024)
+    prompt = list(range(100, 125))
+    first = kvcoord.Request("a", prompt, hash_block_size=4)
+    _cache_prompt(manager, first)
+    ids = manager.get_block_ids("a")
+    manager.free(first)
+    manager.evict_blocks([ids[1][2], ids[1][3], ids[2][4]])
+    again = kvcoord.Request("b", prompt, hash_block_size=4)
+    coordinator = manager.coordinator
+    assert isinstance(coordinator, HybridKVCacheCoordinator)
+    blocks, hits = coordinator.find_longest_cache_hit_per_group(again, 24)
+    assert hits[0] == 24 and hits[0] > min(hits)
+    assert [len(g) for g in blocks.get_block_ids()] == [h // 4 for h in hits]
+    assert blocks.get_block_ids()[0] == ids[0][:6]
+
+
 def test_chunked_local_hit_counts_skipped_chunks() -> None:
     config = cfg(FullAttentionSpec(4), ChunkedLocalAttentionSpec(4, 8), num_blocks=40)
     manager = kvcoord.KVCacheManager(config, max_model_len=1024)

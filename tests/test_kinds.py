@@ -56,7 +56,7 @@ def run_prefill(m: KVCacheManager, req: Request, chunks: list[int]) -> None:
         lambda: RSWASpec(16, 0),
         lambda: RSWASpec(16, -3),
         lambda: MambaSpec(16, mamba_cache_mode="full"),  # type: ignore[arg-type]
-        lambda: MambaSpec(16, mamba_cache_mode="align", num_speculative_blocks=1),
+        lambda: MambaSpec(16, mamba_cache_mode="align", num_speculative_blocks=-1),
         lambda: MambaSpec(16, mamba_cache_mode="align", prefill_checkpoint_alignment=0),
         lambda: MambaSpec(16, num_prefill_checkpoint_blocks=1),  # mode "none"
         lambda: MambaSpec(16, mamba_cache_mode="align", num_prefill_checkpoint_blocks=-1),

@@ -882,7 +882,8 @@ class GroupSpec:
         prefill_checkpoint_alignment: int | None,
     ) -> GroupSpec:
         """Mamba with ``mamba_cache_mode="align"`` (states cached at block
-        boundaries); ``num_speculative_blocks`` must be 0."""
+        boundaries; ``num_speculative_blocks`` MTP scratch blocks follow the
+        running state)."""
     @property
     def block_size(self) -> int: ...
     @property

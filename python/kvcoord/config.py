@@ -158,8 +158,8 @@ class MambaSpec(_Spec):
     at the prompt's last cacheable boundary into a reserved block (Mamba2),
     when ``prefill_checkpoint_alignment`` (tokens, relative to the chunk
     start) allows it; ``None`` means the backend cannot export one.
-    Align mode supports ``hash_block_size == block_size`` and no
-    speculative blocks.
+    ``num_speculative_blocks`` (MTP) keeps that many scratch blocks after
+    the running state. Align mode supports ``hash_block_size == block_size``.
     """
 
     block_size: int

@@ -310,6 +310,24 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
                 picks[gid] = (parts[index], i, keep)
         return KVCacheBlocks.gather(picks), candidate, longest - candidate
 
+    def find_longest_cache_hit_per_group(
+        self, request: Request, max_length: int
+    ) -> tuple[KVCacheBlocks, tuple[int, ...]]:
+        """Each spec group's own longest hit of at most ``max_length`` tokens,
+        without agreeing on one length: the blocks per group and each
+        group's hit in tokens (a KV connector may supply what a lagging
+        group misses)."""
+        picks: list[tuple[KVCacheBlocks, int, int]] = [(self.core.empty, 0, 0)] * self.num_groups
+        lengths = [0] * self.num_groups
+        for group_ids, _, block_size in self._scans:
+            blocks, length = self.core.find_longest_cache_hit(
+                group_ids, request, max_length, self._alignment
+            )
+            for i, gid in enumerate(group_ids):
+                picks[gid] = (blocks, i, -(-length // block_size))
+                lengths[gid] = length
+        return KVCacheBlocks.gather(picks), tuple(lengths)
+
 
 _POLICIES: dict[CoordinatorKind, type[KVCacheCoordinator]] = {
     CoordinatorKind.NoPrefixCache: KVCacheCoordinatorNoPrefixCache,

@@ -1,10 +1,11 @@
 """Mamba "align" groups served by kvcoord.vllm (alone, beside full attention,
-beside sliding window; with and without prefill checkpoint blocks), beside
-vLLM 0.33.0's own manager: random schedules of chunked prefill, decode,
-preemption and frees, one scheduler step at a time (``new_step_starts``), with
-retention intervals and shared-prefix junctions. Every hit, junction,
-allocation, block table, the free queue, the boundary-state hand-offs and the
-blocks handed over for zeroing must be equal. Skipped without vLLM."""
+beside sliding window; with and without prefill checkpoint blocks and MTP
+scratch blocks), beside vLLM 0.33.0's own manager: random schedules of
+chunked prefill, decode, preemption and frees, one scheduler step at a time
+(``new_step_starts``), with retention intervals and shared-prefix junctions.
+Every hit, junction, allocation, block table, the free queue, the
+boundary-state hand-offs and the blocks handed over for zeroing must be
+equal. Skipped without vLLM."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ pytest.importorskip(
 
 import torch
 from vllm.utils.hashing import sha256
-from vllm.v1.core.kv_cache_utils import init_none_hash
+from vllm.v1.core.kv_cache_utils import get_group_id, init_none_hash
 from vllm.v1.kv_cache_interface import (
     MambaSpec,
     SlidingWindowSpec,
@@ -59,7 +60,28 @@ LAYOUTS = {
         full_spec(),
         mamba_spec(num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=BS),
     ],
+    # MTP: scratch blocks after the running state, relocated as it moves.
+    "full+mamba/mtp": lambda: [full_spec(), mamba_spec(num_speculative_blocks=2)],
+    "mamba/mtp": lambda: [mamba_spec(num_speculative_blocks=1)],
+    "full+mamba/checkpoint+mtp": lambda: [
+        full_spec(),
+        mamba_spec(
+            num_speculative_blocks=3,
+            num_prefill_checkpoint_blocks=1,
+            prefill_checkpoint_alignment=BS,
+        ),
+    ],
 }
+
+
+def lookahead(layout: str) -> int:
+    """Draft tokens per step of the layout (MTP layouts only)."""
+    return 2 if "mtp" in layout else 0
+
+
+def scratch_blocks(layout: str) -> int:
+    """The Mamba group's speculative scratch blocks (the last group)."""
+    return int(LAYOUTS[layout]()[-1].num_speculative_blocks)
 
 
 def pair(layout: str, num_blocks: int, retention: int | None, **kw: object):
@@ -85,7 +107,7 @@ def test_mamba_schedule_matches_vllm(seed: int, layout: str, retention: int | No
     prefixes = [[rng.randrange(1000) for _ in range(rng.randrange(8, 40))] for _ in range(3)]
     waiting: list[Request] = []
     running: list[Request] = []
-    seen = {"hits": 0, "offloads": 0, "zeroed": 0}
+    seen = {"hits": 0, "offloads": 0, "zeroed": 0, "relocated": 0}
     for step in range(80):
         theirs.new_step_starts()
         ours.new_step_starts()
@@ -98,9 +120,14 @@ def test_mamba_schedule_matches_vllm(seed: int, layout: str, retention: int | No
             if req.num_computed_tokens >= req.num_tokens:  # decode one token
                 req.append_output_token_ids(rng.randrange(1000))
             n = min(req.num_tokens - req.num_computed_tokens, rng.choice([BS, 2 * BS, 5]))
-            a = theirs.allocate_slots(req, n)
-            b = ours.allocate_slots(req, n)
+            draft = {"num_lookahead_tokens": lookahead(layout)}
+            before = theirs.get_block_ids(req.request_id)[-1]
+            a = theirs.allocate_slots(req, n, **draft)
+            b = ours.allocate_slots(req, n, **draft)
             assert ids(a) == ids(b)
+            # A scratch block the state moved past comes back at the end.
+            scratch = set(before[len(before) - scratch_blocks(layout) :]) - {0}
+            seen["relocated"] += a is not None and bool(scratch & set(a.get_block_ids()[-1]))
             if a is None:
                 for m in (theirs, ours):
                     m.free(req)
@@ -128,6 +155,7 @@ def test_mamba_schedule_matches_vllm(seed: int, layout: str, retention: int | No
                 "num_new_computed_tokens": na,
                 "full_sequence_must_fit": rng.random() < 0.8,
                 "has_scheduled_reqs": bool(running),
+                "num_lookahead_tokens": lookahead(layout),
             }
             a = theirs.allocate_slots(req, n, new_computed_blocks=ha, **kwargs)
             b = ours.allocate_slots(req, n, new_computed_blocks=hb, **kwargs)
@@ -165,14 +193,14 @@ def test_mamba_schedule_matches_vllm(seed: int, layout: str, retention: int | No
     # The schedule exercised what it compares (a lone Mamba group has no
     # attention blocks to zero; retention 0 may keep no reusable state).
     assert seen["offloads"], seen
-    assert seen["zeroed"] or layout == "mamba", seen
+    assert seen["zeroed"] or layout.split("/")[0] == "mamba", seen
+    assert seen["relocated"] or "mtp" not in layout, seen
     assert seen["hits"] or retention == 0, seen
 
 
 @pytest.mark.parametrize(
     ("specs", "kw", "reason"),
     [
-        ([full_spec(), mamba_spec(num_speculative_blocks=1)], {}, "num_speculative_blocks"),
         ([full_spec(), mamba_spec()], {"use_eagle": True}, "EAGLE beside Mamba"),
         ([full_spec(), mamba_spec()], {"num_hash_lookahead_tokens": 1}, "hash lookahead beside"),
         ([full_spec(), mamba_spec()], {"hash_block_size": 2}, "below the Mamba block size"),
@@ -187,17 +215,103 @@ def test_unserved_mamba_configurations_fall_back(specs, kw, reason) -> None:
     assert sum(v for k, v in kv.fallbacks.items() if reason in k) == before + 1
 
 
-def test_connector_lookups_beside_mamba_are_refused() -> None:
-    # vLLM answers them per group; kvcoord refuses rather than answer with
-    # the reconciled hit (its scheduler falls back when a connector is set).
-    _, ours = pair("full+mamba", 16, None)
-    with pytest.raises(NotImplementedError, match="per-group"):
-        ours.get_computed_blocks_for_connector(make_request("a", list(range(20))))
-    _, alone = pair("mamba", 16, None)
-    assert alone.get_computed_blocks_for_connector(make_request("b", list(range(20))))[1] == 0
+CONNECTOR_LAYOUTS = ["mamba", "full+mamba", "full+mamba+mamba", "full+swa+mamba"]
 
 
-def test_scheduler_with_connector_beside_mamba_falls_back() -> None:
+def connector_lookup(manager: object, req: Request) -> tuple[object, int, int, bool]:
+    return manager.get_computed_blocks_for_connector(req)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("layout", [*CONNECTOR_LAYOUTS, "full+mamba/checkpoint"])
+def test_connector_lookups_and_external_tokens_match_vllm(seed: int, layout: str) -> None:
+    """A KV connector's scheduler path beside Mamba groups: per-group local
+    hits (diverged when evictions leave full attention and Mamba at
+    different depths), external tokens on top, the reconciled lookup when
+    the connector brings none for a diverged hit."""
+    rng = random.Random(seed)
+    # Room to spare: vLLM's Mamba prediction does not count the block of the
+    # external tokens, so a full pool fails inside its allocation.
+    theirs, ours = pair(layout, 400, None)
+    prefixes = [[rng.randrange(1000) for _ in range(rng.randrange(12, 40))] for _ in range(3)]
+    running: list[Request] = []
+    seen = {"diverged": 0, "external": 0, "deeper": 0}
+    for step in range(60):
+        theirs.new_step_starts()
+        ours.new_step_starts()
+        for req in list(running):
+            if req.num_computed_tokens >= req.num_tokens:
+                req.append_output_token_ids(rng.randrange(1000))
+            n = min(req.num_tokens - req.num_computed_tokens, rng.choice([BS, 2 * BS]))
+            a, b = theirs.allocate_slots(req, n), ours.allocate_slots(req, n)
+            assert ids(a) == ids(b)
+            if a is None or rng.random() < 0.1:
+                running.remove(req)
+                for m in (theirs, ours):
+                    m.free(req)
+            else:
+                req.num_computed_tokens += n
+        if rng.random() < 0.4:
+            # Full-attention blocks half the time, so that Mamba states
+            # outlive them (a per-group hit deeper than full attention).
+            group = rng.choice([None, 0])
+            cached = sorted(
+                b.block_id
+                for b in theirs.block_pool.blocks
+                if b.block_hash and group in (None, get_group_id(b.block_hash))
+            )
+            victims = set(rng.sample(cached, min(len(cached), rng.randrange(1, 4))))
+            for m in (theirs, ours):
+                m.evict_blocks(victims)
+        tokens = rng.choice(prefixes) + [rng.randrange(1000) for _ in range(rng.randrange(1, 20))]
+        req = make_request(f"r{step}", tokens)
+        if "+" in layout:
+            lookups = [
+                m.coordinator.find_longest_cache_hit_per_group(req.block_hashes, req.num_tokens - 1)
+                for m in (theirs, ours)
+            ]
+            (blocks_a, hits_a), (blocks_b, hits_b) = lookups
+            assert hits_a == hits_b
+            assert [[x.block_id for x in g] for g in blocks_a] == [
+                [x.block_id for x in g] for g in blocks_b
+            ]
+            seen["deeper"] += any(h > hits_a[0] for h in hits_a)
+        (ha, na, ja, da), (hb, nb, jb, db) = (
+            connector_lookup(theirs, req),
+            connector_lookup(ours, req),
+        )
+        assert (na, ja, da, ids(ha)) == (nb, jb, db, ids(hb))
+        room = (req.num_tokens - 1 - na) // BS * BS
+        ext = min(room, rng.choice([0, BS, 2 * BS]))
+        seen["diverged"] += da
+        if da and ext == 0:
+            # No external tokens back the deeper hit: the scheduler reconciles.
+            (ha, na, ja), (hb, nb, jb) = (
+                theirs.get_computed_blocks(req),
+                ours.get_computed_blocks(req),
+            )
+            assert (na, ja, ids(ha)) == (nb, jb, ids(hb))
+        seen["external"] += ext > 0
+        n = req.num_tokens - na - ext
+        kwargs = {"num_new_computed_tokens": na, "num_external_computed_tokens": ext}
+        a = theirs.allocate_slots(req, n, new_computed_blocks=ha, **kwargs)
+        b = ours.allocate_slots(req, n, new_computed_blocks=hb, **kwargs)
+        assert ids(a) == ids(b)
+        if a is not None:
+            req.num_computed_tokens = na + ext + n
+            req.status = RequestStatus.RUNNING
+            running.append(req)
+        assert hand_offs(theirs)[1] == hand_offs(ours)[1]
+        assert free_queue(theirs) == free_queue(ours)
+        for r in running:
+            assert theirs.get_block_ids(r.request_id) == ours.get_block_ids(r.request_id)
+        ours.check_invariants()
+    assert seen["external"], seen
+    if layout != "mamba":
+        assert seen["diverged"] and seen["deeper"], seen
+
+
+def test_connector_beside_mamba_in_mode_none_falls_back() -> None:
     from kvcoord.vllm._construct import caller_reason
 
     class PlainConnector:
@@ -206,9 +320,9 @@ def test_scheduler_with_connector_beside_mamba_falls_back() -> None:
     class FakeScheduler:
         defer_block_free = False
 
-        def __init__(self) -> None:
+        def __init__(self, specs: list) -> None:
             self.connector = PlainConnector()
-            self.kv_cache_config = config(16, LAYOUTS["full+mamba"]())
+            self.kv_cache_config = config(16, specs)
 
         def build(self) -> object:
             return self._helper()
@@ -216,10 +330,10 @@ def test_scheduler_with_connector_beside_mamba_falls_back() -> None:
         def _helper(self) -> object:
             return caller_reason()
 
-    assert "beside Mamba groups" in str(FakeScheduler().build())
-    plain = FakeScheduler()
-    plain.kv_cache_config = config(16, LAYOUTS["full+swa+mamba"]()[:2])
-    assert plain.build() is None
+    none_mode = MambaSpec(block_size=BS, shapes=((1, 1),), dtypes=(torch.float32,))
+    assert "mode 'none'" in str(FakeScheduler([full_spec(), none_mode]).build())
+    assert FakeScheduler(LAYOUTS["full+mamba"]()).build() is None
+    assert FakeScheduler(LAYOUTS["full+swa+mamba"]()[:2]).build() is None
 
 
 def test_retention_refused_with_vllms_message() -> None:

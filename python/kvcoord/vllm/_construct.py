@@ -71,11 +71,14 @@ def caller_reason() -> str | None:
                 reason = connector_reason(connector)
                 if reason is not None:
                     return reason
-                if any(type(g.kv_cache_spec).__name__ == "MambaSpec" for g in groups):
-                    # get_computed_blocks_for_connector reports per-group
-                    # hits of hybrid Mamba models (vLLM's
-                    # find_longest_cache_hit_per_group); not reproduced yet.
-                    return "a KV connector beside Mamba groups (per-group connector lookups)"
+                if any(
+                    type(g.kv_cache_spec).__name__ == "MambaSpec"
+                    and g.kv_cache_spec.mamba_cache_mode != "align"
+                    for g in groups
+                ):
+                    # External tokens would have to count a mode-"none"
+                    # group's scratch blocks; not reproduced yet.
+                    return "a KV connector beside Mamba groups in mode 'none' (external tokens)"
             if getattr(owner, "defer_block_free", False) and len(groups) > 1:
                 # vLLM frees deferred blocks last group first; kvcoord's core
                 # frees a request's groups first to last.

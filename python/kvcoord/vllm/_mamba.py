@@ -7,9 +7,9 @@ are cached and when a hit on one may be used, sparse retention) are the
 core's Mamba managers; this module only translates.
 
 Served: ``mamba_cache_mode="align"`` with the hash unit equal to the Mamba
-block size (every hit and every cached state on a block boundary), no
-speculative blocks, no hash lookahead and no EAGLE; ``mamba_cache_mode="none"``
-with prefix caching off.
+block size (every hit and every cached state on a block boundary), with or
+without speculative (MTP) scratch blocks, no hash lookahead and no EAGLE;
+``mamba_cache_mode="none"`` with prefix caching off.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from kvcoord.config import MambaSpec
 __all__ = [
     "boundary_offloads",
     "config_reason",
-    "connector_looks_up_per_group",
+    "connector_full_attention_group",
+    "connector_hit",
     "is_mamba_spec",
     "mamba_group_ids",
     "mamba_spec",
@@ -46,11 +47,6 @@ def spec_reason(spec: Any, caching: bool) -> str | None:
     mode = spec.mamba_cache_mode
     if mode not in ("none", "align"):
         return f"MambaSpec with mamba_cache_mode={mode!r}"
-    if mode == "align" and spec.num_speculative_blocks:
-        return (
-            "MambaSpec in align mode with num_speculative_blocks > 0 (MTP scratch "
-            "blocks relocated inside the state table)"
-        )
     if mode == "none" and caching:
         # vLLM refuses it too (Mamba prefix caching needs align mode).
         return "MambaSpec in mode 'none' with prefix caching on"
@@ -111,18 +107,29 @@ def mamba_group_ids(kv_cache_config: Any) -> tuple[int, ...]:
     )
 
 
-def connector_looks_up_per_group(kv_cache_config: Any, caching: bool) -> bool:
-    """Whether vLLM's ``get_computed_blocks_for_connector`` looks each group
-    up on its own for this configuration: Mamba groups beside full attention
-    under the hybrid coordinator."""
+def connector_full_attention_group(kv_cache_config: Any, caching: bool) -> int | None:
+    """The group whose hit vLLM's ``get_computed_blocks_for_connector``
+    reports when it looks each group up on its own (Mamba groups beside
+    full attention under the hybrid coordinator: its
+    ``full_attention_group_id``, the first full-attention group); None when
+    it answers with ``get_computed_blocks``."""
     groups = kv_cache_config.kv_cache_groups
     full = _interface().FullAttentionSpec
-    return (
-        caching
-        and len(groups) > 1
-        and bool(mamba_group_ids(kv_cache_config))
-        and any(isinstance(g.kv_cache_spec, full) for g in groups)
-    )
+    if not (caching and len(groups) > 1 and mamba_group_ids(kv_cache_config)):
+        return None
+    return next((i for i, g in enumerate(groups) if isinstance(g.kv_cache_spec, full)), None)
+
+
+def connector_hit(hits: Sequence[int], full_group: int) -> tuple[int, bool] | None:
+    """vLLM's reading of per-group hits for a connector: the full-attention
+    hit and whether some group lags behind it (the connector must then
+    supply that group's state), or None when some group hit deeper than
+    full attention (its attention blocks were evicted: the reconciled hit
+    is used instead)."""
+    local = hits[full_group]
+    if any(h > local for h in hits):
+        return None
+    return local, min(hits) < local
 
 
 def boundary_offloads(core: Any) -> dict[str, list[tuple[int, int, int]]]:

@@ -107,6 +107,17 @@ class RequestRegistry:
             return entry[1]
         return Request(self.core_id(request_id), [], hash_block_size=self.hash_block_size)
 
+    def probe(self, block_hashes: Any) -> Request:
+        """A request holding only vLLM's ``block_hashes``, for lookups by
+        hashes alone (never allocated)."""
+        n = len(block_hashes)
+        size = self.hash_block_size
+        tokens = [0] * (n * size)
+        probe = Request("kvcoord-probe", tokens, hash_block_size=size, hash_algo="supplied")
+        if n:
+            probe.supply_block_hashes(list(block_hashes))
+        return probe
+
     def ids(self) -> list[str]:
         """Ids of the requests seen and not yet dropped."""
         return list(self._by_id)

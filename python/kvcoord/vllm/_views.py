@@ -9,7 +9,7 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from kvcoord.coordinator import KVCacheCoordinator
-from kvcoord.vllm._blocks import BlockView, PoolView, ids_of
+from kvcoord.vllm._blocks import BlockView, KVCacheBlocks, PoolView, ids_of
 
 if TYPE_CHECKING:
     from kvcoord.vllm.manager import KVCacheManager
@@ -165,6 +165,21 @@ class CoordinatorView:
     @property
     def block_pool(self) -> PoolView:
         return self._manager.block_pool
+
+    @property
+    def full_attention_group_id(self) -> int | None:
+        """The group a connector's lookup reports beside Mamba groups."""
+        return self._manager._connector_group
+
+    def find_longest_cache_hit_per_group(
+        self, block_hashes: Any, max_cache_hit_length: int
+    ) -> tuple[tuple[list[BlockView], ...], tuple[int, ...]]:
+        """vLLM's per-group lookup (hybrid layouts): each group's own
+        longest hit for ``block_hashes``, without agreeing on one length."""
+        manager = self._manager
+        probe = manager._requests.probe(block_hashes)
+        blocks, hits = manager.find_hits_per_group(probe, max_cache_hit_length)
+        return KVCacheBlocks(blocks.arrays(), manager._pool).blocks, hits
 
     def get_num_blocks_to_allocate(
         self,

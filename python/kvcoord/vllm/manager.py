@@ -139,7 +139,7 @@ class KVCacheManager(DecodePath, ManagerReadouts):
         # only the token-indexed attention groups).
         self._whole_table_groups = self._mamba_groups + cross_attention_group_ids(cfg)
         # vLLM answers connector lookups per group for these (see _mamba).
-        self._connector_per_group = _mamba.connector_looks_up_per_group(cfg, self.enable_caching)
+        self._connector_group = _mamba.connector_full_attention_group(cfg, self.enable_caching)
         # The decode fast path of allocate_slots: request id -> what it holds
         # (see _room). Only where a step within it changes nothing in vLLM:
         # full attention (no block leaves a window) and no watermark.
@@ -207,15 +207,31 @@ class KVCacheManager(DecodePath, ManagerReadouts):
     def get_computed_blocks_for_connector(
         self, request: Any, max_cache_hit_length: int | None = None
     ) -> tuple[KVCacheBlocks, int, int, bool]:
-        if self._connector_per_group:
-            # Never reached through vLLM's scheduler (a connector beside Mamba
-            # groups falls back at construction): refuse rather than answer
-            # with the reconciled hit.
-            raise NotImplementedError(
-                "kvcoord: get_computed_blocks_for_connector beside Mamba groups "
-                "(vLLM's per-group hits)"
-            )
-        return (*self.get_computed_blocks(request, max_cache_hit_length), False)
+        """``get_computed_blocks`` and whether the hit runs past a lagging
+        group's (beside Mamba groups, vLLM looks each group up on its own
+        and reports the full-attention hit; see ``_mamba.connector_hit``)."""
+        full_group = self._connector_group
+        if full_group is None:
+            return (*self.get_computed_blocks(request, max_cache_hit_length), False)
+        if not self.prefix_cache_lookup_enabled(request):
+            return self.empty_kv_cache_blocks, 0, 0, False
+        if max_cache_hit_length is None:
+            max_cache_hit_length = request.num_tokens - 1
+        blocks, hits = self.find_hits_per_group(self._requests.get(request), max_cache_hit_length)
+        answer = _mamba.connector_hit(hits, full_group)
+        if answer is None:
+            return (*self.get_computed_blocks(request, max_cache_hit_length), False)
+        # A per-group lookup detects no uncached shared prefix.
+        return KVCacheBlocks(blocks.arrays(), self._pool), answer[0], 0, answer[1]
+
+    def find_hits_per_group(self, mine: Any, max_length: int) -> tuple[Any, tuple[int, ...]]:
+        """Each group's own longest hit for kvcoord's request ``mine``
+        (blocks, hit tokens per group): vLLM's
+        ``find_longest_cache_hit_per_group``."""
+        limit = min(max_length, mine.num_block_hashes * self.hash_block_size)
+        find = self._core_coordinator.find_longest_cache_hit_per_group  # type: ignore[attr-defined]
+        blocks, hits = find(mine, limit)
+        return blocks, hits
 
     def _predict(
         self,

@@ -910,7 +910,7 @@ impl CoordinatorCore {
             check_external(managers)?;
         }
         if new_computed_blocks.is_some() || claims_hits {
-            check_hits(managers, pool, config, hits, tracked, local, view.hashes)?;
+            check_hits(managers, pool, config, hits, tracked, view, args)?;
         }
         // Steps 3 and 7 (external tokens count as computed).
         let computed = local + num_external_computed_tokens;
@@ -1261,7 +1261,7 @@ fn check_external(managers: &[Manager]) -> KvResult<()> {
         return Ok(());
     }
     Err(KvError::Unsupported {
-        what: "external (KV-connector) tokens with Mamba groups".into(),
+        what: "external (KV-connector) tokens with Mamba groups in mode \"none\"".into(),
     })
 }
 
@@ -1330,9 +1330,20 @@ fn allocate_groups(
     out: &mut NewBlocks,
 ) -> KvResult<()> {
     for (m, t) in managers.iter().zip(tables.iter_mut()) {
-        if let SpecKind::MambaAlign { .. } = m.spec().kind {
+        if let SpecKind::MambaAlign {
+            num_speculative_blocks,
+            ..
+        } = m.spec().kind
+        {
             // Align mode sizes by the main model's tokens (no lookahead).
-            mamba_align::allocate_new_blocks(m.block_size(), pool, t, step.main, &mut out.ids)?;
+            mamba_align::allocate_new_blocks(
+                m.block_size(),
+                num_speculative_blocks as usize,
+                pool,
+                t,
+                step.main,
+                &mut out.ids,
+            )?;
         } else {
             let tokens = CoordinatorCore::group_tokens(m, step.need_slots, step.num_encoder_tokens);
             m.allocate_new_blocks(pool, t, tokens, &mut out.ids)?;
@@ -1419,16 +1430,20 @@ fn predict(
 
 /// Validate hit lists passed to `allocate_slots`: one list per group, only
 /// for a new request, only where caching applies, in range, and covering
-/// exactly the `num_local` computed tokens.
+/// exactly the locally computed tokens (fewer for a lagging group before
+/// external tokens).
 fn check_hits(
     managers: &[Manager],
     pool: &BlockPool,
     config: &CoordinatorConfig,
     hits: &[Vec<BlockId>],
     tracked: bool,
-    num_local: usize,
-    hashes: &[BlockHash],
+    view: &RequestView<'_>,
+    args: &AllocateArgs,
 ) -> KvResult<()> {
+    let num_local = view.num_computed_tokens + args.num_new_computed_tokens;
+    let num_external = args.num_external_computed_tokens;
+    let hashes = view.hashes;
     let arg = |detail: String| KvError::InvalidArgument {
         name: "new_computed_blocks",
         detail,
@@ -1440,10 +1455,16 @@ fn check_hits(
             managers.len()
         )));
     }
+    // A connector's per-group lookup (vLLM's, beside Mamba groups) may hand
+    // a group a hit below the reported one (even none) when external
+    // tokens follow: that group adopts what its own hit covers, as vLLM
+    // does (a Mamba group none of it: the state at the end of the external
+    // tokens replaces it).
+    let lagging = |list: &[BlockId], expected: usize| num_external > 0 && list.len() < expected;
     for (m, list) in managers.iter().zip(hits) {
         if list.is_empty() {
             let needs_blocks = !tracked && num_local > 0 && config.enable_caching();
-            if needs_blocks && m.spec().prefix_cacheable() {
+            if needs_blocks && m.spec().prefix_cacheable() && num_external == 0 {
                 return Err(arg(format!(
                     "group {}: {num_local} hit tokens but no hit blocks",
                     m.group()
@@ -1474,9 +1495,9 @@ fn check_hits(
             });
         }
         // A lookup result covers exactly the computed prefix, one entry
-        // (null included) per block.
+        // (null included) per block (a lagging group's hit: fewer).
         let expected = num_local / m.block_size();
-        if list.len() != expected {
+        if list.len() != expected && !lagging(list, expected) {
             return Err(arg(format!(
                 "group {}: {} hit blocks for {num_local} computed tokens (expected {expected})",
                 m.group(),
@@ -1489,7 +1510,7 @@ fn check_hits(
             hashes,
             config.hash_block_size as usize,
             list,
-            num_local,
+            list.len() * m.block_size(),
         )?;
     }
     Ok(())
@@ -2272,6 +2293,64 @@ mod tests {
         let free = c.pool().num_free_blocks();
         assert!(c.allocate_request(&r, &args, None, &mut out).is_err());
         assert_eq!((c.pool().num_free_blocks(), c.num_requests()), (free, 0));
+    }
+
+    #[test]
+    fn mamba_align_external_tokens_after_a_lagging_hit() {
+        // Full B = 4 beside Mamba "align" B = 4. A 9-token prompt caches two
+        // full-attention blocks and no state (its chunk ends mid-block).
+        let cfg = CoordinatorConfig::new(
+            vec![
+                GroupSpec::full_attention(4),
+                GroupSpec::mamba_align(4, false, None),
+            ],
+            30,
+            true,
+            1000,
+        );
+        let mut c = CoordinatorCore::new(cfg).unwrap();
+        let mut out = NewBlocks::new();
+        let r0 = live_request("a", 9, 4);
+        assert!(c
+            .allocate_request(&r0, &AllocateArgs::new(9), None, &mut out)
+            .unwrap());
+        assert!(c.free_request("a").unwrap());
+        let r1 = live_request("b", 14, 4);
+        let (fa, hit) = c
+            .find_longest_cache_hit(&[GroupId(0)], r1.block_hashes(), 13, 4)
+            .unwrap();
+        assert_eq!(hit, 8);
+        let hits = vec![fa[0].clone(), Vec::new()];
+        // Without external tokens the Mamba group must hit too.
+        let local = AllocateArgs {
+            num_new_computed_tokens: 8,
+            ..AllocateArgs::new(6)
+        };
+        let free = c.pool().num_free_blocks();
+        assert!(c
+            .allocate_request(&r1, &local, Some(&hits), &mut out)
+            .is_err());
+        assert_eq!((c.pool().num_free_blocks(), c.num_requests()), (free, 0));
+        // With 4 external tokens (a connector supplies the state at 12):
+        // Mamba nulls the 2 blocks below the last computed token's, then
+        // one block for the external tokens and one for the new ones.
+        let external = AllocateArgs {
+            num_external_computed_tokens: 4,
+            ..AllocateArgs::new(2)
+        };
+        let args = AllocateArgs {
+            num_new_computed_tokens: 8,
+            ..external
+        };
+        assert!(c
+            .allocate_request(&r1, &args, Some(&hits), &mut out)
+            .unwrap());
+        let tables = c.request_block_ids("b").unwrap();
+        assert_eq!(&tables[0][..2], &hits[0][..]);
+        assert_eq!(tables[0].len(), 4);
+        let nulls: Vec<bool> = tables[1].iter().map(|b| b.is_null()).collect();
+        assert_eq!(nulls, [true, true, false, false]);
+        c.check_invariants().unwrap();
     }
 
     #[test]

@@ -11,9 +11,12 @@
 //! at its boundary (the key is registered before the state exists, so a hit
 //! on a key cached during the current step is refused until the next step).
 //!
-//! Supported here: hash unit = block size (no partial-block entries) and no
-//! speculative scratch blocks; [`GroupSpec::validate`](super::GroupSpec::validate)
-//! and the coordinator's configuration check refuse the rest.
+//! With `num_speculative_blocks = k` (MTP) the table ends with the running
+//! state followed by `k` scratch blocks; an allocation moves the scratch
+//! blocks a step leaves behind to the new end of the table.
+//!
+//! Supported here: hash unit = block size (no partial-block entries); the
+//! coordinator's configuration check refuses the rest.
 
 use hashbrown::HashSet;
 
@@ -158,13 +161,14 @@ pub(crate) fn num_blocks_to_allocate(
 ) -> Needed {
     let spec_bs = manager.block_size();
     let SpecKind::MambaAlign {
+        num_speculative_blocks,
         prefill_checkpoint,
         prefill_checkpoint_alignment,
-        ..
     } = manager.spec().kind
     else {
         return Needed::default();
     };
+    let scratch = num_speculative_blocks as usize;
     let checkpoint_alignment = prefill_checkpoint_alignment.map(|a| a as usize);
     if let Some(&last) = input.hits.last() {
         if let Ok(Some(key)) = pool.cache_key(last) {
@@ -176,12 +180,14 @@ pub(crate) fn num_blocks_to_allocate(
             }
         }
     }
-    let required = cdiv(input.main, spec_bs);
+    let state_blocks = cdiv(input.main, spec_bs);
+    let required = state_blocks + scratch;
     let table_len = table.map_or(0, |t| t.blocks.len());
+    let allocated = table.is_some_and(|t| t.align.allocated);
     let have = input.hits.len() + table_len;
     let position = prefill_checkpoint_position(input.main, input.alignment);
     // The reserved block sits just before the running state's entry.
-    let checkpoint_idx = required.checked_sub(2);
+    let checkpoint_idx = state_blocks.checked_sub(2);
     let reserves = prefill_checkpoint
         && input.main >= input.prefill_end
         && prefill_checkpoint_valid(
@@ -192,12 +198,20 @@ pub(crate) fn num_blocks_to_allocate(
             spec_bs,
             checkpoint_alignment,
         )
-        && checkpoint_idx
-            .is_some_and(|idx| idx >= table_len || table.is_some_and(|t| t.blocks[idx].is_null()));
+        && checkpoint_idx.is_some_and(|idx| {
+            // Free for the checkpoint: past the table, a null entry, or one
+            // of the scratch blocks at its end (relocated by the allocation).
+            idx >= table_len
+                || table.is_some_and(|t| t.blocks[idx].is_null())
+                || (allocated && idx + scratch >= table_len)
+        });
     let checkpoint = checkpoint_idx
         .filter(|_| reserves)
         .map(|idx| (position, idx));
-    let new = required.saturating_sub(have).min(1 + usize::from(reserves));
+    // At most the running state and the checkpoint per step, plus the
+    // scratch blocks on the first allocation.
+    let cap = 1 + usize::from(reserves) + if allocated { 0 } else { scratch };
+    let new = required.saturating_sub(have).min(cap);
     Needed {
         take: new + pool.num_unreferenced(input.hits),
         give_back: have.saturating_sub(required),
@@ -206,37 +220,53 @@ pub(crate) fn num_blocks_to_allocate(
 }
 
 /// Grow the table for `main` tokens: nulls up to the entry before the
-/// running state (or before the reserved checkpoint), then fresh blocks.
-/// The nulls and the fresh blocks are appended to `new_blocks` (vLLM returns
-/// the padded entries too).
+/// running state (or before the reserved checkpoint), the speculative
+/// scratch blocks the step leaves behind moved to the end (their entries
+/// become null; one at the checkpoint's entry stays, the checkpoint is
+/// exported into it), then fresh blocks. The table always ends with the
+/// running state followed by `num_speculative_blocks` scratch blocks. The
+/// padded nulls, the moved scratch blocks and the fresh blocks are appended
+/// to `new_blocks` (vLLM returns every entry past the old length).
 pub(crate) fn allocate_new_blocks(
     spec_bs: usize,
+    num_speculative_blocks: usize,
     pool: &mut BlockPool,
     table: &mut GroupTable,
     main: usize,
     new_blocks: &mut Vec<BlockId>,
 ) -> KvResult<()> {
-    let required = cdiv(main, spec_bs);
+    let scratch = num_speculative_blocks;
+    let state_blocks = cdiv(main, spec_bs);
+    let required = state_blocks + scratch;
     let checkpoint_block = usize::from(table.align.checkpoint.is_some());
     let prev_len = table.blocks.len();
     if required <= prev_len && checkpoint_block == 0 {
         table.align.allocated = true;
         return Ok(());
     }
-    if table.align.allocated || prev_len > 0 {
-        // The running state (or, right after admission, the hit state) is
-        // the last entry; the kernel copies from it this step.
+    if table.align.allocated {
+        // The running state sits before the scratch blocks; the kernel
+        // copies from it this step.
+        table.align.last_state = prev_len.checked_sub(1 + scratch);
+    } else if prev_len > 0 {
+        // Right after admission the hit state is the last entry.
         table.align.last_state = Some(prev_len - 1);
     }
-    let skipped_blocks = required.saturating_sub(1);
-    let start = new_blocks.len();
-    if prev_len < skipped_blocks {
-        let null_end = skipped_blocks - checkpoint_block;
-        if null_end > prev_len {
-            table.blocks.resize(null_end, BlockId::NULL);
-            new_blocks.resize(start + (null_end - prev_len), BlockId::NULL);
+    let skipped_blocks = state_blocks.saturating_sub(1);
+    let null_end = skipped_blocks.saturating_sub(checkpoint_block);
+    if prev_len < skipped_blocks && null_end > prev_len {
+        table.blocks.resize(null_end, BlockId::NULL);
+    }
+    if table.align.allocated {
+        for idx in prev_len.saturating_sub(scratch)..prev_len {
+            if idx >= null_end {
+                break;
+            }
+            let b = std::mem::replace(&mut table.blocks[idx], BlockId::NULL);
+            table.blocks.push(b);
         }
     }
+    new_blocks.extend_from_slice(&table.blocks[prev_len.min(table.blocks.len())..]);
     let n = required.saturating_sub(table.blocks.len());
     let fresh = new_blocks.len();
     pool.get_new_blocks(n, new_blocks)?;
@@ -400,6 +430,82 @@ pub(crate) fn after_cache_blocks(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::managers::test_util::pool;
+
+    #[test]
+    fn speculative_scratch_blocks_follow_the_running_state() {
+        let mut pl = pool(20, 4);
+        let mut table = GroupTable::default();
+        let mut out = Vec::new();
+        // First allocation (8 tokens): a null, the running state, two
+        // scratch blocks.
+        allocate_new_blocks(4, 2, &mut pl, &mut table, 8, &mut out).unwrap();
+        assert_eq!(out.len(), 4);
+        assert!(out[0].is_null());
+        let (s1, s2, s3) = (out[1], out[2], out[3]);
+        assert_eq!(table.blocks, vec![BlockId::NULL, s1, s2, s3]);
+        assert_eq!(table.align.last_state, None);
+        // 12 tokens: the first scratch block becomes the running state, one
+        // fresh scratch block; the previous state is remembered.
+        out.clear();
+        allocate_new_blocks(4, 2, &mut pl, &mut table, 12, &mut out).unwrap();
+        assert_eq!(out.len(), 1);
+        let s4 = out[0];
+        assert_eq!(table.blocks, vec![BlockId::NULL, s1, s2, s3, s4]);
+        assert_eq!(table.align.last_state, Some(1));
+        // 24 tokens: both scratch blocks left behind move to the new end
+        // (returned with the fresh one), their entries become null.
+        out.clear();
+        allocate_new_blocks(4, 2, &mut pl, &mut table, 24, &mut out).unwrap();
+        assert_eq!(&out[..2], &[s3, s4]);
+        let s5 = out[2];
+        let nul = BlockId::NULL;
+        assert_eq!(table.blocks, vec![nul, s1, s2, nul, nul, s3, s4, s5]);
+        assert_eq!(table.align.last_state, Some(2));
+        // Freeing past the old state releases it and s2 (the entries below
+        // the last computed token's block).
+        let mut scratch = Vec::new();
+        remove_skipped_blocks(4, &mut pl, &mut table, 24, &mut scratch).unwrap();
+        assert_eq!(table.blocks, vec![nul, nul, nul, nul, nul, s3, s4, s5]);
+    }
+
+    #[test]
+    fn scratch_blocks_are_counted_once_and_free_the_checkpoint_entry() {
+        let p = pool(20, 4);
+        let spec = crate::managers::GroupSpec::mamba_align_from_sizes(4, 2, 1, Some(4)).unwrap();
+        let m = Manager::new(spec, GroupId(0)).unwrap();
+        let input = |main, total_computed| AllocInput {
+            main,
+            total_computed,
+            prefill_end: 0,
+            alignment: 4,
+            hash_block_size: 4,
+            hits: &[],
+        };
+        let none = HashSet::new();
+        // A new request: state blocks, both scratch blocks and the checkpoint.
+        let n = num_blocks_to_allocate(&m, &p, None, &input(10, 0), &none);
+        assert_eq!(n.checkpoint, Some((8, 1)));
+        assert_eq!(n.take, 1 + 1 + 2);
+        // A running request whose checkpoint entry is one of its scratch
+        // blocks may still reserve it; scratch blocks are not taken again.
+        let t = GroupTable {
+            blocks: vec![BlockId::NULL, BlockId(1), BlockId(2), BlockId(3)],
+            num_cached: 0,
+            align: AlignState {
+                allocated: true,
+                ..AlignState::default()
+            },
+        };
+        let n = num_blocks_to_allocate(&m, &p, Some(&t), &input(12, 8), &none);
+        assert_eq!(
+            n.checkpoint, None,
+            "chunk starts past the checkpoint column"
+        );
+        let n = num_blocks_to_allocate(&m, &p, Some(&t), &input(16, 4), &none);
+        assert_eq!(n.checkpoint, Some((12, 2)));
+        assert_eq!((n.take, n.give_back), (2, 0));
+    }
 
     #[test]
     fn checkpoint_position_and_validity() {

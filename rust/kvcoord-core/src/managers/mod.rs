@@ -232,15 +232,6 @@ impl GroupSpec {
             {
                 Err(bad("MambaSpec.prefill_checkpoint_alignment", 0))
             }
-            (Some(n), _) if n != 0 && matches!(self.kind, SpecKind::MambaAlign { .. }) => {
-                Err(KvError::InvalidConfig {
-                    name: "MambaSpec.num_speculative_blocks",
-                    value: n.to_string(),
-                    rule: "speculative scratch blocks are not supported with \
-                           mamba_cache_mode='align'"
-                        .into(),
-                })
-            }
             _ => Ok(()),
         }
     }
@@ -924,12 +915,16 @@ impl Manager {
     }
 
     /// Whether a new request may bring external (KV-connector) tokens in
-    /// this group: not Mamba groups, whose states are not positional blocks
-    /// (not reproduced yet).
+    /// this group: not Mamba groups in mode "none", whose scratch blocks
+    /// the external blocks would have to count (not reproduced yet). An
+    /// align-mode group gets the block of the state at the end of the
+    /// external tokens, after nulls (vLLM's generic rule with Mamba's
+    /// skipped tokens).
     pub const fn supports_external_tokens(&self) -> bool {
         match self.spec.kind {
-            SpecKind::Mamba { .. } | SpecKind::MambaAlign { .. } => false,
-            SpecKind::FullAttention
+            SpecKind::Mamba { .. } => false,
+            SpecKind::MambaAlign { .. }
+            | SpecKind::FullAttention
             | SpecKind::SlidingWindow { .. }
             | SpecKind::ChunkedLocal { .. }
             | SpecKind::CrossAttention
@@ -1311,13 +1306,15 @@ mod kind_table_tests {
             (name, rule.as_str()),
             ("MambaSpec.num_speculative_blocks", "must be an int >= 0")
         );
-        // Align mode: checkpoints on with any checkpoint block; the core's
-        // own rules (no speculative blocks) still apply after the ranges.
+        // Align mode: checkpoints on with any checkpoint block; speculative
+        // scratch blocks are kept, a negative count refused.
         assert_eq!(
             GroupSpec::mamba_align_from_sizes(16, 0, 2, Some(32)),
             Ok(GroupSpec::mamba_align(16, true, Some(32)))
         );
-        let (name, _) = named(GroupSpec::mamba_align_from_sizes(16, 1, 0, None));
+        let with_scratch = GroupSpec::mamba_align_from_sizes(16, 2, 0, None).unwrap();
+        assert_eq!(with_scratch.param(), Some(2));
+        let (name, _) = named(GroupSpec::mamba_align_from_sizes(16, -1, 0, None));
         assert_eq!(name, "MambaSpec.num_speculative_blocks");
         let (name, _) = named(GroupSpec::mamba_align_from_sizes(16, 0, -1, None));
         assert_eq!(name, "MambaSpec.num_prefill_checkpoint_blocks");
