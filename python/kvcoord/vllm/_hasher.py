@@ -24,7 +24,7 @@ from typing import Any
 from kvcoord._core import Request
 from kvcoord.errors import InvalidTokenError
 
-__all__ = ["ATTR", "make_block_hasher", "stats"]
+__all__ = ["ATTR", "hand_back", "make_block_hasher", "stats"]
 
 #: Attribute of a vLLM request holding its hashing :class:`kvcoord.Request`.
 ATTR = "_kvcoord_hashes"
@@ -32,6 +32,12 @@ ATTR = "_kvcoord_hashes"
 #: ``vllm_hashers``: hashers left to vLLM (algorithm or lookahead).
 stats: Counter[str] = Counter()
 _NOT_OURS = object()
+
+
+def hand_back(request: Any) -> None:
+    """From now on vLLM's own hasher hashes ``request`` (its digests so far
+    are the same): kvcoord cannot hash its new tokens as vLLM does."""
+    request.__dict__[ATTR] = _NOT_OURS
 
 
 def _algo_name(hash_fn: Callable[[Any], bytes]) -> str | None:
