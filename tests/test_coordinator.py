@@ -126,3 +126,30 @@ def test_chunked_local_hit_counts_skipped_chunks() -> None:
     assert hit == 28
     local = blocks.get_block_ids()[1]
     assert local[:6] == [0] * 6 and all(local[6:])
+
+
+def test_reprefillable_tail_is_held_back_per_group() -> None:
+    """Multi-module MTP: one caching group holds back the whole tail; a
+    hybrid coordinator only in its EAGLE groups (the others cache the
+    scheduler-block-aligned prefix), which cache one block past it."""
+    unitary = make(cfg(FullAttentionSpec(4)), num_reprefillable_tokens=2).core  # type: ignore[attr-defined]
+    assert unitary.num_reprefillable_tokens == 2
+    assert unitary.held_back_tokens == [2]
+    assert unitary.num_cacheable_tokens(0, 11) == 9
+    hybrid = make(
+        cfg(FullAttentionSpec(4), FullAttentionSpec(8)),
+        num_reprefillable_tokens=3,
+        eagle_group_ids=[0],
+    ).core  # type: ignore[attr-defined]
+    assert hybrid.eagle_groups == [0]
+    assert hybrid.held_back_tokens == [3, 0]
+    assert [hybrid.num_cacheable_tokens(g, 17) for g in (0, 1)] == [12, 16]
+    with pytest.raises(ValueError, match="no KV cache group 2"):
+        hybrid.num_cacheable_tokens(2, 17)
+    with pytest.raises(ConfigError, match="eagle_group_ids"):
+        make(cfg(FullAttentionSpec(4)), eagle_group_ids=[1])
+    # Groups of equal spec join an EAGLE group.
+    joined = make(cfg(FullAttentionSpec(4), FullAttentionSpec(4)), eagle_group_ids=[1]).core  # type: ignore[attr-defined]
+    assert joined.eagle_groups == [0, 1]
+    with pytest.raises(ValueError):
+        make(cfg(FullAttentionSpec(4)), num_reprefillable_tokens=-1)

@@ -564,14 +564,36 @@ class CoordinatorCore:
         max_model_len: int,
         retention_interval: int | None = None,
         enable_events: bool = False,
+        num_reprefillable_tokens: int | None = None,
+        eagle_group_ids: Sequence[int] | None = None,
     ) -> None:
-        """``hash_block_size`` ``None`` takes :func:`default_hash_block_size`."""
+        """``hash_block_size`` ``None`` takes :func:`default_hash_block_size`.
+        ``num_reprefillable_tokens``: multi-module MTP's re-prefillable tail
+        (``num_prefill_lookahead - 1``, never cached); ``eagle_group_ids``:
+        the groups serving an EAGLE drafter (vLLM's ``drop_eagle_group_ids``;
+        groups of equal spec join them)."""
     @property
     def hash_block_size(self) -> int:
         """Tokens per hash unit."""
     @property
     def scheduler_block_size(self) -> int:
         """LCM of the groups' block sizes."""
+    @property
+    def num_reprefillable_tokens(self) -> int:
+        """Multi-module MTP's re-prefillable tail."""
+    @property
+    def eagle_groups(self) -> list[int]:
+        """The groups whose hits drop the EAGLE block, those of equal spec
+        included."""
+    @property
+    def held_back_tokens(self) -> list[int]:
+        """Per group, the re-prefillable tokens it holds back from caching
+        (all of them with one caching group and in a hybrid coordinator's
+        EAGLE groups, none in its other groups)."""
+    def num_cacheable_tokens(self, group: int, num_computed_tokens: int) -> int:
+        """How many of ``num_computed_tokens`` ``group`` may cache (vLLM's
+        ``get_num_cacheable_tokens``); ``InvalidArgumentError`` for an unknown
+        group."""
     @property
     def empty(self) -> KVCacheBlocks:
         """The shared result with no block in any group."""

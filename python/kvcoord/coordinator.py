@@ -17,6 +17,7 @@ and how to reconcile their results:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -66,6 +67,11 @@ class KVCacheCoordinator:
         hash_block_size: tokens per hash unit; ``None`` for the core's
             default (:func:`kvcoord.default_hash_block_size`).
         enable_events: record KV-cache events in the pool.
+        num_reprefillable_tokens: multi-module MTP's re-prefillable tail
+            (vLLM's ``num_prefill_lookahead - 1``), never cached.
+        eagle_group_ids: groups serving an EAGLE drafter (vLLM's
+            ``drop_eagle_group_ids``; groups of equal spec join them): a
+            hybrid coordinator caches them one block past its aligned prefix.
     """
 
     #: Which policy this class is (decides caching and hit alignment).
@@ -78,6 +84,8 @@ class KVCacheCoordinator:
         max_model_len: int,
         hash_block_size: int | None = None,
         enable_events: bool = False,
+        num_reprefillable_tokens: int = 0,
+        eagle_group_ids: Sequence[int] = (),
     ) -> None:
         # Type checks and the 64-bit crossing here; the rules are the core's.
         max_model_len = as_i64(max_model_len, "max_model_len")
@@ -93,6 +101,8 @@ class KVCacheCoordinator:
             max_model_len=max_model_len,
             retention_interval=config.prefix_cache_retention_interval,
             enable_events=enable_events,
+            num_reprefillable_tokens=num_reprefillable_tokens,
+            eagle_group_ids=eagle_group_ids,
         )
         self.enable_caching = self.kind != CoordinatorKind.NoPrefixCache
         self.hash_block_size: int = self.core.hash_block_size
@@ -147,12 +157,16 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
         max_model_len: int,
         hash_block_size: int | None = None,
         enable_events: bool = False,
+        num_reprefillable_tokens: int = 0,
+        eagle_group_ids: Sequence[int] = (),
     ) -> None:
         super().__init__(
             config,
             max_model_len=max_model_len,
             hash_block_size=hash_block_size,
             enable_events=enable_events,
+            num_reprefillable_tokens=num_reprefillable_tokens,
+            eagle_group_ids=eagle_group_ids,
         )
         self._block_size = config.groups[0].spec.block_size
 
@@ -195,12 +209,16 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         max_model_len: int,
         hash_block_size: int | None = None,
         enable_events: bool = False,
+        num_reprefillable_tokens: int = 0,
+        eagle_group_ids: Sequence[int] = (),
     ) -> None:
         super().__init__(
             config,
             max_model_len=max_model_len,
             hash_block_size=hash_block_size,
             enable_events=enable_events,
+            num_reprefillable_tokens=num_reprefillable_tokens,
+            eagle_group_ids=eagle_group_ids,
         )
         buckets: list[SpecGroup] = []
         for gid, g in enumerate(config.groups):
@@ -276,6 +294,8 @@ def get_kv_cache_coordinator(
     enable_caching: bool,
     hash_block_size: int | None = None,
     enable_events: bool = False,
+    num_reprefillable_tokens: int = 0,
+    eagle_group_ids: Sequence[int] = (),
 ) -> KVCacheCoordinator:
     """The policy the core chooses (:func:`kvcoord._core.choose_coordinator`):
     caching off -> NoPrefixCache; one group -> Unitary; otherwise Hybrid."""
@@ -287,4 +307,6 @@ def get_kv_cache_coordinator(
         max_model_len=max_model_len,
         hash_block_size=hash_block_size,
         enable_events=enable_events,
+        num_reprefillable_tokens=num_reprefillable_tokens,
+        eagle_group_ids=eagle_group_ids,
     )

@@ -8,8 +8,10 @@ virtualenv with vLLM 0.33.0).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -48,18 +50,31 @@ def _none_hash() -> None:
 @pytest.mark.parametrize("groups", [1, 2])
 @pytest.mark.parametrize("use_eagle", [False, True])
 @pytest.mark.parametrize(("lookahead", "prefill_lookahead"), [(0, 0), (2, 0), (0, 3)])
+@pytest.mark.parametrize("hisparse_fields", [False, True])
 def test_random_schedule_matches_vllm(
-    seed: int, groups: int, use_eagle: bool, lookahead: int, prefill_lookahead: int
+    seed: int,
+    groups: int,
+    use_eagle: bool,
+    lookahead: int,
+    prefill_lookahead: int,
+    hisparse_fields: bool,
 ) -> None:
     """``lookahead``: vLLM's hash-lookahead hasher (each block's hash also
     covers the next tokens, so it exists only once they do); kvcoord keys by
     those hashes as they are. ``prefill_lookahead``: multi-module MTP, whose
-    last ``prefill_lookahead - 1`` computed tokens are never cached (served
-    with one group)."""
-    if prefill_lookahead and groups > 1:
-        pytest.skip("num_prefill_lookahead is served with one KV cache group")
+    last ``prefill_lookahead - 1`` computed tokens are never cached in one
+    group or in EAGLE groups; other groups of a hybrid coordinator cache the
+    aligned prefix (see test_lookahead_against_vllm). ``hisparse_fields``:
+    every group ``host_resident`` and ``hisparse_host_num_blocks`` set, which
+    vLLM's manager never reads (served as the plain configuration;
+    kvcoord.vllm._hisparse)."""
+    if hisparse_fields and (use_eagle or lookahead or prefill_lookahead):
+        pytest.skip("the HiSparse fields are checked on the plain schedule")
     rng = random.Random(seed)
     cfg = config(48, [full_spec() for _ in range(groups)])
+    if hisparse_fields:
+        host_groups = [replace(g, host_resident=True) for g in cfg.kv_cache_groups]
+        cfg = replace(cfg, kv_cache_groups=host_groups, hisparse_host_num_blocks=16)
     theirs, ours = managers(
         cfg,
         watermark=rng.choice([0.0, 0.05]),
@@ -193,12 +208,13 @@ def test_unserved_configuration_falls_back_with_one_log_line(caplog) -> None:
     assert type(m) is kv.original_manager_class()
     assert sum(kv.fallbacks.values()) == before + 1
     assert [r.getMessage() for r in caplog.records if "SlidingWindowSpec" in r.getMessage()]
+    # Decode context parallelism is served beside full attention only.
     m2 = kv.KVCacheManager(
-        config(16, [full_spec(), full_spec()]),
+        config(16, [dataclasses.replace(swa, extra_retained_tokens=0)]),
         max_model_len=64,
-        scheduler_block_size=BS,
-        hash_block_size=BS,
-        num_prefill_lookahead=2,
+        scheduler_block_size=2 * BS,
+        hash_block_size=2 * BS,
+        dcp_world_size=2,
     )
     assert type(m2) is kv.original_manager_class()
     # EAGLE is served over groups of one spec only.

@@ -1,5 +1,7 @@
-"""HiSparse configurations of vLLM 0.33.0: not served yet, each falls back with
-a reason naming the HiSparse element found (kvcoord.vllm._hisparse).
+"""HiSparse configurations of vLLM 0.33.0: those with a HiSparse group are not
+served yet, each falls back with a reason naming the group found; the two
+HiSparse fields vLLM's manager never reads are served (kvcoord.vllm._hisparse;
+their schedules beside vLLM's are in test_against_vllm.py).
 
 Skipped when vLLM is not installed.
 """
@@ -71,7 +73,7 @@ def test_hisparse_manager_falls_back_with_its_reason(caplog) -> None:
         )
     assert type(m) is kv.original_manager_class()
     (reason,) = [r for r in kv.fallbacks if kv.fallbacks[r] != before.get(r, 0)]
-    assert reason.startswith("HiSparse KV cache (hisparse_host_num_blocks is set)")
+    assert reason.startswith("HiSparse KV cache (a group with role hisparse_source)")
     assert any(reason in r.getMessage() for r in caplog.records)
 
 
@@ -84,9 +86,18 @@ def test_each_hisparse_element_is_named() -> None:
     assert reason is not None and "HiSparseResidentSpec group" in reason
     reason = unsupported_reason(one_group(cfg.kv_cache_groups[3]), ARGS)
     assert reason is not None and "HiSparseHotSpec group" in reason
+
+
+def test_fields_vllms_manager_never_reads_are_served() -> None:
+    # A host-resident flag only places the group's tensors on the host, and
+    # the host pool size is read by vLLM's HiSparseCoordinator alone: vLLM's
+    # manager runs such a group as plain full attention on the device pool.
     host = KVCacheGroupSpec(["h"], full(), host_resident=True)
-    reason = unsupported_reason(one_group(host), ARGS)
-    assert reason is not None and "host-resident group" in reason
+    assert unsupported_reason(one_group(host), ARGS) is None
+    cfg = replace(one_group(host), hisparse_host_num_blocks=16)
+    assert unsupported_reason(cfg, ARGS) is None
+    m = kv.KVCacheManager(cfg, max_model_len=128, scheduler_block_size=BS, hash_block_size=BS)
+    assert isinstance(m, kv.KVCacheManager)
 
 
 def test_source_role_alone_is_not_served_as_full_attention() -> None:

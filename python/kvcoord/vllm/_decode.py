@@ -25,7 +25,7 @@ class DecodePath:
     enable_caching: bool
     max_model_len: int
     hash_block_size: int
-    num_reprefillable_tokens: int
+    _held_back: int
     empty_kv_cache_blocks: KVCacheBlocks
     _core: Any
     _pool: Any
@@ -73,8 +73,7 @@ class DecodePath:
             mine.num_computed_tokens = computed
         hbs = self.hash_block_size
         hashed = num_hashes * hbs
-        reprefill = self.num_reprefillable_tokens
-        lagging = hashed < num_tokens - hbs + 1 or reprefill > 0
+        lagging = hashed < num_tokens - hbs + 1
         result = self._core.allocate_slots(
             mine, num_new_tokens, 0, None, num_lookahead_tokens, 0, lagging
         )
@@ -86,14 +85,16 @@ class DecodePath:
         if cached_to > num_tokens:
             cached_to = num_tokens
         if lagging and self.enable_caching:
-            cached_to = max(min(cached_to - reprefill, hashed), 0)
             self._core.cache_blocks(mine, cached_to)
+        # What the core cached (it holds back the re-prefillable tail).
+        held_back = self._held_back
+        cached_to = max(min(cached_to - held_back, hashed), 0)
         need = min(computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
         if bs:
             # _room for one block size, inline.
             self._decode_room[request.request_id] = (
                 -(-need // bs) * bs,
-                (cached_to // bs + 1) * bs + reprefill if self.enable_caching else sys.maxsize,
+                (cached_to // bs + 1) * bs + held_back if self.enable_caching else sys.maxsize,
             )
         else:
             self._decode_room[request.request_id] = self._room(need, cached_to)
@@ -116,5 +117,5 @@ class DecodePath:
                 slots = min(slots, -(-need // bs) * bs)
                 next_block = min(next_block, (cached_to // bs + 1) * bs)
         # A block is cached once the tokens past the re-prefillable tail fill it.
-        next_block += self.num_reprefillable_tokens
+        next_block += self._held_back
         return slots, next_block if self.enable_caching else sys.maxsize

@@ -1,18 +1,23 @@
-"""HiSparse configurations of vLLM 0.33.0 and why kvcoord does not serve them yet.
+"""HiSparse configurations of vLLM 0.33.0: which parts are plain to vLLM's
+manager (served), and why the rest is not served yet.
 
 vLLM's HiSparse keeps a model's KV on a host tier and only some pages on the
 device: the source group (role ``hisparse_source``) allocates from a private
 host pool of ``hisparse_host_num_blocks`` blocks, publishes its hashes only
 once the host copies are durable, and resident / hot groups
 (``HiSparseResidentSpec`` / ``HiSparseHotSpec``) track device pages that stay
-readable after their reference is released until the pool reuses them
-(``BlockPool.unpin_blocks`` with reuse callbacks). vLLM's ``HiSparseCoordinator``
-finds these groups by the classes of vLLM's single-type managers.
+readable after their reference is released until the pool reuses them. All
+of it is driven by vLLM's ``HiSparseCoordinator``, which finds these groups by
+the classes of vLLM's single-type managers; vLLM's tests and its HiSparse
+connector reach it through ``get_hisparse_coordinator(manager)``. The
+semantics, and how kvcoord will hold them, are in ``docs/hisparse.md``.
 
-kvcoord's core has one pool per manager, no released-but-readable blocks and
-no HiSparse kinds yet, so every configuration with any HiSparse element falls
-back, with a reason naming the element found. This module is where serving
-them will live.
+Two HiSparse fields are plain to vLLM's ``KVCacheManager``, which never reads
+them: a group's ``host_resident`` flag (it only places the group's tensors on
+the host when the worker allocates them) and ``hisparse_host_num_blocks``
+(read by ``HiSparseCoordinator`` alone, and by the scheduler for its own
+decisions). A configuration whose only HiSparse elements are these is served
+as the configuration it is without them.
 """
 
 from __future__ import annotations
@@ -22,38 +27,34 @@ from typing import Any
 
 __all__ = ["hisparse_reason", "role_reason"]
 
-_MISSING = "kvcoord has no host pool, unpinned resident pages or HiSparse kinds yet"
+_MISSING = (
+    "vLLM drives these groups with its HiSparseCoordinator, which finds them by "
+    "vLLM's manager classes; kvcoord has no host pool, HiSparse kinds or "
+    "coordinator yet (docs/hisparse.md)"
+)
 
 
 def hisparse_reason(kv_cache_config: Any) -> str | None:
-    """Why a configuration with HiSparse elements is not served (None when it
-    has none). Elements, in the order reported: a host pool size, a
-    HiSparse resident or hot spec, a source group (role ``hisparse_source``),
-    a host-resident group. An indexer group (role ``hisparse_indexer``) alone
-    is plain full attention to vLLM's manager and is not one of them."""
+    """Why a configuration with HiSparse groups is not served (None when it
+    has none). The first such group is named: a source group (role
+    ``hisparse_source``) or a HiSparse resident or hot spec. An indexer group
+    (role ``hisparse_indexer``), a ``host_resident`` flag and
+    ``hisparse_host_num_blocks`` alone are plain to vLLM's manager and are not
+    among them."""
     interface: Any = importlib.import_module("vllm.v1.kv_cache_interface")
     hisparse_specs = tuple(
         getattr(interface, name)
         for name in ("HiSparseResidentSpec", "HiSparseHotSpec")
         if hasattr(interface, name)
     )
-    found: str | None = None
-    if getattr(kv_cache_config, "hisparse_host_num_blocks", None) is not None:
-        found = "hisparse_host_num_blocks is set"
     for group in kv_cache_config.kv_cache_groups:
-        if found is not None:
-            break
         spec = group.kv_cache_spec
         role = str(getattr(getattr(group, "role", None), "value", "default"))
         if hisparse_specs and isinstance(spec, hisparse_specs):
-            found = f"a {type(spec).__name__} group"
-        elif role == "hisparse_source":
-            found = "a group with role hisparse_source"
-        elif getattr(group, "host_resident", False):
-            found = "a host-resident group"
-    if found is None:
-        return None
-    return f"HiSparse KV cache ({found}): {_MISSING}"
+            return f"HiSparse KV cache (a {type(spec).__name__} group): {_MISSING}"
+        if role == "hisparse_source":
+            return f"HiSparse KV cache (a group with role hisparse_source): {_MISSING}"
+    return None
 
 
 def role_reason(group: Any) -> str | None:

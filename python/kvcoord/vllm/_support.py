@@ -11,6 +11,7 @@ decision: nothing falls back mid-run.
 from __future__ import annotations
 
 import importlib
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,15 +19,56 @@ from kvcoord.config import FullAttentionSpec, KVCacheConfig, KVCacheGroup, KVCac
 from kvcoord.vllm import _mamba, _windows
 from kvcoord.vllm._hisparse import hisparse_reason, role_reason
 
-__all__ = ["check_retention", "to_kvcoord_config", "unsupported_reason"]
+__all__ = [
+    "check_retention",
+    "kv_block_size",
+    "to_kvcoord_config",
+    "unsupported_reason",
+]
 
 # Constructor arguments whose non-default values kvcoord does not serve yet,
 # with the reason given in the fallback log line.
 _UNSERVED_ARGS: tuple[tuple[str, object, str], ...] = (
-    ("dcp_world_size", 1, "decode context parallelism (dcp_world_size > 1)"),
-    ("pcp_world_size", 1, "prefill context parallelism (pcp_world_size > 1)"),
     ("metrics_collector", None, "KV-cache residency metrics (metrics_collector)"),
 )
+
+
+def kv_block_size(spec: Any, dcp_world_size: int) -> int:
+    """Tokens per block of a group as vLLM's managers see it: decode context
+    parallelism shards a block's token positions over the ranks of a
+    ``dcp_sharded`` spec, so such a block spans ``dcp_world_size`` times the
+    spec's block size."""
+    sharded = bool(getattr(spec, "dcp_sharded", False))
+    return int(spec.block_size) * (dcp_world_size if sharded else 1)
+
+
+def _context_parallel_reason(groups: list[Any], args: Mapping[str, Any]) -> str | None:
+    """Why decode/prefill context parallelism is not served here, or None.
+    Served over full-attention and MLA groups only (the block sizes scaled,
+    nothing else changes): vLLM's window managers assert on it, and beside
+    an align-mode Mamba group it turns on sub-block hits (a Mamba block
+    equal to the hash unit is enough then). Also served only with
+    the scheduler block size vLLM is given equal to the LCM of the scaled
+    block sizes (the core derives it), and without KV-cache events (vLLM
+    reports reused blocks at the spec's block size, not the scaled one)."""
+    dcp = int(args.get("dcp_world_size", 1))
+    pcp = int(args.get("pcp_world_size", 1))
+    if dcp == 1 and pcp == 1:
+        return None
+    what = f"context parallelism (dcp_world_size={dcp}, pcp_world_size={pcp})"
+    if dcp < 1 or pcp < 1:
+        return f"{what}: world sizes below 1"
+    interface: Any = importlib.import_module("vllm.v1.kv_cache_interface")
+    plain = (interface.FullAttentionSpec, interface.MLAAttentionSpec)
+    others = sorted({type(g.kv_cache_spec).__name__ for g in groups} - {c.__name__ for c in plain})
+    if others:
+        return f"{what} beside {', '.join(others)} groups"
+    sizes = [kv_block_size(g.kv_cache_spec, dcp) for g in groups]
+    if int(args["scheduler_block_size"]) != math.lcm(*sizes):
+        return f"{what} with scheduler_block_size other than the LCM of the block sizes {sizes}"
+    if args.get("enable_kv_cache_events", False):
+        return f"{what} with KV-cache events"
+    return None
 
 
 def _spec_reason(spec: Any) -> str | None:
@@ -73,13 +115,12 @@ def unsupported_reason(kv_cache_config: Any, args: Mapping[str, Any]) -> str | N
         reason = _spec_reason(group.kv_cache_spec) or role_reason(group)
         if reason is not None:
             return reason
+    reason = _context_parallel_reason(groups, args)
+    if reason is not None:
+        return reason
     for field, what in (("cache_hit_alignment_tokens", "cache-hit alignment"),):
         if getattr(kv_cache_config, field, None) is not None:
             return f"{what} ({field} is set)"
-    if args.get("num_prefill_lookahead", 0) > 0 and len(groups) > 1:
-        # Served with one group: vLLM's hybrid coordinator aligns the
-        # re-prefillable tail to its scheduler block and EAGLE block.
-        return "num_prefill_lookahead > 0 over several KV cache groups"
     specs = [g.kv_cache_spec for g in groups]
     reason = _windows.config_reason(specs, bool(args.get("use_eagle", False)))
     if reason is not None:
@@ -90,11 +131,12 @@ def unsupported_reason(kv_cache_config: Any, args: Mapping[str, Any]) -> str | N
     if args.get("use_eagle", False) and any(s != specs[0] for s in specs[1:]):
         return "EAGLE's last-block drop over groups of different specs (use_eagle=True)"
     hash_block_size = args["hash_block_size"]
-    block_sizes = {g.kv_cache_spec.block_size for g in groups}
+    dcp = int(args.get("dcp_world_size", 1))
+    block_sizes = {kv_block_size(g.kv_cache_spec, dcp) for g in groups}
     if args.get("enable_caching", True) and any(b % hash_block_size for b in block_sizes):
         return f"hash_block_size={hash_block_size} not dividing the block sizes {block_sizes}"
     caching = args.get("enable_caching", True)
-    if caching and len(groups) == 1 and hash_block_size != groups[0].kv_cache_spec.block_size:
+    if caching and len(groups) == 1 and {hash_block_size} != block_sizes:
         return "sub-block (partial) prefix hits: hash_block_size below the block size"
     if args.get("enable_caching", True) and len(groups) > 1 and hash_block_size not in block_sizes:
         return "sub-block (partial) prefix hits: hash_block_size below every block size"
@@ -105,13 +147,14 @@ def unsupported_reason(kv_cache_config: Any, args: Mapping[str, Any]) -> str | N
     return None
 
 
-def _spec(spec: Any) -> KVCacheSpec:
-    """The kvcoord spec of a served vLLM spec."""
+def _spec(spec: Any, dcp_world_size: int) -> KVCacheSpec:
+    """The kvcoord spec of a served vLLM spec (context parallelism is
+    served beside full attention only)."""
     if _windows.is_window_spec(spec):
         return _windows.window_spec(spec)
     if _mamba.is_mamba_spec(spec):
         return _mamba.mamba_spec(spec)
-    return FullAttentionSpec(block_size=int(spec.block_size))
+    return FullAttentionSpec(block_size=kv_block_size(spec, dcp_world_size))
 
 
 def check_retention(kv_cache_config: Any, scheduler_block_size: int) -> None:
@@ -136,13 +179,13 @@ def check_retention(kv_cache_config: Any, scheduler_block_size: int) -> None:
         )
 
 
-def to_kvcoord_config(kv_cache_config: Any) -> KVCacheConfig:
+def to_kvcoord_config(kv_cache_config: Any, dcp_world_size: int = 1) -> KVCacheConfig:
     """The kvcoord configuration of a served vLLM ``KVCacheConfig``."""
     return KVCacheConfig(
         num_blocks=int(kv_cache_config.num_blocks),
         groups=tuple(
             KVCacheGroup(
-                _spec(g.kv_cache_spec),
+                _spec(g.kv_cache_spec, dcp_world_size),
                 tuple(g.layer_names),
             )
             for g in kv_cache_config.kv_cache_groups

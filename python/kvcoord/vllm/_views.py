@@ -82,20 +82,30 @@ class _SingleTypeView:
     __slots__ = (
         "block_pool",
         "block_size",
+        "dcp_world_size",
         "kv_cache_group_id",
         "kv_cache_spec",
         "num_cached_block",
+        "pcp_world_size",
         "req_to_blocks",
         "use_eagle",
     )
 
-    def __init__(self, manager: KVCacheManager, group_id: int, spec: Any) -> None:
+    def __init__(
+        self, manager: KVCacheManager, group_id: int, spec: Any, args: Mapping[str, Any]
+    ) -> None:
         self.kv_cache_group_id = group_id
         self.kv_cache_spec = spec
-        self.block_size = int(spec.block_size)
+        self.block_size = manager._block_sizes[group_id]
+        # vLLM shards only dcp_sharded specs over the context-parallel ranks.
+        sharded = bool(getattr(spec, "dcp_sharded", False))
+        self.dcp_world_size = int(args.get("dcp_world_size", 1)) if sharded else 1
+        self.pcp_world_size = int(args.get("pcp_world_size", 1)) if sharded else 1
         self.req_to_blocks = _RequestTables(manager, group_id)
         self.num_cached_block = _CachedCounts(self.req_to_blocks)
-        self.use_eagle = group_id in manager.drop_eagle_group_ids
+        # vLLM's use_eagle: set on every group of a spec with an EAGLE
+        # group, by a caching coordinator only.
+        self.use_eagle = manager.enable_caching and group_id in manager._core.eagle_groups
         # Auxiliary-output connectors look blocks up by vLLM's block hash
         # here; kvcoord's keys are vLLM's hashes (see kvcoord.vllm._requests).
         self.block_pool = manager.block_pool
@@ -105,17 +115,21 @@ class CoordinatorView:
     """What the scheduler and its helpers read of vLLM's coordinator."""
 
     enable_partial_hash_hits = False
-    num_reprefillable_tokens = 0
 
-    def __init__(self, manager: KVCacheManager, core: KVCacheCoordinator) -> None:
+    def __init__(
+        self, manager: KVCacheManager, core: KVCacheCoordinator, args: Mapping[str, Any]
+    ) -> None:
         self._manager = manager
         self.core = core
+        self.num_reprefillable_tokens = core.core.num_reprefillable_tokens
+        self.dcp_world_size = int(args.get("dcp_world_size", 1))
+        self.pcp_world_size = int(args.get("pcp_world_size", 1))
         config = manager.kv_cache_config
         self.retention_interval = getattr(config, "prefix_cache_retention_interval", None)
         self.eagle_group_ids = manager.eagle_group_ids
         self.drop_eagle_group_ids = manager.drop_eagle_group_ids
         self.single_type_managers = [
-            _SingleTypeView(manager, i, g.kv_cache_spec)
+            _SingleTypeView(manager, i, g.kv_cache_spec, args)
             for i, g in enumerate(manager.kv_cache_config.kv_cache_groups)
         ]
 
@@ -164,6 +178,9 @@ _VIEW_CLASSES: dict[str, type[CoordinatorView]] = {
 }
 
 
-def coordinator_view(manager: KVCacheManager, core: KVCacheCoordinator) -> CoordinatorView:
-    """The coordinator view of ``manager``, its class named after the policy."""
-    return _VIEW_CLASSES.get(type(core).__name__, CoordinatorView)(manager, core)
+def coordinator_view(
+    manager: KVCacheManager, core: KVCacheCoordinator, args: Mapping[str, Any]
+) -> CoordinatorView:
+    """The coordinator view of ``manager`` (built with vLLM's constructor
+    arguments ``args``), its class named after the policy."""
+    return _VIEW_CLASSES.get(type(core).__name__, CoordinatorView)(manager, core, args)

@@ -93,37 +93,46 @@ class KVCacheManager(DecodePath, ManagerReadouts):
         self.num_kv_cache_groups = len(cfg.kv_cache_groups)
         self.hash_block_size = int(a["hash_block_size"])
         # Multi-module MTP re-prefills the last num_prefill_lookahead - 1
-        # computed tokens: their KV is not final, so they are never cached.
-        self.num_reprefillable_tokens = max(0, int(a.get("num_prefill_lookahead", 0)) - 1)
+        # computed tokens: their KV is not final (the core decides, per
+        # group, how much of them is held back from caching).
+        reprefillable = max(0, int(a.get("num_prefill_lookahead", 0)) - 1)
         if (
             self.enable_caching
             and self.eagle_group_ids
-            and self.num_reprefillable_tokens
-            and int(a["scheduler_block_size"]) < self.num_reprefillable_tokens + 1
+            and reprefillable
+            and int(a["scheduler_block_size"]) < reprefillable + 1
         ):
             raise ValueError(
                 "Multi-module MTP with prefix caching needs scheduler_block_size >= "
                 f"num_prefill_lookahead (scheduler_block_size {a['scheduler_block_size']}, "
-                f"num_prefill_lookahead {self.num_reprefillable_tokens + 1})"
+                f"num_prefill_lookahead {reprefillable + 1})"
             )
         watermark = float(a.get("watermark", 0.0))
         self.watermark_blocks = int(watermark * cfg.num_blocks)
         check_retention(cfg, int(a["scheduler_block_size"]))
-        kv_config = to_kvcoord_config(cfg)
+        kv_config = to_kvcoord_config(cfg, int(a.get("dcp_world_size", 1)))
+        # Block sizes as vLLM's managers see them (scaled under DCP).
+        self._block_sizes = tuple(g.spec.block_size for g in kv_config.groups)
         self._core_coordinator = get_kv_cache_coordinator(
             kv_config,
             max_model_len=self.max_model_len,
             enable_caching=self.enable_caching,
             hash_block_size=self.hash_block_size,
             enable_events=self.enable_kv_cache_events,
+            num_reprefillable_tokens=reprefillable,
+            eagle_group_ids=self.drop_eagle_group_ids,
         )
         self._core = self._core_coordinator.core
+        # The re-prefillable tokens the groups hold back from caching: the
+        # decode room below needs one figure (see _decode), so groups that
+        # hold back different tails always take the general path.
+        held_back = set(self._core.held_back_tokens)
+        self._held_back = min(held_back, default=0)
         self._pool = self._core_coordinator.block_pool
         self._requests = RequestRegistry(self.hash_block_size)
         self._parking = Parking(self._core, self._requests)
         self.block_pool, self._events = pool_view(self._pool, self._core, self._parking.free, a)
-        self.coordinator = coordinator_view(self, self._core_coordinator)
-        self._block_sizes = tuple(int(g.kv_cache_spec.block_size) for g in cfg.kv_cache_groups)
+        self.coordinator = coordinator_view(self, self._core_coordinator, a)
         # Mamba groups: state tables, not token-indexed KV (see _mamba).
         self._mamba_groups = _mamba.mamba_group_ids(cfg)
         # vLLM answers connector lookups per group for these (see _mamba).
@@ -136,7 +145,8 @@ class KVCacheManager(DecodePath, ManagerReadouts):
         # Whether some group releases blocks behind its attention window.
         self._windowed = not plain
         sizes = tuple(sorted(set(self._block_sizes)))
-        self._room_sizes = sizes if plain and not self.watermark_blocks else ()
+        uniform = len(held_back) <= 1
+        self._room_sizes = sizes if plain and uniform and not self.watermark_blocks else ()
         # vLLM zeroes the new blocks of attention groups (not Mamba's).
         zeroed = zeroed_group_ids(cfg)
         self._zeroing = ZeroingLog(self.num_kv_cache_groups, zeroed) if zeroed else None
@@ -369,9 +379,7 @@ class KVCacheManager(DecodePath, ManagerReadouts):
         # caching is done here, clipped to them.
         num_tokens = mine.num_tokens  # vLLM's count, just synced
         hashed = len(request.block_hashes) * self.hash_block_size
-        lagging = (
-            hashed < num_tokens - self.hash_block_size + 1 or self.num_reprefillable_tokens > 0
-        )
+        lagging = hashed < num_tokens - self.hash_block_size + 1
         # A new request's external tokens get blocks of their own (zeroed
         # apart); a running request's are allocated as new tokens.
         fresh_external = (
@@ -393,13 +401,13 @@ class KVCacheManager(DecodePath, ManagerReadouts):
             return None
         cached_to = min(total_computed + num_new_tokens, num_tokens)
         if lagging and not delay_cache_blocks and self.enable_caching:
-            cached_to = max(min(cached_to - self.num_reprefillable_tokens, hashed), 0)
             self._core.cache_blocks(mine, cached_to)
         if self._events is not None:
             self._events.drain(request)
         if self._room_sizes and not delay_cache_blocks:
             need = min(total_computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
-            self._decode_room[rid] = self._room(need, cached_to)
+            cached = max(min(cached_to - self._held_back, hashed), 0)
+            self._decode_room[rid] = self._room(need, cached)
         elif self._decode_room:
             self._decode_room.pop(rid, None)
         if self._zeroing is not None:
@@ -416,12 +424,10 @@ class KVCacheManager(DecodePath, ManagerReadouts):
 
     def cache_blocks(self, request: Any, num_computed_tokens: int) -> None:
         if self.enable_caching and self._held(request.request_id) is not None:
-            hashed = len(request.block_hashes) * self.hash_block_size
-            cacheable = max(num_computed_tokens - self.num_reprefillable_tokens, 0)
             mine = self._requests.get(request)
             if self._windowed:
                 mine.shared_prefix_boundary = request.shared_prefix_boundary
-            self._core.cache_blocks(mine, min(cacheable, hashed))
+            self._core.cache_blocks(mine, num_computed_tokens)
             if self._events is not None:
                 self._events.drain(request)
 

@@ -116,6 +116,16 @@ pub struct CoordinatorConfig {
     pub retention_interval: Option<i64>,
     /// Whether the pool records [`KvEvent`](crate::KvEvent)s.
     pub enable_events: bool,
+    /// Multi-module MTP's re-prefillable tail (one less than vLLM's
+    /// `num_prefill_lookahead`): the last computed tokens are written again
+    /// by the next step, so their KV is not final (see
+    /// [`Self::num_cacheable_tokens`]).
+    pub num_reprefillable_tokens: usize,
+    /// Groups serving an EAGLE drafter (vLLM's `drop_eagle_group_ids`): their
+    /// hits drop one block, so a hybrid coordinator caches them one block
+    /// past its aligned prefix. Every group with the spec of one of them is
+    /// one too (equal specs are looked up together, so they share the drop).
+    pub eagle_groups: Vec<GroupId>,
 }
 
 impl CoordinatorConfig {
@@ -138,6 +148,63 @@ impl CoordinatorConfig {
             max_model_len,
             retention_interval: None,
             enable_events: false,
+            num_reprefillable_tokens: 0,
+            eagle_groups: Vec::new(),
+        }
+    }
+
+    /// Whether group `g` drops EAGLE's block: it or a group of equal spec
+    /// is listed in [`eagle_groups`](Self::eagle_groups).
+    pub fn is_eagle_group(&self, g: usize) -> bool {
+        let spec = self.groups.get(g);
+        self.eagle_groups
+            .iter()
+            .any(|e| self.groups.get(e.0 as usize) == spec)
+    }
+
+    /// Whether `group` caches the way an EAGLE group of a hybrid
+    /// coordinator does (see [`Self::num_cacheable_tokens`]).
+    fn caches_past_alignment(&self, group: GroupId) -> bool {
+        self.kind == CoordinatorKind::Hybrid && self.is_eagle_group(group.0 as usize)
+    }
+
+    /// The re-prefillable tokens `group` holds back from caching: all of
+    /// them with one caching group and in a hybrid coordinator's EAGLE
+    /// groups; the other groups of a hybrid coordinator cache the
+    /// scheduler-block-aligned prefix, whatever its tail.
+    pub fn num_held_back_tokens(&self, group: GroupId) -> usize {
+        match self.kind {
+            CoordinatorKind::Unitary => self.num_reprefillable_tokens,
+            CoordinatorKind::Hybrid if self.caches_past_alignment(group) => {
+                self.num_reprefillable_tokens
+            }
+            CoordinatorKind::Hybrid | CoordinatorKind::NoPrefixCache => 0,
+        }
+    }
+
+    /// How many of `num_computed_tokens` `group` may cache (vLLM's
+    /// `get_num_cacheable_tokens`). One caching group: all but the
+    /// re-prefillable tail. Hybrid: hits land on scheduler-block
+    /// boundaries, so the prefix rounded down to one; an EAGLE group, once
+    /// that prefix is not empty, caches its final tokens up to one block
+    /// past their own rounded prefix (the block an EAGLE lookup matches
+    /// before dropping it).
+    pub fn num_cacheable_tokens(&self, group: GroupId, num_computed_tokens: usize) -> usize {
+        let finalized = num_computed_tokens.saturating_sub(self.num_held_back_tokens(group));
+        match self.kind {
+            CoordinatorKind::NoPrefixCache | CoordinatorKind::Unitary => finalized,
+            CoordinatorKind::Hybrid => {
+                let sbs = self.scheduler_block_size.max(1) as usize;
+                let aligned = num_computed_tokens / sbs * sbs;
+                if aligned == 0 || !self.caches_past_alignment(group) {
+                    return aligned;
+                }
+                let block_size = self
+                    .groups
+                    .get(group.0 as usize)
+                    .map_or(0, |g| g.block_size as usize);
+                finalized.min(finalized / sbs * sbs + block_size)
+            }
         }
     }
 
@@ -156,6 +223,24 @@ impl CoordinatorConfig {
         };
         for g in &self.groups {
             g.validate()?;
+        }
+        if let Some(g) = self
+            .eagle_groups
+            .iter()
+            .find(|g| g.0 as usize >= self.groups.len())
+        {
+            return Err(bad(
+                "eagle_group_ids",
+                g.0.to_string(),
+                &format!("must name one of the {} groups", self.groups.len()),
+            ));
+        }
+        if self.num_reprefillable_tokens >= crate::limits::MAX_TOKENS {
+            return Err(bad(
+                "num_reprefillable_tokens",
+                self.num_reprefillable_tokens.to_string(),
+                "must be below 2^48 tokens",
+            ));
         }
         let (hbs, sbs) = (self.hash_block_size, self.scheduler_block_size);
         if hbs == 0 {
@@ -1360,15 +1445,10 @@ fn cache_tables(
     } = log;
     let sbs = config.scheduler_block_size as usize;
     let hbs = config.hash_block_size as usize;
-    // Hybrid hits land on scheduler-block boundaries, so tokens past the last
-    // one can never serve a hit.
-    let cacheable = match config.kind {
-        CoordinatorKind::Unitary | CoordinatorKind::NoPrefixCache => num_tokens,
-        CoordinatorKind::Hybrid => num_tokens / sbs * sbs,
-    };
-    let num_full_tokens = cacheable.min(view.hashes.len() * hbs);
+    let hashed = view.hashes.len() * hbs;
     for (m, t) in managers.iter().zip(tables.iter()) {
-        let num_full = num_full_tokens / m.block_size();
+        let cacheable = config.num_cacheable_tokens(m.group(), num_tokens);
+        let num_full = cacheable.min(hashed) / m.block_size();
         if m.spec().prefix_cacheable() && num_full > t.num_cached() && num_full > t.blocks().len() {
             return Err(KvError::InvalidArgument {
                 name: "num_tokens",
@@ -1397,6 +1477,7 @@ fn cache_tables(
     };
     for (m, t) in managers.iter().zip(tables.iter_mut()) {
         let before = t.num_cached();
+        let cacheable = config.num_cacheable_tokens(m.group(), num_tokens);
         m.cache_blocks(pool, t, view.hashes, hbs, cacheable, &policy, mask_buf)?;
         if let SpecKind::MambaAlign { .. } = m.spec().kind {
             mamba_align::after_cache_blocks(
@@ -2285,5 +2366,100 @@ mod tests {
         c.free(r.id).unwrap();
         assert_eq!(c.pool().num_free_blocks(), 39);
         assert_eq!(c.num_requests(), 0);
+    }
+
+    #[test]
+    fn reprefillable_tail_held_back_per_group() {
+        // Unitary, B = 4, R = 2: all but the tail.
+        let mut cfg = CoordinatorConfig::new(vec![GroupSpec::full_attention(4)], 10, true, 100);
+        cfg.num_reprefillable_tokens = 2;
+        let g0 = GroupId(0);
+        assert_eq!(cfg.num_cacheable_tokens(g0, 11), 9);
+        assert_eq!(cfg.num_cacheable_tokens(g0, 1), 0);
+        assert_eq!(cfg.num_held_back_tokens(g0), 2);
+        // Hybrid full 4 + full 8 (scheduler block 8), R = 3: no EAGLE group
+        // caches the aligned prefix, tail included.
+        let mut cfg = CoordinatorConfig::new(
+            vec![GroupSpec::full_attention(4), GroupSpec::full_attention(8)],
+            10,
+            true,
+            100,
+        );
+        cfg.hash_block_size = 4;
+        cfg.num_reprefillable_tokens = 3;
+        for g in [GroupId(0), GroupId(1)] {
+            assert_eq!(cfg.num_cacheable_tokens(g, 17), 16);
+            assert_eq!(cfg.num_cacheable_tokens(g, 7), 0);
+            assert_eq!(cfg.num_held_back_tokens(g), 0);
+        }
+        // Group 0 an EAGLE group: final tokens (17 - 3 = 14) up to one of its
+        // blocks past their aligned prefix (8 + 4 = 12); nothing while the
+        // aligned prefix of all tokens is empty.
+        cfg.eagle_groups = vec![GroupId(0)];
+        assert_eq!(cfg.num_cacheable_tokens(GroupId(0), 17), 12);
+        assert_eq!(cfg.num_cacheable_tokens(GroupId(0), 13), 10);
+        assert_eq!(cfg.num_cacheable_tokens(GroupId(0), 7), 0);
+        // 9 tokens: 6 final ones, one block past their empty aligned prefix.
+        assert_eq!(cfg.num_cacheable_tokens(GroupId(0), 9), 4);
+        assert_eq!(cfg.num_cacheable_tokens(GroupId(1), 17), 16);
+        assert_eq!(cfg.num_held_back_tokens(GroupId(0)), 3);
+        // Caching off: nothing is held back.
+        cfg.kind = CoordinatorKind::NoPrefixCache;
+        assert_eq!(cfg.num_held_back_tokens(GroupId(0)), 0);
+        // Out-of-range EAGLE groups and huge tails are refused.
+        cfg.kind = CoordinatorKind::Hybrid;
+        cfg.eagle_groups = vec![GroupId(2)];
+        assert!(matches!(
+            cfg.validate(),
+            Err(KvError::InvalidConfig {
+                name: "eagle_group_ids",
+                ..
+            })
+        ));
+        cfg.eagle_groups.clear();
+        cfg.num_reprefillable_tokens = crate::limits::MAX_TOKENS;
+        assert!(cfg.validate().is_err());
+    }
+
+    #[test]
+    fn caching_holds_back_the_tail_group_by_group() {
+        // An EAGLE full group of B = 4 beside a full group of B = 8
+        // (scheduler block 8), R = 2, an 18-token prompt. After 16 tokens
+        // the plain group caches the aligned 16 whatever the tail (2
+        // blocks; holding the tail back would leave 1), the EAGLE group the
+        // 14 final tokens (3 blocks).
+        let mut cfg = CoordinatorConfig::new(
+            vec![GroupSpec::full_attention(4), GroupSpec::full_attention(8)],
+            20,
+            true,
+            100,
+        );
+        cfg.hash_block_size = 4;
+        cfg.num_reprefillable_tokens = 2;
+        cfg.eagle_groups = vec![GroupId(0)];
+        let mut c = CoordinatorCore::new(cfg).unwrap();
+        let mut r = Req::new(0, (0..18).collect(), 4);
+        let cached = |c: &CoordinatorCore| {
+            let tables = c.block_ids(ReqId(0)).unwrap();
+            tables
+                .iter()
+                .map(|t| {
+                    t.iter()
+                        .filter(|&&x| c.pool().is_cached(x).unwrap())
+                        .count()
+                })
+                .collect::<Vec<_>>()
+        };
+        c.allocate_slots(r.id, &r.view(), &AllocateArgs::new(16), None)
+            .unwrap()
+            .unwrap();
+        assert_eq!(cached(&c), [3, 2]);
+        // The rest of the prompt: 16 final tokens, 4 blocks of the EAGLE group.
+        r.computed = 16;
+        c.allocate_slots(r.id, &r.view(), &AllocateArgs::new(2), None)
+            .unwrap()
+            .unwrap();
+        assert_eq!(cached(&c), [4, 2]);
+        c.check_invariants().unwrap();
     }
 }

@@ -5,7 +5,7 @@
 //! are core state.
 
 use kvcoord_core::coordinator::{AllocateArgs, CoordinatorConfig, CoordinatorCore, NewBlocks};
-use kvcoord_core::{BlockId, BlockPool, CoordinatorKind, EvictionConfig, KvError};
+use kvcoord_core::{BlockId, BlockPool, CoordinatorKind, EvictionConfig, GroupId, KvError};
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 
@@ -52,7 +52,8 @@ impl PyCoordinatorCore {
 pool_writers!(pymethods_block!(PyCoordinatorCore,) {
     #[new]
     #[pyo3(signature = (num_blocks, groups, *, kind, hash_block_size, max_model_len,
-                        retention_interval = None, enable_events = false))]
+                        retention_interval = None, enable_events = false,
+                        num_reprefillable_tokens = None, eagle_group_ids = None))]
     #[allow(clippy::too_many_arguments)] // Python keyword arguments, converted once
     fn new(
         py: Python<'_>,
@@ -63,6 +64,8 @@ pool_writers!(pymethods_block!(PyCoordinatorCore,) {
         max_model_len: &Bound<'_, PyAny>,
         retention_interval: Option<i64>,
         enable_events: bool,
+        num_reprefillable_tokens: Option<&Bound<'_, PyAny>>,
+        eagle_group_ids: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let num_blocks = args::config_count(num_blocks, "num_blocks")?;
         let kind = CoordinatorKind::from(kind);
@@ -79,6 +82,13 @@ pool_writers!(pymethods_block!(PyCoordinatorCore,) {
         }
         config.retention_interval = retention_interval;
         config.enable_events = enable_events;
+        if let Some(n) = num_reprefillable_tokens {
+            config.num_reprefillable_tokens =
+                args::config_count(n, "num_reprefillable_tokens")?;
+        }
+        if let Some(g) = eagle_group_ids {
+            config.eagle_groups = convert::group_ids(g)?;
+        }
         let inner = convert::build_pool_sized(py, num_blocks, || CoordinatorCore::new(config));
         Ok(Self {
             inner: core(inner)?,
@@ -98,6 +108,48 @@ pool_writers!(pymethods_block!(PyCoordinatorCore,) {
     #[getter]
     fn scheduler_block_size(&self) -> u32 {
         self.inner.config().scheduler_block_size
+    }
+
+    /// Multi-module MTP's re-prefillable tail (`num_prefill_lookahead - 1`).
+    #[getter]
+    fn num_reprefillable_tokens(&self) -> usize {
+        self.inner.config().num_reprefillable_tokens
+    }
+
+    /// The groups whose hits drop the EAGLE block, those of equal spec
+    /// included.
+    #[getter]
+    fn eagle_groups(&self) -> Vec<u32> {
+        let config = self.inner.config();
+        (0..config.groups.len())
+            .filter(|&g| config.is_eagle_group(g))
+            .map(|g| g as u32)
+            .collect()
+    }
+
+    /// Per group, the re-prefillable tokens it holds back from caching.
+    #[getter]
+    fn held_back_tokens(&self) -> Vec<usize> {
+        let config = self.inner.config();
+        (0..config.groups.len())
+            .map(|g| config.num_held_back_tokens(GroupId(g as u32)))
+            .collect()
+    }
+
+    /// How many of `num_computed_tokens` group `group` may cache.
+    fn num_cacheable_tokens(
+        &self,
+        group: &Bound<'_, PyAny>,
+        num_computed_tokens: &Bound<'_, PyAny>,
+    ) -> PyResult<usize> {
+        let group = args::u32_arg(group, "group")?;
+        let n = args::count(num_computed_tokens, "num_computed_tokens")?;
+        let config = self.inner.config();
+        let group = GroupId(group);
+        if group.0 as usize >= config.groups.len() {
+            return core(Err(KvError::UnknownGroup(group)));
+        }
+        Ok(config.num_cacheable_tokens(group, n))
     }
 
     /// The shared pool, read-only.
