@@ -206,3 +206,39 @@ def test_mid_block_decode_step_skips_the_core() -> None:
     assert ids(a) == ids(b)
     assert counting.allocations == before + 1
     probe_hits(theirs, ours, [*range(1, 9), 99], hasher)
+
+
+def test_placeholder_output_token_on_a_core_step_keeps_vllms_hashes() -> None:
+    # Regression: a placeholder id (< 0) appended on a decode step that reaches
+    # the core before its block completes reached kvcoord's hashing request
+    # taken modulo 2**32, so the block it completed got a digest vLLM never
+    # computes (and lost the hits vLLM finds).
+    ours_hasher = hasher_for("kvcoord")  # sha256_cbor: kvcoord hashes
+    vllm_hasher = get_request_block_hasher(HBS, sha256_cbor)
+    theirs, ours, counting = managers((4,), num_blocks=32)
+    a = make_request("r", [1, 2, 3, 4, 5], vllm_hasher)
+    b = make_request("r", [1, 2, 3, 4, 5], ours_hasher)
+    for m, req in ((theirs, a), (ours, b)):
+        assert ids(m.allocate_slots(req, 5)) is not None
+        req.num_computed_tokens = 5
+        req.status = RequestStatus.RUNNING
+    for token in (6, 7, 8, -1, 10, 11, 12, 13):
+        before = counting.allocations
+        for m, req in ((theirs, a), (ours, b)):
+            req.append_output_token_ids(token)
+            assert ids(m.allocate_slots(req, 1)) is not None
+            req.num_computed_tokens += 1
+        if token == -1:
+            assert counting.allocations == before + 1  # the step reached the core
+        assert a.block_hashes == b.block_hashes
+        assert theirs.get_block_ids("r") == ours.get_block_ids("r")
+    tokens = [*a.all_token_ids, 0]
+    probe_a = make_request("probe", tokens, vllm_hasher)
+    probe_b = make_request("probe", tokens, ours_hasher)
+    (ha, na, _), (hb, nb, _) = (
+        theirs.get_computed_blocks(probe_a),
+        ours.get_computed_blocks(probe_b),
+    )
+    assert na == nb == 12
+    assert ids(ha) == ids(hb)
+    ours.check_invariants()

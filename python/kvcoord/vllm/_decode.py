@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from kvcoord.errors import InvalidTokenError
 from kvcoord.vllm._blocks import KVCacheBlocks
 from kvcoord.vllm._requests import RequestRegistry
 
@@ -44,18 +45,32 @@ class DecodePath:
         assert self._decode_fixed is not None  # checked by the caller
         registered, core_empty, bs = self._decode_fixed
         num_hashes = len(request.block_hashes)
+        computed = request.num_computed_tokens
         entry = registered.get(request.request_id)
+        mine = None
         if entry is not None and entry[0] is request:
+            # The registry's sync, inline for the usual case (the same request,
+            # new output tokens, no vLLM hash kvcoord lacks): vLLM's token list
+            # read directly, as the hasher does.
             mine = entry[1]
-            num_tokens = mine.num_tokens
-            if num_tokens == request.num_tokens and mine.num_block_hashes >= num_hashes:
-                mine.num_computed_tokens = request.num_computed_tokens
-            else:
-                mine = self._requests.get(request)
-                num_tokens = mine.num_tokens
-        else:
+            try:
+                tokens = request._all_token_ids
+            except AttributeError:
+                tokens = request.all_token_ids
+            num_tokens = len(tokens)
+            held = mine.num_tokens
+            if held > num_tokens or mine.num_block_hashes < num_hashes:
+                mine = None
+            elif held < num_tokens:
+                try:
+                    mine.append_output_token_ids(tokens[held:num_tokens])
+                except InvalidTokenError:
+                    mine = None  # placeholders: the registry converts them
+        if mine is None:
             mine = self._requests.get(request)
             num_tokens = mine.num_tokens
+        else:
+            mine.num_computed_tokens = computed
         hbs = self.hash_block_size
         hashed = num_hashes * hbs
         lagging = hashed < num_tokens - hbs + 1
@@ -64,7 +79,6 @@ class DecodePath:
         )
         if result is None:
             return None
-        computed = request.num_computed_tokens
         if computed > self.max_model_len:
             computed = self.max_model_len
         cached_to = computed + num_new_tokens

@@ -24,7 +24,7 @@ from typing import Any
 from kvcoord._core import Request
 from kvcoord.errors import InvalidTokenError
 
-__all__ = ["ATTR", "make_block_hasher", "stats"]
+__all__ = ["ATTR", "hand_back", "make_block_hasher", "stats"]
 
 #: Attribute of a vLLM request holding its hashing :class:`kvcoord.Request`.
 ATTR = "_kvcoord_hashes"
@@ -32,6 +32,12 @@ ATTR = "_kvcoord_hashes"
 #: ``vllm_hashers``: hashers left to vLLM (algorithm or lookahead).
 stats: Counter[str] = Counter()
 _NOT_OURS = object()
+
+
+def hand_back(request: Any) -> None:
+    """From now on vLLM's own hasher hashes ``request`` (its digests so far
+    are the same): kvcoord cannot hash its new tokens as vLLM does."""
+    request.__dict__[ATTR] = _NOT_OURS
 
 
 def _algo_name(hash_fn: Callable[[Any], bytes]) -> str | None:
@@ -60,10 +66,19 @@ def make_block_hasher(
             return fallback
 
         def request_block_hasher(request: Any) -> list[bytes]:
-            num_tokens = request.num_tokens
-            if (len(request.block_hashes) + 1) * hash_block_size > num_tokens:
-                # No block completed (most decode steps): nothing to hash yet;
-                # new tokens reach kvcoord's request when one does.
+            # vLLM's Request calls this on every token append; most appends
+            # complete no block. Its token list is read directly (the
+            # ``num_tokens`` property and ``all_token_ids`` wrapper cost a
+            # Python call each, and this runs per request per step).
+            try:
+                tokens = request._all_token_ids
+            except AttributeError:  # not vLLM 0.33.0's Request: its public view
+                tokens = request.all_token_ids
+            num_tokens = len(tokens)
+            done = len(request.block_hashes)
+            if (done + 1) * hash_block_size > num_tokens:
+                # No block completed: nothing to hash yet; new tokens reach
+                # kvcoord's request when one does.
                 return []
             mine = request.__dict__.get(ATTR)
             if mine is _NOT_OURS:
@@ -76,19 +91,18 @@ def make_block_hasher(
                     return fallback(request)
                 request.__dict__[ATTR] = mine
                 stats["kvcoord_requests"] += 1
-            elif mine.num_tokens < num_tokens:
-                try:
-                    mine.append_output_token_ids(
-                        request.all_token_ids[mine.num_tokens : num_tokens]
-                    )
-                except InvalidTokenError:
-                    # From here on vLLM hashes this request (same digests so far).
+            else:
+                held = mine.num_tokens
+                if held < num_tokens:
+                    try:
+                        mine.append_output_token_ids(tokens[held:num_tokens])
+                    except InvalidTokenError:
+                        # From here on vLLM hashes this request (same digests so far).
+                        request.__dict__[ATTR] = _NOT_OURS
+                        return fallback(request)
+                elif held > num_tokens:
                     request.__dict__[ATTR] = _NOT_OURS
                     return fallback(request)
-            elif mine.num_tokens > num_tokens:
-                request.__dict__[ATTR] = _NOT_OURS
-                return fallback(request)
-            done = len(request.block_hashes)
             if mine.num_block_hashes <= done:
                 return []
             new: list[bytes] = mine.block_hashes[done:]

@@ -27,7 +27,7 @@ import numpy as np
 
 from kvcoord._core import Request
 from kvcoord.errors import InvalidTokenError
-from kvcoord.vllm._hasher import ATTR
+from kvcoord.vllm._hasher import ATTR, hand_back
 
 __all__ = ["RequestRegistry", "stats"]
 
@@ -80,17 +80,25 @@ class RequestRegistry:
                 self._by_id[request.request_id] = (request, mine)
                 stats["shared"] += 1
         num_tokens = request.num_tokens
+        if mine is not None and mine.num_tokens < num_tokens:
+            new = request.all_token_ids[mine.num_tokens : num_tokens]
+            try:
+                mine.append_output_token_ids(new)
+            except InvalidTokenError:
+                if mine.hash_algo == "supplied":
+                    mine.append_output_token_ids(_tokens(new))
+                else:
+                    # kvcoord hashes this request and cannot hash placeholder
+                    # ids as vLLM does: vLLM's hasher takes over, and the
+                    # request is rebuilt below, keyed by vLLM's digests.
+                    hand_back(request)
+                    mine = None
+                    stats["rebuilt"] += 1
         if mine is None or mine.num_tokens > num_tokens:
             if mine is not None:
                 stats["rebuilt"] += 1
             mine = self._make(request)
             self._by_id[request.request_id] = (request, mine)
-        elif mine.num_tokens < num_tokens:
-            new = request.all_token_ids[mine.num_tokens : num_tokens]
-            try:
-                mine.append_output_token_ids(new)
-            except InvalidTokenError:
-                mine.append_output_token_ids(_tokens(new))
         # vLLM's new block hashes (a kvcoord-hashed request already has them).
         theirs = request.block_hashes
         held = mine.num_block_hashes
