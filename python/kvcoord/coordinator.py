@@ -319,9 +319,15 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         group misses)."""
         picks: list[tuple[KVCacheBlocks, int, int]] = [(self.core.empty, 0, 0)] * self.num_groups
         lengths = [0] * self.num_groups
-        for group_ids, _, block_size in self._scans:
+        for group_ids, _, block_size, margin in self._scans:
+            # An EAGLE spec group looks one margin further, then drops, as in
+            # the reconciled search (the core caps the lookup at the hashes).
             blocks, length = self.core.find_longest_cache_hit(
-                group_ids, request, max_length, self._alignment
+                group_ids,
+                request,
+                max_length + margin if margin else max_length,
+                self._alignment,
+                drop_eagle=margin is not None,
             )
             for i, gid in enumerate(group_ids):
                 picks[gid] = (blocks, i, -(-length // block_size))
