@@ -143,6 +143,18 @@ def test_per_group_lookup_does_not_reconcile() -> None:
     assert blocks.get_block_ids()[0] == ids[0][:6]
 
 
+def test_per_group_lookup_with_eagle_groups() -> None:
+    # Regression: the per-group lookup unpacked the spec-group scans without
+    # their EAGLE margin (a ValueError on every call once EAGLE groups existed).
+    config = cfg(FullAttentionSpec(4), SlidingWindowSpec(4, 8), SlidingWindowSpec(4, 8))
+    hybrid = make(config, eagle_group_ids=[2])
+    assert isinstance(hybrid, HybridKVCacheCoordinator)
+    request = kvcoord.Request("r", list(range(20)), hash_block_size=4)
+    blocks, hits = hybrid.find_longest_cache_hit_per_group(request, 16)
+    assert hits == (0, 0, 0)
+    assert [len(g) for g in blocks.get_block_ids()] == [0, 0, 0]
+
+
 def test_chunked_local_hit_counts_skipped_chunks() -> None:
     config = cfg(FullAttentionSpec(4), ChunkedLocalAttentionSpec(4, 8), num_blocks=40)
     manager = kvcoord.KVCacheManager(config, max_model_len=1024)
