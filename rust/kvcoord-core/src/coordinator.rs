@@ -2317,7 +2317,7 @@ mod tests {
         assert!(c.free_request("a").unwrap());
         let r1 = live_request("b", 14, 4);
         let (fa, hit) = c
-            .find_longest_cache_hit(&[GroupId(0)], r1.block_hashes(), 13, 4)
+            .find_longest_cache_hit(&[GroupId(0)], r1.block_hashes(), 13, 4, false)
             .unwrap();
         assert_eq!(hit, 8);
         let hits = vec![fa[0].clone(), Vec::new()];
