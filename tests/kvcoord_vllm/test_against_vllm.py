@@ -428,3 +428,22 @@ def test_eagle_hit_of_a_fully_cached_prompt_matches_vllm(groups: int, num_tokens
     req = make_request("b", list(range(num_tokens)))
     (ha, na, _), (hb, nb, _) = theirs.get_computed_blocks(req), ours.get_computed_blocks(req)
     assert (nb, ids(hb)) == (na, ids(ha))
+
+
+@pytest.mark.parametrize("num_groups", [1, 2])
+def test_coordinator_view_is_an_instance_of_vllms_coordinator_class(num_groups: int) -> None:
+    """Code beside the scheduler (vLLM's connector tests among it) tells
+    layouts apart by ``isinstance`` on vLLM's coordinator classes; the view
+    answers as the class of its own name (it failed for every hybrid layout)."""
+    from vllm.v1.core import kv_cache_coordinator as coordinators
+
+    specs = [full_spec(), full_spec(2 * BS)][:num_groups]
+    theirs, ours = managers(config(16, specs), scheduler_block_size=num_groups * BS)
+    want = type(theirs.coordinator)
+    assert type(ours.coordinator).__name__ == want.__name__
+    assert isinstance(ours.coordinator, want)
+    assert isinstance(ours.coordinator, coordinators.KVCacheCoordinator)
+    others = {coordinators.UnitaryKVCacheCoordinator, coordinators.HybridKVCacheCoordinator} - {
+        want
+    }
+    assert not any(isinstance(ours.coordinator, c) for c in others)

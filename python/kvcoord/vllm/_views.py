@@ -227,4 +227,19 @@ def coordinator_view(
 ) -> CoordinatorView:
     """The coordinator view of ``manager`` (built with vLLM's constructor
     arguments ``args``), its class named after the policy."""
-    return _VIEW_CLASSES.get(type(core).__name__, CoordinatorView)(manager, core, args)
+    name = type(core).__name__
+    if name not in _VIEW_CLASSES:
+        return CoordinatorView(manager, core, args)
+    return _registered_view_class(name)(manager, core, args)
+
+
+@functools.cache
+def _registered_view_class(name: str) -> type[CoordinatorView]:
+    """The view class named ``name``, registered (once) as a virtual subclass
+    of vLLM's coordinator class of that name (an ABC): code beside the
+    scheduler, vLLM's connector tests among it, tells hybrid layouts apart by
+    ``isinstance(manager.coordinator, HybridKVCacheCoordinator)``."""
+    coordinators: Any = importlib.import_module("vllm.v1.core.kv_cache_coordinator")
+    cls = _VIEW_CLASSES[name]
+    getattr(coordinators, name).register(cls)
+    return cls
