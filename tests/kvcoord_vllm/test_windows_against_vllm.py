@@ -278,7 +278,6 @@ def test_admission_cap_admits_a_prompt_longer_than_the_pool() -> None:
         ([full_spec(8), swa_spec(8)], {"use_eagle": True}, "EAGLE over full-attention groups"),
         ([swa_spec(8, extra_retained_tokens=2)], {}, "extra_retained_tokens"),
         ([full_spec(8), chunked_spec(16)], {}, "chunked-local attention beside"),
-        ([full_spec(), swa_mla_spec(8)], {"use_eagle": True}, "EAGLE with sliding-window"),
         ([swa_mla_spec(8, model_version="deepseek_v4")], {}, "DeepSeek-V4 fields"),
         ([swa_mla_spec(8, bounded_replay=True)], {}, "bounded_replay"),
         ([swa_mla_spec(8, extra_retained_tokens=2)], {}, "extra_retained_tokens"),
