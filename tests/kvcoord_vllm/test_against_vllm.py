@@ -28,7 +28,7 @@ from vllm.v1.kv_cache_interface import (  # noqa: E402
     SlidingWindowSpec,
 )
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
-from vllm_helpers import BS, config, free_queue, full_spec, ids, make_request  # noqa: E402
+from vllm_helpers import BS, config, free_queue, full_spec, ids, make_request, preempt  # noqa: E402
 
 import kvcoord.vllm as kv  # noqa: E402
 
@@ -97,12 +97,7 @@ def test_random_schedule_matches_vllm(
             b = ours.allocate_slots(req, 1)
             assert ids(a) == ids(b)
             if a is None:
-                for m in (theirs, ours):
-                    m.free(req)
-                running.remove(req)
-                req.num_computed_tokens = 0
-                req.status = RequestStatus.PREEMPTED
-                waiting.insert(0, req)
+                preempt(req, (theirs, ours), running, waiting)
             else:
                 req.num_computed_tokens = req.num_tokens
         while waiting:

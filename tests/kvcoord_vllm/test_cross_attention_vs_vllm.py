@@ -25,7 +25,7 @@ from vllm.v1.core.kv_cache_utils import init_none_hash
 from vllm.v1.core.single_type_kv_cache_manager import CrossAttentionManager
 from vllm.v1.kv_cache_interface import CrossAttentionSpec, SlidingWindowSpec
 from vllm.v1.request import Request, RequestStatus
-from vllm_helpers import BS, config, free_queue, full_spec, ids, make_request
+from vllm_helpers import BS, config, free_queue, full_spec, ids, make_request, preempt
 
 import kvcoord.vllm as kv
 
@@ -108,12 +108,7 @@ def test_random_encoder_decoder_schedule_matches_vllm(seed: int, layout: str) ->
             b = ours.allocate_slots(req, chunk, num_lookahead_tokens=lookahead)
             assert ids(a) == ids(b)
             if a is None:
-                for m in (theirs, ours):
-                    m.free(req)
-                running.remove(req)
-                req.num_computed_tokens = 0
-                req.status = RequestStatus.PREEMPTED
-                waiting.insert(0, req)
+                preempt(req, (theirs, ours), running, waiting)
             else:
                 req.num_computed_tokens += chunk
         while waiting:

@@ -22,7 +22,7 @@ from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import init_none_hash
 from vllm.v1.kv_cache_interface import MLAAttentionSpec, SlidingWindowSpec
 from vllm.v1.request import Request, RequestStatus
-from vllm_helpers import BS, config, free_queue, full_spec, ids, make_request
+from vllm_helpers import BS, config, free_queue, full_spec, ids, make_request, preempt
 
 import kvcoord.vllm as kv
 
@@ -102,12 +102,7 @@ def run_schedule(theirs: object, ours: object, rng: random.Random, *, unit: int,
             b = ours.allocate_slots(req, n, num_lookahead_tokens=spec)
             assert ids(a) == ids(b)
             if a is None:
-                for m in (theirs, ours):
-                    m.free(req)
-                running.remove(req)
-                req.num_computed_tokens = 0
-                req.status = RequestStatus.PREEMPTED
-                waiting.insert(0, req)
+                preempt(req, (theirs, ours), running, waiting)
             else:
                 req.num_computed_tokens += n
         while waiting:

@@ -25,7 +25,7 @@ from vllm.v1.kv_cache_interface import (
     SlidingWindowSpec,
 )
 from vllm.v1.request import Request, RequestStatus
-from vllm_helpers import BS, config, free_queue, full_spec, ids, make_request
+from vllm_helpers import BS, config, free_queue, full_spec, ids, make_request, preempt
 
 import kvcoord.vllm as kv
 
@@ -129,12 +129,7 @@ def test_mamba_schedule_matches_vllm(seed: int, layout: str, retention: int | No
             scratch = set(before[len(before) - scratch_blocks(layout) :]) - {0}
             seen["relocated"] += a is not None and bool(scratch & set(a.get_block_ids()[-1]))
             if a is None:
-                for m in (theirs, ours):
-                    m.free(req)
-                running.remove(req)
-                req.num_computed_tokens = 0
-                req.status = RequestStatus.PREEMPTED
-                waiting.insert(0, req)
+                preempt(req, (theirs, ours), running, waiting)
             else:
                 req.num_computed_tokens += n
         while waiting:

@@ -26,7 +26,7 @@ from vllm.v1.kv_cache_interface import (
     SlidingWindowSpec,
 )
 from vllm.v1.request import RequestStatus
-from vllm_helpers import BS, config, free_queue, full_spec, ids, make_request
+from vllm_helpers import BS, config, free_queue, full_spec, ids, make_request, preempt
 
 import kvcoord.vllm as kv
 
@@ -183,12 +183,7 @@ def run_schedule(theirs, ours, rng: random.Random) -> None:
             b = ours.allocate_slots(req, n)
             assert ids(a) == ids(b)
             if a is None:
-                for m in (theirs, ours):
-                    m.free(req)
-                running.remove(req)
-                req.num_computed_tokens = 0
-                req.status = RequestStatus.PREEMPTED
-                waiting.insert(0, req)
+                preempt(req, (theirs, ours), running, waiting)
             else:
                 req.num_computed_tokens += n
         while waiting:

@@ -54,3 +54,16 @@ def free_queue(manager: object) -> list[int]:
 
 def ids(blocks: object) -> object:
     return None if blocks is None else blocks.get_block_ids()
+
+
+def preempt(req: object, managers: tuple[object, ...], running: list, waiting: list) -> None:
+    """Preempt ``req`` on every manager as vLLM's scheduler does: free its
+    blocks, restart it from token 0 and put it back first in line."""
+    from vllm.v1.request import RequestStatus
+
+    for m in managers:
+        m.free(req)  # type: ignore[attr-defined]
+    running.remove(req)
+    req.num_computed_tokens = 0  # type: ignore[attr-defined]
+    req.status = RequestStatus.PREEMPTED  # type: ignore[attr-defined]
+    waiting.insert(0, req)
