@@ -49,6 +49,19 @@ FILES = (
 )
 
 
+def default_hf_home() -> Path:
+    """The project's offline HF cache: ``shared/vllm/hf`` next to the checkout.
+
+    Searched upward, so a git worktree nested deeper than the main checkout
+    (``/work/wt/<name>``) finds the same cache as ``/work/main`` does.
+    """
+    for parent in ROOT.parents:
+        candidate = parent / "shared" / "vllm" / "hf"
+        if candidate.is_dir():
+            return candidate
+    return ROOT.parent / "shared" / "vllm" / "hf"
+
+
 def ensure_venv(venv: Path, python: str) -> Path:
     py = venv / "bin" / "python"
     stamp = venv / ".vllm-stamp"
@@ -157,7 +170,13 @@ def main() -> int:
     ap.add_argument("--venv", type=Path, default=ROOT / ".venv-vllm")
     ap.add_argument("--python", default="python3.11", help="interpreter for a new venv")
     ap.add_argument("--cache", type=Path, default=ROOT / ".vllm-sdist")
-    ap.add_argument("--hf-home", type=Path, default=ROOT.parent / "shared" / "vllm" / "hf")
+    ap.add_argument(
+        "--hf-home",
+        type=Path,
+        default=default_hf_home(),
+        help="offline Hugging Face cache with facebook/opt-125m's config.json "
+        "(default: the first shared/vllm/hf beside this checkout or above it)",
+    )
     ap.add_argument("--files", nargs="*", default=list(FILES))
     ap.add_argument("--json", type=Path, help="also write the table as JSON")
     args = ap.parse_args()
