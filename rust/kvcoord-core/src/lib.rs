@@ -40,6 +40,7 @@ mod hits;
 pub mod ids;
 pub mod limits;
 pub mod managers;
+mod partial_keys;
 pub mod pool;
 pub mod prefix_index;
 pub mod request;

@@ -31,6 +31,7 @@ use crate::free_queue::FreeQueue;
 use crate::hashing::ExtraKeys;
 use crate::ids::{BlockId, GroupId};
 use crate::managers::GroupSpec;
+use crate::partial_keys::PartialKeys;
 use crate::prefix_index::{CacheKey, KeySlot, PrefixIndex};
 use crate::residency::Residency;
 use crate::reuse_watch::ReuseWatch;
@@ -162,6 +163,10 @@ pub struct BlockPool {
     /// Invariant: holds exactly the non-null blocks with `ref_cnt == 0`.
     free: Order,
     index: PrefixIndex,
+    /// Partial and secondary keys of the few blocks that have them
+    /// ([`crate::partial_keys`]). Invariant: an entry only for a block with
+    /// a primary key; its secondary slots are live and list the block.
+    partial: PartialKeys,
     config: PoolConfig,
     /// `Some` iff events are enabled.
     events: Option<Vec<KvEvent>>,
@@ -302,6 +307,7 @@ impl BlockPool {
             meta: vec![FRESH; config.num_blocks],
             free: make(config.num_blocks),
             index: PrefixIndex::new(),
+            partial: PartialKeys::default(),
             config,
             events: config.enable_events.then(Vec::new),
             events_done: 0,
@@ -419,6 +425,43 @@ impl BlockPool {
         Ok((slot != NO_KEY).then(|| self.index.key_at(slot)))
     }
 
+    /// Tokens behind `block`'s primary key when it was registered as a
+    /// partial key ([`Self::cache_partial_block`], or moved from one by
+    /// [`Self::move_block_keys`]); `None` for a full-block key (it covers
+    /// the whole block) and for an uncached block.
+    pub fn primary_key_tokens(&self, block: BlockId) -> KvResult<Option<usize>> {
+        self.check_ids(&[block])?;
+        Ok(self.partial.primary_tokens(block).map(|t| t as usize))
+    }
+
+    /// Every key `block` is cached under: the primary key first, then its
+    /// secondary keys in insertion order, each with the tokens behind it
+    /// (`None`: the whole block).
+    pub fn cache_keys(&self, block: BlockId) -> KvResult<Vec<(CacheKey, Option<usize>)>> {
+        self.check_ids(&[block])?;
+        let slot = self.meta[block.index()].key;
+        if slot == NO_KEY {
+            return Ok(Vec::new());
+        }
+        let mut out = vec![(
+            self.index.key_at(slot),
+            self.partial.primary_tokens(block).map(|t| t as usize),
+        )];
+        if let Some(e) = self.partial.get(block) {
+            out.extend(
+                e.secondary
+                    .iter()
+                    .map(|&(s, t)| (self.index.key_at(s), Some(t as usize))),
+            );
+        }
+        Ok(out)
+    }
+
+    /// Number of blocks with a partial primary key or secondary keys.
+    pub fn num_partial_blocks(&self) -> usize {
+        self.partial.len()
+    }
+
     // ---- state export -----------------------------------------------------
 
     /// The free queue, front (handed out next) to back. Under a ranked
@@ -452,7 +495,7 @@ impl BlockPool {
 
     /// Heap bytes of the prefix index.
     pub fn index_bytes(&self) -> usize {
-        self.index.heap_bytes()
+        self.index.heap_bytes() + self.partial.heap_bytes()
     }
 
     // ---- validation helpers -------------------------------------------
@@ -844,11 +887,13 @@ impl BlockPool {
             return Ok(());
         }
         let selected = |i: usize| block_mask.is_none_or(|m| m[i]);
-        for (i, &b) in new_blocks.iter().enumerate() {
-            if selected(i) && !b.is_null() && self.meta[b.index()].key != NO_KEY {
-                return Err(KvError::AlreadyCached(b));
-            }
-        }
+        let unit_tokens = scale * self.config.hash_block_size as usize;
+        self.check_promotions(new_blocks, num_cached_blocks, unit_tokens, &selected)?;
+        let promotable = |pool: &Self, i: usize, b: BlockId| {
+            pool.partial
+                .primary_tokens(b)
+                .is_some_and(|t| (t as usize) < (num_cached_blocks + i + 1) * unit_tokens)
+        };
         let record = self.events.is_some();
         let mut stored_hashes = Vec::new();
         let mut stored_ids = Vec::new();
@@ -859,6 +904,11 @@ impl BlockPool {
                     skipped.push(u32::try_from(num_cached_blocks + i).unwrap_or(u32::MAX));
                 }
                 continue;
+            }
+            if self.meta[b.index()].key != NO_KEY && promotable(self, i, b) {
+                // Partial -> full promotion of the same block (vLLM removes
+                // every key of the block, reported, before the new one).
+                self.drop_key(b);
             }
             if self.meta[b.index()].key != NO_KEY {
                 // Only possible when `b` appears twice in the range: undo the
@@ -898,6 +948,42 @@ impl BlockPool {
                 skipped,
                 ..StoredBlocks::new(group, block_size, self.medium)
             })));
+        }
+        Ok(())
+    }
+
+    /// `cache_full_blocks` on `new_blocks` (block `i` ends at
+    /// `(first + i + 1) * unit_tokens`): a selected block that already has a
+    /// key is accepted only when that key is a partial one covering less
+    /// (partial -> full promotion, which drops keys for good, so then no
+    /// block may be listed twice).
+    fn check_promotions(
+        &self,
+        new_blocks: &[BlockId],
+        first: usize,
+        unit_tokens: usize,
+        selected: &dyn Fn(usize) -> bool,
+    ) -> KvResult<()> {
+        let mut any_promotion = false;
+        for (i, &b) in new_blocks.iter().enumerate() {
+            if selected(i) && !b.is_null() && self.meta[b.index()].key != NO_KEY {
+                let promotable = self
+                    .partial
+                    .primary_tokens(b)
+                    .is_some_and(|t| (t as usize) < (first + i + 1) * unit_tokens);
+                if !promotable {
+                    return Err(KvError::AlreadyCached(b));
+                }
+                any_promotion = true;
+            }
+        }
+        if any_promotion {
+            let mut seen = hashbrown::HashSet::with_capacity(new_blocks.len());
+            for (i, &b) in new_blocks.iter().enumerate() {
+                if selected(i) && !b.is_null() && !seen.insert(b) {
+                    return Err(KvError::AlreadyCached(b));
+                }
+            }
         }
         Ok(())
     }
@@ -956,6 +1042,7 @@ impl BlockPool {
             return false;
         }
         self.index.clear();
+        self.partial.clear();
         for (i, m) in self.meta.iter_mut().enumerate() {
             if m.key != NO_KEY {
                 if let Some(r) = self.residency.as_deref_mut() {
@@ -1090,12 +1177,186 @@ impl BlockPool {
             });
         }
         self.index.remove(slot, b);
+        if let Some(e) = self.partial.take(b) {
+            // Then its secondary keys, in insertion order.
+            for (slot, _) in e.secondary {
+                if let Some(events) = &mut self.events {
+                    let key = self.index.key_at(slot);
+                    events.push(KvEvent::BlockRemoved {
+                        block_hash: key.hash,
+                        group: key.group,
+                        medium: self.medium,
+                    });
+                }
+                self.index.remove(slot, b);
+            }
+        }
     }
 
-    /// Remove `b`'s key without an event (undo of a refused call).
+    /// Remove every key of `b` without an event (undo of a refused call,
+    /// copy-on-write moves).
     fn unlink_key_silently(&mut self, b: BlockId) {
         let slot = std::mem::replace(&mut self.meta[b.index()].key, NO_KEY);
         self.index.remove(slot, b);
+        if let Some(e) = self.partial.take(b) {
+            for (slot, _) in e.secondary {
+                self.index.remove(slot, b);
+            }
+        }
+    }
+
+    // ---- partial keys -------------------------------------------------
+
+    /// Make `block` reachable from the hash-unit boundary at `num_tokens`
+    /// (vLLM's `BlockPool.cache_partial_block`): the key is
+    /// `(unit_hashes[num_tokens / hash_block_size - 1], group)`, the chained
+    /// hash of the whole prefix up to that boundary, which may lie inside
+    /// the block. `full_tokens` is the prefix a full-block key on `block`
+    /// stands for (the end of the block at its table position).
+    ///
+    /// * `replace_existing`: the block's contents were replaced; every key
+    ///   it has is removed (reported) first;
+    /// * otherwise, a block whose primary key covers fewer tokens loses its
+    ///   keys (reported) first, and the new key becomes the primary key of a
+    ///   block without one, a secondary key of a block with one;
+    /// * a `BlockStored` event of one hash unit is recorded unless the key
+    ///   was already there.
+    ///
+    /// Returns the key, or `None` for the null block or with caching off.
+    /// Refused (nothing changed) for an out-of-range block, a `num_tokens`
+    /// that is not a positive multiple of the hash unit, or beyond the
+    /// hashes given.
+    pub fn cache_partial_block(
+        &mut self,
+        block: BlockId,
+        unit_hashes: &[BlockHash],
+        num_tokens: usize,
+        full_tokens: usize,
+        group: GroupId,
+        replace_existing: bool,
+    ) -> KvResult<Option<CacheKey>> {
+        self.check_ids(&[block])?;
+        let hbs = self.config.hash_block_size as usize;
+        let units = num_tokens / hbs;
+        if num_tokens == 0 || num_tokens % hbs != 0 || units > unit_hashes.len() {
+            return Err(KvError::InvalidArgument {
+                name: "num_tokens",
+                detail: format!(
+                    "{num_tokens} is not a positive multiple of the hash unit ({hbs}) \
+                     within the {} hashes given",
+                    unit_hashes.len()
+                ),
+            });
+        }
+        let tokens32 = u32::try_from(num_tokens).map_err(|_| KvError::InvalidArgument {
+            name: "num_tokens",
+            detail: format!("{num_tokens} does not fit 32 bits"),
+        })?;
+        if block.is_null() || !self.config.enable_caching {
+            return Ok(None);
+        }
+        let key = CacheKey {
+            hash: unit_hashes[units - 1],
+            group,
+        };
+        let mut already = self.holds_key(block, &key);
+        let primary = self.meta[block.index()].key;
+        if replace_existing {
+            if primary != NO_KEY {
+                self.drop_key(block);
+            }
+            already = false;
+        } else if !already && primary != NO_KEY {
+            let covered = self
+                .partial
+                .primary_tokens(block)
+                .map_or(full_tokens, |t| t as usize);
+            if covered < num_tokens {
+                self.drop_key(block);
+            }
+        }
+        if !self.holds_key(block, &key) {
+            let slot = self.index.insert(key, block);
+            if self.meta[block.index()].key == NO_KEY {
+                self.meta[block.index()].key = slot;
+                self.partial.set_primary_tokens(block, Some(tokens32));
+                if let Order::Ranked(r) = &mut self.free {
+                    let depth = u32::try_from(units).unwrap_or(u32::MAX);
+                    r.policy.as_dyn_mut().on_cache(block, depth);
+                }
+            } else {
+                self.partial.push_secondary(block, slot, tokens32);
+            }
+        }
+        if !already {
+            if let Some(events) = &mut self.events {
+                events.push(KvEvent::BlockStored(Box::new(StoredBlocks {
+                    block_hashes: vec![key.hash],
+                    block_ids: vec![block],
+                    parent_block_hash: units.checked_sub(2).map(|i| unit_hashes[i]),
+                    first_block: units - 1,
+                    num_blocks: 1,
+                    ..StoredBlocks::new(group, self.config.hash_block_size, self.medium)
+                })));
+            }
+        }
+        Ok(Some(key))
+    }
+
+    /// Whether `block` is cached under `key` (as its primary or a secondary
+    /// key).
+    fn holds_key(&self, block: BlockId, key: &CacheKey) -> bool {
+        self.meta[block.index()].key != NO_KEY
+            && self
+                .index
+                .slot_of(key)
+                .is_some_and(|s| self.index.slot_holds(s, block))
+    }
+
+    /// Copy-on-write: re-point every key of `src` to `dst` (vLLM's
+    /// `BlockPool.move_block_hashes`). The request owning `src` keeps
+    /// writing into it; the prefix cache holds the private copy `dst` under
+    /// the same keys instead. `dst`'s first key (the old primary) keeps the
+    /// token count of `src`'s primary key. No event (the keys stay live);
+    /// a key shared with other blocks now lists `dst` last. A no-op when
+    /// `src` has no key.
+    ///
+    /// Refused (nothing changed) for an out-of-range block, the null block,
+    /// `src == dst`, or a `dst` that is cached.
+    pub fn move_block_keys(&mut self, src: BlockId, dst: BlockId) -> KvResult<()> {
+        self.check_ids(&[src, dst])?;
+        let bad = |detail: &str| KvError::InvalidArgument {
+            name: "dst",
+            detail: detail.into(),
+        };
+        if src.is_null() || dst.is_null() {
+            return Err(bad("the null block is never cached"));
+        }
+        if src == dst {
+            return Err(bad("a block's keys cannot move to itself"));
+        }
+        if self.meta[dst.index()].key != NO_KEY {
+            return Err(KvError::AlreadyCached(dst));
+        }
+        let primary = self.meta[src.index()].key;
+        if primary == NO_KEY {
+            return Ok(());
+        }
+        let primary_key = self.index.key_at(primary);
+        let entry = self.partial.get(src).cloned().unwrap_or_default();
+        let secondary: Vec<(CacheKey, u32)> = entry
+            .secondary
+            .iter()
+            .map(|&(s, t)| (self.index.key_at(s), t))
+            .collect();
+        self.unlink_key_silently(src);
+        self.meta[dst.index()].key = self.index.insert(primary_key, dst);
+        self.partial.set_primary_tokens(dst, entry.primary_tokens);
+        for (key, tokens) in secondary {
+            let slot = self.index.insert(key, dst);
+            self.partial.push_secondary(dst, slot, tokens);
+        }
+        Ok(())
     }
 
     // ---- invariants -------------------------------------------------------
@@ -1133,7 +1394,30 @@ impl BlockPool {
                 keyed += 1;
             }
         }
-        let _ = keyed;
+        self.partial.check_not_empty()?;
+        let mut secondaries = 0usize;
+        for (b, e) in self.partial.iter() {
+            let primary = self.meta.get(b.index()).map_or(NO_KEY, |m| m.key);
+            if primary == NO_KEY {
+                return Err(format!("block {b} has partial keys but no primary key"));
+            }
+            for (j, &(slot, _)) in e.secondary.iter().enumerate() {
+                if slot == primary || e.secondary[..j].iter().any(|&(s, _)| s == slot) {
+                    return Err(format!("block {b}: secondary key slot {slot} repeated"));
+                }
+                if !self.index.slot_holds(slot, b) {
+                    return Err(format!("block {b}: secondary slot {slot} does not list it"));
+                }
+                secondaries += 1;
+            }
+        }
+        if keyed + secondaries != self.index.num_pairs() {
+            return Err(format!(
+                "{} (key, block) pairs in the index but {keyed} primary and \
+                 {secondaries} secondary keys on blocks",
+                self.index.num_pairs()
+            ));
+        }
         self.watch.check_invariants()?;
         if self.free.capacity() != self.meta.len() {
             return Err("free queue capacity differs from the pool size".into());
@@ -1289,6 +1573,179 @@ mod tests {
         // The pinned hit is not evicted by allocation pressure.
         assert_eq!(get(&mut p, 2), vec![2, 3]);
         assert!(p.is_cached(BlockId(1)).unwrap());
+        p.check_invariants().unwrap();
+    }
+
+    fn removed(n: u8, g: u32) -> KvEvent {
+        KvEvent::BlockRemoved {
+            block_hash: h(n),
+            group: GroupId(g),
+            medium: Medium::Gpu,
+        }
+    }
+
+    fn partial_pool(n: usize) -> BlockPool {
+        BlockPool::new(PoolConfig {
+            enable_events: true,
+            hash_block_size: 4,
+            ..PoolConfig::new(n)
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn partial_primary_key_is_promoted_when_the_block_fills() {
+        let mut p = partial_pool(4);
+        let b = ids(&get(&mut p, 2));
+        let units = [h(1), h(2), h(3), h(4)];
+        // Two hash units per block: block 1 (tokens 8..16) keyed at 12.
+        let k = p.cache_partial_block(b[1], &units, 12, 16, GroupId(0), false);
+        assert_eq!(k.unwrap().map(|k| k.hash), Some(h(3)));
+        assert_eq!(p.primary_key_tokens(b[1]).unwrap(), Some(12));
+        assert_eq!(p.lookup(&h(3), GroupId(0)), Some(b[1]));
+        // Repeating it changes nothing and records nothing.
+        p.take_events();
+        p.cache_partial_block(b[1], &units, 12, 16, GroupId(0), false)
+            .unwrap();
+        assert!(p.take_events().is_empty());
+        p.check_invariants().unwrap();
+        // A partially keyed block is cached: freed to the back.
+        // Full: the partial key is removed (reported), then the full keys.
+        p.cache_full_blocks_scaled(&b, &units, 2, 0, 2, GroupId(0), None)
+            .unwrap();
+        let ev = p.take_events();
+        assert_eq!(ev[0], removed(3, 0));
+        assert!(matches!(&ev[1], KvEvent::BlockStored(s) if s.block_hashes == [h(2), h(4)]));
+        assert_eq!(p.primary_key_tokens(b[1]).unwrap(), None);
+        assert_eq!(p.lookup(&h(3), GroupId(0)), None);
+        assert_eq!(p.num_partial_blocks(), 0);
+        p.check_invariants().unwrap();
+        // A full key is never promoted again.
+        assert_eq!(
+            p.cache_full_blocks_scaled(&b, &units, 2, 1, 2, GroupId(0), None),
+            Err(KvError::AlreadyCached(b[1]))
+        );
+    }
+
+    #[test]
+    fn secondary_keys_leave_with_the_block() {
+        let mut p = partial_pool(4);
+        let b = ids(&get(&mut p, 2));
+        let units = [h(1), h(2), h(3), h(4)];
+        p.cache_full_blocks_scaled(&b, &units, 2, 0, 2, GroupId(0), None)
+            .unwrap();
+        // Block 1 covers 16 tokens, so a key at 12 becomes a secondary key.
+        p.cache_partial_block(b[1], &units, 12, 16, GroupId(0), false)
+            .unwrap();
+        let ev = p.take_events();
+        assert!(matches!(&ev[1], KvEvent::BlockStored(s)
+            if s.block_hashes == [h(3)] && s.parent_block_hash == Some(h(2))
+                && s.first_block == 2 && s.num_blocks == 1 && s.block_size == 4));
+        assert_eq!(
+            p.cache_keys(b[1]).unwrap(),
+            vec![
+                (
+                    CacheKey {
+                        hash: h(4),
+                        group: GroupId(0)
+                    },
+                    None
+                ),
+                (
+                    CacheKey {
+                        hash: h(3),
+                        group: GroupId(0)
+                    },
+                    Some(12)
+                ),
+            ]
+        );
+        assert_eq!(p.num_cached_keys(), 3);
+        p.check_invariants().unwrap();
+        p.free_blocks(&[b[1], b[0]]).unwrap();
+        assert_eq!(
+            queue(&p),
+            [3, 2, 1],
+            "cached blocks go to the back in order"
+        );
+        // Reused: the primary key is reported first, then the secondary one.
+        get(&mut p, 2);
+        let ev = p.take_events();
+        assert_eq!(ev, [removed(4, 0), removed(3, 0)]);
+        assert_eq!(p.num_cached_keys(), 1);
+        p.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn replacing_drops_every_key_first() {
+        let mut p = partial_pool(4);
+        let b = ids(&get(&mut p, 1));
+        let units = [h(1), h(2)];
+        p.cache_partial_block(b[0], &units, 4, 8, GroupId(1), false)
+            .unwrap();
+        // A longer prefix of the same block supersedes a shorter primary.
+        p.cache_partial_block(b[0], &units, 8, 8, GroupId(1), false)
+            .unwrap();
+        assert_eq!(p.take_events()[1], removed(1, 1));
+        assert_eq!(p.primary_key_tokens(b[0]).unwrap(), Some(8));
+        // Contents replaced: even the same key is dropped and stored again.
+        p.cache_partial_block(b[0], &units, 8, 8, GroupId(1), true)
+            .unwrap();
+        let ev = p.take_events();
+        assert_eq!(ev[0], removed(2, 1));
+        assert!(matches!(&ev[1], KvEvent::BlockStored(_)));
+        p.check_invariants().unwrap();
+        // Refusals change nothing.
+        for bad in [0, 3, 12] {
+            assert!(p
+                .cache_partial_block(b[0], &units, bad, 8, GroupId(1), false)
+                .is_err());
+        }
+        assert!(p
+            .cache_partial_block(BlockId(9), &units, 4, 8, GroupId(1), false)
+            .is_err());
+        assert_eq!(
+            p.cache_partial_block(BlockId::NULL, &units, 4, 8, GroupId(1), false),
+            Ok(None)
+        );
+        assert!(p.take_events().is_empty());
+        p.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn moved_keys_follow_the_copy() {
+        let mut p = partial_pool(6);
+        let units = [h(1), h(2)];
+        let a = ids(&get(&mut p, 2));
+        // Two blocks under the same key; the first keeps a secondary key.
+        p.cache_partial_block(a[0], &units, 8, 8, GroupId(0), false)
+            .unwrap();
+        p.cache_partial_block(a[0], &units, 4, 8, GroupId(0), false)
+            .unwrap();
+        p.cache_partial_block(a[1], &units, 8, 8, GroupId(0), false)
+            .unwrap();
+        p.take_events();
+        let c = ids(&get(&mut p, 1))[0];
+        p.move_block_keys(a[0], c).unwrap();
+        assert!(p.take_events().is_empty(), "the keys stay live");
+        assert_eq!(p.cache_key(a[0]).unwrap(), None);
+        assert_eq!(p.primary_key_tokens(c).unwrap(), Some(8));
+        assert_eq!(p.cache_keys(c).unwrap().len(), 2);
+        // The copy now comes after the other block under the shared key.
+        assert_eq!(p.lookup(&h(2), GroupId(0)), Some(a[1]));
+        assert_eq!(p.lookup(&h(1), GroupId(0)), Some(c));
+        p.check_invariants().unwrap();
+        // Refused: a cached destination, the null block, itself.
+        assert_eq!(p.move_block_keys(a[1], c), Err(KvError::AlreadyCached(c)));
+        assert!(p.move_block_keys(BlockId::NULL, a[0]).is_err());
+        assert!(p.move_block_keys(c, c).is_err());
+        // An uncached source moves nothing.
+        p.move_block_keys(a[0], BlockId(5)).unwrap();
+        p.check_invariants().unwrap();
+        assert!(!p.reset_prefix_cache());
+        p.free_blocks(&[a[0], a[1], c]).unwrap();
+        assert!(p.reset_prefix_cache());
+        assert_eq!((p.num_cached_keys(), p.num_partial_blocks()), (0, 0));
         p.check_invariants().unwrap();
     }
 

@@ -187,6 +187,19 @@ impl PrefixIndex {
         Some(key)
     }
 
+    /// The slot of `key`'s entry, if the key is cached.
+    pub fn slot_of(&self, key: &CacheKey) -> Option<KeySlot> {
+        self.find_slot(key)
+    }
+
+    /// Number of (key, block) pairs: every block listed under every key.
+    pub fn num_pairs(&self) -> usize {
+        self.table
+            .iter()
+            .map(|&s| self.entries[s as usize].blocks.len())
+            .sum()
+    }
+
     /// The key of a live entry.
     pub fn key_at(&self, slot: KeySlot) -> CacheKey {
         self.entries[slot as usize].key
