@@ -120,7 +120,7 @@ def same_events(theirs: Any, ours: Any) -> int:
 
 
 @pytest.mark.parametrize("seed", range(4))
-@pytest.mark.parametrize("block_sizes", [[BS], [BS, BS]])
+@pytest.mark.parametrize("block_sizes", [[BS], [BS, BS], [BS, 2 * BS], [3 * BS, BS]])
 @pytest.mark.parametrize(
     ("algo", "lookahead"), [("sha256", 0), ("sha256_cbor", 0), ("sha256", 2), ("xxhash", 1)]
 )
@@ -136,7 +136,10 @@ def test_random_schedule_events_match_vllm(
     """Stores (with LoRA, cache salt, multimodal items, session ids, lookahead
     tokens, ``"full"`` hit reports), removals on reuse and ``evict_blocks``,
     and clears, in vLLM's order; ``sha256_cbor`` goes through kvcoord's own
-    hasher, the others through vLLM's (keys supplied by the request)."""
+    hasher, the others through vLLM's (keys supplied by the request). A group
+    whose blocks span several hash units also stores, reports and removes
+    the partial key of its prompt-tail block (with EAGLE on a block that may
+    not be full yet)."""
     monkeypatch.setenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "1" if int_hashes else "0")
     rng = random.Random(seed)
     fn = getattr(hashing, algo)
@@ -216,21 +219,33 @@ def test_lookahead_events_rebuild_the_requests_hashes() -> None:
     assert ours.block_pool.kv_event_queue == []
 
 
-def test_events_over_larger_blocks_fall_back() -> None:
-    """vLLM also reports partial prompt-tail entries of groups whose blocks
-    are larger than ``hash_block_size``: kvcoord does not keep those, so the
-    configuration goes to vLLM's manager, counted."""
-    before = kv.fallbacks["KV-cache events over groups with blocks larger than hash_block_size"]
-    m = kv.KVCacheManager(
-        config(8, [BS, 2 * BS]),
-        max_model_len=64,
-        scheduler_block_size=2 * BS,
-        hash_block_size=BS,
-        enable_kv_cache_events=True,
-    )
-    assert type(m) is kv.original_manager_class()
-    after = kv.fallbacks["KV-cache events over groups with blocks larger than hash_block_size"]
-    assert after == before + 1
+def test_partial_prompt_tail_keys_are_stored_and_removed() -> None:
+    """A group of 8-token blocks over 4-token hash units keys its prompt-tail
+    block at the prompt's last hash boundary (a partial key, one hash unit
+    long in its event, beside the block's full key once full) and reports
+    both keys when the block is reused, as vLLM's pool does."""
+    init_none_hash(hashing.sha256)
+    hasher = get_request_block_hasher(BS, hashing.sha256)
+    theirs, ours = managers(config(12, [BS, 2 * BS]))
+    for m in (theirs, ours):
+        req = make_request("a", list(range(15)), hasher, random.Random(0))
+        assert m.allocate_slots(req, req.num_tokens) is not None
+        req.num_computed_tokens = req.num_tokens
+        req.append_output_token_ids(99)
+        assert m.allocate_slots(req, 1) is not None
+        m.free(req)
+        other = make_request("b", list(range(500, 528)), hasher, random.Random(1))
+        assert m.allocate_slots(other, 28) is not None
+    a, b = theirs.take_events(), ours.take_events()
+    assert b == a
+    # The partial key of group 1 (8-token blocks) at 12: one hash unit long,
+    # stored, then removed with the block's full key when the block is reused.
+    stored = [e for e in a if isinstance(e, BlockStored) and e.group_idx == 1]
+    partial = [e for e in stored if e.block_size == BS]
+    assert [e.token_ids for e in partial] == [[8, 9, 10, 11]]
+    removed = [e for e in a if isinstance(e, BlockRemoved) and e.group_idx == 1]
+    assert partial[0].block_hashes[0] in [h for e in removed for h in e.block_hashes]
+    ours.check_invariants()
 
 
 def test_events_off_leave_the_queue_empty() -> None:

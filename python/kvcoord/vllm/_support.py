@@ -162,14 +162,6 @@ def unsupported_reason(kv_cache_config: Any, args: Mapping[str, Any]) -> str | N
         return reason
     hash_block_size = args["hash_block_size"]
     dcp = int(args.get("dcp_world_size", 1))
-    if caching_on and any(
-        kv_block_size(s, dcp) > hash_block_size and not _windows.is_window_spec(s)
-        for s in eagle_specs
-    ):
-        # vLLM keys the prompt-tail block of such a group at the prompt's last
-        # hash boundary; with EAGLE that block may not be full yet, and the
-        # partial key (read by no hit) makes it a cached block when freed.
-        return "EAGLE over full-attention groups with blocks larger than hash_block_size"
     block_sizes = {kv_block_size(g.kv_cache_spec, dcp) for g in groups}
     if args.get("enable_caching", True) and any(b % hash_block_size for b in block_sizes):
         return f"hash_block_size={hash_block_size} not dividing the block sizes {block_sizes}"
@@ -177,10 +169,6 @@ def unsupported_reason(kv_cache_config: Any, args: Mapping[str, Any]) -> str | N
         return "sub-block (partial) prefix hits: hash_block_size below the block size"
     if args.get("enable_caching", True) and len(groups) > 1 and hash_block_size not in block_sizes:
         return "sub-block (partial) prefix hits: hash_block_size below every block size"
-    if caching and args.get("enable_kv_cache_events", False) and block_sizes != {hash_block_size}:
-        # vLLM also keys a group's partial prompt-tail block at a hash-block
-        # boundary (no hit uses it, but it is stored, reported and removed).
-        return "KV-cache events over groups with blocks larger than hash_block_size"
     return None
 
 

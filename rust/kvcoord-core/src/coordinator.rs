@@ -25,7 +25,7 @@ use crate::block_hash::BlockHash;
 pub use crate::block_ids::NewBlocks;
 use crate::error::{KvError, KvResult};
 use crate::ids::{BlockId, GroupId, ReqId};
-use crate::managers::mamba_align;
+use crate::managers::{full_attention, mamba_align};
 use crate::managers::{CachePolicy, GroupSpec, GroupTable, Manager, SpecKind};
 use crate::pool::{BlockPool, PoolConfig};
 use crate::prefix_index::CacheKey;
@@ -1554,7 +1554,8 @@ fn cache_tables(
             return Err(table_too_short(num_tokens, num_full, m, t));
         }
         work |= (cacheable_group && num_full > t.num_cached())
-            || matches!(m.spec().kind, SpecKind::MambaAlign { .. });
+            || matches!(m.spec().kind, SpecKind::MambaAlign { .. })
+            || partial_tail(m, view, hbs, cacheable).is_some();
     }
     if !work {
         return Ok(());
@@ -1589,6 +1590,16 @@ fn cache_tables(
         let before = t.num_cached();
         let cacheable = config.num_cacheable_tokens(m.group(), num_tokens);
         m.cache_blocks(pool, t, view.hashes, hbs, cacheable, &policy, mask_buf)?;
+        if let Some(boundary) = partial_tail(m, view, hbs, cacheable) {
+            full_attention::cache_partial_tail(
+                pool,
+                t,
+                view.hashes,
+                boundary,
+                m.block_size(),
+                m.group(),
+            )?;
+        }
         if let SpecKind::MambaAlign { .. } = m.spec().kind {
             mamba_align::after_cache_blocks(
                 m.block_size(),
@@ -1621,6 +1632,35 @@ fn cache_tables(
         }
     }
     Ok(())
+}
+
+/// Where a full-attention group (vLLM's `FullAttentionManager` and its
+/// subclasses: MLA, R-SWA) whose blocks span several hash units keys its
+/// prompt-tail block on this caching call, if anywhere.
+#[inline]
+fn partial_tail(
+    m: &Manager,
+    view: &RequestView<'_>,
+    hbs: usize,
+    cacheable: usize,
+) -> Option<usize> {
+    let bs = m.block_size();
+    if bs == hbs
+        || !matches!(
+            m.spec().kind,
+            SpecKind::FullAttention | SpecKind::MlaAttention | SpecKind::Rswa { .. }
+        )
+    {
+        return None;
+    }
+    full_attention::partial_tail_boundary(
+        view.num_prompt_tokens,
+        view.hashes.len(),
+        hbs,
+        bs,
+        m.eagle(),
+        cacheable,
+    )
 }
 
 /// The error of [`cache_tables`] for a table shorter than its full blocks.

@@ -1,7 +1,9 @@
 //! Full attention: every block of the prefix is needed, so a hit is the
 //! longest run of cached blocks from block 0.
 
-use super::{cdiv, lookup_all, HashView, HitLists};
+use super::{cdiv, lookup_all, GroupTable, HashView, HitLists};
+use crate::block_hash::BlockHash;
+use crate::error::KvResult;
 use crate::ids::GroupId;
 use crate::pool::BlockPool;
 
@@ -35,8 +37,70 @@ pub(crate) fn find_longest_cache_hit(
     hit
 }
 
+/// The prompt's last hash-unit boundary that a group whose blocks span
+/// several hash units keys its prompt-tail block at (vLLM's
+/// `FullAttentionManager._cache_partial_tail_block`): `num_prompt_tokens - 1`
+/// (a resend recomputes the last token) or, for an EAGLE group, the whole
+/// prompt, rounded down to the hash unit and capped at the hashes there
+/// are. `None` when it is 0, on a block boundary (the full key covers it),
+/// or past `cacheable` tokens.
+pub(crate) fn partial_tail_boundary(
+    num_prompt_tokens: usize,
+    num_hashes: usize,
+    hash_block_size: usize,
+    block_size: usize,
+    eagle: bool,
+    cacheable: usize,
+) -> Option<usize> {
+    let limit = if eagle {
+        num_prompt_tokens
+    } else {
+        num_prompt_tokens.saturating_sub(1)
+    };
+    let boundary = (limit / hash_block_size).min(num_hashes) * hash_block_size;
+    (boundary != 0 && boundary <= cacheable && boundary % block_size != 0).then_some(boundary)
+}
+
+/// Key the block holding `boundary` (from [`partial_tail_boundary`]) at
+/// that boundary: a partial key (primary when the block is not full yet,
+/// secondary beside its full key otherwise; see
+/// [`BlockPool::cache_partial_block`]). No hit reads it unless sub-block
+/// hits are on, but it makes a not-yet-full block a cached one (freed to
+/// the back of the queue) and it is stored, reported and removed as vLLM
+/// does. A table that does not reach the block, or a null entry (R-SWA
+/// gaps), keys nothing.
+pub(crate) fn cache_partial_tail(
+    pool: &mut BlockPool,
+    table: &GroupTable,
+    hashes: &[BlockHash],
+    boundary: usize,
+    block_size: usize,
+    group: GroupId,
+) -> KvResult<()> {
+    let idx = boundary / block_size;
+    if let Some(&b) = table.blocks.get(idx) {
+        pool.cache_partial_block(b, hashes, boundary, (idx + 1) * block_size, group, false)?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn partial_tail_boundary_follows_the_prompt() {
+        use super::partial_tail_boundary as b;
+        // 8-token blocks of 4-token hash units, a 15-token prompt: the last
+        // boundary below the recomputed token is 12 (inside block 1).
+        assert_eq!(b(15, 3, 4, 8, false, 16), Some(12));
+        assert_eq!(b(15, 3, 4, 8, false, 8), None, "not cacheable yet");
+        // EAGLE reads the whole prompt: 16 is a block boundary.
+        assert_eq!(b(16, 4, 4, 8, true, 16), None);
+        assert_eq!(b(13, 3, 4, 8, true, 12), Some(12));
+        // Capped by the hashes there are; nothing below one unit.
+        assert_eq!(b(15, 1, 4, 8, false, 16), Some(4));
+        assert_eq!(b(4, 1, 4, 8, false, 16), None);
+    }
+
     use crate::ids::GroupId;
     use crate::managers::test_util::{cache_block, h, hashes, ids, pool};
     use crate::managers::{GroupSpec, Manager};
