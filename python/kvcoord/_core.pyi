@@ -233,6 +233,9 @@ class BlockPool:
         """Whether each block carries a cache key, indexed by id."""
     def block_hash(self, block_id: int) -> tuple[bytes, int] | None:
         """The ``(hash, group_id)`` key a block is cached under, if any."""
+    def primary_key_tokens(self, block_id: int) -> int | None:
+        """Tokens behind the block's primary key when it is a partial
+        (sub-block) key; None for a full-block key or no key."""
     def check_invariants(self) -> None:
         """Check every internal invariant (O(num_blocks)); raises
         ``InvariantError`` on a violation. For tests and debugging."""
@@ -669,6 +672,21 @@ class CoordinatorCore:
         """Drain the Mamba "align" states committed since the last call:
         ``(request_id, group, block_id, num_tokens)`` each, in the order they
         were cached; a freed request's are dropped. Nothing is pinned."""
+    @property
+    def hit_alignment(self) -> int:
+        """Tokens a hit ends on a multiple of: the hash unit with sub-block
+        (partial) Mamba hits, else the scheduler block size."""
+    def take_block_copies(self) -> list[tuple[int, int]]:
+        """Drain the copy-on-write copies made since the last call:
+        ``(src_block_id, dst_block_id)`` each (Mamba states at sub-block
+        boundaries); both ends stay held by the caller until freed through
+        :meth:`free_caller_blocks`."""
+    def finalize_partial_tail_offloads(
+        self, request_id: str, num_computed_tokens: int, num_in_flight_tokens: int
+    ) -> list[tuple[int, int, int]]:
+        """A finishing request's own sub-block prompt-tail states that no
+        later token was computed into: ``(group, block_id, num_tokens)``
+        each; forgotten either way."""
     def enable_residency(self, records: bool = True) -> None:
         """Start tracking residency metrics of the pool's blocks (see
         :meth:`BlockPool.enable_residency`)."""
@@ -839,6 +857,7 @@ class BlockPoolView:
     def ref_counts(self) -> npt.NDArray[np.uint32]: ...
     def cached_mask(self) -> npt.NDArray[np.bool_]: ...
     def block_hash(self, block_id: int) -> tuple[bytes, int] | None: ...
+    def primary_key_tokens(self, block_id: int) -> int | None: ...
     def check_invariants(self) -> None: ...
 
 def advance_requests(

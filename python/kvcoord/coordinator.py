@@ -245,7 +245,8 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         self.spec_groups: tuple[SpecGroup, ...] = tuple(
             sorted(buckets, key=lambda b: not b.is_full_attention)
         )
-        self._alignment = self.scheduler_block_size
+        # The scheduler block, or the hash unit with sub-block hits (the core's rule).
+        self._alignment: int = self.core.hit_alignment
         # With exactly two spec groups led by full attention one pass suffices:
         # the second scan already ran at the full-attention bound.
         self._single_pass = len(self.spec_groups) == 2 and self.spec_groups[0].is_full_attention

@@ -71,6 +71,13 @@ class BlockView:
         digest, group_id = key
         return bytes(digest) + int(group_id).to_bytes(4, "big")
 
+    @property
+    def block_hash_num_tokens(self) -> int | None:
+        """vLLM's ``block_hash_num_tokens``: the prefix the primary key stands
+        for (a partial key's own count; the block's end for a full key, which
+        kvcoord's pool does not record, so None there)."""
+        return self._pool.primary_key_tokens(self.block_id)  # type: ignore[no-any-return]
+
     def __eq__(self, other: object) -> bool:
         other_id = getattr(other, "block_id", None)
         return other_id is not None and other_id == self.block_id

@@ -66,7 +66,9 @@ def config_reason(specs: Sequence[Any], args: Mapping[str, Any]) -> str | None:
     if not caching:
         return None
     hash_block_size = int(args["hash_block_size"])
-    if any(s.block_size != hash_block_size for s in mambas):
+    if any(s.block_size != hash_block_size for s in mambas) and not _sub_block_served(
+        specs, mambas, args
+    ):
         return (
             "Mamba prefix caching with hash_block_size below the Mamba block size "
             "(sub-block partial state hits and their copy-on-write)"
@@ -86,6 +88,33 @@ def config_reason(specs: Sequence[Any], args: Mapping[str, Any]) -> str | None:
             f"the block sizes beside Mamba groups"
         )
     return None
+
+
+def _sub_block_served(specs: Sequence[Any], mambas: Sequence[Any], args: Mapping[str, Any]) -> bool:
+    """Whether sub-block (partial) Mamba state hits are served here: beside
+    plain full-attention groups one hash unit long (whose hits stay
+    whole-block), Mamba groups without prefill checkpoint or speculative
+    blocks, dense retention and no KV-cache events. The core then aligns
+    hits to the hash unit, caches unrounded, keys the prompt's last hash
+    boundary inside the running state's block and copies that state out
+    (``take_kv_cache_block_copies``), as vLLM does."""
+    hash_block_size = int(args["hash_block_size"])
+    full = _interface().FullAttentionSpec
+    cfg = args.get("kv_cache_config")
+    return (
+        all(
+            is_mamba_spec(s) or (type(s) is full and int(s.block_size) == hash_block_size)
+            for s in specs
+        )
+        and len(specs) > 1
+        and all(
+            int(m.num_prefill_checkpoint_blocks) == 0 and int(m.num_speculative_blocks) == 0
+            for m in mambas
+        )
+        and getattr(cfg, "prefix_cache_retention_interval", None) is None
+        and not args.get("enable_kv_cache_events", False)
+        and int(args.get("dcp_world_size", 1)) == 1
+    )
 
 
 def mamba_spec(spec: Any) -> MambaSpec:

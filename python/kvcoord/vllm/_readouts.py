@@ -14,7 +14,7 @@ from typing import Any
 
 from kvcoord.errors import UnknownRequestError
 from kvcoord.vllm import _mamba
-from kvcoord.vllm._blocks import KVCacheBlocks, ids_of
+from kvcoord.vllm._blocks import BlockView, KVCacheBlocks, ids_of
 from kvcoord.vllm._events import EventLog
 from kvcoord.vllm._requests import RequestRegistry
 from kvcoord.vllm._zeroing import ZeroingLog
@@ -189,8 +189,20 @@ class ManagerReadouts:
             held = tuple(() for _ in self._block_sizes)
         self._zeroing.record_table(held, self._block_sizes, start_token)
 
-    def take_kv_cache_block_copies(self) -> tuple[list[Any], list[int]]:
-        return [], []
+    def take_kv_cache_block_copies(self) -> tuple[list[Any], list[Any]]:
+        """vLLM's copies of Mamba states at sub-block boundaries made since
+        the last call (``KVCacheBlockCopy`` each) and their ends, retained
+        until the caller frees them through ``block_pool.free_blocks`` once
+        the copies ran (empty without sub-block Mamba hits)."""
+        if not self._mamba_groups:
+            return [], []
+        pairs = self._core.take_block_copies()
+        if not pairs:
+            return [], []
+        utils = importlib.import_module("vllm.v1.core.kv_cache_utils")
+        copies = [utils.KVCacheBlockCopy(src_block_id=s, dst_block_id=d) for s, d in pairs]
+        pool = self._pool
+        return copies, [BlockView(pool, b) for pair in pairs for b in pair]
 
     def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
         """The Mamba states committed since the last call, per request:
@@ -200,7 +212,17 @@ class ManagerReadouts:
         return _mamba.boundary_offloads(self._core)
 
     def finalize_partial_tail_offloads(self, request: Any) -> list[tuple[int, int, int]]:
-        return []
+        """A finishing request's own prompt-tail states at sub-block
+        boundaries that no later token was computed into: ``(group,
+        block_id, tokens)`` each (vLLM's ``finalize_partial_tail_offloads``)."""
+        if not self._mamba_groups:
+            return []
+        return [
+            (g, b, t)
+            for g, b, t in self._core.finalize_partial_tail_offloads(
+                request.request_id, request.num_computed_tokens, request.num_in_flight_tokens
+            )
+        ]
 
     def new_step_starts(self) -> None:
         """A scheduler step begins: Mamba states cached during the previous

@@ -157,6 +157,43 @@ impl CoordinatorConfig {
         }
     }
 
+    /// vLLM's `enable_partial_hash_hits`: a hybrid coordinator with a Mamba
+    /// "align" group whose blocks span several hash units, every other
+    /// caching group able to look up hash-unit boundaries inside its blocks
+    /// (full attention, MLA, R-SWA, Mamba "align") or one hash unit long.
+    /// Hits then end on any hash-unit boundary ([`Self::hit_alignment`]) and
+    /// caching is not rounded ([`Self::num_cacheable_tokens`]).
+    pub fn partial_hits(&self) -> bool {
+        let hbs = self.hash_block_size;
+        self.kind == CoordinatorKind::Hybrid
+            && self
+                .groups
+                .iter()
+                .any(|g| matches!(g.kind, SpecKind::MambaAlign { .. }) && g.block_size > hbs)
+            && self.groups.iter().all(|g| {
+                !g.prefix_cacheable()
+                    || g.block_size == hbs
+                    || matches!(
+                        g.kind,
+                        SpecKind::FullAttention
+                            | SpecKind::MlaAttention
+                            | SpecKind::Rswa { .. }
+                            | SpecKind::MambaAlign { .. }
+                    )
+            })
+    }
+
+    /// Tokens a hit ends on a multiple of (vLLM's
+    /// `cache_hit_alignment_tokens`): the hash unit with
+    /// [`Self::partial_hits`], else the scheduler block size.
+    pub fn hit_alignment(&self) -> usize {
+        if self.partial_hits() {
+            self.hash_block_size as usize
+        } else {
+            self.scheduler_block_size.max(1) as usize
+        }
+    }
+
     /// Whether group `g` drops EAGLE's block: it or a group of equal spec
     /// is listed in [`eagle_groups`](Self::eagle_groups).
     pub fn is_eagle_group(&self, g: usize) -> bool {
@@ -225,8 +262,12 @@ impl CoordinatorConfig {
         match self.kind {
             CoordinatorKind::NoPrefixCache | CoordinatorKind::Unitary => finalized,
             CoordinatorKind::Hybrid => {
+                // With partial hits no rounding applies (a hit may end on
+                // any hash unit).
+                let partial = self.partial_hits();
                 let sbs = self.scheduler_block_size.max(1) as usize;
-                let aligned = num_computed_tokens / sbs * sbs;
+                let align = |n: usize| if partial { n } else { n / sbs * sbs };
+                let aligned = align(num_computed_tokens);
                 if aligned == 0 || !self.caches_past_alignment(group) {
                     return aligned;
                 }
@@ -234,7 +275,7 @@ impl CoordinatorConfig {
                     .groups
                     .get(group.0 as usize)
                     .map_or(0, |g| g.block_size as usize);
-                finalized.min(finalized / sbs * sbs + block_size)
+                finalized.min(align(finalized) + block_size)
             }
         }
     }
@@ -345,7 +386,10 @@ impl CoordinatorConfig {
                     ),
                 ));
             }
-            if matches!(g.kind, SpecKind::MambaAlign { .. }) && g.block_size != hbs {
+            if matches!(g.kind, SpecKind::MambaAlign { .. })
+                && g.block_size != hbs
+                && !self.partial_hits()
+            {
                 return Err(bad(
                     "hash_block_size",
                     hbs.to_string(),
@@ -482,6 +526,11 @@ pub struct CoordinatorCore {
     /// References held by the caller outside every table, per block (see
     /// [`caller_held`]).
     caller_held: HashMap<BlockId, u32>,
+    /// Copy-on-write copies of Mamba "align" states at sub-block boundaries
+    /// since the last [`take_block_copies`](Self::take_block_copies):
+    /// (source, destination). Both ends are held in `caller_held` until the
+    /// caller frees them (the copy has run).
+    pending_copies: Vec<(GroupId, BlockId, BlockId)>,
 }
 
 impl CoordinatorCore {
@@ -528,6 +577,7 @@ impl CoordinatorCore {
             has_align,
             registry: RequestRegistry::default(),
             caller_held: HashMap::new(),
+            pending_copies: Vec::new(),
         })
     }
 
@@ -894,6 +944,8 @@ impl CoordinatorCore {
             boundary_offloads,
             checkpoints,
             has_align,
+            pending_copies,
+            caller_held,
             ..
         } = self;
         // The request's tables are probed for once: a decode step is the
@@ -926,7 +978,7 @@ impl CoordinatorCore {
             Entry::Occupied(tables) => Some(tables.get().as_slice()),
             Entry::Vacant(_) => None,
         };
-        let step = StepSize::new(main, need_slots, total, num_encoder_tokens);
+        let step = StepSize::new(main, need_slots, total, num_encoder_tokens).local(local);
         let needed = predict(
             managers,
             pool,
@@ -964,15 +1016,13 @@ impl CoordinatorCore {
             }
         }
         // Step 12.
-        allocate_groups(managers, pool, tables, &step, out)?;
+        let log = StepLog::new(req, cached_this_step, boundary_offloads);
+        let cow = (&mut *pending_copies, &mut *caller_held);
+        allocate_groups(managers, pool, tables, &step, out, cow, log)?;
         // Steps 13-14: only final tokens (no drafts) are cached.
         if config.enable_caching() && !delay_cache_blocks {
             let n = (total + num_new_tokens).min(view.num_tokens);
-            let log = StepLog {
-                req,
-                cached: cached_this_step,
-                offloads: boundary_offloads,
-            };
+            let log = StepLog::new(req, cached_this_step, boundary_offloads);
             cache_tables(
                 managers, pool, tables, config, *retention, view, n, mask_buf, log,
             )?;
@@ -1045,6 +1095,47 @@ impl CoordinatorCore {
     /// a caller that reads the blocks later must hold them itself.
     pub fn take_boundary_state_offloads(&mut self) -> Vec<BoundaryOffload> {
         std::mem::take(&mut self.boundary_offloads)
+    }
+
+    /// Drain the copy-on-write copies made since the last call, in order:
+    /// (source, destination) blocks of Mamba "align" states at sub-block
+    /// boundaries (vLLM's `take_kv_cache_block_copies`). Both ends of each
+    /// copy stay referenced by the caller (see
+    /// [`free_caller_blocks`](Self::free_caller_blocks)) until it frees them
+    /// once the copy has run.
+    pub fn take_block_copies(&mut self) -> Vec<(BlockId, BlockId)> {
+        let mut copies = std::mem::take(&mut self.pending_copies);
+        // vLLM drains group by group (stable: allocation order within one).
+        copies.sort_by_key(|&(g, _, _)| g);
+        copies.into_iter().map(|(_, s, d)| (s, d)).collect()
+    }
+
+    /// A finishing request's own prompt-tail states at sub-block boundaries
+    /// that no later token was computed into (vLLM's
+    /// `finalize_partial_tail_offloads`): (group, block, tokens) per Mamba
+    /// "align" group that has one. Each is forgotten either way; nothing is
+    /// pinned.
+    pub fn finalize_partial_tail_offloads(
+        &mut self,
+        id: &str,
+        num_computed_tokens: usize,
+        num_in_flight_tokens: usize,
+    ) -> Vec<(GroupId, BlockId, usize)> {
+        let Some(req) = self.registry.get(id) else {
+            return Vec::new();
+        };
+        let Some(tables) = self.requests.get_mut(&req) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for (m, t) in self.managers.iter().zip(tables.iter_mut()) {
+            if let Some((b, tokens)) =
+                mamba_align::finalize_partial_tail(t, num_computed_tokens, num_in_flight_tokens)
+            {
+                out.push((m.group(), b, tokens));
+            }
+        }
+        out
     }
 
     /// The scheduler id of a request registered through the id-keyed calls
@@ -1200,6 +1291,8 @@ struct StepSize {
     total: usize,
     /// Encoder tokens (cross-attention groups).
     num_encoder_tokens: usize,
+    /// Locally computed tokens (hits included, external tokens not).
+    local: usize,
 }
 
 impl StepSize {
@@ -1209,6 +1302,15 @@ impl StepSize {
             need_slots,
             total,
             num_encoder_tokens,
+            local: total,
+        }
+    }
+
+    /// With `local` of the `total` computed tokens from this pool.
+    fn local(self, local: usize) -> Self {
+        Self {
+            local: local.min(self.total),
+            ..self
         }
     }
 }
@@ -1283,9 +1385,19 @@ fn adopt_prefix(
     if !adopt && external == 0 {
         return Ok(());
     }
+    let local = total - external.min(total);
     for (g, (m, t)) in managers.iter().zip(tables.iter_mut()).enumerate() {
         let group_hits = hits.get(g).map_or(&[][..], Vec::as_slice);
         m.add_local_computed_blocks(pool, t, group_hits, total)?;
+        if let (SpecKind::MambaAlign { .. }, Some(&last)) = (m.spec().kind, group_hits.last()) {
+            if local % m.block_size() != 0 {
+                // The hit ends inside its block: the state is copied into a
+                // private block by the allocation (vLLM's partial hit).
+                let idx = local / m.block_size();
+                t.align.partial_hit = Some((idx, last));
+                t.num_cached = idx;
+            }
+        }
     }
     if external > 0 {
         for (m, t) in managers.iter().zip(tables.iter_mut()) {
@@ -1328,7 +1440,14 @@ fn allocate_groups(
     tables: &mut [GroupTable],
     step: &StepSize,
     out: &mut NewBlocks,
+    (copies, held): CowSinks<'_>,
+    log: StepLog<'_>,
 ) -> KvResult<()> {
+    let StepLog {
+        req,
+        cached,
+        offloads,
+    } = log;
     for (m, t) in managers.iter().zip(tables.iter_mut()) {
         if let SpecKind::MambaAlign {
             num_speculative_blocks,
@@ -1336,6 +1455,14 @@ fn allocate_groups(
         } = m.spec().kind
         {
             // Align mode sizes by the main model's tokens (no lookahead).
+            let mut tails = Vec::new();
+            let mut cow = mamba_align::CowLog {
+                group: m.group(),
+                copies: &mut *copies,
+                held: &mut *held,
+                cached: &mut *cached,
+                offloads: &mut tails,
+            };
             mamba_align::allocate_new_blocks(
                 m.block_size(),
                 num_speculative_blocks as usize,
@@ -1343,7 +1470,16 @@ fn allocate_groups(
                 t,
                 step.main,
                 &mut out.ids,
+                &mut cow,
             )?;
+            for (block, num_tokens) in tails {
+                offloads.push(BoundaryOffload {
+                    req,
+                    group: m.group(),
+                    block,
+                    num_tokens,
+                });
+            }
         } else {
             let tokens = CoordinatorCore::group_tokens(m, step.need_slots, step.num_encoder_tokens);
             m.allocate_new_blocks(pool, t, tokens, &mut out.ids)?;
@@ -1352,6 +1488,13 @@ fn allocate_groups(
     }
     Ok(())
 }
+
+/// Where allocations record copy-on-write copies and the references held
+/// for them.
+type CowSinks<'a> = (
+    &'a mut Vec<(GroupId, BlockId, BlockId)>,
+    &'a mut HashMap<BlockId, u32>,
+);
 
 /// The admission cap of a prediction: with `max_in_flight_tokens`, each
 /// group's blocks are capped at [`Manager::max_admission_blocks`].
@@ -1406,10 +1549,11 @@ fn predict(
                 } else {
                     0
                 },
-                // vLLM's `cache_hit_alignment_tokens` without partial hits.
-                alignment: config.scheduler_block_size as usize,
+                // vLLM's `cache_hit_alignment_tokens`.
+                alignment: config.hit_alignment(),
                 hash_block_size: config.hash_block_size as usize,
                 hits: group_hits,
+                local: step.local,
             };
             let n = mamba_align::num_blocks_to_allocate(m, pool, table, &input, cached_this_step);
             checkpoints[g] = n.checkpoint;
@@ -1486,7 +1630,10 @@ fn check_hits(
         if !pool.ids_in_range(list) {
             return Err(arg(format!("group {}: block id out of range", m.group())));
         }
-        if num_local % m.block_size() != 0 {
+        let sub_block = config.partial_hits()
+            && matches!(m.spec().kind, SpecKind::MambaAlign { .. })
+            && num_local % config.hash_block_size as usize == 0;
+        if num_local % m.block_size() != 0 && !sub_block {
             return Err(KvError::Unsupported {
                 what: format!(
                     "partial-block hit ({num_local} tokens, block size {})",
@@ -1496,7 +1643,11 @@ fn check_hits(
         }
         // A lookup result covers exactly the computed prefix, one entry
         // (null included) per block (a lagging group's hit: fewer).
-        let expected = num_local / m.block_size();
+        let expected = if sub_block {
+            num_local.div_ceil(m.block_size())
+        } else {
+            num_local / m.block_size()
+        };
         if list.len() != expected && !lagging(list, expected) {
             return Err(arg(format!(
                 "group {}: {} hit blocks for {num_local} computed tokens (expected {expected})",
@@ -1510,7 +1661,11 @@ fn check_hits(
             hashes,
             config.hash_block_size as usize,
             list,
-            list.len() * m.block_size(),
+            if sub_block && list.len() == expected {
+                num_local
+            } else {
+                list.len() * m.block_size()
+            },
         )?;
     }
     Ok(())
@@ -1583,7 +1738,7 @@ fn cache_tables(
             own += 1;
         }
         let policy = CachePolicy {
-            alignment: sbs,
+            alignment: config.hit_alignment(),
             retention,
             reachable_boundaries: &boundaries[..own],
         };
@@ -1601,6 +1756,9 @@ fn cache_tables(
             )?;
         }
         if let SpecKind::MambaAlign { .. } = m.spec().kind {
+            // The states committed as full blocks by the regular caching
+            // (a sub-block prompt tail may lower the count below).
+            let end = t.num_cached().min(t.blocks().len());
             mamba_align::after_cache_blocks(
                 m.block_size(),
                 m.group(),
@@ -1613,11 +1771,12 @@ fn cache_tables(
                 &policy,
                 before,
                 cached_this_step,
+                hbs,
             )?;
             // Every state committed by this call is handed off (vLLM's
             // boundary-state offloads), with the tokens it covers.
             let bs = m.block_size();
-            let end = t.num_cached().min(t.blocks().len());
+            let end = end.max(t.num_cached()).min(t.blocks().len());
             for idx in before.min(end)..end {
                 let b = t.blocks()[idx];
                 if !b.is_null() && pool.cache_key(b)?.is_some() {
@@ -1730,6 +1889,20 @@ struct StepLog<'a> {
     cached: &'a mut HashSet<CacheKey>,
     /// Boundary-state hand-offs.
     offloads: &'a mut Vec<BoundaryOffload>,
+}
+
+impl<'a> StepLog<'a> {
+    fn new(
+        req: ReqId,
+        cached: &'a mut HashSet<CacheKey>,
+        offloads: &'a mut Vec<BoundaryOffload>,
+    ) -> Self {
+        Self {
+            req,
+            cached,
+            offloads,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -2232,6 +2405,89 @@ mod tests {
             (0..len).collect(),
             RequestHasher::new(config, ExtraKeys::default()),
         )
+    }
+
+    #[test]
+    fn sub_block_mamba_states_are_keyed_copied_and_hit() {
+        // Full B = 4 beside Mamba "align" B = 16, hash unit 4: partial hits.
+        let mut cfg = CoordinatorConfig::new(
+            vec![
+                GroupSpec::full_attention(4),
+                GroupSpec::mamba_align(16, false, None),
+            ],
+            40,
+            true,
+            1000,
+        );
+        cfg.hash_block_size = 4;
+        assert!(cfg.partial_hits());
+        assert_eq!(cfg.hit_alignment(), 4);
+        // Caching is not rounded to the scheduler block (16).
+        assert_eq!(cfg.num_cacheable_tokens(GroupId(1), 20), 20);
+        let mut c = CoordinatorCore::new(cfg).unwrap();
+        // A 25-token prompt: its last hash boundary (24) is inside block 1.
+        let mut r = live_request("a", 25, 4);
+        let mut out = NewBlocks::new();
+        assert!(c
+            .allocate_request(&r, &AllocateArgs::new(24), None, &mut out)
+            .unwrap());
+        let state = *out.group(1).last().unwrap();
+        let key = c.pool().cache_key(state).unwrap().unwrap();
+        assert_eq!(key.hash, r.block_hashes()[5]);
+        assert_eq!(c.pool().primary_key_tokens(state).unwrap(), Some(24));
+        r.num_computed_tokens = 24;
+        c.new_step_starts();
+        // The next step copies the state out; the keys move to the copy.
+        let free_before = c.pool().num_free_blocks();
+        assert!(c
+            .allocate_request(&r, &AllocateArgs::new(1), None, &mut out)
+            .unwrap());
+        assert!(out.group(1).is_empty(), "the copy is not in the table");
+        let copies = c.take_block_copies();
+        assert_eq!(copies.len(), 1);
+        let (src, dst) = copies[0];
+        assert_eq!(src, state);
+        assert_eq!(c.pool().cache_key(src).unwrap(), None);
+        assert_eq!(c.pool().cache_key(dst).unwrap(), Some(key));
+        assert_eq!(c.pool().num_free_blocks(), free_before - 2, "the copy and a full block");
+        assert_eq!(c.num_caller_references(), 2, "both ends held for the copy");
+        let offloads = c.take_boundary_state_offloads();
+        assert_eq!(
+            offloads.last().map(|o| (o.block, o.num_tokens)),
+            Some((dst, 24))
+        );
+        c.check_invariants().unwrap();
+        r.num_computed_tokens = 25;
+        assert!(c.finalize_partial_tail_offloads("a", 25, 0).is_empty());
+        c.free_caller_blocks(&[src, dst]).unwrap();
+        assert!(c.free_request("a").unwrap());
+        c.new_step_starts();
+        // The same prompt again hits the copy at 24 tokens, inside its block.
+        let r2 = live_request("b", 25, 4);
+        let (hits, n) = c
+            .find_longest_cache_hit(&[GroupId(1)], r2.block_hashes(), 24, 4, false)
+            .unwrap();
+        assert_eq!((n, hits[0].clone()), (24, vec![BlockId::NULL, dst]));
+        let (full_hits, m) = c
+            .find_longest_cache_hit(&[GroupId(0)], r2.block_hashes(), 24, 4, false)
+            .unwrap();
+        assert_eq!(m, 24);
+        let lists = vec![full_hits[0].clone(), hits[0].clone()];
+        assert!(c
+            .allocate_request(
+                &r2,
+                &AllocateArgs::with_hit(1, 24),
+                Some(lists.as_slice()),
+                &mut out
+            )
+            .unwrap());
+        // The new request's table takes a private copy of the hit state.
+        let copies = c.take_block_copies();
+        assert_eq!(copies.len(), 1);
+        assert_eq!(copies[0].0, dst);
+        assert_eq!(out.group(1)[0], copies[0].1);
+        assert_eq!(c.request_block_ids("b").unwrap()[1][1], copies[0].1);
+        c.check_invariants().unwrap();
     }
 
     #[test]

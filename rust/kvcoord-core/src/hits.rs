@@ -34,7 +34,9 @@ pub(crate) fn verify_group_hits(
         detail: format!("group {}: {detail}", m.group()),
     };
     let view = HashView::new(hashes, hash_block_size, m.block_size())?;
-    if list.len() > view.len() {
+    // A sub-block hit's last block is not full.
+    let allowed = view.len() + usize::from(num_local % m.block_size() != 0);
+    if list.len() > allowed {
         return Err(refuse(format!(
             "{} hit blocks but the request has only {} full hashed blocks",
             list.len(),
@@ -51,8 +53,20 @@ pub(crate) fn verify_group_hits(
             }
             continue;
         }
-        let key = pool.cache_key(b)?;
-        let matches = key.is_some_and(|k| k.group == m.group() && k.hash == *view.get(i));
+        let matches = if (i + 1) * m.block_size() > num_local {
+            // A hit ending inside this block (sub-block hits): cached under
+            // the hash unit it ends on, as any of its keys.
+            let unit = num_local / hash_block_size;
+            unit > 0
+                && unit <= hashes.len()
+                && pool
+                    .cache_keys(b)?
+                    .iter()
+                    .any(|(k, _)| k.group == m.group() && k.hash == hashes[unit - 1])
+        } else {
+            let key = pool.cache_key(b)?;
+            key.is_some_and(|k| k.group == m.group() && k.hash == *view.get(i))
+        };
         if !matches {
             return Err(refuse(format!(
                 "block {b} at position {i} is not cached for this request's prefix \

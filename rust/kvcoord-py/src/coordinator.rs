@@ -309,6 +309,42 @@ pool_writers!(pymethods!(PyCoordinatorCore {
             .collect()
     }
 
+    /// Tokens a hit ends on a multiple of: the hash unit with sub-block
+    /// (partial) hits, else the scheduler block size.
+    #[getter]
+    fn hit_alignment(&self) -> usize {
+        self.inner.config().hit_alignment()
+    }
+
+    /// Drain the copy-on-write copies made since the last call:
+    /// `(src_block_id, dst_block_id)` each; both ends stay held by the
+    /// caller until freed through `free_caller_blocks`.
+    fn take_block_copies(&mut self) -> Vec<(u32, u32)> {
+        self.inner
+            .take_block_copies()
+            .into_iter()
+            .map(|(s, d)| (s.0, d.0))
+            .collect()
+    }
+
+    /// A finishing request's own sub-block prompt-tail states that no later
+    /// token was computed into: `(group, block_id, num_tokens)` each.
+    fn finalize_partial_tail_offloads(
+        &mut self,
+        request_id: &str,
+        num_computed_tokens: &Bound<'_, PyAny>,
+        num_in_flight_tokens: &Bound<'_, PyAny>,
+    ) -> PyResult<Vec<(u32, u32, usize)>> {
+        let computed = args::count(num_computed_tokens, "num_computed_tokens")?;
+        let in_flight = args::count(num_in_flight_tokens, "num_in_flight_tokens")?;
+        Ok(self
+            .inner
+            .finalize_partial_tail_offloads(request_id, computed, in_flight)
+            .into_iter()
+            .map(|(g, b, t)| (g.0, b.0, t))
+            .collect())
+    }
+
     /// Free a request's blocks; unknown ids are ignored (as in vLLM).
     fn free(&mut self, request_id: &str) -> PyResult<bool> {
         core(self.inner.free_request(request_id))

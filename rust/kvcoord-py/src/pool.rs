@@ -78,6 +78,13 @@ macro_rules! pool_readers {
                 Ok(key.map(|k| ($crate::convert::digest(py, &k.hash), k.group.0)))
             }
 
+            /// Tokens behind the block's primary key when it is a partial
+            /// (sub-block) key; None for a full-block key or no key.
+            fn primary_key_tokens(&self, py: Python<'_>, block_id: &Bound<'_, PyAny>) -> PyResult<Option<usize>> {
+                let b = $crate::convert::block_id_of(block_id)?;
+                $crate::errors::core(self.with(py, |p| p.primary_key_tokens(b))?)
+            }
+
             fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
                 crate::errors::invariants(self.with(py, BlockPool::check_invariants)?)
             }

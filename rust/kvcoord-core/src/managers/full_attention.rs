@@ -26,6 +26,32 @@ pub(crate) fn find_longest_cache_hit(
     while n < max_blocks && lookup_all(pool, groups, view.get(n), out) {
         n += 1;
     }
+    if alignment < bs && bs % alignment == 0 {
+        // Sub-block hits (vLLM's partial hash hits, `alignment` = the hash
+        // unit): past the full blocks, the highest interior hash-unit
+        // boundary of the next block with a (partial) key extends the hit.
+        let units = view.units();
+        let scale = bs / alignment;
+        let first = n * scale;
+        let last = (first + scale - 1)
+            .min(max_length / alignment)
+            .min(units.len());
+        let mut hit = n * bs;
+        for fine in (first..last).rev() {
+            if lookup_all(pool, groups, &units[fine], out) {
+                hit = (fine + 1) * alignment;
+                break;
+            }
+        }
+        if drop_eagle && hit > 0 {
+            hit -= alignment.min(bs);
+        }
+        let keep = cdiv(hit, bs);
+        for list in out.iter_mut() {
+            list.truncate(keep);
+        }
+        return hit;
+    }
     if drop_eagle {
         n = n.saturating_sub(1);
     }

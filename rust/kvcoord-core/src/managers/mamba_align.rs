@@ -42,6 +42,16 @@ pub struct AlignState {
     /// The prefill checkpoint of the latest allocation: (token position,
     /// table index of the reserved block).
     pub(crate) checkpoint: Option<(usize, usize)>,
+    /// A state cached at a sub-block boundary that the next allocation
+    /// copies into a fresh block (vLLM's `_partial_hit_reqs`): (table index,
+    /// the block holding it). Set by a hit ending inside a block and by the
+    /// request's own prompt-tail state.
+    pub(crate) partial_hit: Option<(usize, BlockId)>,
+    /// The request's own prompt-tail state at a sub-block boundary (vLLM's
+    /// `_producer_partial_tail_reqs`): (block, boundary tokens). Its copy
+    /// is handed to the boundary-state offloads; a request finishing first
+    /// hands the block itself ([`finalize_partial_tail`]).
+    pub(crate) producer_tail: Option<(BlockId, usize)>,
 }
 
 impl AlignState {
@@ -96,6 +106,25 @@ pub(crate) fn find_longest_cache_hit(
     out: &mut HitLists,
 ) -> usize {
     let bs = view.block_size();
+    if alignment < bs && bs % alignment == 0 {
+        // Sub-block hits (vLLM's partial hash hits, `alignment` = the hash
+        // unit): the longest hash-unit boundary with a cached state wins.
+        let units = view.units();
+        let unit = alignment;
+        for fine in (0..(max_length / unit).min(units.len())).rev() {
+            if !lookup_all(pool, groups, &units[fine], out) {
+                continue;
+            }
+            let block_idx = fine * unit / bs;
+            for list in out.iter_mut() {
+                let b = list.pop().unwrap_or(BlockId::NULL);
+                list.resize(block_idx, BlockId::NULL);
+                list.push(b);
+            }
+            return (fine + 1) * unit;
+        }
+        return 0;
+    }
     let max_blocks = (max_length / bs).min(view.len());
     for i in (0..max_blocks).rev() {
         if !lookup_all(pool, groups, view.get(i), out) {
@@ -133,6 +162,8 @@ pub(crate) struct AllocInput<'a> {
     pub hash_block_size: usize,
     /// This request's hits in this group (first allocation only).
     pub hits: &'a [BlockId],
+    /// Locally computed tokens (hits included, external tokens not).
+    pub local: usize,
 }
 
 /// What an allocation will pull from the pool, as vLLM's signed count:
@@ -185,6 +216,9 @@ pub(crate) fn num_blocks_to_allocate(
     let table_len = table.map_or(0, |t| t.blocks.len());
     let allocated = table.is_some_and(|t| t.align.allocated);
     let have = input.hits.len() + table_len;
+    // A state at a sub-block boundary is copied into one more block.
+    let partial = (!input.hits.is_empty() && input.local % spec_bs != 0)
+        || table.is_some_and(|t| t.align.partial_hit.is_some());
     let position = prefill_checkpoint_position(input.main, input.alignment);
     // The reserved block sits just before the running state's entry.
     let checkpoint_idx = state_blocks.checked_sub(2);
@@ -210,11 +244,16 @@ pub(crate) fn num_blocks_to_allocate(
         .map(|idx| (position, idx));
     // At most the running state and the checkpoint per step, plus the
     // scratch blocks on the first allocation.
-    let cap = 1 + usize::from(reserves) + if allocated { 0 } else { scratch };
-    let new = required.saturating_sub(have).min(cap);
+    let cap =
+        1 + usize::from(partial) + usize::from(reserves) + if allocated { 0 } else { scratch };
+    let new = (required.saturating_sub(have) + usize::from(partial)).min(cap);
     Needed {
         take: new + pool.num_unreferenced(input.hits),
-        give_back: have.saturating_sub(required),
+        give_back: if partial {
+            0
+        } else {
+            have.saturating_sub(required)
+        },
         checkpoint,
     }
 }
@@ -234,13 +273,16 @@ pub(crate) fn allocate_new_blocks(
     table: &mut GroupTable,
     main: usize,
     new_blocks: &mut Vec<BlockId>,
+    cow: &mut CowLog<'_>,
 ) -> KvResult<()> {
     let scratch = num_speculative_blocks;
     let state_blocks = cdiv(main, spec_bs);
     let required = state_blocks + scratch;
     let checkpoint_block = usize::from(table.align.checkpoint.is_some());
     let prev_len = table.blocks.len();
-    if required <= prev_len && checkpoint_block == 0 {
+    let start = new_blocks.len();
+    let partial = table.align.partial_hit.take();
+    if required <= prev_len && checkpoint_block == 0 && partial.is_none() {
         table.align.allocated = true;
         return Ok(());
     }
@@ -267,12 +309,71 @@ pub(crate) fn allocate_new_blocks(
         }
     }
     new_blocks.extend_from_slice(&table.blocks[prev_len.min(table.blocks.len())..]);
-    let n = required.saturating_sub(table.blocks.len());
+    let n = required.saturating_sub(table.blocks.len()) + usize::from(partial.is_some());
     let fresh = new_blocks.len();
     pool.get_new_blocks(n, new_blocks)?;
+    if let Some((idx, src)) = partial {
+        // The first fresh block receives a copy of the state at the
+        // sub-block boundary (vLLM's copy-on-write).
+        let dst = new_blocks.remove(fresh);
+        cow.copies.push((cow.group, src, dst));
+        if table.align.allocated {
+            // A running request keeps writing `src` (its table is
+            // append-only): the cache keys move to the copy instead, which
+            // is filled by this step's copy (no hit on it before the next
+            // step). Both ends are held for the copy.
+            pool.move_block_keys(src, dst)?;
+            pool.touch(&[src])?;
+            *cow.held.entry(src).or_insert(0) += 1;
+            *cow.held.entry(dst).or_insert(0) += 1;
+            if let Some((_, tokens)) = table.align.producer_tail.take() {
+                cow.offloads.push((dst, tokens));
+            }
+            if let Some(key) = pool.cache_key(dst)? {
+                cow.cached.insert(key);
+            }
+        } else {
+            // A new request's hit: its table takes the private copy; the
+            // hit block's reference is now held for the copy, and the copy
+            // gets one more.
+            table.blocks[idx] = dst;
+            pool.touch(&[dst])?;
+            *cow.held.entry(src).or_insert(0) += 1;
+            *cow.held.entry(dst).or_insert(0) += 1;
+            new_blocks.insert(start, dst);
+        }
+    }
+    let fresh = new_blocks.len() - (n - usize::from(partial.is_some()));
     table.blocks.extend_from_slice(&new_blocks[fresh..]);
     table.align.allocated = true;
     Ok(())
+}
+
+/// Where an allocation records its copy-on-write work.
+pub(crate) struct CowLog<'a> {
+    /// The group allocating.
+    pub group: GroupId,
+    /// (group, source, destination) copies for the worker, in order.
+    pub copies: &'a mut Vec<(GroupId, BlockId, BlockId)>,
+    /// References held outside the tables (the copies' ends).
+    pub held: &'a mut hashbrown::HashMap<BlockId, u32>,
+    /// Keys refused as hits until the next step.
+    pub cached: &'a mut HashSet<CacheKey>,
+    /// Copies of a request's own prompt-tail state, with the tokens they
+    /// cover (boundary-state offloads).
+    pub offloads: &'a mut Vec<(BlockId, usize)>,
+}
+
+/// A finishing request's own prompt-tail state, handed off as is when no
+/// later token was computed into its block (vLLM's
+/// `finalize_partial_tail_offload`): (block, tokens). Forgets it either way.
+pub(crate) fn finalize_partial_tail(
+    table: &mut GroupTable,
+    num_computed: usize,
+    num_in_flight: usize,
+) -> Option<(BlockId, usize)> {
+    let (b, tokens) = table.align.producer_tail.take()?;
+    (num_in_flight == 0 && num_computed == tokens).then_some((b, tokens))
 }
 
 /// Release the states that no longer matter once `processed` tokens are
@@ -371,7 +472,9 @@ pub(crate) fn after_cache_blocks(
     policy: &CachePolicy<'_>,
     before: usize,
     cached_this_step: &mut HashSet<CacheKey>,
+    hbs: usize,
 ) -> KvResult<()> {
+    let mut lowered = None;
     // Only whole-block boundaries exist with hash unit = block size, so a
     // boundary entry is "already keyed" exactly when its block has a key.
     let boundary_block = if let Some((position, idx)) = table.align.checkpoint {
@@ -398,6 +501,19 @@ pub(crate) fn after_cache_blocks(
         } else {
             None
         }
+    } else if hbs < spec_bs {
+        lowered = sub_block_tail(
+            spec_bs,
+            hbs,
+            group,
+            pool,
+            table,
+            hashes,
+            num_tokens,
+            num_prompt_tokens,
+            cached_this_step,
+        )?;
+        None
     } else if num_tokens > 0
         && num_tokens % spec_bs == 0
         && num_tokens == prefill_checkpoint_position(num_prompt_tokens, spec_bs)
@@ -424,13 +540,85 @@ pub(crate) fn after_cache_blocks(
             cached_this_step.insert(key);
         }
     }
+    if let Some(idx) = lowered {
+        // The block holding the sub-block state is cached again once full
+        // (its keys move to the copy first).
+        table.num_cached = idx;
+    }
     Ok(())
+}
+
+/// The prompt's last hash-unit boundary keyed on the block of the state
+/// there (vLLM's `_cache_partial_tail_block` without a checkpoint, hash unit
+/// below the block size): when this call caches up to exactly that
+/// boundary, the running state block gets a (partial) key at it. A boundary
+/// inside the block makes the next allocation copy the state out (the
+/// request's own partial hit and producer tail). Returns the table index
+/// the cached count is lowered to, if any.
+#[allow(clippy::too_many_arguments)]
+fn sub_block_tail(
+    spec_bs: usize,
+    hbs: usize,
+    group: GroupId,
+    pool: &mut BlockPool,
+    table: &mut GroupTable,
+    hashes: &[BlockHash],
+    num_tokens: usize,
+    num_prompt_tokens: usize,
+    cached_this_step: &mut HashSet<CacheKey>,
+) -> KvResult<Option<usize>> {
+    if num_tokens == 0
+        || num_tokens % hbs != 0
+        || num_tokens != prefill_checkpoint_position(num_prompt_tokens, hbs)
+        || num_tokens / hbs > hashes.len()
+    {
+        return Ok(None);
+    }
+    let idx = cdiv(num_tokens, spec_bs) - 1;
+    let Some(&b) = table.blocks.get(idx) else {
+        return Ok(None);
+    };
+    if b.is_null() {
+        return Ok(None);
+    }
+    let full = (idx + 1) * spec_bs;
+    let covered = match pool.cache_key(b)? {
+        Some(_) => Some(pool.primary_key_tokens(b)?.unwrap_or(full)),
+        None => None,
+    };
+    if covered == Some(num_tokens) {
+        // Already keyed here (a hit or an earlier step).
+        return Ok(None);
+    }
+    let Some(key) = pool.cache_partial_block(b, hashes, num_tokens, full, group, false)? else {
+        return Ok(None);
+    };
+    cached_this_step.insert(key);
+    if num_tokens % spec_bs == 0 {
+        return Ok(None);
+    }
+    table.align.partial_hit = Some((idx, b));
+    table.align.producer_tail = Some((b, num_tokens));
+    Ok(Some(idx))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::managers::test_util::pool;
+
+    /// A throwaway copy-on-write log.
+    macro_rules! cow {
+        () => {
+            CowLog {
+                group: GroupId(0),
+                copies: &mut Vec::new(),
+                held: &mut hashbrown::HashMap::new(),
+                cached: &mut HashSet::new(),
+                offloads: &mut Vec::new(),
+            }
+        };
+    }
 
     #[test]
     fn speculative_scratch_blocks_follow_the_running_state() {
@@ -439,7 +627,7 @@ mod tests {
         let mut out = Vec::new();
         // First allocation (8 tokens): a null, the running state, two
         // scratch blocks.
-        allocate_new_blocks(4, 2, &mut pl, &mut table, 8, &mut out).unwrap();
+        allocate_new_blocks(4, 2, &mut pl, &mut table, 8, &mut out, &mut cow!()).unwrap();
         assert_eq!(out.len(), 4);
         assert!(out[0].is_null());
         let (s1, s2, s3) = (out[1], out[2], out[3]);
@@ -448,7 +636,7 @@ mod tests {
         // 12 tokens: the first scratch block becomes the running state, one
         // fresh scratch block; the previous state is remembered.
         out.clear();
-        allocate_new_blocks(4, 2, &mut pl, &mut table, 12, &mut out).unwrap();
+        allocate_new_blocks(4, 2, &mut pl, &mut table, 12, &mut out, &mut cow!()).unwrap();
         assert_eq!(out.len(), 1);
         let s4 = out[0];
         assert_eq!(table.blocks, vec![BlockId::NULL, s1, s2, s3, s4]);
@@ -456,7 +644,7 @@ mod tests {
         // 24 tokens: both scratch blocks left behind move to the new end
         // (returned with the fresh one), their entries become null.
         out.clear();
-        allocate_new_blocks(4, 2, &mut pl, &mut table, 24, &mut out).unwrap();
+        allocate_new_blocks(4, 2, &mut pl, &mut table, 24, &mut out, &mut cow!()).unwrap();
         assert_eq!(&out[..2], &[s3, s4]);
         let s5 = out[2];
         let nul = BlockId::NULL;
@@ -481,6 +669,7 @@ mod tests {
             alignment: 4,
             hash_block_size: 4,
             hits: &[],
+            local: total_computed,
         };
         let none = HashSet::new();
         // A new request: state blocks, both scratch blocks and the checkpoint.

@@ -1198,6 +1198,18 @@ impl<'a> HashView<'a> {
     pub fn get(&self, i: usize) -> &'a BlockHash {
         &self.hashes[(i + 1) * self.scale - 1]
     }
+
+    /// The hash-unit hashes underneath (sub-block boundaries).
+    #[inline]
+    pub fn units(&self) -> &'a [BlockHash] {
+        self.hashes
+    }
+
+    /// Tokens per hash unit.
+    #[inline]
+    pub fn unit_size(&self) -> usize {
+        self.block_size / self.scale
+    }
 }
 
 /// Look `hash` up in every group; on a hit push one block per group, on a
