@@ -198,7 +198,17 @@ def test_mamba_schedule_matches_vllm(seed: int, layout: str, retention: int | No
     [
         ([full_spec(), mamba_spec()], {"use_eagle": True}, "EAGLE beside Mamba"),
         ([full_spec(), mamba_spec()], {"num_hash_lookahead_tokens": 1}, "hash lookahead beside"),
-        ([full_spec(), mamba_spec()], {"hash_block_size": 2}, "below the Mamba block size"),
+        # Sub-block hits are served beside full attention only, without
+        # prefill checkpoint blocks.
+        ([swa_spec(8), mamba_spec()], {"hash_block_size": 2}, "below the Mamba block size"),
+        (
+            [
+                full_spec(),
+                mamba_spec(num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=2),
+            ],
+            {"hash_block_size": 2},
+            "below the Mamba block size",
+        ),
         ([full_spec(), mamba_spec()], {"scheduler_block_size": 8}, "scheduler_block_size=8"),
     ],
 )
@@ -355,11 +365,15 @@ def test_get_cached_block_by_keyword_matches_vllm() -> None:
 
 
 #: Sub-block (partial) Mamba state hits: Mamba blocks of several hash units
-#: (BS tokens each) beside full attention one hash unit long.
+#: (BS tokens each) beside full attention.
 SUB_BLOCK_LAYOUTS = {
     "full+mamba16": lambda: [full_spec(), mamba_spec_of(4 * BS)],
     "full+mamba12+mamba12": lambda: [full_spec(), mamba_spec_of(3 * BS), mamba_spec_of(3 * BS)],
     "mamba8+full": lambda: [mamba_spec_of(2 * BS), full_spec()],
+    # Full attention with blocks of several hash units: its own hits end
+    # inside a block too (the block is copied), its prompt tail is keyed.
+    "full16+mamba16": lambda: [full_spec(4 * BS), mamba_spec_of(4 * BS)],
+    "full8+mamba16+full": lambda: [full_spec(2 * BS), mamba_spec_of(4 * BS), full_spec()],
 }
 
 
@@ -491,6 +505,10 @@ def test_sub_block_mamba_schedule_matches_vllm(seed: int, layout: str) -> None:
             assert theirs.get_block_ids(req.request_id) == ours.get_block_ids(req.request_id)
         ours.check_invariants()
     # Every schedule copies states out; most also hit inside a Mamba block
-    # (all but 2 of the 18: those by chance never resend a prompt in time).
+    # (all but 3 of the 30: those by chance never resend a prompt in time).
     assert seen["copies"] and seen["offloads"] and seen["hits"], seen
-    assert seen["partial"] or (layout, seed) in {("full+mamba12+mamba12", 5), ("mamba8+full", 1)}
+    assert seen["partial"] or (layout, seed) in {
+        ("full+mamba12+mamba12", 5),
+        ("mamba8+full", 1),
+        ("full8+mamba16+full", 0),
+    }

@@ -30,6 +30,7 @@ __all__ = [
     "mamba_group_ids",
     "mamba_spec",
     "spec_reason",
+    "sub_block_served",
 ]
 
 
@@ -66,9 +67,7 @@ def config_reason(specs: Sequence[Any], args: Mapping[str, Any]) -> str | None:
     if not caching:
         return None
     hash_block_size = int(args["hash_block_size"])
-    if any(s.block_size != hash_block_size for s in mambas) and not _sub_block_served(
-        specs, mambas, args
-    ):
+    if any(s.block_size != hash_block_size for s in mambas) and not sub_block_served(specs, args):
         return (
             "Mamba prefix caching with hash_block_size below the Mamba block size "
             "(sub-block partial state hits and their copy-on-write)"
@@ -90,20 +89,23 @@ def config_reason(specs: Sequence[Any], args: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _sub_block_served(specs: Sequence[Any], mambas: Sequence[Any], args: Mapping[str, Any]) -> bool:
-    """Whether sub-block (partial) Mamba state hits are served here: beside
-    plain full-attention groups one hash unit long (whose hits stay
-    whole-block), Mamba groups without prefill checkpoint or speculative
-    blocks, dense retention and no KV-cache events. The core then aligns
-    hits to the hash unit, caches unrounded, keys the prompt's last hash
-    boundary inside the running state's block and copies that state out
+def sub_block_served(specs: Sequence[Any], args: Mapping[str, Any]) -> bool:
+    """Whether sub-block (partial) Mamba state hits are served here (some
+    Mamba block above the hash unit): beside plain full-attention groups,
+    Mamba groups without prefill checkpoint or speculative blocks, dense
+    retention and no KV-cache events. The core then aligns hits to the hash
+    unit, caches unrounded, keys the prompt's last hash boundary inside the
+    running state's block (and a full-attention prompt tail inside its
+    block), and copies a state or block hit inside it into a private one
     (``take_kv_cache_block_copies``), as vLLM does."""
+    mambas = [s for s in specs if is_mamba_spec(s)]
     hash_block_size = int(args["hash_block_size"])
     full = _interface().FullAttentionSpec
     cfg = args.get("kv_cache_config")
     return (
-        all(
-            is_mamba_spec(s) or (type(s) is full and int(s.block_size) == hash_block_size)
+        any(int(m.block_size) > hash_block_size for m in mambas)
+        and all(
+            is_mamba_spec(s) or (type(s) is full and int(s.block_size) % hash_block_size == 0)
             for s in specs
         )
         and len(specs) > 1

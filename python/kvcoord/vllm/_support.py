@@ -167,7 +167,12 @@ def unsupported_reason(kv_cache_config: Any, args: Mapping[str, Any]) -> str | N
         return f"hash_block_size={hash_block_size} not dividing the block sizes {block_sizes}"
     if caching and len(groups) == 1 and {hash_block_size} != block_sizes:
         return "sub-block (partial) prefix hits: hash_block_size below the block size"
-    if args.get("enable_caching", True) and len(groups) > 1 and hash_block_size not in block_sizes:
+    if (
+        args.get("enable_caching", True)
+        and len(groups) > 1
+        and hash_block_size not in block_sizes
+        and not _mamba.sub_block_served(specs, args)
+    ):
         return "sub-block (partial) prefix hits: hash_block_size below every block size"
     return None
 

@@ -1389,8 +1389,10 @@ fn adopt_prefix(
     for (g, (m, t)) in managers.iter().zip(tables.iter_mut()).enumerate() {
         let group_hits = hits.get(g).map_or(&[][..], Vec::as_slice);
         m.add_local_computed_blocks(pool, t, group_hits, total)?;
-        if let (SpecKind::MambaAlign { .. }, Some(&last)) = (m.spec().kind, group_hits.last()) {
-            if local % m.block_size() != 0 {
+        if let Some(&last) = group_hits.last() {
+            let sub_block =
+                matches!(m.spec().kind, SpecKind::MambaAlign { .. }) || is_full_attention(m);
+            if sub_block && local % m.block_size() != 0 {
                 // The hit ends inside its block: the state is copied into a
                 // private block by the allocation (vLLM's partial hit).
                 let idx = local / m.block_size();
@@ -1481,6 +1483,19 @@ fn allocate_groups(
                 });
             }
         } else {
+            if let Some((idx, src)) = t.align.partial_hit.take() {
+                // A full-attention hit ending inside its last block: the
+                // table takes a private copy of that block, allocated first
+                // (vLLM's copy-on-write); both ends are held for the copy.
+                let start = out.ids.len();
+                pool.get_new_blocks(1, &mut out.ids)?;
+                let dst = out.ids[start];
+                t.blocks[idx] = dst;
+                copies.push((m.group(), src, dst));
+                pool.touch(&[dst])?;
+                *held.entry(src).or_insert(0) += 1;
+                *held.entry(dst).or_insert(0) += 1;
+            }
             let tokens = CoordinatorCore::group_tokens(m, step.need_slots, step.num_encoder_tokens);
             m.allocate_new_blocks(pool, t, tokens, &mut out.ids)?;
         }
@@ -1564,8 +1579,15 @@ fn predict(
             let cap = caps
                 .max_in_flight_tokens
                 .and_then(|f| m.max_admission_blocks(f, caps.max_model_len));
+            // A full-attention hit ending inside its last block copies that
+            // block into a private one (sub-block hits).
+            let copy = table.is_none()
+                && !group_hits.is_empty()
+                && step.local % m.block_size() != 0
+                && is_full_attention(m);
             needed = needed.saturating_add(
-                m.num_blocks_to_allocate_capped(pool, table, tokens, group_hits, step.total, cap),
+                m.num_blocks_to_allocate_capped(pool, table, tokens, group_hits, step.total, cap)
+                    + usize::from(copy),
             );
         }
     }
@@ -1631,7 +1653,7 @@ fn check_hits(
             return Err(arg(format!("group {}: block id out of range", m.group())));
         }
         let sub_block = config.partial_hits()
-            && matches!(m.spec().kind, SpecKind::MambaAlign { .. })
+            && (matches!(m.spec().kind, SpecKind::MambaAlign { .. }) || is_full_attention(m))
             && num_local % config.hash_block_size as usize == 0;
         if num_local % m.block_size() != 0 && !sub_block {
             return Err(KvError::Unsupported {
@@ -1791,6 +1813,16 @@ fn cache_tables(
         }
     }
     Ok(())
+}
+
+/// Whether `m` is managed by vLLM's `FullAttentionManager` or a subclass
+/// (full attention, MLA, R-SWA).
+#[inline]
+fn is_full_attention(m: &Manager) -> bool {
+    matches!(
+        m.spec().kind,
+        SpecKind::FullAttention | SpecKind::MlaAttention | SpecKind::Rswa { .. }
+    )
 }
 
 /// Where a full-attention group (vLLM's `FullAttentionManager` and its
@@ -2449,7 +2481,11 @@ mod tests {
         assert_eq!(src, state);
         assert_eq!(c.pool().cache_key(src).unwrap(), None);
         assert_eq!(c.pool().cache_key(dst).unwrap(), Some(key));
-        assert_eq!(c.pool().num_free_blocks(), free_before - 2, "the copy and a full block");
+        assert_eq!(
+            c.pool().num_free_blocks(),
+            free_before - 2,
+            "the copy and a full block"
+        );
         assert_eq!(c.num_caller_references(), 2, "both ends held for the copy");
         let offloads = c.take_boundary_state_offloads();
         assert_eq!(

@@ -54,15 +54,17 @@ pub(crate) fn verify_group_hits(
             continue;
         }
         let matches = if (i + 1) * m.block_size() > num_local {
-            // A hit ending inside this block (sub-block hits): cached under
-            // the hash unit it ends on, as any of its keys.
-            let unit = num_local / hash_block_size;
-            unit > 0
-                && unit <= hashes.len()
+            // A hit ending inside this block (sub-block hits): one of its
+            // keys is this request's hash at a hash-unit boundary from the
+            // hit's end to the block's (a longer hit cut by another group).
+            let lo = num_local / hash_block_size;
+            let hi = ((i + 1) * m.block_size() / hash_block_size).min(hashes.len());
+            lo > 0
+                && lo <= hi
                 && pool
                     .cache_keys(b)?
                     .iter()
-                    .any(|(k, _)| k.group == m.group() && k.hash == hashes[unit - 1])
+                    .any(|(k, _)| k.group == m.group() && hashes[lo - 1..hi].contains(&k.hash))
         } else {
             let key = pool.cache_key(b)?;
             key.is_some_and(|k| k.group == m.group() && k.hash == *view.get(i))

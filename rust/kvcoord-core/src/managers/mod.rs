@@ -519,7 +519,8 @@ pub struct GroupTable {
     /// Leading entries already registered in the prefix cache (or hits that
     /// came from it). Invariant: `num_cached <= blocks.len()`.
     pub(crate) num_cached: usize,
-    /// Mamba "align" only (see [`mamba_align`]): per-request bookkeeping.
+    /// Mamba "align" only (see [`mamba_align`]): per-request bookkeeping;
+    /// its `partial_hit` also serves full attention's sub-block hits.
     pub(crate) align: mamba_align::AlignState,
 }
 
