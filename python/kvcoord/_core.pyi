@@ -569,12 +569,15 @@ class CoordinatorCore:
         enable_events: bool = False,
         num_reprefillable_tokens: int | None = None,
         eagle_group_ids: Sequence[int] | None = None,
+        num_hash_lookahead_tokens: int | None = None,
     ) -> None:
         """``hash_block_size`` ``None`` takes :func:`default_hash_block_size`.
         ``num_reprefillable_tokens``: multi-module MTP's re-prefillable tail
         (``num_prefill_lookahead - 1``, never cached); ``eagle_group_ids``:
         the groups serving an EAGLE drafter (vLLM's ``drop_eagle_group_ids``;
-        groups of equal spec join them)."""
+        groups of equal spec join them); ``num_hash_lookahead_tokens``: the
+        tokens after each hash unit its hash covers (a Mamba prefill
+        checkpoint leaves that many after it)."""
     @property
     def hash_block_size(self) -> int:
         """Tokens per hash unit."""

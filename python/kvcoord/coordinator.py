@@ -72,6 +72,9 @@ class KVCacheCoordinator:
         eagle_group_ids: groups serving an EAGLE drafter (vLLM's
             ``drop_eagle_group_ids``; groups of equal spec join them): a
             hybrid coordinator caches them one block past its aligned prefix.
+        num_hash_lookahead_tokens: tokens after each hash unit its hash
+            covers (vLLM's ``num_hash_lookahead_tokens``): a Mamba prefill
+            checkpoint leaves that many after it.
     """
 
     #: Which policy this class is (decides caching and hit alignment).
@@ -86,6 +89,7 @@ class KVCacheCoordinator:
         enable_events: bool = False,
         num_reprefillable_tokens: int = 0,
         eagle_group_ids: Sequence[int] = (),
+        num_hash_lookahead_tokens: int = 0,
     ) -> None:
         # Type checks and the 64-bit crossing here; the rules are the core's.
         max_model_len = as_i64(max_model_len, "max_model_len")
@@ -103,6 +107,7 @@ class KVCacheCoordinator:
             enable_events=enable_events,
             num_reprefillable_tokens=num_reprefillable_tokens,
             eagle_group_ids=eagle_group_ids,
+            num_hash_lookahead_tokens=num_hash_lookahead_tokens,
         )
         self.enable_caching = self.kind != CoordinatorKind.NoPrefixCache
         # Per group: None, or the tokens an EAGLE lookup matches past the
@@ -162,6 +167,7 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
         enable_events: bool = False,
         num_reprefillable_tokens: int = 0,
         eagle_group_ids: Sequence[int] = (),
+        num_hash_lookahead_tokens: int = 0,
     ) -> None:
         super().__init__(
             config,
@@ -170,6 +176,7 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
             enable_events=enable_events,
             num_reprefillable_tokens=num_reprefillable_tokens,
             eagle_group_ids=eagle_group_ids,
+            num_hash_lookahead_tokens=num_hash_lookahead_tokens,
         )
         self._block_size = config.groups[0].spec.block_size
         # EAGLE: the hit drops its last block (no margin: one group).
@@ -224,6 +231,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         enable_events: bool = False,
         num_reprefillable_tokens: int = 0,
         eagle_group_ids: Sequence[int] = (),
+        num_hash_lookahead_tokens: int = 0,
     ) -> None:
         super().__init__(
             config,
@@ -232,6 +240,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
             enable_events=enable_events,
             num_reprefillable_tokens=num_reprefillable_tokens,
             eagle_group_ids=eagle_group_ids,
+            num_hash_lookahead_tokens=num_hash_lookahead_tokens,
         )
         buckets: list[SpecGroup] = []
         for gid, g in enumerate(config.groups):
@@ -352,6 +361,7 @@ def get_kv_cache_coordinator(
     enable_events: bool = False,
     num_reprefillable_tokens: int = 0,
     eagle_group_ids: Sequence[int] = (),
+    num_hash_lookahead_tokens: int = 0,
 ) -> KVCacheCoordinator:
     """The policy the core chooses (:func:`kvcoord._core.choose_coordinator`):
     caching off -> NoPrefixCache; one group -> Unitary; otherwise Hybrid."""
@@ -365,4 +375,5 @@ def get_kv_cache_coordinator(
         enable_events=enable_events,
         num_reprefillable_tokens=num_reprefillable_tokens,
         eagle_group_ids=eagle_group_ids,
+        num_hash_lookahead_tokens=num_hash_lookahead_tokens,
     )

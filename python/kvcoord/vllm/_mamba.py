@@ -74,8 +74,15 @@ def config_reason(specs: Sequence[Any], args: Mapping[str, Any]) -> str | None:
         )
     if args.get("use_eagle", False):
         return "EAGLE beside Mamba groups (the checkpoint follows EAGLE's replay boundary)"
-    if args.get("num_hash_lookahead_tokens", 0):
-        return "hash lookahead beside Mamba groups (the checkpoint leaves the lookahead tokens)"
+    if args.get("num_hash_lookahead_tokens", 0) and (
+        len(specs) == 1 or any(int(m.num_prefill_checkpoint_blocks) > 0 for m in mambas)
+    ):
+        # Served beside other groups without checkpoint blocks (the
+        # boundary then leaves the lookahead tokens, as vLLM's does).
+        return (
+            "hash lookahead beside a lone Mamba group or Mamba prefill checkpoint blocks "
+            "(the checkpoint leaves the lookahead tokens)"
+        )
     if args.get("num_prefill_lookahead", 0):
         return "num_prefill_lookahead beside Mamba groups"
     sizes = [int(s.block_size) for s in specs]

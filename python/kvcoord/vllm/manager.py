@@ -121,6 +121,7 @@ class KVCacheManager(DecodePath, ManagerReadouts):
             enable_events=self.enable_kv_cache_events,
             num_reprefillable_tokens=reprefillable,
             eagle_group_ids=self.drop_eagle_group_ids,
+            num_hash_lookahead_tokens=int(a.get("num_hash_lookahead_tokens", 0)),
         )
         self._core = self._core_coordinator.core
         # The re-prefillable tokens the groups hold back from caching: the

@@ -130,6 +130,11 @@ pub struct CoordinatorConfig {
     /// past its aligned prefix. Every group with the spec of one of them is
     /// one too (equal specs are looked up together, so they share the drop).
     pub eagle_groups: Vec<GroupId>,
+    /// Tokens after each hash unit its hash covers (vLLM's
+    /// `num_hash_lookahead_tokens`): a Mamba prefill checkpoint leaves that
+    /// many tokens after it (at least one, recomputed for the logits), so
+    /// its hash exists.
+    pub num_hash_lookahead_tokens: usize,
 }
 
 impl CoordinatorConfig {
@@ -154,6 +159,7 @@ impl CoordinatorConfig {
             enable_events: false,
             num_reprefillable_tokens: 0,
             eagle_groups: Vec::new(),
+            num_hash_lookahead_tokens: 0,
         }
     }
 
@@ -1569,6 +1575,7 @@ fn predict(
                 hash_block_size: config.hash_block_size as usize,
                 hits: group_hits,
                 local: step.local,
+                lookahead: config.num_hash_lookahead_tokens,
             };
             let n = mamba_align::num_blocks_to_allocate(m, pool, table, &input, cached_this_step);
             checkpoints[g] = n.checkpoint;
@@ -1793,7 +1800,7 @@ fn cache_tables(
                 &policy,
                 before,
                 cached_this_step,
-                hbs,
+                (hbs, config.num_hash_lookahead_tokens),
             )?;
             // Every state committed by this call is handed off (vLLM's
             // boundary-state offloads), with the tokens it covers.

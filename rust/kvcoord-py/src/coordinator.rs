@@ -71,7 +71,8 @@ pool_writers!(pymethods!(PyCoordinatorCore {
     #[new]
     #[pyo3(signature = (num_blocks, groups, *, kind, hash_block_size, max_model_len,
                         retention_interval = None, enable_events = false,
-                        num_reprefillable_tokens = None, eagle_group_ids = None))]
+                        num_reprefillable_tokens = None, eagle_group_ids = None,
+                        num_hash_lookahead_tokens = None))]
     #[allow(clippy::too_many_arguments)] // Python keyword arguments, converted once
     fn new(
         py: Python<'_>,
@@ -84,6 +85,7 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         enable_events: bool,
         num_reprefillable_tokens: Option<&Bound<'_, PyAny>>,
         eagle_group_ids: Option<&Bound<'_, PyAny>>,
+        num_hash_lookahead_tokens: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let num_blocks = args::config_count(num_blocks, "num_blocks")?;
         let kind = CoordinatorKind::from(kind);
@@ -106,6 +108,9 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         }
         if let Some(g) = eagle_group_ids {
             config.eagle_groups = convert::group_ids(g)?;
+        }
+        if let Some(n) = num_hash_lookahead_tokens {
+            config.num_hash_lookahead_tokens = args::config_count(n, "num_hash_lookahead_tokens")?;
         }
         let inner = convert::build_pool_sized(py, num_blocks, || CoordinatorCore::new(config));
         Ok(Self {

@@ -66,7 +66,19 @@ impl AlignState {
 /// the logits).
 #[inline]
 pub fn prefill_checkpoint_position(num_tokens: usize, unit: usize) -> usize {
-    num_tokens.saturating_sub(1) / unit * unit
+    prefill_checkpoint_position_ahead(num_tokens, unit, 0)
+}
+
+/// [`prefill_checkpoint_position`] with hash lookahead: the boundary leaves
+/// `max(1, lookahead)` tokens after it, so that its hash exists (vLLM's
+/// `get_mamba_prefill_checkpoint_position` without EAGLE).
+#[inline]
+pub fn prefill_checkpoint_position_ahead(
+    num_tokens: usize,
+    unit: usize,
+    lookahead: usize,
+) -> usize {
+    num_tokens.saturating_sub(lookahead.max(1)) / unit * unit
 }
 
 /// Whether a chunk `[start, end)` can export the state at `checkpoint` into
@@ -164,6 +176,8 @@ pub(crate) struct AllocInput<'a> {
     pub hits: &'a [BlockId],
     /// Locally computed tokens (hits included, external tokens not).
     pub local: usize,
+    /// Hash lookahead tokens (see [`prefill_checkpoint_position_ahead`]).
+    pub lookahead: usize,
 }
 
 /// What an allocation will pull from the pool, as vLLM's signed count:
@@ -219,7 +233,7 @@ pub(crate) fn num_blocks_to_allocate(
     // A state at a sub-block boundary is copied into one more block.
     let partial = (!input.hits.is_empty() && input.local % spec_bs != 0)
         || table.is_some_and(|t| t.align.partial_hit.is_some());
-    let position = prefill_checkpoint_position(input.main, input.alignment);
+    let position = prefill_checkpoint_position_ahead(input.main, input.alignment, input.lookahead);
     // The reserved block sits just before the running state's entry.
     let checkpoint_idx = state_blocks.checked_sub(2);
     let reserves = prefill_checkpoint
@@ -472,14 +486,14 @@ pub(crate) fn after_cache_blocks(
     policy: &CachePolicy<'_>,
     before: usize,
     cached_this_step: &mut HashSet<CacheKey>,
-    hbs: usize,
+    (hbs, lookahead): (usize, usize),
 ) -> KvResult<()> {
     let mut lowered = None;
     // Only whole-block boundaries exist with hash unit = block size, so a
     // boundary entry is "already keyed" exactly when its block has a key.
     let boundary_block = if let Some((position, idx)) = table.align.checkpoint {
-        let is_prompt =
-            position == prefill_checkpoint_position(num_prompt_tokens, policy.alignment);
+        let is_prompt = position
+            == prefill_checkpoint_position_ahead(num_prompt_tokens, policy.alignment, lookahead);
         let retained = position % spec_bs == 0 && position >= spec_bs && {
             let block = position / spec_bs - 1;
             let mut buf = Vec::new();
@@ -509,14 +523,13 @@ pub(crate) fn after_cache_blocks(
             pool,
             table,
             hashes,
-            num_tokens,
-            num_prompt_tokens,
+            (num_tokens, num_prompt_tokens, lookahead),
             cached_this_step,
         )?;
         None
     } else if num_tokens > 0
         && num_tokens % spec_bs == 0
-        && num_tokens == prefill_checkpoint_position(num_prompt_tokens, spec_bs)
+        && num_tokens == prefill_checkpoint_position_ahead(num_prompt_tokens, spec_bs, lookahead)
     {
         Some(num_tokens / spec_bs - 1)
     } else {
@@ -563,13 +576,12 @@ fn sub_block_tail(
     pool: &mut BlockPool,
     table: &mut GroupTable,
     hashes: &[BlockHash],
-    num_tokens: usize,
-    num_prompt_tokens: usize,
+    (num_tokens, num_prompt_tokens, lookahead): (usize, usize, usize),
     cached_this_step: &mut HashSet<CacheKey>,
 ) -> KvResult<Option<usize>> {
     if num_tokens == 0
         || num_tokens % hbs != 0
-        || num_tokens != prefill_checkpoint_position(num_prompt_tokens, hbs)
+        || num_tokens != prefill_checkpoint_position_ahead(num_prompt_tokens, hbs, lookahead)
         || num_tokens / hbs > hashes.len()
     {
         return Ok(None);
@@ -670,6 +682,7 @@ mod tests {
             hash_block_size: 4,
             hits: &[],
             local: total_computed,
+            lookahead: 0,
         };
         let none = HashSet::new();
         // A new request: state blocks, both scratch blocks and the checkpoint.
