@@ -12,7 +12,7 @@ use pyo3::types::{PyList, PyTuple};
 use crate::args;
 use crate::blocks::PyKVCacheBlocks;
 use crate::convert;
-use crate::errors::{core, CoreError};
+use crate::errors::{core, err};
 use crate::kinds::{self, PyCoordinatorKind, PyGroupSpec};
 use crate::pool::{pool_readers, pool_writers};
 use crate::request::PyRequest;
@@ -408,7 +408,7 @@ fn fill_hits(obj: &Bound<'_, PyAny>, hits: &mut Vec<Vec<BlockId>>) -> PyResult<(
         .map(|t| t.as_sequence().clone())
         .or_else(|_| obj.cast::<PyList>().map(|l| l.as_sequence().clone()))
         .map_err(|_| {
-            CoreError(KvError::InvalidArgument {
+            err(KvError::InvalidArgument {
                 name: "new_computed_blocks",
                 detail: "expected a KVCacheBlocks or one list of block ids per group".into(),
             })
