@@ -5,7 +5,9 @@
 //! are core state.
 
 use kvcoord_core::coordinator::{AllocateArgs, CoordinatorConfig, CoordinatorCore, NewBlocks};
-use kvcoord_core::{BlockId, BlockPool, CoordinatorKind, EvictionConfig, GroupId, KvError};
+use kvcoord_core::{
+    BlockId, BlockPool, CoordinatorKind, EvictionConfig, GroupId, KvError, Manager,
+};
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 
@@ -167,12 +169,7 @@ pool_writers!(pymethods!(PyCoordinatorCore {
     /// match past the candidate before dropping them.
     #[getter]
     fn eagle_margins(&self, py: Python<'_>) -> PyResult<Vec<Option<usize>>> {
-        self.with(py, |c| {
-            c.managers()
-                .iter()
-                .map(|m| m.eagle().then(|| m.eagle_margin()))
-                .collect()
-        })
+        self.with(py, |c| c.managers().iter().map(Manager::eagle_margin).collect())
     }
 
     /// Longest hit for groups sharing one spec: the blocks (one group per
