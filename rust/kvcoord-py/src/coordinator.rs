@@ -169,7 +169,7 @@ pool_writers!(pymethods!(PyCoordinatorCore {
     /// match past the candidate before dropping them.
     #[getter]
     fn eagle_margins(&self, py: Python<'_>) -> PyResult<Vec<Option<usize>>> {
-        self.with(py, |c| c.managers().iter().map(Manager::eagle_margin).collect())
+        self.with(py, |c| c.managers().iter().map(Manager::eagle_hit_margin).collect())
     }
 
     /// Longest hit for groups sharing one spec: the blocks (one group per

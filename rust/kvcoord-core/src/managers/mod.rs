@@ -611,13 +611,18 @@ impl Manager {
         self.eagle
     }
 
+    /// [`eagle_margin`](Self::eagle_margin) for a group whose hits drop
+    /// EAGLE's block, `None` for any other.
+    pub fn eagle_hit_margin(&self) -> Option<usize> {
+        self.eagle.then(|| self.eagle_margin())
+    }
+
     /// Tokens a hybrid lookup lets an EAGLE group match past the candidate
     /// hit before it drops them again (vLLM's EAGLE proof margin): one
     /// block, or 0 for Mamba "align", whose finder never drops (a margin
-    /// would let its hit grow past the candidate); `None` unless this
-    /// group's hits drop EAGLE's block.
-    pub fn eagle_margin(&self) -> Option<usize> {
-        self.eagle.then_some(match self.spec.kind {
+    /// would let its hit grow past the candidate).
+    pub fn eagle_margin(&self) -> usize {
+        match self.spec.kind {
             SpecKind::MambaAlign { .. } | SpecKind::Mamba { .. } => 0,
             SpecKind::FullAttention
             | SpecKind::SlidingWindow { .. }
@@ -626,7 +631,7 @@ impl Manager {
             | SpecKind::MlaAttention
             | SpecKind::SlidingWindowMla { .. }
             | SpecKind::Rswa { .. } => self.block_size,
-        })
+        }
     }
 
     /// The group's spec.
