@@ -98,6 +98,10 @@ pool_writers!(pymethods!(PyCoordinatorCore {
     /// included.
     get eagle_groups(&self, py: Python<'_>) -> PyResult<Vec<u32>> =
         self.with(py, |c| c.config().eagle_group_ids().map(|g| g.0).collect());
+    /// Tokens a hit ends on a multiple of: the hash unit with sub-block
+    /// (partial) hits, else the scheduler block size.
+    get hit_alignment(&self, py: Python<'_>) -> PyResult<usize> =
+        self.with(py, |c| c.config().hit_alignment());
     /// Per group, the re-prefillable tokens it holds back from caching.
     get held_back_tokens(&self, py: Python<'_>) -> PyResult<Vec<usize>> =
         self.with(py, |c| c.config().held_back_tokens().collect());
@@ -358,35 +362,32 @@ pool_writers!(pymethods!(PyCoordinatorCore {
             .collect())
     }
 
-    /// Tokens a hit ends on a multiple of: the hash unit with sub-block
-    /// (partial) hits, else the scheduler block size.
-    #[getter]
-    fn hit_alignment(&self) -> usize {
-        self.inner.config().hit_alignment()
-    }
-
     /// Drain the copy-on-write copies made since the last call:
     /// `(src_block_id, dst_block_id)` each; both ends stay held by the
     /// caller until freed through `free_caller_blocks`.
-    fn take_block_copies(&mut self) -> Vec<(u32, u32)> {
-        self.inner
+    fn take_block_copies(&self, py: Python<'_>) -> PyResult<Vec<(u32, u32)>> {
+        let mut state = self.enter(py)?;
+        Ok(state
+            .inner
             .take_block_copies()
             .into_iter()
             .map(|(s, d)| (s.0, d.0))
-            .collect()
+            .collect())
     }
 
     /// A finishing request's own sub-block prompt-tail states that no later
     /// token was computed into: `(group, block_id, num_tokens)` each.
     fn finalize_partial_tail_offloads(
-        &mut self,
+        &self,
+        py: Python<'_>,
         request_id: &str,
         num_computed_tokens: &Bound<'_, PyAny>,
         num_in_flight_tokens: &Bound<'_, PyAny>,
     ) -> PyResult<Vec<(u32, u32, usize)>> {
         let computed = args::count(num_computed_tokens, "num_computed_tokens")?;
         let in_flight = args::count(num_in_flight_tokens, "num_in_flight_tokens")?;
-        Ok(self
+        let mut state = self.enter(py)?;
+        Ok(state
             .inner
             .finalize_partial_tail_offloads(request_id, computed, in_flight)
             .into_iter()
