@@ -570,6 +570,7 @@ class CoordinatorCore:
         num_reprefillable_tokens: int | None = None,
         eagle_group_ids: Sequence[int] | None = None,
         num_hash_lookahead_tokens: int | None = None,
+        allow_partial_hits: bool = False,
     ) -> None:
         """``hash_block_size`` ``None`` takes :func:`default_hash_block_size`.
         ``num_reprefillable_tokens``: multi-module MTP's re-prefillable tail
@@ -577,7 +578,9 @@ class CoordinatorCore:
         the groups serving an EAGLE drafter (vLLM's ``drop_eagle_group_ids``;
         groups of equal spec join them); ``num_hash_lookahead_tokens``: the
         tokens after each hash unit its hash covers (a Mamba prefill
-        checkpoint leaves that many after it)."""
+        checkpoint leaves that many after it); ``allow_partial_hits``: sub-block
+        Mamba hits may be turned on (the caller then drains
+        :meth:`take_block_copies` and frees both ends of each copy)."""
     @property
     def hash_block_size(self) -> int:
         """Tokens per hash unit."""

@@ -75,6 +75,9 @@ class KVCacheCoordinator:
         num_hash_lookahead_tokens: tokens after each hash unit its hash
             covers (vLLM's ``num_hash_lookahead_tokens``): a Mamba prefill
             checkpoint leaves that many after it.
+        allow_partial_hits: sub-block (partial) Mamba hits may be turned on;
+            the caller drains the core's ``take_block_copies`` and frees both
+            ends of each copy once it ran (``kvcoord.vllm`` does).
     """
 
     #: Which policy this class is (decides caching and hit alignment).
@@ -90,6 +93,7 @@ class KVCacheCoordinator:
         num_reprefillable_tokens: int = 0,
         eagle_group_ids: Sequence[int] = (),
         num_hash_lookahead_tokens: int = 0,
+        allow_partial_hits: bool = False,
     ) -> None:
         # Type checks and the 64-bit crossing here; the rules are the core's.
         max_model_len = as_i64(max_model_len, "max_model_len")
@@ -108,6 +112,7 @@ class KVCacheCoordinator:
             num_reprefillable_tokens=num_reprefillable_tokens,
             eagle_group_ids=eagle_group_ids,
             num_hash_lookahead_tokens=num_hash_lookahead_tokens,
+            allow_partial_hits=allow_partial_hits,
         )
         self.enable_caching = self.kind != CoordinatorKind.NoPrefixCache
         # Per group: None, or the tokens an EAGLE lookup matches past the
@@ -168,6 +173,7 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
         num_reprefillable_tokens: int = 0,
         eagle_group_ids: Sequence[int] = (),
         num_hash_lookahead_tokens: int = 0,
+        allow_partial_hits: bool = False,
     ) -> None:
         super().__init__(
             config,
@@ -177,6 +183,7 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
             num_reprefillable_tokens=num_reprefillable_tokens,
             eagle_group_ids=eagle_group_ids,
             num_hash_lookahead_tokens=num_hash_lookahead_tokens,
+            allow_partial_hits=allow_partial_hits,
         )
         self._block_size = config.groups[0].spec.block_size
         # EAGLE: the hit drops its last block (no margin: one group).
@@ -232,6 +239,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         num_reprefillable_tokens: int = 0,
         eagle_group_ids: Sequence[int] = (),
         num_hash_lookahead_tokens: int = 0,
+        allow_partial_hits: bool = False,
     ) -> None:
         super().__init__(
             config,
@@ -241,6 +249,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
             num_reprefillable_tokens=num_reprefillable_tokens,
             eagle_group_ids=eagle_group_ids,
             num_hash_lookahead_tokens=num_hash_lookahead_tokens,
+            allow_partial_hits=allow_partial_hits,
         )
         buckets: list[SpecGroup] = []
         for gid, g in enumerate(config.groups):
@@ -362,6 +371,7 @@ def get_kv_cache_coordinator(
     num_reprefillable_tokens: int = 0,
     eagle_group_ids: Sequence[int] = (),
     num_hash_lookahead_tokens: int = 0,
+    allow_partial_hits: bool = False,
 ) -> KVCacheCoordinator:
     """The policy the core chooses (:func:`kvcoord._core.choose_coordinator`):
     caching off -> NoPrefixCache; one group -> Unitary; otherwise Hybrid."""
@@ -376,4 +386,5 @@ def get_kv_cache_coordinator(
         num_reprefillable_tokens=num_reprefillable_tokens,
         eagle_group_ids=eagle_group_ids,
         num_hash_lookahead_tokens=num_hash_lookahead_tokens,
+        allow_partial_hits=allow_partial_hits,
     )

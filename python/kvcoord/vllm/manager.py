@@ -122,6 +122,7 @@ class KVCacheManager(DecodePath, ManagerReadouts):
             num_reprefillable_tokens=reprefillable,
             eagle_group_ids=self.drop_eagle_group_ids,
             num_hash_lookahead_tokens=int(a.get("num_hash_lookahead_tokens", 0)),
+            allow_partial_hits=True,
         )
         self._core = self._core_coordinator.core
         # The re-prefillable tokens the groups hold back from caching: the

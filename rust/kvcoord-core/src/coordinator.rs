@@ -135,6 +135,12 @@ pub struct CoordinatorConfig {
     /// many tokens after it (at least one, recomputed for the logits), so
     /// its hash exists.
     pub num_hash_lookahead_tokens: usize,
+    /// Whether sub-block (partial) hits may be turned on
+    /// ([`Self::partial_hits`]); off by default: their copy-on-write copies
+    /// keep both ends referenced until the caller frees them after running
+    /// the copy ([`CoordinatorCore::take_block_copies`]), which a caller
+    /// must be ready to do.
+    pub allow_partial_hits: bool,
 }
 
 impl CoordinatorConfig {
@@ -160,6 +166,7 @@ impl CoordinatorConfig {
             num_reprefillable_tokens: 0,
             eagle_groups: Vec::new(),
             num_hash_lookahead_tokens: 0,
+            allow_partial_hits: false,
         }
     }
 
@@ -171,7 +178,8 @@ impl CoordinatorConfig {
     /// caching is not rounded ([`Self::num_cacheable_tokens`]).
     pub fn partial_hits(&self) -> bool {
         let hbs = self.hash_block_size;
-        self.kind == CoordinatorKind::Hybrid
+        self.allow_partial_hits
+            && self.kind == CoordinatorKind::Hybrid
             && self
                 .groups
                 .iter()
@@ -2459,6 +2467,8 @@ mod tests {
             1000,
         );
         cfg.hash_block_size = 4;
+        assert!(!cfg.partial_hits(), "off unless allowed");
+        cfg.allow_partial_hits = true;
         assert!(cfg.partial_hits());
         assert_eq!(cfg.hit_alignment(), 4);
         // Caching is not rounded to the scheduler block (16).

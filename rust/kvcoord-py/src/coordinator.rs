@@ -110,7 +110,7 @@ pool_writers!(pymethods!(PyCoordinatorCore {
     #[pyo3(signature = (num_blocks, groups, *, kind, hash_block_size, max_model_len,
                         retention_interval = None, enable_events = false,
                         num_reprefillable_tokens = None, eagle_group_ids = None,
-                        num_hash_lookahead_tokens = None))]
+                        num_hash_lookahead_tokens = None, allow_partial_hits = false))]
     #[allow(clippy::too_many_arguments)] // Python keyword arguments, converted once
     fn new(
         py: Python<'_>,
@@ -124,6 +124,7 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         num_reprefillable_tokens: Option<&Bound<'_, PyAny>>,
         eagle_group_ids: Option<&Bound<'_, PyAny>>,
         num_hash_lookahead_tokens: Option<&Bound<'_, PyAny>>,
+        allow_partial_hits: bool,
     ) -> PyResult<Self> {
         let num_blocks = args::config_count(num_blocks, "num_blocks")?;
         let kind = CoordinatorKind::from(kind);
@@ -147,6 +148,7 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         if let Some(g) = eagle_group_ids {
             config.eagle_groups = convert::group_ids(g)?;
         }
+        config.allow_partial_hits = allow_partial_hits;
         if let Some(n) = num_hash_lookahead_tokens {
             config.num_hash_lookahead_tokens = args::config_count(n, "num_hash_lookahead_tokens")?;
         }
