@@ -25,7 +25,7 @@ use crate::block_hash::BlockHash;
 pub use crate::block_ids::NewBlocks;
 use crate::error::{KvError, KvResult};
 use crate::ids::{BlockId, GroupId, ReqId};
-use crate::managers::mamba_align;
+use crate::managers::{hisparse, mamba_align};
 use crate::managers::{CachePolicy, GroupSpec, GroupTable, Manager, SpecKind};
 use crate::pool::{BlockPool, PoolConfig};
 use crate::prefix_index::CacheKey;
@@ -34,6 +34,7 @@ use crate::request::{Request, RequestRegistry};
 use crate::retention::validate_retention_interval;
 
 mod caller_held;
+mod hisparse_rows;
 
 /// Which coordinator policy serves a configuration (vLLM's
 /// `get_kv_cache_coordinator`): it decides hit alignment and how many tokens
@@ -926,7 +927,7 @@ impl CoordinatorCore {
             Entry::Occupied(tables) => Some(tables.get().as_slice()),
             Entry::Vacant(_) => None,
         };
-        let step = StepSize::new(main, need_slots, total, num_encoder_tokens);
+        let step = StepSize::new(main, need_slots, total, num_encoder_tokens).with_local(local);
         let needed = predict(
             managers,
             pool,
@@ -952,9 +953,8 @@ impl CoordinatorCore {
                 fresh.resize_with(managers.len(), GroupTable::default);
                 let adopt = new_computed_blocks.is_some();
                 let external = num_external_computed_tokens;
-                adopt_prefix(
-                    managers, pool, &mut fresh, hits, adopt, total, external, scratch,
-                )?;
+                let counts = (local.min(total), total, external);
+                adopt_prefix(managers, pool, &mut fresh, hits, adopt, counts, scratch)?;
                 vacant.insert(fresh)
             }
         };
@@ -1150,7 +1150,14 @@ impl CoordinatorCore {
             for (g, t) in tables.iter().enumerate() {
                 t.check_invariants(self.managers[g].spec().has_interior_nulls())
                     .map_err(|e| format!("request {req} group {g}: {e}"))?;
-                for &b in t.blocks() {
+                let resident = matches!(self.managers[g].spec().kind, SpecKind::HiSparseResident);
+                let held: Vec<BlockId> = if resident {
+                    hisparse::check_row(t).map_err(|e| format!("request {req} group {g}: {e}"))?;
+                    hisparse::referenced(t).collect()
+                } else {
+                    t.blocks().to_vec()
+                };
+                for &b in &held {
                     let slot = owners.get_mut(b.index()).ok_or_else(|| {
                         format!("request {req} group {g}: block {b} out of range")
                     })?;
@@ -1198,6 +1205,8 @@ struct StepSize {
     need_slots: usize,
     /// Computed tokens before the step (hits included).
     total: usize,
+    /// Of `total`, the locally computed ones (no external tokens).
+    local: usize,
     /// Encoder tokens (cross-attention groups).
     num_encoder_tokens: usize,
 }
@@ -1208,8 +1217,15 @@ impl StepSize {
             main,
             need_slots,
             total,
+            local: total,
             num_encoder_tokens,
         }
+    }
+
+    /// With `local` of the computed tokens local (the rest external).
+    fn with_local(mut self, local: usize) -> Self {
+        self.local = local.min(self.total);
+        self
     }
 }
 
@@ -1276,16 +1292,24 @@ fn adopt_prefix(
     tables: &mut [GroupTable],
     hits: &[Vec<BlockId>],
     adopt: bool,
-    total: usize,
-    external: usize,
+    (local, total, external): (usize, usize, usize),
     scratch: &mut Vec<BlockId>,
 ) -> KvResult<()> {
     if !adopt && external == 0 {
         return Ok(());
     }
+    let has_resident = managers
+        .iter()
+        .any(|m| matches!(m.spec().kind, SpecKind::HiSparseResident));
     for (g, (m, t)) in managers.iter().zip(tables.iter_mut()).enumerate() {
         let group_hits = hits.get(g).map_or(&[][..], Vec::as_slice);
-        m.add_local_computed_blocks(pool, t, group_hits, total)?;
+        match m.spec().kind {
+            // The host prefix of a HiSparse request: null pages, the hot
+            // region asked for when it resumes one.
+            SpecKind::HiSparseResident => hisparse::resident_add_local(t, m.block_size(), local),
+            SpecKind::HiSparseHot { .. } => hisparse::hot_add_local(t, local, has_resident),
+            _ => m.add_local_computed_blocks(pool, t, group_hits, total)?,
+        }
     }
     if external > 0 {
         for (m, t) in managers.iter().zip(tables.iter_mut()) {
@@ -1420,9 +1444,22 @@ fn predict(
             let cap = caps
                 .max_in_flight_tokens
                 .and_then(|f| m.max_admission_blocks(f, caps.max_model_len));
-            needed = needed.saturating_add(
-                m.num_blocks_to_allocate_capped(pool, table, tokens, group_hits, step.total, cap),
-            );
+            let bs = m.block_size();
+            let n = match m.spec().kind {
+                SpecKind::HiSparseResident => hisparse::resident_blocks_to_allocate(
+                    table, bs, tokens, step.total, step.local, cap,
+                ),
+                SpecKind::HiSparseHot { blocks_per_request } => hisparse::hot_blocks_to_allocate(
+                    table,
+                    blocks_per_request as usize,
+                    step.total,
+                    step.local,
+                ),
+                _ => m.num_blocks_to_allocate_capped(
+                    pool, table, tokens, group_hits, step.total, cap,
+                ),
+            };
+            needed = needed.saturating_add(n);
         }
     }
     needed.saturating_sub(surplus)
