@@ -685,6 +685,47 @@ class CoordinatorCore:
         """The request's block table per group (raises ``UnknownRequestError``)."""
     def num_common_prefix_blocks(self, request_id: str) -> list[int]:
         """Per group, leading blocks shared by every running request."""
+    def resident_page(self, request_id: str, group: int, page: int) -> int | None:
+        """The block a live request's page is read from in a HiSparse
+        resident group (its residency overlay applied); None when the page is
+        read from the host or lies past the table.
+
+        Raises:
+            InvalidArgumentError: ``group`` is not a resident group.
+            NoSuchRequestError: the request holds no blocks.
+        """
+    def residency_row(self, request_id: str, group: int, start: int | None = None) -> list[int]:
+        """A live request's row in a resident group from page ``start``
+        (default 0), overlay applied; 0 marks host-only pages. The block
+        table itself (:meth:`blocks`) stays append-only."""
+    def adopt_resident_page(self, request_id: str, group: int, page: int, block_id: int) -> bool:
+        """Point a host-only page at ``block_id``, a device copy of its
+        contents, which gains a reference held by the row; False (nothing
+        changed) when the page is resident already or past the table."""
+    def unpin_resident_page(self, request_id: str, group: int, page: int) -> int | None:
+        """Give up a resident page's reference while the row keeps reading
+        it (vLLM's ``BlockPool.unpin_blocks``): the block counts as free and
+        is reported by :meth:`take_reused_watched` once the pool hands it out.
+        Returns the block; None for a host-only or already unpinned page."""
+    def drop_resident_page(self, request_id: str, group: int, page: int) -> int | None:
+        """Make an unpinned page host-only; returns the block it was read
+        from (None for a host-only page).
+
+        Raises:
+            InvalidArgumentError: the page still holds its reference.
+        """
+    def require_hot(self, request_id: str, group: int) -> None:
+        """Ask for a live request's hot region in a HiSparse hot group: its
+        next allocation (and prediction) includes it."""
+    def has_hot(self, request_id: str, group: int) -> bool:
+        """Whether a live request holds its whole hot region in a hot group."""
+    def touch_caller_blocks(self, block_ids: BlockIds) -> None:
+        """Take one caller reference on each block (vLLM's ``BlockPool.touch``
+        from outside the manager; a free block leaves the free queue), released
+        with :meth:`free_caller_blocks`. The null block is skipped."""
+    def take_reused_watched(self) -> list[int]:
+        """Unpinned blocks the pool handed out, or forgot on a reset, since
+        the last call, in that order (each reported once)."""
     def evict_blocks(self, block_ids: BlockIds) -> None:
         """Drop these blocks' prefix-cache keys (they stay allocated)."""
     def reset_prefix_cache(self) -> bool:
@@ -874,6 +915,12 @@ class GroupSpec:
     def sliding_window_mla(block_size: int, sliding_window: int) -> GroupSpec: ...
     @staticmethod
     def rswa(block_size: int, rswa_window: int) -> GroupSpec: ...
+    @staticmethod
+    def hisparse_resident(block_size: int) -> GroupSpec:
+        """vLLM's HiSparse resident pages (not yet served by kvcoord.vllm)."""
+    @staticmethod
+    def hisparse_hot(block_size: int, blocks_per_request: int) -> GroupSpec:
+        """vLLM's HiSparse hot region (not yet served by kvcoord.vllm)."""
     @staticmethod
     def mamba_align(
         block_size: int,

@@ -38,6 +38,18 @@ impl PyCoordinatorCore {
         self.inner.pool_mut()
     }
 
+    /// A row call's arguments: the live request, the group and the page.
+    fn row_args(
+        &self,
+        request_id: &str,
+        group: &Bound<'_, PyAny>,
+        page: &Bound<'_, PyAny>,
+    ) -> PyResult<(kvcoord_core::ReqId, GroupId, usize)> {
+        let req = core(self.inner.request_id(request_id))?;
+        let group = GroupId(args::u32_arg(group, "group")?);
+        Ok((req, group, args::count(page, "page")?))
+    }
+
     /// `f(pool, ids)` with `block_ids` converted.
     fn with_ids<R>(
         &mut self,
@@ -318,6 +330,99 @@ pool_writers!(pymethods!(PyCoordinatorCore {
     fn blocks(&self, request_id: &str) -> PyResult<PyKVCacheBlocks> {
         let tables = core(self.inner.request_block_ids(request_id))?;
         PyKVCacheBlocks::new(NewBlocks::from_groups(tables))
+    }
+
+    // ---- HiSparse rows (see kvcoord_core::managers::hisparse) ----------
+
+    /// The block a request's page is read from in a `HiSparse` resident group
+    /// (overlay applied), `None` when it is read from the host.
+    fn resident_page(
+        &self,
+        request_id: &str,
+        group: &Bound<'_, PyAny>,
+        page: &Bound<'_, PyAny>,
+    ) -> PyResult<Option<u32>> {
+        let (req, group, page) = self.row_args(request_id, group, page)?;
+        Ok(core(self.inner.resident_page(req, group, page))?.map(|b| b.0))
+    }
+
+    /// A request's row in a resident group from page `start`, overlay
+    /// applied (0 marks host-only pages).
+    #[pyo3(signature = (request_id, group, start = None))]
+    fn residency_row(
+        &self,
+        request_id: &str,
+        group: &Bound<'_, PyAny>,
+        start: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Vec<u32>> {
+        let req = core(self.inner.request_id(request_id))?;
+        let group = GroupId(args::u32_arg(group, "group")?);
+        let start = args::opt_count(start, "start")?;
+        let row = core(self.inner.residency_row(req, group, start))?;
+        Ok(row.into_iter().map(|b| b.0).collect())
+    }
+
+    /// Point a host-only page at `block_id` (a reference is taken); `False`
+    /// when the page is resident or past the table.
+    fn adopt_resident_page(
+        &mut self,
+        request_id: &str,
+        group: &Bound<'_, PyAny>,
+        page: &Bound<'_, PyAny>,
+        block_id: &Bound<'_, PyAny>,
+    ) -> PyResult<bool> {
+        let (req, group, page) = self.row_args(request_id, group, page)?;
+        let block = BlockId(args::u32_arg(block_id, "block_id")?);
+        core(self.inner.adopt_resident_page(req, group, page, block))
+    }
+
+    /// Give up a resident page's reference while it is still read; the
+    /// block, or `None` for a host-only or already unpinned page.
+    fn unpin_resident_page(
+        &mut self,
+        request_id: &str,
+        group: &Bound<'_, PyAny>,
+        page: &Bound<'_, PyAny>,
+    ) -> PyResult<Option<u32>> {
+        let (req, group, page) = self.row_args(request_id, group, page)?;
+        Ok(core(self.inner.unpin_resident_page(req, group, page))?.map(|b| b.0))
+    }
+
+    /// Make an unpinned page host-only; the block it was read from.
+    fn drop_resident_page(
+        &mut self,
+        request_id: &str,
+        group: &Bound<'_, PyAny>,
+        page: &Bound<'_, PyAny>,
+    ) -> PyResult<Option<u32>> {
+        let (req, group, page) = self.row_args(request_id, group, page)?;
+        Ok(core(self.inner.drop_resident_page(req, group, page))?.map(|b| b.0))
+    }
+
+    /// Ask for a request's hot region in a `HiSparse` hot group.
+    fn require_hot(&mut self, request_id: &str, group: &Bound<'_, PyAny>) -> PyResult<()> {
+        let req = core(self.inner.request_id(request_id))?;
+        let group = GroupId(args::u32_arg(group, "group")?);
+        core(self.inner.require_hot(req, group))
+    }
+
+    /// Whether a request holds its whole hot region in a hot group.
+    fn has_hot(&self, request_id: &str, group: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let req = core(self.inner.request_id(request_id))?;
+        let group = GroupId(args::u32_arg(group, "group")?);
+        core(self.inner.has_hot(req, group))
+    }
+
+    /// Take one caller reference on each block (vLLM's `touch`).
+    fn touch_caller_blocks(&mut self, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
+        let ids = convert::block_ids(block_ids)?;
+        core(self.inner.touch_caller_blocks(&ids))
+    }
+
+    /// Unpinned blocks the pool handed out (or forgot) since the last call.
+    fn take_reused_watched(&mut self) -> Vec<u32> {
+        let reused = self.inner.pool_mut().take_reused_watched();
+        reused.into_iter().map(|b| b.0).collect()
     }
 
     fn num_common_prefix_blocks(&self, request_id: &str) -> PyResult<Vec<usize>> {

@@ -9,6 +9,11 @@ use crate::ids::{BlockId, GroupId, ReqId};
 use crate::managers::{hisparse, GroupTable, SpecKind};
 
 impl CoordinatorCore {
+    /// The core id of a live request known by its scheduler id.
+    pub fn request_id(&self, id: &str) -> KvResult<ReqId> {
+        self.req_of(id)
+    }
+
     /// `req`'s table in `group`, which must be of a `HiSparse` resident kind.
     fn resident_table(&self, req: ReqId, group: GroupId) -> KvResult<&GroupTable> {
         self.check_kind(group, true)?;
