@@ -41,6 +41,12 @@ from vllm.v1.kv_cache_interface import (
 from vllm_helpers import free_queue, full_spec, make_request
 
 import kvcoord._core as kc
+from kvcoord.config import FullAttentionSpec as OurFull
+from kvcoord.config import HiSparseHotSpec as OurHot
+from kvcoord.config import HiSparseResidentSpec as OurResident
+from kvcoord.config import KVCacheConfig as OurConfig
+from kvcoord.config import KVCacheGroup
+from kvcoord.coordinator import KVCacheCoordinator, get_kv_cache_coordinator
 
 BS = 16
 HOT = 2
@@ -53,7 +59,7 @@ def _none_hash() -> None:
     init_none_hash(sha256)
 
 
-def vllm_manager(num_blocks: int, max_in_flight: int | None) -> VllmManager:
+def vllm_manager(num_blocks: int, max_in_flight: int | None, caching: bool) -> VllmManager:
     groups = [
         KVCacheGroupSpec(["indexer"], full_spec(BS)),
         KVCacheGroupSpec(["resident"], HiSparseResidentSpec(block_size=BS, page_size=BS * 4)),
@@ -66,7 +72,7 @@ def vllm_manager(num_blocks: int, max_in_flight: int | None) -> VllmManager:
         config,
         max_model_len=MAX_MODEL_LEN,
         max_in_flight_tokens=max_in_flight,
-        enable_caching=False,
+        enable_caching=caching,
         hash_block_size=BS,
         scheduler_block_size=BS,
     )
@@ -82,18 +88,11 @@ def vllm_manager(num_blocks: int, max_in_flight: int | None) -> VllmManager:
     return manager
 
 
-def core(num_blocks: int) -> kc.CoordinatorCore:
-    groups = [
-        kc.GroupSpec.full_attention(BS),
-        kc.GroupSpec.hisparse_resident(BS),
-        kc.GroupSpec.hisparse_hot(BS, HOT),
-    ]
-    return kc.CoordinatorCore(
-        num_blocks,
-        groups,
-        kind=kc.CoordinatorKind.NoPrefixCache,
-        hash_block_size=BS,
-        max_model_len=MAX_MODEL_LEN,
+def ours_coordinator(num_blocks: int, caching: bool) -> KVCacheCoordinator:
+    groups = (OurFull(BS), OurResident(BS), OurHot(BS, HOT))
+    config = OurConfig(num_blocks=num_blocks, groups=tuple(KVCacheGroup(g) for g in groups))
+    return get_kv_cache_coordinator(
+        config, max_model_len=MAX_MODEL_LEN, enable_caching=caching, hash_block_size=BS
     )
 
 
@@ -132,13 +131,15 @@ def compare(theirs: VllmManager, ours: kc.CoordinatorCore, live: dict[str, Pair]
     ours.check_invariants()
 
 
+@pytest.mark.parametrize("caching", [False, True])
 @pytest.mark.parametrize("max_in_flight", [None, 48])
-@pytest.mark.parametrize("seed", range(30))
-def test_hisparse_rows_match_vllm(seed: int, max_in_flight: int | None) -> None:
+@pytest.mark.parametrize("seed", range(20))
+def test_hisparse_rows_match_vllm(seed: int, max_in_flight: int | None, caching: bool) -> None:
     rng = random.Random(seed)
     num_blocks = rng.choice([12, 20, 32])
-    theirs = vllm_manager(num_blocks, max_in_flight)
-    ours = core(num_blocks)
+    theirs = vllm_manager(num_blocks, max_in_flight, caching)
+    lookup = ours_coordinator(num_blocks, caching)
+    ours = lookup.core
     managers = theirs.coordinator.single_type_managers
     resident, hot = managers[RESIDENT], managers[HOT_GROUP]
     pool = theirs.block_pool
@@ -147,6 +148,7 @@ def test_hisparse_rows_match_vllm(seed: int, max_in_flight: int | None) -> None:
     reused: list[int] = []
     pins: list[int] = []  # spill pins (caller references) on both engines
     next_id = 0
+    bases = [[rng.randrange(1000) for _ in range(90)] for _ in range(3)]
 
     def on_reuse(block: object) -> None:
         reused.append(block.block_id)  # type: ignore[attr-defined]
@@ -165,15 +167,25 @@ def test_hisparse_rows_match_vllm(seed: int, max_in_flight: int | None) -> None:
                 pair.unpinned.discard(page)
         reused.clear()
 
-    def allocate(pair: Pair, new: int, external: int = 0) -> None:
-        kw = {"num_external_computed_tokens": external} if external else {}
+    def allocate(pair: Pair, new: int, external: int = 0, hit: tuple[object, ...] = ()) -> None:
+        kw: dict[str, object] = {"num_external_computed_tokens": external} if external else {}
+        computed = 0
+        if hit:
+            their_blocks, computed, our_blocks = hit
+            kw.update(num_new_computed_tokens=computed, new_computed_blocks=their_blocks)
         got = theirs.allocate_slots(pair.theirs, new, **kw)
-        mine = ours.allocate_slots(pair.ours, new, num_external_computed_tokens=external or None)
-        assert (got is None) == (mine is None), (pair.rid, new, external)
+        mine = ours.allocate_slots(
+            pair.ours,
+            new,
+            num_new_computed_tokens=computed or None,
+            new_computed_blocks=our_blocks if computed else None,
+            num_external_computed_tokens=external or None,
+        )
+        assert (got is None) == (mine is None), (pair.rid, new, external, computed)
         if got is not None:
             assert got.get_block_ids() == mine.get_block_ids()
             live[pair.rid] = pair
-            pair.set_computed(pair.computed + external + new)
+            pair.set_computed(pair.computed + computed + external + new)
 
     for _ in range(70):
         op = rng.choice(["new", "new", "step", "step", "step", "hot", "unpin", "unpin",
@@ -181,14 +193,26 @@ def test_hisparse_rows_match_vllm(seed: int, max_in_flight: int | None) -> None:
         running = [p for p in live.values()]
         if op == "new":
             n = rng.randint(1, 90)
-            tokens = [rng.randrange(1000) for _ in range(n)]
+            # Prompts share prefixes of a few bases (hits, with caching on).
+            base = rng.choice(bases)[: rng.randint(0, n)]
+            tokens = base + [rng.randrange(1000) for _ in range(n - len(base))]
             pair = Pair(f"r{next_id}", tokens)
             next_id += 1
-            external = rng.choice([0, 0, rng.randint(1, n)])
-            chunk = rng.randint(0 if external else 1, n - external)
-            if external + chunk == 0:
-                chunk = 1
-            allocate(pair, chunk, external)
+            hit: tuple[object, ...] = ()
+            computed = 0
+            if caching:
+                their_blocks, computed, _ = theirs.get_computed_blocks(pair.theirs)
+                found = lookup.find_longest_cache_hit(pair.ours, n - 1)
+                assert found[1] == computed
+                assert [len(g) for g in their_blocks.get_block_ids()] == [
+                    len(g) for g in found[0].get_block_ids()
+                ]
+                if computed:
+                    hit = (their_blocks, computed, found[0])
+            rest = n - computed
+            external = rng.choice([0, 0, rng.randint(1, rest)]) if rest else 0
+            chunk = rng.randint(0 if external or computed else 1, rest - external)
+            allocate(pair, chunk, external, hit)
         elif op == "step" and running:
             pair = rng.choice(running)
             left = pair.theirs.num_tokens - pair.computed

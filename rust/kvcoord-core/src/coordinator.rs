@@ -334,7 +334,13 @@ impl CoordinatorConfig {
         }
         for g in &self.groups {
             let facts = g.facts();
-            if !facts.prefix_cacheable {
+            // vLLM's HiSparse device groups sit beside cached groups: lookups
+            // skip them and caching leaves them alone.
+            let beside_caching = matches!(
+                g.kind,
+                SpecKind::HiSparseResident | SpecKind::HiSparseHot { .. }
+            );
+            if !facts.prefix_cacheable && !beside_caching {
                 return Err(bad(
                     "enable_caching",
                     "true".into(),
