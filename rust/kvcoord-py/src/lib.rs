@@ -36,6 +36,7 @@ mod convert;
 mod coordinator;
 mod errors;
 mod events;
+mod exclusive;
 mod kinds;
 mod pool;
 mod request;
