@@ -646,12 +646,16 @@ class CoordinatorCore:
         total_computed_tokens: int | None = None,
         num_encoder_tokens: int | None = None,
         max_in_flight_tokens: int | None = None,
+        num_local_computed_tokens: int | None = None,
     ) -> int:
         """Blocks an allocation of ``num_tokens`` slots would pull from the
         pool (vLLM's ``get_num_blocks_to_allocate``); with
         ``max_in_flight_tokens``, capped per group at the most blocks a
-        request can hold (sliding window, chunked local: vLLM's
-        full-sequence admission check). Changes nothing."""
+        request can hold (sliding window, chunked local, HiSparse resident
+        pages: vLLM's full-sequence admission check).
+        ``num_local_computed_tokens``: of ``total_computed_tokens``, those
+        computed locally (default: all; HiSparse groups tell an import
+        apart). Changes nothing."""
     def remove_skipped_blocks(
         self,
         request_id: str,

@@ -7,9 +7,11 @@ without imported tokens), chunked prefill and decode steps, and the row
 operations vLLM's ``HiSparseCoordinator`` issues: asking for the hot
 region, unpinning a resident page, dropping the pages whose blocks the pool
 reused, adopting a device copy into a host-only page, spill pins (a touch
-and a later free) and frees. Every allocation, block table, residency row,
-hot region, reuse report and the free queue must be equal, and the core's
-invariants hold after each operation.
+and a later free) and frees, with and without prefix caching (hits on the
+indexer make host-prefix rows) and an admission cap. Every hit, allocation,
+prediction (a step's, and the capped full-sequence one), block table,
+residency row, hot region, reuse report and the free queue must be equal,
+and the core's invariants hold after each operation.
 
 This covers kvcoord's rules under the HiSparse policy, not the policy
 itself: the test plays the coordinator's part (vLLM's managers get a stub
@@ -167,7 +169,41 @@ def test_hisparse_rows_match_vllm(seed: int, max_in_flight: int | None, caching:
                 pair.unpinned.discard(page)
         reused.clear()
 
+    def predictions_agree(pair: Pair, new: int, external: int, hit: tuple[object, ...]) -> None:
+        """vLLM's full-sequence admission prediction (capped) and a step's."""
+        their_hits = tuple([] for _ in managers)
+        our_hits = None
+        local = pair.computed
+        if hit:
+            their_hits, computed, our_hits = hit[0].blocks, hit[1], hit[2]
+            local += computed
+        total = min(local + external, MAX_MODEL_LEN)
+        for num_tokens, cap in (
+            (min(pair.theirs.num_tokens, MAX_MODEL_LEN), True),
+            (min(total + new, MAX_MODEL_LEN), False),
+        ):
+            want = theirs.coordinator.get_num_blocks_to_allocate(
+                request_id=pair.rid,
+                num_tokens=num_tokens,
+                new_computed_blocks=their_hits,
+                num_encoder_tokens=0,
+                total_computed_tokens=total,
+                num_local_computed_tokens=local,
+                num_tokens_main_model=num_tokens,
+                apply_admission_cap=cap,
+            )
+            got = ours.num_blocks_to_allocate(
+                pair.ours,
+                num_tokens,
+                our_hits,
+                total_computed_tokens=total,
+                max_in_flight_tokens=(max_in_flight or MAX_MODEL_LEN) if cap else None,
+                num_local_computed_tokens=local,
+            )
+            assert got == want, (pair.rid, num_tokens, cap, local, external)
+
     def allocate(pair: Pair, new: int, external: int = 0, hit: tuple[object, ...] = ()) -> None:
+        predictions_agree(pair, new, external, hit)
         kw: dict[str, object] = {"num_external_computed_tokens": external} if external else {}
         computed = 0
         if hit:

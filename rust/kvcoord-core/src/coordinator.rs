@@ -628,13 +628,17 @@ impl CoordinatorCore {
     /// that release blocks behind their attention are capped at the most
     /// blocks a request can hold in them
     /// ([`Manager::max_admission_blocks`]): vLLM's full-sequence admission
-    /// check. Changes nothing.
+    /// check. `local_computed`: of `total_computed`, the tokens computed
+    /// locally (the rest came from a KV connector; `None`: all of them),
+    /// which `HiSparse` groups tell apart. Changes nothing.
+    #[allow(clippy::too_many_arguments)]
     pub fn num_blocks_to_allocate(
         &self,
         request: &Request,
         num_tokens: usize,
         hits: &[Vec<BlockId>],
         total_computed: usize,
+        local_computed: Option<usize>,
         num_encoder_tokens: usize,
         max_in_flight_tokens: Option<usize>,
     ) -> KvResult<usize> {
@@ -657,7 +661,8 @@ impl CoordinatorCore {
             .get(request.id())
             .and_then(|req| self.requests.get(&req))
             .map(Vec::as_slice);
-        let step = StepSize::new(num_tokens, num_tokens, total_computed, num_encoder_tokens);
+        let step = StepSize::new(num_tokens, num_tokens, total_computed, num_encoder_tokens)
+            .with_local(local_computed.unwrap_or(total_computed));
         let mut checkpoints = vec![None; self.managers.len()];
         let caps = Caps {
             max_in_flight_tokens,
@@ -2413,13 +2418,14 @@ mod tests {
         let mut c = CoordinatorCore::new(cfg).unwrap();
         let r = live_request("a", 100, 4);
         assert_eq!(
-            c.num_blocks_to_allocate(&r, 100, &[], 0, 0, None).unwrap(),
+            c.num_blocks_to_allocate(&r, 100, &[], 0, None, 0, None)
+                .unwrap(),
             75
         );
         // 16 tokens in flight: SWA holds cdiv(7 + 16, 4) + 1 = 7 blocks at
         // most, chunked local cdiv(8 + 16, 4) = 6; full attention is not capped.
         assert_eq!(
-            c.num_blocks_to_allocate(&r, 100, &[], 0, 0, Some(16))
+            c.num_blocks_to_allocate(&r, 100, &[], 0, None, 0, Some(16))
                 .unwrap(),
             25 + 7 + 6
         );
@@ -2433,7 +2439,7 @@ mod tests {
         assert_eq!(c.managers()[0].max_admission_blocks(16, 1000), None);
         // Below the cap the prediction is the uncapped one.
         assert_eq!(
-            c.num_blocks_to_allocate(&r, 8, &[], 0, 0, Some(16))
+            c.num_blocks_to_allocate(&r, 8, &[], 0, None, 0, Some(16))
                 .unwrap(),
             6
         );
@@ -2446,17 +2452,25 @@ mod tests {
             .unwrap());
         assert_eq!(c.pool().num_free_blocks(), free - 18);
         assert_eq!(
-            c.num_blocks_to_allocate(&r, 100, &[], 24, 0, Some(16))
+            c.num_blocks_to_allocate(&r, 100, &[], 24, None, 0, Some(16))
                 .unwrap(),
             19 + 1
         );
         assert_eq!(c.pool().num_free_blocks(), free - 18);
         // Bad hit lists are refused.
         assert!(c
-            .num_blocks_to_allocate(&r, 8, &[vec![BlockId(1)]], 0, 0, None)
+            .num_blocks_to_allocate(&r, 8, &[vec![BlockId(1)]], 0, None, 0, None)
             .is_err());
         assert!(c
-            .num_blocks_to_allocate(&r, 8, &[vec![], vec![], vec![BlockId(9999)]], 0, 0, None)
+            .num_blocks_to_allocate(
+                &r,
+                8,
+                &[vec![], vec![], vec![BlockId(9999)]],
+                0,
+                None,
+                0,
+                None
+            )
             .is_err());
         // Released blocks: an unknown id holds nothing; a known one drops
         // the SWA and chunked-local blocks before the window.

@@ -263,7 +263,8 @@ pool_writers!(pymethods!(PyCoordinatorCore {
     /// capped per group at the most blocks a request can hold (vLLM's
     /// full-sequence admission check). Changes nothing.
     #[pyo3(signature = (request, num_tokens, new_computed_blocks = None, total_computed_tokens = None,
-                        num_encoder_tokens = None, max_in_flight_tokens = None))]
+                        num_encoder_tokens = None, max_in_flight_tokens = None,
+                        num_local_computed_tokens = None))]
     #[allow(clippy::too_many_arguments)]
     fn num_blocks_to_allocate(
         &self,
@@ -274,8 +275,13 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         total_computed_tokens: Option<&Bound<'_, PyAny>>,
         num_encoder_tokens: Option<&Bound<'_, PyAny>>,
         max_in_flight_tokens: Option<&Bound<'_, PyAny>>,
+        num_local_computed_tokens: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<usize> {
         let request = args::request(request)?;
+        let local = match num_local_computed_tokens {
+            Some(v) => Some(args::count(v, "num_local_computed_tokens")?),
+            None => None,
+        };
         let num_tokens = args::count(num_tokens, "num_tokens")?;
         let total = args::opt_count(total_computed_tokens, "total_computed_tokens")?;
         let encoder = args::opt_count(num_encoder_tokens, "num_encoder_tokens")?;
@@ -294,6 +300,7 @@ pool_writers!(pymethods!(PyCoordinatorCore {
             num_tokens,
             hits,
             total,
+            local,
             encoder,
             in_flight,
         ))
