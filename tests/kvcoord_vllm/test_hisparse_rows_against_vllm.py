@@ -7,11 +7,12 @@ without imported tokens), chunked prefill and decode steps, and the row
 operations vLLM's ``HiSparseCoordinator`` issues: asking for the hot
 region, unpinning a resident page, dropping the pages whose blocks the pool
 reused, adopting a device copy into a host-only page, spill pins (a touch
-and a later free) and frees, with and without prefix caching (hits on the
-indexer make host-prefix rows) and an admission cap. Every hit, allocation,
-prediction (a step's, and the capped full-sequence one), block table,
-residency row, hot region, reuse report and the free queue must be equal,
-and the core's invariants hold after each operation.
+and a later free), frees and preemptions (readmission from token 0); with
+and without prefix caching (hits on the indexer make host-prefix rows) and
+an admission cap. Every hit, allocation, prediction (a step's, and the
+capped full-sequence one), block table, residency row, hot region, reuse
+report and the free queue must be equal, and the core's invariants hold
+after each operation.
 
 This covers kvcoord's rules under the HiSparse policy, not the policy
 itself: the test plays the coordinator's part (vLLM's managers get a stub
@@ -149,6 +150,7 @@ def test_hisparse_rows_match_vllm(seed: int, max_in_flight: int | None, caching:
     owners: dict[int, set[tuple[str, int]]] = {}
     reused: list[int] = []
     pins: list[int] = []  # spill pins (caller references) on both engines
+    waiting: list[Pair] = []  # preempted requests
     next_id = 0
     bases = [[rng.randrange(1000) for _ in range(90)] for _ in range(3)]
 
@@ -228,12 +230,18 @@ def test_hisparse_rows_match_vllm(seed: int, max_in_flight: int | None, caching:
                          "adopt", "pin", "unpin_pin", "free"])  # fmt: skip
         running = [p for p in live.values()]
         if op == "new":
-            n = rng.randint(1, 90)
-            # Prompts share prefixes of a few bases (hits, with caching on).
-            base = rng.choice(bases)[: rng.randint(0, n)]
-            tokens = base + [rng.randrange(1000) for _ in range(n - len(base))]
-            pair = Pair(f"r{next_id}", tokens)
-            next_id += 1
+            readmit = bool(waiting) and rng.random() < 0.5
+            if readmit:
+                # A preempted request comes back from token 0.
+                pair = waiting.pop(0)
+                n = pair.theirs.num_tokens
+            else:
+                n = rng.randint(1, 90)
+                # Prompts share prefixes of a few bases (hits, with caching on).
+                base = rng.choice(bases)[: rng.randint(0, n)]
+                tokens = base + [rng.randrange(1000) for _ in range(n - len(base))]
+                pair = Pair(f"r{next_id}", tokens)
+                next_id += 1
             hit: tuple[object, ...] = ()
             computed = 0
             if caching:
@@ -249,6 +257,8 @@ def test_hisparse_rows_match_vllm(seed: int, max_in_flight: int | None, caching:
             external = rng.choice([0, 0, rng.randint(1, rest)]) if rest else 0
             chunk = rng.randint(0 if external or computed else 1, rest - external)
             allocate(pair, chunk, external, hit)
+            if readmit and pair.rid not in live:
+                waiting.insert(0, pair)
         elif op == "step" and running:
             pair = rng.choice(running)
             left = pair.theirs.num_tokens - pair.computed
@@ -319,5 +329,9 @@ def test_hisparse_rows_match_vllm(seed: int, max_in_flight: int | None, caching:
             theirs.free(pair.theirs)
             assert ours.free(pair.rid)
             del live[pair.rid]
+            if rng.random() < 0.5:
+                # Preempted: it will be admitted again from token 0.
+                pair.set_computed(0)
+                waiting.append(pair)
         lose_reused()
         compare(theirs, ours, live)
