@@ -394,6 +394,23 @@ mod tests {
     }
 
     #[test]
+    fn row_invariants_catch_a_broken_overlay() {
+        let mut t = table(&[0, 3]);
+        check_row(&t).unwrap();
+        // A change past the table.
+        t.hisparse.changes.insert(2, BlockId(4));
+        assert!(check_row(&t).unwrap_err().contains("past the table"));
+        t.hisparse.changes.clear();
+        // An unpinned page that is read from the host.
+        t.hisparse.released.insert(0);
+        assert!(check_row(&t).unwrap_err().contains("not resident"));
+        t.hisparse.released.clear();
+        t.hisparse.released.insert(1);
+        check_row(&t).unwrap();
+        assert_eq!(referenced(&t).count(), 0);
+    }
+
+    #[test]
     fn resident_prediction() {
         let bs = 16;
         // A new request with a 2-page host prefix, 64 tokens: 2 device pages.
