@@ -704,19 +704,37 @@ class CoordinatorCore:
         table itself (:meth:`blocks`) stays append-only."""
     def adopt_resident_page(self, request_id: str, group: int, page: int, block_id: int) -> bool:
         """Point a host-only page at ``block_id``, a device copy of its
-        contents, which gains a reference held by the row; False (nothing
-        changed) when the page is resident already or past the table."""
-    def unpin_resident_page(self, request_id: str, group: int, page: int) -> int | None:
-        """Give up a resident page's reference while the row keeps reading
-        it (vLLM's ``BlockPool.unpin_blocks``): the block counts as free and
-        is reported by :meth:`take_reused_watched` once the pool hands it out.
-        Returns the block; None for a host-only or already unpinned page."""
-    def drop_resident_page(self, request_id: str, group: int, page: int) -> int | None:
-        """Make an unpinned page host-only; returns the block it was read
-        from (None for a host-only page).
+        contents (vLLM's ``adopt_resident_page``). The page holds no
+        reference until the next :meth:`touch_resident_blocks` of the block
+        in that group takes it. False (nothing changed) when the page is
+        resident already or past the table."""
+    def touch_resident_blocks(self, group: int, block_ids: BlockIds) -> None:
+        """vLLM's ``touch`` on a resident group's pool: one reference on each
+        block, which backs the oldest adoption of it waiting for one, else is
+        a caller reference (released with :meth:`free_caller_blocks`)."""
+    def unpin_resident_block(self, group: int, block_id: int) -> None:
+        """Give up one reference on a block of a resident group while the
+        pages reading it keep doing so (vLLM's ``unpin_blocks`` on that
+        group's pool): the block may count as free, and is reported by
+        :meth:`take_reused_watched` once the pool hands it out. The reference
+        is anonymous, as in vLLM: a later :meth:`drop_resident_page` of a
+        page reading the block consumes it.
 
         Raises:
-            InvalidArgumentError: the page still holds its reference.
+            InvalidArgumentError: no request holds a reference on the block
+                beyond the caller's, or the block is null or out of range.
+        """
+    def unpin_resident_page(self, request_id: str, group: int, page: int) -> int | None:
+        """:meth:`unpin_resident_block` of the block a page is read from;
+        returns it (None, nothing changed, for a host-only page)."""
+    def drop_resident_page(self, request_id: str, group: int, page: int) -> int | None:
+        """Make a page host-only (vLLM's ``drop_resident_page``), consuming a
+        reference given up on its block; returns the block it was read from
+        (None for a host-only page).
+
+        Raises:
+            InvalidArgumentError: no reference on the block was given up, or
+                the page's adoption is not backed by a touch yet.
         """
     def require_hot(self, request_id: str, group: int) -> None:
         """Ask for a live request's hot region in a HiSparse hot group: its

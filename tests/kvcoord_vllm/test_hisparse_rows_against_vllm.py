@@ -283,8 +283,12 @@ def test_hisparse_rows_match_vllm(seed: int, max_in_flight: int | None, caching:
                 continue
             page = rng.choice(pages)
             block = resident.get_resident_page(pair.rid, page)
+            # vLLM's coordinator names the block to its pool, as here.
             pool.unpin_blocks([block], on_reuse)
-            assert ours.unpin_resident_page(pair.rid, RESIDENT, page) == block.block_id
+            if rng.random() < 0.5:
+                ours.unpin_resident_block(RESIDENT, block.block_id)
+            else:
+                assert ours.unpin_resident_page(pair.rid, RESIDENT, page) == block.block_id
             pair.unpinned.add(page)
             owners.setdefault(block.block_id, set()).add((pair.rid, page))
         elif op == "adopt" and running and pool.get_num_free_blocks():
@@ -300,9 +304,11 @@ def test_hisparse_rows_match_vllm(seed: int, max_in_flight: int | None, caching:
             (copy,) = pool.get_new_blocks(1)
             assert ours.get_caller_blocks(1) == [copy.block_id]
             lose_reused()
+            # vLLM's coordinator adopts, then touches the block.
             assert resident.adopt_resident_page(pair.rid, page, copy)
-            pool.touch([copy])
             assert ours.adopt_resident_page(pair.rid, RESIDENT, page, copy.block_id)
+            pool.touch([copy])
+            ours.touch_resident_blocks(RESIDENT, [copy.block_id])
             pool.free_blocks([copy])
             ours.free_caller_blocks([copy.block_id])
         elif op == "pin" and running:
@@ -312,7 +318,7 @@ def test_hisparse_rows_match_vllm(seed: int, max_in_flight: int | None, caching:
                 continue
             block = rng.choice(row)
             pool.touch([block])
-            ours.touch_caller_blocks([block.block_id])
+            ours.touch_resident_blocks(RESIDENT, [block.block_id])
             pins.append(block.block_id)
         elif op == "unpin_pin" and pins:
             b = pins.pop(rng.randrange(len(pins)))

@@ -489,6 +489,9 @@ pub struct CoordinatorCore {
     /// References held by the caller outside every table, per block (see
     /// [`caller_held`]).
     caller_held: HashMap<BlockId, u32>,
+    /// `HiSparse` resident groups' per-block accounting (see
+    /// [`hisparse_rows`]).
+    hisparse: hisparse_rows::Ledger,
 }
 
 impl CoordinatorCore {
@@ -535,6 +538,7 @@ impl CoordinatorCore {
             has_align,
             registry: RequestRegistry::default(),
             caller_held: HashMap::new(),
+            hisparse: hisparse_rows::Ledger::default(),
         })
     }
 
@@ -1035,6 +1039,7 @@ impl CoordinatorCore {
         if !self.boundary_offloads.is_empty() {
             self.boundary_offloads.retain(|o| o.req != req);
         }
+        self.hisparse.forget(req);
         let mut res = Ok(());
         for (m, t) in self.managers.iter().zip(tables.iter_mut()) {
             res = res.and(m.free(&mut self.pool, t));
@@ -1184,6 +1189,18 @@ impl CoordinatorCore {
                 self.registry.len(),
                 self.requests.len()
             ));
+        }
+        for (&(g, b), &n) in &self.hisparse.given_up {
+            let slot = owners
+                .get_mut(b.index())
+                .ok_or_else(|| format!("given-up block {b} out of range"))?;
+            if n == 0 || *slot < n {
+                return Err(format!(
+                    "group {g} block {b}: {n} references given up, {} held by rows",
+                    *slot
+                ));
+            }
+            *slot -= n;
         }
         let by_tables = owners.clone();
         for (&b, &n) in &self.caller_held {

@@ -413,8 +413,9 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         Ok(row.into_iter().map(|b| b.0).collect())
     }
 
-    /// Point a host-only page at `block_id` (a reference is taken); `False`
-    /// when the page is resident or past the table.
+    /// Point a host-only page at `block_id` (unbacked until the next
+    /// `touch_resident_blocks` of it); `False` when the page is resident or
+    /// past the table.
     fn adopt_resident_page(
         &self,
         py: Python<'_>,
@@ -431,8 +432,8 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         })
     }
 
-    /// Give up a resident page's reference while it is still read; the
-    /// block, or `None` for a host-only or already unpinned page.
+    /// `unpin_resident_block` of the block a page is read from; the block,
+    /// or `None` for a host-only page.
     fn unpin_resident_page(
         &self,
         py: Python<'_>,
@@ -448,7 +449,8 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         Ok(found.map(|b| b.0))
     }
 
-    /// Make an unpinned page host-only; the block it was read from.
+    /// Make a page host-only, consuming a reference given up on its block;
+    /// the block it was read from.
     fn drop_resident_page(
         &self,
         py: Python<'_>,
@@ -479,6 +481,32 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         core(self.with(py, |c| {
             c.request_id(request_id).and_then(|req| c.has_hot(req, group))
         })?)
+    }
+
+    /// Give up one reference on a block of a resident group while its pages
+    /// are still read (vLLM's `unpin_blocks` on that group's pool).
+    fn unpin_resident_block(
+        &self,
+        py: Python<'_>,
+        group: &Bound<'_, PyAny>,
+        block_id: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let group = GroupId(args::u32_arg(group, "group")?);
+        let block = BlockId(args::u32_arg(block_id, "block_id")?);
+        self.with_mut(py, |c| c.unpin_resident_block(group, block))
+    }
+
+    /// vLLM's `touch` on a resident group's pool: backs a waiting adoption,
+    /// else a caller reference.
+    fn touch_resident_blocks(
+        &self,
+        py: Python<'_>,
+        group: &Bound<'_, PyAny>,
+        block_ids: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let group = GroupId(args::u32_arg(group, "group")?);
+        let ids = convert::block_ids(block_ids)?;
+        self.with_mut(py, |c| c.touch_resident_blocks(group, &ids))
     }
 
     /// Take one caller reference on each block (vLLM's `touch`).

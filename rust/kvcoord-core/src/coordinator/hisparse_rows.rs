@@ -1,12 +1,45 @@
 //! The coordinator's calls on a request's `HiSparse` rows (see
 //! [`managers::hisparse`](crate::managers::hisparse)): what vLLM's
-//! `HiSparseCoordinator` asks of its resident and hot managers, and the
-//! caller's extra references on blocks (`touch`), which its spills take.
+//! `HiSparseCoordinator` asks of its resident and hot managers and of their
+//! pool, call for call, and the caller's extra references on blocks
+//! (`touch`), which its spills take.
+//!
+//! vLLM's references are anonymous counts, and its coordinator's pool calls
+//! name blocks, not pages: it unpins a block, and drops the pages reading
+//! it later; it adopts a page, then touches the block. So the accounting is
+//! per group and block, as anonymous: references given up by unpinning
+//! (each later consumed by a drop of a page reading the block), and
+//! adoptions waiting for their touch. The invariant per block is: pool
+//! references = row pages (overlay applied, unbacked ones excluded) -
+//! given up + caller references.
+
+use hashbrown::HashMap;
 
 use super::CoordinatorCore;
 use crate::error::{KvError, KvResult};
 use crate::ids::{BlockId, GroupId, ReqId};
 use crate::managers::{hisparse, GroupTable, SpecKind};
+
+/// The per-block `HiSparse` accounting of a coordinator (see the module
+/// docs).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Ledger {
+    /// References given up by unpinning, per (resident group, block), not
+    /// yet consumed by a drop.
+    pub(crate) given_up: HashMap<(GroupId, BlockId), u32>,
+    /// Adoptions waiting for the adopter's touch: (request, group, page,
+    /// block), oldest first.
+    pub(crate) pending: Vec<(ReqId, GroupId, usize, BlockId)>,
+}
+
+impl Ledger {
+    /// `req` freed its blocks: its pending adoptions go with them.
+    pub(crate) fn forget(&mut self, req: ReqId) {
+        if !self.pending.is_empty() {
+            self.pending.retain(|p| p.0 != req);
+        }
+    }
+}
 
 impl CoordinatorCore {
     /// The core id of a live request known by its scheduler id.
@@ -89,8 +122,11 @@ impl CoordinatorCore {
     }
 
     /// Point `req`'s host-only page `page` in resident group `group` at
-    /// `block` (a device copy of its contents), which gains a reference;
-    /// `false` when the page is resident already or past the table.
+    /// `block` (a device copy of its contents; vLLM's `adopt_resident_page`).
+    /// The page holds no reference until the next
+    /// [`touch_resident_blocks`](Self::touch_resident_blocks) of `block` in
+    /// `group` takes it. `false` when the page is resident already or past
+    /// the table.
     pub fn adopt_resident_page(
         &mut self,
         req: ReqId,
@@ -98,42 +134,126 @@ impl CoordinatorCore {
         page: usize,
         block: BlockId,
     ) -> KvResult<bool> {
-        if !self.pool.ids_in_range(&[block]) {
-            return Err(KvError::InvalidArgument {
-                name: "block",
-                detail: format!("block {block} out of range"),
-            });
+        self.check_block(block)?;
+        let (_, t) = self.row_mut(req, group, true)?;
+        let adopted = hisparse::adopt_page(t, page, block)?;
+        if adopted {
+            self.hisparse.pending.push((req, group, page, block));
         }
-        let (pool, t) = self.row_mut(req, group, true)?;
-        hisparse::adopt_page(pool, t, page, block)
+        Ok(adopted)
     }
 
-    /// Give up `req`'s reference on resident page `page` of `group` while
-    /// it keeps reading it (the pool reports the block through
+    /// Take one reference on each block of resident group `group` (vLLM's
+    /// `touch` on that group's pool): it backs the oldest adoption of the
+    /// block waiting for it, else it is a caller reference
+    /// ([`free_caller_blocks`](Self::free_caller_blocks) releases it).
+    pub fn touch_resident_blocks(&mut self, group: GroupId, blocks: &[BlockId]) -> KvResult<()> {
+        self.check_kind(group, true)?;
+        self.pool.touch(blocks)?;
+        for &b in blocks.iter().filter(|b| !b.is_null()) {
+            let found = self
+                .hisparse
+                .pending
+                .iter()
+                .position(|&(_, g, _, pb)| g == group && pb == b);
+            if let Some(i) = found {
+                let (req, g, page, _) = self.hisparse.pending.remove(i);
+                if let Some(tables) = self.requests.get_mut(&req) {
+                    hisparse::back_page(&mut tables[g.0 as usize], page);
+                }
+            } else {
+                *self.caller_held.entry(b).or_insert(0) += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Give up one reference on `block` of resident group `group` while the
+    /// pages reading it keep doing so (vLLM's `BlockPool.unpin_blocks`): the
+    /// pool watches the block and reports it through
     /// [`take_reused_watched`](crate::pool::BlockPool::take_reused_watched)
-    /// once it hands it out). Returns the block, `None` for a host-only or
-    /// already unpinned page.
+    /// once it hands it out. Refused (nothing changed) unless a table holds
+    /// a reference on it beyond the caller's; `check_invariants` checks that
+    /// rows of `group` read it.
+    pub fn unpin_resident_block(&mut self, group: GroupId, block: BlockId) -> KvResult<()> {
+        self.check_kind(group, true)?;
+        self.check_block(block)?;
+        let held = self.pool.ref_count(block)?;
+        let caller = self.caller_held.get(&block).copied().unwrap_or(0);
+        if held <= caller {
+            return Err(KvError::InvalidArgument {
+                name: "block",
+                detail: format!("block {block} holds no reference of a request to give up"),
+            });
+        }
+        self.pool.unpin_blocks(&[block])?;
+        *self.hisparse.given_up.entry((group, block)).or_insert(0) += 1;
+        Ok(())
+    }
+
+    /// [`unpin_resident_block`](Self::unpin_resident_block) of the block
+    /// `req`'s page `page` is read from; returns it (`None`, nothing
+    /// changed, for a host-only page).
     pub fn unpin_resident_page(
         &mut self,
         req: ReqId,
         group: GroupId,
         page: usize,
     ) -> KvResult<Option<BlockId>> {
-        let (pool, t) = self.row_mut(req, group, true)?;
-        hisparse::unpin_page(pool, t, page)
+        let Some(b) = self.resident_page(req, group, page)? else {
+            return Ok(None);
+        };
+        self.unpin_resident_block(group, b)?;
+        Ok(Some(b))
     }
 
-    /// Make `req`'s unpinned page `page` of `group` host-only (the pool
-    /// reused its block, or the request lets it go). Returns the block it
-    /// was read from; refused for a page that still holds its reference.
+    /// Make `req`'s page `page` of `group` host-only (vLLM's
+    /// `drop_resident_page`: the pool reused its block, or the request lets
+    /// it go); it consumes a reference given up on its block. Returns the
+    /// block it was read from, `None` for a host-only page. Refused
+    /// (nothing changed) when no reference on the block was given up, or
+    /// the page's adoption is not backed yet (the page would keep, or
+    /// lose, a reference nothing accounts for).
     pub fn drop_resident_page(
         &mut self,
         req: ReqId,
         group: GroupId,
         page: usize,
     ) -> KvResult<Option<BlockId>> {
+        let Some(b) = self.resident_page(req, group, page)? else {
+            return Ok(None);
+        };
+        let refused = |detail: String| KvError::InvalidArgument {
+            name: "page",
+            detail,
+        };
+        if hisparse::is_unbacked(&self.tables(req)?[group.0 as usize], page) {
+            return Err(refused(format!(
+                "page {page} was adopted and not touched yet"
+            )));
+        }
+        let Some(n) = self.hisparse.given_up.get_mut(&(group, b)) else {
+            return Err(refused(format!(
+                "page {page} still holds its reference on block {b}: unpin it first"
+            )));
+        };
+        *n -= 1;
+        if *n == 0 {
+            self.hisparse.given_up.remove(&(group, b));
+        }
         let (_, t) = self.row_mut(req, group, true)?;
-        hisparse::drop_page(t, page)
+        Ok(hisparse::drop_page(t, page))
+    }
+
+    /// Refuse the null block and ids out of range.
+    fn check_block(&self, block: BlockId) -> KvResult<()> {
+        if block.is_null() || !self.pool.ids_in_range(&[block]) {
+            return Err(KvError::InvalidArgument {
+                name: "block",
+                detail: format!("block {block} is the null block or out of range"),
+            });
+        }
+        Ok(())
     }
 
     /// Ask for `req`'s hot region in hot group `group`: its next allocation
@@ -237,12 +357,33 @@ mod tests {
         assert_eq!(c.block_ids(r).unwrap()[1][0], page0);
         c.check_invariants().unwrap();
         c.free_caller_blocks(&taken).unwrap();
-        // Adopt a caller's block into the host-only page.
+        // Adopt a caller's block into the host-only page: unbacked (and not
+        // droppable) until the touch that follows takes its reference.
         let mut copy = Vec::new();
         c.get_caller_blocks(1, &mut copy).unwrap();
         assert!(c.adopt_resident_page(r, GroupId(1), 0, copy[0]).unwrap());
         assert!(!c.adopt_resident_page(r, GroupId(1), 0, copy[0]).unwrap());
+        c.check_invariants().unwrap();
+        assert!(c.drop_resident_page(r, GroupId(1), 0).is_err());
+        c.touch_resident_blocks(GroupId(1), &copy).unwrap();
+        assert_eq!(c.num_caller_references(), 1);
         c.free_caller_blocks(&copy).unwrap();
+        assert_eq!(c.pool().ref_count(copy[0]).unwrap(), 1);
+        c.check_invariants().unwrap();
+        // A touch with no adoption waiting is the caller's.
+        c.touch_resident_blocks(GroupId(1), &copy).unwrap();
+        assert_eq!(c.num_caller_references(), 1);
+        c.free_caller_blocks(&copy).unwrap();
+        // Unpinning needs a request's reference; dropping consumes one given up.
+        assert!(c.unpin_resident_block(GroupId(1), BlockId(0)).is_err());
+        assert!(c.unpin_resident_block(GroupId(0), copy[0]).is_err());
+        c.unpin_resident_block(GroupId(1), copy[0]).unwrap();
+        assert!(c.unpin_resident_block(GroupId(1), copy[0]).is_err());
+        c.check_invariants().unwrap();
+        assert_eq!(
+            c.drop_resident_page(r, GroupId(1), 0).unwrap(),
+            Some(copy[0])
+        );
         c.check_invariants().unwrap();
         // Spill pins: caller references on the request's blocks.
         c.touch_caller_blocks(&[page0, copy[0]]).unwrap();

@@ -11,9 +11,12 @@
 //! page pointed at a device copy of its contents (adopted), a device page
 //! dropped (read from the host again). The row with the overlay applied is
 //! what the request reads; each of its real pages holds one reference,
-//! except the pages whose reference the row gave up while still reading
-//! them (*unpinned*: the pool counts the block as free and may hand it out,
-//! and the owner must then drop the page). Admission caps a request's pages
+//! except an adopted page until the adopter's `touch` backs it. A block's
+//! reference may be given up while rows still read it (*unpinned*: the pool
+//! counts the block as free and may hand it out, and the readers must then
+//! drop their pages); as in vLLM's pool, that reference is anonymous, so the
+//! coordinator keeps the count per group and block (see
+//! `coordinator::hisparse_rows`). Admission caps a request's pages
 //! at `cdiv(min(max_in_flight_tokens, max_model_len), block_size)`; an
 //! import keeps its last page writable (one device block) and leaves the
 //! pages before it on the host.
@@ -66,9 +69,9 @@ pub struct HiSparseRow {
     /// Resident groups: residency changes over the table, page -> block
     /// (the null block: the page is read from the host).
     pub(crate) changes: BTreeMap<usize, BlockId>,
-    /// Resident groups: pages still read whose reference was given up
-    /// (unpinned). Each is a real page of the row.
-    pub(crate) released: BTreeSet<usize>,
+    /// Resident groups: adopted pages whose reference is not taken yet
+    /// (the adopter's next `touch` of the block takes it).
+    pub(crate) unbacked: BTreeSet<usize>,
     /// Hot groups: the request must hold its hot region.
     pub(crate) hot_required: bool,
 }
@@ -77,19 +80,19 @@ impl HiSparseRow {
     /// Forget everything (the request freed its blocks).
     pub(crate) fn clear(&mut self) {
         self.changes.clear();
-        self.released.clear();
+        self.unbacked.clear();
         self.hot_required = false;
     }
 
     /// Whether nothing is recorded.
     #[cfg(test)]
     pub(crate) fn is_empty(&self) -> bool {
-        self.changes.is_empty() && self.released.is_empty() && !self.hot_required
+        self.changes.is_empty() && self.unbacked.is_empty() && !self.hot_required
     }
 }
 
-/// The overlay's invariants: changes and unpinned pages lie within the
-/// table, and every unpinned page is a real page of the row.
+/// The overlay's invariants: changes lie within the table, and every
+/// unbacked page is a real page of the row.
 pub fn check_row(table: &GroupTable) -> Result<(), String> {
     let n = table.blocks.len();
     let row = &table.hisparse;
@@ -99,11 +102,11 @@ pub fn check_row(table: &GroupTable) -> Result<(), String> {
         ));
     }
     if let Some(&page) = row
-        .released
+        .unbacked
         .iter()
         .find(|&&p| resident_page(table, p).is_none())
     {
-        return Err(format!("unpinned page {page} is not resident"));
+        return Err(format!("unbacked page {page} is not resident"));
     }
     Ok(())
 }
@@ -127,8 +130,9 @@ pub fn residency_row(table: &GroupTable, start: usize, out: &mut Vec<BlockId>) {
     }
 }
 
-/// Every reference the row holds: its real pages (overlay applied), less
-/// the unpinned ones.
+/// The references the row's pages hold: its real pages (overlay applied),
+/// less the unbacked ones. References given up by unpinning are counted
+/// apart, per block.
 pub fn referenced(table: &GroupTable) -> impl Iterator<Item = BlockId> + '_ {
     let row = &table.hisparse;
     table
@@ -137,20 +141,15 @@ pub fn referenced(table: &GroupTable) -> impl Iterator<Item = BlockId> + '_ {
         .enumerate()
         .filter_map(move |(page, &b)| {
             let b = row.changes.get(&page).copied().unwrap_or(b);
-            (!b.is_null() && !row.released.contains(&page)).then_some(b)
+            (!b.is_null() && !row.unbacked.contains(&page)).then_some(b)
         })
 }
 
-/// Point host-only page `page` at `block`, a device copy of its contents,
-/// taking a reference on it. `false` (nothing changed) when the page is
-/// past the table or already resident (vLLM's `adopt_resident_page` then
-/// the coordinator's `touch`).
-pub fn adopt_page(
-    pool: &mut BlockPool,
-    table: &mut GroupTable,
-    page: usize,
-    block: BlockId,
-) -> KvResult<bool> {
+/// Point host-only page `page` at `block`, a device copy of its contents
+/// (vLLM's `adopt_resident_page`): the page is unbacked until the adopter
+/// takes its reference ([`back_page`]). `false` (nothing changed) when the
+/// page is past the table or already resident.
+pub fn adopt_page(table: &mut GroupTable, page: usize, block: BlockId) -> KvResult<bool> {
     if block.is_null() {
         return Err(KvError::InvalidArgument {
             name: "block",
@@ -160,48 +159,28 @@ pub fn adopt_page(
     if page >= table.blocks.len() || resident_page(table, page).is_some() {
         return Ok(false);
     }
-    pool.touch(&[block])?;
     table.hisparse.changes.insert(page, block);
+    table.hisparse.unbacked.insert(page);
     Ok(true)
 }
 
-/// Give up the reference of resident page `page` while the row keeps
-/// reading it (vLLM's `BlockPool.unpin_blocks`): the pool watches the
-/// block and reports it once it is handed out again. Returns the block;
-/// `None` (nothing changed) for a host-only or already unpinned page.
-pub fn unpin_page(
-    pool: &mut BlockPool,
-    table: &mut GroupTable,
-    page: usize,
-) -> KvResult<Option<BlockId>> {
-    let Some(b) = resident_page(table, page) else {
-        return Ok(None);
-    };
-    if table.hisparse.released.contains(&page) {
-        return Ok(None);
-    }
-    pool.unpin_blocks(&[b])?;
-    table.hisparse.released.insert(page);
-    Ok(Some(b))
+/// The adopter took the reference of adopted page `page`.
+pub fn back_page(table: &mut GroupTable, page: usize) {
+    table.hisparse.unbacked.remove(&page);
 }
 
-/// Stop reading page `page` from the device (vLLM's `drop_resident_page`):
-/// it becomes host-only. Returns the block it was read from, `None` for a
-/// host-only page. Only an unpinned page can be dropped (a pinned one would
-/// keep a reference nothing releases; vLLM's coordinator drops only pages
-/// it unpinned): refused otherwise, nothing changed.
-pub fn drop_page(table: &mut GroupTable, page: usize) -> KvResult<Option<BlockId>> {
-    let Some(b) = resident_page(table, page) else {
-        return Ok(None);
-    };
-    if !table.hisparse.released.remove(&page) {
-        return Err(KvError::InvalidArgument {
-            name: "page",
-            detail: format!("page {page} still holds its reference on block {b}: unpin it first"),
-        });
-    }
+/// Whether `page` was adopted and not backed yet.
+pub fn is_unbacked(table: &GroupTable, page: usize) -> bool {
+    table.hisparse.unbacked.contains(&page)
+}
+
+/// Make resident page `page` host-only (vLLM's `drop_resident_page`);
+/// returns the block it was read from, `None` for a host-only page. The
+/// caller accounts for the reference (see `coordinator::hisparse_rows`).
+pub fn drop_page(table: &mut GroupTable, page: usize) -> Option<BlockId> {
+    let b = resident_page(table, page)?;
     table.hisparse.changes.insert(page, BlockId::NULL);
-    Ok(Some(b))
+    Some(b)
 }
 
 /// Blocks a resident group pulls for `num_tokens` slots with `total`
@@ -266,8 +245,8 @@ pub fn resident_add_external(
     Ok(())
 }
 
-/// Release a resident row: every referenced page (overlay applied, the
-/// unpinned ones are not the row's), tail first, leading nulls trimmed.
+/// Release a resident row: every referenced page (overlay applied,
+/// unbacked pages hold nothing), tail first, leading nulls trimmed.
 pub fn resident_free(pool: &mut BlockPool, table: &mut GroupTable) -> KvResult<()> {
     let mut held: Vec<BlockId> = referenced(table).collect();
     held.reverse();
@@ -349,7 +328,7 @@ mod tests {
     }
 
     #[test]
-    fn overlay_adopt_unpin_drop() {
+    fn overlay_adopt_and_drop() {
         let mut p = pool(10, 4);
         let mut ids = Vec::new();
         p.get_new_blocks(2, &mut ids).unwrap();
@@ -361,34 +340,29 @@ mod tests {
         assert_eq!(resident_page(&t, 0), None);
         assert_eq!(resident_page(&t, 1), Some(ids[0]));
         assert_eq!(resident_page(&t, 2), None);
-        // Adopt a copy into page 0 (takes a reference); page 1 refuses.
-        assert!(adopt_page(&mut p, &mut t, 0, ids[1]).unwrap());
-        assert!(!adopt_page(&mut p, &mut t, 1, ids[1]).unwrap());
-        assert!(!adopt_page(&mut p, &mut t, 5, ids[1]).unwrap());
-        assert_eq!(p.ref_count(ids[1]).unwrap(), 2);
+        // Adopt a copy into page 0; page 1 and past the table refuse.
+        assert!(adopt_page(&mut t, 0, ids[1]).unwrap());
+        assert!(!adopt_page(&mut t, 1, ids[1]).unwrap());
+        assert!(!adopt_page(&mut t, 5, ids[1]).unwrap());
+        assert!(adopt_page(&mut t, 0, BlockId::NULL).is_err());
         let mut row = Vec::new();
         residency_row(&t, 0, &mut row);
         assert_eq!(row, vec![ids[1], ids[0]]);
-        // A pinned page cannot be dropped.
-        assert!(drop_page(&mut t, 1).is_err());
-        // Unpin page 1: the pool counts it free, the row still reads it.
-        let free = p.num_free_blocks();
-        assert_eq!(unpin_page(&mut p, &mut t, 1).unwrap(), Some(ids[0]));
-        assert_eq!(unpin_page(&mut p, &mut t, 1).unwrap(), None);
-        assert_eq!(p.num_free_blocks(), free + 1);
-        assert_eq!(resident_page(&t, 1), Some(ids[0]));
-        assert_eq!(referenced(&t).collect::<Vec<_>>(), vec![ids[1]]);
-        // The pool hands it out: the owner drops the page.
-        let mut got = Vec::new();
-        p.get_new_blocks(p.num_free_blocks(), &mut got).unwrap();
-        assert_eq!(p.take_reused_watched(), vec![ids[0]]);
-        assert_eq!(drop_page(&mut t, 1).unwrap(), Some(ids[0]));
-        assert_eq!(resident_page(&t, 1), None);
-        assert_eq!(drop_page(&mut t, 1).unwrap(), None);
-        // Freeing releases only what the row references.
-        p.free_blocks(&got).unwrap();
+        // Unbacked until the adopter's touch.
+        assert!(is_unbacked(&t, 0));
+        assert_eq!(referenced(&t).collect::<Vec<_>>(), vec![ids[0]]);
+        back_page(&mut t, 0);
+        assert_eq!(referenced(&t).collect::<Vec<_>>(), vec![ids[1], ids[0]]);
+        // Dropping makes the page host-only; the table stays append-only.
+        assert_eq!(drop_page(&mut t, 1), Some(ids[0]));
+        assert_eq!(drop_page(&mut t, 1), None);
+        assert_eq!(t.blocks[1], ids[0]);
+        check_row(&t).unwrap();
+        // Freeing releases what the row references: the adopted copy.
+        p.touch(&[ids[1]]).unwrap();
         resident_free(&mut p, &mut t).unwrap();
         assert_eq!(p.ref_count(ids[1]).unwrap(), 1);
+        assert_eq!(p.ref_count(ids[0]).unwrap(), 1);
         assert!(t.hisparse.is_empty() && t.blocks.is_empty());
         p.check_invariants().unwrap();
     }
@@ -401,11 +375,11 @@ mod tests {
         t.hisparse.changes.insert(2, BlockId(4));
         assert!(check_row(&t).unwrap_err().contains("past the table"));
         t.hisparse.changes.clear();
-        // An unpinned page that is read from the host.
-        t.hisparse.released.insert(0);
+        // An unbacked page that is read from the host.
+        t.hisparse.unbacked.insert(0);
         assert!(check_row(&t).unwrap_err().contains("not resident"));
-        t.hisparse.released.clear();
-        t.hisparse.released.insert(1);
+        t.hisparse.unbacked.clear();
+        t.hisparse.unbacked.insert(1);
         check_row(&t).unwrap();
         assert_eq!(referenced(&t).count(), 0);
     }
