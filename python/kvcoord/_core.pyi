@@ -569,12 +569,17 @@ class CoordinatorCore:
         enable_events: bool = False,
         num_reprefillable_tokens: int | None = None,
         eagle_group_ids: Sequence[int] | None = None,
+        verify_hits: bool = True,
     ) -> None:
         """``hash_block_size`` ``None`` takes :func:`default_hash_block_size`.
         ``num_reprefillable_tokens``: multi-module MTP's re-prefillable tail
         (``num_prefill_lookahead - 1``, never cached); ``eagle_group_ids``:
         the groups serving an EAGLE drafter (vLLM's ``drop_eagle_group_ids``;
-        groups of equal spec join them)."""
+        groups of equal spec join them). ``verify_hits``: ``allocate_slots``
+        refuses a hit block not cached under the request's own hash of its
+        position (a stale hit); ``False`` adopts hits as vLLM does, whatever
+        they hold (out-of-range ids, nulls inside the window and wrong
+        counts are still refused)."""
     @property
     def hash_block_size(self) -> int:
         """Tokens per hash unit."""
@@ -584,6 +589,9 @@ class CoordinatorCore:
     @property
     def num_reprefillable_tokens(self) -> int:
         """Multi-module MTP's re-prefillable tail."""
+    @property
+    def verify_hits(self) -> bool:
+        """Whether ``allocate_slots`` checks each hit against the prefix index."""
     @property
     def eagle_groups(self) -> list[int]:
         """The groups whose hits drop the EAGLE block, those of equal spec

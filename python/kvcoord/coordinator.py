@@ -72,6 +72,9 @@ class KVCacheCoordinator:
         eagle_group_ids: groups serving an EAGLE drafter (vLLM's
             ``drop_eagle_group_ids``; groups of equal spec join them): a
             hybrid coordinator caches them one block past its aligned prefix.
+        verify_hits: refuse a hit block not cached under the request's hash
+            of its position (a stale hit; the default). ``False`` adopts hits
+            as vLLM does, whatever the blocks hold (vLLM's adapter).
     """
 
     #: Which policy this class is (decides caching and hit alignment).
@@ -86,6 +89,7 @@ class KVCacheCoordinator:
         enable_events: bool = False,
         num_reprefillable_tokens: int = 0,
         eagle_group_ids: Sequence[int] = (),
+        verify_hits: bool = True,
     ) -> None:
         # Type checks and the 64-bit crossing here; the rules are the core's.
         max_model_len = as_i64(max_model_len, "max_model_len")
@@ -103,6 +107,7 @@ class KVCacheCoordinator:
             enable_events=enable_events,
             num_reprefillable_tokens=num_reprefillable_tokens,
             eagle_group_ids=eagle_group_ids,
+            verify_hits=as_bool(verify_hits, "verify_hits"),
         )
         self.enable_caching = self.kind != CoordinatorKind.NoPrefixCache
         # Per group: None, or the tokens an EAGLE lookup matches past the
@@ -162,6 +167,7 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
         enable_events: bool = False,
         num_reprefillable_tokens: int = 0,
         eagle_group_ids: Sequence[int] = (),
+        verify_hits: bool = True,
     ) -> None:
         super().__init__(
             config,
@@ -170,6 +176,7 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
             enable_events=enable_events,
             num_reprefillable_tokens=num_reprefillable_tokens,
             eagle_group_ids=eagle_group_ids,
+            verify_hits=verify_hits,
         )
         self._block_size = config.groups[0].spec.block_size
         # EAGLE: the hit drops its last block (no margin: one group).
@@ -224,6 +231,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         enable_events: bool = False,
         num_reprefillable_tokens: int = 0,
         eagle_group_ids: Sequence[int] = (),
+        verify_hits: bool = True,
     ) -> None:
         super().__init__(
             config,
@@ -232,6 +240,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
             enable_events=enable_events,
             num_reprefillable_tokens=num_reprefillable_tokens,
             eagle_group_ids=eagle_group_ids,
+            verify_hits=verify_hits,
         )
         buckets: list[SpecGroup] = []
         for gid, g in enumerate(config.groups):
@@ -351,6 +360,7 @@ def get_kv_cache_coordinator(
     enable_events: bool = False,
     num_reprefillable_tokens: int = 0,
     eagle_group_ids: Sequence[int] = (),
+    verify_hits: bool = True,
 ) -> KVCacheCoordinator:
     """The policy the core chooses (:func:`kvcoord._core.choose_coordinator`):
     caching off -> NoPrefixCache; one group -> Unitary; otherwise Hybrid."""
@@ -364,4 +374,5 @@ def get_kv_cache_coordinator(
         enable_events=enable_events,
         num_reprefillable_tokens=num_reprefillable_tokens,
         eagle_group_ids=eagle_group_ids,
+        verify_hits=verify_hits,
     )

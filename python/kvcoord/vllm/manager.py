@@ -121,6 +121,9 @@ class KVCacheManager(DecodePath, ManagerReadouts):
             enable_events=self.enable_kv_cache_events,
             num_reprefillable_tokens=reprefillable,
             eagle_group_ids=self.drop_eagle_group_ids,
+            # vLLM's scheduler is single-threaded and adopts whatever blocks
+            # it is handed as hits; its connectors and tests rely on that.
+            verify_hits=False,
         )
         self._core = self._core_coordinator.core
         # The re-prefillable tokens the groups hold back from caching: the

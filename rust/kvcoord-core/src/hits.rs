@@ -11,6 +11,14 @@
 //! for group `g` (one probe per block). Null entries are allowed only where
 //! the group's attention window skips the block (they are never adopted);
 //! full attention skips nothing.
+//!
+//! The check is a coordinator option ([`CoordinatorConfig::verify_hits`]):
+//! vLLM's scheduler is single-threaded and adopts whatever blocks it is
+//! handed (its connectors and tests rely on that), so its adapter turns the
+//! probe off and keeps only [`check_group_hit_shape`], the part without
+//! which the tables themselves would be wrong.
+//!
+//! [`CoordinatorConfig::verify_hits`]: crate::CoordinatorConfig::verify_hits
 
 use crate::block_hash::BlockHash;
 use crate::error::{KvError, KvResult};
@@ -41,14 +49,9 @@ pub(crate) fn verify_group_hits(
             view.len()
         )));
     }
-    let skipped = m.num_skipped_tokens(num_local) / m.block_size();
+    check_group_hit_shape(m, list, num_local)?;
     for (i, &b) in list.iter().enumerate() {
         if b.is_null() {
-            if i >= skipped {
-                return Err(refuse(format!(
-                    "null block at position {i}, inside the attention window"
-                )));
-            }
             continue;
         }
         let key = pool.cache_key(b)?;
@@ -61,4 +64,28 @@ pub(crate) fn verify_group_hits(
         }
     }
     Ok(())
+}
+
+/// What every hit list of group `m` (covering `num_local` computed tokens)
+/// must satisfy whether or not its blocks are verified: null entries only
+/// where the attention window skips the block (a null inside the window
+/// would be a table entry that holds no KV). Ids, counts and the pool's own
+/// limits are checked by the caller and the pool.
+pub(crate) fn check_group_hit_shape(
+    m: &Manager,
+    list: &[BlockId],
+    num_local: usize,
+) -> KvResult<()> {
+    let skipped = m.num_skipped_tokens(num_local) / m.block_size();
+    match list.iter().skip(skipped).position(|b| b.is_null()) {
+        None => Ok(()),
+        Some(i) => Err(KvError::InvalidArgument {
+            name: "new_computed_blocks",
+            detail: format!(
+                "group {}: null block at position {}, inside the attention window",
+                m.group(),
+                skipped + i
+            ),
+        }),
+    }
 }

@@ -92,6 +92,9 @@ pool_writers!(pymethods!(PyCoordinatorCore {
     /// Multi-module MTP's re-prefillable tail (`num_prefill_lookahead - 1`).
     get num_reprefillable_tokens(&self, py: Python<'_>) -> PyResult<usize> =
         self.with(py, |c| c.config().num_reprefillable_tokens);
+    /// Whether `allocate_slots` checks each hit against the prefix index.
+    get verify_hits(&self, py: Python<'_>) -> PyResult<bool> =
+        self.with(py, |c| c.config().verify_hits);
     /// The groups whose hits drop the EAGLE block, those of equal spec
     /// included.
     get eagle_groups(&self, py: Python<'_>) -> PyResult<Vec<u32>> =
@@ -103,7 +106,8 @@ pool_writers!(pymethods!(PyCoordinatorCore {
     #[new]
     #[pyo3(signature = (num_blocks, groups, *, kind, hash_block_size, max_model_len,
                         retention_interval = None, enable_events = false,
-                        num_reprefillable_tokens = None, eagle_group_ids = None))]
+                        num_reprefillable_tokens = None, eagle_group_ids = None,
+                        verify_hits = true))]
     #[allow(clippy::too_many_arguments)] // Python keyword arguments, converted once
     fn new(
         py: Python<'_>,
@@ -116,6 +120,7 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         enable_events: bool,
         num_reprefillable_tokens: Option<&Bound<'_, PyAny>>,
         eagle_group_ids: Option<&Bound<'_, PyAny>>,
+        verify_hits: bool,
     ) -> PyResult<Self> {
         let num_blocks = args::config_count(num_blocks, "num_blocks")?;
         let kind = CoordinatorKind::from(kind);
@@ -139,6 +144,7 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         if let Some(g) = eagle_group_ids {
             config.eagle_groups = convert::group_ids(g)?;
         }
+        config.verify_hits = verify_hits;
         let inner = convert::build_pool_sized(py, num_blocks, || CoordinatorCore::new(config));
         Ok(Self {
             state: Exclusive::new(CoreState {
