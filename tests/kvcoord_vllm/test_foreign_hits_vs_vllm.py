@@ -5,7 +5,7 @@ block gains a reference), and its tests and connectors rely on that (e.g.
 ``test_cache_hit_local_and_external*``, which take blocks from the head of
 the free queue). kvcoord.vllm builds its core with ``verify_hits=False`` to
 do the same; kvcoord's own manager keeps refusing such hits
-(tests/test_bad_input_hits.py).
+(tests/test_bad_input.py).
 
 Random schedules mix ordinary admissions (vLLM's lookup) with admissions
 whose hits are arbitrary blocks (free uncached, free cached under another
