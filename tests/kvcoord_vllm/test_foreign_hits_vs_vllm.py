@@ -9,8 +9,9 @@ do the same; kvcoord's own manager keeps refusing such hits
 
 Random schedules mix ordinary admissions (vLLM's lookup) with admissions
 whose hits are arbitrary blocks (free uncached, free cached under another
-prefix, in use by a running request), with and without external connector
-tokens; every allocation, block table and the free queue must be equal.
+prefix, in use by a running request, one block twice), with and without
+external connector tokens; every allocation, block table and the free queue
+must be equal.
 Skipped without vLLM."""
 
 from __future__ import annotations
@@ -74,9 +75,10 @@ def pair(layout: str, use_eagle: bool) -> tuple[object, object]:
 def foreign_hits(
     rng: random.Random, theirs: object, num_groups: int, num_blocks: int, skipped: list[int]
 ) -> list[list[int | None]]:
-    """Per group ``num_blocks`` distinct block ids (None: the null block,
-    only where group ``g`` skips ``skipped[g]`` leading blocks): the head of
-    the free queue (as vLLM's test does) or any blocks of the pool."""
+    """Per group ``num_blocks`` block ids (None: the null block, only where
+    group ``g`` skips ``skipped[g]`` leading blocks): the head of the free
+    queue (as vLLM's test does) or any blocks of the pool, now and then one
+    of them twice."""
     wanted = num_groups * num_blocks
     if rng.random() < 0.5:
         picked = free_queue(theirs)[:wanted]
@@ -91,6 +93,12 @@ def foreign_hits(
             if rng.random() < 0.5:
                 group[i] = None
         out.append(group)
+    if rng.random() < 0.2:
+        # One block twice (in one group or in two): vLLM pins it twice.
+        g, h = rng.randrange(num_groups), rng.randrange(num_groups)
+        i, j = rng.randrange(num_blocks), rng.randrange(num_blocks)
+        if (g, i) != (h, j) and out[g][i] is not None and out[h][j] is not None:
+            out[h][j] = out[g][i]
     return out
 
 
@@ -161,6 +169,9 @@ def test_foreign_hits_match_vllm(seed: int, layout: str, use_eagle: bool) -> Non
                 ha, hb = as_blocks(theirs, hits), as_blocks(ours, hits)
                 na = nb = local
                 kinds.update(kind(theirs, b) for g in hits for b in g)
+                flat = [b for g in hits for b in g if b is not None]
+                if len(set(flat)) < len(flat):
+                    kinds.add("twice")
             else:
                 external = 0
                 (ha, na, _), (hb, nb, _) = (
@@ -195,4 +206,4 @@ def test_foreign_hits_match_vllm(seed: int, layout: str, use_eagle: bool) -> Non
         for req in running:
             assert theirs.get_block_ids(req.request_id) == ours.get_block_ids(req.request_id)
         ours.check_invariants()
-    assert {"free", "free cached", "in use"} <= kinds
+    assert {"free", "free cached", "in use", "twice"} <= kinds
