@@ -5,14 +5,16 @@
 //! are core state.
 
 use kvcoord_core::coordinator::{AllocateArgs, CoordinatorConfig, CoordinatorCore, NewBlocks};
-use kvcoord_core::{BlockId, BlockPool, CoordinatorKind, EvictionConfig, GroupId, KvError};
+use kvcoord_core::{
+    BlockId, BlockPool, CoordinatorKind, EvictionConfig, GroupId, KvError, Manager,
+};
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 
 use crate::args;
 use crate::blocks::PyKVCacheBlocks;
 use crate::convert;
-use crate::errors::{core, CoreError};
+use crate::errors::{core, err};
 use crate::exclusive::{Entered, Exclusive};
 use crate::kinds::{self, PyCoordinatorKind, PyGroupSpec};
 use crate::pool::{pool_readers, pool_writers};
@@ -173,12 +175,7 @@ pool_writers!(pymethods!(PyCoordinatorCore {
     /// match past the candidate before dropping them.
     #[getter]
     fn eagle_margins(&self, py: Python<'_>) -> PyResult<Vec<Option<usize>>> {
-        self.with(py, |c| {
-            c.managers()
-                .iter()
-                .map(|m| m.eagle().then(|| m.eagle_margin()))
-                .collect()
-        })
+        self.with(py, |c| c.managers().iter().map(Manager::eagle_hit_margin).collect())
     }
 
     /// Longest hit for groups sharing one spec: the blocks (one group per
@@ -465,7 +462,7 @@ fn fill_hits(obj: &Bound<'_, PyAny>, hits: &mut Vec<Vec<BlockId>>) -> PyResult<(
         .map(|t| t.as_sequence().clone())
         .or_else(|_| obj.cast::<PyList>().map(|l| l.as_sequence().clone()))
         .map_err(|_| {
-            CoreError(KvError::InvalidArgument {
+            err(KvError::InvalidArgument {
                 name: "new_computed_blocks",
                 detail: "expected a KVCacheBlocks or one list of block ids per group".into(),
             })
