@@ -71,6 +71,28 @@ class BlockView:
         digest, group_id = key
         return bytes(digest) + int(group_id).to_bytes(4, "big")
 
+    def _free_neighbour(self, side: int) -> Any:
+        """The free queue's entry on ``side`` (0: front, 1: back) of this
+        block, read from the pool's links: a view, the queue's end sentinel,
+        or None when the block is not free."""
+        links = self._pool.free_neighbours(self.block_id)
+        if links is None:
+            return None
+        other = links[side]
+        if other < 0:
+            return FreeListEnd.pair(self._pool)[side]
+        return BlockView(self._pool, other)
+
+    @property
+    def prev_free_block(self) -> Any:
+        """vLLM's free-list link towards the front (the head sentinel for the first)."""
+        return self._free_neighbour(0)
+
+    @property
+    def next_free_block(self) -> Any:
+        """vLLM's free-list link towards the back (the tail sentinel for the last)."""
+        return self._free_neighbour(1)
+
     def __eq__(self, other: object) -> bool:
         other_id = getattr(other, "block_id", None)
         return other_id is not None and other_id == self.block_id
