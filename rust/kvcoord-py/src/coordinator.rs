@@ -7,7 +7,7 @@
 use kvcoord_core::coordinator::{AllocateArgs, CoordinatorConfig, CoordinatorCore, NewBlocks};
 use kvcoord_core::{BlockId, BlockPool, CoordinatorKind, EvictionConfig, GroupId, KvError};
 use pyo3::prelude::*;
-use pyo3::types::{PyList, PyTuple};
+use pyo3::types::{PyDict, PyList, PyTuple};
 
 use crate::args;
 use crate::blocks::PyKVCacheBlocks;
@@ -67,6 +67,9 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         self.inner.config().eagle_group_ids().map(|g| g.0).collect();
     /// Per group, the re-prefillable tokens it holds back from caching.
     get held_back_tokens(&self) -> Vec<usize> = self.inner.config().held_back_tokens().collect();
+    /// Whether decode steps have rooms (`decode_slots`): every group full
+    /// attention, one held-back tail.
+    get has_decode_room(&self) -> bool = self.inner.has_decode_room();
 }) {
     #[new]
     #[pyo3(signature = (num_blocks, groups, *, kind, hash_block_size, max_model_len,
@@ -219,6 +222,63 @@ pool_writers!(pymethods!(PyCoordinatorCore {
             return Ok(Some(empty.clone_ref(py)));
         }
         Ok(Some(Py::new(py, PyKVCacheBlocks::new(out.clone())?)?))
+    }
+
+    /// One decode step of vLLM's running `request` (`kvcoord.vllm`'s fast
+    /// path; see `_core.pyi`): `mine`, its kvcoord request, brought up to
+    /// date from it, then the core's `decode_step`. `None` when the pool
+    /// cannot hold the step, `NotImplemented` (nothing changed) when the
+    /// registry must sync `mine` first.
+    #[allow(clippy::too_many_arguments)] // one call per step, positional
+    fn decode_slots<'py>(
+        &mut self,
+        py: Python<'py>,
+        request: &Bound<'py, PyAny>,
+        mine: &Bound<'py, PyRequest>,
+        request_id: &Bound<'py, PyAny>,
+        num_new_tokens: &Bound<'py, PyAny>,
+        num_lookahead_tokens: &Bound<'py, PyAny>,
+        rooms: &Bound<'py, PyDict>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let num_new_tokens = args::count(num_new_tokens, "num_new_tokens")?;
+        let num_lookahead_tokens = args::count(num_lookahead_tokens, "num_lookahead_tokens")?;
+        let mut mine = mine.try_borrow_mut()?;
+        let Some(num_hashes) = crate::decode::sync_running(request, &mut mine.inner)? else {
+            return Ok(py.NotImplemented().into_bound(py));
+        };
+        let step = self.inner.decode_step(
+            &mine.inner,
+            num_new_tokens,
+            num_lookahead_tokens,
+            num_hashes,
+            &mut self.out,
+        );
+        match core(step)? {
+            None => Ok(py.None().into_bound(py)),
+            Some(room) => {
+                let out = &self.out;
+                crate::decode::answer(py, room, num_lookahead_tokens, out, request_id, rooms)
+            }
+        }
+    }
+
+    /// The room limit `decode_slots` records, for an allocation of `need`
+    /// slots that cached the full blocks of `cached_to` tokens, `hashed` of
+    /// them with hashes, and steps of `num_lookahead_tokens` speculative
+    /// tokens; `None` where decode steps have no room.
+    fn decode_room(
+        &self,
+        need: &Bound<'_, PyAny>,
+        cached_to: &Bound<'_, PyAny>,
+        hashed: &Bound<'_, PyAny>,
+        num_lookahead_tokens: &Bound<'_, PyAny>,
+    ) -> PyResult<Option<usize>> {
+        let need = args::count(need, "need")?;
+        let cached_to = args::count(cached_to, "cached_to")?;
+        let hashed = args::count(hashed, "hashed")?;
+        let lookahead = args::count(num_lookahead_tokens, "num_lookahead_tokens")?;
+        let room = self.inner.decode_room(need, cached_to, hashed);
+        Ok(room.map(|r| r.limit(lookahead)))
     }
 
     /// Blocks an allocation of `num_tokens` slots would pull from the pool
