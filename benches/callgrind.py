@@ -19,7 +19,12 @@ def require_valgrind() -> None:
 def count(code: str, iterations: int, python_path: str | None = None) -> int:
     """Instructions executed by ``python -c code iterations`` under callgrind
     (``python_path``: another build's ``python/`` folder, put first on the path)."""
-    env = dict(os.environ, OPENBLAS_NUM_THREADS="1")  # no spinning BLAS threads
+    # No spinning BLAS threads; one string-hash seed (0 unless the caller
+    # sets one): the seed moves the interpreter's attribute-cache
+    # collisions, about 5% of a decode step from seed to seed, so two builds
+    # compare only under the same seed.
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
+    env.setdefault("PYTHONHASHSEED", "0")
     if python_path:
         env["PYTHONPATH"] = python_path
     out = subprocess.run(

@@ -19,6 +19,8 @@ import sys
 import threading
 import time
 
+import pytest
+
 import kvcoord
 from kvcoord import (
     FullAttentionSpec,
@@ -132,3 +134,80 @@ def test_threading_contract_is_documented() -> None:
     readme = (Path(__file__).parents[1] / "README.md").read_text()
     assert "### Threads" in readme
     assert kvcoord.InvalidArgumentError.__doc__
+
+
+def test_call_waits_while_another_thread_is_inside_a_collection() -> None:
+    """A garbage collection started inside a manager call runs Python code
+    (gc callbacks, finalizers), where the interpreter may switch threads.
+    The other thread's call must wait for the first one, not fail. Before
+    the state was behind a lock, hundreds of the other thread's calls raised
+    RuntimeError("Already borrowed") here."""
+    import gc
+
+    mgr = KVCacheManager(
+        KVCacheConfig(4096, (KVCacheGroup(FullAttentionSpec(B)),)), max_model_len=1 << 16
+    )
+    main = threading.current_thread()
+    stop = threading.Event()
+    failures: list[str] = []
+    other_calls = [0]
+
+    def slow_collection(phase: str, info: dict[str, int]) -> None:
+        # Hand the GIL to the other thread while this one may be inside a call.
+        if phase == "start" and threading.current_thread() is main:
+            time.sleep(0.0005)
+
+    def admit_and_free(name: str) -> None:
+        r = Request(name, list(range(40)), hash_block_size=B)
+        blocks, hit = mgr.get_computed_blocks(r)
+        if mgr.allocate_slots(r, r.num_tokens - hit, hit, blocks) is not None:
+            mgr.free(r)
+
+    def other() -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+            try:
+                admit_and_free(f"other-{n}")
+                _ = mgr.block_pool.num_free_blocks
+                other_calls[0] += 1
+            except RuntimeError as e:
+                failures.append(str(e))
+
+    thread = threading.Thread(target=other)
+    old_threshold = gc.get_threshold()
+    thread.start()
+    gc.callbacks.append(slow_collection)
+    gc.set_threshold(1)
+    try:
+        for n in range(600):
+            admit_and_free(f"main-{n}")
+    finally:
+        gc.set_threshold(*old_threshold)
+        gc.callbacks.remove(slow_collection)
+        stop.set()
+        thread.join()
+    assert not failures, failures[:3]
+    assert other_calls[0] > 0
+    mgr.check_invariants()
+    assert mgr.block_pool.num_free_blocks == mgr.block_pool.num_blocks - 1
+
+
+def test_reentrant_call_on_the_same_thread_is_refused_and_changes_nothing() -> None:
+    """An argument whose iteration calls back into the same object (here a
+    generator reading the pool) cannot wait for itself: RuntimeError, and
+    the call it interrupted changed nothing."""
+    pool = kvcoord.BlockPool(16)
+    held = pool.get_new_blocks(3)
+
+    def ids_reading_the_pool():
+        for b in held:
+            _ = pool.num_free_blocks  # re-enters the pool mid-call
+            yield b
+
+    with pytest.raises(RuntimeError, match="re-entrant"):
+        pool.free_blocks(ids_reading_the_pool())
+    assert pool.num_free_blocks == 16 - 1 - 3
+    pool.check_invariants()
+    pool.free_blocks(held)
+    assert pool.num_free_blocks == 15

@@ -77,3 +77,32 @@ def test_advance_bad_list_items_change_nothing(
     with pytest.raises(error):
         kvcoord.advance_requests(reqs, ns, toks)
     assert [(r.num_computed_tokens, r.num_tokens) for r in reqs] == [(0, 3)] * 3
+
+
+class ShrinkingIndex:
+    """An id whose ``__index__`` empties the list being read."""
+
+    def __init__(self, value: int, victim: list[Any]) -> None:
+        self.value, self.victim = value, victim
+
+    def __index__(self) -> int:
+        self.victim.clear()
+        return self.value
+
+
+def test_a_list_emptied_while_read_keeps_only_the_items_read() -> None:
+    """Ids are written into room made for the whole list; an item's
+    ``__index__`` that empties the list ends the read after that item."""
+    tokens: list[Any] = [5, 6]
+    tokens.append(ShrinkingIndex(7, tokens))
+    tokens.append(8)
+    assert Request("a", tokens, hash_block_size=4).all_token_ids == [5, 6, 7]
+    pool = kvcoord.BlockPool(8)
+    got = pool.get_new_blocks(3)
+    ids: list[Any] = [got[0], ShrinkingIndex(got[1], [])]
+    ids[1].victim = ids
+    ids.append(got[2])
+    free = pool.num_free_blocks
+    pool.free_blocks(ids)
+    assert pool.num_free_blocks == free + 2
+    pool.check_invariants()

@@ -16,8 +16,11 @@ pub(crate) struct PyUnboundedPrefixCache {
     tokens: Vec<u32>,
 }
 
-#[pymethods]
-impl PyUnboundedPrefixCache {
+pymethods!(PyUnboundedPrefixCache {
+    get block_size(&self) -> usize = self.cache.block_size();
+    get prompt_tokens(&self) -> u64 = self.cache.prompt_tokens();
+    get hit_tokens(&self) -> u64 = self.cache.hit_tokens();
+}
     #[new]
     #[pyo3(signature = (block_size))]
     fn new(block_size: &Bound<'_, PyAny>) -> PyResult<Self> {
@@ -47,25 +50,10 @@ impl PyUnboundedPrefixCache {
         core(py.detach(|| cache.add(tokens, num_prompt, salt)))
     }
 
-    #[getter]
-    fn block_size(&self) -> usize {
-        self.cache.block_size()
-    }
-
-    #[getter]
-    fn prompt_tokens(&self) -> u64 {
-        self.cache.prompt_tokens()
-    }
-
-    #[getter]
-    fn hit_tokens(&self) -> u64 {
-        self.cache.hit_tokens()
-    }
-
     fn __len__(&self) -> usize {
         self.cache.len()
     }
-}
+);
 
 /// The prompt tokens of a Mooncake request (`kvcoord_core::trace_tokens`):
 /// the 512-token blocks named by `hash_ids`, cut at `input_length`, as a

@@ -98,7 +98,9 @@ pub(crate) fn extend_ids<I: Id>(
     Ok(())
 }
 
-/// The items of a list or tuple of `n`, room reserved first.
+/// The items of a list or tuple of `n`, written into room made first: no
+/// capacity check or length update per item. (A list may shrink while it
+/// is read, by an item's `__index__`: only the items read are kept.)
 #[inline]
 fn extend_items<'py, I: Id>(
     items: impl Iterator<Item = Bound<'py, PyAny>>,
@@ -107,10 +109,22 @@ fn extend_items<'py, I: Id>(
     base: usize,
 ) -> PyResult<()> {
     core(kvcoord_core::limits::try_reserve(out, n, I::WHAT))?;
-    for (i, item) in items.enumerate() {
-        out.push(I::item(base + i, &item)?);
+    let start = out.len();
+    out.resize_with(start + n, || I::wrap(0));
+    let mut read = 0;
+    let mut result = Ok(());
+    for (slot, item) in out[start..].iter_mut().zip(items) {
+        match I::item(base + read, &item) {
+            Ok(id) => *slot = id,
+            Err(e) => {
+                result = Err(e);
+                break;
+            }
+        }
+        read += 1;
     }
-    Ok(())
+    out.truncate(start + read);
+    result
 }
 
 /// Arrays up to this length are copied before they are read.

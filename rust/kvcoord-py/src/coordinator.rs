@@ -5,71 +5,106 @@
 //! are core state.
 
 use kvcoord_core::coordinator::{AllocateArgs, CoordinatorConfig, CoordinatorCore, NewBlocks};
-use kvcoord_core::{BlockId, BlockPool, CoordinatorKind, EvictionConfig, GroupId, KvError};
+use kvcoord_core::{
+    BlockId, BlockPool, CoordinatorKind, EvictionConfig, GroupId, KvError, Manager,
+};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 
 use crate::args;
 use crate::blocks::PyKVCacheBlocks;
 use crate::convert;
-use crate::errors::{core, CoreError};
+use crate::errors::{core, err};
+use crate::exclusive::{Entered, Exclusive};
 use crate::kinds::{self, PyCoordinatorKind, PyGroupSpec};
 use crate::pool::{pool_readers, pool_writers};
 use crate::request::PyRequest;
 
 /// One scheduler's KV-cache mechanism: a pool shared by one manager per
 /// group, every request's per-group block tables and the request registry.
-#[pyclass(module = "kvcoord._core", name = "CoordinatorCore")]
+///
+/// Frozen: the state is behind an [`Exclusive`], so a call from another
+/// thread waits for the running one instead of failing.
+#[pyclass(module = "kvcoord._core", name = "CoordinatorCore", frozen)]
 pub(crate) struct PyCoordinatorCore {
-    pub(crate) inner: CoordinatorCore,
-    /// Reused buffers for the per-step calls.
-    out: NewBlocks,
-    hits: Vec<Vec<BlockId>>,
+    state: Exclusive<CoreState>,
     /// The shared empty result (the common decode step allocates nothing).
     empty: Py<PyKVCacheBlocks>,
 }
 
+struct CoreState {
+    inner: CoordinatorCore,
+    /// Reused buffers for the per-step calls.
+    out: NewBlocks,
+    hits: Vec<Vec<BlockId>>,
+}
+
 impl PyCoordinatorCore {
-    fn pool(&self) -> &BlockPool {
-        self.inner.pool()
+    fn enter(&self, py: Python<'_>) -> PyResult<Entered<'_, CoreState>> {
+        self.state.enter(py)
     }
 
-    fn pool_mut(&mut self) -> &mut BlockPool {
-        self.inner.pool_mut()
+    /// `f(core)`, read-only.
+    fn with<R>(&self, py: Python<'_>, f: impl FnOnce(&CoordinatorCore) -> R) -> PyResult<R> {
+        Ok(f(&self.enter(py)?.inner))
+    }
+
+    /// `f(core)`, its result's error mapped.
+    fn with_mut<R>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&mut CoordinatorCore) -> Result<R, KvError>,
+    ) -> PyResult<R> {
+        core(f(&mut self.enter(py)?.inner))
+    }
+
+    /// `f(pool)`, read-only (the shape `pool_writers` expects).
+    fn pool_ref<R>(&self, py: Python<'_>, f: impl FnOnce(&BlockPool) -> R) -> PyResult<R> {
+        Ok(f(self.enter(py)?.inner.pool()))
+    }
+
+    fn pool_mut<R>(&self, py: Python<'_>, f: impl FnOnce(&mut BlockPool) -> R) -> PyResult<R> {
+        Ok(f(self.enter(py)?.inner.pool_mut()))
     }
 
     /// `f(pool, ids)` with `block_ids` converted.
-    fn with_ids<R>(
-        &mut self,
+    fn pool_ids<R>(
+        &self,
+        py: Python<'_>,
         block_ids: &Bound<'_, PyAny>,
         f: impl FnOnce(&mut BlockPool, &[BlockId]) -> Result<R, KvError>,
     ) -> PyResult<R> {
         let ids = convert::block_ids(block_ids)?;
-        core(f(self.inner.pool_mut(), &ids))
+        core(f(self.enter(py)?.inner.pool_mut(), &ids))
     }
 }
 
 pool_writers!(pymethods!(PyCoordinatorCore {
     /// Tokens per hash unit (requests must be hashed with it).
-    get hash_block_size(&self) -> u32 = self.inner.config().hash_block_size;
+    get hash_block_size(&self, py: Python<'_>) -> PyResult<u32> =
+        self.with(py, |c| c.config().hash_block_size);
     /// LCM of the groups' block sizes.
-    get scheduler_block_size(&self) -> u32 = self.inner.config().scheduler_block_size;
+    get scheduler_block_size(&self, py: Python<'_>) -> PyResult<u32> =
+        self.with(py, |c| c.config().scheduler_block_size);
     /// The shared pool, read-only.
     get block_pool(slf: Bound<'_, Self>) -> PyBlockPoolView = PyBlockPoolView { owner: slf.unbind() };
     /// The shared empty result (no new block in any group).
     get empty(&self, py: Python<'_>) -> Py<PyKVCacheBlocks> = self.empty.clone_ref(py);
-    get num_requests(&self) -> usize = self.inner.num_requests();
+    get num_requests(&self, py: Python<'_>) -> PyResult<usize> = self.with(py, CoordinatorCore::num_requests);
     /// Multi-module MTP's re-prefillable tail (`num_prefill_lookahead - 1`).
-    get num_reprefillable_tokens(&self) -> usize = self.inner.config().num_reprefillable_tokens;
+    get num_reprefillable_tokens(&self, py: Python<'_>) -> PyResult<usize> =
+        self.with(py, |c| c.config().num_reprefillable_tokens);
     /// The groups whose hits drop the EAGLE block, those of equal spec
     /// included.
-    get eagle_groups(&self) -> Vec<u32> =
-        self.inner.config().eagle_group_ids().map(|g| g.0).collect();
+    get eagle_groups(&self, py: Python<'_>) -> PyResult<Vec<u32>> =
+        self.with(py, |c| c.config().eagle_group_ids().map(|g| g.0).collect());
     /// Per group, the re-prefillable tokens it holds back from caching.
-    get held_back_tokens(&self) -> Vec<usize> = self.inner.config().held_back_tokens().collect();
+    get held_back_tokens(&self, py: Python<'_>) -> PyResult<Vec<usize>> =
+        self.with(py, |c| c.config().held_back_tokens().collect());
     /// Whether decode steps have rooms (`decode_slots`): every group full
     /// attention, one held-back tail.
-    get has_decode_room(&self) -> bool = self.inner.has_decode_room();
+    get has_decode_room(&self, py: Python<'_>) -> PyResult<bool> =
+        self.with(py, CoordinatorCore::has_decode_room);
 }) {
     #[new]
     #[pyo3(signature = (num_blocks, groups, *, kind, hash_block_size, max_model_len,
@@ -112,9 +147,11 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         }
         let inner = convert::build_pool_sized(py, num_blocks, || CoordinatorCore::new(config));
         Ok(Self {
-            inner: core(inner)?,
-            out: NewBlocks::new(),
-            hits: Vec::new(),
+            state: Exclusive::new(CoreState {
+                inner: core(inner)?,
+                out: NewBlocks::new(),
+                hits: Vec::new(),
+            }),
             empty: Py::new(py, PyKVCacheBlocks::new(NewBlocks::empty(groups.len()))?)?,
         })
     }
@@ -122,24 +159,21 @@ pool_writers!(pymethods!(PyCoordinatorCore {
     /// How many of `num_computed_tokens` group `group` may cache.
     fn num_cacheable_tokens(
         &self,
+        py: Python<'_>,
         group: &Bound<'_, PyAny>,
         num_computed_tokens: &Bound<'_, PyAny>,
     ) -> PyResult<usize> {
         let group = GroupId(args::u32_arg(group, "group")?);
         let n = args::count(num_computed_tokens, "num_computed_tokens")?;
-        core(self.inner.config().checked_cacheable_tokens(group, n))
+        self.with_mut(py, |c| c.config().checked_cacheable_tokens(group, n))
     }
 
     /// Per group, `None` unless its hits drop EAGLE's block (listed groups
     /// and those of equal spec), else the tokens a hybrid lookup lets it
     /// match past the candidate before dropping them.
     #[getter]
-    fn eagle_margins(&self) -> Vec<Option<usize>> {
-        self.inner
-            .managers()
-            .iter()
-            .map(|m| m.eagle().then(|| m.eagle_margin()))
-            .collect()
+    fn eagle_margins(&self, py: Python<'_>) -> PyResult<Vec<Option<usize>>> {
+        self.with(py, |c| c.managers().iter().map(Manager::eagle_hit_margin).collect())
     }
 
     /// Longest hit for groups sharing one spec: the blocks (one group per
@@ -147,6 +181,7 @@ pool_writers!(pymethods!(PyCoordinatorCore {
     #[pyo3(signature = (group_ids, request, max_length, alignment, *, drop_eagle = false))]
     fn find_longest_cache_hit(
         &self,
+        py: Python<'_>,
         group_ids: &Bound<'_, PyAny>,
         request: PyRef<'_, PyRequest>,
         max_length: &Bound<'_, PyAny>,
@@ -156,13 +191,15 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         let groups = convert::group_ids(group_ids)?;
         let max_length = args::count(max_length, "max_length")?;
         let alignment = args::count(alignment, "alignment")?;
-        let (blocks, hit) = core(self.inner.find_longest_cache_hit(
-            &groups,
-            request.inner.block_hashes(),
-            max_length,
-            alignment,
-            drop_eagle,
-        ))?;
+        let (blocks, hit) = self.with_mut(py, |c| {
+            c.find_longest_cache_hit(
+                &groups,
+                request.inner.block_hashes(),
+                max_length,
+                alignment,
+                drop_eagle,
+            )
+        })?;
         Ok((
             PyKVCacheBlocks::new(NewBlocks::from_groups(blocks.iter().map(Vec::as_slice)))?,
             hit,
@@ -176,7 +213,7 @@ pool_writers!(pymethods!(PyCoordinatorCore {
                         num_external_computed_tokens = None))]
     #[allow(clippy::too_many_arguments)]
     fn allocate_slots(
-        &mut self,
+        &self,
         py: Python<'_>,
         request: &Bound<'_, PyAny>,
         num_new_tokens: &Bound<'_, PyAny>,
@@ -202,12 +239,8 @@ pool_writers!(pymethods!(PyCoordinatorCore {
                 "num_external_computed_tokens",
             )?,
         };
-        let Self {
-            inner,
-            out,
-            hits,
-            empty,
-        } = self;
+        let mut state = self.enter(py)?;
+        let CoreState { inner, out, hits } = &mut *state;
         let hits = match new_computed_blocks {
             Some(obj) => {
                 fill_hits(obj, hits)?;
@@ -219,9 +252,11 @@ pool_writers!(pymethods!(PyCoordinatorCore {
             return Ok(None);
         }
         if out.flat().is_empty() {
-            return Ok(Some(empty.clone_ref(py)));
+            return Ok(Some(self.empty.clone_ref(py)));
         }
-        Ok(Some(Py::new(py, PyKVCacheBlocks::new(out.clone())?)?))
+        let blocks = PyKVCacheBlocks::new(out.clone())?;
+        drop(state);
+        Ok(Some(Py::new(py, blocks)?))
     }
 
     /// One decode step of vLLM's running `request` (`kvcoord.vllm`'s fast
@@ -231,7 +266,7 @@ pool_writers!(pymethods!(PyCoordinatorCore {
     /// registry must sync `mine` first.
     #[allow(clippy::too_many_arguments)] // one call per step, positional
     fn decode_slots<'py>(
-        &mut self,
+        &self,
         py: Python<'py>,
         request: &Bound<'py, PyAny>,
         mine: &Bound<'py, PyRequest>,
@@ -243,23 +278,30 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         let num_new_tokens = args::count(num_new_tokens, "num_new_tokens")?;
         let num_lookahead_tokens = args::count(num_lookahead_tokens, "num_lookahead_tokens")?;
         let mut mine = mine.try_borrow_mut()?;
+        // vLLM's request is read before the core is entered (no Python code
+        // runs while the core's state is held).
         let Some(num_hashes) = crate::decode::sync_running(request, &mut mine.inner)? else {
             return Ok(py.NotImplemented().into_bound(py));
         };
-        let step = self.inner.decode_step(
+        let mut state = self.enter(py)?;
+        let CoreState { inner, out, .. } = &mut *state;
+        let step = inner.decode_step(
             &mine.inner,
             num_new_tokens,
             num_lookahead_tokens,
             num_hashes,
-            &mut self.out,
+            out,
         );
-        match core(step)? {
-            None => Ok(py.None().into_bound(py)),
-            Some(room) => {
-                let out = &self.out;
-                crate::decode::answer(py, room, num_lookahead_tokens, out, request_id, rooms)
-            }
-        }
+        let Some(room) = core(step)? else {
+            return Ok(py.None().into_bound(py));
+        };
+        let new = if out.is_empty() {
+            NewBlocks::new()
+        } else {
+            out.clone()
+        };
+        drop(state);
+        crate::decode::answer(py, room, num_lookahead_tokens, &new, request_id, rooms)
     }
 
     /// The room limit `decode_slots` records, for an allocation of `need`
@@ -268,6 +310,7 @@ pool_writers!(pymethods!(PyCoordinatorCore {
     /// tokens; `None` where decode steps have no room.
     fn decode_room(
         &self,
+        py: Python<'_>,
         need: &Bound<'_, PyAny>,
         cached_to: &Bound<'_, PyAny>,
         hashed: &Bound<'_, PyAny>,
@@ -277,7 +320,7 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         let cached_to = args::count(cached_to, "cached_to")?;
         let hashed = args::count(hashed, "hashed")?;
         let lookahead = args::count(num_lookahead_tokens, "num_lookahead_tokens")?;
-        let room = self.inner.decode_room(need, cached_to, hashed);
+        let room = self.with(py, |c| c.decode_room(need, cached_to, hashed))?;
         Ok(room.map(|r| r.limit(lookahead)))
     }
 
@@ -289,7 +332,8 @@ pool_writers!(pymethods!(PyCoordinatorCore {
                         num_encoder_tokens = None, max_in_flight_tokens = None))]
     #[allow(clippy::too_many_arguments)]
     fn num_blocks_to_allocate(
-        &mut self,
+        &self,
+        py: Python<'_>,
         request: &Bound<'_, PyAny>,
         num_tokens: &Bound<'_, PyAny>,
         new_computed_blocks: Option<&Bound<'_, PyAny>>,
@@ -305,7 +349,8 @@ pool_writers!(pymethods!(PyCoordinatorCore {
             Some(v) => Some(args::count(v, "max_in_flight_tokens")?),
             None => None,
         };
-        let Self { inner, hits, .. } = self;
+        let mut state = self.enter(py)?;
+        let CoreState { inner, hits, .. } = &mut *state;
         hits.clear();
         if let Some(obj) = new_computed_blocks {
             fill_hits(obj, hits)?;
@@ -326,7 +371,8 @@ pool_writers!(pymethods!(PyCoordinatorCore {
     /// id holds nothing (False).
     #[pyo3(signature = (request_id, num_computed_tokens, num_prompt_tokens = None))]
     fn remove_skipped_blocks(
-        &mut self,
+        &self,
+        py: Python<'_>,
         request_id: &str,
         num_computed_tokens: &Bound<'_, PyAny>,
         num_prompt_tokens: Option<&Bound<'_, PyAny>>,
@@ -336,94 +382,104 @@ pool_writers!(pymethods!(PyCoordinatorCore {
             Some(v) => Some(args::count(v, "num_prompt_tokens")?),
             None => None,
         };
-        core(self.inner.remove_skipped_request(request_id, n, prompt))
+        self.with_mut(py, |c| c.remove_skipped_request(request_id, n, prompt))
     }
 
     fn cache_blocks(
-        &mut self,
+        &self,
+        py: Python<'_>,
         request: &Bound<'_, PyAny>,
         num_tokens: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
         let request = args::request(request)?;
         let n = args::count(num_tokens, "num_tokens")?;
-        core(self.inner.cache_request(&request.inner, n))
+        self.with_mut(py, |c| c.cache_request(&request.inner, n))
     }
 
     /// A new scheduler step begins (Mamba "align" states cached during the
     /// previous step become usable as hits).
-    fn new_step_starts(&mut self) {
-        self.inner.new_step_starts();
+    fn new_step_starts(&self, py: Python<'_>) -> PyResult<()> {
+        self.enter(py)?.inner.new_step_starts();
+        Ok(())
     }
 
     /// Drain the Mamba "align" states committed since the last call:
     /// `(request_id, group, block_id, num_tokens)` each, in the order they
     /// were cached (vLLM's boundary-state hand-offs; nothing pinned).
-    fn take_boundary_state_offloads(&mut self) -> Vec<(String, u32, u32, usize)> {
-        let taken = self.inner.take_boundary_state_offloads();
-        taken
+    fn take_boundary_state_offloads(
+        &self,
+        py: Python<'_>,
+    ) -> PyResult<Vec<(String, u32, u32, usize)>> {
+        let mut state = self.enter(py)?;
+        let inner = &mut state.inner;
+        let taken = inner.take_boundary_state_offloads();
+        Ok(taken
             .into_iter()
             .map(|o| {
-                let name = self.inner.request_name(o.req).unwrap_or_default();
+                let name = inner.request_name(o.req).unwrap_or_default();
                 (name.to_owned(), o.group.0, o.block.0, o.num_tokens)
             })
-            .collect()
+            .collect())
     }
 
     /// Free a request's blocks; unknown ids are ignored (as in vLLM).
-    fn free(&mut self, request_id: &str) -> PyResult<bool> {
-        core(self.inner.free_request(request_id))
+    fn free(&self, py: Python<'_>, request_id: &str) -> PyResult<bool> {
+        self.with_mut(py, |c| c.free_request(request_id))
     }
 
     /// The request's block tables per group (0 marks null positions).
-    fn blocks(&self, request_id: &str) -> PyResult<PyKVCacheBlocks> {
-        let tables = core(self.inner.request_block_ids(request_id))?;
+    fn blocks(&self, py: Python<'_>, request_id: &str) -> PyResult<PyKVCacheBlocks> {
+        let state = self.enter(py)?;
+        let tables = core(state.inner.request_block_ids(request_id))?;
         PyKVCacheBlocks::new(NewBlocks::from_groups(tables))
     }
 
-    fn num_common_prefix_blocks(&self, request_id: &str) -> PyResult<Vec<usize>> {
-        core(self.inner.request_common_prefix_blocks(request_id))
+    fn num_common_prefix_blocks(&self, py: Python<'_>, request_id: &str) -> PyResult<Vec<usize>> {
+        self.with_mut(py, |c| c.request_common_prefix_blocks(request_id))
     }
 
     /// Switch the pool's eviction policy (a spec string such as `"lfu"`);
     /// refused while any block is in use.
-    fn set_eviction_policy(&mut self, spec: &str) -> PyResult<()> {
+    fn set_eviction_policy(&self, py: Python<'_>, spec: &str) -> PyResult<()> {
         let eviction: EvictionConfig = core(spec.parse())?;
-        core(self.inner.pool_mut().set_eviction(eviction))
+        self.with_mut(py, |c| c.pool_mut().set_eviction(eviction))
     }
 
-    fn check_invariants(&self) -> PyResult<()> {
-        crate::errors::invariants(self.inner.check_invariants())
+    fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
+        crate::errors::invariants(self.with(py, CoordinatorCore::check_invariants)?)
     }
 
     /// Take blocks from the free queue for the caller, held outside every
     /// request table until `free_caller_blocks`.
     fn get_caller_blocks<'py>(
-        &mut self,
+        &self,
         py: Python<'py>,
         num_blocks: &Bound<'_, PyAny>,
     ) -> PyResult<Bound<'py, PyList>> {
         let n = args::count(num_blocks, "num_blocks")?;
         let mut out = Vec::new();
-        core(self.inner.get_caller_blocks(n, &mut out))?;
+        self.with_mut(py, |c| c.get_caller_blocks(n, &mut out))?;
         convert::id_list(py, &out)
     }
 
     /// Release one caller reference of each block (eviction order).
-    fn free_caller_blocks(&mut self, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
+    fn free_caller_blocks(&self, py: Python<'_>, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
         let ids = convert::block_ids(block_ids)?;
-        core(self.inner.free_caller_blocks(&ids))
+        self.with_mut(py, |c| c.free_caller_blocks(&ids))
     }
 
     /// References the caller holds outside every request table.
     #[getter]
-    fn num_caller_references(&self) -> usize {
-        self.inner.num_caller_references()
+    fn num_caller_references(&self, py: Python<'_>) -> PyResult<usize> {
+        self.with(py, CoordinatorCore::num_caller_references)
     }
 
     /// Cache the caller's blocks `block_ids[num_cached_blocks:num_full_blocks]`.
     #[pyo3(signature = (block_ids, block_hashes, num_cached_blocks, num_full_blocks, group_id, block_size))]
+    #[allow(clippy::too_many_arguments)] // Python arguments, converted once
     fn cache_caller_blocks(
-        &mut self,
+        &self,
+        py: Python<'_>,
         block_ids: &Bound<'_, PyAny>,
         block_hashes: &Bound<'_, PyAny>,
         num_cached_blocks: &Bound<'_, PyAny>,
@@ -437,14 +493,15 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         let num_full = args::count(num_full_blocks, "num_full_blocks")?;
         let group = GroupId(args::u32_arg(group_id, "group id")?);
         let block_size = args::count(block_size, "block_size")?;
-        core(self.inner.cache_caller_blocks(
-            &ids, &hashes, num_cached, num_full, group, block_size,
-        ))
+        self.with_mut(py, |c| {
+            c.cache_caller_blocks(&ids, &hashes, num_cached, num_full, group, block_size)
+        })
     }
 
     /// Put uncached blocks, in order, in the prefix index under one key.
     fn insert_cache_key(
-        &mut self,
+        &self,
+        py: Python<'_>,
         block_hash: &Bound<'_, PyAny>,
         group_id: &Bound<'_, PyAny>,
         block_ids: &Bound<'_, PyAny>,
@@ -452,7 +509,7 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         let hash = convert::block_hash(block_hash)?;
         let group = GroupId(args::u32_arg(group_id, "group id")?);
         let ids = convert::block_ids(block_ids)?;
-        core(self.inner.insert_cache_key(hash, group, &ids))
+        self.with_mut(py, |c| c.insert_cache_key(hash, group, &ids))
     }
 });
 
@@ -468,7 +525,7 @@ fn fill_hits(obj: &Bound<'_, PyAny>, hits: &mut Vec<Vec<BlockId>>) -> PyResult<(
         .map(|t| t.as_sequence().clone())
         .or_else(|_| obj.cast::<PyList>().map(|l| l.as_sequence().clone()))
         .map_err(|_| {
-            CoreError(KvError::InvalidArgument {
+            err(KvError::InvalidArgument {
                 name: "new_computed_blocks",
                 detail: "expected a KVCacheBlocks or one list of block ids per group".into(),
             })
@@ -498,7 +555,7 @@ pub(crate) struct PyBlockPoolView {
 
 impl PyBlockPoolView {
     fn with<R>(&self, py: Python<'_>, f: impl FnOnce(&BlockPool) -> R) -> PyResult<R> {
-        Ok(f(self.owner.bind(py).try_borrow()?.inner.pool()))
+        self.owner.get().pool_ref(py, f)
     }
 }
 

@@ -5,7 +5,7 @@
 //! (`ValueError`, `KeyError`); `create_exception!` allows only one base.
 
 use kvcoord_core::KvError;
-use pyo3::PyErr;
+use pyo3::{PyErr, PyResult};
 
 pyo3::import_exception!(kvcoord.errors, OutOfBlocksError);
 pyo3::import_exception!(kvcoord.errors, InvalidArgumentError);
@@ -20,67 +20,37 @@ pyo3::import_exception!(kvcoord.errors, ArgumentTypeError);
 pyo3::import_exception!(kvcoord.errors, OutOfMemoryError);
 pyo3::import_exception!(kvcoord.errors, ConfigTypeError);
 
-/// Newtype so `?` can convert a foreign error into `PyErr` (orphan rule).
-pub(crate) struct CoreError(pub(crate) KvError);
-
-impl From<KvError> for CoreError {
-    fn from(e: KvError) -> Self {
-        Self(e)
-    }
-}
-
-impl From<CoreError> for PyErr {
-    fn from(CoreError(e): CoreError) -> PyErr {
-        let msg = e.to_string();
-        // Exhaustive on purpose: a new core variant must be mapped here.
-        match e {
-            KvError::OutOfBlocks { .. } => OutOfBlocksError::new_err(msg),
-            KvError::BlockOutOfRange { .. } | KvError::InvalidBlockId { .. } => {
-                InvalidBlockIdError::new_err(msg)
-            }
-            KvError::RefCountUnderflow(_)
-            | KvError::RefCountOverflow(_)
-            | KvError::AlreadyCached(_)
-            | KvError::NotHeldByCaller(_) => BlockStateError::new_err(msg),
-            KvError::InvalidHashLength(_) | KvError::InvalidHash { .. } => {
-                InvalidHashError::new_err(msg)
-            }
-            KvError::Invariant(_) => InvariantError::new_err(msg),
-            KvError::InvalidArgument { .. }
-            | KvError::UnknownGroup(_)
-            | KvError::Unsupported { .. } => InvalidArgumentError::new_err(msg),
-            KvError::UnknownRequest(_) | KvError::NoSuchRequest(_) => {
-                UnknownRequestError::new_err(msg)
-            }
-            KvError::InvalidTokenId { .. } => InvalidTokenError::new_err(msg),
-            KvError::InvalidConfig { .. } => ConfigError::new_err(msg),
-            KvError::OutOfMemory { .. } => OutOfMemoryError::new_err(msg),
-        }
-    }
-}
-
-/// A binding's error where a core function is generic over its caller's
-/// (`E: From<KvError>`); `?` turns it back into the `PyErr`.
-pub(crate) struct Refused(pub(crate) PyErr);
-
-impl From<KvError> for Refused {
-    fn from(e: KvError) -> Self {
-        Self(CoreError(e).into())
-    }
-}
-
-impl From<Refused> for PyErr {
-    fn from(Refused(e): Refused) -> PyErr {
-        e
-    }
-}
-
-/// Shorthand for binding methods.
-pub(crate) type PyResult<T> = Result<T, PyErr>;
-
-/// A core error as a Python exception.
+/// A core error as a Python exception: the one mapping.
+#[cold]
 pub(crate) fn err(e: KvError) -> PyErr {
-    CoreError(e).into()
+    let msg = e.to_string();
+    // Exhaustive on purpose: a new core variant must be mapped here.
+    match e {
+        KvError::OutOfBlocks { .. } => OutOfBlocksError::new_err(msg),
+        KvError::BlockOutOfRange { .. } | KvError::InvalidBlockId { .. } => {
+            InvalidBlockIdError::new_err(msg)
+        }
+        KvError::RefCountUnderflow(_)
+        | KvError::RefCountOverflow(_)
+        | KvError::AlreadyCached(_)
+        | KvError::NotHeldByCaller(_) => BlockStateError::new_err(msg),
+        KvError::InvalidHashLength(_) | KvError::InvalidHash { .. } => {
+            InvalidHashError::new_err(msg)
+        }
+        KvError::Invariant(_) => InvariantError::new_err(msg),
+        KvError::InvalidArgument { .. }
+        | KvError::UnknownGroup(_)
+        | KvError::Unsupported { .. } => InvalidArgumentError::new_err(msg),
+        KvError::UnknownRequest(_) | KvError::NoSuchRequest(_) => UnknownRequestError::new_err(msg),
+        KvError::InvalidTokenId { .. } => InvalidTokenError::new_err(msg),
+        KvError::InvalidConfig { .. } => ConfigError::new_err(msg),
+        KvError::OutOfMemory { .. } => OutOfMemoryError::new_err(msg),
+    }
+}
+
+/// Map a core result.
+pub(crate) fn core<T>(r: Result<T, KvError>) -> PyResult<T> {
+    r.map_err(err)
 }
 
 /// An invariant check's result.
@@ -88,9 +58,21 @@ pub(crate) fn invariants(r: Result<(), String>) -> PyResult<()> {
     r.map_err(|what| err(KvError::Invariant(what)))
 }
 
-/// Map a core result.
-pub(crate) fn core<T>(r: Result<T, KvError>) -> PyResult<T> {
-    r.map_err(|e| CoreError(e).into())
+/// A binding's error where a core function is generic over its caller's
+/// (`E: From<KvError>`); `?` turns it back into the `PyErr` (orphan rule:
+/// `PyErr` cannot be `From<KvError>` here).
+pub(crate) struct Refused(pub(crate) PyErr);
+
+impl From<KvError> for Refused {
+    fn from(e: KvError) -> Self {
+        Self(err(e))
+    }
+}
+
+impl From<Refused> for PyErr {
+    fn from(Refused(e): Refused) -> PyErr {
+        e
+    }
 }
 
 // The bindings' own refusals: about a Python object, before the core sees a

@@ -5,8 +5,8 @@
 //! unsigned integer). What each field holds is the core's
 //! (`kvcoord_core::events`).
 
-use kvcoord_core::events::{EventExtraKey, StoredBlocks};
-use kvcoord_core::{BlockHash, KvEvent};
+use kvcoord_core::events::{EventExtraKey, Medium, StoredBlocks};
+use kvcoord_core::{BlockHash, GroupId, KvEvent};
 use numpy::{IntoPyArray, PyArray1};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
@@ -113,26 +113,26 @@ pymethods!(BlockStored {
 /// A block lost its cache key (it was evicted or reused).
 #[pyclass(module = "kvcoord._core", frozen)]
 pub(crate) struct BlockRemoved {
-    hash: BlockHash,
-    group: u32,
-    medium: &'static str,
+    block_hash: BlockHash,
+    group: GroupId,
+    medium: Medium,
 }
 
 pymethods!(BlockRemoved {
     /// The removed key's hash, vLLM's integer form.
-    get block_hash(&self) -> u64 = self.hash.external();
+    get block_hash(&self) -> u64 = self.block_hash.external();
     /// vLLM's list form: `[block_hash]`.
-    get block_hashes(&self) -> Vec<u64> = vec![self.hash.external()];
+    get block_hashes(&self) -> Vec<u64> = vec![self.block_hash.external()];
     /// The removed key's full digest.
     get block_hash_digest['py](&self, py: Python<'py>) -> Bound<'py, PyBytes> =
-        digest(py, &self.hash);
+        digest(py, &self.block_hash);
     /// The removed key's group (vLLM's `group_idx`).
-    get group_idx(&self) -> u32 = self.group;
+    get group_idx(&self) -> u32 = self.group.0;
     /// `"GPU"`, `"CPU"` or `"STORAGE"`.
-    get medium(&self) -> &'static str = self.medium;
+    get medium(&self) -> &'static str = self.medium.as_str();
 }
     fn __repr__(&self) -> String {
-        let (hash, group) = (self.hash.external(), self.group);
+        let (hash, group) = (self.block_hash.external(), self.group.0);
         format!("BlockRemoved(block_hash={hash:#018x}, group_idx={group})")
     }
 );
@@ -154,21 +154,18 @@ pub(crate) fn event_to_py(py: Python<'_>, e: KvEvent) -> PyResult<Py<PyAny>> {
     Ok(match e {
         KvEvent::BlockStored(inner) => Py::new(py, BlockStored { inner })?.into_any(),
         KvEvent::BlockRemoved {
-            block_hash: hash,
+            block_hash,
             group,
             medium,
-        } => {
-            let (group, medium) = (group.0, medium.as_str());
-            Py::new(
-                py,
-                BlockRemoved {
-                    hash,
-                    group,
-                    medium,
-                },
-            )?
-            .into_any()
-        }
+        } => Py::new(
+            py,
+            BlockRemoved {
+                block_hash,
+                group,
+                medium,
+            },
+        )?
+        .into_any(),
         KvEvent::AllBlocksCleared => Py::new(py, AllBlocksCleared)?.into_any(),
     })
 }

@@ -1,7 +1,7 @@
 //! The kind table as Python sees it: `GroupSpec` (a core spec, built by one
 //! constructor per kind and answering the kind's facts), `CoordinatorKind`,
 //! and the config rules written once in the core (scheduler block size,
-//! hash unit, coordinator choice). Conversion only.
+//! hash unit, coordinator choice, retention interval). Conversion only.
 
 use kvcoord_core::{coordinator, CoordinatorKind, GroupSpec, HitSearch, NullEntries, SpecKind};
 use pyo3::prelude::*;
@@ -155,4 +155,20 @@ pub(crate) fn scheduler_block_size(groups: Vec<PyGroupSpec>) -> u32 {
 #[pyfunction]
 pub(crate) fn default_hash_block_size(groups: Vec<PyGroupSpec>, enable_caching: bool) -> u32 {
     coordinator::default_hash_block_size(&specs(&groups), enable_caching)
+}
+
+/// Check a prefix-cache retention interval; raises `ConfigError` (a
+/// `ValueError`) naming the value and the rule it breaks.
+#[pyfunction]
+#[pyo3(signature = (interval, scheduler_block_size, has_sparse_groups))]
+pub(crate) fn validate_retention_interval(
+    interval: Option<i64>,
+    scheduler_block_size: u32,
+    has_sparse_groups: bool,
+) -> PyResult<()> {
+    core(kvcoord_core::validate_retention_interval(
+        interval,
+        scheduler_block_size,
+        has_sparse_groups,
+    ))
 }

@@ -37,11 +37,11 @@ mod coordinator;
 mod decode;
 mod errors;
 mod events;
+mod exclusive;
 mod kinds;
 mod pool;
 mod request;
 mod residency;
-mod retention;
 mod tokens;
 
 use pyo3::prelude::*;
@@ -62,8 +62,8 @@ mod core_module {
     use crate::events::{AllBlocksCleared, BlockRemoved, BlockStored};
     #[pymodule_export]
     use crate::kinds::{
-        choose_coordinator, default_hash_block_size, scheduler_block_size, PyCoordinatorKind,
-        PyGroupSpec,
+        choose_coordinator, default_hash_block_size, scheduler_block_size,
+        validate_retention_interval, PyCoordinatorKind, PyGroupSpec,
     };
     #[pymodule_export]
     use crate::pool::PyBlockPool;
@@ -71,8 +71,6 @@ mod core_module {
     use crate::request::{
         advance_requests, compute_block_hashes, none_hash, BlockHashes, PyRequest,
     };
-    #[pymodule_export]
-    use crate::retention::validate_retention_interval;
 
     use super::{Bound, PyModule, PyModuleMethods, PyResult};
 

@@ -11,6 +11,7 @@ use crate::args;
 use crate::convert::{self, id_list, Scratch};
 use crate::errors::core;
 use crate::events::{event_to_py, PyEventList};
+use crate::exclusive::{Entered, Exclusive};
 
 /// The read-only surface of a pool, written once for both pool types:
 /// `$ty` has `fn with<R>(&self, py, f: impl FnOnce(&BlockPool) -> R) ->
@@ -116,8 +117,10 @@ pub(crate) use pool_readers;
 
 /// The pool methods that change it, written once for both owners of a pool
 /// (a standalone `BlockPool` and a `CoordinatorCore`). `$ty` has
-/// `fn pool(&self) -> &BlockPool`, `fn pool_mut(&mut self) -> &mut
-/// BlockPool` and `fn with_ids(&mut self, block_ids, f) -> PyResult<R>`;
+/// `fn pool_ref(&self, py, f: FnOnce(&BlockPool) -> R) -> PyResult<R>`,
+/// `fn pool_mut(&self, py, f: FnOnce(&mut BlockPool) -> R) -> PyResult<R>`
+/// and `fn pool_ids(&self, py, block_ids, f) -> PyResult<R>`, each entering
+/// the owner's state once;
 /// the methods are handed to `$cb!($args { ... $extra })`, which emits the
 /// type's one `#[pymethods]` block.
 macro_rules! pool_writers {
@@ -126,62 +129,70 @@ macro_rules! pool_writers {
             /// Mark blocks with a retention priority (the `priority`
             /// eviction policy; ignored by the others).
             fn set_priority(
-                &mut self,
+                &self,
+                py: Python<'_>,
                 block_ids: &Bound<'_, PyAny>,
                 priority: &Bound<'_, PyAny>,
             ) -> PyResult<()> {
                 let priority = $crate::args::priority(priority)?;
-                self.with_ids(block_ids, |pool, ids| pool.set_priority(ids, priority))
+                self.pool_ids(py, block_ids, |pool, ids| pool.set_priority(ids, priority))
             }
 
             /// Advance the pool's eviction clock (retention durations count
             /// its ticks).
-            fn advance_clock(&mut self, ticks: &Bound<'_, PyAny>) -> PyResult<()> {
+            fn advance_clock(&self, py: Python<'_>, ticks: &Bound<'_, PyAny>) -> PyResult<()> {
                 let ticks = $crate::args::count(ticks, "ticks")?;
                 let ticks = i64::try_from(ticks).unwrap_or(i64::MAX);
-                $crate::errors::core(self.pool_mut().advance_clock(ticks))
+                $crate::errors::core(self.pool_mut(py, |p| p.advance_clock(ticks))?)
             }
 
             /// Drop these blocks from the prefix cache (they stay allocated).
-            fn evict_blocks(&mut self, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
-                self.with_ids(block_ids, BlockPool::evict_blocks)
+            fn evict_blocks(&self, py: Python<'_>, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
+                self.pool_ids(py, block_ids, BlockPool::evict_blocks)
             }
 
             /// Start tracking residency metrics for every block; `records`
             /// False keeps the histograms but no per-eviction records.
             #[pyo3(signature = (records = None), text_signature = "($self, records=True)")]
-            fn enable_residency(&mut self, records: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+            fn enable_residency(
+                &self,
+                py: Python<'_>,
+                records: Option<&Bound<'_, PyAny>>,
+            ) -> PyResult<()> {
                 let keep = $crate::args::opt_flag(records, "records", true)?;
-                self.pool_mut().enable_residency_with(keep);
-                Ok(())
+                self.pool_mut(py, |p| p.enable_residency_with(keep))
             }
 
-            fn set_residency_clock(&mut self, now: &Bound<'_, PyAny>) -> PyResult<()> {
+            fn set_residency_clock(&self, py: Python<'_>, now: &Bound<'_, PyAny>) -> PyResult<()> {
                 let now = $crate::args::count(now, "now")? as u64;
-                self.pool_mut().set_residency_clock(now);
-                Ok(())
+                self.pool_mut(py, |p| p.set_residency_clock(now))
             }
 
             fn residency_snapshot<'py>(
                 &self,
                 py: Python<'py>,
             ) -> PyResult<Option<Bound<'py, pyo3::types::PyDict>>> {
-                $crate::residency::snapshot(py, self.pool())
+                self.pool_ref(py, |p| $crate::residency::snapshot(py, p))?
             }
 
-            fn drain_eviction_records(&mut self) -> Vec<$crate::residency::RecordTuple> {
-                $crate::residency::drain(self.pool_mut())
+            fn drain_eviction_records(
+                &self,
+                py: Python<'_>,
+            ) -> PyResult<Vec<$crate::residency::RecordTuple>> {
+                self.pool_mut(py, $crate::residency::drain)
             }
 
             /// Forget every cached prefix; refused (False, with a warning)
             /// while blocks are in use.
-            fn reset_prefix_cache(&mut self, py: Python<'_>) -> PyResult<bool> {
-                $crate::pool::reset_prefix_cache(py, self.pool_mut())
+            fn reset_prefix_cache(&self, py: Python<'_>) -> PyResult<bool> {
+                let (ok, in_use) = self.pool_mut(py, |p| (p.reset_prefix_cache(), p.num_used_blocks()))?;
+                $crate::pool::warn_if_not_reset(py, ok, in_use)
             }
 
             /// Drain the pool's KV-cache events.
-            fn take_events(&mut self, py: Python<'_>) -> PyResult<$crate::events::PyEventList> {
-                $crate::pool::take_events(py, self.pool_mut())
+            fn take_events(&self, py: Python<'_>) -> PyResult<$crate::events::PyEventList> {
+                let events = self.pool_mut(py, BlockPool::take_events)?;
+                $crate::pool::events_to_py(py, events)
             }
 
             $($extra)*
@@ -190,11 +201,10 @@ macro_rules! pool_writers {
 }
 pub(crate) use pool_writers;
 
-/// Forget every cached prefix; logs a warning (as vLLM does) when refused.
-pub(crate) fn reset_prefix_cache(py: Python<'_>, pool: &mut BlockPool) -> PyResult<bool> {
-    let ok = pool.reset_prefix_cache();
+/// After `reset_prefix_cache`: log a warning (as vLLM does) when it was
+/// refused. Called once the pool's state is released (logging runs Python).
+pub(crate) fn warn_if_not_reset(py: Python<'_>, ok: bool, in_use: usize) -> PyResult<bool> {
     if !ok {
-        let in_use = pool.num_used_blocks();
         let logger = py
             .import("logging")?
             .call_method1("getLogger", ("kvcoord",))?;
@@ -204,9 +214,9 @@ pub(crate) fn reset_prefix_cache(py: Python<'_>, pool: &mut BlockPool) -> PyResu
     Ok(ok)
 }
 
-/// Drain the pool's KV-cache events as Python objects.
-pub(crate) fn take_events(py: Python<'_>, pool: &mut BlockPool) -> PyResult<PyEventList> {
-    pool.take_events()
+/// Drained KV-cache events as Python objects.
+pub(crate) fn events_to_py(py: Python<'_>, events: Vec<KvEvent>) -> PyResult<PyEventList> {
+    events
         .into_iter()
         .map(|e: KvEvent| event_to_py(py, e))
         .collect()
@@ -215,45 +225,64 @@ pub(crate) fn take_events(py: Python<'_>, pool: &mut BlockPool) -> PyResult<PyEv
 /// A standalone KV-cache block pool (see `_core.pyi` for the documented
 /// surface). A manager's pool is the read-only
 /// [`PyBlockPoolView`](crate::coordinator::PyBlockPoolView) instead.
-#[pyclass(module = "kvcoord._core", name = "BlockPool")]
+/// Frozen: the state is behind an [`Exclusive`] (calls from other threads
+/// wait for the running one).
+#[pyclass(module = "kvcoord._core", name = "BlockPool", frozen)]
 pub(crate) struct PyBlockPool {
+    state: Exclusive<PoolState>,
+}
+
+struct PoolState {
     inner: BlockPool,
     /// Reused buffers (keep `get_new_blocks`/`free_blocks` allocation-free).
     scratch: Scratch,
 }
 
 impl PyBlockPool {
-    #[allow(clippy::unnecessary_wraps)] // the shape `pool_readers` expects
-    fn with<R>(&self, _py: Python<'_>, f: impl FnOnce(&BlockPool) -> R) -> PyResult<R> {
-        Ok(f(&self.inner))
+    fn enter(&self, py: Python<'_>) -> PyResult<Entered<'_, PoolState>> {
+        self.state.enter(py)
     }
 
-    fn pool(&self) -> &BlockPool {
-        &self.inner
+    /// `f(pool)`, read-only (the shape `pool_readers` expects).
+    fn with<R>(&self, py: Python<'_>, f: impl FnOnce(&BlockPool) -> R) -> PyResult<R> {
+        Ok(f(&self.enter(py)?.inner))
     }
 
-    fn pool_mut(&mut self) -> &mut BlockPool {
-        &mut self.inner
+    fn pool_ref<R>(&self, py: Python<'_>, f: impl FnOnce(&BlockPool) -> R) -> PyResult<R> {
+        self.with(py, f)
+    }
+
+    fn pool_mut<R>(&self, py: Python<'_>, f: impl FnOnce(&mut BlockPool) -> R) -> PyResult<R> {
+        Ok(f(&mut self.enter(py)?.inner))
     }
 
     /// `f(pool, ids)` with `block_ids` converted into the reused buffer.
-    fn with_ids<R>(
-        &mut self,
+    fn pool_ids<R>(
+        &self,
+        py: Python<'_>,
         block_ids: &Bound<'_, PyAny>,
         f: impl FnOnce(&mut BlockPool, &[BlockId]) -> Result<R, kvcoord_core::KvError>,
     ) -> PyResult<R> {
-        let ids = &mut self.scratch.ids;
-        ids.clear();
-        convert::extend_ids(block_ids, ids, 0)?;
-        core(f(&mut self.inner, ids))
+        let mut state = self.enter(py)?;
+        let PoolState { inner, scratch } = &mut *state;
+        scratch.ids.clear();
+        convert::extend_ids(block_ids, &mut scratch.ids, 0)?;
+        core(f(inner, &scratch.ids))
     }
 
-    /// `num_blocks` new blocks, into the reused buffer.
-    fn new_blocks(&mut self, num_blocks: &Bound<'_, PyAny>) -> PyResult<&mut Scratch> {
+    /// `num_blocks` new blocks, into the reused buffer, then `f` of them.
+    fn new_blocks<R>(
+        &self,
+        py: Python<'_>,
+        num_blocks: &Bound<'_, PyAny>,
+        f: impl FnOnce(&mut Scratch) -> R,
+    ) -> PyResult<R> {
         let n = args::count(num_blocks, "num_blocks")?;
-        self.scratch.ids.clear();
-        core(self.inner.get_new_blocks(n, &mut self.scratch.ids))?;
-        Ok(&mut self.scratch)
+        let mut state = self.enter(py)?;
+        let PoolState { inner, scratch } = &mut *state;
+        scratch.ids.clear();
+        core(inner.get_new_blocks(n, &mut scratch.ids))?;
+        Ok(f(scratch))
     }
 }
 
@@ -288,57 +317,57 @@ pool_writers!(pool_readers!(PyBlockPool, "BlockPool",) {
             BlockPool::with_eviction(config, eviction)
         });
         Ok(Self {
-            inner: core(pool)?,
-            scratch: Scratch::default(),
+            state: Exclusive::new(PoolState {
+                inner: core(pool)?,
+                scratch: Scratch::default(),
+            }),
         })
     }
 
     fn get_new_blocks<'py>(
-        &mut self,
+        &self,
         py: Python<'py>,
         num_blocks: &Bound<'_, PyAny>,
     ) -> PyResult<Bound<'py, PyList>> {
-        id_list(py, &self.new_blocks(num_blocks)?.ids)
+        self.new_blocks(py, num_blocks, |s| id_list(py, &s.ids))?
     }
 
     fn get_new_blocks_array<'py>(
-        &mut self,
+        &self,
         py: Python<'py>,
         num_blocks: &Bound<'_, PyAny>,
     ) -> PyResult<Bound<'py, PyArray1<u32>>> {
-        Ok(self.new_blocks(num_blocks)?.ids_array(py))
+        self.new_blocks(py, num_blocks, |s| s.ids_array(py))
     }
 
-    fn free_blocks(&mut self, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
-        self.with_ids(block_ids, BlockPool::free_blocks)
+    fn free_blocks(&self, py: Python<'_>, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.pool_ids(py, block_ids, BlockPool::free_blocks)
     }
 
-    fn touch(&mut self, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
-        self.with_ids(block_ids, BlockPool::touch)
+    fn touch(&self, py: Python<'_>, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.pool_ids(py, block_ids, BlockPool::touch)
     }
 
-    fn unpin_blocks(&mut self, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
-        self.with_ids(block_ids, BlockPool::unpin_blocks)
+    fn unpin_blocks(&self, py: Python<'_>, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.pool_ids(py, block_ids, BlockPool::unpin_blocks)
     }
 
-    fn take_reused_watched<'py>(&mut self, py: Python<'py>) -> Bound<'py, PyArray1<u32>> {
-        let ids: Vec<u32> = self
-            .inner
-            .take_reused_watched()
-            .iter()
-            .map(|b| b.0)
-            .collect();
-        PyArray1::from_vec(py, ids)
+    fn take_reused_watched<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<u32>>> {
+        let ids: Vec<u32> =
+            self.pool_mut(py, |p| p.take_reused_watched().iter().map(|b| b.0).collect())?;
+        Ok(PyArray1::from_vec(py, ids))
     }
 
     #[getter]
-    fn num_watched(&self) -> usize {
-        self.inner.num_watched()
+    fn num_watched(&self, py: Python<'_>) -> PyResult<usize> {
+        self.with(py, BlockPool::num_watched)
     }
 
     #[pyo3(signature = (block_ids, block_hashes, num_cached_blocks, num_full_blocks, group_id, block_mask = None))]
+    #[allow(clippy::too_many_arguments)] // Python arguments, converted once
     fn cache_full_blocks(
-        &mut self,
+        &self,
+        py: Python<'_>,
         block_ids: &Bound<'_, PyAny>,
         block_hashes: &Bound<'_, PyAny>,
         num_cached_blocks: &Bound<'_, PyAny>,
@@ -355,18 +384,13 @@ pool_writers!(pool_readers!(PyBlockPool, "BlockPool",) {
         let num_cached = args::count(num_cached_blocks, "num_cached_blocks")?;
         let num_full = args::count(num_full_blocks, "num_full_blocks")?;
         let group = GroupId(args::u32_arg(group_id, "group id")?);
-        core(self.inner.cache_full_blocks(
-            &ids,
-            &hashes,
-            num_cached,
-            num_full,
-            group,
-            block_mask.as_deref(),
-        ))
+        core(self.pool_mut(py, |pool| {
+            pool.cache_full_blocks(&ids, &hashes, num_cached, num_full, group, block_mask.as_deref())
+        })?)
     }
 
     #[getter]
-    fn residency_enabled(&self) -> bool {
-        self.inner.residency().is_some()
+    fn residency_enabled(&self, py: Python<'_>) -> PyResult<bool> {
+        self.with(py, |p| p.residency().is_some())
     }
 });

@@ -123,27 +123,41 @@ fn str_field(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<String> {
     })
 }
 
+/// The `N` parts of an extra hash key: a tuple of `N` items, or an object
+/// with the attributes `names` (such as `kvcoord.LoRA`); `what` names the
+/// argument in refusals.
+fn parts<'py, const N: usize>(
+    obj: &Bound<'py, PyAny>,
+    names: [&str; N],
+    what: &str,
+) -> PyResult<[Bound<'py, PyAny>; N]> {
+    let shape = names.join(", ");
+    let got: Vec<_> = if let Ok(t) = obj.cast::<PyTuple>() {
+        t.iter().collect()
+    } else if names.iter().all(|n| obj.hasattr(*n).unwrap_or(false)) {
+        names
+            .iter()
+            .map(|n| obj.getattr(*n))
+            .collect::<PyResult<_>>()?
+    } else {
+        let msg = format!("{what} must be a ({shape}) tuple or an object with those attributes");
+        return Err(type_error(msg));
+    };
+    let n = got.len();
+    got.try_into().map_err(|_| {
+        type_error(format!(
+            "{what} must be ({shape}), got a tuple of {n} items"
+        ))
+    })
+}
+
 /// `lora`: `None`, a `(name, path)` tuple, or an object with `name` and
 /// `path` attributes (such as `kvcoord.LoRA`).
 pub(crate) fn lora_key(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<LoraKey>> {
     let Some(obj) = obj.filter(|o| !o.is_none()) else {
         return Ok(None);
     };
-    let (name, path) = if let Ok(t) = obj.cast::<PyTuple>() {
-        if t.len() != 2 {
-            return Err(type_error(format!(
-                "lora must be (name, path), got a tuple of {} items",
-                t.len()
-            )));
-        }
-        (t.get_item(0)?, t.get_item(1)?)
-    } else if obj.hasattr("name")? && obj.hasattr("path")? {
-        (obj.getattr("name")?, obj.getattr("path")?)
-    } else {
-        return Err(type_error(
-            "lora must be None, a (name, path) tuple or an object with .name and .path",
-        ));
-    };
+    let [name, path] = parts(obj, ["name", "path"], "lora")?;
     Ok(Some(LoraKey {
         name: str_field(&name, "lora name")?,
         path: str_field(&path, "lora path")?,
@@ -157,36 +171,17 @@ pub(crate) fn mm_features(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<MmFeat
     let Some(obj) = obj.filter(|o| !o.is_none()) else {
         return Ok(Vec::new());
     };
-    let mut out = Vec::new();
-    for item in obj.try_iter()? {
-        let item = item?;
-        let (id, offset, length) = if let Ok(t) = item.cast::<PyTuple>() {
-            if t.len() != 3 {
-                return Err(type_error(format!(
-                    "each mm_features item must be (identifier, offset, length), got a tuple of {} items",
-                    t.len()
-                )));
-            }
-            (t.get_item(0)?, t.get_item(1)?, t.get_item(2)?)
-        } else if item.hasattr("identifier")? {
-            (
-                item.getattr("identifier")?,
-                item.getattr("offset")?,
-                item.getattr("length")?,
-            )
-        } else {
-            return Err(type_error(
-                "each mm_features item must be an (identifier, offset, length) tuple or an object with those attributes",
-            ));
-        };
+    let item = |item: PyResult<Bound<'_, PyAny>>| {
+        let names = ["identifier", "offset", "length"];
+        let [id, offset, length] = parts(&item?, names, "each mm_features item")?;
         let id = str_field(&id, "mm_features identifier")?;
-        out.push(core(hashing::mm_feature(
+        core(hashing::mm_feature(
             id,
             mm_int(&offset, "offset")?,
             mm_int(&length, "length")?,
-        ))?);
-    }
-    Ok(out)
+        ))
+    };
+    obj.try_iter()?.map(item).collect()
 }
 
 /// A multimodal item's offset or length: an int (range-checked by the core).

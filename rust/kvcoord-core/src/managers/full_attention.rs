@@ -41,6 +41,15 @@ mod tests {
     use crate::managers::test_util::{cache_block, h, hashes, ids, pool};
     use crate::managers::{GroupSpec, Manager};
 
+    #[test]
+    fn eagle_margin_is_one_block_and_only_for_eagle_groups() {
+        let m = Manager::new(GroupSpec::full_attention(4), GroupId(0)).unwrap();
+        assert_eq!(m.eagle_hit_margin(), None);
+        assert_eq!(m.with_eagle(true).eagle_hit_margin(), Some(4));
+        let mamba = Manager::new(GroupSpec::mamba(4, 0), GroupId(1)).unwrap();
+        assert_eq!(mamba.with_eagle(true).eagle_hit_margin(), Some(0));
+    }
+
     fn find(cached: &[bool], max_length: usize, alignment: usize) -> (usize, Vec<u32>) {
         find_eagle(cached, max_length, alignment, false)
     }

@@ -611,6 +611,12 @@ impl Manager {
         self.eagle
     }
 
+    /// [`eagle_margin`](Self::eagle_margin) for a group whose hits drop
+    /// EAGLE's block, `None` for any other.
+    pub fn eagle_hit_margin(&self) -> Option<usize> {
+        self.eagle.then(|| self.eagle_margin())
+    }
+
     /// Tokens a hybrid lookup lets an EAGLE group match past the candidate
     /// hit before it drops them again (vLLM's EAGLE proof margin): one
     /// block, or 0 for Mamba "align", whose finder never drops (a margin
