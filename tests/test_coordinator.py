@@ -10,6 +10,8 @@ from kvcoord.config import (
     ChunkedLocalAttentionSpec,
     CrossAttentionSpec,
     FullAttentionSpec,
+    HiSparseHotSpec,
+    HiSparseResidentSpec,
     KVCacheConfig,
     KVCacheGroup,
     MambaSpec,
@@ -120,6 +122,29 @@ def test_fixed_point_shrinks_until_groups_agree() -> None:
     assert hit == 8
     assert [len(g) for g in blocks.get_block_ids()] == [2, 2, 2]
     assert blocks.get_block_ids()[0] == ids[0][:2]
+
+
+def test_hybrid_lookup_leaves_non_cacheable_groups_out() -> None:
+    # vLLM 0.33.0's HiSparse device groups sit beside caching: the lookup
+    # skips them (an empty hit there), it does not cut the hit to 0.
+    config = cfg(FullAttentionSpec(4), HiSparseResidentSpec(4), HiSparseHotSpec(4, 2))
+    coordinator = make(config)
+    assert isinstance(coordinator, HybridKVCacheCoordinator)
+    assert [sg.group_ids for sg in coordinator.spec_groups] == [(0,)]
+    core = coordinator.core  # type: ignore[attr-defined]
+    first = kvcoord.Request("a", list(range(9)), hash_block_size=4)
+    assert core.allocate_slots(first, 9) is not None
+    again = kvcoord.Request("b", list(range(9)), hash_block_size=4)
+    blocks, hit, _ = coordinator.find_longest_cache_hit(again, 8)  # type: ignore[attr-defined]
+    assert hit == 8
+    assert [len(g) for g in blocks.get_block_ids()] == [2, 0, 0]
+    # Adopting the hit: the resident group starts with host-only pages, the
+    # hot group with its region (the request resumes a host prefix).
+    assert core.allocate_slots(again, 1, num_new_computed_tokens=8, new_computed_blocks=blocks)
+    tables = core.blocks("b").get_block_ids()
+    assert tables[1][:2] == [0, 0] and tables[1][2] != 0
+    assert core.has_hot("b", 2) and len(tables[2]) == 2
+    core.check_invariants()
 
 
 def test_per_group_lookup_does_not_reconcile() -> None:

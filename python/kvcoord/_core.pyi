@@ -693,12 +693,16 @@ class CoordinatorCore:
         total_computed_tokens: int | None = None,
         num_encoder_tokens: int | None = None,
         max_in_flight_tokens: int | None = None,
+        num_local_computed_tokens: int | None = None,
     ) -> int:
         """Blocks an allocation of ``num_tokens`` slots would pull from the
         pool (vLLM's ``get_num_blocks_to_allocate``); with
         ``max_in_flight_tokens``, capped per group at the most blocks a
-        request can hold (sliding window, chunked local: vLLM's
-        full-sequence admission check). Changes nothing."""
+        request can hold (sliding window, chunked local, HiSparse resident
+        pages: vLLM's full-sequence admission check).
+        ``num_local_computed_tokens``: of ``total_computed_tokens``, those
+        computed locally (default: all; HiSparse groups tell an import
+        apart). Changes nothing."""
     def remove_skipped_blocks(
         self,
         request_id: str,
@@ -732,6 +736,65 @@ class CoordinatorCore:
         """The request's block table per group (raises ``UnknownRequestError``)."""
     def num_common_prefix_blocks(self, request_id: str) -> list[int]:
         """Per group, leading blocks shared by every running request."""
+    def resident_page(self, request_id: str, group: int, page: int) -> int | None:
+        """The block a live request's page is read from in a HiSparse
+        resident group (its residency overlay applied); None when the page is
+        read from the host or lies past the table.
+
+        Raises:
+            InvalidArgumentError: ``group`` is not a resident group.
+            NoSuchRequestError: the request holds no blocks.
+        """
+    def residency_row(self, request_id: str, group: int, start: int | None = None) -> list[int]:
+        """A live request's row in a resident group from page ``start``
+        (default 0), overlay applied; 0 marks host-only pages. The block
+        table itself (:meth:`blocks`) stays append-only."""
+    def adopt_resident_page(self, request_id: str, group: int, page: int, block_id: int) -> bool:
+        """Point a host-only page at ``block_id``, a device copy of its
+        contents (vLLM's ``adopt_resident_page``). The page holds no
+        reference until the next :meth:`touch_resident_blocks` of the block
+        in that group takes it. False (nothing changed) when the page is
+        resident already or past the table."""
+    def touch_resident_blocks(self, group: int, block_ids: BlockIds) -> None:
+        """vLLM's ``touch`` on a resident group's pool: one reference on each
+        block, which backs the oldest adoption of it waiting for one, else is
+        a caller reference (released with :meth:`free_caller_blocks`)."""
+    def unpin_resident_block(self, group: int, block_id: int) -> None:
+        """Give up one reference on a block of a resident group while the
+        pages reading it keep doing so (vLLM's ``unpin_blocks`` on that
+        group's pool): the block may count as free, and is reported by
+        :meth:`take_reused_watched` once the pool hands it out. The reference
+        is anonymous, as in vLLM: a later :meth:`drop_resident_page` of a
+        page reading the block consumes it.
+
+        Raises:
+            InvalidArgumentError: no request holds a reference on the block
+                beyond the caller's, or the block is null or out of range.
+        """
+    def unpin_resident_page(self, request_id: str, group: int, page: int) -> int | None:
+        """:meth:`unpin_resident_block` of the block a page is read from;
+        returns it (None, nothing changed, for a host-only page)."""
+    def drop_resident_page(self, request_id: str, group: int, page: int) -> int | None:
+        """Make a page host-only (vLLM's ``drop_resident_page``), consuming a
+        reference given up on its block; returns the block it was read from
+        (None for a host-only page).
+
+        Raises:
+            InvalidArgumentError: no reference on the block was given up, or
+                the page's adoption is not backed by a touch yet.
+        """
+    def require_hot(self, request_id: str, group: int) -> None:
+        """Ask for a live request's hot region in a HiSparse hot group: its
+        next allocation (and prediction) includes it."""
+    def has_hot(self, request_id: str, group: int) -> bool:
+        """Whether a live request holds its whole hot region in a hot group."""
+    def touch_caller_blocks(self, block_ids: BlockIds) -> None:
+        """Take one caller reference on each block (vLLM's ``BlockPool.touch``
+        from outside the manager; a free block leaves the free queue), released
+        with :meth:`free_caller_blocks`. The null block is skipped."""
+    def take_reused_watched(self) -> list[int]:
+        """Unpinned blocks the pool handed out, or forgot on a reset, since
+        the last call, in that order (each reported once)."""
     def evict_blocks(self, block_ids: BlockIds) -> None:
         """Drop these blocks' prefix-cache keys (they stay allocated)."""
     def reset_prefix_cache(self) -> bool:
@@ -922,6 +985,12 @@ class GroupSpec:
     def sliding_window_mla(block_size: int, sliding_window: int) -> GroupSpec: ...
     @staticmethod
     def rswa(block_size: int, rswa_window: int) -> GroupSpec: ...
+    @staticmethod
+    def hisparse_resident(block_size: int) -> GroupSpec:
+        """vLLM's HiSparse resident pages (not yet served by kvcoord.vllm)."""
+    @staticmethod
+    def hisparse_hot(block_size: int, blocks_per_request: int) -> GroupSpec:
+        """vLLM's HiSparse hot region (not yet served by kvcoord.vllm)."""
     @staticmethod
     def mamba_align(
         block_size: int,

@@ -21,6 +21,8 @@ __all__ = [
     "ChunkedLocalAttentionSpec",
     "CrossAttentionSpec",
     "FullAttentionSpec",
+    "HiSparseHotSpec",
+    "HiSparseResidentSpec",
     "KVCacheConfig",
     "KVCacheGroup",
     "KVCacheSpec",
@@ -269,6 +271,43 @@ class RSWASpec(_Spec):
         _set_core(self, GroupSpec.rswa(self.block_size, self.rswa_window))
 
 
+@dataclass(frozen=True, slots=True)
+class HiSparseResidentSpec(_Spec):
+    """vLLM 0.33.0's HiSparse resident pages: device copies of KV whose home
+    is a host tier. A request's table is append-only, with null entries for
+    pages read from the host; a residency overlay (see
+    :meth:`kvcoord._core.CoordinatorCore.residency_row`) records pages
+    adopted from copies and pages given back. Never prefix-cached (lookups
+    skip the group). kvcoord.vllm does not serve HiSparse configurations
+    yet (docs/hisparse.md)."""
+
+    block_size: int
+    kind: ClassVar[str] = "hisparse_resident"
+    core: GroupSpec = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        _int_field(self, "block_size", self.block_size)
+        _set_core(self, GroupSpec.hisparse_resident(self.block_size))
+
+
+@dataclass(frozen=True, slots=True)
+class HiSparseHotSpec(_Spec):
+    """vLLM 0.33.0's HiSparse hot region: ``blocks_per_request`` blocks a
+    request holds once it reads from the host tier (an import, a resumed
+    host prefix, or on demand: :meth:`kvcoord._core.CoordinatorCore.require_hot`).
+    Never prefix-cached."""
+
+    block_size: int
+    blocks_per_request: int
+    kind: ClassVar[str] = "hisparse_hot"
+    core: GroupSpec = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        _int_field(self, "block_size", self.block_size)
+        _int_field(self, "blocks_per_request", self.blocks_per_request)
+        _set_core(self, GroupSpec.hisparse_hot(self.block_size, self.blocks_per_request))
+
+
 KVCacheSpec: TypeAlias = (
     FullAttentionSpec
     | SlidingWindowSpec
@@ -278,6 +317,8 @@ KVCacheSpec: TypeAlias = (
     | MLAAttentionSpec
     | SlidingWindowMLASpec
     | RSWASpec
+    | HiSparseResidentSpec
+    | HiSparseHotSpec
 )
 _SPEC_TYPES = (
     FullAttentionSpec,
@@ -288,6 +329,8 @@ _SPEC_TYPES = (
     MLAAttentionSpec,
     SlidingWindowMLASpec,
     RSWASpec,
+    HiSparseResidentSpec,
+    HiSparseHotSpec,
 )
 
 

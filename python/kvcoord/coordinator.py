@@ -235,6 +235,10 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         )
         buckets: list[SpecGroup] = []
         for gid, g in enumerate(config.groups):
+            if not g.spec.core.prefix_cacheable:
+                # Never looked up (vLLM 0.33.0 leaves such groups out of the
+                # search; their hit is empty): HiSparse's device groups.
+                continue
             for i, b in enumerate(buckets):
                 if b.spec == g.spec:
                     buckets[i] = SpecGroup(b.spec, (*b.group_ids, gid))

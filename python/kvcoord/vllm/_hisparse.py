@@ -29,8 +29,9 @@ __all__ = ["hisparse_reason", "role_reason"]
 
 _MISSING = (
     "vLLM drives these groups with its HiSparseCoordinator, which finds them by "
-    "vLLM's manager classes; kvcoord has no host pool, HiSparse kinds or "
-    "coordinator yet (docs/hisparse.md)"
+    "vLLM's manager classes; kvcoord's core has the resident and hot kinds but "
+    "not the host tier of the source group, and nothing lets that coordinator "
+    "run over kvcoord's managers yet (docs/hisparse.md)"
 )
 
 

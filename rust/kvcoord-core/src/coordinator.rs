@@ -25,7 +25,7 @@ use crate::block_hash::BlockHash;
 pub use crate::block_ids::NewBlocks;
 use crate::error::{KvError, KvResult};
 use crate::ids::{BlockId, GroupId, ReqId};
-use crate::managers::mamba_align;
+use crate::managers::{hisparse, mamba_align};
 use crate::managers::{CachePolicy, GroupSpec, GroupTable, Manager, SpecKind};
 use crate::pool::{BlockPool, PoolConfig};
 use crate::prefix_index::CacheKey;
@@ -34,6 +34,7 @@ use crate::request::{Request, RequestRegistry};
 use crate::retention::validate_retention_interval;
 
 mod caller_held;
+mod hisparse_rows;
 
 /// Which coordinator policy serves a configuration (vLLM's
 /// `get_kv_cache_coordinator`): it decides hit alignment and how many tokens
@@ -333,7 +334,13 @@ impl CoordinatorConfig {
         }
         for g in &self.groups {
             let facts = g.facts();
-            if !facts.prefix_cacheable {
+            // vLLM's HiSparse device groups sit beside cached groups: lookups
+            // skip them and caching leaves them alone.
+            let beside_caching = matches!(
+                g.kind,
+                SpecKind::HiSparseResident | SpecKind::HiSparseHot { .. }
+            );
+            if !facts.prefix_cacheable && !beside_caching {
                 return Err(bad(
                     "enable_caching",
                     "true".into(),
@@ -482,6 +489,9 @@ pub struct CoordinatorCore {
     /// References held by the caller outside every table, per block (see
     /// [`caller_held`]).
     caller_held: HashMap<BlockId, u32>,
+    /// `HiSparse` resident groups' per-block accounting (see
+    /// [`hisparse_rows`]).
+    hisparse: hisparse_rows::Ledger,
 }
 
 impl CoordinatorCore {
@@ -528,6 +538,7 @@ impl CoordinatorCore {
             has_align,
             registry: RequestRegistry::default(),
             caller_held: HashMap::new(),
+            hisparse: hisparse_rows::Ledger::default(),
         })
     }
 
@@ -621,13 +632,17 @@ impl CoordinatorCore {
     /// that release blocks behind their attention are capped at the most
     /// blocks a request can hold in them
     /// ([`Manager::max_admission_blocks`]): vLLM's full-sequence admission
-    /// check. Changes nothing.
+    /// check. `local_computed`: of `total_computed`, the tokens computed
+    /// locally (the rest came from a KV connector; `None`: all of them),
+    /// which `HiSparse` groups tell apart. Changes nothing.
+    #[allow(clippy::too_many_arguments)]
     pub fn num_blocks_to_allocate(
         &self,
         request: &Request,
         num_tokens: usize,
         hits: &[Vec<BlockId>],
         total_computed: usize,
+        local_computed: Option<usize>,
         num_encoder_tokens: usize,
         max_in_flight_tokens: Option<usize>,
     ) -> KvResult<usize> {
@@ -650,7 +665,8 @@ impl CoordinatorCore {
             .get(request.id())
             .and_then(|req| self.requests.get(&req))
             .map(Vec::as_slice);
-        let step = StepSize::new(num_tokens, num_tokens, total_computed, num_encoder_tokens);
+        let step = StepSize::new(num_tokens, num_tokens, total_computed, num_encoder_tokens)
+            .with_local(local_computed.unwrap_or(total_computed));
         let mut checkpoints = vec![None; self.managers.len()];
         let caps = Caps {
             max_in_flight_tokens,
@@ -926,7 +942,7 @@ impl CoordinatorCore {
             Entry::Occupied(tables) => Some(tables.get().as_slice()),
             Entry::Vacant(_) => None,
         };
-        let step = StepSize::new(main, need_slots, total, num_encoder_tokens);
+        let step = StepSize::new(main, need_slots, total, num_encoder_tokens).with_local(local);
         let needed = predict(
             managers,
             pool,
@@ -952,9 +968,8 @@ impl CoordinatorCore {
                 fresh.resize_with(managers.len(), GroupTable::default);
                 let adopt = new_computed_blocks.is_some();
                 let external = num_external_computed_tokens;
-                adopt_prefix(
-                    managers, pool, &mut fresh, hits, adopt, total, external, scratch,
-                )?;
+                let counts = (local.min(total), total, external);
+                adopt_prefix(managers, pool, &mut fresh, hits, adopt, counts, scratch)?;
                 vacant.insert(fresh)
             }
         };
@@ -1024,6 +1039,7 @@ impl CoordinatorCore {
         if !self.boundary_offloads.is_empty() {
             self.boundary_offloads.retain(|o| o.req != req);
         }
+        self.hisparse.forget(req);
         let mut res = Ok(());
         for (m, t) in self.managers.iter().zip(tables.iter_mut()) {
             res = res.and(m.free(&mut self.pool, t));
@@ -1150,7 +1166,14 @@ impl CoordinatorCore {
             for (g, t) in tables.iter().enumerate() {
                 t.check_invariants(self.managers[g].spec().has_interior_nulls())
                     .map_err(|e| format!("request {req} group {g}: {e}"))?;
-                for &b in t.blocks() {
+                let resident = matches!(self.managers[g].spec().kind, SpecKind::HiSparseResident);
+                let held: Vec<BlockId> = if resident {
+                    hisparse::check_row(t).map_err(|e| format!("request {req} group {g}: {e}"))?;
+                    hisparse::referenced(t).collect()
+                } else {
+                    t.blocks().to_vec()
+                };
+                for &b in &held {
                     let slot = owners.get_mut(b.index()).ok_or_else(|| {
                         format!("request {req} group {g}: block {b} out of range")
                     })?;
@@ -1166,6 +1189,18 @@ impl CoordinatorCore {
                 self.registry.len(),
                 self.requests.len()
             ));
+        }
+        for (&(g, b), &n) in &self.hisparse.given_up {
+            let slot = owners
+                .get_mut(b.index())
+                .ok_or_else(|| format!("given-up block {b} out of range"))?;
+            if n == 0 || *slot < n {
+                return Err(format!(
+                    "group {g} block {b}: {n} references given up, {} held by rows",
+                    *slot
+                ));
+            }
+            *slot -= n;
         }
         let by_tables = owners.clone();
         for (&b, &n) in &self.caller_held {
@@ -1198,6 +1233,8 @@ struct StepSize {
     need_slots: usize,
     /// Computed tokens before the step (hits included).
     total: usize,
+    /// Of `total`, the locally computed ones (no external tokens).
+    local: usize,
     /// Encoder tokens (cross-attention groups).
     num_encoder_tokens: usize,
 }
@@ -1208,8 +1245,15 @@ impl StepSize {
             main,
             need_slots,
             total,
+            local: total,
             num_encoder_tokens,
         }
+    }
+
+    /// With `local` of the computed tokens local (the rest external).
+    fn with_local(mut self, local: usize) -> Self {
+        self.local = local.min(self.total);
+        self
     }
 }
 
@@ -1276,16 +1320,24 @@ fn adopt_prefix(
     tables: &mut [GroupTable],
     hits: &[Vec<BlockId>],
     adopt: bool,
-    total: usize,
-    external: usize,
+    (local, total, external): (usize, usize, usize),
     scratch: &mut Vec<BlockId>,
 ) -> KvResult<()> {
     if !adopt && external == 0 {
         return Ok(());
     }
+    let has_resident = managers
+        .iter()
+        .any(|m| matches!(m.spec().kind, SpecKind::HiSparseResident));
     for (g, (m, t)) in managers.iter().zip(tables.iter_mut()).enumerate() {
         let group_hits = hits.get(g).map_or(&[][..], Vec::as_slice);
-        m.add_local_computed_blocks(pool, t, group_hits, total)?;
+        match m.spec().kind {
+            // The host prefix of a HiSparse request: null pages, the hot
+            // region asked for when it resumes one.
+            SpecKind::HiSparseResident => hisparse::resident_add_local(t, m.block_size(), local),
+            SpecKind::HiSparseHot { .. } => hisparse::hot_add_local(t, local, has_resident),
+            _ => m.add_local_computed_blocks(pool, t, group_hits, total)?,
+        }
     }
     if external > 0 {
         for (m, t) in managers.iter().zip(tables.iter_mut()) {
@@ -1420,9 +1472,22 @@ fn predict(
             let cap = caps
                 .max_in_flight_tokens
                 .and_then(|f| m.max_admission_blocks(f, caps.max_model_len));
-            needed = needed.saturating_add(
-                m.num_blocks_to_allocate_capped(pool, table, tokens, group_hits, step.total, cap),
-            );
+            let bs = m.block_size();
+            let n = match m.spec().kind {
+                SpecKind::HiSparseResident => hisparse::resident_blocks_to_allocate(
+                    table, bs, tokens, step.total, step.local, cap,
+                ),
+                SpecKind::HiSparseHot { blocks_per_request } => hisparse::hot_blocks_to_allocate(
+                    table,
+                    blocks_per_request as usize,
+                    step.total,
+                    step.local,
+                ),
+                _ => m.num_blocks_to_allocate_capped(
+                    pool, table, tokens, group_hits, step.total, cap,
+                ),
+            };
+            needed = needed.saturating_add(n);
         }
     }
     needed.saturating_sub(surplus)
@@ -2370,13 +2435,14 @@ mod tests {
         let mut c = CoordinatorCore::new(cfg).unwrap();
         let r = live_request("a", 100, 4);
         assert_eq!(
-            c.num_blocks_to_allocate(&r, 100, &[], 0, 0, None).unwrap(),
+            c.num_blocks_to_allocate(&r, 100, &[], 0, None, 0, None)
+                .unwrap(),
             75
         );
         // 16 tokens in flight: SWA holds cdiv(7 + 16, 4) + 1 = 7 blocks at
         // most, chunked local cdiv(8 + 16, 4) = 6; full attention is not capped.
         assert_eq!(
-            c.num_blocks_to_allocate(&r, 100, &[], 0, 0, Some(16))
+            c.num_blocks_to_allocate(&r, 100, &[], 0, None, 0, Some(16))
                 .unwrap(),
             25 + 7 + 6
         );
@@ -2390,7 +2456,7 @@ mod tests {
         assert_eq!(c.managers()[0].max_admission_blocks(16, 1000), None);
         // Below the cap the prediction is the uncapped one.
         assert_eq!(
-            c.num_blocks_to_allocate(&r, 8, &[], 0, 0, Some(16))
+            c.num_blocks_to_allocate(&r, 8, &[], 0, None, 0, Some(16))
                 .unwrap(),
             6
         );
@@ -2403,17 +2469,25 @@ mod tests {
             .unwrap());
         assert_eq!(c.pool().num_free_blocks(), free - 18);
         assert_eq!(
-            c.num_blocks_to_allocate(&r, 100, &[], 24, 0, Some(16))
+            c.num_blocks_to_allocate(&r, 100, &[], 24, None, 0, Some(16))
                 .unwrap(),
             19 + 1
         );
         assert_eq!(c.pool().num_free_blocks(), free - 18);
         // Bad hit lists are refused.
         assert!(c
-            .num_blocks_to_allocate(&r, 8, &[vec![BlockId(1)]], 0, 0, None)
+            .num_blocks_to_allocate(&r, 8, &[vec![BlockId(1)]], 0, None, 0, None)
             .is_err());
         assert!(c
-            .num_blocks_to_allocate(&r, 8, &[vec![], vec![], vec![BlockId(9999)]], 0, 0, None)
+            .num_blocks_to_allocate(
+                &r,
+                8,
+                &[vec![], vec![], vec![BlockId(9999)]],
+                0,
+                None,
+                0,
+                None
+            )
             .is_err());
         // Released blocks: an unknown id holds nothing; a known one drops
         // the SWA and chunked-local blocks before the window.

@@ -214,6 +214,8 @@ pub const fn spec_metadata(spec: &SpecKind) -> (Option<&'static str>, Option<u32
         SpecKind::ChunkedLocal { .. } => ("chunked_local_attention", None),
         SpecKind::Mamba { .. } | SpecKind::MambaAlign { .. } => ("mamba", None),
         SpecKind::CrossAttention => ("cross_attention", None),
+        // vLLM names no kind for its HiSparse device specs.
+        SpecKind::HiSparseResident | SpecKind::HiSparseHot { .. } => ("unknown", None),
     };
     (Some(kind), window)
 }

@@ -329,7 +329,8 @@ pool_writers!(pymethods!(PyCoordinatorCore {
     /// capped per group at the most blocks a request can hold (vLLM's
     /// full-sequence admission check). Changes nothing.
     #[pyo3(signature = (request, num_tokens, new_computed_blocks = None, total_computed_tokens = None,
-                        num_encoder_tokens = None, max_in_flight_tokens = None))]
+                        num_encoder_tokens = None, max_in_flight_tokens = None,
+                        num_local_computed_tokens = None))]
     #[allow(clippy::too_many_arguments)]
     fn num_blocks_to_allocate(
         &self,
@@ -340,8 +341,13 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         total_computed_tokens: Option<&Bound<'_, PyAny>>,
         num_encoder_tokens: Option<&Bound<'_, PyAny>>,
         max_in_flight_tokens: Option<&Bound<'_, PyAny>>,
+        num_local_computed_tokens: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<usize> {
         let request = args::request(request)?;
+        let local = match num_local_computed_tokens {
+            Some(v) => Some(args::count(v, "num_local_computed_tokens")?),
+            None => None,
+        };
         let num_tokens = args::count(num_tokens, "num_tokens")?;
         let total = args::opt_count(total_computed_tokens, "total_computed_tokens")?;
         let encoder = args::opt_count(num_encoder_tokens, "num_encoder_tokens")?;
@@ -360,6 +366,7 @@ pool_writers!(pymethods!(PyCoordinatorCore {
             num_tokens,
             hits,
             total,
+            local,
             encoder,
             in_flight,
         ))
@@ -432,6 +439,152 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         let state = self.enter(py)?;
         let tables = core(state.inner.request_block_ids(request_id))?;
         PyKVCacheBlocks::new(NewBlocks::from_groups(tables))
+    }
+
+    // ---- HiSparse rows (see kvcoord_core::managers::hisparse) ----------
+
+    /// The block a request's page is read from in a `HiSparse` resident group
+    /// (overlay applied), `None` when it is read from the host.
+    fn resident_page(
+        &self,
+        py: Python<'_>,
+        request_id: &str,
+        group: &Bound<'_, PyAny>,
+        page: &Bound<'_, PyAny>,
+    ) -> PyResult<Option<u32>> {
+        let (group, page) = row_args(group, page)?;
+        let found = core(self.with(py, |c| {
+            c.request_id(request_id)
+                .and_then(|req| c.resident_page(req, group, page))
+        })?)?;
+        Ok(found.map(|b| b.0))
+    }
+
+    /// A request's row in a resident group from page `start`, overlay
+    /// applied (0 marks host-only pages).
+    #[pyo3(signature = (request_id, group, start = None))]
+    fn residency_row(
+        &self,
+        py: Python<'_>,
+        request_id: &str,
+        group: &Bound<'_, PyAny>,
+        start: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Vec<u32>> {
+        let group = GroupId(args::u32_arg(group, "group")?);
+        let start = args::opt_count(start, "start")?;
+        let row = core(self.with(py, |c| {
+            c.request_id(request_id)
+                .and_then(|req| c.residency_row(req, group, start))
+        })?)?;
+        Ok(row.into_iter().map(|b| b.0).collect())
+    }
+
+    /// Point a host-only page at `block_id` (unbacked until the next
+    /// `touch_resident_blocks` of it); `False` when the page is resident or
+    /// past the table.
+    fn adopt_resident_page(
+        &self,
+        py: Python<'_>,
+        request_id: &str,
+        group: &Bound<'_, PyAny>,
+        page: &Bound<'_, PyAny>,
+        block_id: &Bound<'_, PyAny>,
+    ) -> PyResult<bool> {
+        let (group, page) = row_args(group, page)?;
+        let block = BlockId(args::u32_arg(block_id, "block_id")?);
+        self.with_mut(py, |c| {
+            let req = c.request_id(request_id)?;
+            c.adopt_resident_page(req, group, page, block)
+        })
+    }
+
+    /// `unpin_resident_block` of the block a page is read from; the block,
+    /// or `None` for a host-only page.
+    fn unpin_resident_page(
+        &self,
+        py: Python<'_>,
+        request_id: &str,
+        group: &Bound<'_, PyAny>,
+        page: &Bound<'_, PyAny>,
+    ) -> PyResult<Option<u32>> {
+        let (group, page) = row_args(group, page)?;
+        let found = self.with_mut(py, |c| {
+            let req = c.request_id(request_id)?;
+            c.unpin_resident_page(req, group, page)
+        })?;
+        Ok(found.map(|b| b.0))
+    }
+
+    /// Make a page host-only, consuming a reference given up on its block;
+    /// the block it was read from.
+    fn drop_resident_page(
+        &self,
+        py: Python<'_>,
+        request_id: &str,
+        group: &Bound<'_, PyAny>,
+        page: &Bound<'_, PyAny>,
+    ) -> PyResult<Option<u32>> {
+        let (group, page) = row_args(group, page)?;
+        let found = self.with_mut(py, |c| {
+            let req = c.request_id(request_id)?;
+            c.drop_resident_page(req, group, page)
+        })?;
+        Ok(found.map(|b| b.0))
+    }
+
+    /// Ask for a request's hot region in a `HiSparse` hot group.
+    fn require_hot(&self, py: Python<'_>, request_id: &str, group: &Bound<'_, PyAny>) -> PyResult<()> {
+        let group = GroupId(args::u32_arg(group, "group")?);
+        self.with_mut(py, |c| {
+            let req = c.request_id(request_id)?;
+            c.require_hot(req, group)
+        })
+    }
+
+    /// Whether a request holds its whole hot region in a hot group.
+    fn has_hot(&self, py: Python<'_>, request_id: &str, group: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let group = GroupId(args::u32_arg(group, "group")?);
+        core(self.with(py, |c| {
+            c.request_id(request_id).and_then(|req| c.has_hot(req, group))
+        })?)
+    }
+
+    /// Give up one reference on a block of a resident group while its pages
+    /// are still read (vLLM's `unpin_blocks` on that group's pool).
+    fn unpin_resident_block(
+        &self,
+        py: Python<'_>,
+        group: &Bound<'_, PyAny>,
+        block_id: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let group = GroupId(args::u32_arg(group, "group")?);
+        let block = BlockId(args::u32_arg(block_id, "block_id")?);
+        self.with_mut(py, |c| c.unpin_resident_block(group, block))
+    }
+
+    /// vLLM's `touch` on a resident group's pool: backs a waiting adoption,
+    /// else a caller reference.
+    fn touch_resident_blocks(
+        &self,
+        py: Python<'_>,
+        group: &Bound<'_, PyAny>,
+        block_ids: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let group = GroupId(args::u32_arg(group, "group")?);
+        let ids = convert::block_ids(block_ids)?;
+        self.with_mut(py, |c| c.touch_resident_blocks(group, &ids))
+    }
+
+    /// Take one caller reference on each block (vLLM's `touch`).
+    fn touch_caller_blocks(&self, py: Python<'_>, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
+        let ids = convert::block_ids(block_ids)?;
+        self.with_mut(py, |c| c.touch_caller_blocks(&ids))
+    }
+
+    /// Unpinned blocks the pool handed out (or forgot) since the last call.
+    fn take_reused_watched(&self, py: Python<'_>) -> PyResult<Vec<u32>> {
+        let reused = self.pool_mut(py, BlockPool::take_reused_watched)?;
+        Ok(reused.into_iter().map(|b| b.0).collect())
     }
 
     fn num_common_prefix_blocks(&self, py: Python<'_>, request_id: &str) -> PyResult<Vec<usize>> {
@@ -560,3 +713,9 @@ impl PyBlockPoolView {
 }
 
 pool_readers!(PyBlockPoolView, "BlockPoolView", {});
+
+/// A row call's group and page, converted.
+fn row_args(group: &Bound<'_, PyAny>, page: &Bound<'_, PyAny>) -> PyResult<(GroupId, usize)> {
+    let group = GroupId(args::u32_arg(group, "group")?);
+    Ok((group, args::count(page, "page")?))
+}

@@ -70,6 +70,8 @@ group_spec_methods!({
     mla_attention() = SpecKind::MlaAttention;
     sliding_window_mla(sliding_window) = SpecKind::SlidingWindowMla { sliding_window: 0 };
     rswa(rswa_window) = SpecKind::Rswa { rswa_window: 0 };
+    hisparse_resident() = SpecKind::HiSparseResident;
+    hisparse_hot(blocks_per_request) = SpecKind::HiSparseHot { blocks_per_request: 0 };
 {
     /// Mamba with `mamba_cache_mode="align"` (prefix caching of states at
     /// block boundaries).

@@ -496,6 +496,7 @@ mod tests {
                 allocated: true,
                 ..AlignState::default()
             },
+            ..GroupTable::default()
         };
         let n = num_blocks_to_allocate(&m, &p, Some(&t), &input(12, 8), &none);
         assert_eq!(

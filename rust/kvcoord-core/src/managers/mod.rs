@@ -10,6 +10,7 @@
 pub mod chunked_local;
 pub mod cross_attention;
 pub mod full_attention;
+pub mod hisparse;
 pub mod mamba;
 pub mod mamba_align;
 pub mod mla_attention;
@@ -76,6 +77,15 @@ pub enum SpecKind {
         /// Token alignment of an exported checkpoint relative to the chunk
         /// start (`None`: the backend cannot export one).
         prefill_checkpoint_alignment: Option<u32>,
+    },
+    /// `HiSparse` resident pages: device copies of host-backed KV, with a
+    /// residency overlay over an append-only table (see [`hisparse`]).
+    HiSparseResident,
+    /// `HiSparse` hot region: `blocks_per_request` blocks a request holds
+    /// once it reads from the host (see [`hisparse`]).
+    HiSparseHot {
+        /// Blocks of the region.
+        blocks_per_request: u32,
     },
 }
 
@@ -173,6 +183,22 @@ impl GroupSpec {
         }
     }
 
+    /// A `HiSparse` resident spec.
+    pub const fn hisparse_resident(block_size: u32) -> Self {
+        Self {
+            kind: SpecKind::HiSparseResident,
+            block_size,
+        }
+    }
+
+    /// A `HiSparse` hot spec.
+    pub const fn hisparse_hot(block_size: u32, blocks_per_request: u32) -> Self {
+        Self {
+            kind: SpecKind::HiSparseHot { blocks_per_request },
+            block_size,
+        }
+    }
+
     /// The kind's facts (see [`KindFacts`]): the one table every layer
     /// asks, the bindings and Python included.
     #[inline]
@@ -251,8 +277,14 @@ impl GroupSpec {
             | SpecKind::MambaAlign {
                 num_speculative_blocks: v,
                 ..
+            }
+            | SpecKind::HiSparseHot {
+                blocks_per_request: v,
             } => Some(v),
-            SpecKind::FullAttention | SpecKind::CrossAttention | SpecKind::MlaAttention => None,
+            SpecKind::FullAttention
+            | SpecKind::CrossAttention
+            | SpecKind::MlaAttention
+            | SpecKind::HiSparseResident => None,
         }
     }
 
@@ -406,7 +438,13 @@ impl SpecKind {
                 prefill_checkpoint,
                 prefill_checkpoint_alignment,
             },
-            Self::FullAttention | Self::CrossAttention | Self::MlaAttention => self,
+            Self::HiSparseHot { .. } => Self::HiSparseHot {
+                blocks_per_request: v,
+            },
+            Self::FullAttention
+            | Self::CrossAttention
+            | Self::MlaAttention
+            | Self::HiSparseResident => self,
         }
     }
 
@@ -505,6 +543,8 @@ impl SpecKind {
                 sized_by_encoder: false,
                 nulls: NullEntries::Anywhere,
             },
+            Self::HiSparseResident => hisparse::RESIDENT_FACTS,
+            Self::HiSparseHot { .. } => hisparse::HOT_FACTS,
         }
     }
 }
@@ -521,6 +561,9 @@ pub struct GroupTable {
     pub(crate) num_cached: usize,
     /// Mamba "align" only (see [`mamba_align`]): per-request bookkeeping.
     pub(crate) align: mamba_align::AlignState,
+    /// `HiSparse` kinds only (see [`hisparse`]): residency overlay, unpinned
+    /// pages, hot-region demand.
+    pub(crate) hisparse: hisparse::HiSparseRow,
 }
 
 impl GroupTable {
@@ -630,7 +673,9 @@ impl Manager {
             | SpecKind::CrossAttention
             | SpecKind::MlaAttention
             | SpecKind::SlidingWindowMla { .. }
-            | SpecKind::Rswa { .. } => self.block_size,
+            | SpecKind::Rswa { .. }
+            | SpecKind::HiSparseResident
+            | SpecKind::HiSparseHot { .. } => self.block_size,
         }
     }
 
@@ -656,7 +701,9 @@ impl Manager {
             SpecKind::FullAttention
             | SpecKind::CrossAttention
             | SpecKind::MlaAttention
-            | SpecKind::Rswa { .. } => 0,
+            | SpecKind::Rswa { .. }
+            | SpecKind::HiSparseResident
+            | SpecKind::HiSparseHot { .. } => 0,
             SpecKind::SlidingWindow { sliding_window }
             | SpecKind::SlidingWindowMla { sliding_window } => {
                 sliding_window::num_skipped_tokens(n, sliding_window as usize)
@@ -704,6 +751,9 @@ impl Manager {
                     .min(max_model_len);
                 Some(cdiv(tokens, bs))
             }
+            // HiSparse resident pages: the in-flight window (older pages
+            // move to the host).
+            SpecKind::HiSparseResident => Some(cdiv(max_in_flight_tokens.min(max_model_len), bs)),
             // Every block stays until the request finishes (R-SWA's gap is
             // released during decode, but its peak is full attention's).
             SpecKind::FullAttention
@@ -711,7 +761,8 @@ impl Manager {
             | SpecKind::MlaAttention
             | SpecKind::Rswa { .. }
             | SpecKind::Mamba { .. }
-            | SpecKind::MambaAlign { .. } => None,
+            | SpecKind::MambaAlign { .. }
+            | SpecKind::HiSparseHot { .. } => None,
         }
     }
 
@@ -729,6 +780,8 @@ impl Manager {
             | SpecKind::MlaAttention
             | SpecKind::SlidingWindowMla { .. }
             | SpecKind::Rswa { .. }
+            | SpecKind::HiSparseResident
+            | SpecKind::HiSparseHot { .. }
             // Align mode sizes by the main model's tokens (its own path).
             | SpecKind::MambaAlign { .. } => num_tokens,
         }
@@ -815,6 +868,9 @@ impl Manager {
             SpecKind::CrossAttention => Err(KvError::Unsupported {
                 what: "prefix-cache lookup on a cross-attention group".into(),
             }),
+            // vLLM's HiSparse device groups answer every lookup with no hit
+            // (the host group caches for them).
+            SpecKind::HiSparseResident | SpecKind::HiSparseHot { .. } => Ok(0),
         }
     }
 
@@ -904,6 +960,24 @@ impl Manager {
         external: usize,
         scratch: &mut Vec<BlockId>,
     ) -> KvResult<()> {
+        match self.spec.kind {
+            SpecKind::HiSparseResident if external > 0 => {
+                return hisparse::resident_add_external(
+                    pool,
+                    table,
+                    self.block_size,
+                    total,
+                    scratch,
+                );
+            }
+            SpecKind::HiSparseHot { .. } if external > 0 => {
+                // Reading imported pages needs the hot region.
+                table.hisparse.hot_required = true;
+                return Ok(());
+            }
+            SpecKind::HiSparseResident | SpecKind::HiSparseHot { .. } => return Ok(()),
+            _ => {}
+        }
         if self.spec.facts().sized_by_encoder || !self.supports_external_tokens() {
             return Ok(());
         }
@@ -936,7 +1010,9 @@ impl Manager {
             | SpecKind::CrossAttention
             | SpecKind::MlaAttention
             | SpecKind::SlidingWindowMla { .. }
-            | SpecKind::Rswa { .. } => true,
+            | SpecKind::Rswa { .. }
+            | SpecKind::HiSparseResident
+            | SpecKind::HiSparseHot { .. } => true,
         }
     }
 
@@ -950,6 +1026,14 @@ impl Manager {
         num_tokens: usize,
         new_blocks: &mut Vec<BlockId>,
     ) -> KvResult<()> {
+        if let SpecKind::HiSparseHot { blocks_per_request } = self.spec.kind {
+            return hisparse::hot_allocate_new(
+                pool,
+                table,
+                blocks_per_request as usize,
+                new_blocks,
+            );
+        }
         let required = cdiv(self.tokens_to_allocate(num_tokens), self.block_size);
         let n = required.saturating_sub(table.blocks.len());
         if n > 0 {
@@ -1039,7 +1123,9 @@ impl Manager {
             | SpecKind::Rswa { .. }
             | SpecKind::ChunkedLocal { .. }
             | SpecKind::Mamba { .. }
-            | SpecKind::CrossAttention => false,
+            | SpecKind::CrossAttention
+            | SpecKind::HiSparseResident
+            | SpecKind::HiSparseHot { .. } => false,
         };
         pool.cache_full_blocks_scaled(
             &table.blocks,
@@ -1093,7 +1179,9 @@ impl Manager {
             | SpecKind::Mamba { .. }
             | SpecKind::CrossAttention
             | SpecKind::MlaAttention
-            | SpecKind::SlidingWindowMla { .. } => {}
+            | SpecKind::SlidingWindowMla { .. }
+            | SpecKind::HiSparseResident
+            | SpecKind::HiSparseHot { .. } => {}
         }
         let skipped = self.num_skipped_tokens(processed);
         if skipped == 0 {
@@ -1118,6 +1206,10 @@ impl Manager {
     /// Release the whole table, tail first (the deepest prefix block is
     /// evicted before the shallower ones), leading nulls trimmed.
     pub fn free(&self, pool: &mut BlockPool, table: &mut GroupTable) -> KvResult<()> {
+        if let SpecKind::HiSparseResident = self.spec.kind {
+            return hisparse::resident_free(pool, table);
+        }
+        table.hisparse.clear();
         let nulls = table.num_leading_nulls();
         table.blocks.drain(..nulls);
         table.blocks.reverse();
@@ -1272,8 +1364,7 @@ pub(crate) mod test_util {
     pub(crate) fn table(blocks: &[u32]) -> GroupTable {
         GroupTable {
             blocks: blocks.iter().map(|&b| BlockId(b)).collect(),
-            num_cached: 0,
-            align: mamba_align::AlignState::default(),
+            ..GroupTable::default()
         }
     }
 }
