@@ -459,6 +459,20 @@ def test_block_hashes_is_a_full_sequence() -> None:
     assert hashes[1] in hashes
 
 
+def test_block_hashes_slices_are_lists_slices() -> None:
+    # Slices build only their own items (a hasher reads the newest few of a
+    # long request); every slice equals the list's.
+    hashes = req("a", list(range(40))).block_hashes
+    whole = list(hashes)
+    bounds = [None, -12, -11, -3, -1, 0, 1, 3, 9, 10, 11, 100]
+    for lo in bounds:
+        for hi in bounds:
+            for step in (None, 1, 2, -1, -2, 3):
+                assert hashes[lo:hi:step] == whole[lo:hi:step], (lo, hi, step)
+    with pytest.raises(ValueError):
+        hashes[::0]
+
+
 def test_hit_tokens_without_hit_blocks_are_refused() -> None:
     # Found by the generated suite: claiming hit tokens without passing their
     # blocks would cache fresh blocks as holding tokens never computed.

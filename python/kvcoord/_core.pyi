@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from typing import ClassVar, Literal, Protocol, final, overload
+from types import NotImplementedType
+from typing import Any, ClassVar, Literal, Protocol, final, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -434,6 +435,13 @@ class Request:
         """Append one token or many and hash the blocks they complete.
         All-or-nothing: on an invalid token nothing is appended."""
 
+    def catch_up(self, token_ids: list[int], start: int) -> list[bytes] | None:
+        """Catch up with ``token_ids``, a list extending this request's tokens
+        (a scheduler's request, all its tokens so far): append those past
+        :attr:`num_tokens` (hashing the blocks they complete) and return the
+        block hashes from ``start`` on. None (nothing changed) when this
+        request holds more tokens than ``token_ids``; all-or-nothing on an
+        invalid token (``InvalidTokenError``)."""
     def supply_block_hashes(self, block_hashes: Sequence[bytes] | npt.NDArray[np.uint8]) -> None:
         """Append the digests of the next full blocks (``hash_algo="supplied"``
         only): a sequence of bytes or a ``(n, digest_len)`` uint8 array.
@@ -649,6 +657,42 @@ class CoordinatorCore:
         cache the newly full blocks. New ids per group (:attr:`empty` when no
         group got a new block); ``None`` when the pool cannot hold them
         (nothing changed)."""
+    @property
+    def has_decode_room(self) -> bool:
+        """Whether decode steps have rooms (:meth:`decode_room`): every group
+        full attention, all holding back the same re-prefillable tail."""
+    def decode_room(
+        self, need: int, cached_to: int, hashed: int, num_lookahead_tokens: int
+    ) -> int | None:
+        """The room a request has after an allocation for ``need`` slots that
+        cached the full blocks of ``cached_to`` tokens, ``hashed`` of them
+        with hashes, as one limit for steps of ``num_lookahead_tokens``
+        speculative tokens: a later such step whose computed plus new tokens
+        stay below it needs no block and caches none. None where decode steps
+        have no room (:attr:`has_decode_room`)."""
+    def decode_slots(
+        self,
+        request: Any,
+        mine: Request,
+        request_id: str,
+        num_new_tokens: int,
+        num_lookahead_tokens: int,
+        rooms: dict[str, int],
+    ) -> tuple[list[int], ...] | NotImplementedType | None:
+        """One decode step of vLLM 0.33.0's running ``request`` (the fast path
+        of :mod:`kvcoord.vllm`): ``mine``, its kvcoord request, is brought up
+        to date from it (new output tokens, vLLM's new block hashes, the
+        computed-token count, read from the request once), then
+        ``allocate_slots`` of ``num_new_tokens`` new and
+        ``num_lookahead_tokens`` speculative tokens (no hits, no external or
+        encoder tokens), the caching vLLM does (clipped to vLLM's hashes),
+        and ``rooms[request_id]`` set to the room afterwards (the
+        :meth:`decode_room` limit). Returns the new block ids per group
+        (``()`` when no group got one), ``None`` when the pool cannot hold
+        the step (nothing allocated), or ``NotImplemented`` (nothing changed)
+        when ``mine`` needs the adapter's registry to sync it (another kind
+        of request object, placeholder token ids, ``mine`` ahead of
+        ``request``, vLLM hashes a computing request lacks)."""
     def num_blocks_to_allocate(
         self,
         request: Request,

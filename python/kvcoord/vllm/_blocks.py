@@ -24,6 +24,8 @@ from kvcoord.vllm._inspect import CachedBlockIndex, FreeListEnd
 
 __all__ = ["BlockView", "EmptyKVCacheBlocks", "KVCacheBlocks", "PoolView", "ids_of"]
 
+_NDARRAY = np.ndarray
+
 
 def _as_list(ids: Any) -> list[int]:
     """A fresh list of ints from a list, tuple or numpy array of ids."""
@@ -125,6 +127,12 @@ class KVCacheBlocks:
         self, allow_none: bool = False, *, group_ids: Sequence[int] | None = None
     ) -> tuple[list[int], ...] | None:
         groups = self.ids if group_ids is None else tuple(self.ids[g] for g in group_ids)
+        if len(groups) == 1:
+            # The scheduler calls this per request and step; one group needs
+            # no comprehension (a frame of its own in CPython 3.11).
+            g = groups[0]
+            one = g.tolist() if type(g) is _NDARRAY else list(g)
+            return None if allow_none and not one else (one,)
         out = tuple([_as_list(g) for g in groups])
         if allow_none and not any(out):
             return None
