@@ -293,6 +293,55 @@ def test_null_hits_only_where_the_window_skips() -> None:
     mgr.check_invariants()
 
 
+def test_free_head_blocks_as_hits_are_refused_by_kvcoords_own_manager() -> None:
+    # vLLM's test_cache_hit_local_and_external* shape: free, never cached
+    # blocks from the head of the free queue as hits of a full and a
+    # sliding-window group, then external tokens. kvcoord.vllm adopts them
+    # as vLLM does (verify_hits off, tests/kvcoord_vllm/
+    # test_foreign_hits_vs_vllm.py); kvcoord's own manager keeps verifying.
+    mgr = manager(FullAttentionSpec(B), SlidingWindowSpec(B, 400), num_blocks=31)
+    assert mgr.coordinator.core.verify_hits
+    head = [int(b) for b in mgr.block_pool.free_block_ids()[:10]]
+    r = req("r", [0] * (8 * B))
+    message = refused(
+        InvalidArgumentError,
+        ValueError,
+        lambda: manager_state(mgr, [r]),
+        lambda: mgr.allocate_slots(
+            r, B, 5 * B, KVCacheBlocks([head[:5], head[5:]]), num_external_computed_tokens=2 * B
+        ),
+    )
+    assert "not cached for this request's prefix" in message
+    mgr.check_invariants()
+
+
+def test_verify_hits_is_a_coordinator_option() -> None:
+    config = KVCacheConfig(20, (KVCacheGroup(FullAttentionSpec(B)),))
+    on = kvcoord.coordinator.get_kv_cache_coordinator(
+        config, max_model_len=100, enable_caching=True
+    )
+    off = kvcoord.coordinator.get_kv_cache_coordinator(
+        config, max_model_len=100, enable_caching=True, verify_hits=False
+    )
+    assert on.core.verify_hits and not off.core.verify_hits
+    with pytest.raises(TypeError):
+        kvcoord.coordinator.get_kv_cache_coordinator(
+            config, max_model_len=100, enable_caching=True, verify_hits=1
+        )
+    # Off, free uncached blocks are adopted (each gains a reference) and
+    # what the tables cannot hold is still refused.
+    r = req("r", list(range(13)))
+    hits = KVCacheBlocks([[5, 6]])
+    assert off.core.allocate_slots(r, 5, 8, hits) is not None
+    assert off.core.blocks(r.request_id).get_block_ids()[0][:2] == [5, 6]
+    off.core.check_invariants()
+    for bad in ([[0, 7]], [[7]], [[7, 99]]):
+        s = req("s", list(range(13)))
+        with pytest.raises(InvalidArgumentError):
+            off.core.allocate_slots(s, 5, 8, KVCacheBlocks(bad))
+        off.core.check_invariants()
+
+
 # ---- class 5: stale or mismatched requests ---------------------------------
 
 
@@ -408,6 +457,20 @@ def test_block_hashes_is_a_full_sequence() -> None:
         hashes.index(b"nope")
     assert list(reversed(hashes)) == list(hashes)[::-1]
     assert hashes[1] in hashes
+
+
+def test_block_hashes_slices_are_lists_slices() -> None:
+    # Slices build only their own items (a hasher reads the newest few of a
+    # long request); every slice equals the list's.
+    hashes = req("a", list(range(40))).block_hashes
+    whole = list(hashes)
+    bounds = [None, -12, -11, -3, -1, 0, 1, 3, 9, 10, 11, 100]
+    for lo in bounds:
+        for hi in bounds:
+            for step in (None, 1, 2, -1, -2, 3):
+                assert hashes[lo:hi:step] == whole[lo:hi:step], (lo, hi, step)
+    with pytest.raises(ValueError):
+        hashes[::0]
 
 
 def test_hit_tokens_without_hit_blocks_are_refused() -> None:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from typing import ClassVar, Literal, Protocol, final, overload
+from types import NotImplementedType
+from typing import Any, ClassVar, Literal, Protocol, final, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -227,6 +228,9 @@ class BlockPool:
         """Drain the recorded events (always empty when events are off)."""
     def free_block_ids(self) -> npt.NDArray[np.uint32]:
         """The free queue, front (handed out next) to back."""
+    def free_neighbours(self, block_id: int) -> tuple[int, int] | None:
+        """``(prev, next)``: the free-queue entries either side of a free block,
+        front side first (-1 at an end of the queue); None if it is not free."""
     def ref_counts(self) -> npt.NDArray[np.uint32]:
         """Reference count of every block, indexed by id."""
     def cached_mask(self) -> npt.NDArray[np.bool_]:
@@ -434,6 +438,13 @@ class Request:
         """Append one token or many and hash the blocks they complete.
         All-or-nothing: on an invalid token nothing is appended."""
 
+    def catch_up(self, token_ids: list[int], start: int) -> list[bytes] | None:
+        """Catch up with ``token_ids``, a list extending this request's tokens
+        (a scheduler's request, all its tokens so far): append those past
+        :attr:`num_tokens` (hashing the blocks they complete) and return the
+        block hashes from ``start`` on. None (nothing changed) when this
+        request holds more tokens than ``token_ids``; all-or-nothing on an
+        invalid token (``InvalidTokenError``)."""
     def supply_block_hashes(self, block_hashes: Sequence[bytes] | npt.NDArray[np.uint8]) -> None:
         """Append the digests of the next full blocks (``hash_algo="supplied"``
         only): a sequence of bytes or a ``(n, digest_len)`` uint8 array.
@@ -571,6 +582,7 @@ class CoordinatorCore:
         eagle_group_ids: Sequence[int] | None = None,
         num_hash_lookahead_tokens: int | None = None,
         allow_partial_hits: bool = False,
+        verify_hits: bool = True,
     ) -> None:
         """``hash_block_size`` ``None`` takes :func:`default_hash_block_size`.
         ``num_reprefillable_tokens``: multi-module MTP's re-prefillable tail
@@ -580,7 +592,11 @@ class CoordinatorCore:
         tokens after each hash unit its hash covers (a Mamba prefill
         checkpoint leaves that many after it); ``allow_partial_hits``: sub-block
         Mamba hits may be turned on (the caller then drains
-        :meth:`take_block_copies` and frees both ends of each copy)."""
+        :meth:`take_block_copies` and frees both ends of each copy).
+        ``verify_hits``: ``allocate_slots`` refuses a hit block not cached under the request's own hash of its
+        position (a stale hit); ``False`` adopts hits as vLLM does, whatever
+        they hold (out-of-range ids, nulls inside the window and wrong
+        counts are still refused)."""
     @property
     def hash_block_size(self) -> int:
         """Tokens per hash unit."""
@@ -590,6 +606,9 @@ class CoordinatorCore:
     @property
     def num_reprefillable_tokens(self) -> int:
         """Multi-module MTP's re-prefillable tail."""
+    @property
+    def verify_hits(self) -> bool:
+        """Whether ``allocate_slots`` checks each hit against the prefix index."""
     @property
     def eagle_groups(self) -> list[int]:
         """The groups whose hits drop the EAGLE block, those of equal spec
@@ -647,6 +666,42 @@ class CoordinatorCore:
         cache the newly full blocks. New ids per group (:attr:`empty` when no
         group got a new block); ``None`` when the pool cannot hold them
         (nothing changed)."""
+    @property
+    def has_decode_room(self) -> bool:
+        """Whether decode steps have rooms (:meth:`decode_room`): every group
+        full attention, all holding back the same re-prefillable tail."""
+    def decode_room(
+        self, need: int, cached_to: int, hashed: int, num_lookahead_tokens: int
+    ) -> int | None:
+        """The room a request has after an allocation for ``need`` slots that
+        cached the full blocks of ``cached_to`` tokens, ``hashed`` of them
+        with hashes, as one limit for steps of ``num_lookahead_tokens``
+        speculative tokens: a later such step whose computed plus new tokens
+        stay below it needs no block and caches none. None where decode steps
+        have no room (:attr:`has_decode_room`)."""
+    def decode_slots(
+        self,
+        request: Any,
+        mine: Request,
+        request_id: str,
+        num_new_tokens: int,
+        num_lookahead_tokens: int,
+        rooms: dict[str, int],
+    ) -> tuple[list[int], ...] | NotImplementedType | None:
+        """One decode step of vLLM 0.33.0's running ``request`` (the fast path
+        of :mod:`kvcoord.vllm`): ``mine``, its kvcoord request, is brought up
+        to date from it (new output tokens, vLLM's new block hashes, the
+        computed-token count, read from the request once), then
+        ``allocate_slots`` of ``num_new_tokens`` new and
+        ``num_lookahead_tokens`` speculative tokens (no hits, no external or
+        encoder tokens), the caching vLLM does (clipped to vLLM's hashes),
+        and ``rooms[request_id]`` set to the room afterwards (the
+        :meth:`decode_room` limit). Returns the new block ids per group
+        (``()`` when no group got one), ``None`` when the pool cannot hold
+        the step (nothing allocated), or ``NotImplemented`` (nothing changed)
+        when ``mine`` needs the adapter's registry to sync it (another kind
+        of request object, placeholder token ids, ``mine`` ahead of
+        ``request``, vLLM hashes a computing request lacks)."""
     def num_blocks_to_allocate(
         self,
         request: Request,
@@ -923,6 +978,7 @@ class BlockPoolView:
     def metadata_bytes(self) -> int: ...
     def get_cached_block(self, block_hash: bytes, group_ids: Sequence[int]) -> list[int] | None: ...
     def free_block_ids(self) -> npt.NDArray[np.uint32]: ...
+    def free_neighbours(self, block_id: int) -> tuple[int, int] | None: ...
     def ref_counts(self) -> npt.NDArray[np.uint32]: ...
     def cached_mask(self) -> npt.NDArray[np.bool_]: ...
     def block_hash(self, block_id: int) -> tuple[bytes, int] | None: ...

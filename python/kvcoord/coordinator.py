@@ -78,6 +78,9 @@ class KVCacheCoordinator:
         allow_partial_hits: sub-block (partial) Mamba hits may be turned on;
             the caller drains the core's ``take_block_copies`` and frees both
             ends of each copy once it ran (``kvcoord.vllm`` does).
+        verify_hits: refuse a hit block not cached under the request's hash
+            of its position (a stale hit; the default). ``False`` adopts hits
+            as vLLM does, whatever the blocks hold (vLLM's adapter).
     """
 
     #: Which policy this class is (decides caching and hit alignment).
@@ -94,6 +97,7 @@ class KVCacheCoordinator:
         eagle_group_ids: Sequence[int] = (),
         num_hash_lookahead_tokens: int = 0,
         allow_partial_hits: bool = False,
+        verify_hits: bool = True,
     ) -> None:
         # Type checks and the 64-bit crossing here; the rules are the core's.
         max_model_len = as_i64(max_model_len, "max_model_len")
@@ -113,6 +117,7 @@ class KVCacheCoordinator:
             eagle_group_ids=eagle_group_ids,
             num_hash_lookahead_tokens=num_hash_lookahead_tokens,
             allow_partial_hits=allow_partial_hits,
+            verify_hits=as_bool(verify_hits, "verify_hits"),
         )
         self.enable_caching = self.kind != CoordinatorKind.NoPrefixCache
         # Per group: None, or the tokens an EAGLE lookup matches past the
@@ -174,6 +179,7 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
         eagle_group_ids: Sequence[int] = (),
         num_hash_lookahead_tokens: int = 0,
         allow_partial_hits: bool = False,
+        verify_hits: bool = True,
     ) -> None:
         super().__init__(
             config,
@@ -184,6 +190,7 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
             eagle_group_ids=eagle_group_ids,
             num_hash_lookahead_tokens=num_hash_lookahead_tokens,
             allow_partial_hits=allow_partial_hits,
+            verify_hits=verify_hits,
         )
         self._block_size = config.groups[0].spec.block_size
         # EAGLE: the hit drops its last block (no margin: one group).
@@ -240,6 +247,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         eagle_group_ids: Sequence[int] = (),
         num_hash_lookahead_tokens: int = 0,
         allow_partial_hits: bool = False,
+        verify_hits: bool = True,
     ) -> None:
         super().__init__(
             config,
@@ -250,6 +258,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
             eagle_group_ids=eagle_group_ids,
             num_hash_lookahead_tokens=num_hash_lookahead_tokens,
             allow_partial_hits=allow_partial_hits,
+            verify_hits=verify_hits,
         )
         buckets: list[SpecGroup] = []
         for gid, g in enumerate(config.groups):
@@ -376,6 +385,7 @@ def get_kv_cache_coordinator(
     eagle_group_ids: Sequence[int] = (),
     num_hash_lookahead_tokens: int = 0,
     allow_partial_hits: bool = False,
+    verify_hits: bool = True,
 ) -> KVCacheCoordinator:
     """The policy the core chooses (:func:`kvcoord._core.choose_coordinator`):
     caching off -> NoPrefixCache; one group -> Unitary; otherwise Hybrid."""
@@ -391,4 +401,5 @@ def get_kv_cache_coordinator(
         eagle_group_ids=eagle_group_ids,
         num_hash_lookahead_tokens=num_hash_lookahead_tokens,
         allow_partial_hits=allow_partial_hits,
+        verify_hits=verify_hits,
     )

@@ -39,7 +39,9 @@ HBS = 4
 
 
 class CountingCore:
-    """The manager's core with its ``allocate_slots`` calls counted."""
+    """The manager's core with its allocations counted: ``allocate_slots``
+    calls and the fused decode steps (``decode_slots`` calls that reached
+    the core, not those that left the sync to the registry)."""
 
     def __init__(self, core: Any) -> None:
         self._inner = core
@@ -48,6 +50,12 @@ class CountingCore:
     def allocate_slots(self, *args: Any) -> Any:
         self.allocations += 1
         return self._inner.allocate_slots(*args)
+
+    def decode_slots(self, *args: Any) -> Any:
+        out = self._inner.decode_slots(*args)
+        if out is not NotImplemented:
+            self.allocations += 1
+        return out
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -76,6 +84,8 @@ def managers(block_sizes: tuple[int, ...], num_blocks: int) -> tuple[Any, Any, C
     assert isinstance(ours, kv.KVCacheManager)
     counting = CountingCore(ours._core)
     ours._core = counting
+    if ours._decode_fixed is not None:  # the fused step, bound at construction
+        ours._decode_fixed = (ours._decode_fixed[0], counting.decode_slots)
     return theirs, ours, counting
 
 

@@ -24,6 +24,8 @@ from kvcoord.vllm._inspect import CachedBlockIndex, FreeListEnd
 
 __all__ = ["BlockView", "EmptyKVCacheBlocks", "KVCacheBlocks", "PoolView", "ids_of"]
 
+_NDARRAY = np.ndarray
+
 
 def _as_list(ids: Any) -> list[int]:
     """A fresh list of ints from a list, tuple or numpy array of ids."""
@@ -77,6 +79,27 @@ class BlockView:
         for (a partial key's own count; the block's end for a full key, which
         kvcoord's pool does not record, so None there)."""
         return self._pool.primary_key_tokens(self.block_id)  # type: ignore[no-any-return]
+    def _free_neighbour(self, side: int) -> Any:
+        """The free queue's entry on ``side`` (0: front, 1: back) of this
+        block, read from the pool's links: a view, the queue's end sentinel,
+        or None when the block is not free."""
+        links = self._pool.free_neighbours(self.block_id)
+        if links is None:
+            return None
+        other = links[side]
+        if other < 0:
+            return FreeListEnd.pair(self._pool)[side]
+        return BlockView(self._pool, other)
+
+    @property
+    def prev_free_block(self) -> Any:
+        """vLLM's free-list link towards the front (the head sentinel for the first)."""
+        return self._free_neighbour(0)
+
+    @property
+    def next_free_block(self) -> Any:
+        """vLLM's free-list link towards the back (the tail sentinel for the last)."""
+        return self._free_neighbour(1)
 
     def __eq__(self, other: object) -> bool:
         other_id = getattr(other, "block_id", None)
@@ -110,6 +133,12 @@ class KVCacheBlocks:
         self, allow_none: bool = False, *, group_ids: Sequence[int] | None = None
     ) -> tuple[list[int], ...] | None:
         groups = self.ids if group_ids is None else tuple(self.ids[g] for g in group_ids)
+        if len(groups) == 1:
+            # The scheduler calls this per request and step; one group needs
+            # no comprehension (a frame of its own in CPython 3.11).
+            g = groups[0]
+            one = g.tolist() if type(g) is _NDARRAY else list(g)
+            return None if allow_none and not one else (one,)
         out = tuple([_as_list(g) for g in groups])
         if allow_none and not any(out):
             return None

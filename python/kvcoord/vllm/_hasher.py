@@ -91,21 +91,20 @@ def make_block_hasher(
                     return fallback(request)
                 request.__dict__[ATTR] = mine
                 stats["kvcoord_requests"] += 1
-            else:
-                held = mine.num_tokens
-                if held < num_tokens:
-                    try:
-                        mine.append_output_token_ids(tokens[held:num_tokens])
-                    except InvalidTokenError:
-                        # From here on vLLM hashes this request (same digests so far).
-                        request.__dict__[ATTR] = _NOT_OURS
-                        return fallback(request)
-                elif held > num_tokens:
-                    request.__dict__[ATTR] = _NOT_OURS
-                    return fallback(request)
-            if mine.num_block_hashes <= done:
-                return []
-            new: list[bytes] = mine.block_hashes[done:]
+                first: list[bytes] = mine.block_hashes[done:]
+                return first
+            # One call: the new tokens appended (and hashed), the new digests back.
+            new: list[bytes] | None = None
+            if type(tokens) is list:
+                try:
+                    new = mine.catch_up(tokens, done)
+                except InvalidTokenError:
+                    new = None
+            if new is None:
+                # Placeholder ids, a token list that went back, or not a list:
+                # from here on vLLM hashes this request (same digests so far).
+                request.__dict__[ATTR] = _NOT_OURS
+                return fallback(request)
             return new
 
         return request_block_hasher

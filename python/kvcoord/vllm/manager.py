@@ -123,13 +123,11 @@ class KVCacheManager(DecodePath, ManagerReadouts):
             eagle_group_ids=self.drop_eagle_group_ids,
             num_hash_lookahead_tokens=int(a.get("num_hash_lookahead_tokens", 0)),
             allow_partial_hits=True,
+            # vLLM's scheduler is single-threaded and adopts whatever blocks
+            # it is handed as hits; its connectors and tests rely on that.
+            verify_hits=False,
         )
         self._core = self._core_coordinator.core
-        # The re-prefillable tokens the groups hold back from caching: the
-        # decode room below needs one figure (see _decode), so groups that
-        # hold back different tails always take the general path.
-        held_back = set(self._core.held_back_tokens)
-        self._held_back = min(held_back, default=0)
         self._pool = self._core_coordinator.block_pool
         self._requests = RequestRegistry(self.hash_block_size)
         self._parking = Parking(self._core, self._requests)
@@ -142,32 +140,29 @@ class KVCacheManager(DecodePath, ManagerReadouts):
         self._whole_table_groups = self._mamba_groups + cross_attention_group_ids(cfg)
         # vLLM answers connector lookups per group for these (see _mamba).
         self._connector_group = _mamba.connector_full_attention_group(cfg, self.enable_caching)
-        # The decode fast path of allocate_slots: request id -> what it holds
-        # (see _room). Only where a step within it changes nothing in vLLM:
-        # full attention (no block leaves a window) and no watermark.
-        self._decode_room: dict[str, tuple[int, int]] = {}
+        # The decode fast path of allocate_slots: request id -> the room it
+        # has, as one limit for steps of _room_lookahead speculative tokens
+        # (see CoordinatorCore.decode_room): a step whose computed plus new
+        # tokens stay below it needs no block and caches none. Only where a
+        # step within it changes nothing in vLLM: full attention (no block
+        # leaves a window), one held-back tail, and no watermark.
+        self._decode_room: dict[str, int] = {}
+        self._room_lookahead = 0
         plain = all(type(g.spec) is FullAttentionSpec for g in kv_config.groups)
         # Whether some group releases blocks behind its attention window.
         self._windowed = not plain
-        sizes = tuple(sorted(set(self._block_sizes)))
-        uniform = len(held_back) <= 1
-        self._room_sizes = sizes if plain and uniform and not self.watermark_blocks else ()
+        self._rooms = bool(self._core.has_decode_room) and not self.watermark_blocks
         # vLLM zeroes the new blocks of attention groups (not Mamba's).
         zeroed = zeroed_group_ids(cfg)
         self._zeroing = ZeroingLog(self.num_kv_cache_groups, zeroed) if zeroed else None
         # What _decode_core reads: the registry's entries (vLLM request,
-        # kvcoord request) by id, the core's shared empty result (an
-        # allocation that added no block) and the block size when there is
-        # one. One attribute: past 30 instance attributes CPython 3.11 stops
+        # kvcoord request) by id and the core's fused decode step. One
+        # attribute: past 30 instance attributes CPython 3.11 stops
         # specialising attribute reads, and every method here slows down.
         # None where a decode step has more to do (events to drain, blocks
         # to record for zeroing): those steps take _allocate.
         self._decode_fixed = (
-            (
-                self._requests._by_id,
-                self._core.empty,
-                self._room_sizes[0] if len(self._room_sizes) == 1 else 0,
-            )
+            (self._requests._by_id, self._core.decode_slots)
             if self._events is None and self._zeroing is None
             else None
         )
@@ -284,9 +279,10 @@ class KVCacheManager(DecodePath, ManagerReadouts):
         vLLM's manager changes nothing then and returns its empty blocks. The
         core's request catches up with vLLM's at the next call that reaches it.
         """
-        room = self._decode_room.get(request.request_id)
+        limit = self._decode_room.get(request.request_id)
         if (
-            room is not None
+            limit is not None
+            and num_lookahead_tokens == self._room_lookahead
             and (new_computed_blocks is None or new_computed_blocks is self.empty_kv_cache_blocks)
             and num_new_tokens > 0
             and not (
@@ -297,8 +293,7 @@ class KVCacheManager(DecodePath, ManagerReadouts):
                 or reserved_blocks
             )
         ):
-            done = request.num_computed_tokens + num_new_tokens
-            if done + num_lookahead_tokens <= room[0] and done < room[1]:
+            if request.num_computed_tokens + num_new_tokens < limit:
                 return self.empty_kv_cache_blocks
             if not delay_cache_blocks and self._decode_fixed is not None:
                 return self._decode_core(request, num_new_tokens, num_lookahead_tokens)
@@ -416,10 +411,16 @@ class KVCacheManager(DecodePath, ManagerReadouts):
             self._core.cache_blocks(mine, cached_to)
         if self._events is not None:
             self._events.drain(request)
-        if self._room_sizes and not delay_cache_blocks:
+        room = None
+        if self._rooms and not delay_cache_blocks:
             need = min(total_computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
-            cached = max(min(cached_to - self._held_back, hashed), 0)
-            self._decode_room[rid] = self._room(need, cached)
+            room = self._core.decode_room(need, cached_to, hashed, num_lookahead_tokens)
+        if room is not None:
+            if num_lookahead_tokens != self._room_lookahead:
+                # Every limit is for one speculative-token count.
+                self._decode_room.clear()
+                self._room_lookahead = num_lookahead_tokens
+            self._decode_room[rid] = room
         elif self._decode_room:
             self._decode_room.pop(rid, None)
         if self._zeroing is not None:

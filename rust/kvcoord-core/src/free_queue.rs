@@ -189,6 +189,17 @@ impl FreeQueue {
         self.len -= 1;
     }
 
+    /// The entries either side of `block` in the queue, front side first
+    /// (`None` for an end of the queue); `None` when `block` is not queued.
+    pub fn neighbours(&self, block: BlockId) -> Option<(Option<BlockId>, Option<BlockId>)> {
+        let Link { prev, next } = *self.links.get(block.index())?;
+        if prev == NIL {
+            return None;
+        }
+        let inner = |e: u32| (e < self.head()).then_some(BlockId(e));
+        Some((inner(prev), inner(next)))
+    }
+
     /// Iterate the queue front to back.
     pub fn iter(&self) -> Iter<'_> {
         Iter {
@@ -430,6 +441,22 @@ mod tests {
         let empty = FreeQueue::new_ascending(1, 1);
         assert!(empty.is_empty());
         empty.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn neighbours_follow_the_links() {
+        let mut q = FreeQueue::new_ascending(5, 1);
+        let b = BlockId;
+        assert_eq!(q.neighbours(b(1)), Some((None, Some(b(2)))));
+        assert_eq!(q.neighbours(b(3)), Some((Some(b(2)), Some(b(4)))));
+        assert_eq!(q.neighbours(b(4)), Some((Some(b(3)), None)));
+        assert_eq!(q.neighbours(b(0)), None); // never queued
+        assert_eq!(q.neighbours(b(9)), None); // out of range
+        q.remove(b(2));
+        assert_eq!(q.neighbours(b(2)), None);
+        assert_eq!(q.neighbours(b(3)), Some((Some(b(1)), Some(b(4)))));
+        let single = FreeQueue::new_ascending(2, 1);
+        assert_eq!(single.neighbours(b(1)), Some((None, None)));
     }
 
     #[test]

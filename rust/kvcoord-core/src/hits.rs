@@ -11,6 +11,14 @@
 //! for group `g` (one probe per block). Null entries are allowed only where
 //! the group's attention window skips the block (they are never adopted);
 //! full attention skips nothing.
+//!
+//! The check is a coordinator option ([`CoordinatorConfig::verify_hits`]):
+//! vLLM's scheduler is single-threaded and adopts whatever blocks it is
+//! handed (its connectors and tests rely on that), so its adapter turns the
+//! probe off and keeps only [`check_group_hit_shape`], the part without
+//! which the tables themselves would be wrong.
+//!
+//! [`CoordinatorConfig::verify_hits`]: crate::CoordinatorConfig::verify_hits
 
 use crate::block_hash::BlockHash;
 use crate::error::{KvError, KvResult};
@@ -43,14 +51,9 @@ pub(crate) fn verify_group_hits(
             view.len()
         )));
     }
-    let skipped = m.num_skipped_tokens(num_local) / m.block_size();
+    check_group_hit_shape(m, list, num_local)?;
     for (i, &b) in list.iter().enumerate() {
         if b.is_null() {
-            if i >= skipped {
-                return Err(refuse(format!(
-                    "null block at position {i}, inside the attention window"
-                )));
-            }
             continue;
         }
         let matches = if (i + 1) * m.block_size() > num_local {
@@ -77,4 +80,231 @@ pub(crate) fn verify_group_hits(
         }
     }
     Ok(())
+}
+
+/// What every hit list of group `m` (covering `num_local` computed tokens)
+/// must satisfy whether or not its blocks are verified: null entries only
+/// where the attention window skips the block (a null inside the window
+/// would be a table entry that holds no KV). Ids, counts and the pool's own
+/// limits are checked by the caller and the pool.
+pub(crate) fn check_group_hit_shape(
+    m: &Manager,
+    list: &[BlockId],
+    num_local: usize,
+) -> KvResult<()> {
+    let skipped = m.num_skipped_tokens(num_local) / m.block_size();
+    match list.iter().skip(skipped).position(|b| b.is_null()) {
+        None => Ok(()),
+        Some(i) => Err(KvError::InvalidArgument {
+            name: "new_computed_blocks",
+            detail: format!(
+                "group {}: null block at position {}, inside the attention window",
+                m.group(),
+                skipped + i
+            ),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::coordinator::{AllocateArgs, CoordinatorConfig, CoordinatorCore};
+    use crate::eviction::EvictionConfig;
+    use crate::ids::{BlockId, ReqId};
+    use crate::managers::GroupSpec;
+    use crate::request::RequestView;
+    use crate::BlockHash;
+
+    const BS: usize = 4;
+
+    /// Distinct hashes per request (`seed`), one per block.
+    fn hashes(seed: u8, n: usize) -> Vec<BlockHash> {
+        (0..n)
+            .map(|i| {
+                let mut d = [7u8; 16];
+                d[0] = seed;
+                d[1] = u8::try_from(i).unwrap();
+                BlockHash::from_slice(&d).unwrap()
+            })
+            .collect()
+    }
+
+    /// Full attention and a wide sliding window (vLLM's
+    /// `test_cache_hit_local_and_external` shape), hits verified or not.
+    fn core(verify_hits: bool) -> CoordinatorCore {
+        let groups = vec![
+            GroupSpec::full_attention(4),
+            GroupSpec::sliding_window(4, 400),
+        ];
+        let mut cfg = CoordinatorConfig::new(groups, 31, true, 8192);
+        cfg.verify_hits = verify_hits;
+        CoordinatorCore::new(cfg).unwrap()
+    }
+
+    fn free_ids(c: &CoordinatorCore) -> Vec<u32> {
+        c.pool().free_block_ids().map(|b| b.0).collect()
+    }
+
+    fn block_ids(c: &CoordinatorCore, r: ReqId) -> Vec<Vec<u32>> {
+        c.block_ids(r)
+            .unwrap()
+            .iter()
+            .map(|g| g.iter().map(|b| b.0).collect())
+            .collect()
+    }
+
+    fn ids(v: &[u32]) -> Vec<BlockId> {
+        v.iter().copied().map(BlockId).collect()
+    }
+
+    /// `k` hit blocks per group, then `external` blocks and one new block.
+    fn allocate(
+        c: &mut CoordinatorCore,
+        r: ReqId,
+        hs: &[BlockHash],
+        hits: &[Vec<BlockId>],
+        external: usize,
+    ) -> crate::KvResult<Option<Vec<Vec<BlockId>>>> {
+        let k = hits[0].len();
+        let n = (k + external + 1) * BS;
+        let view = RequestView::new(0, n, n, hs);
+        let mut args = AllocateArgs::with_hit(BS, k * BS);
+        args.num_external_computed_tokens = external * BS;
+        c.allocate_slots(r, &view, &args, Some(hits))
+    }
+
+    #[test]
+    fn free_head_blocks_are_refused_when_verified() {
+        let mut c = core(true);
+        let hs = hashes(1, 8);
+        let before = free_ids(&c);
+        let hits = [ids(&before[..5]), ids(&before[5..10])];
+        let err = allocate(&mut c, ReqId(1), &hs, &hits, 2).unwrap_err();
+        assert!(err
+            .to_string()
+            .contains("not cached for this request's prefix"));
+        assert_eq!(free_ids(&c), before);
+        assert!(!c.contains(ReqId(1)));
+        c.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn free_head_blocks_are_adopted_unverified() {
+        let mut c = core(false);
+        let hs = hashes(1, 8);
+        let before = free_ids(&c);
+        let hits = [ids(&before[..5]), ids(&before[5..10])];
+        assert!(allocate(&mut c, ReqId(1), &hs, &hits, 2).unwrap().is_some());
+        // Every group's hits first, then the external blocks (from the head
+        // after all hits left the queue), then the new block.
+        let tables = block_ids(&c, ReqId(1));
+        assert_eq!(tables[0][..5], before[..5]);
+        assert_eq!(tables[1][..5], before[5..10]);
+        assert_eq!(tables[0][5..], [11, 12, 15]);
+        assert_eq!(tables[1][5..], [13, 14, 16]);
+        assert_eq!(free_ids(&c), before[16..]);
+        // The hits stay unkeyed (caching starts after them); the rest is
+        // cached under the request's hashes.
+        for g in &tables {
+            for (i, &b) in g.iter().enumerate() {
+                let key = c.pool().cache_key(BlockId(b)).unwrap();
+                assert_eq!(key.is_some(), i >= 5, "block {b} at {i}");
+            }
+        }
+        c.check_invariants().unwrap();
+        // Freed: the unkeyed hits go to the front, the keyed blocks back.
+        c.free(ReqId(1)).unwrap();
+        let after = free_ids(&c);
+        assert_eq!(after.len(), before.len());
+        assert!(after[..10].iter().all(|b| before[..10].contains(b)));
+        c.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn cached_and_in_use_blocks_are_adopted_unverified_and_keep_their_keys() {
+        let mut c = core(false);
+        // Request 1 caches two blocks per group and stays running.
+        let h1 = hashes(1, 3);
+        let view = RequestView::new(0, 9, 9, &h1);
+        let first = c
+            .allocate_slots(ReqId(1), &view, &AllocateArgs::new(9), None)
+            .unwrap()
+            .unwrap();
+        let (a, b) = (first[0][0], first[1][0]);
+        let key_a = c.pool().cache_key(a).unwrap().unwrap();
+        // Request 2 takes request 1's cached in-use blocks as its hits.
+        let h2 = hashes(2, 4);
+        let view = RequestView::new(0, 12, 12, &h2);
+        let hits = [vec![a], vec![b]];
+        let args = AllocateArgs::with_hit(8, 4);
+        assert!(c
+            .allocate_slots(ReqId(2), &view, &args, Some(&hits))
+            .unwrap()
+            .is_some());
+        assert_eq!(c.pool().ref_count(a).unwrap(), 2);
+        assert_eq!(c.pool().cache_key(a).unwrap(), Some(key_a));
+        c.check_invariants().unwrap();
+        c.free(ReqId(1)).unwrap();
+        c.free(ReqId(2)).unwrap();
+        assert_eq!(c.pool().ref_count(a).unwrap(), 0);
+        c.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn unverified_hits_still_refuse_what_the_tables_cannot_hold() {
+        let mut c = core(false);
+        let hs = hashes(1, 8);
+        let before = free_ids(&c);
+        let cases: [[Vec<u32>; 2]; 4] = [
+            [vec![0, 1], vec![2, 3]],  // null inside full attention's window
+            [vec![1, 2], vec![3, 99]], // out of range
+            [vec![1, 2], vec![3]],     // too few for the hit tokens
+            [vec![1, 2, 4], vec![3]],  // too many
+        ];
+        for case in cases {
+            let hits = [ids(&case[0]), ids(&case[1])];
+            let n = 4 * BS;
+            let view = RequestView::new(0, n, n, &hs);
+            let args = AllocateArgs::with_hit(BS, 2 * BS);
+            assert!(c
+                .allocate_slots(ReqId(1), &view, &args, Some(&hits))
+                .is_err());
+            assert_eq!(free_ids(&c), before);
+            assert!(!c.contains(ReqId(1)));
+            c.check_invariants().unwrap();
+        }
+    }
+
+    #[test]
+    fn unverified_hits_under_every_eviction_policy_and_residency() {
+        for spec in ["lfu", "prefix-depth", "priority"] {
+            let mut c = core(false);
+            let policy: EvictionConfig = spec.parse().unwrap();
+            c.pool_mut().set_eviction(policy).unwrap();
+            c.pool_mut().enable_residency();
+            let h1 = hashes(1, 4);
+            let view = RequestView::new(0, 12, 12, &h1);
+            c.allocate_slots(ReqId(1), &view, &AllocateArgs::new(12), None)
+                .unwrap()
+                .unwrap();
+            c.free(ReqId(1)).unwrap();
+            // Free cached, free uncached and fresh blocks as hits.
+            let free = free_ids(&c);
+            let cached: Vec<u32> = free
+                .iter()
+                .copied()
+                .filter(|&b| c.pool().cache_key(BlockId(b)).unwrap().is_some())
+                .collect();
+            let hits = [ids(&[cached[0], free[0]]), ids(&[cached[1], free[1]])];
+            let hs = hashes(2, 8);
+            assert!(
+                allocate(&mut c, ReqId(2), &hs, &hits, 1).unwrap().is_some(),
+                "{spec}"
+            );
+            c.check_invariants().unwrap();
+            c.free(ReqId(2)).unwrap();
+            c.check_invariants().unwrap();
+            assert_eq!(c.pool().num_free_blocks(), 30, "{spec}");
+        }
+    }
 }

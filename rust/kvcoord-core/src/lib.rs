@@ -31,6 +31,7 @@ pub mod block_hash;
 pub mod block_ids;
 pub mod cbor;
 pub mod coordinator;
+pub mod decode;
 pub mod error;
 pub mod events;
 pub mod eviction;
@@ -55,6 +56,7 @@ pub use coordinator::{
     default_hash_block_size, scheduler_block_size, AllocateArgs, BoundaryOffload,
     CoordinatorConfig, CoordinatorCore, CoordinatorKind, NewBlocks, RequestView,
 };
+pub use decode::DecodeRoom;
 pub use error::{KvError, KvResult};
 pub use events::KvEvent;
 pub use eviction::{EvictionConfig, EvictionPolicy, LevelQueue};

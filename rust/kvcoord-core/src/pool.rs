@@ -477,6 +477,28 @@ impl BlockPool {
             .chain(ranked.into_iter().flatten())
     }
 
+    /// The free-queue entries either side of `block`, front side first, in
+    /// [`Self::free_block_ids`]'s order (`None` for an end of the queue);
+    /// `None` when `block` is not free. O(1) under LRU, a walk otherwise.
+    pub fn free_neighbours(
+        &self,
+        block: BlockId,
+    ) -> KvResult<Option<(Option<BlockId>, Option<BlockId>)>> {
+        self.check_ids(&[block])?;
+        if let Order::Lru(q) = &self.free {
+            return Ok(q.neighbours(block));
+        }
+        let mut prev = None;
+        let mut it = self.free_block_ids();
+        for b in it.by_ref() {
+            if b == block {
+                return Ok(Some((prev, it.next())));
+            }
+            prev = Some(b);
+        }
+        Ok(None)
+    }
+
     /// Reference count of every block, by id.
     pub fn ref_counts(&self) -> impl ExactSizeIterator<Item = u32> + '_ {
         self.meta.iter().map(|m| m.ref_cnt)
@@ -1470,6 +1492,37 @@ mod tests {
         assert_eq!(p.num_free_blocks(), 7);
         assert!(BlockPool::new(PoolConfig::new(0)).is_err());
         assert!(pool(1).usage().abs() < f64::EPSILON);
+    }
+
+    /// Walking `free_neighbours` from the front gives `free_block_ids`, both
+    /// ways, under LRU (links) and a ranked policy (a walk).
+    #[test]
+    fn free_neighbours_walk_the_queue() {
+        for policy in ["lru", "lfu"] {
+            let mut p = pool(8);
+            p.set_eviction(policy.parse().unwrap()).unwrap();
+            let b = ids(&get(&mut p, 4));
+            p.cache_full_blocks(&b[..2], &[h(1), h(2)], 0, 2, GroupId(0), None)
+                .unwrap();
+            p.free_blocks(&[b[3], b[0], b[2], b[1]]).unwrap();
+            let order = queue(&p);
+            let n = |x: u32| p.free_neighbours(BlockId(x)).unwrap();
+            let mut walked = Vec::new();
+            let mut cur = order.first().copied();
+            let mut prev = None;
+            while let Some(x) = cur {
+                let (before, after) = n(x).unwrap();
+                assert_eq!(before.map(|b| b.0), prev, "{policy}");
+                walked.push(x);
+                prev = Some(x);
+                cur = after.map(|b| b.0);
+            }
+            assert_eq!(walked, order, "{policy}");
+            let held = ids(&get(&mut p, 1))[0];
+            assert_eq!(p.free_neighbours(held).unwrap(), None);
+            assert_eq!(p.free_neighbours(BlockId(0)).unwrap(), None); // null block
+            assert!(p.free_neighbours(BlockId(8)).is_err());
+        }
     }
 
     #[test]

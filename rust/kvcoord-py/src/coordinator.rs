@@ -9,7 +9,7 @@ use kvcoord_core::{
     BlockId, BlockPool, CoordinatorKind, EvictionConfig, GroupId, KvError, Manager,
 };
 use pyo3::prelude::*;
-use pyo3::types::{PyList, PyTuple};
+use pyo3::types::{PyDict, PyList, PyTuple};
 
 use crate::args;
 use crate::blocks::PyKVCacheBlocks;
@@ -94,6 +94,9 @@ pool_writers!(pymethods!(PyCoordinatorCore {
     /// Multi-module MTP's re-prefillable tail (`num_prefill_lookahead - 1`).
     get num_reprefillable_tokens(&self, py: Python<'_>) -> PyResult<usize> =
         self.with(py, |c| c.config().num_reprefillable_tokens);
+    /// Whether `allocate_slots` checks each hit against the prefix index.
+    get verify_hits(&self, py: Python<'_>) -> PyResult<bool> =
+        self.with(py, |c| c.config().verify_hits);
     /// The groups whose hits drop the EAGLE block, those of equal spec
     /// included.
     get eagle_groups(&self, py: Python<'_>) -> PyResult<Vec<u32>> =
@@ -105,12 +108,17 @@ pool_writers!(pymethods!(PyCoordinatorCore {
     /// Per group, the re-prefillable tokens it holds back from caching.
     get held_back_tokens(&self, py: Python<'_>) -> PyResult<Vec<usize>> =
         self.with(py, |c| c.config().held_back_tokens().collect());
+    /// Whether decode steps have rooms (`decode_slots`): every group full
+    /// attention, one held-back tail.
+    get has_decode_room(&self, py: Python<'_>) -> PyResult<bool> =
+        self.with(py, CoordinatorCore::has_decode_room);
 }) {
     #[new]
     #[pyo3(signature = (num_blocks, groups, *, kind, hash_block_size, max_model_len,
                         retention_interval = None, enable_events = false,
                         num_reprefillable_tokens = None, eagle_group_ids = None,
-                        num_hash_lookahead_tokens = None, allow_partial_hits = false))]
+                        num_hash_lookahead_tokens = None, allow_partial_hits = false,
+                        verify_hits = true))]
     #[allow(clippy::too_many_arguments)] // Python keyword arguments, converted once
     fn new(
         py: Python<'_>,
@@ -125,6 +133,7 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         eagle_group_ids: Option<&Bound<'_, PyAny>>,
         num_hash_lookahead_tokens: Option<&Bound<'_, PyAny>>,
         allow_partial_hits: bool,
+        verify_hits: bool,
     ) -> PyResult<Self> {
         let num_blocks = args::config_count(num_blocks, "num_blocks")?;
         let kind = CoordinatorKind::from(kind);
@@ -152,6 +161,7 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         if let Some(n) = num_hash_lookahead_tokens {
             config.num_hash_lookahead_tokens = args::config_count(n, "num_hash_lookahead_tokens")?;
         }
+        config.verify_hits = verify_hits;
         let inner = convert::build_pool_sized(py, num_blocks, || CoordinatorCore::new(config));
         Ok(Self {
             state: Exclusive::new(CoreState {
@@ -264,6 +274,71 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         let blocks = PyKVCacheBlocks::new(out.clone())?;
         drop(state);
         Ok(Some(Py::new(py, blocks)?))
+    }
+
+    /// One decode step of vLLM's running `request` (`kvcoord.vllm`'s fast
+    /// path; see `_core.pyi`): `mine`, its kvcoord request, brought up to
+    /// date from it, then the core's `decode_step`. `None` when the pool
+    /// cannot hold the step, `NotImplemented` (nothing changed) when the
+    /// registry must sync `mine` first.
+    #[allow(clippy::too_many_arguments)] // one call per step, positional
+    fn decode_slots<'py>(
+        &self,
+        py: Python<'py>,
+        request: &Bound<'py, PyAny>,
+        mine: &Bound<'py, PyRequest>,
+        request_id: &Bound<'py, PyAny>,
+        num_new_tokens: &Bound<'py, PyAny>,
+        num_lookahead_tokens: &Bound<'py, PyAny>,
+        rooms: &Bound<'py, PyDict>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let num_new_tokens = args::count(num_new_tokens, "num_new_tokens")?;
+        let num_lookahead_tokens = args::count(num_lookahead_tokens, "num_lookahead_tokens")?;
+        let mut mine = mine.try_borrow_mut()?;
+        // vLLM's request is read before the core is entered (no Python code
+        // runs while the core's state is held).
+        let Some(num_hashes) = crate::decode::sync_running(request, &mut mine.inner)? else {
+            return Ok(py.NotImplemented().into_bound(py));
+        };
+        let mut state = self.enter(py)?;
+        let CoreState { inner, out, .. } = &mut *state;
+        let step = inner.decode_step(
+            &mine.inner,
+            num_new_tokens,
+            num_lookahead_tokens,
+            num_hashes,
+            out,
+        );
+        let Some(room) = core(step)? else {
+            return Ok(py.None().into_bound(py));
+        };
+        let new = if out.is_empty() {
+            NewBlocks::new()
+        } else {
+            out.clone()
+        };
+        drop(state);
+        crate::decode::answer(py, room, num_lookahead_tokens, &new, request_id, rooms)
+    }
+
+    /// The room limit `decode_slots` records, for an allocation of `need`
+    /// slots that cached the full blocks of `cached_to` tokens, `hashed` of
+    /// them with hashes, and steps of `num_lookahead_tokens` speculative
+    /// tokens; `None` where decode steps have no room.
+    fn decode_room(
+        &self,
+        py: Python<'_>,
+        need: &Bound<'_, PyAny>,
+        cached_to: &Bound<'_, PyAny>,
+        hashed: &Bound<'_, PyAny>,
+        num_lookahead_tokens: &Bound<'_, PyAny>,
+    ) -> PyResult<Option<usize>> {
+        let need = args::count(need, "need")?;
+        let cached_to = args::count(cached_to, "cached_to")?;
+        let hashed = args::count(hashed, "hashed")?;
+        let lookahead = args::count(num_lookahead_tokens, "num_lookahead_tokens")?;
+        let room = self.with(py, |c| c.decode_room(need, cached_to, hashed))?;
+        Ok(room.map(|r| r.limit(lookahead)))
     }
 
     /// Blocks an allocation of `num_tokens` slots would pull from the pool

@@ -34,6 +34,7 @@ mod best_case;
 mod blocks;
 mod convert;
 mod coordinator;
+mod decode;
 mod errors;
 mod events;
 mod exclusive;

@@ -61,6 +61,19 @@ macro_rules! pool_readers {
                 Ok(numpy::PyArray1::from_vec(py, ids))
             }
 
+            /// `(prev, next)`: the free-queue entries either side of a free
+            /// block (-1 at an end of the queue); `None` if it is not free.
+            fn free_neighbours(
+                &self,
+                py: Python<'_>,
+                block_id: &Bound<'_, PyAny>,
+            ) -> PyResult<Option<(i64, i64)>> {
+                let b = $crate::convert::block_id_of(block_id)?;
+                let found = $crate::errors::core(self.with(py, |p| p.free_neighbours(b))?)?;
+                let end = |e: Option<BlockId>| e.map_or(-1, |b| i64::from(b.0));
+                Ok(found.map(|(prev, next)| (end(prev), end(next))))
+            }
+
             fn ref_counts<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, numpy::PyArray1<u32>>> {
                 Ok(numpy::PyArray1::from_vec(py, self.with(py, |p| p.ref_counts().collect())?))
             }

@@ -178,6 +178,31 @@ pymethods!(PyRequest {
         Ok(self.inner.try_append(fill, |h, t| hash(py, h, t))?)
     }
 
+    /// Catch up with a token list that extends this request's tokens (a
+    /// scheduler's request, all its tokens so far): append the ones past
+    /// `num_tokens` (hashing the blocks they complete), then return the
+    /// block hashes from `start` on as a new list. `None` (nothing changed)
+    /// when this request holds more tokens than `token_ids`. All-or-nothing
+    /// on an invalid token.
+    fn catch_up<'py>(
+        &mut self,
+        py: Python<'py>,
+        token_ids: &Bound<'py, PyList>,
+        start: usize,
+    ) -> PyResult<Option<Bound<'py, PyList>>> {
+        let (held, n) = (self.inner.num_tokens(), token_ids.len());
+        if held > n {
+            return Ok(None);
+        }
+        if held < n {
+            let new = token_ids.get_slice(held, n);
+            let fill = |t: &mut Vec<u32>| extend_ids(new.as_any(), t, held).map_err(Refused);
+            self.inner.try_append(fill, |h, t| hash(py, h, t))?;
+        }
+        let hashes = self.inner.block_hashes();
+        digest_list(py, hashes.get(start..).unwrap_or_default()).map(Some)
+    }
+
     #[setter]
     fn set_skip_reading_prefix_cache(&mut self, value: bool) {
         self.inner.skip_reading_prefix_cache = value;
@@ -294,8 +319,25 @@ impl BlockHashes {
         py: Python<'py>,
         index: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        if index.is_instance_of::<PySlice>() {
-            return self.list(py)?.as_any().get_item(index);
+        if let Ok(slice) = index.cast::<PySlice>() {
+            // Only the items of the slice become bytes objects (a hasher
+            // takes the few newest hashes of a long request this way).
+            return self.with(py, |hashes| {
+                let n = isize::try_from(hashes.len()).unwrap_or(isize::MAX);
+                let ix = slice.indices(n)?;
+                if ix.step == 1 {
+                    let (lo, hi) = (
+                        ix.start.unsigned_abs(),
+                        ix.stop.unsigned_abs().max(ix.start.unsigned_abs()),
+                    );
+                    return digest_list(py, &hashes[lo..hi]).map(Bound::into_any);
+                }
+                let picked = (0..ix.slicelength).map(|k| {
+                    let at = ix.start + ix.step * isize::try_from(k).unwrap_or(isize::MAX);
+                    digest(py, &hashes[at.unsigned_abs()])
+                });
+                PyList::new(py, picked).map(Bound::into_any)
+            })?;
         }
         let i: isize = index.extract()?;
         let item = self.with(py, |hashes| {
