@@ -593,10 +593,10 @@ class CoordinatorCore:
         checkpoint leaves that many after it); ``allow_partial_hits``: sub-block
         Mamba hits may be turned on (the caller then drains
         :meth:`take_block_copies` and frees both ends of each copy).
-        ``verify_hits``: ``allocate_slots`` refuses a hit block not cached under the request's own hash of its
-        position (a stale hit); ``False`` adopts hits as vLLM does, whatever
-        they hold (out-of-range ids, nulls inside the window and wrong
-        counts are still refused)."""
+        ``verify_hits``: ``allocate_slots`` refuses a hit block not cached
+        under the request's own hash of its position (a stale hit);
+        ``False`` adopts hits as vLLM does, whatever they hold (out-of-range
+        ids, nulls inside the window and wrong counts are still refused)."""
     @property
     def hash_block_size(self) -> int:
         """Tokens per hash unit."""
