@@ -79,6 +79,7 @@ class BlockView:
         for (a partial key's own count; the block's end for a full key, which
         kvcoord's pool does not record, so None there)."""
         return self._pool.primary_key_tokens(self.block_id)  # type: ignore[no-any-return]
+
     def _free_neighbour(self, side: int) -> Any:
         """The free queue's entry on ``side`` (0: front, 1: back) of this
         block, read from the pool's links: a view, the queue's end sentinel,
