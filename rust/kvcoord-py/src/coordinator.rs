@@ -6,7 +6,7 @@
 
 use kvcoord_core::coordinator::{AllocateArgs, CoordinatorConfig, CoordinatorCore, NewBlocks};
 use kvcoord_core::{
-    BlockId, BlockPool, CoordinatorKind, EvictionConfig, GroupId, KvError, Manager,
+    BlockId, BlockPool, CoordinatorKind, EvictionConfig, GroupId, KvError, Manager, ReqId,
 };
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
@@ -56,6 +56,19 @@ impl PyCoordinatorCore {
         f: impl FnOnce(&mut CoordinatorCore) -> Result<R, KvError>,
     ) -> PyResult<R> {
         core(f(&mut self.enter(py)?.inner))
+    }
+
+    /// `f(core, request)` for a registered request id.
+    fn with_request<R>(
+        &self,
+        py: Python<'_>,
+        request_id: &str,
+        f: impl FnOnce(&mut CoordinatorCore, ReqId) -> Result<R, KvError>,
+    ) -> PyResult<R> {
+        self.with_mut(py, |c| {
+            let req = c.request_id(request_id)?;
+            f(c, req)
+        })
     }
 
     /// `f(pool)`, read-only (the shape `pool_writers` expects).
@@ -503,10 +516,7 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         page: &Bound<'_, PyAny>,
     ) -> PyResult<Option<u32>> {
         let (group, page) = row_args(group, page)?;
-        let found = core(self.with(py, |c| {
-            c.request_id(request_id)
-                .and_then(|req| c.resident_page(req, group, page))
-        })?)?;
+        let found = self.with_request(py, request_id, |c, req| c.resident_page(req, group, page))?;
         Ok(found.map(|b| b.0))
     }
 
@@ -522,10 +532,7 @@ pool_writers!(pymethods!(PyCoordinatorCore {
     ) -> PyResult<Vec<u32>> {
         let group = GroupId(args::u32_arg(group, "group")?);
         let start = args::opt_count(start, "start")?;
-        let row = core(self.with(py, |c| {
-            c.request_id(request_id)
-                .and_then(|req| c.residency_row(req, group, start))
-        })?)?;
+        let row = self.with_request(py, request_id, |c, req| c.residency_row(req, group, start))?;
         Ok(row.into_iter().map(|b| b.0).collect())
     }
 
@@ -542,10 +549,7 @@ pool_writers!(pymethods!(PyCoordinatorCore {
     ) -> PyResult<bool> {
         let (group, page) = row_args(group, page)?;
         let block = BlockId(args::u32_arg(block_id, "block_id")?);
-        self.with_mut(py, |c| {
-            let req = c.request_id(request_id)?;
-            c.adopt_resident_page(req, group, page, block)
-        })
+        self.with_request(py, request_id, |c, req| c.adopt_resident_page(req, group, page, block))
     }
 
     /// `unpin_resident_block` of the block a page is read from; the block,
@@ -558,10 +562,7 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         page: &Bound<'_, PyAny>,
     ) -> PyResult<Option<u32>> {
         let (group, page) = row_args(group, page)?;
-        let found = self.with_mut(py, |c| {
-            let req = c.request_id(request_id)?;
-            c.unpin_resident_page(req, group, page)
-        })?;
+        let found = self.with_request(py, request_id, |c, req| c.unpin_resident_page(req, group, page))?;
         Ok(found.map(|b| b.0))
     }
 
@@ -575,28 +576,20 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         page: &Bound<'_, PyAny>,
     ) -> PyResult<Option<u32>> {
         let (group, page) = row_args(group, page)?;
-        let found = self.with_mut(py, |c| {
-            let req = c.request_id(request_id)?;
-            c.drop_resident_page(req, group, page)
-        })?;
+        let found = self.with_request(py, request_id, |c, req| c.drop_resident_page(req, group, page))?;
         Ok(found.map(|b| b.0))
     }
 
     /// Ask for a request's hot region in a `HiSparse` hot group.
     fn require_hot(&self, py: Python<'_>, request_id: &str, group: &Bound<'_, PyAny>) -> PyResult<()> {
         let group = GroupId(args::u32_arg(group, "group")?);
-        self.with_mut(py, |c| {
-            let req = c.request_id(request_id)?;
-            c.require_hot(req, group)
-        })
+        self.with_request(py, request_id, |c, req| c.require_hot(req, group))
     }
 
     /// Whether a request holds its whole hot region in a hot group.
     fn has_hot(&self, py: Python<'_>, request_id: &str, group: &Bound<'_, PyAny>) -> PyResult<bool> {
         let group = GroupId(args::u32_arg(group, "group")?);
-        core(self.with(py, |c| {
-            c.request_id(request_id).and_then(|req| c.has_hot(req, group))
-        })?)
+        self.with_request(py, request_id, |c, req| c.has_hot(req, group))
     }
 
     /// Give up one reference on a block of a resident group while its pages
