@@ -50,9 +50,10 @@ class BlockPool:
     counted, skipped silently by :meth:`free_blocks` and :meth:`touch`.
 
     Every method validates its whole input first: a call that raises leaves
-    the pool exactly as it was. One owner thread: the pool is not
-    synchronised (concurrent use from several threads raises ``RuntimeError``
-    from PyO3's borrow check rather than corrupting state).
+    the pool exactly as it was. Calls are serialised: one from another
+    thread waits (without the GIL) for the running one; a call re-entering
+    the pool on the same thread (from Python code an argument runs) raises
+    ``RuntimeError`` and changes nothing (README, "Threads").
     """
 
     def __init__(
