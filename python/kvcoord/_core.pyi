@@ -821,6 +821,9 @@ class CoordinatorCore:
         next allocation (and prediction) includes it."""
     def has_hot(self, request_id: str, group: int) -> bool:
         """Whether a live request holds its whole hot region in a hot group."""
+    def hot_required(self, request_id: str, group: int) -> bool:
+        """Whether the request's hot region in hot group ``group`` has been
+        asked for (:meth:`require_hot`, an import, a resumed host prefix)."""
     def touch_caller_blocks(self, block_ids: BlockIds) -> None:
         """Take one caller reference on each block (vLLM's ``BlockPool.touch``
         from outside the manager; a free block leaves the free queue), released

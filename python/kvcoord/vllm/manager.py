@@ -32,6 +32,7 @@ from kvcoord.vllm._construct import (
 )
 from kvcoord.vllm._decode import DecodePath
 from kvcoord.vllm._events import event_metadata, pool_view
+from kvcoord.vllm._hisparse import hisparse_reason
 from kvcoord.vllm._parking import Parking
 from kvcoord.vllm._readouts import ManagerReadouts
 from kvcoord.vllm._requests import RequestRegistry
@@ -61,6 +62,11 @@ class KVCacheManager(DecodePath, ManagerReadouts):
         bound = bind_args(args, kwargs)
         reason = unsupported_reason(bound["kv_cache_config"], bound) or caller_reason()
         if reason is None:
+            if cls is KVCacheManager and hisparse_reason(bound["kv_cache_config"]):
+                # Only reached with the HiSparse opt-in (see _hisparse).
+                from kvcoord.vllm._hisparse_manager import HiSparseManager
+
+                return super().__new__(HiSparseManager)
             return super().__new__(cls)
         fallbacks[reason] += 1
         logger.warning(

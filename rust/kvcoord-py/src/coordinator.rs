@@ -592,6 +592,18 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         self.with_request(py, request_id, |c, req| c.has_hot(req, group))
     }
 
+    /// Whether a request's hot region in a hot group has been asked for
+    /// (vLLM's `hot_required` membership).
+    fn hot_required(
+        &self,
+        py: Python<'_>,
+        request_id: &str,
+        group: &Bound<'_, PyAny>,
+    ) -> PyResult<bool> {
+        let group = GroupId(args::u32_arg(group, "group")?);
+        self.with_request(py, request_id, |c, req| c.hot_required(req, group))
+    }
+
     /// Give up one reference on a block of a resident group while its pages
     /// are still read (vLLM's `unpin_blocks` on that group's pool).
     fn unpin_resident_block(
