@@ -33,6 +33,7 @@ vLLM's ``HiSparseCoordinator`` itself runs unchanged over the group views of
 
 from __future__ import annotations
 
+import functools
 import importlib
 from typing import Any
 
@@ -98,6 +99,30 @@ class EmptySplitBlocks(SplitBlocks, EmptyKVCacheBlocks):
     __slots__ = ()
 
 
+@functools.cache
+def _coordinator_class(base: type) -> type:
+    """The coordinator view of a HiSparse manager: ``base`` (named, and
+    registered, after vLLM's coordinator class) with per-group lookups whose
+    blocks come from each group's own pool."""
+
+    def find_longest_cache_hit_per_group(
+        self: Any, block_hashes: Any, max_cache_hit_length: int
+    ) -> tuple[tuple[list[Any], ...], tuple[int, ...]]:
+        manager = self._manager
+        probe = manager._requests.probe(block_hashes)
+        blocks, hits = manager.find_hits_per_group(probe, max_cache_hit_length)
+        return blocks.blocks, hits
+
+    return type(
+        base.__name__,
+        (base,),
+        {
+            "__doc__": base.__doc__,
+            "find_longest_cache_hit_per_group": find_longest_cache_hit_per_group,
+        },
+    )
+
+
 class HiSparseManager(KVCacheManager):
     """vLLM's ``KVCacheManager`` for a HiSparse configuration, on a host core
     and a device core (see the module docstring)."""
@@ -150,6 +175,7 @@ class HiSparseManager(KVCacheManager):
         self.empty_kv_cache_blocks = EmptySplitBlocks(
             tuple(() for _ in range(self.num_kv_cache_groups)), self._group_views
         )
+        self.coordinator.__class__ = _coordinator_class(type(self.coordinator))
         self.coordinator.single_type_managers = group_views(self)
 
     # ---- the two cores ---------------------------------------------------
@@ -255,6 +281,21 @@ class HiSparseManager(KVCacheManager):
         boundary = shared_prefix_boundary(hit, uncached + host_hit - hit)
         return self.create_kv_cache_blocks(groups), hit, boundary
 
+    def find_hits_per_group(self, mine: Any, max_length: int) -> tuple[Any, tuple[int, ...]]:
+        """Each group's own longest hit: the host group's in the host pool,
+        the device groups' in the device pool (resident and hot: none)."""
+        limit = min(max_length, mine.num_block_hashes * self.hash_block_size)
+        host, host_hit, _ = self._host_coordinator.find_longest_cache_hit(mine, limit)
+        per_group = getattr(self._core_coordinator, "find_longest_cache_hit_per_group", None)
+        if per_group is None:  # caching off: no group has a hit
+            n = self.num_kv_cache_groups - 1
+            device: tuple[Any, ...] = tuple(_EMPTY for _ in range(n))
+            hits: tuple[int, ...] = (0,) * n
+        else:
+            blocks, hits = per_group(mine, limit)
+            device = tuple(blocks.arrays())
+        return SplitBlocks((*host.arrays(), *device), self._group_views), (host_hit, *hits)
+
     def get_computed_blocks_for_connector(
         self, request: Any, max_cache_hit_length: int | None = None
     ) -> tuple[KVCacheBlocks, int, int, bool]:
@@ -342,7 +383,7 @@ class HiSparseManager(KVCacheManager):
             mine,
             num_new_tokens,
             num_new_computed_tokens,
-            (list(g) for g in device_hits) if any(device_hits) else None,
+            [list(g) for g in device_hits] if any(device_hits) else None,
             num_lookahead_tokens,
             num_encoder_tokens,
             delay_cache_blocks or lagging,

@@ -159,7 +159,9 @@ class SourceView(_GroupView):
         back the request's new pages (vLLM's admission sentinel)."""
         manager = self._manager
         mine = manager._requests.peek(request_id)
-        hits = ids_of(new_computed_blocks)
+        # The whole blocks the local tokens cover (kvcoord adopts no
+        # partial host hit: a partial one counts as a new block).
+        hits = ids_of(new_computed_blocks)[: num_local_computed_tokens // self.block_size]
         return manager._host_prediction(mine, num_tokens, hits, total_computed_tokens)
 
     def publish_blocks(
