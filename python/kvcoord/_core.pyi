@@ -821,6 +821,12 @@ class CoordinatorCore:
         next allocation (and prediction) includes it."""
     def has_hot(self, request_id: str, group: int) -> bool:
         """Whether a live request holds its whole hot region in a hot group."""
+    def allocate_hot(self, request_id: str, group: int) -> list[int]:
+        """Grow the request's hot region in hot group ``group`` to its whole
+        size when it has been asked for (vLLM's
+        ``HiSparseHotManager.allocate_new_blocks``); the new block ids (none
+        when not asked for or already held). Refused, unchanged, when the
+        pool has too few free blocks."""
     def hot_required(self, request_id: str, group: int) -> bool:
         """Whether the request's hot region in hot group ``group`` has been
         asked for (:meth:`require_hot`, an import, a resumed host prefix)."""

@@ -254,6 +254,15 @@ class HotView(_GroupView):
     def require_hot(self, request_id: str) -> None:
         self._manager._require_hot(request_id, self._core_group)
 
+    def allocate_new_blocks(
+        self, request_id: str, num_tokens: int, num_tokens_main_model: int
+    ) -> list[BlockView]:
+        """vLLM's call on its own: grow the hot region when it is asked for."""
+        manager = self._manager
+        got = manager._core.allocate_hot(self._core_id(request_id), self._core_group)
+        manager._watchers.fire()
+        return self._views.many(got)
+
     def has_hot(self, request_id: str) -> bool:
         try:
             return bool(self._manager._core.has_hot(self._core_id(request_id), self._core_group))

@@ -592,6 +592,19 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         self.with_request(py, request_id, |c, req| c.has_hot(req, group))
     }
 
+    /// Grow a request's hot region to its whole size when it has been asked
+    /// for (vLLM's `HiSparseHotManager.allocate_new_blocks`); the new ids.
+    fn allocate_hot(
+        &self,
+        py: Python<'_>,
+        request_id: &str,
+        group: &Bound<'_, PyAny>,
+    ) -> PyResult<Vec<u32>> {
+        let group = GroupId(args::u32_arg(group, "group")?);
+        let got = self.with_request(py, request_id, |c, req| c.allocate_hot(req, group))?;
+        Ok(got.into_iter().map(|b| b.0).collect())
+    }
+
     /// Whether a request's hot region in a hot group has been asked for
     /// (vLLM's `hot_required` membership).
     fn hot_required(
