@@ -3,7 +3,8 @@ vLLM 0.33.0's own, each driven by vLLM's own ``HiSparseCoordinator``: the
 four-group shape of vLLM's HiSparse tests (source on a host pool, indexer,
 resident, hot), random schedules of admissions with prefix hits, chunked
 prefill and decode steps (each followed by the coordinator's per-step
-residency work), spills completed at random steps, hot regions asked for,
+residency work), external loads (admitted whole, finished or failed),
+spills completed at random steps, hot regions asked for,
 pool pressure (blocks taken and given back through the device pool),
 finishes (a finished request's publication detaches) and preemptions. After
 every operation both sides must agree on: hits, allocations, block tables,
@@ -137,6 +138,7 @@ def test_hisparse_manager_matches_vllm(seed: int, caching: bool) -> None:
     running: list[tuple] = []
     pending: list[int] = []  # transfer ids planned, not yet completed
     held: list[tuple] = []  # device blocks taken through the pool (pressure)
+    importing: list[tuple] = []  # (requests, tokens) whose external load is in flight
     next_id = 0
 
     def step(reqs: tuple, new_tokens: int, hit: tuple | None) -> bool:
@@ -176,6 +178,40 @@ def test_hisparse_manager_matches_vllm(seed: int, caching: bool) -> None:
             rid = f"r{next_id}"
             next_id += 1
             waiting.append(tuple(make_request(rid, tokens, BS) for _ in pair))
+        elif op < 0.3 and waiting and waiting[0][0].num_computed_tokens == 0:
+            # An external (connector) load of a prefix, admitted whole.
+            reqs = waiting[0]
+            n = rng.randrange(1, reqs[0].num_tokens)
+            got = [
+                m.allocate_slots(
+                    r,
+                    0,
+                    num_external_computed_tokens=n,
+                    delay_cache_blocks=True,
+                    full_sequence_must_fit=True,
+                )
+                for m, r in zip(pair, reqs, strict=True)
+            ]
+            assert (got[0] is None) == (got[1] is None)
+            if got[0] is not None:
+                assert got[0].get_block_ids() == got[1].get_block_ids()
+                waiting.pop(0)
+                importing.append((reqs, n))
+        elif op < 0.35 and importing:
+            reqs, n = importing.pop(rng.randrange(len(importing)))
+            failed = rng.random() < 0.2
+            for c, r in zip(coordinators, reqs, strict=True):
+                c.finish_host_import(r.request_id, failed=failed)
+            planned = [transfers(c) for c in coordinators]
+            assert planned[0] == planned[1]
+            pending.extend(t[0] for t in planned[0])
+            if failed:
+                for m, r in zip(pair, reqs, strict=True):
+                    m.free(r)
+            else:
+                for r in reqs:
+                    r.num_computed_tokens = n
+                running.append(reqs)
         elif op < 0.45 and waiting:
             reqs = waiting[0]
             hit = None
@@ -233,5 +269,5 @@ def test_hisparse_manager_matches_vllm(seed: int, caching: bool) -> None:
             n = min(free, rng.randrange(1, 4))
             if n:
                 held.append(tuple(m.block_pool.get_new_blocks(n) for m in pair))
-        live = [r[0].request_id for r in running]
+        live = [r[0].request_id for r in running] + [r[0][0].request_id for r in importing]
         compare(pair, coordinators, live)

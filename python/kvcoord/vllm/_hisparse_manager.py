@@ -113,12 +113,39 @@ def _coordinator_class(base: type) -> type:
         blocks, hits = manager.find_hits_per_group(probe, max_cache_hit_length)
         return blocks.blocks, hits
 
+    def get_num_blocks_to_allocate(
+        self: Any,
+        request_id: str,
+        num_tokens: int,
+        new_computed_blocks: Any,
+        num_encoder_tokens: int = 0,
+        total_computed_tokens: int = 0,
+        num_local_computed_tokens: int = 0,
+        num_tokens_main_model: int = 0,
+        apply_admission_cap: bool = False,
+        prefill_end: int = 0,
+    ) -> int:
+        manager = self._manager
+        groups = tuple(ids_of(g) for g in new_computed_blocks)
+        return int(
+            manager._predict(
+                manager._requests.peek(request_id),
+                num_tokens,
+                groups if any(groups) else (),
+                total_computed_tokens,
+                num_encoder_tokens,
+                apply_admission_cap,
+                num_local_computed_tokens,
+            )
+        )
+
     return type(
         base.__name__,
         (base,),
         {
             "__doc__": base.__doc__,
             "find_longest_cache_hit_per_group": find_longest_cache_hit_per_group,
+            "get_num_blocks_to_allocate": get_num_blocks_to_allocate,
         },
     )
 
@@ -250,11 +277,22 @@ class HiSparseManager(KVCacheManager):
         total_computed: int,
         num_encoder_tokens: int = 0,
         admission: bool = False,
+        num_local: int | None = None,
     ) -> int:
+        """Both cores' prediction; ``num_local`` of ``total_computed`` are
+        local (the rest an import, which the HiSparse groups tell apart)."""
         host_hits = list(hits[0])[: len(hits[1])] if hits else []
-        device_hits = tuple(hits[1:]) if hits else ()
-        device = super()._predict(
-            mine, num_tokens, device_hits, total_computed, num_encoder_tokens, admission
+        device_hits = [list(g) for g in hits[1:]] if hits else None
+        device = int(
+            self._core.num_blocks_to_allocate(
+                mine,
+                num_tokens,
+                device_hits or None,
+                total_computed,
+                num_encoder_tokens,
+                self.max_in_flight_tokens if admission else None,
+                num_local,
+            )
         )
         return device + self._host_prediction(mine, num_tokens, host_hits, total_computed)
 
@@ -353,11 +391,15 @@ class HiSparseManager(KVCacheManager):
         hits = (host_hits, *device_hits) if any_hit else ()
         if full_sequence_must_fit:
             full = min(request.num_tokens, self.max_model_len)
-            needed = self._predict(mine, full, hits, total, num_encoder_tokens, True)
+            needed = self._predict(
+                mine, full, hits, total, num_encoder_tokens, True, num_local
+            )
             if needed + watermark > free:
                 return None
         need = min(total + num_new_tokens + num_lookahead_tokens, self.max_model_len)
-        needed = self._predict(mine, need, hits, num_local + external, num_encoder_tokens)
+        needed = self._predict(
+            mine, need, hits, num_local + external, num_encoder_tokens, False, num_local
+        )
         if needed + watermark > free - reserved_blocks:
             return None
         fresh = self._device_held(rid) is None
