@@ -765,6 +765,12 @@ class CoordinatorCore:
         :meth:`BlockPool.drain_eviction_records`)."""
     def free(self, request_id: str) -> bool:
         """Release the request's blocks (tail first); False for an unknown id."""
+    def pop_request_to_caller(self, request_id: str) -> list[list[int]] | None:
+        """Forget the request and hand its blocks' references to the caller
+        (vLLM's ``pop_blocks_for_free``): per group, its ids in allocation
+        order, leading nulls trimmed (a HiSparse resident group's row with
+        its overlay applied); None for an unknown id. No reference count
+        changes; release them with :meth:`free_caller_blocks`."""
     def blocks(self, request_id: str) -> KVCacheBlocks:
         """The request's block table per group (raises ``UnknownRequestError``)."""
     def num_common_prefix_blocks(self, request_id: str) -> list[int]:

@@ -6,7 +6,8 @@ prefill and decode steps (each followed by the coordinator's per-step
 residency work), external loads (admitted whole, finished or failed),
 spills completed at random steps, hot regions asked for,
 pool pressure (blocks taken and given back through the device pool),
-finishes (a finished request's publication detaches) and preemptions. After
+finishes (a finished request's publication detaches), preemptions, and
+deferred frees (``pop_blocks_for_free``, the blocks freed later). After
 every operation both sides must agree on: hits, allocations, block tables,
 residency rows, the planned page transfers, the coordinator's per-request
 page states and copies, residency updates, both pools' free queues; and the
@@ -247,10 +248,20 @@ def test_hisparse_manager_matches_vllm(seed: int, caching: bool) -> None:
         elif op < 0.86 and running:
             reqs = running.pop(rng.randrange(len(running)))
             finished = rng.random() < 0.6
+            deferred = rng.random() < 0.4  # freed later, as with a step in flight
+            popped = []
             for m, r in zip(pair, reqs, strict=True):
                 if finished:
                     r.status = RequestStatus.FINISHED_STOPPED
-                m.free(r)
+                if deferred:
+                    popped.append(m.pop_blocks_for_free(r))
+                else:
+                    m.free(r)
+            if popped:
+                assert ids_of(popped[0]) == ids_of(popped[1])
+                compare(pair, coordinators, [])
+                for m, blocks in zip(pair, popped, strict=True):
+                    m.block_pool.free_blocks(reversed(blocks))
             if not finished:
                 for r in reqs:
                     r.num_computed_tokens = 0

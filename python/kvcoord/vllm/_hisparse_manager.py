@@ -500,8 +500,23 @@ class HiSparseManager(KVCacheManager):
         self._core.free(core_id)
         self._requests.drop(rid)
 
-    def pop_blocks_for_free(self, request: Any) -> list[int]:
-        raise NotImplementedError("kvcoord: pop_blocks_for_free of a HiSparse request")
+    def pop_blocks_for_free(self, request: Any) -> list[Any]:
+        """vLLM's deferred free: the coordinator detaches the request, both
+        cores forget it and hand its references to the caller, who frees the
+        returned blocks (group by group, allocation order) later through
+        ``block_pool.free_blocks`` (reversed), in one call as vLLM does."""
+        rid = request.request_id
+        coordinator = self._hisparse()
+        if coordinator is not None:
+            coordinator.free(rid)
+        core_id = self._requests.core_id(rid)
+        self._decode_room.pop(rid, None)
+        out: list[Any] = []
+        for core, views in ((self._host_core, self._host_views), (self._core, self._device_views)):
+            for group in core.pop_request_to_caller(core_id) or ():
+                out.extend(views.many(group))
+        self._requests.drop(rid)
+        return out
 
     def reset_prefix_cache(self) -> bool:
         if not self._core.reset_prefix_cache():

@@ -497,6 +497,24 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         self.with_mut(py, |c| c.free_request(request_id))
     }
 
+    /// Forget a request and hand its blocks' references to the caller
+    /// (vLLM's `pop_blocks_for_free`): per group, the ids in allocation
+    /// order (leading nulls trimmed); None for an unknown id. Released with
+    /// `free_caller_blocks`.
+    fn pop_request_to_caller(
+        &self,
+        py: Python<'_>,
+        request_id: &str,
+    ) -> PyResult<Option<Vec<Vec<u32>>>> {
+        let got = self.with_mut(py, |c| c.pop_request_to_caller(request_id))?;
+        Ok(got.map(|groups| {
+            groups
+                .into_iter()
+                .map(|g| g.into_iter().map(|b| b.0).collect())
+                .collect()
+        }))
+    }
+
     /// The request's block tables per group (0 marks null positions).
     fn blocks(&self, py: Python<'_>, request_id: &str) -> PyResult<PyKVCacheBlocks> {
         let state = self.enter(py)?;
