@@ -584,6 +584,8 @@ class CoordinatorCore:
         num_hash_lookahead_tokens: int | None = None,
         allow_partial_hits: bool = False,
         verify_hits: bool = True,
+        group_id_base: int = 0,
+        event_medium: str = "GPU",
     ) -> None:
         """``hash_block_size`` ``None`` takes :func:`default_hash_block_size`.
         ``num_reprefillable_tokens``: multi-module MTP's re-prefillable tail
@@ -597,7 +599,11 @@ class CoordinatorCore:
         ``verify_hits``: ``allocate_slots`` refuses a hit block not cached
         under the request's own hash of its position (a stale hit);
         ``False`` adopts hits as vLLM does, whatever they hold (out-of-range
-        ids, nulls inside the window and wrong counts are still refused)."""
+        ids, nulls inside the window and wrong counts are still refused).
+        ``group_id_base``: added to every group id the pool reports (events,
+        key read-outs), for a core holding groups ``base..`` of a larger
+        configuration (kvcoord.vllm's HiSparse device core); ``event_medium``:
+        the medium its events report (``"GPU"``, ``"CPU"``, ``"STORAGE"``)."""
     @property
     def hash_block_size(self) -> int:
         """Tokens per hash unit."""

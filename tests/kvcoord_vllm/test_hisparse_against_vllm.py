@@ -7,10 +7,12 @@ residency work), external loads (admitted whole, finished or failed),
 spills completed at random steps, hot regions asked for,
 pool pressure (blocks taken and given back through the device pool),
 finishes (a finished request's publication detaches), preemptions, and
-deferred frees (``pop_blocks_for_free``, the blocks freed later). After
+deferred frees (``pop_blocks_for_free``, the blocks freed later); with
+KV-cache events on in half the caching schedules. After
 every operation both sides must agree on: hits, allocations, block tables,
 residency rows, the planned page transfers, the coordinator's per-request
 page states and copies, residency updates, both pools' free queues; and the
+KV-cache events (host ones with medium CPU, group ids vLLM's); and the
 kvcoord cores' invariants hold. Skipped without vLLM.
 """
 
@@ -73,12 +75,15 @@ def hisparse_config(num_blocks: int, host_blocks: int) -> KVCacheConfig:
     )
 
 
-def managers(num_blocks: int, host_blocks: int, caching: bool) -> tuple[object, object]:
+def managers(
+    num_blocks: int, host_blocks: int, caching: bool, events: bool = False
+) -> tuple[object, object]:
     args = {
         "max_model_len": MAX_MODEL_LEN,
         "scheduler_block_size": BS,
         "hash_block_size": BS,
         "enable_caching": caching,
+        "enable_kv_cache_events": events,
     }
     theirs = VllmManager(hisparse_config(num_blocks, host_blocks), **args)
     ours = kv.KVCacheManager(hisparse_config(num_blocks, host_blocks), **args)
@@ -113,8 +118,24 @@ def state_of(coordinator: object) -> dict:
     return {"requests": out, "copies": copies}
 
 
+def event_list(manager: object) -> list[tuple]:
+    return [
+        (
+            type(e).__name__,
+            getattr(e, "block_hashes", None),
+            getattr(e, "parent_block_hash", None),
+            getattr(e, "token_ids", None),
+            getattr(e, "group_idx", None),
+            getattr(e, "medium", None),
+            getattr(e, "kv_cache_spec_kind", None),
+        )
+        for e in manager.take_events()  # type: ignore[attr-defined]
+    ]
+
+
 def compare(pair: tuple, coordinators: tuple, live: list[str]) -> None:
     theirs, ours = pair
+    assert event_list(theirs) == event_list(ours)
     assert free_queue(theirs) == free_queue(ours)
     host = [c.get_host_block_pool().free_block_queue.get_all_free_blocks() for c in coordinators]
     assert ids_of(host[0]) == ids_of(host[1])
@@ -132,7 +153,8 @@ def compare(pair: tuple, coordinators: tuple, live: list[str]) -> None:
 @pytest.mark.parametrize("seed", range(12))
 def test_hisparse_manager_matches_vllm(seed: int, caching: bool) -> None:
     rng = random.Random(seed)
-    pair = managers(rng.choice([16, 24, 40]), rng.choice([12, 24, 40]), caching)
+    events = caching and seed % 2 == 0
+    pair = managers(rng.choice([16, 24, 40]), rng.choice([12, 24, 40]), caching, events)
     coordinators = tuple(get_hisparse_coordinator(m) for m in pair)
     bases = [[rng.randrange(1000) for _ in range(140)] for _ in range(2)]
     waiting: list[tuple] = []
@@ -149,8 +171,7 @@ def test_hisparse_manager_matches_vllm(seed: int, caching: bool) -> None:
                 if n:
                     k.update(num_new_computed_tokens=n, new_computed_blocks=blocks)
         got = [
-            m.allocate_slots(r, new_tokens, **k)
-            for m, r, k in zip(pair, reqs, kwargs, strict=True)
+            m.allocate_slots(r, new_tokens, **k) for m, r, k in zip(pair, reqs, kwargs, strict=True)
         ]
         assert (got[0] is None) == (got[1] is None)
         if got[0] is None:

@@ -37,12 +37,23 @@ __all__ = [
     "hisparse_reason",
     "opted_in",
     "role_reason",
+    "served_class",
     "shape_reason",
 ]
 
 #: The environment variable that turns serving HiSparse on (off by default:
 #: not every vLLM HiSparse test passes on kvcoord yet, docs/hisparse.md).
 OPT_IN = "KVCOORD_VLLM_HISPARSE"
+
+
+def served_class(cls: type, kv_cache_config: Any) -> type:
+    """The class serving a configuration kvcoord serves: ``cls``, or the
+    HiSparse manager for a HiSparse one (only served under the opt-in)."""
+    if hisparse_reason(kv_cache_config) is None:
+        return cls
+    from kvcoord.vllm._hisparse_manager import HiSparseManager  # imports the manager
+
+    return HiSparseManager
 
 
 def opted_in() -> bool:
@@ -59,8 +70,8 @@ def shape_reason(kv_cache_config: Any, args: Mapping[str, Any]) -> str | None:
     Served: group 0 is the source (role ``hisparse_source``, full attention),
     every other group is a device group (full attention, a resident or a hot
     spec), the host pool is sized, and the constructor asks for nothing the
-    two-core composition does not hold yet (KV-cache events, EAGLE,
-    context parallelism)."""
+    two-core composition does not hold yet (EAGLE, context parallelism,
+    zeroing)."""
     interface: Any = importlib.import_module("vllm.v1.kv_cache_interface")
     groups = list(kv_cache_config.kv_cache_groups)
     if getattr(kv_cache_config, "hisparse_host_num_blocks", None) is None:
@@ -74,12 +85,8 @@ def shape_reason(kv_cache_config: Any, args: Mapping[str, Any]) -> str | None:
             return "several source groups"
         if g.host_resident:
             return "a host-resident device group"
-    for name, what in (
-        ("enable_kv_cache_events", "KV-cache events"),
-        ("use_eagle", "EAGLE"),
-    ):
-        if args.get(name, False):
-            return what
+    if args.get("use_eagle", False):
+        return "EAGLE"
     if int(args.get("dcp_world_size", 1)) != 1 or int(args.get("pcp_world_size", 1)) != 1:
         return "context parallelism"
     if getattr(kv_cache_config, "needs_kv_cache_zeroing", False):
@@ -111,6 +118,7 @@ def device_spec(spec: Any) -> KVCacheSpec | None:
             block_size=int(spec.block_size), blocks_per_request=int(spec.blocks_per_request)
         )
     return None
+
 
 _MISSING = (
     "vLLM drives these groups with its HiSparseCoordinator, which finds them by "

@@ -33,7 +33,7 @@ vLLM's ``HiSparseCoordinator`` itself runs unchanged over the group views of
 
 from __future__ import annotations
 
-import functools
+import contextlib
 import importlib
 from typing import Any
 
@@ -42,8 +42,9 @@ import numpy as np
 from kvcoord.config import FullAttentionSpec, KVCacheConfig, KVCacheGroup
 from kvcoord.coordinator import get_kv_cache_coordinator, shared_prefix_boundary
 from kvcoord.errors import UnknownRequestError
-from kvcoord.vllm._blocks import EmptyKVCacheBlocks, KVCacheBlocks, _as_list, ids_of
+from kvcoord.vllm._blocks import KVCacheBlocks, ids_of
 from kvcoord.vllm._construct import bind_args
+from kvcoord.vllm._events import EventLog, event_metadata
 from kvcoord.vllm._hisparse import device_config
 from kvcoord.vllm._hisparse_pools import (
     DevicePoolView,
@@ -52,7 +53,12 @@ from kvcoord.vllm._hisparse_pools import (
     ViewCache,
     Watchers,
 )
-from kvcoord.vllm._hisparse_views import group_views
+from kvcoord.vllm._hisparse_views import (
+    EmptySplitBlocks,
+    SplitBlocks,
+    coordinator_class,
+    group_views,
+)
 from kvcoord.vllm.manager import KVCacheManager
 
 __all__ = ["HiSparseManager"]
@@ -64,95 +70,11 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-class SplitBlocks(KVCacheBlocks):
-    """``KVCacheBlocks`` whose groups live in different pools: ``_pool`` is
-    one :class:`~kvcoord.vllm._hisparse_pools.ViewCache` per group."""
-
-    __slots__ = ()
-
-    @property
-    def blocks(self) -> tuple[list[Any], ...]:
-        return tuple(views.many(_as_list(g)) for views, g in zip(self._pool, self.ids, strict=True))
-
-    def get_unhashed_block_ids_all_groups(self) -> list[list[int]]:
-        out = []
-        for views, g in zip(self._pool, self.ids, strict=True):
-            ids = _as_list(g)
-            cached = views.pool.cached_mask() if ids else None
-            out.append([i for i in ids if i and not (cached is not None and cached[i])])
-        return out
-
-    def new_empty(self) -> KVCacheBlocks:
-        return EmptySplitBlocks(tuple(() for _ in self.ids), self._pool)
-
-    def __add__(self, other: Any) -> KVCacheBlocks:
-        other_ids = other.ids if isinstance(other, KVCacheBlocks) else other.blocks
-        return SplitBlocks(
-            tuple(_as_list(a) + ids_of(b) for a, b in zip(self.ids, other_ids, strict=True)),
-            self._pool,
-        )
-
-
-class EmptySplitBlocks(SplitBlocks, EmptyKVCacheBlocks):
-    """No block in any group (the HiSparse manager's ``empty_kv_cache_blocks``)."""
-
-    __slots__ = ()
-
-
-@functools.cache
-def _coordinator_class(base: type) -> type:
-    """The coordinator view of a HiSparse manager: ``base`` (named, and
-    registered, after vLLM's coordinator class) with per-group lookups whose
-    blocks come from each group's own pool."""
-
-    def find_longest_cache_hit_per_group(
-        self: Any, block_hashes: Any, max_cache_hit_length: int
-    ) -> tuple[tuple[list[Any], ...], tuple[int, ...]]:
-        manager = self._manager
-        probe = manager._requests.probe(block_hashes)
-        blocks, hits = manager.find_hits_per_group(probe, max_cache_hit_length)
-        return blocks.blocks, hits
-
-    def get_num_blocks_to_allocate(
-        self: Any,
-        request_id: str,
-        num_tokens: int,
-        new_computed_blocks: Any,
-        num_encoder_tokens: int = 0,
-        total_computed_tokens: int = 0,
-        num_local_computed_tokens: int = 0,
-        num_tokens_main_model: int = 0,
-        apply_admission_cap: bool = False,
-        prefill_end: int = 0,
-    ) -> int:
-        manager = self._manager
-        groups = tuple(ids_of(g) for g in new_computed_blocks)
-        return int(
-            manager._predict(
-                manager._requests.peek(request_id),
-                num_tokens,
-                groups if any(groups) else (),
-                total_computed_tokens,
-                num_encoder_tokens,
-                apply_admission_cap,
-                num_local_computed_tokens,
-            )
-        )
-
-    return type(
-        base.__name__,
-        (base,),
-        {
-            "__doc__": base.__doc__,
-            "find_longest_cache_hit_per_group": find_longest_cache_hit_per_group,
-            "get_num_blocks_to_allocate": get_num_blocks_to_allocate,
-        },
-    )
-
-
 class HiSparseManager(KVCacheManager):
     """vLLM's ``KVCacheManager`` for a HiSparse configuration, on a host core
     and a device core (see the module docstring)."""
+
+    _group_id_base = 1  # the device core's groups are vLLM's groups 1..
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         a = bind_args(args, kwargs)
@@ -176,17 +98,33 @@ class HiSparseManager(KVCacheManager):
             hash_block_size=self.hash_block_size,
             allow_partial_hits=True,
             verify_hits=False,
+            enable_events=self.enable_kv_cache_events,
+            event_medium="CPU",
         )
         self._host_core = self._host_coordinator.core
         self._host_pool = self._host_coordinator.block_pool
         self._host_views = ViewCache(self._host_pool)
         self._device_views = ViewCache(self._pool)
         self._watchers = Watchers(self._core, self._device_views)
-        self.block_pool = DevicePoolView(
+        self._device_block_pool = DevicePoolView(
             self._pool, self._core, self._device_views, self._watchers, self._parking.free
         )
+        self.block_pool = self._device_block_pool
         self._host_block_pool = HostPoolView(self._host_pool, self._host_core, self._host_views)
-        self.block_pool.other = self._host_block_pool
+        # Events: both cores' go into the device pool's queue (as vLLM's host
+        # pool shares the device pool's), each core's drained right after
+        # each call on it, so the queue keeps the order they happened in.
+        self._host_events: EventLog | None = None
+        if self._events is not None:
+            self._events.metadata = event_metadata(cfg)
+            device_log = self._events
+            self._host_events = EventLog(
+                self._host_core, device_log.view, cfg, int(a.get("num_hash_lookahead_tokens", 0))
+            )
+            device_log.view._log = device_log
+        self._host_block_pool.log = self._host_events
+        self._device_block_pool.log = self._events
+        self._device_block_pool.other = self._host_block_pool
         self._host_block_pool.other = self.block_pool
         self._resident_pools: dict[int, ResidentPoolView] = {}
         self._block_sizes = (bs, *self._block_sizes)
@@ -202,21 +140,25 @@ class HiSparseManager(KVCacheManager):
         self.empty_kv_cache_blocks = EmptySplitBlocks(
             tuple(() for _ in range(self.num_kv_cache_groups)), self._group_views
         )
-        self.coordinator.__class__ = _coordinator_class(type(self.coordinator))
-        self.coordinator.single_type_managers = group_views(self)
+        view: Any = self.coordinator
+        view.__class__ = coordinator_class(type(view))
+        view.single_type_managers = group_views(self)
 
     # ---- the two cores ---------------------------------------------------
 
     def _resident_pool(self, core_group: int) -> ResidentPoolView:
         pool = self._resident_pools.get(core_group)
         if pool is None:
-            pool = self._resident_pools[core_group] = ResidentPoolView(self.block_pool, core_group)
+            pool = self._resident_pools[core_group] = ResidentPoolView(
+                self._device_block_pool, core_group
+            )
         return pool
 
     def _hisparse(self) -> Any:
         """vLLM's ``HiSparseCoordinator`` bound to this manager's views (None
         before ``get_hisparse_coordinator`` built it)."""
-        return self.coordinator.single_type_managers[0].coordinator
+        views: Any = self.coordinator.single_type_managers
+        return views[0].coordinator
 
     def _device_held(self, request_id: str) -> tuple[Any, ...] | None:
         try:
@@ -244,10 +186,8 @@ class HiSparseManager(KVCacheManager):
         return SplitBlocks(tuple(ids_of(g) for g in blocks), self._group_views)
 
     def _require_hot(self, request_id: str, core_group: int) -> None:
-        try:
+        with contextlib.suppress(UnknownRequestError):
             self._core.require_hot(self._requests.core_id(request_id), core_group)
-        except UnknownRequestError:
-            pass
 
     def _hot_demanded(self, request_id: str, core_group: int) -> bool:
         try:
@@ -391,9 +331,7 @@ class HiSparseManager(KVCacheManager):
         hits = (host_hits, *device_hits) if any_hit else ()
         if full_sequence_must_fit:
             full = min(request.num_tokens, self.max_model_len)
-            needed = self._predict(
-                mine, full, hits, total, num_encoder_tokens, True, num_local
-            )
+            needed = self._predict(mine, full, hits, total, num_encoder_tokens, True, num_local)
             if needed + watermark > free:
                 return None
         need = min(total + num_new_tokens + num_lookahead_tokens, self.max_model_len)
@@ -403,6 +341,7 @@ class HiSparseManager(KVCacheManager):
         if needed + watermark > free - reserved_blocks:
             return None
         fresh = self._device_held(rid) is None
+        self._drain_device(None)
         host = self._host_core.allocate_slots(
             mine,
             num_new_tokens,
@@ -413,14 +352,13 @@ class HiSparseManager(KVCacheManager):
             True,  # the source group publishes through the coordinator
             external,
         )
+        self._drain_host(request)
         if host is None:
             return None
         coordinator = self._hisparse()
         if coordinator is not None and fresh and external > 0:
             coordinator.record_pending_host_import(rid, num_local + external)
         num_tokens = mine.num_tokens
-        hashed = len(request.block_hashes) * self.hash_block_size
-        lagging = hashed < num_tokens - self.hash_block_size + 1
         device = self._core.allocate_slots(
             mine,
             num_new_tokens,
@@ -428,9 +366,10 @@ class HiSparseManager(KVCacheManager):
             [list(g) for g in device_hits] if any(device_hits) else None,
             num_lookahead_tokens,
             num_encoder_tokens,
-            delay_cache_blocks or lagging,
+            True,  # cached below, after the source group's publication
             external,
         )
+        self._drain_device(request)
         if device is None:  # the prediction said it fits; undo the host part
             raise RuntimeError("kvcoord: HiSparse device allocation refused after its prediction")
         if coordinator is not None and fresh and (any_hit or external > 0):
@@ -438,10 +377,11 @@ class HiSparseManager(KVCacheManager):
                 coordinator.commit_computed_blocks(rid, _cdiv(num_local, bs))
         self._watchers.fire()
         cached_to = min(total + num_new_tokens, num_tokens)
-        if lagging and not delay_cache_blocks and self.enable_caching:
-            self._core.cache_blocks(mine, cached_to)
-        if not delay_cache_blocks:
+        if not delay_cache_blocks and self.enable_caching:
+            # vLLM caches group by group: the source group first.
             self._publish_when_ready(request, cached_to)
+            self._core.cache_blocks(mine, cached_to)
+            self._drain_device(request)
         new = (*host.get_block_ids(), *device.get_block_ids())
         if not any(new):
             return self.empty_kv_cache_blocks
@@ -472,6 +412,20 @@ class HiSparseManager(KVCacheManager):
         ``num_tokens``."""
         if self._host_core_holds(request.request_id):
             self._host_core.cache_blocks(self._requests.get(request), num_tokens)
+            self._drain_host(request)
+
+    def _drain_host(self, request: Any) -> None:
+        """Queue the host core's events (``request``: whose call cached)."""
+        if self._host_events is not None:
+            self._host_events.drain(request)
+
+    def _drain_device(self, request: Any) -> None:
+        if self._events is not None:
+            self._events.drain(request)
+
+    def take_events(self) -> list[Any]:
+        self._drain_host(None)
+        return super().take_events()
 
     def _host_core_holds(self, request_id: str) -> bool:
         try:
@@ -485,6 +439,7 @@ class HiSparseManager(KVCacheManager):
             self._publish_when_ready(request, num_computed_tokens)
             if self._device_held(request.request_id) is not None:
                 self._core.cache_blocks(self._requests.get(request), num_computed_tokens)
+                self._drain_device(request)
 
     # ---- freeing ---------------------------------------------------------
 

@@ -89,15 +89,22 @@ def _split(blocks: Iterable[Any], pool: Any) -> tuple[list[int], list[Any]]:
 
 
 class _CachedPoolView(PoolView):
-    """A pool view whose block objects come from a :class:`ViewCache`."""
+    """A pool view whose block objects come from a :class:`ViewCache`; its
+    core's events are queued (``log``) right after each call."""
 
-    __slots__ = ("_views", "other")
+    __slots__ = ("_views", "log", "other")
 
     def __init__(self, pool: Any, core: Any, views: ViewCache, free_parked: Any = None) -> None:
         super().__init__(pool, core, free_parked)
         self._views = views
         #: The other core's pool view, for blocks of that pool freed here.
         self.other: _CachedPoolView | None = None
+        #: The event log of this view's core (None without events).
+        self.log: Any = None
+
+    def _queued(self, request: Any = None) -> None:
+        if self.log is not None:
+            self.log.drain(request)
 
     @property
     def null_block(self) -> BlockView:
@@ -108,7 +115,21 @@ class _CachedPoolView(PoolView):
         return self._views.many(range(int(self.pool.num_blocks)))
 
     def get_new_blocks(self, num_blocks: int) -> list[BlockView]:
-        return self._views.many(self._core.get_caller_blocks(num_blocks))
+        got = self._views.many(self._core.get_caller_blocks(num_blocks))
+        self._queued()
+        return got
+
+    def evict_blocks(self, block_ids: Iterable[int]) -> None:
+        super().evict_blocks(block_ids)
+        self._queued()
+
+    def reset_prefix_cache(self) -> bool:
+        done = super().reset_prefix_cache()
+        self._queued()
+        return done
+
+    def _cached_by(self, request: Any) -> None:
+        self._queued(request)
 
     def free_blocks(self, ordered_blocks: Iterable[Any]) -> None:
         """Release one reference of each block, first = evicted first; a

@@ -20,13 +20,13 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kvcoord.errors import UnknownRequestError
-from kvcoord.vllm._blocks import BlockView, ids_of
+from kvcoord.vllm._blocks import BlockView, EmptyKVCacheBlocks, KVCacheBlocks, _as_list, ids_of
 from kvcoord.vllm._hisparse_pools import ViewCache
 
 if TYPE_CHECKING:
     from kvcoord.vllm._hisparse_manager import HiSparseManager
 
-__all__ = ["group_views"]
+__all__ = ["EmptySplitBlocks", "SplitBlocks", "coordinator_class", "group_views"]
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -268,6 +268,98 @@ class HotView(_GroupView):
             return bool(self._manager._core.has_hot(self._core_id(request_id), self._core_group))
         except UnknownRequestError:
             return False
+
+
+class SplitBlocks(KVCacheBlocks):
+    """``KVCacheBlocks`` whose groups live in different pools: ``_pool`` is
+    one :class:`~kvcoord.vllm._hisparse_pools.ViewCache` per group."""
+
+    __slots__ = ()
+
+    @property
+    def blocks(self) -> tuple[list[Any], ...]:
+        return tuple(views.many(_as_list(g)) for views, g in zip(self._pool, self.ids, strict=True))
+
+    def get_unhashed_block_ids_all_groups(self) -> list[list[int]]:
+        out = []
+        for views, g in zip(self._pool, self.ids, strict=True):
+            ids = _as_list(g)
+            cached = views.pool.cached_mask() if ids else None
+            out.append([i for i in ids if i and not (cached is not None and cached[i])])
+        return out
+
+    def new_empty(self) -> KVCacheBlocks:
+        return EmptySplitBlocks(tuple(() for _ in self.ids), self._pool)
+
+    def __add__(self, other: Any) -> KVCacheBlocks:
+        other_ids = other.ids if isinstance(other, KVCacheBlocks) else other.blocks
+        return SplitBlocks(
+            tuple(_as_list(a) + ids_of(b) for a, b in zip(self.ids, other_ids, strict=True)),
+            self._pool,
+        )
+
+
+class EmptySplitBlocks(SplitBlocks, EmptyKVCacheBlocks):
+    """No block in any group (the HiSparse manager's ``empty_kv_cache_blocks``)."""
+
+    __slots__ = ()
+
+
+_COORDINATOR_CLASSES: dict[str, type] = {}
+
+
+def coordinator_class(base: type) -> type:
+    """The coordinator view of a HiSparse manager: ``base`` (named, and
+    registered, after vLLM's coordinator class) with per-group lookups whose
+    blocks come from each group's own pool."""
+
+    def find_longest_cache_hit_per_group(
+        self: Any, block_hashes: Any, max_cache_hit_length: int
+    ) -> tuple[tuple[list[Any], ...], tuple[int, ...]]:
+        manager = self._manager
+        probe = manager._requests.probe(block_hashes)
+        blocks, hits = manager.find_hits_per_group(probe, max_cache_hit_length)
+        return blocks.blocks, hits
+
+    def get_num_blocks_to_allocate(
+        self: Any,
+        request_id: str,
+        num_tokens: int,
+        new_computed_blocks: Any,
+        num_encoder_tokens: int = 0,
+        total_computed_tokens: int = 0,
+        num_local_computed_tokens: int = 0,
+        num_tokens_main_model: int = 0,
+        apply_admission_cap: bool = False,
+        prefill_end: int = 0,
+    ) -> int:
+        manager = self._manager
+        groups = tuple(ids_of(g) for g in new_computed_blocks)
+        return int(
+            manager._predict(
+                manager._requests.peek(request_id),
+                num_tokens,
+                groups if any(groups) else (),
+                total_computed_tokens,
+                num_encoder_tokens,
+                apply_admission_cap,
+                num_local_computed_tokens,
+            )
+        )
+
+    known = _COORDINATOR_CLASSES.get(base.__qualname__)
+    if known is not None and known.__bases__ == (base,):
+        return known
+    cls = _COORDINATOR_CLASSES[base.__qualname__] = type(
+        base.__name__,
+        (base,),
+        {
+            "__doc__": base.__doc__,
+            "find_longest_cache_hit_per_group": find_longest_cache_hit_per_group,
+            "get_num_blocks_to_allocate": get_num_blocks_to_allocate,
+        },
+    )
+    return cls
 
 
 @functools.cache

@@ -5,6 +5,7 @@
 //! are core state.
 
 use kvcoord_core::coordinator::{AllocateArgs, CoordinatorConfig, CoordinatorCore, NewBlocks};
+use kvcoord_core::events::Medium;
 use kvcoord_core::{
     BlockId, BlockPool, CoordinatorKind, EvictionConfig, GroupId, KvError, Manager, ReqId,
 };
@@ -131,7 +132,7 @@ pool_writers!(pymethods!(PyCoordinatorCore {
                         retention_interval = None, enable_events = false,
                         num_reprefillable_tokens = None, eagle_group_ids = None,
                         num_hash_lookahead_tokens = None, allow_partial_hits = false,
-                        verify_hits = true))]
+                        verify_hits = true, group_id_base = 0, event_medium = "GPU"))]
     #[allow(clippy::too_many_arguments)] // Python keyword arguments, converted once
     fn new(
         py: Python<'_>,
@@ -147,6 +148,8 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         num_hash_lookahead_tokens: Option<&Bound<'_, PyAny>>,
         allow_partial_hits: bool,
         verify_hits: bool,
+        group_id_base: u32,
+        event_medium: &str,
     ) -> PyResult<Self> {
         let num_blocks = args::config_count(num_blocks, "num_blocks")?;
         let kind = CoordinatorKind::from(kind);
@@ -175,6 +178,18 @@ pool_writers!(pymethods!(PyCoordinatorCore {
             config.num_hash_lookahead_tokens = args::config_count(n, "num_hash_lookahead_tokens")?;
         }
         config.verify_hits = verify_hits;
+        config.group_id_base = group_id_base;
+        config.event_medium = match event_medium {
+            "GPU" => Medium::Gpu,
+            "CPU" => Medium::Cpu,
+            "STORAGE" => Medium::Storage,
+            other => {
+                return Err(err(KvError::InvalidArgument {
+                    name: "event_medium",
+                    detail: format!("\"GPU\", \"CPU\" or \"STORAGE\", not {other:?}"),
+                }))
+            }
+        };
         let inner = convert::build_pool_sized(py, num_blocks, || CoordinatorCore::new(config));
         Ok(Self {
             state: Exclusive::new(CoreState {

@@ -253,7 +253,11 @@ mod tests {
         assert_eq!(c.num_caller_references(), 6);
         c.check_invariants().unwrap();
         assert!(c.pop_request_to_caller("r").unwrap().is_none());
-        let all: Vec<BlockId> = got.iter().rev().flat_map(|g| g.iter().rev().copied()).collect();
+        let all: Vec<BlockId> = got
+            .iter()
+            .rev()
+            .flat_map(|g| g.iter().rev().copied())
+            .collect();
         c.free_caller_blocks(&all).unwrap();
         assert_eq!(c.pool().num_free_blocks(), free + 6);
         assert_eq!(c.num_caller_references(), 0);

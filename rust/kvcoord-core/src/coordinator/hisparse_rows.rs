@@ -281,7 +281,8 @@ impl CoordinatorCore {
     /// already held. The pool must hold them all (else refused, unchanged).
     pub fn allocate_hot(&mut self, req: ReqId, group: GroupId) -> KvResult<Vec<BlockId>> {
         self.check_kind(group, false)?;
-        let SpecKind::HiSparseHot { blocks_per_request } = self.managers[group.0 as usize].spec().kind
+        let SpecKind::HiSparseHot { blocks_per_request } =
+            self.managers[group.0 as usize].spec().kind
         else {
             unreachable!("checked above");
         };
