@@ -1,5 +1,7 @@
 """HiSparse configurations of vLLM 0.33.0: which parts are plain to vLLM's
-manager (served), and why the rest is not served yet.
+manager (served), which shape the HiSparse manager serves under the opt-in
+``KVCOORD_VLLM_HISPARSE=1`` (:mod:`kvcoord.vllm._hisparse_manager`), and why
+the rest falls back.
 
 vLLM's HiSparse keeps a model's KV on a host tier and only some pages on the
 device: the source group (role ``hisparse_source``) allocates from a private
@@ -10,7 +12,7 @@ readable after their reference is released until the pool reuses them. All
 of it is driven by vLLM's ``HiSparseCoordinator``, which finds these groups by
 the classes of vLLM's single-type managers; vLLM's tests and its HiSparse
 connector reach it through ``get_hisparse_coordinator(manager)``. The
-semantics, and how kvcoord will hold them, are in ``docs/hisparse.md``.
+semantics, and how kvcoord holds them, are in ``docs/hisparse.md``.
 
 Two HiSparse fields are plain to vLLM's ``KVCacheManager``, which never reads
 them: a group's ``host_resident`` flag (it only places the group's tensors on
@@ -121,10 +123,9 @@ def device_spec(spec: Any) -> KVCacheSpec | None:
 
 
 _MISSING = (
-    "vLLM drives these groups with its HiSparseCoordinator, which finds them by "
-    "vLLM's manager classes; kvcoord's core has the resident and hot kinds but "
-    "not the host tier of the source group, and nothing lets that coordinator "
-    "run over kvcoord's managers yet (docs/hisparse.md)"
+    "served only with the opt-in KVCOORD_VLLM_HISPARSE=1 (kvcoord's two-core "
+    "HiSparse manager under vLLM's own HiSparseCoordinator; off by default "
+    "while one vLLM HiSparse test still fails on it, docs/hisparse.md)"
 )
 
 
