@@ -963,6 +963,7 @@ impl BlockPool {
                 }
             }
         }
+        let reported = self.reported_group(group);
         if let Some(events) = &mut self.events {
             let block_size = u32::try_from(scale)
                 .unwrap_or(u32::MAX)
@@ -974,11 +975,7 @@ impl BlockPool {
                 first_block: num_cached_blocks,
                 num_blocks: range.len(),
                 skipped,
-                ..StoredBlocks::new(
-                    GroupId(group.0.saturating_add(self.group_base)),
-                    block_size,
-                    self.medium,
-                )
+                ..StoredBlocks::new(reported, block_size, self.medium)
             })));
         }
         Ok(())
