@@ -2529,6 +2529,50 @@ mod tests {
     }
 
     #[test]
+    fn deferred_publication_caches_up_to_each_token_count() {
+        // kvcoord.vllm's HiSparse host core: allocation never caches; the
+        // coordinator publishes the durable prefix later, growing.
+        use crate::events::KvEvent;
+        let mut cfg = CoordinatorConfig::new(vec![GroupSpec::full_attention(4)], 8, true, 64);
+        cfg.hash_block_size = 4;
+        cfg.enable_events = true;
+        let mut c = CoordinatorCore::new(cfg).unwrap();
+        let r = live_request("a", 13, 4);
+        let mut out = NewBlocks::new();
+        let args = AllocateArgs {
+            delay_cache_blocks: true,
+            ..AllocateArgs::new(13)
+        };
+        assert!(c.allocate_request(&r, &args, None, &mut out).unwrap());
+        assert!(
+            c.pool_mut().take_events().is_empty(),
+            "nothing published yet"
+        );
+        let hit = |c: &CoordinatorCore| {
+            c.find_longest_cache_hit(&[GroupId(0)], r.block_hashes(), 12, 4, false)
+                .unwrap()
+                .1
+        };
+        assert_eq!(hit(&c), 0);
+        c.cache_request(&r, 4).unwrap();
+        assert_eq!(hit(&c), 4);
+        c.cache_request(&r, 12).unwrap();
+        assert_eq!(hit(&c), 12);
+        c.cache_request(&r, 12).unwrap(); // again: nothing new
+        let stored: Vec<(usize, usize)> = c
+            .pool_mut()
+            .take_events()
+            .iter()
+            .map(|e| match e {
+                KvEvent::BlockStored(s) => (s.first_block, s.num_blocks),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(stored, vec![(0, 1), (1, 2)]);
+        c.check_invariants().unwrap();
+    }
+
+    #[test]
     fn group_id_base_and_medium_are_what_events_report() {
         use crate::events::{KvEvent, Medium};
         let mut cfg = CoordinatorConfig::new(vec![GroupSpec::full_attention(4)], 8, true, 64);
