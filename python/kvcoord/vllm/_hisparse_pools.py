@@ -94,6 +94,10 @@ class _CachedPoolView(PoolView):
 
     __slots__ = ("_views", "log", "other")
 
+    #: vLLM's residency sampler of the pool (kvcoord serves none: a manager
+    #: given a ``metrics_collector`` falls back).
+    metrics_collector: Any = None
+
     def __init__(self, pool: Any, core: Any, views: ViewCache, free_parked: Any = None) -> None:
         super().__init__(pool, core, free_parked)
         self._views = views
