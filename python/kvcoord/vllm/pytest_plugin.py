@@ -11,6 +11,14 @@ count for kvcoord: the plugin counts, per test, the constructions of vLLM's
 on one) and the fallbacks of :class:`kvcoord.vllm.KVCacheManager`. Each
 test's junit record carries the property ``kvcoord_pure`` (``1`` when
 neither happened), and the terminal summary splits the passes.
+
+Tests that build vLLM's ``BlockPool`` themselves get kvcoord's
+(:class:`kvcoord.vllm.BlockPool`) when listed in :data:`POOL_TESTS`: for the
+duration of such a test the plugin rebinds the name ``BlockPool`` in its
+test module, nowhere else. vLLM's own module keeps its class, so vLLM code
+that subclasses or builds it (vLLM's fallback manager, HiSparse's
+``SharedEventQueueBlockPool``, vLLM's single-type managers' imports) is
+unchanged, and still counted as not pure.
 """
 
 from __future__ import annotations
@@ -44,6 +52,39 @@ def _count_vllm_pools() -> None:
 _count_vllm_pools()
 
 
+# Tests that build vLLM's ``BlockPool`` themselves and get kvcoord's, by
+# test module (the last part of its name) and test function: each passes on
+# kvcoord's pool. The others keep vLLM's pool (and count as not pure):
+# test_cache_blocks and test_cache_blocks_multi_group hand the pool block
+# objects it did not make (``KVCacheBlock(block_id=0)``, the null block's id,
+# and the same id keyed under two groups), test_maybe_evict_cached_block
+# keys the null block by hand under 2-byte digests; kvcoord's blocks are its
+# ids, and its core never keys the null block nor a digest that is not 16 or
+# 32 bytes (docs/vllm.md, "vLLM's BlockPool").
+POOL_TESTS: dict[str, frozenset[str]] = {
+    "test_prefix_caching": frozenset(
+        {
+            "test_null_parent_block_hash",
+            "test_block_removed_event_group_idx",
+            "test_emit_cached_block_events",
+            "test_emit_cached_block_events_disabled",
+            "test_emit_cached_block_events_zero_cached",
+        }
+    ),
+}
+
+
+def _pool_module(item: Any) -> Any:
+    """The test module of ``item`` when the test gets kvcoord's ``BlockPool``."""
+    module = getattr(item, "module", None)
+    served = POOL_TESTS.get(getattr(module, "__name__", "").rsplit(".", 1)[-1], ())
+    name = getattr(item, "originalname", None) or getattr(item, "name", "")
+    if name not in served:
+        return None
+    vllm_pool = importlib.import_module("vllm.v1.core.block_pool").BlockPool
+    return module if module.__dict__.get("BlockPool") is vllm_pool else None
+
+
 def _mark() -> int:
     return _vllm_pools[0] + sum(_kv.fallbacks.values())
 
@@ -53,7 +94,18 @@ def pytest_runtest_protocol(item: Any, nextitem: Any) -> Generator[None, None, N
     item._kvcoord_mark = _mark()
     item._kvcoord_pools = _vllm_pools[0]
     item._kvcoord_fallbacks = _kv.fallbacks.copy()
-    yield
+    module = _pool_module(item)
+    if module is None:
+        yield
+        return
+    from kvcoord.vllm._pool import BlockPool
+
+    original = module.BlockPool
+    module.BlockPool = BlockPool  # for this test only
+    try:
+        yield
+    finally:
+        module.BlockPool = original
 
 
 @pytest.hookimpl(hookwrapper=True)
