@@ -1,0 +1,202 @@
+"""kvcoord.vllm.BlockPool beside vLLM 0.33.0's own BlockPool: the same random
+sequences of vLLM's pool calls (hits touched, new blocks taken and cached,
+frees in eviction order, evictions, unpins, resets, reused-prefix events)
+must give the same block ids, free queue, reference counts, cache keys and
+KV-cache events after every call, and kvcoord's core pool must stay
+consistent.
+
+Skipped when vLLM is not installed.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+pytest.importorskip(
+    "vllm.v1.core.block_pool", reason="needs vLLM 0.33.0 (pip install kvcoord[vllm])"
+)
+
+from vllm.utils.hashing import sha256
+from vllm.v1.core.block_pool import BlockPool as VllmPool
+from vllm.v1.core.kv_cache_utils import init_none_hash
+from vllm_helpers import make_request
+
+import kvcoord.vllm as kv
+from kvcoord.errors import ConfigError, InvalidArgumentError
+
+BS = 4
+
+
+@pytest.fixture(autouse=True)
+def _none_hash() -> None:
+    init_none_hash(sha256)
+
+
+def pools(num_blocks: int, **kw: Any) -> tuple[Any, Any]:
+    args = {"num_gpu_blocks": num_blocks, "enable_caching": True, "hash_block_size": BS, **kw}
+    return VllmPool(**args), kv.BlockPool(**args)
+
+
+def state(p: Any) -> tuple[Any, ...]:
+    """The free queue front to back, every block's reference count and key,
+    the number of keys, free blocks and usage."""
+    blocks = p.blocks
+    return (
+        [b.block_id for b in p.free_block_queue.get_all_free_blocks()],
+        [b.ref_cnt for b in blocks],
+        [b.block_hash for b in blocks],
+        len(p.cached_block_hash_to_block),
+        p.get_num_free_blocks(),
+        p.get_usage(),
+    )
+
+
+def same(theirs: Any, ours: Any) -> None:
+    assert state(ours) == state(theirs)
+    assert ours.take_events() == theirs.take_events()
+    ours.pool.check_invariants()
+
+
+def test_constructor_and_attributes() -> None:
+    theirs, ours = pools(6, enable_kv_cache_events=True)
+    for name in ("num_gpu_blocks", "enable_caching", "hash_block_size", "enable_kv_cache_events"):
+        assert getattr(ours, name) == getattr(theirs, name)
+    assert ours.null_block.block_id == theirs.null_block.block_id == 0
+    assert ours.null_block.is_null and ours.null_block.block_hash is None
+    assert len(ours.blocks) == len(theirs.blocks) == 6
+    same(theirs, ours)
+    with pytest.raises(ConfigError):
+        kv.BlockPool(0, True, BS)
+    with pytest.raises(NotImplementedError, match="metrics_collector"):
+        kv.BlockPool(4, True, BS, metrics_collector=object())
+
+
+def test_refusals_leave_the_pool_unchanged() -> None:
+    theirs, ours = pools(5)
+    with pytest.raises(ValueError):
+        theirs.get_new_blocks(5)
+    with pytest.raises(ValueError):
+        ours.get_new_blocks(5)
+    same(theirs, ours)
+    got = ours.get_new_blocks(2)
+    theirs.get_new_blocks(2)
+    req = make_request("r", list(range(3 * BS)))
+    with pytest.raises(InvalidArgumentError):  # blocks of two hash units
+        ours.cache_full_blocks(req, got, 0, 1, 2 * BS, 0)
+    with pytest.raises(InvalidArgumentError):  # mask of the wrong length
+        ours.cache_full_blocks(req, got, 0, 2, BS, 0, block_mask=[True])
+    with pytest.raises(ValueError):  # a double free
+        ours.free_blocks([got[0], got[0]])
+    same(theirs, ours)
+
+
+def test_masked_and_null_blocks_are_skipped() -> None:
+    theirs, ours = pools(8, enable_kv_cache_events=True)
+    req = make_request("r", list(range(4 * BS)))
+    t = theirs.get_new_blocks(3)
+    o = ours.get_new_blocks(3)
+    # Positions 0 (null), 1..3 (new), the middle one masked out.
+    theirs.cache_full_blocks(req, [theirs.null_block, *t], 0, 4, BS, 2, [False, True, False, True])
+    ours.cache_full_blocks(req, [ours.null_block, *o], 0, 4, BS, 2, [False, True, False, True])
+    same(theirs, ours)
+
+
+def test_unpinned_blocks_report_their_reuse() -> None:
+    theirs, ours = pools(6)
+    seen: tuple[list[int], list[int]] = ([], [])
+    t, o = theirs.get_new_blocks(3), ours.get_new_blocks(3)
+    theirs.unpin_blocks(t[:2], lambda b: seen[0].append(b.block_id))
+    ours.unpin_blocks(o[:2], lambda b: seen[1].append(b.block_id))
+    same(theirs, ours)
+    assert [b.block_id for b in theirs.get_new_blocks(3)] == [
+        b.block_id for b in ours.get_new_blocks(3)
+    ]
+    assert seen[0] == seen[1] and seen[1]
+    same(theirs, ours)
+
+
+@pytest.mark.parametrize("events", [False, True])
+@pytest.mark.parametrize("seed", range(12))
+def test_random_operations_match_vllm(seed: int, events: bool) -> None:
+    rng = random.Random(seed)
+    num_blocks = rng.randint(6, 24)
+    theirs, ours = pools(
+        num_blocks, enable_kv_cache_events=events, medium=rng.choice(["GPU", "CPU"])
+    )
+    # Requests sharing prefixes, so hits and shared keys happen.
+    stems = [[rng.randrange(50) for _ in range(3 * BS)] for _ in range(3)]
+    requests = []
+    for i in range(8):
+        tokens = rng.choice(stems)[: rng.randint(0, 3) * BS] + [
+            rng.randrange(50) for _ in range(rng.randint(1, 4 * BS))
+        ]
+        requests.append(make_request(f"r{i}", tokens))
+    held: list[tuple[list[Any], list[Any]]] = []  # (vLLM's blocks, ours) per holder
+    seen: tuple[list[int], list[int]] = ([], [])
+    for _ in range(60):
+        op = rng.choice(["take", "take", "take", "free", "free", "evict", "unpin", "misc"])
+        if op == "take":
+            req = rng.choice(requests)
+            group = rng.randrange(3)
+            hashes = req.block_hashes
+            # A hit, touched as vLLM's managers touch it, then new blocks.
+            hit: tuple[list[Any], list[Any]] = ([], [])
+            for h in hashes:
+                t_hit = theirs.get_cached_block(h, [group])
+                o_hit = ours.get_cached_block(h, [group])
+                assert (t_hit is None) == (o_hit is None)
+                if t_hit is None:
+                    break
+                assert t_hit[0].block_id == o_hit[0].block_id
+                hit[0].append(t_hit[0])
+                hit[1].append(o_hit[0])
+            theirs.touch(hit[0])
+            ours.touch(hit[1])
+            n = rng.randint(0, len(hashes) + 1 - len(hit[0]))
+            if n > theirs.get_num_free_blocks():
+                with pytest.raises(ValueError):
+                    ours.get_new_blocks(n)
+                theirs.free_blocks(hit[0])
+                ours.free_blocks(hit[1])
+            else:
+                t_new, o_new = theirs.get_new_blocks(n), ours.get_new_blocks(n)
+                assert [b.block_id for b in t_new] == [b.block_id for b in o_new]
+                t_all, o_all = hit[0] + t_new, hit[1] + o_new
+                full = min(len(t_all), len(hashes))
+                theirs.cache_full_blocks(req, t_all, len(hit[0]), full, BS, group)
+                ours.cache_full_blocks(req, o_all, len(hit[1]), full, BS, group)
+                if hit[0] and rng.random() < 0.5:
+                    theirs.emit_cached_block_events(req, len(hit[0]), BS, group)
+                    ours.emit_cached_block_events(req, len(hit[1]), BS, group)
+                held.append((t_all, o_all))
+        elif op == "free" and held:
+            t_blocks, o_blocks = held.pop(rng.randrange(len(held)))
+            theirs.free_blocks(reversed(t_blocks))
+            ours.free_blocks(reversed(o_blocks))
+        elif op == "unpin" and held:
+            t_blocks, o_blocks = held.pop(rng.randrange(len(held)))
+            theirs.unpin_blocks(t_blocks, lambda b: seen[0].append(b.block_id))
+            ours.unpin_blocks(o_blocks, lambda b: seen[1].append(b.block_id))
+        elif op == "evict":
+            victims = {rng.randrange(num_blocks) for _ in range(rng.randint(1, 3))}
+            if rng.random() < 0.5:
+                theirs.evict_blocks(victims)
+                ours.evict_blocks(victims)
+            else:
+                b = min(victims)
+                assert ours._maybe_evict_cached_block(
+                    ours.blocks[b]
+                ) == theirs._maybe_evict_cached_block(theirs.blocks[b])
+        elif op == "misc":
+            assert ours.reset_prefix_cache() == theirs.reset_prefix_cache()
+        same(theirs, ours)
+        assert seen[0] == seen[1]
+    for t_blocks, o_blocks in held:
+        theirs.free_blocks(t_blocks)
+        ours.free_blocks(o_blocks)
+    same(theirs, ours)
+    assert ours.reset_prefix_cache() == theirs.reset_prefix_cache()
+    same(theirs, ours)
