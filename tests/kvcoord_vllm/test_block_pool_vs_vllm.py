@@ -25,7 +25,7 @@ from vllm.v1.core.kv_cache_utils import init_none_hash
 from vllm_helpers import make_request
 
 import kvcoord.vllm as kv
-from kvcoord.errors import ConfigError, InvalidArgumentError
+from kvcoord.errors import BlockStateError, ConfigError, InvalidArgumentError
 
 BS = 4
 
@@ -200,3 +200,100 @@ def test_random_operations_match_vllm(seed: int, events: bool) -> None:
     same(theirs, ours)
     assert ours.reset_prefix_cache() == theirs.reset_prefix_cache()
     same(theirs, ours)
+
+
+def index(p: Any) -> dict[bytes, list[int]]:
+    """``cached_block_hash_to_block`` as key -> sorted block ids, on either pool."""
+    out = {}
+    for key, value in p.cached_block_hash_to_block._cache.items():
+        blocks = value.values() if isinstance(value, dict) else [value]
+        out[key] = sorted(b.block_id for b in blocks)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_block_objects_made_by_the_caller(seed: int) -> None:
+    """vLLM's tests cache ``KVCacheBlock`` objects they made (ids 0 and up,
+    the same id in several groups): kvcoord keys the pool's blocks of those
+    ids as vLLM's pool keys the objects, and sets the objects' hashes."""
+    from vllm.v1.core.kv_cache_utils import KVCacheBlock
+
+    rng = random.Random(seed)
+    theirs, ours = pools(8)
+    req = make_request("r", [rng.randrange(50) for _ in range(5 * BS + 2)])
+    for _ in range(4):
+        group = rng.randrange(3)
+        first = rng.randrange(3)
+        full = rng.randint(first, 5)
+        made = ([KVCacheBlock(block_id=i) for i in range(full)] for _ in range(2))
+        t_blocks, o_blocks = next(made), next(made)
+        theirs.cache_full_blocks(req, t_blocks, first, full, BS, group)
+        ours.cache_full_blocks(req, o_blocks, first, full, BS, group)
+        assert [b.block_hash for b in o_blocks] == [b.block_hash for b in t_blocks]
+        assert [b.block_hash_num_tokens for b in o_blocks] == [
+            b.block_hash_num_tokens for b in t_blocks
+        ]
+        assert index(ours) == index(theirs)
+        assert len(ours.cached_block_hash_to_block) == len(theirs.cached_block_hash_to_block)
+        for h in req.block_hashes:
+            for groups in ([0], [1], [0, 2], [2, 1, 0]):
+                t_hit, o_hit = theirs.get_cached_block(h, groups), ours.get_cached_block(h, groups)
+                assert (t_hit is None) == (o_hit is None)
+                if t_hit is not None:
+                    assert [b.block_id for b in o_hit] == [b.block_id for b in t_hit]
+        ours.pool.check_invariants()
+    assert ours.reset_prefix_cache() and theirs.reset_prefix_cache()
+    assert index(ours) == index(theirs) == {}
+    ours.pool.check_invariants()
+
+
+def test_keys_set_by_hand() -> None:
+    """``set_block_hash`` plus an insert into ``cached_block_hash_to_block``
+    (keys of any digest length, the null block too), then evictions one
+    block at a time, read the same on both pools."""
+    from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
+
+    theirs, ours = pools(5)
+    keys = [make_block_hash_with_group_id(d, g) for d, g in [(b"10", 7), (b"x" * 32, 1), (b"3", 2)]]
+    plan = [keys[0], keys[1], keys[2], keys[0], keys[1]]
+    for p in (theirs, ours):
+        for block, key in zip(p.blocks, plan, strict=True):
+            block.set_block_hash(key)
+            p.cached_block_hash_to_block.insert(key, block)
+            p.cached_block_hash_to_block.insert(key, block)  # again: no change
+    for victim in [1, 0, 4, 2, 3]:
+        assert ours.cached_block_hash_to_block._cache == theirs.cached_block_hash_to_block._cache
+        assert index(ours) == index(theirs)
+        assert [b.block_hash for b in ours.blocks] == [b.block_hash for b in theirs.blocks]
+        for key in keys:
+            t_one = theirs.cached_block_hash_to_block.get_one_block(key)
+            o_one = ours.cached_block_hash_to_block.get_one_block(key)
+            assert getattr(o_one, "block_id", None) == getattr(t_one, "block_id", None)
+        assert ours._maybe_evict_cached_block(ours.blocks[victim])
+        assert theirs._maybe_evict_cached_block(theirs.blocks[victim])
+        assert not ours._maybe_evict_cached_block(ours.blocks[victim])
+        ours.pool.check_invariants()
+    assert ours.cached_block_hash_to_block._cache == {} == theirs.cached_block_hash_to_block._cache
+    # A free queue and reference counts untouched by all of it.
+    same(theirs, ours)
+
+
+def test_by_hand_refusals() -> None:
+    from vllm.v1.core.kv_cache_utils import KVCacheBlock, make_block_hash_with_group_id
+
+    _, ours = pools(5, enable_kv_cache_events=True)
+    req = make_request("r", list(range(3 * BS)))
+    with pytest.raises(NotImplementedError, match="events on"):
+        ours.cache_full_blocks(req, [KVCacheBlock(block_id=1)], 0, 1, BS, 0)
+    with pytest.raises(NotImplementedError, match="digest with events on"):
+        ours.blocks[1].set_block_hash(make_block_hash_with_group_id(b"10", 0))
+    _, ours = pools(5)
+    got = ours.get_new_blocks(1)
+    with pytest.raises(NotImplementedError, match="in one call"):
+        ours.cache_full_blocks(req, [*got, KVCacheBlock(block_id=2)], 0, 2, BS, 0)
+    key = make_block_hash_with_group_id(req.block_hashes[0], 0)
+    ours.blocks[3].set_block_hash(key)
+    with pytest.raises(BlockStateError):
+        ours.blocks[3].set_block_hash(key)
+    assert ours.pool.num_cached_blocks == 1
+    ours.pool.check_invariants()

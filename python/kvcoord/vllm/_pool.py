@@ -10,41 +10,100 @@ eviction, the prefix index, what events say) is made by
 block objects to ids and back, and vLLM's requests to the block hashes the
 core keys by.
 
-Blocks come back as :class:`~kvcoord.vllm._blocks.BlockView` objects, which
-read their reference count, key and free-queue links from the core. The
-pool accepts them, plain ids, or any object with a ``block_id`` taken from
-this pool; vLLM's ``is_null`` flag of an object is honoured (a null object
-is skipped as vLLM skips it).
+Blocks come back as :class:`PoolBlock` objects, which read their
+reference count, key and free-queue links from the core. The pool accepts
+them and plain ids. It also accepts vLLM's own ``KVCacheBlock`` objects
+that a caller made (vLLM's tests do): kvcoord's blocks are their ids, so
+such an object stands for the pool's block of its id, and caching it keys
+that block as vLLM's pool keys the object (``_insert_block_hash``: a block
+already keyed gains a second key; the null block's id is keyed when the
+object is not flagged null) and sets the object's own hash, as vLLM does.
+
+vLLM's keys are any bytes; the core stores 16- or 32-byte digests. A digest
+of another length that a caller sets by hand (``set_block_hash``, an insert
+into ``cached_block_hash_to_block``) is stored under a 32-byte stand-in
+(SHA-256 of it) and read back as given; such keys are refused with events
+on, whose hashes the core reports.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from kvcoord._core import BlockPool as CorePool
-from kvcoord.errors import ConfigError, InvalidArgumentError
+from kvcoord.errors import BlockStateError, ConfigError, InvalidArgumentError
 from kvcoord.vllm._blocks import BlockView, ids_of
 from kvcoord.vllm._events import EventLog, EventPoolView
+from kvcoord.vllm._inspect import CachedBlockIndex, _split_key
 
-__all__ = ["BlockPool"]
+__all__ = ["BlockPool", "PoolBlock"]
 
 _GPU = "GPU"  # vLLM's MEDIUM_GPU
 
 
-def _range_ids(blocks: Sequence[Any], lo: int, hi: int) -> tuple[list[int], list[bool]]:
-    """Ids of ``blocks[lo:hi]`` (the only entries vLLM's caching reads) and,
-    per entry, whether vLLM would cache it (False for a null block)."""
-    ids: list[int] = []
-    live: list[bool] = []
-    for b in blocks[lo:hi]:
-        if isinstance(b, int):
-            ids.append(b)
-            live.append(b != 0)
-        else:
-            ids.append(int(b.block_id))
-            live.append(not b.is_null)
-    return ids, live
+def _stand_in(digest: bytes) -> bytes:
+    """The digest the core stores for vLLM's ``digest``: itself when 16 or
+    32 bytes long, else a 32-byte stand-in."""
+    if len(digest) in (16, 32):
+        return digest
+    return hashlib.sha256(b"kvcoord.vllm digest " + digest).digest()
+
+
+class PoolBlock(BlockView):
+    """A block of a :class:`BlockPool`, vLLM's ``KVCacheBlock`` shape: its
+    reference count, key and free-queue links read from the core."""
+
+    __slots__ = ("_owner",)
+
+    def __init__(self, owner: BlockPool, block_id: int) -> None:
+        super().__init__(owner.pool, block_id)
+        self._owner = owner
+
+    @property
+    def block_hash(self) -> bytes | None:
+        """The primary cache key as vLLM spells it (digest + 4-byte group id)."""
+        key = self._pool.block_hash(self.block_id)
+        return None if key is None else self._owner._vllm_key(bytes(key[0]), int(key[1]))
+
+    def set_block_hash(self, block_hash: bytes, num_tokens: int | None = None) -> None:
+        """vLLM's ``set_block_hash``: the block gets its key. kvcoord's keys
+        live in the prefix index only, so the block is keyed there at once
+        (the insert into ``cached_block_hash_to_block`` vLLM's callers make
+        next finds it there). Refused for a block that has a key."""
+        if self._pool.block_hash(self.block_id) is not None:
+            raise BlockStateError(f"block {self.block_id} already has a cache key")
+        self._owner._insert_key(self.block_id, block_hash, num_tokens)
+
+
+class _PoolIndex(CachedBlockIndex):
+    """``cached_block_hash_to_block`` of a :class:`BlockPool`: editable, with
+    the pool's blocks as values and its key spelling."""
+
+    __slots__ = ("_owner",)
+
+    def __init__(self, owner: BlockPool) -> None:
+        super().__init__(owner.pool, owner)
+        self._owner = owner
+
+    def _view(self, block_id: int) -> Any:
+        return PoolBlock(self._owner, block_id)
+
+    def _split(self, key: object) -> tuple[bytes, int]:
+        digest, group_id = super()._split(key)
+        return self._owner._core_digest(digest), group_id
+
+    def _vllm_key(self, digest: bytes, group_id: int) -> bytes:
+        return self._owner._vllm_key(digest, group_id)
+
+    def _editable(self) -> Any:
+        if self._owner._log is not None:
+            # vLLM's dict edits record no KV-cache event; dropping keys would.
+            raise NotImplementedError(
+                "kvcoord: editing cached_block_hash_to_block with KV-cache events on"
+            )
+        return self._owner
 
 
 class BlockPool(EventPoolView):
@@ -58,6 +117,7 @@ class BlockPool(EventPoolView):
     """
 
     __slots__ = (
+        "_aliases",
         "_watchers",
         "enable_kv_cache_events",
         "medium",
@@ -96,6 +156,7 @@ class BlockPool(EventPoolView):
         self.num_hash_lookahead_tokens = int(num_hash_lookahead_tokens)
         self.medium = medium
         self._watchers: dict[int, Callable[[Any], None]] = {}
+        self._aliases: dict[bytes, bytes] = {}  # stand-in digest -> vLLM's
         if self.enable_kv_cache_events:
             EventLog(pool, self, None, self.num_hash_lookahead_tokens, medium)
 
@@ -108,7 +169,7 @@ class BlockPool(EventPoolView):
         ids = self.pool.get_new_blocks(num_blocks)
         if self._watchers:
             self._notify_reuse()
-        return [BlockView(self.pool, i) for i in ids]
+        return [PoolBlock(self, i) for i in ids]
 
     def touch(self, blocks: Iterable[Any]) -> None:
         """One more reference to each block (a free one leaves the free queue);
@@ -140,7 +201,7 @@ class BlockPool(EventPoolView):
         for b in self.pool.take_reused_watched().tolist():
             watcher = self._watchers.pop(b, None)
             if watcher is not None:
-                watcher(BlockView(self.pool, b))
+                watcher(PoolBlock(self, b))
 
     # ---- the prefix cache ----------------------------------------------------
 
@@ -165,23 +226,123 @@ class BlockPool(EventPoolView):
                 f"block_size {block_size}: kvcoord.vllm.BlockPool caches blocks of one hash "
                 f"unit ({self.pool.hash_block_size} tokens)"
             )
-        ids, live = _range_ids(blocks, num_cached_blocks, num_full_blocks)
-        if block_mask is not None:
-            if len(block_mask) != len(ids):
-                raise InvalidArgumentError(
-                    f"block_mask has {len(block_mask)} entries for {len(ids)} new full blocks"
-                )
-            live = [bool(m) and v for m, v in zip(block_mask, live, strict=True)]
+        entries = list(blocks[num_cached_blocks:num_full_blocks])
+        if block_mask is not None and len(block_mask) != len(entries):
+            raise InvalidArgumentError(
+                f"block_mask has {len(block_mask)} entries for {len(entries)} new full blocks"
+            )
+        mask = [True] * len(entries) if block_mask is None else [bool(m) for m in block_mask]
         hashes = list(request.block_hashes[:num_full_blocks])
+        mine = [isinstance(b, int) or self._is_mine(b) for b in entries]
+        if not all(mine):
+            if any(mine):
+                raise NotImplementedError(
+                    "kvcoord.vllm.BlockPool: caching this pool's blocks and block objects "
+                    "it did not make in one call"
+                )
+            self._cache_detached(
+                entries, mask, hashes, num_cached_blocks, block_size, kv_cache_group_id
+            )
+            return
+        ids = [b if isinstance(b, int) else int(b.block_id) for b in entries]
         self.pool.cache_full_blocks(
             [0] * num_cached_blocks + ids,
             hashes,
             num_cached_blocks,
             num_full_blocks,
             kv_cache_group_id,
-            None if all(live) else live,
+            None if block_mask is None else mask,
         )
         self._cached_by(request)
+
+    def _is_mine(self, block: Any) -> bool:
+        return isinstance(block, PoolBlock) and block._owner is self
+
+    def _cache_detached(
+        self,
+        entries: list[Any],
+        mask: list[bool],
+        hashes: list[bytes],
+        first: int,
+        block_size: int,
+        group_id: int,
+    ) -> None:
+        """``cache_full_blocks`` of vLLM block objects a caller made: each
+        one not flagged null nor masked out keys the pool's block of its id
+        (a second key when that block has one) and, when the key is new to
+        that block, gets it set on the object, as vLLM's pool does."""
+        if self._log is not None:
+            raise NotImplementedError(
+                "kvcoord.vllm.BlockPool: caching block objects it did not make, with events on"
+            )
+        todo = []
+        for i, (b, keep) in enumerate(zip(entries, mask, strict=True)):
+            if b.is_null or not keep:
+                continue
+            if b.block_hash is not None:
+                raise NotImplementedError(
+                    f"kvcoord.vllm.BlockPool: caching a block object it did not make "
+                    f"(block {b.block_id}) that already has a hash"
+                )
+            todo.append((b, hashes[first + i], (first + i + 1) * block_size))
+        for b, digest, tokens in todo:
+            key = self._vllm_key(digest, group_id)
+            if self.pool.insert_key(int(b.block_id), digest, group_id):
+                b.set_block_hash(key, num_tokens=tokens)
+
+    # ---- keys set by hand (vLLM's index edits and set_block_hash) -------------
+
+    def _core_digest(self, digest: bytes) -> bytes:
+        """The digest the core stores for vLLM's ``digest`` (a stand-in,
+        remembered, for a length the core does not keep)."""
+        alias = _stand_in(digest)
+        if alias is not digest:
+            if self._log is not None:
+                raise NotImplementedError(
+                    f"kvcoord.vllm.BlockPool: a {len(digest)}-byte digest with events on "
+                    f"(the core keeps 16- or 32-byte digests)"
+                )
+            self._aliases[alias] = digest
+        return alias
+
+    def _vllm_key(self, digest: bytes, group_id: int) -> bytes:
+        """vLLM's key (digest + 4-byte big-endian group id) of a core key."""
+        return self._aliases.get(digest, digest) + int(group_id).to_bytes(4, "big")
+
+    def _insert_key(self, block_id: int, key: bytes, num_tokens: int | None = None) -> None:
+        """Key ``block_id`` under vLLM's ``key`` (a second key if it has one)."""
+        digest, group_id = _split_key(key)
+        self.pool.insert_key(block_id, self._core_digest(digest), group_id, num_tokens)
+
+    def insert_cache_key(self, digest: bytes, group_id: int, block_ids: Sequence[int]) -> None:
+        """The index's edit: key each block under ``(digest, group_id)``."""
+        for b in block_ids:
+            self.pool.insert_key(int(b), digest, group_id)
+
+    @property
+    def cached_block_hash_to_block(self) -> _PoolIndex:
+        """vLLM's index from key to cached blocks, built from the core on each
+        use; its edits key blocks by hand (:meth:`insert_cache_key`) or drop
+        their keys."""
+        return _PoolIndex(self)
+
+    @property
+    def null_block(self) -> PoolBlock:
+        return PoolBlock(self, 0)
+
+    @property
+    def blocks(self) -> list[PoolBlock]:
+        """Every block, indexed by id (one object each: for inspection)."""
+        return [PoolBlock(self, i) for i in range(self.pool.num_blocks)]
+
+    def get_cached_block(
+        self, block_hash: bytes, kv_cache_group_ids: Sequence[int]
+    ) -> list[PoolBlock] | None:
+        """One cached block per group (the first under the key), or None
+        when any group misses."""
+        digest = _stand_in(bytes(block_hash))
+        found = self.pool.get_cached_block(digest, list(kv_cache_group_ids))
+        return None if found is None else [PoolBlock(self, int(i)) for i in found]
 
     def emit_cached_block_events(
         self, request: Any, num_cached_blocks: int, block_size: int, kv_cache_group_id: int
