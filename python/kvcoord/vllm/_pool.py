@@ -331,13 +331,13 @@ class BlockPool(EventPoolView):
         return PoolBlock(self, 0)
 
     @property
-    def blocks(self) -> list[PoolBlock]:
+    def blocks(self) -> list[BlockView]:
         """Every block, indexed by id (one object each: for inspection)."""
         return [PoolBlock(self, i) for i in range(self.pool.num_blocks)]
 
     def get_cached_block(
         self, block_hash: bytes, kv_cache_group_ids: Sequence[int]
-    ) -> list[PoolBlock] | None:
+    ) -> list[BlockView] | None:
         """One cached block per group (the first under the key), or None
         when any group misses."""
         digest = _stand_in(bytes(block_hash))

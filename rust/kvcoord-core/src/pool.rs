@@ -453,11 +453,12 @@ impl BlockPool {
             self.partial.primary_tokens(block).map(|t| t as usize),
         )];
         if let Some(e) = self.partial.get(block) {
-            out.extend(
-                e.secondary
-                    .iter()
-                    .map(|&(s, t)| (self.index.key_at(s), (t != WHOLE_BLOCK).then_some(t as usize))),
-            );
+            out.extend(e.secondary.iter().map(|&(s, t)| {
+                (
+                    self.index.key_at(s),
+                    (t != WHOLE_BLOCK).then_some(t as usize),
+                )
+            }));
         }
         Ok(out)
     }
@@ -1769,11 +1770,9 @@ mod tests {
         p.check_invariants().unwrap();
         // Refused: out of range, and under a ranked policy.
         assert!(p.insert_key(BlockId(9), key(1, 0), None).is_err());
-        let mut ranked = BlockPool::with_eviction(
-            PoolConfig::new(4),
-            "lfu".parse::<EvictionConfig>().unwrap(),
-        )
-        .unwrap();
+        let mut ranked =
+            BlockPool::with_eviction(PoolConfig::new(4), "lfu".parse::<EvictionConfig>().unwrap())
+                .unwrap();
         assert!(ranked.insert_key(BlockId(1), key(1, 0), None).is_err());
         assert_eq!(ranked.num_cached_keys(), 0);
     }
