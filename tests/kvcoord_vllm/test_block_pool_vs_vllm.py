@@ -297,3 +297,70 @@ def test_by_hand_refusals() -> None:
         ours.blocks[3].set_block_hash(key)
     assert ours.pool.num_cached_blocks == 1
     ours.pool.check_invariants()
+
+
+def _spec(kind: str, block_size: int, param: int) -> Any:
+    import torch
+    from vllm.v1 import kv_cache_interface as vi
+
+    common = {"block_size": block_size, "num_kv_heads": 1, "head_size": 1, "dtype": torch.float32}
+    if kind == "window":
+        return vi.SlidingWindowSpec(**common, sliding_window=param)
+    if kind == "chunked":
+        return vi.ChunkedLocalAttentionSpec(**common, attention_chunk_size=param)
+    return vi.FullAttentionSpec(**common)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_hit_search_matches_vllm(seed: int) -> None:
+    """The single-type managers' hit search (``find_longest_cache_hit``)
+    over kvcoord's pool, beside vLLM's class method over vLLM's pool, on
+    random cached subsets (keys set by hand, as vLLM's tests set them)."""
+    from vllm.v1.core import single_type_kv_cache_manager as vm
+    from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
+
+    from kvcoord.vllm import _hit_search as km
+
+    rng = random.Random(seed)
+    kind = rng.choice(["window", "chunked", "full"])
+    hbs = rng.choice([1, 2])
+    block_size = hbs * rng.choice([1, 2])
+    param = block_size * rng.randint(1, 3) + rng.choice([0, 1]) * (kind == "window")
+    spec = _spec(kind, block_size, param)
+    theirs, ours = pools(64, hash_block_size=hbs)
+    scale = block_size // hbs
+    num_blocks = rng.randint(1, 12)
+    units = [rng.randbytes(rng.choice([2, 32])) for _ in range(num_blocks * scale)]
+    density = rng.random()
+    for i in range(num_blocks):
+        for group in (0, 1):
+            if rng.random() < density:
+                key = make_block_hash_with_group_id(units[(i + 1) * scale - 1], group)
+                for p in (theirs, ours):
+                    p.cached_block_hash_to_block.insert(key, p.blocks[10 + i + 20 * group])
+    name = {"window": "SlidingWindowManager", "chunked": "ChunkedLocalAttentionManager"}
+    cls_name = name.get(kind, "FullAttentionManager")
+    v_cls, k_cls = getattr(vm, cls_name), getattr(km, cls_name)
+    for _ in range(20):
+        groups = rng.choice([[0], [1], [0, 1]])
+        # vLLM's window searches index every block below max_length.
+        max_length = rng.randint(0, (num_blocks + 1) * block_size - 1)
+        if kind == "chunked":
+            alignment, drop = block_size, False
+        elif kind == "full":
+            alignment, drop = block_size * rng.choice([1, 2]), rng.random() < 0.3
+        else:
+            alignment, drop = rng.choice([hbs, block_size, 2 * block_size]), rng.random() < 0.3
+        args = (units, max_length, groups)
+        t_blocks, t_hit = v_cls.find_longest_cache_hit(*args, theirs, spec, drop, alignment)
+        o_blocks, o_hit = k_cls.find_longest_cache_hit(*args, ours, spec, drop, alignment)
+        assert o_hit == t_hit, (kind, block_size, hbs, param, max_length, alignment, drop, groups)
+        assert [[b.block_id for b in g] for g in o_blocks] == [
+            [b.block_id for b in g] for g in t_blocks
+        ]
+    manager = k_cls(spec, block_pool=ours, kv_cache_group_id=0, enable_caching=True)
+    assert manager.find_longest_cache_hit(units, 0, [0], ours, spec, False, block_size)[1] == 0
+    with pytest.raises(AttributeError, match="only the constructor"):
+        manager.allocate_new_blocks  # noqa: B018
+    with pytest.raises(TypeError):
+        k_cls(spec, block_pool=theirs)

@@ -431,6 +431,39 @@ pool_writers!(pool_readers!(PyBlockPool, "BlockPool",) {
         core(self.pool_mut(py, |pool| pool.insert_key(b, key, tokens))?)
     }
 
+    /// The core's hit search of one spec over this pool (the per-spec
+    /// finder a coordinator runs for a group of that spec).
+    #[pyo3(signature = (spec, group_ids, block_hashes, max_length, alignment, *, drop_eagle = false))]
+    #[allow(clippy::too_many_arguments)] // Python arguments, converted once
+    fn find_longest_cache_hit<'py>(
+        &self,
+        py: Python<'py>,
+        spec: crate::kinds::PyGroupSpec,
+        group_ids: &Bound<'_, PyAny>,
+        block_hashes: &Bound<'_, PyAny>,
+        max_length: &Bound<'_, PyAny>,
+        alignment: &Bound<'_, PyAny>,
+        drop_eagle: bool,
+    ) -> PyResult<(Vec<Bound<'py, PyList>>, usize)> {
+        let groups = convert::group_ids(group_ids)?;
+        let hashes = convert::block_hashes(block_hashes)?;
+        let max_length = args::count(max_length, "max_length")?;
+        let alignment = args::count(alignment, "alignment")?;
+        let manager = core(kvcoord_core::Manager::new(spec.0, GroupId(0)))?;
+        let mut out = vec![Vec::new(); groups.len()];
+        let hit = core(self.with(py, |pool| {
+            let hbs = pool.config().hash_block_size as usize;
+            manager.find_longest_cache_hit(
+                pool, &groups, &hashes, hbs, max_length, alignment, drop_eagle, &mut out,
+            )
+        })?)?;
+        let lists = out
+            .iter()
+            .map(|ids| id_list(py, ids))
+            .collect::<PyResult<Vec<_>>>()?;
+        Ok((lists, hit))
+    }
+
     #[getter]
     fn residency_enabled(&self, py: Python<'_>) -> PyResult<bool> {
         self.with(py, |p| p.residency().is_some())
