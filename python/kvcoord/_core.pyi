@@ -221,6 +221,30 @@ class BlockPool:
             InvalidHashError: the hash is not 16 or 32 bytes.
             InvalidArgumentError: a pool with a ranked eviction policy.
         """
+    def find_longest_cache_hit(
+        self,
+        spec: GroupSpec,
+        group_ids: Sequence[int],
+        block_hashes: Sequence[bytes] | npt.NDArray[np.uint8],
+        max_length: int,
+        alignment: int,
+        *,
+        drop_eagle: bool = False,
+    ) -> tuple[list[list[int]], int]:
+        """The longest cached prefix of ``block_hashes`` (hash units of this
+        pool's ``hash_block_size``) for groups ``group_ids`` of one ``spec``:
+        the search a coordinator runs for a group of that spec, at most
+        ``max_length`` tokens, ending on a multiple of ``alignment``. Per
+        group the blocks (0 in positions the spec skips) and the hit in
+        tokens. ``drop_eagle``: the hit loses its last block (EAGLE). Pins
+        nothing.
+
+        Raises:
+            InvalidArgumentError: ``alignment`` is 0, ``max_length`` reaches
+                past the hashes where the spec's search reads every block
+                (chunked local), an EAGLE drop on a chunked-local search.
+            InvalidHashError: a hash is not 16 or 32 bytes.
+        """
     def enable_residency(self, records: bool = True) -> None:
         """Start tracking residency metrics for every block (45 bytes per
         block; clock at 0). Enabling again keeps the data gathered so far.
