@@ -43,6 +43,7 @@ mod pool;
 mod request;
 mod residency;
 mod tokens;
+mod vllm;
 
 use pyo3::prelude::*;
 
@@ -67,6 +68,8 @@ mod core_module {
     };
     #[pymodule_export]
     use crate::pool::PyBlockPool;
+    #[pymodule_export]
+    use crate::vllm::{PyBlockHashGate, PyDecodeFastPath};
     #[pymodule_export]
     use crate::request::{
         advance_requests, compute_block_hashes, none_hash, BlockHashes, PyRequest,
