@@ -287,10 +287,7 @@ fn digest(algo: HashAlgo, payload: &[u8]) -> BlockHash {
 /// request block hasher called on every token append has nothing to do
 /// until then.
 pub fn completes_block(num_hashes: usize, block_size: usize, num_tokens: usize) -> bool {
-    num_hashes
-        .saturating_add(1)
-        .saturating_mul(block_size)
-        <= num_tokens
+    num_hashes.saturating_add(1).saturating_mul(block_size) <= num_tokens
 }
 
 /// The root digest (`NONE_HASH`) for `seed`; the parent of block 0.

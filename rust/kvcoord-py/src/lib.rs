@@ -69,11 +69,11 @@ mod core_module {
     #[pymodule_export]
     use crate::pool::PyBlockPool;
     #[pymodule_export]
-    use crate::vllm::{PyBlockHashGate, PyDecodeFastPath};
-    #[pymodule_export]
     use crate::request::{
         advance_requests, compute_block_hashes, none_hash, BlockHashes, PyRequest,
     };
+    #[pymodule_export]
+    use crate::vllm::{PyBlockHashGate, PyDecodeFastPath};
 
     use super::{Bound, PyModule, PyModuleMethods, PyResult};
 

@@ -151,6 +151,18 @@ enum Route<'py> {
     General,
 }
 
+/// An int argument as passed, or `default` where it was not.
+fn passed_or<'py>(
+    py: Python<'py>,
+    obj: Option<&Bound<'py, PyAny>>,
+    default: i64,
+) -> PyResult<Bound<'py, PyAny>> {
+    match obj {
+        Some(o) => Ok(o.clone()),
+        None => Ok(default.into_pyobject(py)?.into_any()),
+    }
+}
+
 impl PyDecodeFastPath {
     /// Where the call goes; answered here when it is a decode step of a
     /// running request with a room, nothing else passed, and either inside
@@ -212,21 +224,14 @@ impl PyDecodeFastPath {
         if !theirs.is(request) {
             return Ok(Route::DecodeCore);
         }
-        let zero;
-        let lookahead = match opt.num_lookahead_tokens {
-            Some(o) => o,
-            None => {
-                zero = 0i64.into_pyobject(py)?.into_any();
-                &zero
-            }
-        };
+        let lookahead = passed_or(py, opt.num_lookahead_tokens, 0)?;
         let rooms = parts.rooms.bind(py);
         let ids = decode_slots.bind(py).call1((
             request,
             mine,
             &request_id,
             num_new_tokens,
-            lookahead,
+            &lookahead,
             rooms,
         ))?;
         if ids.is(py.NotImplemented()) {
@@ -239,7 +244,10 @@ impl PyDecodeFastPath {
         if ids.is_empty() {
             return Ok(Route::Answer(empty.clone()));
         }
-        let made = parts.blocks_type.bind(py).call1((ids, parts.pool.bind(py)))?;
+        let made = parts
+            .blocks_type
+            .bind(py)
+            .call1((ids, parts.pool.bind(py)))?;
         Ok(Route::Answer(made))
     }
 }
@@ -329,20 +337,14 @@ impl PyDecodeFastPath {
         match route {
             Route::Answer(answer) => Ok(answer),
             Route::DecodeCore => {
-                let lookahead = opt.num_lookahead_tokens.map_or_else(
-                    || Ok(0i64.into_pyobject(py)?.into_any()),
-                    |o| Ok::<_, PyErr>(o.clone()),
-                )?;
+                let lookahead = passed_or(py, opt.num_lookahead_tokens, 0)?;
                 slf.call_method1(
                     intern!(py, "_decode_core"),
                     (request, num_new_tokens, lookahead),
                 )
             }
             Route::General => {
-                let or_int = |o: Option<&Bound<'py, PyAny>>, d: i64| match o {
-                    Some(o) => Ok(o.clone()),
-                    None => Ok::<_, PyErr>(d.into_pyobject(py)?.into_any()),
-                };
+                let or_int = |o: Option<&Bound<'py, PyAny>>, d: i64| passed_or(py, o, d);
                 let or_bool = |o: Option<&Bound<'py, PyAny>>, d: bool| match o {
                     Some(o) => o.clone(),
                     None => pyo3::types::PyBool::new(py, d).to_owned().into_any(),
@@ -352,7 +354,8 @@ impl PyDecodeFastPath {
                     request,
                     num_new_tokens,
                     or_int(opt.num_new_computed_tokens, 0)?,
-                    opt.new_computed_blocks.map_or_else(|| none.clone(), Clone::clone),
+                    opt.new_computed_blocks
+                        .map_or_else(|| none.clone(), Clone::clone),
                     or_int(opt.num_lookahead_tokens, 0)?,
                     or_int(opt.num_external_computed_tokens, 0)?,
                     or_bool(opt.delay_cache_blocks, false),
