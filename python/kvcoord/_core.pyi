@@ -8,6 +8,7 @@ from typing import Any, ClassVar, Literal, Protocol, final, overload
 
 import numpy as np
 import numpy.typing as npt
+from typing_extensions import disjoint_base
 
 __all__ = [
     "HASH_ALGOS",
@@ -911,6 +912,7 @@ class BlockHashGate:
         """The block hashes ``request``'s new tokens completed (what
         ``hasher`` returns; ``[]`` when they complete none)."""
 
+@disjoint_base
 class DecodeFastPath:
     """The base class of :class:`kvcoord.vllm.KVCacheManager`: its
     ``allocate_slots``.
