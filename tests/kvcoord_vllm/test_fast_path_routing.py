@@ -184,3 +184,19 @@ def test_kvcoord_hasher_is_gated_and_hashes_as_before() -> None:
     for t in range(10, 13):
         req.append_output_token_ids(t)
         assert len(req.block_hashes) == (2 if t < 12 else 3)
+
+
+def test_managers_are_collected() -> None:
+    # The Rust base class holds the manager's room dict, empty blocks and
+    # registry: it must let the garbage collector see them (no leaked pools).
+    import gc
+    import weakref
+
+    refs = []
+    for _ in range(3):
+        _, ours, _ = managers((4,), num_blocks=16)
+        running(ours)
+        refs.append(weakref.ref(ours))
+        del ours
+    gc.collect()
+    assert all(r() is None for r in refs)
