@@ -140,6 +140,11 @@ class HiSparseManager(KVCacheManager):
         self.empty_kv_cache_blocks = EmptySplitBlocks(
             tuple(() for _ in range(self.num_kv_cache_groups)), self._group_views
         )
+        # The fast path answers nothing here (no decode rooms): every call
+        # reaches _allocate; it still compares against this manager's empty.
+        self._init_fast_path(
+            self._decode_room, self.empty_kv_cache_blocks, None, KVCacheBlocks, self._pool
+        )
         view: Any = self.coordinator
         view.__class__ = coordinator_class(type(view))
         view.single_type_managers = group_views(self)
