@@ -632,6 +632,8 @@ class CoordinatorCore:
         num_hash_lookahead_tokens: int | None = None,
         allow_partial_hits: bool = False,
         verify_hits: bool = True,
+        group_id_base: int = 0,
+        event_medium: str = "GPU",
     ) -> None:
         """``hash_block_size`` ``None`` takes :func:`default_hash_block_size`.
         ``num_reprefillable_tokens``: multi-module MTP's re-prefillable tail
@@ -645,7 +647,11 @@ class CoordinatorCore:
         ``verify_hits``: ``allocate_slots`` refuses a hit block not cached
         under the request's own hash of its position (a stale hit);
         ``False`` adopts hits as vLLM does, whatever they hold (out-of-range
-        ids, nulls inside the window and wrong counts are still refused)."""
+        ids, nulls inside the window and wrong counts are still refused).
+        ``group_id_base``: added to every group id the pool reports (events,
+        key read-outs), for a core holding groups ``base..`` of a larger
+        configuration (kvcoord.vllm's HiSparse device core); ``event_medium``:
+        the medium its events report (``"GPU"``, ``"CPU"``, ``"STORAGE"``)."""
     @property
     def hash_block_size(self) -> int:
         """Tokens per hash unit."""
@@ -813,6 +819,12 @@ class CoordinatorCore:
         :meth:`BlockPool.drain_eviction_records`)."""
     def free(self, request_id: str) -> bool:
         """Release the request's blocks (tail first); False for an unknown id."""
+    def pop_request_to_caller(self, request_id: str) -> list[list[int]] | None:
+        """Forget the request and hand its blocks' references to the caller
+        (vLLM's ``pop_blocks_for_free``): per group, its ids in allocation
+        order, leading nulls trimmed (a HiSparse resident group's row with
+        its overlay applied); None for an unknown id. No reference count
+        changes; release them with :meth:`free_caller_blocks`."""
     def blocks(self, request_id: str) -> KVCacheBlocks:
         """The request's block table per group (raises ``UnknownRequestError``)."""
     def num_common_prefix_blocks(self, request_id: str) -> list[int]:
@@ -869,6 +881,15 @@ class CoordinatorCore:
         next allocation (and prediction) includes it."""
     def has_hot(self, request_id: str, group: int) -> bool:
         """Whether a live request holds its whole hot region in a hot group."""
+    def allocate_hot(self, request_id: str, group: int) -> list[int]:
+        """Grow the request's hot region in hot group ``group`` to its whole
+        size when it has been asked for (vLLM's
+        ``HiSparseHotManager.allocate_new_blocks``); the new block ids (none
+        when not asked for or already held). Refused, unchanged, when the
+        pool has too few free blocks."""
+    def hot_required(self, request_id: str, group: int) -> bool:
+        """Whether the request's hot region in hot group ``group`` has been
+        asked for (:meth:`require_hot`, an import, a resumed host prefix)."""
     def touch_caller_blocks(self, block_ids: BlockIds) -> None:
         """Take one caller reference on each block (vLLM's ``BlockPool.touch``
         from outside the manager; a free block leaves the free queue), released

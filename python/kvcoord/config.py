@@ -278,8 +278,8 @@ class HiSparseResidentSpec(_Spec):
     pages read from the host; a residency overlay (see
     :meth:`kvcoord._core.CoordinatorCore.residency_row`) records pages
     adopted from copies and pages given back. Never prefix-cached (lookups
-    skip the group). kvcoord.vllm does not serve HiSparse configurations
-    yet (docs/hisparse.md)."""
+    skip the group). kvcoord.vllm serves vLLM's HiSparse configurations
+    only with the opt-in ``KVCOORD_VLLM_HISPARSE=1`` (docs/hisparse.md)."""
 
     block_size: int
     kind: ClassVar[str] = "hisparse_resident"

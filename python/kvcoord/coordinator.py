@@ -98,6 +98,8 @@ class KVCacheCoordinator:
         num_hash_lookahead_tokens: int = 0,
         allow_partial_hits: bool = False,
         verify_hits: bool = True,
+        group_id_base: int = 0,
+        event_medium: str = "GPU",
     ) -> None:
         # Type checks and the 64-bit crossing here; the rules are the core's.
         max_model_len = as_i64(max_model_len, "max_model_len")
@@ -118,6 +120,8 @@ class KVCacheCoordinator:
             num_hash_lookahead_tokens=num_hash_lookahead_tokens,
             allow_partial_hits=allow_partial_hits,
             verify_hits=as_bool(verify_hits, "verify_hits"),
+            group_id_base=group_id_base,
+            event_medium=event_medium,
         )
         self.enable_caching = self.kind != CoordinatorKind.NoPrefixCache
         # Per group: None, or the tokens an EAGLE lookup matches past the
@@ -180,6 +184,8 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
         num_hash_lookahead_tokens: int = 0,
         allow_partial_hits: bool = False,
         verify_hits: bool = True,
+        group_id_base: int = 0,
+        event_medium: str = "GPU",
     ) -> None:
         super().__init__(
             config,
@@ -191,6 +197,8 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
             num_hash_lookahead_tokens=num_hash_lookahead_tokens,
             allow_partial_hits=allow_partial_hits,
             verify_hits=verify_hits,
+            group_id_base=group_id_base,
+            event_medium=event_medium,
         )
         self._block_size = config.groups[0].spec.block_size
         # EAGLE: the hit drops its last block (no margin: one group).
@@ -248,6 +256,8 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         num_hash_lookahead_tokens: int = 0,
         allow_partial_hits: bool = False,
         verify_hits: bool = True,
+        group_id_base: int = 0,
+        event_medium: str = "GPU",
     ) -> None:
         super().__init__(
             config,
@@ -259,6 +269,8 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
             num_hash_lookahead_tokens=num_hash_lookahead_tokens,
             allow_partial_hits=allow_partial_hits,
             verify_hits=verify_hits,
+            group_id_base=group_id_base,
+            event_medium=event_medium,
         )
         buckets: list[SpecGroup] = []
         for gid, g in enumerate(config.groups):
@@ -386,6 +398,8 @@ def get_kv_cache_coordinator(
     num_hash_lookahead_tokens: int = 0,
     allow_partial_hits: bool = False,
     verify_hits: bool = True,
+    group_id_base: int = 0,
+    event_medium: str = "GPU",
 ) -> KVCacheCoordinator:
     """The policy the core chooses (:func:`kvcoord._core.choose_coordinator`):
     caching off -> NoPrefixCache; one group -> Unitary; otherwise Hybrid."""
@@ -402,4 +416,6 @@ def get_kv_cache_coordinator(
         num_hash_lookahead_tokens=num_hash_lookahead_tokens,
         allow_partial_hits=allow_partial_hits,
         verify_hits=verify_hits,
+        group_id_base=group_id_base,
+        event_medium=event_medium,
     )

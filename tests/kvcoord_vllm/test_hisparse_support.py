@@ -1,7 +1,10 @@
-"""HiSparse configurations of vLLM 0.33.0: those with a HiSparse group are not
-served yet, each falls back with a reason naming the group found; the two
-HiSparse fields vLLM's manager never reads are served (kvcoord.vllm._hisparse;
-their schedules beside vLLM's are in test_against_vllm.py).
+"""HiSparse configurations of vLLM 0.33.0: by default those with a HiSparse
+group fall back, each with a reason naming the group found; with the opt-in
+``KVCOORD_VLLM_HISPARSE=1`` vLLM's shape is served by the two-core HiSparse
+manager (its schedules beside vLLM's are in test_hisparse_against_vllm.py)
+and other shapes fall back naming what differs; the two HiSparse fields
+vLLM's manager never reads are served (kvcoord.vllm._hisparse; their
+schedules beside vLLM's are in test_against_vllm.py).
 
 Skipped when vLLM is not installed.
 """
@@ -114,3 +117,25 @@ def test_indexer_role_alone_is_plain_full_attention() -> None:
     assert (
         unsupported_reason(one_group(replace(group, role=KVCacheGroupRole.DEFAULT)), ARGS) is None
     )
+
+
+def test_opt_in_serves_vllms_shape(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvcoord.vllm._hisparse_manager import HiSparseManager
+
+    monkeypatch.setenv("KVCOORD_VLLM_HISPARSE", "1")
+    assert unsupported_reason(hisparse_config(), ARGS) is None
+    m = kv.KVCacheManager(
+        hisparse_config(), max_model_len=128, scheduler_block_size=BS, hash_block_size=BS
+    )
+    assert type(m) is HiSparseManager
+    assert len(m.coordinator.single_type_managers) == 4
+    m.check_invariants()
+    # Other shapes still fall back, naming what differs.
+    reason = unsupported_reason(hisparse_config(None), ARGS)
+    assert reason is not None and "no hisparse_host_num_blocks" in reason
+    cfg = hisparse_config()
+    swapped = replace(cfg, kv_cache_groups=[cfg.kv_cache_groups[1], cfg.kv_cache_groups[0]])
+    reason = unsupported_reason(swapped, ARGS)
+    assert reason is not None and "group 0" in reason
+    reason = unsupported_reason(cfg, {**ARGS, "use_eagle": True})
+    assert reason is not None and "EAGLE" in reason

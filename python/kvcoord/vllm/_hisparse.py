@@ -1,5 +1,7 @@
 """HiSparse configurations of vLLM 0.33.0: which parts are plain to vLLM's
-manager (served), and why the rest is not served yet.
+manager (served), which shape the HiSparse manager serves under the opt-in
+``KVCOORD_VLLM_HISPARSE=1`` (:mod:`kvcoord.vllm._hisparse_manager`), and why
+the rest falls back.
 
 vLLM's HiSparse keeps a model's KV on a host tier and only some pages on the
 device: the source group (role ``hisparse_source``) allocates from a private
@@ -10,7 +12,7 @@ readable after their reference is released until the pool reuses them. All
 of it is driven by vLLM's ``HiSparseCoordinator``, which finds these groups by
 the classes of vLLM's single-type managers; vLLM's tests and its HiSparse
 connector reach it through ``get_hisparse_coordinator(manager)``. The
-semantics, and how kvcoord will hold them, are in ``docs/hisparse.md``.
+semantics, and how kvcoord holds them, are in ``docs/hisparse.md``.
 
 Two HiSparse fields are plain to vLLM's ``KVCacheManager``, which never reads
 them: a group's ``host_resident`` flag (it only places the group's tensors on
@@ -22,16 +24,108 @@ as the configuration it is without them.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import os
+from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["hisparse_reason", "role_reason"]
+from kvcoord.config import HiSparseHotSpec, HiSparseResidentSpec, KVCacheSpec
+
+__all__ = [
+    "OPT_IN",
+    "device_config",
+    "device_spec",
+    "hisparse_reason",
+    "opted_in",
+    "role_reason",
+    "served_class",
+    "shape_reason",
+]
+
+#: The environment variable that turns serving HiSparse on (off by default:
+#: not every vLLM HiSparse test passes on kvcoord yet, docs/hisparse.md).
+OPT_IN = "KVCOORD_VLLM_HISPARSE"
+
+
+def served_class(cls: type, kv_cache_config: Any) -> type:
+    """The class serving a configuration kvcoord serves: ``cls``, or the
+    HiSparse manager for a HiSparse one (only served under the opt-in)."""
+    if hisparse_reason(kv_cache_config) is None:
+        return cls
+    from kvcoord.vllm._hisparse_manager import HiSparseManager  # imports the manager
+
+    return HiSparseManager
+
+
+def opted_in() -> bool:
+    """Whether HiSparse configurations are served (``KVCOORD_VLLM_HISPARSE=1``)."""
+    return os.environ.get(OPT_IN, "") == "1"
+
+
+def _role(group: Any) -> str:
+    return str(getattr(getattr(group, "role", None), "value", "default"))
+
+
+def shape_reason(kv_cache_config: Any, args: Mapping[str, Any]) -> str | None:
+    """Why a HiSparse configuration is not the shape kvcoord serves, or None.
+    Served: group 0 is the source (role ``hisparse_source``, full attention),
+    every other group is a device group (full attention, a resident or a hot
+    spec), the host pool is sized, and the constructor asks for nothing the
+    two-core composition does not hold yet (EAGLE, context parallelism,
+    zeroing)."""
+    interface: Any = importlib.import_module("vllm.v1.kv_cache_interface")
+    groups = list(kv_cache_config.kv_cache_groups)
+    if getattr(kv_cache_config, "hisparse_host_num_blocks", None) is None:
+        return "no hisparse_host_num_blocks"
+    if _role(groups[0]) != "hisparse_source":
+        return "the source group is not group 0"
+    if type(groups[0].kv_cache_spec) is not interface.FullAttentionSpec:
+        return "a source group that is not plain full attention"
+    for g in groups[1:]:
+        if _role(g) == "hisparse_source":
+            return "several source groups"
+        if g.host_resident:
+            return "a host-resident device group"
+    if args.get("use_eagle", False):
+        return "EAGLE"
+    if int(args.get("dcp_world_size", 1)) != 1 or int(args.get("pcp_world_size", 1)) != 1:
+        return "context parallelism"
+    if getattr(kv_cache_config, "needs_kv_cache_zeroing", False):
+        return "KV-cache zeroing"
+    return None
+
+
+def device_config(kv_cache_config: Any) -> Any:
+    """vLLM's configuration of the device groups alone (groups 1.., roles
+    dropped, no host pool): what kvcoord's device core holds."""
+    interface: Any = importlib.import_module("vllm.v1.kv_cache_interface")
+    default = interface.KVCacheGroupRole.DEFAULT
+    groups = [
+        dataclasses.replace(g, role=default, host_resident=False)
+        for g in kv_cache_config.kv_cache_groups[1:]
+    ]
+    return dataclasses.replace(
+        kv_cache_config, kv_cache_groups=groups, hisparse_host_num_blocks=None
+    )
+
+
+def device_spec(spec: Any) -> KVCacheSpec | None:
+    """kvcoord's spec of a vLLM HiSparse resident or hot spec (None for others)."""
+    interface: Any = importlib.import_module("vllm.v1.kv_cache_interface")
+    if type(spec) is getattr(interface, "HiSparseResidentSpec", None):
+        return HiSparseResidentSpec(block_size=int(spec.block_size))
+    if type(spec) is getattr(interface, "HiSparseHotSpec", None):
+        return HiSparseHotSpec(
+            block_size=int(spec.block_size), blocks_per_request=int(spec.blocks_per_request)
+        )
+    return None
+
 
 _MISSING = (
-    "vLLM drives these groups with its HiSparseCoordinator, which finds them by "
-    "vLLM's manager classes; kvcoord's core has the resident and hot kinds but "
-    "not the host tier of the source group, and nothing lets that coordinator "
-    "run over kvcoord's managers yet (docs/hisparse.md)"
+    "served only with the opt-in KVCOORD_VLLM_HISPARSE=1 (kvcoord's two-core "
+    "HiSparse manager under vLLM's own HiSparseCoordinator; off by default "
+    "while one vLLM HiSparse test still fails on it, docs/hisparse.md)"
 )
 
 

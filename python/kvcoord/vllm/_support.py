@@ -22,7 +22,7 @@ from kvcoord.config import (
     KVCacheGroup,
     KVCacheSpec,
 )
-from kvcoord.vllm import _mamba, _windows
+from kvcoord.vllm import _hisparse, _mamba, _windows
 from kvcoord.vllm._hisparse import hisparse_reason, role_reason
 
 __all__ = [
@@ -110,6 +110,8 @@ def _spec_reason(spec: Any) -> str | None:
         return None  # checked with the configuration (_mamba.config_reason)
     elif type(spec) is interface.CrossAttentionSpec:
         return None  # never cached; caching is checked with the configuration
+    elif _hisparse.device_spec(spec) is not None:
+        return None  # only reached for the device part of a served shape
     elif type(spec) is MLAAttentionSpec:
         if spec.model_version is not None or spec.alignment is not None:
             return f"{kind} with DeepSeek-V4 fields"
@@ -120,9 +122,12 @@ def _spec_reason(spec: Any) -> str | None:
     return None
 
 
-def unsupported_reason(kv_cache_config: Any, args: Mapping[str, Any]) -> str | None:
+def unsupported_reason(
+    kv_cache_config: Any, args: Mapping[str, Any], *, hisparse_device: bool = False
+) -> str | None:
     """None when kvcoord serves this manager configuration exactly; otherwise
-    the reason it does not (one line)."""
+    the reason it does not (one line). ``hisparse_device``: the configuration
+    is the device part of a HiSparse one (its resident and hot specs served)."""
     for name, default, why in _UNSERVED_ARGS:
         if args.get(name, default) != default:
             return why
@@ -131,9 +136,18 @@ def unsupported_reason(kv_cache_config: Any, args: Mapping[str, Any]) -> str | N
     groups = list(kv_cache_config.kv_cache_groups)
     if not groups:
         return "a KV cache config without groups"
-    reason = hisparse_reason(kv_cache_config)
+    reason = None if hisparse_device else hisparse_reason(kv_cache_config)
     if reason is not None:
-        return reason
+        if not _hisparse.opted_in():
+            return reason
+        shape = _hisparse.shape_reason(kv_cache_config, args)
+        if shape is not None:
+            return f"{reason.split(':')[0]}: {shape}"
+        # The source group lives on a core of its own (plain full
+        # attention); the device groups must be served as they are.
+        return unsupported_reason(
+            _hisparse.device_config(kv_cache_config), args, hisparse_device=True
+        )
     for group in groups:
         reason = _spec_reason(group.kv_cache_spec) or role_reason(group)
         if reason is not None:
@@ -200,6 +214,9 @@ def _spec(spec: Any, dcp_world_size: int) -> KVCacheSpec:
         return _windows.window_spec(spec)
     if _mamba.is_mamba_spec(spec):
         return _mamba.mamba_spec(spec)
+    hisparse = _hisparse.device_spec(spec)
+    if hisparse is not None:
+        return hisparse
     return FullAttentionSpec(block_size=kv_block_size(spec, dcp_world_size))
 
 

@@ -33,6 +33,7 @@ from kvcoord.vllm._construct import (
 )
 from kvcoord.vllm._decode import DecodePath
 from kvcoord.vllm._events import event_metadata, pool_view
+from kvcoord.vllm._hisparse import served_class
 from kvcoord.vllm._parking import Parking
 from kvcoord.vllm._readouts import ManagerReadouts
 from kvcoord.vllm._requests import RequestRegistry
@@ -67,11 +68,13 @@ class KVCacheManager(DecodePath, ManagerReadouts, DecodeFastPath):
     call, and every other call is :meth:`_allocate`.
     """
 
+    _group_id_base = 0  # vLLM's id of the core's group 0 (HiSparse: 1)
+
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         bound = bind_args(args, kwargs)
         reason = unsupported_reason(bound["kv_cache_config"], bound) or caller_reason()
         if reason is None:
-            return super().__new__(cls)
+            return super().__new__(served_class(cls, bound["kv_cache_config"]))
         fallbacks[reason] += 1
         logger.warning(
             "kvcoord.vllm: %s is not served by kvcoord; this KVCacheManager is vLLM's own "
@@ -133,9 +136,9 @@ class KVCacheManager(DecodePath, ManagerReadouts, DecodeFastPath):
             eagle_group_ids=self.drop_eagle_group_ids,
             num_hash_lookahead_tokens=int(a.get("num_hash_lookahead_tokens", 0)),
             allow_partial_hits=True,
-            # vLLM's scheduler is single-threaded and adopts whatever blocks
-            # it is handed as hits; its connectors and tests rely on that.
+            # vLLM's scheduler adopts whatever blocks it is handed as hits.
             verify_hits=False,
+            group_id_base=self._group_id_base,
         )
         self._core = self._core_coordinator.core
         self._pool = self._core_coordinator.block_pool

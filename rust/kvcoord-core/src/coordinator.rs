@@ -24,6 +24,7 @@ use hashbrown::{HashMap, HashSet};
 use crate::block_hash::BlockHash;
 pub use crate::block_ids::NewBlocks;
 use crate::error::{KvError, KvResult};
+use crate::events::Medium;
 use crate::ids::{BlockId, GroupId, ReqId};
 use crate::managers::{full_attention, hisparse, mamba_align};
 use crate::managers::{CachePolicy, GroupSpec, GroupTable, Manager, SpecKind};
@@ -151,6 +152,14 @@ pub struct CoordinatorConfig {
     /// reference; ids out of range, a null inside the attention window,
     /// wrong counts and whatever the pool refuses are still refused.
     pub verify_hits: bool,
+    /// Added to every group id the pool reports (events, key read-outs):
+    /// for a core holding groups `base..` of a larger configuration (vLLM's
+    /// `HiSparse` device groups beside a host core for the source group),
+    /// so its events and keys carry the configuration's group ids.
+    pub group_id_base: u32,
+    /// The medium the pool's events report ([`Medium::Gpu`]; vLLM's
+    /// `HiSparse` host pool reports [`Medium::Cpu`]).
+    pub event_medium: Medium,
 }
 
 impl CoordinatorConfig {
@@ -178,6 +187,8 @@ impl CoordinatorConfig {
             num_hash_lookahead_tokens: 0,
             allow_partial_hits: false,
             verify_hits: true,
+            group_id_base: 0,
+            event_medium: Medium::Gpu,
         }
     }
 
@@ -571,12 +582,14 @@ impl CoordinatorCore {
     /// A coordinator with a fresh pool; validates the whole configuration.
     pub fn new(config: CoordinatorConfig) -> KvResult<Self> {
         config.validate()?;
-        let pool = BlockPool::new(PoolConfig {
+        let mut pool = BlockPool::new(PoolConfig {
             num_blocks: config.num_blocks,
             enable_caching: config.enable_caching(),
             hash_block_size: config.hash_block_size,
             enable_events: config.enable_events,
         })?;
+        pool.set_event_medium(config.event_medium);
+        pool.set_group_base(config.group_id_base);
         let managers = config
             .groups
             .iter()
@@ -2513,6 +2526,92 @@ mod tests {
             (0..len).collect(),
             RequestHasher::new(config, ExtraKeys::default()),
         )
+    }
+
+    #[test]
+    fn deferred_publication_caches_up_to_each_token_count() {
+        // kvcoord.vllm's HiSparse host core: allocation never caches; the
+        // coordinator publishes the durable prefix later, growing.
+        use crate::events::KvEvent;
+        let mut cfg = CoordinatorConfig::new(vec![GroupSpec::full_attention(4)], 8, true, 64);
+        cfg.hash_block_size = 4;
+        cfg.enable_events = true;
+        let mut c = CoordinatorCore::new(cfg).unwrap();
+        let r = live_request("a", 13, 4);
+        let mut out = NewBlocks::new();
+        let args = AllocateArgs {
+            delay_cache_blocks: true,
+            ..AllocateArgs::new(13)
+        };
+        assert!(c.allocate_request(&r, &args, None, &mut out).unwrap());
+        assert!(
+            c.pool_mut().take_events().is_empty(),
+            "nothing published yet"
+        );
+        let hit = |c: &CoordinatorCore| {
+            c.find_longest_cache_hit(&[GroupId(0)], r.block_hashes(), 12, 4, false)
+                .unwrap()
+                .1
+        };
+        assert_eq!(hit(&c), 0);
+        c.cache_request(&r, 4).unwrap();
+        assert_eq!(hit(&c), 4);
+        c.cache_request(&r, 12).unwrap();
+        assert_eq!(hit(&c), 12);
+        c.cache_request(&r, 12).unwrap(); // again: nothing new
+        let stored: Vec<(usize, usize)> = c
+            .pool_mut()
+            .take_events()
+            .iter()
+            .map(|e| match e {
+                KvEvent::BlockStored(s) => (s.first_block, s.num_blocks),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(stored, vec![(0, 1), (1, 2)]);
+        c.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn group_id_base_and_medium_are_what_events_report() {
+        use crate::events::{KvEvent, Medium};
+        let mut cfg = CoordinatorConfig::new(vec![GroupSpec::full_attention(4)], 8, true, 64);
+        cfg.hash_block_size = 4;
+        cfg.enable_events = true;
+        cfg.group_id_base = 1;
+        cfg.event_medium = Medium::Cpu;
+        let mut c = CoordinatorCore::new(cfg).unwrap();
+        let r = live_request("a", 9, 4);
+        let mut out = NewBlocks::new();
+        assert!(c
+            .allocate_request(&r, &AllocateArgs::new(9), None, &mut out)
+            .unwrap());
+        c.cache_request(&r, 8).unwrap();
+        let events = c.pool_mut().take_events();
+        let KvEvent::BlockStored(stored) = &events[0] else {
+            panic!("{events:?}");
+        };
+        assert_eq!((stored.group, stored.medium), (GroupId(1), Medium::Cpu));
+        // Keys inside the core keep the core's own group ids: lookups hit.
+        let (_, hit) = c
+            .find_longest_cache_hit(&[GroupId(0)], r.block_hashes(), 8, 4, false)
+            .unwrap();
+        assert_eq!(hit, 8);
+        let first = out.group(0)[0];
+        let key = c.pool().cache_key(first).unwrap().unwrap();
+        assert_eq!(c.pool().reported_group(key.group), GroupId(1));
+        assert!(c.free_request("a").unwrap());
+        c.pool_mut().evict_blocks(&[first]).unwrap();
+        let events = c.pool_mut().take_events();
+        assert!(matches!(
+            events.as_slice(),
+            [KvEvent::BlockRemoved {
+                group: GroupId(1),
+                medium: Medium::Cpu,
+                ..
+            }]
+        ));
+        c.check_invariants().unwrap();
     }
 
     #[test]

@@ -179,6 +179,11 @@ pub struct BlockPool {
     events_done: usize,
     /// The medium the events report.
     medium: Medium,
+    /// Added to every group id the pool reports (events, key read-outs):
+    /// a core holding only some of a configuration's groups (vLLM's
+    /// `HiSparse` device groups, after the host-side source) reports the
+    /// configuration's ids.
+    group_base: u32,
     /// Cached blocks handed out again by `get_new_blocks` (each one lost its
     /// cache key: a prefix eviction), since construction.
     num_evictions: u64,
@@ -317,6 +322,7 @@ impl BlockPool {
             events: config.enable_events.then(Vec::new),
             events_done: 0,
             medium: Medium::Gpu,
+            group_base: 0,
             num_evictions: 0,
             now: 0,
             residency: None,
@@ -963,6 +969,7 @@ impl BlockPool {
                 }
             }
         }
+        let reported = self.reported_group(group);
         if let Some(events) = &mut self.events {
             let block_size = u32::try_from(scale)
                 .unwrap_or(u32::MAX)
@@ -974,7 +981,7 @@ impl BlockPool {
                 first_block: num_cached_blocks,
                 num_blocks: range.len(),
                 skipped,
-                ..StoredBlocks::new(group, block_size, self.medium)
+                ..StoredBlocks::new(reported, block_size, self.medium)
             })));
         }
         Ok(())
@@ -1174,6 +1181,17 @@ impl BlockPool {
         self.medium = medium;
     }
 
+    /// Report group `g` as `g + base` from now on (events, key read-outs);
+    /// keys inside the pool keep the caller's ids.
+    pub fn set_group_base(&mut self, base: u32) {
+        self.group_base = base;
+    }
+
+    /// The id group `group` is reported under (see [`Self::set_group_base`]).
+    pub fn reported_group(&self, group: GroupId) -> GroupId {
+        GroupId(group.0.saturating_add(self.group_base))
+    }
+
     /// Complete the `BlockStored` events recorded since the last call with
     /// what only the caller knows: the request's `tokens` and `extra` keys,
     /// and each event's group spec (`groups[group]`). The coordinator calls
@@ -1200,7 +1218,7 @@ impl BlockPool {
             let key = self.index.key_at(slot);
             events.push(KvEvent::BlockRemoved {
                 block_hash: key.hash,
-                group: key.group,
+                group: GroupId(key.group.0.saturating_add(self.group_base)),
                 medium: self.medium,
             });
         }
@@ -1212,7 +1230,7 @@ impl BlockPool {
                     let key = self.index.key_at(slot);
                     events.push(KvEvent::BlockRemoved {
                         block_hash: key.hash,
-                        group: key.group,
+                        group: GroupId(key.group.0.saturating_add(self.group_base)),
                         medium: self.medium,
                     });
                 }
@@ -1324,7 +1342,11 @@ impl BlockPool {
                     parent_block_hash: units.checked_sub(2).map(|i| unit_hashes[i]),
                     first_block: units - 1,
                     num_blocks: 1,
-                    ..StoredBlocks::new(group, self.config.hash_block_size, self.medium)
+                    ..StoredBlocks::new(
+                        GroupId(group.0.saturating_add(self.group_base)),
+                        self.config.hash_block_size,
+                        self.medium,
+                    )
                 })));
             }
         }

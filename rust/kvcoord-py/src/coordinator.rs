@@ -5,6 +5,7 @@
 //! are core state.
 
 use kvcoord_core::coordinator::{AllocateArgs, CoordinatorConfig, CoordinatorCore, NewBlocks};
+use kvcoord_core::events::Medium;
 use kvcoord_core::{
     BlockId, BlockPool, CoordinatorKind, EvictionConfig, GroupId, KvError, Manager, ReqId,
 };
@@ -131,7 +132,7 @@ pool_writers!(pymethods!(PyCoordinatorCore {
                         retention_interval = None, enable_events = false,
                         num_reprefillable_tokens = None, eagle_group_ids = None,
                         num_hash_lookahead_tokens = None, allow_partial_hits = false,
-                        verify_hits = true))]
+                        verify_hits = true, group_id_base = 0, event_medium = "GPU"))]
     #[allow(clippy::too_many_arguments)] // Python keyword arguments, converted once
     fn new(
         py: Python<'_>,
@@ -147,6 +148,8 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         num_hash_lookahead_tokens: Option<&Bound<'_, PyAny>>,
         allow_partial_hits: bool,
         verify_hits: bool,
+        group_id_base: u32,
+        event_medium: &str,
     ) -> PyResult<Self> {
         let num_blocks = args::config_count(num_blocks, "num_blocks")?;
         let kind = CoordinatorKind::from(kind);
@@ -175,6 +178,18 @@ pool_writers!(pymethods!(PyCoordinatorCore {
             config.num_hash_lookahead_tokens = args::config_count(n, "num_hash_lookahead_tokens")?;
         }
         config.verify_hits = verify_hits;
+        config.group_id_base = group_id_base;
+        config.event_medium = match event_medium {
+            "GPU" => Medium::Gpu,
+            "CPU" => Medium::Cpu,
+            "STORAGE" => Medium::Storage,
+            other => {
+                return Err(err(KvError::InvalidArgument {
+                    name: "event_medium",
+                    detail: format!("\"GPU\", \"CPU\" or \"STORAGE\", not {other:?}"),
+                }))
+            }
+        };
         let inner = convert::build_pool_sized(py, num_blocks, || CoordinatorCore::new(config));
         Ok(Self {
             state: Exclusive::new(CoreState {
@@ -497,6 +512,24 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         self.with_mut(py, |c| c.free_request(request_id))
     }
 
+    /// Forget a request and hand its blocks' references to the caller
+    /// (vLLM's `pop_blocks_for_free`): per group, the ids in allocation
+    /// order (leading nulls trimmed); None for an unknown id. Released with
+    /// `free_caller_blocks`.
+    fn pop_request_to_caller(
+        &self,
+        py: Python<'_>,
+        request_id: &str,
+    ) -> PyResult<Option<Vec<Vec<u32>>>> {
+        let got = self.with_mut(py, |c| c.pop_request_to_caller(request_id))?;
+        Ok(got.map(|groups| {
+            groups
+                .into_iter()
+                .map(|g| g.into_iter().map(|b| b.0).collect())
+                .collect()
+        }))
+    }
+
     /// The request's block tables per group (0 marks null positions).
     fn blocks(&self, py: Python<'_>, request_id: &str) -> PyResult<PyKVCacheBlocks> {
         let state = self.enter(py)?;
@@ -590,6 +623,31 @@ pool_writers!(pymethods!(PyCoordinatorCore {
     fn has_hot(&self, py: Python<'_>, request_id: &str, group: &Bound<'_, PyAny>) -> PyResult<bool> {
         let group = GroupId(args::u32_arg(group, "group")?);
         self.with_request(py, request_id, |c, req| c.has_hot(req, group))
+    }
+
+    /// Grow a request's hot region to its whole size when it has been asked
+    /// for (vLLM's `HiSparseHotManager.allocate_new_blocks`); the new ids.
+    fn allocate_hot(
+        &self,
+        py: Python<'_>,
+        request_id: &str,
+        group: &Bound<'_, PyAny>,
+    ) -> PyResult<Vec<u32>> {
+        let group = GroupId(args::u32_arg(group, "group")?);
+        let got = self.with_request(py, request_id, |c, req| c.allocate_hot(req, group))?;
+        Ok(got.into_iter().map(|b| b.0).collect())
+    }
+
+    /// Whether a request's hot region in a hot group has been asked for
+    /// (vLLM's `hot_required` membership).
+    fn hot_required(
+        &self,
+        py: Python<'_>,
+        request_id: &str,
+        group: &Bound<'_, PyAny>,
+    ) -> PyResult<bool> {
+        let group = GroupId(args::u32_arg(group, "group")?);
+        self.with_request(py, request_id, |c, req| c.hot_required(req, group))
     }
 
     /// Give up one reference on a block of a resident group while its pages

@@ -88,8 +88,10 @@ macro_rules! pool_readers {
                 block_id: &Bound<'_, PyAny>,
             ) -> PyResult<Option<(Bound<'py, pyo3::types::PyBytes>, u32)>> {
                 let b = $crate::convert::block_id_of(block_id)?;
-                let key = $crate::errors::core(self.with(py, |p| p.cache_key(b))?)?;
-                Ok(key.map(|k| ($crate::convert::digest(py, &k.hash), k.group.0)))
+                let key = $crate::errors::core(
+                    self.with(py, |p| p.cache_key(b).map(|k| k.map(|k| (k.hash, p.reported_group(k.group)))))?,
+                )?;
+                Ok(key.map(|(hash, group)| ($crate::convert::digest(py, &hash), group.0)))
             }
 
             /// Tokens behind the block's primary key when it is a partial

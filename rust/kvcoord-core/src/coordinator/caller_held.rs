@@ -16,8 +16,57 @@ use super::CoordinatorCore;
 use crate::block_hash::BlockHash;
 use crate::error::{KvError, KvResult};
 use crate::ids::{BlockId, GroupId};
+use crate::managers::{hisparse, SpecKind};
 
 impl CoordinatorCore {
+    /// Hand a request's references over to the caller (vLLM's
+    /// `pop_blocks_for_free`): the request is forgotten, and each block its
+    /// tables referenced becomes a caller reference, released later with
+    /// [`free_caller_blocks`](Self::free_caller_blocks) in whatever order
+    /// the caller frees them (vLLM frees the popped blocks of every group
+    /// in one call, last group first). Per group, the blocks in allocation
+    /// order with leading nulls trimmed (a `HiSparse` resident group's row
+    /// with its overlay applied, as vLLM pops it); interior nulls stay (a
+    /// free skips them). No reference count changes. `None` for an unknown
+    /// id.
+    pub fn pop_request_to_caller(&mut self, id: &str) -> KvResult<Option<Vec<Vec<BlockId>>>> {
+        let Some(req) = self.registry.remove(id) else {
+            return Ok(None);
+        };
+        let Some(mut tables) = self.requests.remove(&req) else {
+            return Ok(None);
+        };
+        if !self.boundary_offloads.is_empty() {
+            self.boundary_offloads.retain(|o| o.req != req);
+        }
+        self.hisparse.forget(req);
+        let mut out = Vec::with_capacity(tables.len());
+        for (m, t) in self.managers.iter().zip(tables.iter_mut()) {
+            let mut row = Vec::new();
+            if let SpecKind::HiSparseResident = m.spec().kind {
+                hisparse::residency_row(t, 0, &mut row);
+                let held: Vec<BlockId> = hisparse::referenced(t).collect();
+                for b in held {
+                    *self.caller_held.entry(b).or_insert(0) += 1;
+                }
+            } else {
+                row.extend_from_slice(&t.blocks);
+                for &b in row.iter().filter(|b| !b.is_null()) {
+                    *self.caller_held.entry(b).or_insert(0) += 1;
+                }
+            }
+            let nulls = row.iter().take_while(|b| b.is_null()).count();
+            row.drain(..nulls);
+            t.blocks.clear();
+            t.num_cached = 0;
+            t.align.clear();
+            t.hisparse.clear();
+            out.push(row);
+        }
+        self.spare.push(tables);
+        Ok(Some(out))
+    }
+
     /// Take `n` blocks from the front of the free queue for the caller (one
     /// reference each, held outside every table), appended to `out`.
     pub fn get_caller_blocks(&mut self, n: usize, out: &mut Vec<BlockId>) -> KvResult<()> {
@@ -170,6 +219,49 @@ mod tests {
 
     fn ids(v: &[BlockId]) -> Vec<u32> {
         v.iter().map(|b| b.0).collect()
+    }
+
+    #[test]
+    fn popped_request_blocks_become_the_callers() {
+        use crate::coordinator::{AllocateArgs, NewBlocks};
+        use crate::hashing::{ExtraKeys, HashAlgo, HashConfig, RequestHasher};
+        use crate::request::Request;
+        let groups = vec![
+            GroupSpec::full_attention(16),
+            GroupSpec::hisparse_resident(16),
+            GroupSpec::hisparse_hot(16, 2),
+        ];
+        let mut c = CoordinatorCore::new(CoordinatorConfig::new(groups, 16, false, 1024)).unwrap();
+        let config = HashConfig::new(HashAlgo::Native, 16, Some("t")).unwrap();
+        let request = Request::new(
+            "r".into(),
+            (0..32).collect(),
+            RequestHasher::new(config, ExtraKeys::default()),
+        );
+        let mut out = NewBlocks::new();
+        assert!(c
+            .allocate_request(&request, &AllocateArgs::new(32), None, &mut out)
+            .unwrap());
+        let r = c.request_id("r").unwrap();
+        c.require_hot(r, GroupId(2)).unwrap();
+        c.allocate_hot(r, GroupId(2)).unwrap();
+        let free = c.pool().num_free_blocks();
+        let got = c.pop_request_to_caller("r").unwrap().unwrap();
+        assert_eq!(got.iter().map(Vec::len).collect::<Vec<_>>(), vec![2, 2, 2]);
+        assert_eq!(c.pool().num_free_blocks(), free);
+        assert_eq!(c.num_requests(), 0);
+        assert_eq!(c.num_caller_references(), 6);
+        c.check_invariants().unwrap();
+        assert!(c.pop_request_to_caller("r").unwrap().is_none());
+        let all: Vec<BlockId> = got
+            .iter()
+            .rev()
+            .flat_map(|g| g.iter().rev().copied())
+            .collect();
+        c.free_caller_blocks(&all).unwrap();
+        assert_eq!(c.pool().num_free_blocks(), free + 6);
+        assert_eq!(c.num_caller_references(), 0);
+        c.check_invariants().unwrap();
     }
 
     #[test]

@@ -275,6 +275,30 @@ impl CoordinatorCore {
         Ok(hisparse::has_hot(t, blocks_per_request as usize))
     }
 
+    /// Grow `req`'s table in hot group `group` to its whole region when the
+    /// region has been asked for (vLLM's `HiSparseHotManager.allocate_new_blocks`
+    /// called on its own); the new blocks, none when it is not asked for or
+    /// already held. The pool must hold them all (else refused, unchanged).
+    pub fn allocate_hot(&mut self, req: ReqId, group: GroupId) -> KvResult<Vec<BlockId>> {
+        self.check_kind(group, false)?;
+        let SpecKind::HiSparseHot { blocks_per_request } =
+            self.managers[group.0 as usize].spec().kind
+        else {
+            unreachable!("checked above");
+        };
+        let (pool, t) = self.row_mut(req, group, false)?;
+        let mut new = Vec::new();
+        let want = (blocks_per_request as usize).saturating_sub(t.blocks.len());
+        if t.hisparse.hot_required && want > pool.num_free_blocks() {
+            return Err(KvError::InvalidArgument {
+                name: "group",
+                detail: format!("{want} hot blocks asked, {} free", pool.num_free_blocks()),
+            });
+        }
+        hisparse::hot_allocate_new(pool, t, blocks_per_request as usize, &mut new)?;
+        Ok(new)
+    }
+
     /// Whether `req`'s hot region in `group` has been asked for.
     pub fn hot_required(&self, req: ReqId, group: GroupId) -> KvResult<bool> {
         self.check_kind(group, false)?;
@@ -314,6 +338,39 @@ mod tests {
 
     fn view(tokens: &[u32], computed: usize) -> RequestView<'static> {
         RequestView::new(computed, tokens.len(), tokens.len(), &[])
+    }
+
+    #[test]
+    fn allocate_hot_grows_a_required_region_only() {
+        let mut c = core(8);
+        let tokens: Vec<u32> = (0..16).collect();
+        let r = ReqId(1);
+        c.allocate_slots(r, &view(&tokens, 0), &AllocateArgs::new(16), None)
+            .unwrap()
+            .unwrap();
+        // Not asked for: nothing.
+        assert!(c.allocate_hot(r, GroupId(2)).unwrap().is_empty());
+        assert!(c.allocate_hot(r, GroupId(1)).is_err());
+        c.require_hot(r, GroupId(2)).unwrap();
+        let free = c.pool().num_free_blocks();
+        let got = c.allocate_hot(r, GroupId(2)).unwrap();
+        assert_eq!(got.len(), 2);
+        assert_eq!(c.pool().num_free_blocks(), free - 2);
+        assert!(c.has_hot(r, GroupId(2)).unwrap());
+        assert!(c.allocate_hot(r, GroupId(2)).unwrap().is_empty());
+        c.check_invariants().unwrap();
+        // Too few free blocks: refused, unchanged.
+        let r2 = ReqId(2);
+        c.allocate_slots(r2, &view(&tokens, 0), &AllocateArgs::new(16), None)
+            .unwrap()
+            .unwrap();
+        c.require_hot(r2, GroupId(2)).unwrap();
+        let rest = c.pool().num_free_blocks();
+        let mut held = Vec::new();
+        c.get_caller_blocks(rest, &mut held).unwrap();
+        assert!(c.allocate_hot(r2, GroupId(2)).is_err());
+        assert!(!c.has_hot(r2, GroupId(2)).unwrap());
+        c.check_invariants().unwrap();
     }
 
     #[test]
