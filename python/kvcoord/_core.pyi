@@ -241,6 +241,10 @@ class BlockPool:
     def primary_key_tokens(self, block_id: int) -> int | None:
         """Tokens behind the block's primary key when it is a partial
         (sub-block) key; None for a full-block key or no key."""
+    def key_num_tokens(self, block_id: int) -> int | None:
+        """Tokens behind the block's primary key (vLLM's
+        ``block_hash_num_tokens``): the block's end for a full-block key, a
+        partial key's own count; None without a key."""
     def check_invariants(self) -> None:
         """Check every internal invariant (O(num_blocks)); raises
         ``InvariantError`` on a violation. For tests and debugging."""
@@ -984,6 +988,7 @@ class BlockPoolView:
     def cached_mask(self) -> npt.NDArray[np.bool_]: ...
     def block_hash(self, block_id: int) -> tuple[bytes, int] | None: ...
     def primary_key_tokens(self, block_id: int) -> int | None: ...
+    def key_num_tokens(self, block_id: int) -> int | None: ...
     def check_invariants(self) -> None: ...
 
 def advance_requests(

@@ -76,9 +76,8 @@ class BlockView:
     @property
     def block_hash_num_tokens(self) -> int | None:
         """vLLM's ``block_hash_num_tokens``: the prefix the primary key stands
-        for (a partial key's own count; the block's end for a full key, which
-        kvcoord's pool does not record, so None there)."""
-        return self._pool.primary_key_tokens(self.block_id)  # type: ignore[no-any-return]
+        for (a partial key's own count; the block's end for a full key)."""
+        return self._pool.key_num_tokens(self.block_id)  # type: ignore[no-any-return]
 
     def _free_neighbour(self, side: int) -> Any:
         """The free queue's entry on ``side`` (0: front, 1: back) of this

@@ -1872,17 +1872,20 @@ fn cache_tables(
                 (hbs, config.num_hash_lookahead_tokens),
             )?;
             // Every state committed by this call is handed off (vLLM's
-            // boundary-state offloads), with the tokens it covers.
-            let bs = m.block_size();
+            // boundary-state offloads), with the tokens its key covers (a
+            // checkpoint re-keyed inside its block covers fewer).
             let end = end.max(t.num_cached()).min(t.blocks().len());
             for idx in before.min(end)..end {
                 let b = t.blocks()[idx];
-                if !b.is_null() && pool.cache_key(b)?.is_some() {
+                if b.is_null() {
+                    continue;
+                }
+                if let Some(num_tokens) = pool.key_num_tokens(b)? {
                     offloads.push(BoundaryOffload {
                         req,
                         group: m.group(),
                         block: b,
-                        num_tokens: (idx + 1) * bs,
+                        num_tokens,
                     });
                 }
             }
@@ -2601,6 +2604,54 @@ mod tests {
         assert_eq!(copies[0].0, dst);
         assert_eq!(out.group(1)[0], copies[0].1);
         assert_eq!(c.request_block_ids("b").unwrap()[1][1], copies[0].1);
+        c.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn sub_block_checkpoint_is_rekeyed_at_its_boundary() {
+        // Full B = 4 beside Mamba "align" B = 16 with a prefill checkpoint
+        // (alignment 4), hash unit 4: a 30-token prompt in one chunk
+        // exports the state at 28 into the block before the running one
+        // (column 0), whose full key at 16 is replaced by the key at 28, as
+        // vLLM's _cache_partial_tail_block; the hand-off covers 28 tokens.
+        let mut cfg = CoordinatorConfig::new(
+            vec![
+                GroupSpec::full_attention(4),
+                GroupSpec::mamba_align(16, true, Some(4)),
+            ],
+            40,
+            true,
+            1000,
+        );
+        cfg.hash_block_size = 4;
+        cfg.allow_partial_hits = true;
+        let mut c = CoordinatorCore::new(cfg).unwrap();
+        let r = live_request("a", 30, 4);
+        let mut out = NewBlocks::new();
+        assert!(c
+            .allocate_request(&r, &AllocateArgs::new(30), None, &mut out)
+            .unwrap());
+        let table = c.request_block_ids("a").unwrap()[1].clone();
+        assert_eq!(table.len(), 2, "checkpoint block, running state");
+        let checkpoint = table[0];
+        let key = c.pool().cache_key(checkpoint).unwrap().unwrap();
+        assert_eq!(key.hash, r.block_hashes()[6]);
+        assert_eq!(c.pool().key_num_tokens(checkpoint).unwrap(), Some(28));
+        assert_eq!(c.pool().lookup(&r.block_hashes()[3], GroupId(1)), None);
+        let offloads: Vec<_> = c
+            .take_boundary_state_offloads()
+            .into_iter()
+            .map(|o| (o.block, o.num_tokens))
+            .collect();
+        assert_eq!(offloads, vec![(checkpoint, 28)]);
+        c.new_step_starts();
+        // The same prompt again: the hit is the checkpoint, at 28 tokens
+        // (in the entry of the block holding token 28).
+        let r2 = live_request("b", 30, 4);
+        let (hits, n) = c
+            .find_longest_cache_hit(&[GroupId(1)], r2.block_hashes(), 29, 4, false)
+            .unwrap();
+        assert_eq!((n, hits[0].clone()), (28, vec![BlockId::NULL, checkpoint]));
         c.check_invariants().unwrap();
     }
 

@@ -468,11 +468,13 @@ pub(crate) fn reachable_block_mask(
     true
 }
 
-/// After the group's regular caching: make sure the reserved checkpoint (or,
-/// without one, the prompt's last cacheable boundary) is keyed, drop a
-/// transient checkpoint's key under a retention interval, and record every
-/// key registered by this call in `cached_this_step`. `before` is the
-/// table's cached count before the regular caching.
+/// After the group's regular caching (vLLM's `_cache_partial_tail_block`
+/// and the bookkeeping around it): re-key the reserved checkpoint block at
+/// its exported boundary (or drop a transient checkpoint's keys under a
+/// retention interval), or, without a checkpoint, key the prompt's last
+/// hash-unit boundary on the block of the state there; record every key
+/// registered by this call in `cached_this_step`. `before` is the table's
+/// cached count before the regular caching.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn after_cache_blocks(
     spec_bs: usize,
@@ -489,34 +491,20 @@ pub(crate) fn after_cache_blocks(
     (hbs, lookahead): (usize, usize),
 ) -> KvResult<()> {
     let mut lowered = None;
-    // Only whole-block boundaries exist with hash unit = block size, so a
-    // boundary entry is "already keyed" exactly when its block has a key.
-    let boundary_block = if let Some((position, idx)) = table.align.checkpoint {
-        let is_prompt = position
-            == prefill_checkpoint_position_ahead(num_prompt_tokens, policy.alignment, lookahead);
-        let retained = position % spec_bs == 0 && position >= spec_bs && {
-            let block = position / spec_bs - 1;
-            let mut buf = Vec::new();
-            let no_boundaries = CachePolicy {
-                reachable_boundaries: &[],
-                ..policy.clone()
-            };
-            !reachable_block_mask(block, block + 1, spec_bs, &no_boundaries, &mut buf) || buf[0]
-        };
-        let b = table.blocks.get(idx).copied().unwrap_or(BlockId::NULL);
-        if !is_prompt && !retained && position != shared_prefix_boundary {
-            // A transient state overwrites this slot: its key is useless.
-            if !b.is_null() {
-                pool.evict_blocks(&[b])?;
-            }
-            None
-        } else if position % spec_bs == 0 && idx + 1 == position / spec_bs {
-            Some(idx)
-        } else {
-            None
-        }
-    } else if hbs < spec_bs {
-        lowered = sub_block_tail(
+    if let Some((position, idx)) = table.align.checkpoint {
+        checkpoint_key(
+            spec_bs,
+            group,
+            pool,
+            table,
+            hashes,
+            (position, idx),
+            (num_prompt_tokens, shared_prefix_boundary, lookahead, hbs),
+            policy,
+            cached_this_step,
+        )?;
+    } else {
+        lowered = prompt_tail_key(
             spec_bs,
             hbs,
             group,
@@ -526,24 +514,6 @@ pub(crate) fn after_cache_blocks(
             (num_tokens, num_prompt_tokens, lookahead),
             cached_this_step,
         )?;
-        None
-    } else if num_tokens > 0
-        && num_tokens % spec_bs == 0
-        && num_tokens == prefill_checkpoint_position_ahead(num_prompt_tokens, spec_bs, lookahead)
-    {
-        Some(num_tokens / spec_bs - 1)
-    } else {
-        None
-    };
-    if let Some(idx) = boundary_block {
-        if let Some(&b) = table.blocks.get(idx) {
-            if !b.is_null() && pool.cache_key(b)?.is_none() && idx < hashes.len() {
-                pool.cache_full_blocks(&table.blocks, hashes, idx, idx + 1, group, None)?;
-                if let Some(key) = pool.cache_key(b)? {
-                    cached_this_step.insert(key);
-                }
-            }
-        }
     }
     for &b in table.blocks.get(before..table.num_cached).unwrap_or(&[]) {
         if b.is_null() {
@@ -561,15 +531,61 @@ pub(crate) fn after_cache_blocks(
     Ok(())
 }
 
-/// The prompt's last hash-unit boundary keyed on the block of the state
-/// there (vLLM's `_cache_partial_tail_block` without a checkpoint, hash unit
-/// below the block size): when this call caches up to exactly that
-/// boundary, the running state block gets a (partial) key at it. A boundary
-/// inside the block makes the next allocation copy the state out (the
-/// request's own partial hit and producer tail). Returns the table index
-/// the cached count is lowered to, if any.
+/// The reserved checkpoint block keyed at the boundary whose state the
+/// worker exports into it: kept when it is the prompt's checkpoint, a
+/// retained segment boundary or the shared-prefix junction (its keys
+/// replaced by the one at the boundary unless already keyed there),
+/// otherwise its keys are dropped (a transient state overwrites it).
 #[allow(clippy::too_many_arguments)]
-fn sub_block_tail(
+fn checkpoint_key(
+    spec_bs: usize,
+    group: GroupId,
+    pool: &mut BlockPool,
+    table: &GroupTable,
+    hashes: &[BlockHash],
+    (position, idx): (usize, usize),
+    (num_prompt_tokens, shared_prefix_boundary, lookahead, hbs): (usize, usize, usize, usize),
+    policy: &CachePolicy<'_>,
+    cached_this_step: &mut HashSet<CacheKey>,
+) -> KvResult<()> {
+    let is_prompt = position
+        == prefill_checkpoint_position_ahead(num_prompt_tokens, policy.alignment, lookahead);
+    let retained = position % spec_bs == 0 && position >= spec_bs && {
+        let block = position / spec_bs - 1;
+        let mut buf = Vec::new();
+        let no_boundaries = CachePolicy {
+            reachable_boundaries: &[],
+            ..policy.clone()
+        };
+        !reachable_block_mask(block, block + 1, spec_bs, &no_boundaries, &mut buf) || buf[0]
+    };
+    let b = table.blocks.get(idx).copied().unwrap_or(BlockId::NULL);
+    if b.is_null() {
+        return Ok(());
+    }
+    if !is_prompt && !retained && position != shared_prefix_boundary {
+        // A transient state overwrites this slot: its keys are useless.
+        return pool.evict_blocks(&[b]);
+    }
+    if pool.key_num_tokens(b)? == Some(position) || position == 0 || position / hbs > hashes.len() {
+        return Ok(());
+    }
+    let full = (idx + 1) * spec_bs;
+    if let Some(key) = pool.cache_partial_block(b, hashes, position, full, group, true)? {
+        cached_this_step.insert(key);
+    }
+    Ok(())
+}
+
+/// The prompt's last hash-unit boundary keyed on the block of the state
+/// there (vLLM's `_cache_partial_tail_block` without a checkpoint): when
+/// this call caches up to exactly that boundary, the running state block
+/// gets a key at it unless already keyed there. A boundary inside the
+/// block (hash unit below the block size) makes the next allocation copy
+/// the state out (the request's own partial hit and producer tail); the
+/// table index the cached count is lowered to is returned then.
+#[allow(clippy::too_many_arguments)]
+fn prompt_tail_key(
     spec_bs: usize,
     hbs: usize,
     group: GroupId,
@@ -590,18 +606,11 @@ fn sub_block_tail(
     let Some(&b) = table.blocks.get(idx) else {
         return Ok(None);
     };
-    if b.is_null() {
+    if b.is_null() || pool.key_num_tokens(b)? == Some(num_tokens) {
+        // Null, or already keyed here (a hit or an earlier step).
         return Ok(None);
     }
     let full = (idx + 1) * spec_bs;
-    let covered = match pool.cache_key(b)? {
-        Some(_) => Some(pool.primary_key_tokens(b)?.unwrap_or(full)),
-        None => None,
-    };
-    if covered == Some(num_tokens) {
-        // Already keyed here (a hit or an earlier step).
-        return Ok(None);
-    }
     let Some(key) = pool.cache_partial_block(b, hashes, num_tokens, full, group, false)? else {
         return Ok(None);
     };
