@@ -743,9 +743,22 @@ class CoordinatorCore:
         ``(request_id, group, block_id, num_tokens)`` each, in the order they
         were cached; a freed request's are dropped. Nothing is pinned."""
     @property
+    def partial_hits(self) -> bool:
+        """Whether sub-block (partial) hits are on (vLLM's
+        ``enable_partial_hash_hits``)."""
+    @property
+    def retention_interval(self) -> int | None:
+        """The prefix-cache retention interval (None: dense)."""
+    @property
     def hit_alignment(self) -> int:
         """Tokens a hit ends on a multiple of: the hash unit with sub-block
         (partial) Mamba hits, else the scheduler block size."""
+    def request_mamba_checkpoint(self, request_id: str, group: int) -> tuple[int, int] | None:
+        """The prefill checkpoint a live request's latest allocation reserved
+        in a Mamba "align" group: ``(token_position, table_index)``, or None."""
+    def set_retention_interval(self, interval: int | None) -> None:
+        """Change the prefix-cache retention interval between steps (None:
+        dense); refused as at construction."""
     def take_block_copies(self) -> list[tuple[int, int]]:
         """Drain the copy-on-write copies made since the last call:
         ``(src_block_id, dst_block_id)`` each (Mamba states at sub-block

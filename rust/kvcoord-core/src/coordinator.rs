@@ -819,6 +819,32 @@ impl CoordinatorCore {
         self.block_ids(self.req_of(id)?)
     }
 
+    /// The prefill checkpoint a live request's latest allocation reserved
+    /// in a Mamba "align" group (vLLM's `MambaManager._checkpoints`): (token
+    /// position, table index); `None` in other groups and without one.
+    pub fn request_mamba_checkpoint(
+        &self,
+        id: &str,
+        group: GroupId,
+    ) -> KvResult<Option<(usize, usize)>> {
+        let tables = self.tables(self.req_of(id)?)?;
+        let table = tables
+            .get(group.0 as usize)
+            .ok_or(KvError::UnknownGroup(group))?;
+        Ok(table.align.checkpoint)
+    }
+
+    /// Change the prefix-cache retention interval (vLLM's coordinator reads
+    /// its `retention_interval` on every call, so it may be set between
+    /// steps); refused as at construction, nothing changed then.
+    pub fn set_retention_interval(&mut self, interval: Option<i64>) -> KvResult<()> {
+        let sparse = self.config.groups.iter().any(GroupSpec::is_sparse);
+        validate_retention_interval(interval, self.config.scheduler_block_size, sparse)?;
+        self.config.retention_interval = interval;
+        self.retention = interval.map(|r| usize::try_from(r).unwrap_or(0));
+        Ok(())
+    }
+
     /// Per group, how many leading blocks of a live request are shared by
     /// every live request (cascade attention).
     pub fn request_common_prefix_blocks(&self, id: &str) -> KvResult<Vec<usize>> {
