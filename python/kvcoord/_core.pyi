@@ -587,6 +587,7 @@ class CoordinatorCore:
         eagle_group_ids: Sequence[int] | None = None,
         num_hash_lookahead_tokens: int | None = None,
         allow_partial_hits: bool = False,
+        context_parallel: bool = False,
         verify_hits: bool = True,
     ) -> None:
         """``hash_block_size`` ``None`` takes :func:`default_hash_block_size`.
@@ -597,7 +598,10 @@ class CoordinatorCore:
         tokens after each hash unit its hash covers (a Mamba prefill
         checkpoint leaves that many after it); ``allow_partial_hits``: sub-block
         Mamba hits may be turned on (the caller then drains
-        :meth:`take_block_copies` and frees both ends of each copy).
+        :meth:`take_block_copies` and frees both ends of each copy);
+        ``context_parallel``: decode context parallelism is on (block sizes
+        already scaled), so a Mamba block equal to the hash unit is enough
+        for sub-block hits.
         ``verify_hits``: ``allocate_slots`` refuses a hit block not cached
         under the request's own hash of its position (a stale hit);
         ``False`` adopts hits as vLLM does, whatever they hold (out-of-range

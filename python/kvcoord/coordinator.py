@@ -78,6 +78,9 @@ class KVCacheCoordinator:
         allow_partial_hits: sub-block (partial) Mamba hits may be turned on;
             the caller drains the core's ``take_block_copies`` and frees both
             ends of each copy once it ran (``kvcoord.vllm`` does).
+        context_parallel: decode context parallelism is on (vLLM's
+            ``dcp_world_size > 1``; block sizes already scaled): a Mamba
+            block equal to the hash unit is enough for partial hits.
         verify_hits: refuse a hit block not cached under the request's hash
             of its position (a stale hit; the default). ``False`` adopts hits
             as vLLM does, whatever the blocks hold (vLLM's adapter).
@@ -97,6 +100,7 @@ class KVCacheCoordinator:
         eagle_group_ids: Sequence[int] = (),
         num_hash_lookahead_tokens: int = 0,
         allow_partial_hits: bool = False,
+        context_parallel: bool = False,
         verify_hits: bool = True,
     ) -> None:
         # Type checks and the 64-bit crossing here; the rules are the core's.
@@ -117,6 +121,7 @@ class KVCacheCoordinator:
             eagle_group_ids=eagle_group_ids,
             num_hash_lookahead_tokens=num_hash_lookahead_tokens,
             allow_partial_hits=allow_partial_hits,
+            context_parallel=context_parallel,
             verify_hits=as_bool(verify_hits, "verify_hits"),
         )
         self.enable_caching = self.kind != CoordinatorKind.NoPrefixCache
@@ -179,6 +184,7 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
         eagle_group_ids: Sequence[int] = (),
         num_hash_lookahead_tokens: int = 0,
         allow_partial_hits: bool = False,
+        context_parallel: bool = False,
         verify_hits: bool = True,
     ) -> None:
         super().__init__(
@@ -190,6 +196,7 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
             eagle_group_ids=eagle_group_ids,
             num_hash_lookahead_tokens=num_hash_lookahead_tokens,
             allow_partial_hits=allow_partial_hits,
+            context_parallel=context_parallel,
             verify_hits=verify_hits,
         )
         self._block_size = config.groups[0].spec.block_size
@@ -247,6 +254,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         eagle_group_ids: Sequence[int] = (),
         num_hash_lookahead_tokens: int = 0,
         allow_partial_hits: bool = False,
+        context_parallel: bool = False,
         verify_hits: bool = True,
     ) -> None:
         super().__init__(
@@ -258,6 +266,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
             eagle_group_ids=eagle_group_ids,
             num_hash_lookahead_tokens=num_hash_lookahead_tokens,
             allow_partial_hits=allow_partial_hits,
+            context_parallel=context_parallel,
             verify_hits=verify_hits,
         )
         buckets: list[SpecGroup] = []
@@ -385,6 +394,7 @@ def get_kv_cache_coordinator(
     eagle_group_ids: Sequence[int] = (),
     num_hash_lookahead_tokens: int = 0,
     allow_partial_hits: bool = False,
+    context_parallel: bool = False,
     verify_hits: bool = True,
 ) -> KVCacheCoordinator:
     """The policy the core chooses (:func:`kvcoord._core.choose_coordinator`):
@@ -401,5 +411,6 @@ def get_kv_cache_coordinator(
         eagle_group_ids=eagle_group_ids,
         num_hash_lookahead_tokens=num_hash_lookahead_tokens,
         allow_partial_hits=allow_partial_hits,
+        context_parallel=context_parallel,
         verify_hits=verify_hits,
     )

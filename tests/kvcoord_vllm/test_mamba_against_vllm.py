@@ -9,6 +9,7 @@ equal. Skipped without vLLM."""
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -21,6 +22,7 @@ import torch
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_group_id, init_none_hash
 from vllm.v1.kv_cache_interface import (
+    MLAAttentionSpec,
     MambaSpec,
     SlidingWindowSpec,
 )
@@ -407,7 +409,20 @@ SUB_BLOCK_LAYOUTS = {
         full_spec(),
         mamba_spec_of(3 * BS, BS),
     ],
+    # Decode context parallelism: a Mamba block of one hash unit is enough
+    # for sub-block hits, inside the scaled attention blocks.
+    "full+mamba@dcp4": lambda: [full_spec(), mamba_spec_of(BS)],
+    "full+mla-draft+mamba@dcp2": lambda: [full_spec(), mla_spec(False), mamba_spec_of(BS)],
+    "full+mla+mamba@dcp4": lambda: [full_spec(), mla_spec(True), mamba_spec_of(BS)],
+    "full+mamba/checkpoint@dcp2": lambda: [full_spec(), mamba_spec_of(BS, BS)],
 }
+
+
+def mla_spec(dcp_sharded: bool) -> MLAAttentionSpec:
+    """An MLA spec of BS-token blocks, sharded over DCP ranks or not (a draft)."""
+    return MLAAttentionSpec(
+        block_size=BS, num_kv_heads=1, head_size=1, dtype=torch.float32, dcp_sharded=dcp_sharded
+    )
 
 
 def mamba_spec_of(block_size: int, checkpoint_alignment: int | None = None) -> MambaSpec:
@@ -454,13 +469,19 @@ def test_sub_block_mamba_schedule_matches_vllm(
     flagged as an EAGLE group, as vLLM's MTP configuration does."""
     rng = random.Random(seed)
     specs = SUB_BLOCK_LAYOUTS[layout]()
-    sbs = max(int(s.block_size) for s in specs)
+    # "@dcpN": decode context parallelism over N ranks (sharded attention
+    # blocks N times their spec's size, Mamba replicated).
+    dcp = int(layout.split("@dcp")[1]) if "@dcp" in layout else 1
+    sbs = math.lcm(
+        *(int(s.block_size) * (dcp if getattr(s, "dcp_sharded", False) else 1) for s in specs)
+    )
     cfg = config(80, specs)
     if prefill:
         cfg.kv_cache_groups[-1].is_eagle_group = True
     args = {
         "max_model_len": 512,
         "scheduler_block_size": sbs,
+        "dcp_world_size": dcp,
         "hash_block_size": BS,
         "num_hash_lookahead_tokens": ahead,
         "num_prefill_lookahead": prefill,

@@ -86,7 +86,9 @@ def config_reason(specs: Sequence[Any], args: Mapping[str, Any]) -> str | None:
         or any(getattr(g, "is_eagle_group", False) for g in args["kv_cache_config"].kv_cache_groups)
     ):
         return "enable_mamba_shared_prefix_checkpoint beside EAGLE groups"
-    sizes = [int(s.block_size) for s in specs]
+    # Block sizes as vLLM's managers see them (DCP scales sharded specs).
+    dcp = int(args.get("dcp_world_size", 1))
+    sizes = [int(s.block_size) * (dcp if getattr(s, "dcp_sharded", False) else 1) for s in specs]
     if int(args["scheduler_block_size"]) != lcm(*sizes):
         # Mamba hits and checkpoints align to the scheduler block, which
         # kvcoord's core derives from the block sizes.

@@ -123,6 +123,7 @@ class KVCacheManager(DecodePath, ManagerReadouts):
             eagle_group_ids=self.drop_eagle_group_ids,
             num_hash_lookahead_tokens=int(a.get("num_hash_lookahead_tokens", 0)),
             allow_partial_hits=True,
+            context_parallel=int(a.get("dcp_world_size", 1)) > 1,
             # vLLM's scheduler is single-threaded and adopts whatever blocks
             # it is handed as hits; its connectors and tests rely on that.
             verify_hits=False,

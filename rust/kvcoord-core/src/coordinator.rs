@@ -142,6 +142,11 @@ pub struct CoordinatorConfig {
     /// the copy ([`CoordinatorCore::take_block_copies`]), which a caller
     /// must be ready to do.
     pub allow_partial_hits: bool,
+    /// Whether decode context parallelism is on (vLLM's `dcp_world_size >
+    /// 1`; the caller scales the sharded groups' block sizes): a Mamba
+    /// block equal to the hash unit then turns on partial hits too, as
+    /// vLLM's `partial_hash_hits_enabled` does.
+    pub context_parallel: bool,
     /// Whether `allocate_slots` checks every prefix-cache hit against the
     /// prefix index (default): block `i` of group `g` must be cached under
     /// the request's own hash of block `i`, so a hit that went stale
@@ -177,6 +182,7 @@ impl CoordinatorConfig {
             eagle_groups: Vec::new(),
             num_hash_lookahead_tokens: 0,
             allow_partial_hits: false,
+            context_parallel: false,
             verify_hits: true,
         }
     }
@@ -191,10 +197,10 @@ impl CoordinatorConfig {
         let hbs = self.hash_block_size;
         self.allow_partial_hits
             && self.kind == CoordinatorKind::Hybrid
-            && self
-                .groups
-                .iter()
-                .any(|g| matches!(g.kind, SpecKind::MambaAlign { .. }) && g.block_size > hbs)
+            && self.groups.iter().any(|g| {
+                matches!(g.kind, SpecKind::MambaAlign { .. })
+                    && (g.block_size > hbs || (self.context_parallel && g.block_size == hbs))
+            })
             && self.groups.iter().all(|g| {
                 !g.prefix_cacheable()
                     || g.block_size == hbs

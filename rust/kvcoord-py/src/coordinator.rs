@@ -138,6 +138,7 @@ pool_writers!(pymethods!(PyCoordinatorCore {
                         retention_interval = None, enable_events = false,
                         num_reprefillable_tokens = None, eagle_group_ids = None,
                         num_hash_lookahead_tokens = None, allow_partial_hits = false,
+                        context_parallel = false,
                         verify_hits = true))]
     #[allow(clippy::too_many_arguments)] // Python keyword arguments, converted once
     fn new(
@@ -153,6 +154,7 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         eagle_group_ids: Option<&Bound<'_, PyAny>>,
         num_hash_lookahead_tokens: Option<&Bound<'_, PyAny>>,
         allow_partial_hits: bool,
+        context_parallel: bool,
         verify_hits: bool,
     ) -> PyResult<Self> {
         let num_blocks = args::config_count(num_blocks, "num_blocks")?;
@@ -178,6 +180,7 @@ pool_writers!(pymethods!(PyCoordinatorCore {
             config.eagle_groups = convert::group_ids(g)?;
         }
         config.allow_partial_hits = allow_partial_hits;
+        config.context_parallel = context_parallel;
         if let Some(n) = num_hash_lookahead_tokens {
             config.num_hash_lookahead_tokens = args::config_count(n, "num_hash_lookahead_tokens")?;
         }
