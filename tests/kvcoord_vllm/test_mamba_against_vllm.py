@@ -22,8 +22,8 @@ import torch
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_group_id, init_none_hash
 from vllm.v1.kv_cache_interface import (
-    MLAAttentionSpec,
     MambaSpec,
+    MLAAttentionSpec,
     SlidingWindowSpec,
 )
 from vllm.v1.request import Request, RequestStatus
