@@ -103,20 +103,30 @@ def hand_offs(manager: object) -> tuple[object, object]:
 @pytest.mark.parametrize("seed", range(3))
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 @pytest.mark.parametrize("retention", [None, 0, 8])
-@pytest.mark.parametrize(("ahead", "prefill"), [(0, 0), (2, 0), (0, 3), (2, 2)])
+@pytest.mark.parametrize(
+    ("ahead", "prefill", "eagle"),
+    [(0, 0, False), (2, 0, False), (0, 3, False), (2, 2, False), (0, 0, True), (0, 3, True)],
+)
 def test_mamba_schedule_matches_vllm(
-    seed: int, layout: str, retention: int | None, ahead: int, prefill: int
+    seed: int, layout: str, retention: int | None, ahead: int, prefill: int, eagle: bool
 ) -> None:
     # ``ahead``: hash lookahead (a block's hash covers tokens past it, so a
     # prefill checkpoint leaves that many after it); falls back with a lone
     # Mamba group (vLLM's own lookup indexes past the hashes there).
     # ``prefill``: multi-module MTP's num_prefill_lookahead (a lone group
-    # holds the re-prefillable tail back from caching).
-    if ahead and layout.startswith("mamba"):
+    # holds the re-prefillable tail back from caching). ``eagle``: every
+    # group drafts (hits drop a block; the checkpoint sits at EAGLE's
+    # replay boundary).
+    if (ahead and layout.startswith("mamba")) or (eagle and "checkpoint" in layout):
         pytest.skip("falls back (test_unserved_mamba_configurations_fall_back)")
     rng = random.Random(seed)
     theirs, ours = pair(
-        layout, 60, retention, num_hash_lookahead_tokens=ahead, num_prefill_lookahead=prefill
+        layout,
+        60,
+        retention,
+        num_hash_lookahead_tokens=ahead,
+        num_prefill_lookahead=prefill,
+        use_eagle=eagle,
     )
     prefixes = [[rng.randrange(1000) for _ in range(rng.randrange(8, 40))] for _ in range(3)]
     waiting: list[Request] = []
@@ -210,7 +220,14 @@ def test_mamba_schedule_matches_vllm(
 @pytest.mark.parametrize(
     ("specs", "kw", "reason"),
     [
-        ([full_spec(), mamba_spec()], {"use_eagle": True}, "EAGLE beside Mamba"),
+        (
+            [
+                full_spec(),
+                mamba_spec(num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=2),
+            ],
+            {"use_eagle": True},
+            "EAGLE beside Mamba prefill checkpoint blocks",
+        ),
         ([mamba_spec()], {"num_hash_lookahead_tokens": 1}, "hash lookahead beside a lone"),
         # Sub-block hits are served beside full attention only, without
         # speculative scratch blocks.
@@ -454,9 +471,12 @@ def copies_of(manager: object) -> tuple[list[tuple[int, int]], list[int]]:
 
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("layout", sorted(SUB_BLOCK_LAYOUTS))
-@pytest.mark.parametrize(("ahead", "prefill"), [(0, 0), (1, 0), (2, 0), (0, 3), (2, 2)])
+@pytest.mark.parametrize(
+    ("ahead", "prefill", "eagle"),
+    [(0, 0, False), (1, 0, False), (2, 0, False), (0, 3, False), (2, 2, False), (0, 0, True)],
+)
 def test_sub_block_mamba_schedule_matches_vllm(
-    seed: int, layout: str, ahead: int, prefill: int
+    seed: int, layout: str, ahead: int, prefill: int, eagle: bool
 ) -> None:
     """Hits ending on any hash unit (the Mamba state at the prompt's last
     hash boundary, keyed inside its block), the copy-on-write copies of
@@ -467,6 +487,8 @@ def test_sub_block_mamba_schedule_matches_vllm(
     lookahead moves): all equal to vLLM's, with the free queue and every
     table. With ``prefill`` (num_prefill_lookahead) the last group is
     flagged as an EAGLE group, as vLLM's MTP configuration does."""
+    if eagle and "checkpoint" in layout:
+        pytest.skip("falls back (test_unserved_mamba_configurations_fall_back)")
     rng = random.Random(seed)
     specs = SUB_BLOCK_LAYOUTS[layout]()
     # "@dcpN": decode context parallelism over N ranks (sharded attention
@@ -485,6 +507,7 @@ def test_sub_block_mamba_schedule_matches_vllm(
         "hash_block_size": BS,
         "num_hash_lookahead_tokens": ahead,
         "num_prefill_lookahead": prefill,
+        "use_eagle": eagle,
     }
     theirs = kv.original_manager_class()(cfg, **args)
     ours = kv.KVCacheManager(cfg, **args)
@@ -597,6 +620,7 @@ def test_sub_block_mamba_schedule_matches_vllm(
     assert (
         seen["partial"]
         or ahead
+        or eagle  # hits drop a whole block
         or (layout, seed)
         in {
             ("full+mamba12+mamba12", 5),

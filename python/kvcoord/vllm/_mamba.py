@@ -12,7 +12,7 @@ without prefill checkpoint blocks and speculative (MTP) scratch blocks, hash
 lookahead beside other groups, multi-module MTP's ``num_prefill_lookahead``;
 sub-block hits (a hash unit below the Mamba block size, see
 :func:`sub_block_served`); ``mamba_cache_mode="none"`` with prefix caching
-off. Not served: EAGLE (``use_eagle``).
+off; EAGLE (``use_eagle``) without prefill checkpoint blocks.
 """
 
 from __future__ import annotations
@@ -75,8 +75,13 @@ def config_reason(specs: Sequence[Any], args: Mapping[str, Any]) -> str | None:
             "Mamba prefix caching with hash_block_size below the Mamba block size "
             "(sub-block partial state hits and their copy-on-write)"
         )
-    if args.get("use_eagle", False):
-        return "EAGLE beside Mamba groups (the checkpoint follows EAGLE's replay boundary)"
+    if args.get("use_eagle", False) and any(
+        int(m.num_prefill_checkpoint_blocks) > 0 for m in mambas
+    ):
+        return (
+            "EAGLE beside Mamba prefill checkpoint blocks (the checkpoint at EAGLE's "
+            "replay boundary differs from vLLM's in random schedules)"
+        )
     if args.get("num_hash_lookahead_tokens", 0) and len(specs) == 1:
         # vLLM's lone-group lookup scans blocks past the request's hashes
         # (a prompt's last block has none under lookahead) and raises.

@@ -103,6 +103,9 @@ pub fn default_hash_block_size(groups: &[GroupSpec], enable_caching: bool) -> u3
 }
 
 /// Construction parameters of a [`CoordinatorCore`].
+// Independent switches of vLLM's constructor (events, partial hits, context
+// parallelism, hit verification), not a state machine.
+#[allow(clippy::struct_excessive_bools)]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CoordinatorConfig {
     /// One spec per KV-cache group, by group id.
@@ -212,6 +215,17 @@ impl CoordinatorConfig {
                             | SpecKind::MambaAlign { .. }
                     )
             })
+    }
+
+    /// Where a Mamba prefill checkpoint goes (vLLM's
+    /// `get_mamba_prefill_checkpoint_position`): after the hash lookahead,
+    /// or at EAGLE's replay boundary when EAGLE groups drop their block
+    /// (vLLM's `drop_eagle_checkpoint_block`, set under `use_eagle`).
+    pub fn checkpoint_rule(&self) -> mamba_align::CheckpointRule {
+        mamba_align::CheckpointRule {
+            lookahead: self.num_hash_lookahead_tokens,
+            drop_eagle: !self.eagle_groups.is_empty(),
+        }
     }
 
     /// Tokens a hit ends on a multiple of (vLLM's
@@ -1665,7 +1679,7 @@ fn predict(
                 hash_block_size: config.hash_block_size as usize,
                 hits: group_hits,
                 local: step.local,
-                lookahead: config.num_hash_lookahead_tokens,
+                rule: config.checkpoint_rule(),
             };
             let n = mamba_align::num_blocks_to_allocate(m, pool, table, &input, cached_this_step);
             checkpoints[g] = n.checkpoint;
@@ -1901,7 +1915,7 @@ fn cache_tables(
                 &policy,
                 before,
                 cached_this_step,
-                (hbs, config.num_hash_lookahead_tokens),
+                (hbs, config.checkpoint_rule()),
             )?;
             // Every state committed by this call is handed off (vLLM's
             // boundary-state offloads), with the tokens its key covers (a
@@ -2663,7 +2677,7 @@ mod tests {
         assert!(c
             .allocate_request(&r, &AllocateArgs::new(30), None, &mut out)
             .unwrap());
-        let table = c.request_block_ids("a").unwrap()[1].clone();
+        let table = c.request_block_ids("a").unwrap()[1].to_vec();
         assert_eq!(table.len(), 2, "checkpoint block, running state");
         let checkpoint = table[0];
         let key = c.pool().cache_key(checkpoint).unwrap().unwrap();

@@ -134,6 +134,7 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         self.with(py, CoordinatorCore::has_decode_room);
 }) {
     #[new]
+    #[allow(clippy::fn_params_excessive_bools)] // vLLM's keyword switches
     #[pyo3(signature = (num_blocks, groups, *, kind, hash_block_size, max_model_len,
                         retention_interval = None, enable_events = false,
                         num_reprefillable_tokens = None, eagle_group_ids = None,

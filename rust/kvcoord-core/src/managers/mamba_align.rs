@@ -66,19 +66,34 @@ impl AlignState {
 /// the logits).
 #[inline]
 pub fn prefill_checkpoint_position(num_tokens: usize, unit: usize) -> usize {
-    prefill_checkpoint_position_ahead(num_tokens, unit, 0)
+    CheckpointRule::default().position(num_tokens, unit)
 }
 
-/// [`prefill_checkpoint_position`] with hash lookahead: the boundary leaves
-/// `max(1, lookahead)` tokens after it, so that its hash exists (vLLM's
-/// `get_mamba_prefill_checkpoint_position` without EAGLE).
-#[inline]
-pub fn prefill_checkpoint_position_ahead(
-    num_tokens: usize,
-    unit: usize,
-    lookahead: usize,
-) -> usize {
-    num_tokens.saturating_sub(lookahead.max(1)) / unit * unit
+/// What a prefill checkpoint must leave after it (vLLM's
+/// `get_mamba_prefill_checkpoint_position`).
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct CheckpointRule {
+    /// Hash lookahead tokens: the boundary leaves `max(1, lookahead)`
+    /// tokens after it, so that its hash exists.
+    pub lookahead: usize,
+    /// EAGLE's block drop (vLLM's `drop_eagle_checkpoint_block`, set under
+    /// `use_eagle`): the boundary is one unit below the last one at or
+    /// below the end, EAGLE's replay boundary (which already leaves tokens
+    /// to recompute).
+    pub drop_eagle: bool,
+}
+
+impl CheckpointRule {
+    /// The checkpoint boundary of a prefill reaching `num_tokens`, on a
+    /// multiple of `unit`.
+    #[inline]
+    pub fn position(self, num_tokens: usize, unit: usize) -> usize {
+        if self.drop_eagle {
+            (num_tokens / unit * unit).saturating_sub(unit)
+        } else {
+            num_tokens.saturating_sub(self.lookahead.max(1)) / unit * unit
+        }
+    }
 }
 
 /// Whether a chunk `[start, end)` can export the state at `checkpoint` into
@@ -176,8 +191,8 @@ pub(crate) struct AllocInput<'a> {
     pub hits: &'a [BlockId],
     /// Locally computed tokens (hits included, external tokens not).
     pub local: usize,
-    /// Hash lookahead tokens (see [`prefill_checkpoint_position_ahead`]).
-    pub lookahead: usize,
+    /// Where the checkpoint goes.
+    pub rule: CheckpointRule,
 }
 
 /// What an allocation will pull from the pool, as vLLM's signed count:
@@ -233,7 +248,7 @@ pub(crate) fn num_blocks_to_allocate(
     // A state at a sub-block boundary is copied into one more block.
     let partial = (!input.hits.is_empty() && input.local % spec_bs != 0)
         || table.is_some_and(|t| t.align.partial_hit.is_some());
-    let position = prefill_checkpoint_position_ahead(input.main, input.alignment, input.lookahead);
+    let position = input.rule.position(input.main, input.alignment);
     // The reserved block sits just before the running state's entry.
     let checkpoint_idx = state_blocks.checked_sub(2);
     let reserves = prefill_checkpoint
@@ -488,7 +503,7 @@ pub(crate) fn after_cache_blocks(
     policy: &CachePolicy<'_>,
     before: usize,
     cached_this_step: &mut HashSet<CacheKey>,
-    (hbs, lookahead): (usize, usize),
+    (hbs, rule): (usize, CheckpointRule),
 ) -> KvResult<()> {
     let mut lowered = None;
     if let Some((position, idx)) = table.align.checkpoint {
@@ -499,7 +514,7 @@ pub(crate) fn after_cache_blocks(
             table,
             hashes,
             (position, idx),
-            (num_prompt_tokens, shared_prefix_boundary, lookahead, hbs),
+            (num_prompt_tokens, shared_prefix_boundary, rule, hbs),
             policy,
             cached_this_step,
         )?;
@@ -511,7 +526,7 @@ pub(crate) fn after_cache_blocks(
             pool,
             table,
             hashes,
-            (num_tokens, num_prompt_tokens, lookahead),
+            (num_tokens, num_prompt_tokens, rule),
             cached_this_step,
         )?;
     }
@@ -544,12 +559,11 @@ fn checkpoint_key(
     table: &GroupTable,
     hashes: &[BlockHash],
     (position, idx): (usize, usize),
-    (num_prompt_tokens, shared_prefix_boundary, lookahead, hbs): (usize, usize, usize, usize),
+    (num_prompt_tokens, shared_prefix_boundary, rule, hbs): (usize, usize, CheckpointRule, usize),
     policy: &CachePolicy<'_>,
     cached_this_step: &mut HashSet<CacheKey>,
 ) -> KvResult<()> {
-    let is_prompt = position
-        == prefill_checkpoint_position_ahead(num_prompt_tokens, policy.alignment, lookahead);
+    let is_prompt = position == rule.position(num_prompt_tokens, policy.alignment);
     let retained = position % spec_bs == 0 && position >= spec_bs && {
         let block = position / spec_bs - 1;
         let mut buf = Vec::new();
@@ -592,12 +606,12 @@ fn prompt_tail_key(
     pool: &mut BlockPool,
     table: &mut GroupTable,
     hashes: &[BlockHash],
-    (num_tokens, num_prompt_tokens, lookahead): (usize, usize, usize),
+    (num_tokens, num_prompt_tokens, rule): (usize, usize, CheckpointRule),
     cached_this_step: &mut HashSet<CacheKey>,
 ) -> KvResult<Option<usize>> {
     if num_tokens == 0
         || num_tokens % hbs != 0
-        || num_tokens != prefill_checkpoint_position_ahead(num_prompt_tokens, hbs, lookahead)
+        || num_tokens != rule.position(num_prompt_tokens, hbs)
         || num_tokens / hbs > hashes.len()
     {
         return Ok(None);
@@ -691,7 +705,7 @@ mod tests {
             hash_block_size: 4,
             hits: &[],
             local: total_computed,
-            lookahead: 0,
+            rule: CheckpointRule::default(),
         };
         let none = HashSet::new();
         // A new request: state blocks, both scratch blocks and the checkpoint.
