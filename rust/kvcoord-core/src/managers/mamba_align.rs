@@ -734,6 +734,27 @@ mod tests {
     }
 
     #[test]
+    fn checkpoint_rule_follows_lookahead_and_eagle() {
+        // vLLM's get_mamba_prefill_checkpoint_position: the lookahead
+        // leaves max(1, lookahead) tokens; EAGLE's drop sits one unit
+        // below the last boundary at or below the end.
+        let ahead = |lookahead| CheckpointRule {
+            lookahead,
+            drop_eagle: false,
+        };
+        assert_eq!(ahead(0).position(1089, 64), 1088);
+        assert_eq!(ahead(2).position(1089, 64), 1024);
+        assert_eq!(ahead(2).position(1090, 64), 1088);
+        let eagle = CheckpointRule {
+            lookahead: 0,
+            drop_eagle: true,
+        };
+        assert_eq!(eagle.position(128, 32), 96);
+        assert_eq!(eagle.position(127, 32), 64);
+        assert_eq!(eagle.position(31, 32), 0);
+    }
+
+    #[test]
     fn checkpoint_position_and_validity() {
         assert_eq!(prefill_checkpoint_position(100, 16), 96);
         assert_eq!(prefill_checkpoint_position(96, 16), 80);
