@@ -203,6 +203,48 @@ class BlockPool:
     def evict_blocks(self, block_ids: BlockIds) -> None:
         """Drop these blocks' cache keys; reference counts and queue positions
         are unchanged."""
+    def insert_key(
+        self, block_id: int, block_hash: bytes, group_id: int, num_tokens: int | None = None
+    ) -> bool:
+        """Key one block under ``(block_hash, group_id)`` by hand, as vLLM's
+        pool does for a caller's insert into its index or ``set_block_hash``:
+        a no-op when the block holds that key already; its primary key when
+        it has none (``num_tokens``: the prefix a partial key stands for,
+        None: the whole block), a secondary key otherwise. The null block is
+        keyed too when asked (the pool's own caching never keys it).
+        Reference counts and queue positions do not change; no event is
+        recorded (removing the key later is reported as usual). Returns
+        whether the key was added (False with caching off).
+
+        Raises:
+            InvalidBlockIdError: the id is out of range.
+            InvalidHashError: the hash is not 16 or 32 bytes.
+            InvalidArgumentError: a pool with a ranked eviction policy.
+        """
+    def find_longest_cache_hit(
+        self,
+        spec: GroupSpec,
+        group_ids: Sequence[int],
+        block_hashes: Sequence[bytes] | npt.NDArray[np.uint8],
+        max_length: int,
+        alignment: int,
+        *,
+        drop_eagle: bool = False,
+    ) -> tuple[list[list[int]], int]:
+        """The longest cached prefix of ``block_hashes`` (hash units of this
+        pool's ``hash_block_size``) for groups ``group_ids`` of one ``spec``:
+        the search a coordinator runs for a group of that spec, at most
+        ``max_length`` tokens, ending on a multiple of ``alignment``. Per
+        group the blocks (0 in positions the spec skips) and the hit in
+        tokens. ``drop_eagle``: the hit loses its last block (EAGLE). Pins
+        nothing.
+
+        Raises:
+            InvalidArgumentError: ``alignment`` is 0, ``max_length`` reaches
+                past the hashes where the spec's search reads every block
+                (chunked local), an EAGLE drop on a chunked-local search.
+            InvalidHashError: a hash is not 16 or 32 bytes.
+        """
     def enable_residency(self, records: bool = True) -> None:
         """Start tracking residency metrics for every block (45 bytes per
         block; clock at 0). Enabling again keeps the data gathered so far.
@@ -245,6 +287,9 @@ class BlockPool:
         """Tokens behind the block's primary key (vLLM's
         ``block_hash_num_tokens``): the block's end for a full-block key, a
         partial key's own count; None without a key."""
+    def cache_keys(self, block_id: int) -> list[tuple[bytes, int]]:
+        """Every ``(hash, group_id)`` key the block is cached under: the
+        primary key first, then its secondary keys in insertion order."""
     def check_invariants(self) -> None:
         """Check every internal invariant (O(num_blocks)); raises
         ``InvariantError`` on a violation. For tests and debugging."""
@@ -1006,6 +1051,7 @@ class BlockPoolView:
     def block_hash(self, block_id: int) -> tuple[bytes, int] | None: ...
     def primary_key_tokens(self, block_id: int) -> int | None: ...
     def key_num_tokens(self, block_id: int) -> int | None: ...
+    def cache_keys(self, block_id: int) -> list[tuple[bytes, int]]: ...
     def check_invariants(self) -> None: ...
 
 def advance_requests(

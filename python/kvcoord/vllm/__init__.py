@@ -12,6 +12,7 @@ or ``KVCOORD_VLLM=1 vllm serve ...`` (general-plugin entry point), or
 from __future__ import annotations
 
 from kvcoord.vllm._patch import disable, enable, is_enabled, original_manager_class
+from kvcoord.vllm._pool import BlockPool
 from kvcoord.vllm._requests import stats as request_stats
 from kvcoord.vllm.manager import KVCacheManager, fallbacks, served
 
@@ -19,6 +20,7 @@ VLLM_VERSION = "0.33.0"
 
 __all__ = [
     "VLLM_VERSION",
+    "BlockPool",
     "KVCacheManager",
     "disable",
     "enable",

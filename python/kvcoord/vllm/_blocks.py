@@ -63,19 +63,20 @@ class BlockView:
     block_id: int
 
     def __new__(cls, pool: Any, block_id: int) -> BlockView:
+        if cls is not BlockView:
+            # Subclasses (kvcoord.vllm.BlockPool's blocks) are not shared.
+            return super().__new__(cls)
         key = (id(pool), block_id)
         view = _LIVE_VIEWS.get(key)
         # A live view keeps its pool alive, so its id names that pool.
         if view is None or view._pool is not pool:
             view = super().__new__(cls)
-            view._pool = pool
-            view.block_id = block_id
             _LIVE_VIEWS[key] = view
         return view
 
     def __init__(self, pool: Any, block_id: int) -> None:
-        # Set by __new__ (a live view is handed back as it is).
-        pass
+        self._pool = pool
+        self.block_id = block_id
 
     @property
     def is_null(self) -> bool:

@@ -96,16 +96,25 @@ class EventLog:
     """Converts a manager's core events into vLLM's event objects, queued on
     its :class:`EventPoolView`."""
 
-    __slots__ = ("_core", "_kv", "_utils", "lookahead", "metadata", "view")
+    __slots__ = ("_core", "_kv", "_utils", "lookahead", "medium", "metadata", "view")
 
     def __init__(
-        self, core: Any, view: EventPoolView, kv_cache_config: Any, num_hash_lookahead_tokens: int
+        self,
+        core: Any,
+        view: EventPoolView,
+        kv_cache_config: Any,
+        num_hash_lookahead_tokens: int,
+        medium: str | None = None,
     ) -> None:
+        # ``core``: whatever records the events (a manager's CoordinatorCore,
+        # or a standalone pool, whose ``kv_cache_config`` is None: no group
+        # metadata). ``medium``, when given, replaces the core's medium.
         self._core = core
         self.view = view
         view._log = self
         self.lookahead = int(num_hash_lookahead_tokens)
-        self.metadata = event_metadata(kv_cache_config)
+        self.metadata = () if kv_cache_config is None else event_metadata(kv_cache_config)
+        self.medium = medium
         self._kv = _vllm("vllm.distributed.kv_events")
         self._utils = _vllm("vllm.v1.core.kv_cache_utils")
 
@@ -132,7 +141,9 @@ class EventLog:
                 h = event.block_hash if as_int else event.block_hash_digest
                 queue.append(
                     kv.BlockRemoved(
-                        block_hashes=[h], medium=event.medium, group_idx=event.group_idx
+                        block_hashes=[h],
+                        medium=self.medium or event.medium,
+                        group_idx=event.group_idx,
                     )
                 )
             else:
@@ -155,13 +166,13 @@ class EventLog:
                 token_ids=event.token_ids.tolist(),
                 block_size=bs,
                 lora_id=None,
-                medium=event.medium,
+                medium=self.medium or event.medium,
                 lora_name=event.lora_name,
                 extra_keys=event.extra_keys,
                 group_idx=int(event.group_idx),
             )
         start, end = first * bs, (first + int(event.num_blocks)) * bs
-        where = (event.medium, int(event.group_idx))
+        where = (self.medium or event.medium, int(event.group_idx))
         return self._build(request, hashes, parent, positions, (start, end), bs, where)
 
     def _build(
@@ -241,19 +252,28 @@ class EventLog:
         stored, from block 0."""
         if getattr(request, "kv_cache_report_mode", "incremental") != "full":
             return
-        self.drain(None)
-        as_int = self._int_hashes()
-        digests = request.block_hashes
         for group, (ids, bs) in enumerate(zip(per_group, block_sizes, strict=True)):
-            n = len(ids)
-            if not n:
-                continue
-            scale = bs // hash_block_size
-            mine = [digests[(i + 1) * scale - 1] for i in range(n)]
-            hashes = [int.from_bytes(d[-8:], "big") for d in mine] if as_int else mine
-            self.view.kv_event_queue.append(
-                self._build(request, hashes, None, range(n), (0, n * bs), bs, (_GPU, group))
-            )
+            self.prefix_stored(request, group, len(ids), bs, hash_block_size)
+
+    def prefix_stored(
+        self, request: Any, group: int, num_blocks: int, block_size: int, hash_block_size: int
+    ) -> None:
+        """Queue vLLM's ``BlockStored`` for the first ``num_blocks`` blocks of
+        ``request`` in ``group``, already cached (reused by a hit; vLLM's
+        ``emit_cached_block_events``): from block 0, no parent, nothing in
+        the pool changes. Earlier core events are queued first."""
+        if not num_blocks:
+            return
+        self.drain(None)
+        scale = block_size // hash_block_size
+        digests = request.block_hashes
+        mine = [digests[(i + 1) * scale - 1] for i in range(num_blocks)]
+        hashes = [int.from_bytes(d[-8:], "big") for d in mine] if self._int_hashes() else mine
+        where = (self.medium or _GPU, group)
+        span = (0, num_blocks * block_size)
+        self.view.kv_event_queue.append(
+            self._build(request, hashes, None, range(num_blocks), span, block_size, where)
+        )
 
     def take(self) -> list[Any]:
         """vLLM's ``KVCacheManager.take_events``: drain, then annotate each

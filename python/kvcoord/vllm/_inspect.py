@@ -93,19 +93,23 @@ class CachedBlockIndex(Mapping[bytes, Any]):
         pool = self._pool
         index: dict[bytes, list[int]] = {}
         for block_id in pool.cached_mask().nonzero()[0].tolist():
-            key = pool.block_hash(block_id)
-            if key is not None:
-                digest, group_id = key
-                index.setdefault(bytes(digest) + int(group_id).to_bytes(4, "big"), []).append(
-                    block_id
-                )
+            for digest, group_id in pool.cache_keys(block_id):
+                index.setdefault(self._vllm_key(bytes(digest), int(group_id)), []).append(block_id)
         for key, ids in index.items():
             if len(ids) > 1:
-                digest, group_id = _split_key(key)
+                digest, group_id = self._split(key)
                 first = pool.get_cached_block(digest, [group_id])[0]
                 ids.remove(first)
                 ids.insert(0, first)
         return index
+
+    def _split(self, key: object) -> tuple[bytes, int]:
+        """(digest as the core holds it, group id) of a vLLM key."""
+        return _split_key(key)
+
+    def _vllm_key(self, digest: bytes, group_id: int) -> bytes:
+        """vLLM's key of the core's ``(digest, group id)``."""
+        return digest + group_id.to_bytes(4, "big")
 
     def _editable(self) -> Any:
         if self._core is None:
@@ -122,6 +126,12 @@ class CachedBlockIndex(Mapping[bytes, Any]):
         from kvcoord.vllm._blocks import BlockView
 
         return BlockView(self._pool, block_id)
+
+    def _one(self, block_id: int) -> Any:
+        """An entry's value when one block is under the key: the block, also
+        equal to vLLM's one-entry dict ``{block_id: block}`` (vLLM keeps that
+        form once a key had two blocks; kvcoord's index has no such history)."""
+        return _OneBlock(self._view(block_id))
 
     def __getitem__(self, key: bytes) -> Any:
         return self._view(self._entries()[key][0])
@@ -142,8 +152,11 @@ class CachedBlockIndex(Mapping[bytes, Any]):
         return int(block_id) in self._entries().get(key, ())
 
     def insert(self, key: bytes, block: Any) -> None:
-        """Key ``block`` (uncached) under ``key``, after the blocks already there."""
-        digest, group_id = _split_key(key)
+        """Key ``block`` (uncached) under ``key``, after the blocks already
+        there; a no-op when it is already there (as in vLLM's dict)."""
+        if self.contain(key, int(block.block_id)):
+            return
+        digest, group_id = self._split(key)
         self._editable().insert_cache_key(digest, group_id, [int(block.block_id)])
 
     def pop(self, key: bytes, block_id: int) -> Any:
@@ -171,8 +184,10 @@ class CacheEntries(MutableMapping[bytes, Any]):
         self._index = index
 
     def _value(self, ids: list[int]) -> Any:
+        if len(ids) == 1:
+            return self._index._one(ids[0])
         view = self._index._view
-        return view(ids[0]) if len(ids) == 1 else {i: view(i) for i in ids}
+        return {i: view(i) for i in ids}
 
     def __getitem__(self, key: bytes) -> Any:
         return self._value(self._index._entries()[key])
@@ -183,7 +198,7 @@ class CacheEntries(MutableMapping[bytes, Any]):
             raise NotImplementedError(
                 "kvcoord: replacing an entry of cached_block_hash_to_block (pop it first)"
             )
-        digest, group_id = _split_key(key)
+        digest, group_id = self._index._split(key)
         core.insert_cache_key(digest, group_id, _block_ids(value))
 
     def __delitem__(self, key: bytes) -> None:
@@ -200,3 +215,28 @@ class CacheEntries(MutableMapping[bytes, Any]):
         return {k: self._value(ids) for k, ids in self._index._entries().items()}
 
     __copy__ = copy
+
+
+class _OneBlock:
+    """The value of a key with one block in :class:`CacheEntries`: reads as
+    that block (``block_id``, ``ref_cnt``, ...) and compares equal to it and
+    to vLLM's one-entry dict of it."""
+
+    __slots__ = ("_block",)
+
+    def __init__(self, block: Any) -> None:
+        self._block = block
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._block, name)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Mapping):
+            return len(other) == 1 and other.get(self._block.block_id) == self._block
+        return bool(self._block == other)
+
+    def __hash__(self) -> int:
+        return hash(self._block)
+
+    def __repr__(self) -> str:
+        return repr(self._block)

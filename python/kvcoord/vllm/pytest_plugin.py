@@ -7,10 +7,21 @@ time test modules import it.
 
 A test that passes only because vLLM's own machinery served it does not
 count for kvcoord: the plugin counts, per test, the constructions of vLLM's
-``BlockPool`` (every vLLM manager, coordinator and single-type manager sits
-on one) and the fallbacks of :class:`kvcoord.vllm.KVCacheManager`. Each
-test's junit record carries the property ``kvcoord_pure`` (``1`` when
-neither happened), and the terminal summary splits the passes.
+``BlockPool`` (every vLLM manager and coordinator sits on one) and of
+vLLM's single-type managers (which decide on their own over any pool), and
+the fallbacks of :class:`kvcoord.vllm.KVCacheManager`. Each test's junit
+record carries the property ``kvcoord_pure`` (``1`` when none happened;
+``kvcoord_vllm_pools`` counts the pools and single-type managers), and the
+terminal summary splits the passes.
+
+Tests that build vLLM's ``BlockPool`` (and single-type managers) themselves
+get kvcoord's classes (:class:`kvcoord.vllm.BlockPool`, the hit search of
+:mod:`kvcoord.vllm._hit_search`) when listed in :data:`POOL_TESTS`: for the
+duration of such a test the plugin rebinds those names in its test module,
+nowhere else. vLLM's own modules keep their classes, so vLLM code that
+subclasses or builds them (vLLM's fallback manager, HiSparse's
+``SharedEventQueueBlockPool``, vLLM's coordinators) is unchanged, and still
+counted as not pure.
 """
 
 from __future__ import annotations
@@ -39,9 +50,82 @@ def _count_vllm_pools() -> None:
         original(self, *args, **kwargs)
 
     pool_cls.__init__ = counted_init
+    # vLLM's single-type managers decide on their own over any pool, so
+    # building one makes a test not pure either.
+    managers: Any = importlib.import_module("vllm.v1.core.single_type_kv_cache_manager")
+    base = managers.SingleTypeKVCacheManager
+    base_init = base.__init__
+
+    def counted_manager_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        _vllm_pools[0] += 1
+        base_init(self, *args, **kwargs)
+
+    base.__init__ = counted_manager_init
 
 
 _count_vllm_pools()
+
+
+# Tests that build vLLM's ``BlockPool`` (and single-type managers) themselves
+# and get kvcoord's, by test module (the last part of its name) and test
+# function, with the names rebound in that module: each is checked to pass
+# on kvcoord's classes (a test not listed, such as one a later vLLM adds,
+# keeps vLLM's and counts as not pure). In test_prefix_caching these are all
+# the tests that build a pool; in test_single_type_kv_cache_manager the three
+# that only search for hits (kvcoord.vllm._hit_search).
+_POOL = ("BlockPool",)
+POOL_TESTS: dict[str, dict[str, tuple[str, ...]]] = {
+    "test_prefix_caching": {
+        "test_cache_blocks": _POOL,
+        "test_cache_blocks_multi_group": _POOL,
+        "test_maybe_evict_cached_block": _POOL,
+        "test_null_parent_block_hash": _POOL,
+        "test_block_removed_event_group_idx": _POOL,
+        "test_emit_cached_block_events": _POOL,
+        "test_emit_cached_block_events_disabled": _POOL,
+        "test_emit_cached_block_events_zero_cached": _POOL,
+    },
+    "test_single_type_kv_cache_manager": {
+        "test_chunked_local_attention_possible_cached_prefix": (
+            *_POOL,
+            "ChunkedLocalAttentionManager",
+        ),
+        "test_sliding_window_possible_cached_prefix": (*_POOL, "SlidingWindowManager"),
+        "test_sliding_window_cache_hit_with_finer_hash_alignment": (
+            *_POOL,
+            "SlidingWindowManager",
+        ),
+    },
+}
+
+# Where each rebound name's vLLM class and kvcoord's class live.
+_CLASSES = {
+    "BlockPool": ("vllm.v1.core.block_pool", "kvcoord.vllm._pool"),
+    "ChunkedLocalAttentionManager": (
+        "vllm.v1.core.single_type_kv_cache_manager",
+        "kvcoord.vllm._hit_search",
+    ),
+    "SlidingWindowManager": (
+        "vllm.v1.core.single_type_kv_cache_manager",
+        "kvcoord.vllm._hit_search",
+    ),
+}
+
+
+def _rebindings(item: Any) -> tuple[Any, dict[str, Any]]:
+    """The test module of ``item`` and kvcoord's class for each name to
+    rebind there during the test (nothing for a test not listed, or a name
+    the module does not bind to vLLM's class)."""
+    module = getattr(item, "module", None)
+    served = POOL_TESTS.get(getattr(module, "__name__", "").rsplit(".", 1)[-1], {})
+    name = str(getattr(item, "originalname", None) or getattr(item, "name", ""))
+    out = {}
+    for attr in served.get(name, ()):
+        theirs, ours = _CLASSES[attr]
+        vllm_cls = getattr(importlib.import_module(theirs), attr)
+        if module.__dict__.get(attr) is vllm_cls:
+            out[attr] = getattr(importlib.import_module(ours), attr)
+    return module, out
 
 
 def _mark() -> int:
@@ -53,7 +137,15 @@ def pytest_runtest_protocol(item: Any, nextitem: Any) -> Generator[None, None, N
     item._kvcoord_mark = _mark()
     item._kvcoord_pools = _vllm_pools[0]
     item._kvcoord_fallbacks = _kv.fallbacks.copy()
-    yield
+    module, ours = _rebindings(item)
+    originals = {attr: module.__dict__[attr] for attr in ours}
+    for attr, cls in ours.items():
+        setattr(module, attr, cls)  # for this test only
+    try:
+        yield
+    finally:
+        for attr, cls in originals.items():
+            setattr(module, attr, cls)
 
 
 @pytest.hookimpl(hookwrapper=True)

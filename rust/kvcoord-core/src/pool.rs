@@ -48,9 +48,14 @@ struct BlockMeta {
     ref_cnt: u32,
     /// Slot of this block's entry in the prefix index, or `NO_KEY`.
     /// Invariant: when set, that entry is live and lists this block; always
-    /// `NO_KEY` for the null block and when caching is disabled.
+    /// `NO_KEY` when caching is disabled, and for the null block unless a
+    /// caller keyed it by hand ([`BlockPool::insert_key`]).
     key: KeySlot,
 }
+
+/// The token count of a secondary key inserted by hand for the whole block
+/// ([`BlockPool::insert_key`] without `tokens`).
+const WHOLE_BLOCK: u32 = u32::MAX;
 
 const FRESH: BlockMeta = BlockMeta {
     ref_cnt: 0,
@@ -444,11 +449,13 @@ impl BlockPool {
     /// Tokens behind `block`'s primary key (vLLM's `block_hash_num_tokens`):
     /// the end of the block's position for a full-block key, the partial
     /// key's count otherwise (moved with the key by
-    /// [`Self::move_block_keys`]); `None` for an uncached block.
+    /// [`Self::move_block_keys`]); `None` for an uncached block and for a
+    /// whole-block key inserted by hand without a count
+    /// ([`Self::insert_key`]).
     pub fn key_num_tokens(&self, block: BlockId) -> KvResult<Option<usize>> {
         self.check_ids(&[block])?;
-        Ok((self.meta[block.index()].key != NO_KEY)
-            .then(|| self.key_tokens[block.index()] as usize))
+        let t = self.key_tokens[block.index()];
+        Ok((self.meta[block.index()].key != NO_KEY && t != WHOLE_BLOCK).then_some(t as usize))
     }
 
     /// Every key `block` is cached under: the primary key first, then its
@@ -465,11 +472,12 @@ impl BlockPool {
             self.partial.primary_tokens(block).map(|t| t as usize),
         )];
         if let Some(e) = self.partial.get(block) {
-            out.extend(
-                e.secondary
-                    .iter()
-                    .map(|&(s, t)| (self.index.key_at(s), Some(t as usize))),
-            );
+            out.extend(e.secondary.iter().map(|&(s, t)| {
+                (
+                    self.index.key_at(s),
+                    (t != WHOLE_BLOCK).then_some(t as usize),
+                )
+            }));
         }
         Ok(out)
     }
@@ -1345,6 +1353,50 @@ impl BlockPool {
         Ok(Some(key))
     }
 
+    /// Put `block` in the prefix index under `key` by hand: what vLLM's pool
+    /// does when a caller inserts a block into `cached_block_hash_to_block`
+    /// or sets a block's hash (vLLM's `_insert_block_hash`). A no-op when the
+    /// block already holds the key; otherwise the key becomes the block's
+    /// primary key when it has none (`tokens`: the prefix it stands for when
+    /// partial; `None`: the whole block), a secondary key when it has one.
+    /// The block is listed after the blocks already under the key. Nothing
+    /// else changes (reference count, free-queue position), and no event is
+    /// recorded (vLLM's index edits record none; a later removal is reported
+    /// as any other). Unlike the pool's own caching, which never keys the
+    /// null block, this keys it too when asked, as vLLM's pool lets a caller
+    /// do. Returns whether the key was added (false with caching off).
+    ///
+    /// Refused (nothing changed) for an out-of-range block and on a pool with
+    /// a ranked eviction policy.
+    pub fn insert_key(
+        &mut self,
+        block: BlockId,
+        key: CacheKey,
+        tokens: Option<u32>,
+    ) -> KvResult<bool> {
+        self.check_ids(&[block])?;
+        if matches!(self.free, Order::Ranked(_)) {
+            return Err(KvError::Unsupported {
+                what: "insert_key on a pool with a ranked eviction policy".into(),
+            });
+        }
+        if !self.config.enable_caching || self.holds_key(block, &key) {
+            return Ok(false);
+        }
+        let slot = self.index.insert(key, block);
+        if self.meta[block.index()].key == NO_KEY {
+            self.meta[block.index()].key = slot;
+            // vLLM's block_hash_num_tokens is what the caller gave (None
+            // for a whole-block key inserted by hand).
+            self.key_tokens[block.index()] = tokens.unwrap_or(WHOLE_BLOCK);
+            self.partial.set_primary_tokens(block, tokens);
+        } else {
+            self.partial
+                .push_secondary(block, slot, tokens.unwrap_or(WHOLE_BLOCK));
+        }
+        Ok(true)
+    }
+
     /// Whether `block` is cached under `key` (as its primary or a secondary
     /// key).
     fn holds_key(&self, block: BlockId, key: &CacheKey) -> bool {
@@ -1409,14 +1461,15 @@ impl BlockPool {
     pub fn check_invariants(&self) -> Result<(), String> {
         self.free.check_invariants(self.now)?;
         self.index.check_invariants()?;
-        let null = self.meta[0];
-        if null != FRESH || self.free.contains(BlockId::NULL) {
-            return Err("null block is counted, cached or queued".into());
+        // The null block is never counted nor queued; it carries a key only
+        // when keyed by hand (`insert_key`), checked with the others below.
+        if self.meta[0].ref_cnt != FRESH.ref_cnt || self.free.contains(BlockId::NULL) {
+            return Err("null block is counted or queued".into());
         }
         let mut keyed = 0usize;
-        for (i, m) in self.meta.iter().enumerate().skip(1) {
+        for (i, m) in self.meta.iter().enumerate() {
             let b = BlockId(i as u32);
-            if (m.ref_cnt == 0) != self.free.contains(b) {
+            if !b.is_null() && (m.ref_cnt == 0) != self.free.contains(b) {
                 return Err(format!(
                     "block {b}: ref_cnt {} but {} the free queue",
                     m.ref_cnt,
@@ -1734,6 +1787,56 @@ mod tests {
         p.evict_blocks(&[b[3]]).unwrap();
         assert_eq!(p.key_num_tokens(b[3]).unwrap(), None);
         assert!(p.key_num_tokens(BlockId(99)).is_err());
+    }
+
+    #[test]
+    fn keys_inserted_by_hand() {
+        let mut p = partial_pool(5);
+        let key = |n: u8, g: u32| CacheKey {
+            hash: h(n),
+            group: GroupId(g),
+        };
+        let queue_before = queue(&p);
+        // A free block and the null block are keyed where they stand.
+        assert!(p.insert_key(BlockId(2), key(1, 0), None).unwrap());
+        assert_eq!(p.key_num_tokens(BlockId(2)).unwrap(), None);
+        assert!(p.insert_key(BlockId::NULL, key(1, 0), None).unwrap());
+        assert_eq!(queue(&p), queue_before);
+        assert_eq!(p.ref_count(BlockId::NULL).unwrap(), 0);
+        // Both under one key, in insertion order; a repeat is a no-op.
+        assert_eq!(p.lookup(&h(1), GroupId(0)), Some(BlockId(2)));
+        assert!(!p.insert_key(BlockId(2), key(1, 0), None).unwrap());
+        // A second key of a keyed block is a secondary one, whole-block.
+        assert!(p.insert_key(BlockId(2), key(2, 1), None).unwrap());
+        assert_eq!(
+            p.cache_keys(BlockId(2)).unwrap(),
+            vec![(key(1, 0), None), (key(2, 1), None)]
+        );
+        assert_eq!(p.num_cached_keys(), 2);
+        assert!(p.take_events().is_empty());
+        p.check_invariants().unwrap();
+        // Removal reports every key; the null block's key goes the same way.
+        p.evict_blocks(&[BlockId(2)]).unwrap();
+        assert_eq!(p.take_events(), vec![removed(1, 0), removed(2, 1)]);
+        assert_eq!(p.lookup(&h(1), GroupId(0)), Some(BlockId::NULL));
+        p.check_invariants().unwrap();
+        // Handing blocks out, freeing and touching never count the null block.
+        let got = get(&mut p, 4);
+        assert!(!got.contains(&0));
+        p.touch(&[BlockId::NULL]).unwrap();
+        p.free_blocks(&ids(&got)).unwrap();
+        p.check_invariants().unwrap();
+        assert!(p.reset_prefix_cache());
+        assert_eq!(p.num_cached_keys(), 0);
+        assert!(!p.is_cached(BlockId::NULL).unwrap());
+        p.check_invariants().unwrap();
+        // Refused: out of range, and under a ranked policy.
+        assert!(p.insert_key(BlockId(9), key(1, 0), None).is_err());
+        let mut ranked =
+            BlockPool::with_eviction(PoolConfig::new(4), "lfu".parse::<EvictionConfig>().unwrap())
+                .unwrap();
+        assert!(ranked.insert_key(BlockId(1), key(1, 0), None).is_err());
+        assert_eq!(ranked.num_cached_keys(), 0);
     }
 
     #[test]

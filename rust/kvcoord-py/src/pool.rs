@@ -107,6 +107,21 @@ macro_rules! pool_readers {
                 $crate::errors::core(self.with(py, |p| p.key_num_tokens(b))?)
             }
 
+            /// Every `(hash, group_id)` key the block is cached under: the
+            /// primary key first, then its secondary keys.
+            fn cache_keys<'py>(
+                &self,
+                py: Python<'py>,
+                block_id: &Bound<'_, PyAny>,
+            ) -> PyResult<Vec<(Bound<'py, pyo3::types::PyBytes>, u32)>> {
+                let b = $crate::convert::block_id_of(block_id)?;
+                let keys = $crate::errors::core(self.with(py, |p| p.cache_keys(b))?)?;
+                Ok(keys
+                    .iter()
+                    .map(|(k, _)| ($crate::convert::digest(py, &k.hash), k.group.0))
+                    .collect())
+            }
+
             fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
                 crate::errors::invariants(self.with(py, BlockPool::check_invariants)?)
             }
@@ -402,6 +417,59 @@ pool_writers!(pool_readers!(PyBlockPool, "BlockPool",) {
         core(self.pool_mut(py, |pool| {
             pool.cache_full_blocks(&ids, &hashes, num_cached, num_full, group, block_mask.as_deref())
         })?)
+    }
+
+    #[pyo3(signature = (block_id, block_hash, group_id, num_tokens = None))]
+    fn insert_key(
+        &self,
+        py: Python<'_>,
+        block_id: &Bound<'_, PyAny>,
+        block_hash: &Bound<'_, PyAny>,
+        group_id: &Bound<'_, PyAny>,
+        num_tokens: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<bool> {
+        let b = convert::block_id_of(block_id)?;
+        let hash = convert::block_hash(block_hash)?;
+        let group = GroupId(args::u32_arg(group_id, "group id")?);
+        let tokens = num_tokens
+            .filter(|t| !t.is_none())
+            .map(|t| args::u32_arg(t, "num_tokens"))
+            .transpose()?;
+        let key = kvcoord_core::CacheKey { hash, group };
+        core(self.pool_mut(py, |pool| pool.insert_key(b, key, tokens))?)
+    }
+
+    /// The core's hit search of one spec over this pool (the per-spec
+    /// finder a coordinator runs for a group of that spec).
+    #[pyo3(signature = (spec, group_ids, block_hashes, max_length, alignment, *, drop_eagle = false))]
+    #[allow(clippy::too_many_arguments)] // Python arguments, converted once
+    fn find_longest_cache_hit<'py>(
+        &self,
+        py: Python<'py>,
+        spec: crate::kinds::PyGroupSpec,
+        group_ids: &Bound<'_, PyAny>,
+        block_hashes: &Bound<'_, PyAny>,
+        max_length: &Bound<'_, PyAny>,
+        alignment: &Bound<'_, PyAny>,
+        drop_eagle: bool,
+    ) -> PyResult<(Vec<Bound<'py, PyList>>, usize)> {
+        let groups = convert::group_ids(group_ids)?;
+        let hashes = convert::block_hashes(block_hashes)?;
+        let max_length = args::count(max_length, "max_length")?;
+        let alignment = args::count(alignment, "alignment")?;
+        let manager = core(kvcoord_core::Manager::new(spec.0, GroupId(0)))?;
+        let mut out = vec![Vec::new(); groups.len()];
+        let hit = core(self.with(py, |pool| {
+            let hbs = pool.config().hash_block_size as usize;
+            manager.find_longest_cache_hit(
+                pool, &groups, &hashes, hbs, max_length, alignment, drop_eagle, &mut out,
+            )
+        })?)?;
+        let lists = out
+            .iter()
+            .map(|ids| id_list(py, ids))
+            .collect::<PyResult<Vec<_>>>()?;
+        Ok((lists, hit))
     }
 
     #[getter]

@@ -78,7 +78,10 @@ pub(crate) fn find_longest_cache_hit(
         }
         run += 1;
         if run >= need {
-            found = Some(i + need);
+            // `run` is `need`, or 1 when a window of one token needs no
+            // block before the hit's end (the hit still keeps block `i`, as
+            // vLLM's does).
+            found = Some(i + run);
             break;
         }
     }
@@ -200,6 +203,24 @@ mod tests {
             .unwrap();
         assert_eq!(hit, out[0].len() * 2);
         (ids(&out[0]), out[0].len())
+    }
+
+    #[test]
+    fn a_one_token_window_keeps_the_hit_block() {
+        // Regression: W = 1 needs no block before a hit's end, yet the hit
+        // ends after the cached block found (vLLM's search keeps it); the
+        // finder used to end the hit one block early.
+        let mut p = pool(40, 1);
+        for i in [0u32, 2, 3] {
+            cache_block(&mut p, i + 10, &h(i));
+        }
+        let m = Manager::new(GroupSpec::sliding_window(1, 1), GroupId(0)).unwrap();
+        let hs = hashes(5);
+        let mut out = vec![Vec::new()];
+        let hit = m
+            .find_longest_cache_hit(&p, &[GroupId(0)], &hs, 1, 5, 1, false, &mut out)
+            .unwrap();
+        assert_eq!((ids(&out[0]), hit), (vec![0, 0, 0, 13], 4));
     }
 
     #[test]
