@@ -219,6 +219,11 @@ class CoordinatorView:
         return bool(self._manager._core.partial_hits)
 
     @property
+    def _cache_hit_alignment_tokens(self) -> int:
+        """Tokens a hit ends on a multiple of (the core's hit alignment)."""
+        return int(self._manager._core.hit_alignment)
+
+    @property
     def retention_interval(self) -> int | None:
         """The prefix-cache retention interval (None: dense). vLLM's
         coordinator reads it on every call, so setting it between steps
