@@ -8,10 +8,12 @@ from typing import Any, ClassVar, Literal, Protocol, final, overload
 
 import numpy as np
 import numpy.typing as npt
+from typing_extensions import disjoint_base
 
 __all__ = [
     "HASH_ALGOS",
     "AllBlocksCleared",
+    "BlockHashGate",
     "BlockHashes",
     "BlockPool",
     "BlockPoolView",
@@ -19,6 +21,7 @@ __all__ = [
     "BlockStored",
     "CoordinatorCore",
     "CoordinatorKind",
+    "DecodeFastPath",
     "GroupSpec",
     "KVCacheBlocks",
     "Request",
@@ -957,6 +960,74 @@ class CoordinatorCore:
             BlockStateError: a block is already cached or listed twice.
             InvalidArgumentError: the null block, or an unknown group.
         """
+
+@final
+class BlockHashGate:
+    """vLLM's request block hasher in front of ``hasher`` (kvcoord.vllm's,
+    which hashes in the core or hands the request to vLLM's own): vLLM's
+    ``Request`` calls the hasher on every token append, and an append that
+    completes no block (``(len(block_hashes) + 1) * block_size >
+    len(_all_token_ids)``) is answered with an empty list without calling
+    ``hasher``. Every other call, and a request without vLLM 0.33.0's
+    ``_all_token_ids`` list, is ``hasher(request)``."""
+
+    def __init__(self, block_size: int, hasher: Any) -> None: ...
+    @property
+    def block_size(self) -> int: ...
+    def hash_request(self, request: Any) -> list[bytes]:
+        """The block hashes ``request``'s new tokens completed (what
+        ``hasher`` returns; ``[]`` when they complete none)."""
+
+@disjoint_base
+class DecodeFastPath:
+    """The base class of :class:`kvcoord.vllm.KVCacheManager`: its
+    ``allocate_slots``.
+
+    A decode step of a running request that has a room (see
+    :meth:`CoordinatorCore.decode_room`), with no hits, external, encoder or
+    reserved tokens, no full-sequence check and as many speculative tokens
+    as the rooms are for, is answered here: inside the room, the manager's
+    empty blocks (nothing changes); past it, with caching not delayed and a
+    registry/core pair set, one :meth:`CoordinatorCore.decode_slots` call.
+    Every other call is the subclass's ``_allocate(...)`` with all twelve
+    arguments (``_decode_core(request, num_new_tokens,
+    num_lookahead_tokens)`` where the registry must sync kvcoord's request
+    first). An argument passed as None counts as not passed."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None: ...
+    _room_lookahead: int
+    """The speculative-token count the room limits are for."""
+    def _init_fast_path(
+        self,
+        rooms: dict[str, int],
+        empty: Any,
+        fixed: tuple[dict[str, tuple[Any, Request]], Any] | None,
+        blocks_type: Any,
+        pool: Any,
+    ) -> None:
+        """Set what ``allocate_slots`` reads (again: replaced): the room
+        limits by request id, the empty result, the registry's entries by id
+        (vLLM request, kvcoord request) and the
+        :meth:`CoordinatorCore.decode_slots` that decode steps past a room
+        call (None: they take ``_allocate``), the result type, called as
+        ``blocks_type(ids, pool)``, and the pool."""
+    def allocate_slots(
+        self,
+        request: Any,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: Any = None,
+        num_lookahead_tokens: int = 0,
+        num_external_computed_tokens: int = 0,
+        delay_cache_blocks: bool = False,
+        num_encoder_tokens: int = 0,
+        full_sequence_must_fit: bool = False,
+        reserved_blocks: int = 0,
+        has_scheduled_reqs: bool = True,
+        skip_zeroing_group_ids: tuple[int, ...] = (),
+    ) -> Any:
+        """vLLM 0.33.0's ``allocate_slots``: new blocks per group, or None
+        (nothing changed)."""
 
 @final
 class KVCacheBlocks:

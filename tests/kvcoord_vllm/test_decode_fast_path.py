@@ -33,6 +33,7 @@ from vllm.v1.kv_cache_interface import (
 from vllm.v1.request import Request, RequestStatus
 
 import kvcoord.vllm as kv
+from kvcoord.vllm._blocks import KVCacheBlocks
 from kvcoord.vllm._hasher import make_block_hasher
 
 HBS = 4
@@ -86,6 +87,9 @@ def managers(block_sizes: tuple[int, ...], num_blocks: int) -> tuple[Any, Any, C
     ours._core = counting
     if ours._decode_fixed is not None:  # the fused step, bound at construction
         ours._decode_fixed = (ours._decode_fixed[0], counting.decode_slots)
+    ours._init_fast_path(
+        ours._decode_room, ours.empty_kv_cache_blocks, ours._decode_fixed, KVCacheBlocks, ours._pool
+    )
     return theirs, ours, counting
 
 

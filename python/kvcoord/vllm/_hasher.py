@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from kvcoord._core import Request
+from kvcoord._core import BlockHashGate, Request
 from kvcoord.errors import InvalidTokenError
 
 __all__ = ["ATTR", "hand_back", "make_block_hasher", "stats"]
@@ -107,7 +107,12 @@ def make_block_hasher(
                 return fallback(request)
             return new
 
-        return request_block_hasher
+        # vLLM calls the hasher on every append; the gate answers the appends
+        # that complete no block (most of them) without a Python frame.
+        gate: Callable[[Any], list[bytes]] = BlockHashGate(
+            hash_block_size, request_block_hasher
+        ).hash_request
+        return gate
 
     return get_request_block_hasher
 

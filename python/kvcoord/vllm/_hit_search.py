@@ -39,6 +39,27 @@ class _HitSearch:
     #: vLLM's spec class names this manager's search serves (exact types).
     _specs: ClassVar[tuple[str, ...]] = ()
 
+    # What these classes stand for, for the pytest plugin's rule
+    # (kvcoord.vllm._lending): each subclass names its vLLM class; what is
+    # served is the constructor, the hit search and the attributes set here.
+    vllm_class: ClassVar[str] = ""
+    #: Attributes vLLM's manager copies from its spec (served, as here).
+    _spec_attributes: ClassVar[tuple[str, ...]] = ()
+    vllm_hands_out: ClassVar[dict[str, str]] = {}
+    vllm_needs: ClassVar[tuple[str, ...]] = ("vllm.v1.core.block_pool:BlockPool",)
+    vllm_serves: ClassVar[frozenset[str]] = frozenset(
+        {
+            "find_longest_cache_hit",
+            "kv_cache_spec",
+            "block_pool",
+            "block_size",
+            "kv_cache_group_id",
+            "enable_caching",
+            "scheduler_block_size",
+            "max_admission_blocks_per_request",
+        }
+    )
+
     def __init__(
         self, kv_cache_spec: Any, block_pool: Any, kv_cache_group_id: int = 0, **kwargs: Any
     ) -> None:
@@ -49,6 +70,10 @@ class _HitSearch:
         self.block_size = int(kv_cache_spec.block_size)
         self.kv_cache_group_id = int(kv_cache_group_id)
         self.enable_caching = bool(kwargs.get("enable_caching", True))
+        self.scheduler_block_size = kwargs.get("scheduler_block_size", self.block_size)
+        self.max_admission_blocks_per_request = kwargs.get("max_admission_blocks_per_request")
+        for name in self._spec_attributes:
+            setattr(self, name, getattr(kv_cache_spec, name))
 
     @staticmethod
     def _check_pool(block_pool: Any) -> None:
@@ -121,6 +146,7 @@ class FullAttentionManager(_HitSearch):
     served)."""
 
     _specs = ("FullAttentionSpec",)
+    vllm_class = "vllm.v1.core.single_type_kv_cache_manager:FullAttentionManager"
 
     @classmethod
     def _refuse(cls, kv_cache_spec: Any, alignment_tokens: int, drop_eagle_block: bool) -> None:
@@ -134,6 +160,9 @@ class SlidingWindowManager(_HitSearch):
     """vLLM's ``SlidingWindowManager`` hit search."""
 
     _specs = ("SlidingWindowSpec",)
+    vllm_class = "vllm.v1.core.single_type_kv_cache_manager:SlidingWindowManager"
+    _spec_attributes = ("sliding_window",)
+    vllm_serves = _HitSearch.vllm_serves | {"sliding_window"}
 
 
 class ChunkedLocalAttentionManager(_HitSearch):
@@ -141,6 +170,9 @@ class ChunkedLocalAttentionManager(_HitSearch):
     EAGLE drop and an alignment other than the block size; so does this)."""
 
     _specs = ("ChunkedLocalAttentionSpec",)
+    vllm_class = "vllm.v1.core.single_type_kv_cache_manager:ChunkedLocalAttentionManager"
+    _spec_attributes = ("attention_chunk_size",)
+    vllm_serves = _HitSearch.vllm_serves | {"attention_chunk_size"}
 
     @classmethod
     def _refuse(cls, kv_cache_spec: Any, alignment_tokens: int, drop_eagle_block: bool) -> None:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from kvcoord._core import BlockPool as CorePool
 from kvcoord.errors import BlockStateError, ConfigError, InvalidArgumentError
@@ -123,6 +123,74 @@ class BlockPool(EventPoolView):
         "medium",
         "metrics_collector",
         "num_hash_lookahead_tokens",
+    )
+
+    # What this class stands for, for the pytest plugin's rule
+    # (kvcoord.vllm._lending): vLLM's class, those of the objects it hands
+    # out, and the names of their surface served here (to read or call).
+    # Not served: metrics_collector (None only), cached_block_hashes_by_block,
+    # cache_partial_block, move_block_hashes, vLLM's private helpers, the
+    # free queue's edits (popleft, append, remove, ...), a block's reset_hash.
+    vllm_class: ClassVar[str] = "vllm.v1.core.block_pool:BlockPool"
+    # vLLM's class of each object handed out -> the one attribute that
+    # hands it out ("": several calls do): a test that never reads that
+    # attribute cannot use the object's names (the free queue's ``append``
+    # is then a list's).
+    vllm_hands_out: ClassVar[dict[str, str]] = {
+        "vllm.v1.core.kv_cache_utils:KVCacheBlock": "",
+        "vllm.v1.core.kv_cache_utils:FreeKVCacheBlockQueue": "free_block_queue",
+        "vllm.v1.core.block_pool:BlockHashToBlockMap": "cached_block_hash_to_block",
+    }
+    vllm_needs: ClassVar[tuple[str, ...]] = ()
+    vllm_serves: ClassVar[frozenset[str]] = frozenset(
+        {
+            # the pool
+            "num_gpu_blocks",
+            "enable_caching",
+            "hash_block_size",
+            "num_hash_lookahead_tokens",
+            "enable_kv_cache_events",
+            "medium",
+            "blocks",
+            "null_block",
+            "free_block_queue",
+            "cached_block_hash_to_block",
+            "kv_event_queue",
+            "get_new_blocks",
+            "touch",
+            "free_blocks",
+            "is_block_writable",
+            "unpin_blocks",
+            "cache_full_blocks",
+            "get_cached_block",
+            "emit_cached_block_events",
+            "_maybe_evict_cached_block",
+            "evict_blocks",
+            "reset_prefix_cache",
+            "get_num_free_blocks",
+            "get_usage",
+            "take_events",
+            # its blocks (PoolBlock)
+            "block_id",
+            "ref_cnt",
+            "block_hash",
+            "block_hash_num_tokens",
+            "set_block_hash",
+            "prev_free_block",
+            "next_free_block",
+            "is_null",
+            # its free queue (FreeQueueView: inspection)
+            "num_free_blocks",
+            "fake_free_list_head",
+            "fake_free_list_tail",
+            "get_all_free_blocks",
+            # its cache index (_PoolIndex)
+            "_cache",
+            "get_one_block",
+            "contain",
+            "insert",
+            "pop",
+        }
     )
 
     def __init__(

@@ -19,6 +19,7 @@ import importlib
 import logging
 from typing import Any
 
+from kvcoord._core import DecodeFastPath
 from kvcoord.config import FullAttentionSpec
 from kvcoord.coordinator import get_kv_cache_coordinator, shared_prefix_boundary
 from kvcoord.vllm import _mamba
@@ -54,8 +55,17 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-class KVCacheManager(DecodePath, ManagerReadouts):
-    """vLLM 0.33.0's ``KVCacheManager`` on kvcoord's core (same constructor)."""
+class KVCacheManager(DecodePath, ManagerReadouts, DecodeFastPath):
+    """vLLM 0.33.0's ``KVCacheManager`` on kvcoord's core (same constructor).
+
+    ``allocate_slots`` is :class:`kvcoord._core.DecodeFastPath`'s: a decode
+    step that needs no new block and completes no block to cache (most steps
+    of a running request) is answered there without the core (vLLM's
+    manager changes nothing then and returns its empty blocks; the core's
+    request catches up at the next call that reaches it), one that needs a
+    block in a plain configuration is one ``CoordinatorCore.decode_slots``
+    call, and every other call is :meth:`_allocate`.
+    """
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         bound = bind_args(args, kwargs)
@@ -171,6 +181,13 @@ class KVCacheManager(DecodePath, ManagerReadouts):
             tuple(() for _ in range(self.num_kv_cache_groups)), self._pool
         )
         self.prefix_cache_stats: Any = self._new_stats() if self.log_stats else None
+        self._init_fast_path(
+            self._decode_room,
+            self.empty_kv_cache_blocks,
+            self._decode_fixed,
+            KVCacheBlocks,
+            self._pool,
+        )
         served["managers"] += 1
 
     # ---- lookups ---------------------------------------------------------
@@ -258,61 +275,6 @@ class KVCacheManager(DecodePath, ManagerReadouts):
 
     # ---- the per-step call -----------------------------------------------
 
-    def allocate_slots(
-        self,
-        request: Any,
-        num_new_tokens: int,
-        num_new_computed_tokens: int = 0,
-        new_computed_blocks: Any = None,
-        num_lookahead_tokens: int = 0,
-        num_external_computed_tokens: int = 0,
-        delay_cache_blocks: bool = False,
-        num_encoder_tokens: int = 0,
-        full_sequence_must_fit: bool = False,
-        reserved_blocks: int = 0,
-        has_scheduled_reqs: bool = True,
-        skip_zeroing_group_ids: tuple[int, ...] = (),
-    ) -> KVCacheBlocks | None:
-        """vLLM's ``allocate_slots``: new blocks per group, or None (nothing changed).
-
-        A decode step that needs no new block and completes no block to cache
-        (most steps of a running request) is answered here without the core:
-        vLLM's manager changes nothing then and returns its empty blocks. The
-        core's request catches up with vLLM's at the next call that reaches it.
-        """
-        limit = self._decode_room.get(request.request_id)
-        if (
-            limit is not None
-            and num_lookahead_tokens == self._room_lookahead
-            and (new_computed_blocks is None or new_computed_blocks is self.empty_kv_cache_blocks)
-            and num_new_tokens > 0
-            and not (
-                num_new_computed_tokens
-                or num_external_computed_tokens
-                or num_encoder_tokens
-                or full_sequence_must_fit
-                or reserved_blocks
-            )
-        ):
-            if request.num_computed_tokens + num_new_tokens < limit:
-                return self.empty_kv_cache_blocks
-            if not delay_cache_blocks and self._decode_fixed is not None:
-                return self._decode_core(request, num_new_tokens, num_lookahead_tokens)
-        return self._allocate(
-            request,
-            num_new_tokens,
-            num_new_computed_tokens,
-            new_computed_blocks,
-            num_lookahead_tokens,
-            num_external_computed_tokens,
-            delay_cache_blocks,
-            num_encoder_tokens,
-            full_sequence_must_fit,
-            reserved_blocks,
-            has_scheduled_reqs,
-            skip_zeroing_group_ids,
-        )
-
     def _allocate(
         self,
         request: Any,
@@ -328,7 +290,8 @@ class KVCacheManager(DecodePath, ManagerReadouts):
         has_scheduled_reqs: bool,
         skip_zeroing_group_ids: tuple[int, ...] = (),
     ) -> KVCacheBlocks | None:
-        """``allocate_slots`` through the core (every call the fast path cannot answer)."""
+        """vLLM's ``allocate_slots`` through the core: new blocks per group, or
+        None (nothing changed); every call the fast path does not answer."""
         if (
             num_new_tokens == 0
             and num_external_computed_tokens == 0

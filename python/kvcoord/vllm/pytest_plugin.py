@@ -15,17 +15,30 @@ record carries the property ``kvcoord_pure`` (``1`` when none happened;
 terminal summary splits the passes.
 
 Tests that build vLLM's ``BlockPool`` (and single-type managers) themselves
-get kvcoord's classes (:class:`kvcoord.vllm.BlockPool`, the hit search of
-:mod:`kvcoord.vllm._hit_search`) when listed in :data:`POOL_TESTS`: for the
-duration of such a test the plugin rebinds those names in its test module,
-nowhere else. vLLM's own modules keep their classes, so vLLM code that
-subclasses or builds them (vLLM's fallback manager, HiSparse's
-``SharedEventQueueBlockPool``, vLLM's coordinators) is unchanged, and still
-counted as not pure.
+get kvcoord's stand-ins (:class:`kvcoord.vllm.BlockPool`, the hit search of
+:mod:`kvcoord.vllm._hit_search`) by a rule applied to every test, with no
+test named anywhere (:func:`kvcoord.vllm._lending.decide`): each stand-in
+declares vLLM's class it stands for and the names of vLLM's surface it
+serves; the plugin reads the test's code (its function and nested code, its
+class, the fixtures it requests, its parameters, and the functions,
+classes and modules of the test tree these reach by name) and lends the
+stand-ins for the names its module binds to vLLM's classes when every name
+of vLLM's surface the code uses is served, none is assigned, every
+stand-in a lent one needs is lent too, and the code reaches no other vLLM
+code that stands on a pool (a manager or coordinator with no stand-in, a
+function taking a ``block_pool``). Otherwise the test keeps vLLM's
+classes and counts as not pure. For the duration of a lent test the names
+are rebound in its module, nowhere else: vLLM's own modules keep their
+classes, so vLLM code that subclasses or builds them (vLLM's fallback
+manager, HiSparse's ``SharedEventQueueBlockPool``, vLLM's coordinators) is
+unchanged, and still counted as not pure. The junit record says what was
+lent (``kvcoord_stand_ins``) or why a named stand-in was not
+(``kvcoord_stand_ins_refused``).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections import Counter
 from collections.abc import Generator
@@ -34,6 +47,7 @@ from typing import Any
 import pytest
 
 import kvcoord.vllm as _kv
+from kvcoord.vllm import _lending
 
 _kv.enable()
 
@@ -45,6 +59,7 @@ def _count_vllm_pools() -> None:
     pool_cls: Any = importlib.import_module("vllm.v1.core.block_pool").BlockPool
     original = pool_cls.__init__
 
+    @functools.wraps(original)  # the rule reads vLLM's own __init__ through it
     def counted_init(self: Any, *args: Any, **kwargs: Any) -> None:
         _vllm_pools[0] += 1
         original(self, *args, **kwargs)
@@ -56,6 +71,7 @@ def _count_vllm_pools() -> None:
     base = managers.SingleTypeKVCacheManager
     base_init = base.__init__
 
+    @functools.wraps(base_init)
     def counted_manager_init(self: Any, *args: Any, **kwargs: Any) -> None:
         _vllm_pools[0] += 1
         base_init(self, *args, **kwargs)
@@ -66,66 +82,45 @@ def _count_vllm_pools() -> None:
 _count_vllm_pools()
 
 
-# Tests that build vLLM's ``BlockPool`` (and single-type managers) themselves
-# and get kvcoord's, by test module (the last part of its name) and test
-# function, with the names rebound in that module: each is checked to pass
-# on kvcoord's classes (a test not listed, such as one a later vLLM adds,
-# keeps vLLM's and counts as not pure). In test_prefix_caching these are all
-# the tests that build a pool; in test_single_type_kv_cache_manager the three
-# that only search for hits (kvcoord.vllm._hit_search).
-_POOL = ("BlockPool",)
-POOL_TESTS: dict[str, dict[str, tuple[str, ...]]] = {
-    "test_prefix_caching": {
-        "test_cache_blocks": _POOL,
-        "test_cache_blocks_multi_group": _POOL,
-        "test_maybe_evict_cached_block": _POOL,
-        "test_null_parent_block_hash": _POOL,
-        "test_block_removed_event_group_idx": _POOL,
-        "test_emit_cached_block_events": _POOL,
-        "test_emit_cached_block_events_disabled": _POOL,
-        "test_emit_cached_block_events_zero_cached": _POOL,
-    },
-    "test_single_type_kv_cache_manager": {
-        "test_chunked_local_attention_possible_cached_prefix": (
-            *_POOL,
-            "ChunkedLocalAttentionManager",
-        ),
-        "test_sliding_window_possible_cached_prefix": (*_POOL, "SlidingWindowManager"),
-        "test_sliding_window_cache_hit_with_finer_hash_alignment": (
-            *_POOL,
-            "SlidingWindowManager",
-        ),
-    },
-}
-
-# Where each rebound name's vLLM class and kvcoord's class live.
-_CLASSES = {
-    "BlockPool": ("vllm.v1.core.block_pool", "kvcoord.vllm._pool"),
-    "ChunkedLocalAttentionManager": (
-        "vllm.v1.core.single_type_kv_cache_manager",
-        "kvcoord.vllm._hit_search",
-    ),
-    "SlidingWindowManager": (
-        "vllm.v1.core.single_type_kv_cache_manager",
-        "kvcoord.vllm._hit_search",
-    ),
-}
+def _fixture_functions(item: Any) -> list[Any]:
+    """The functions of the fixtures ``item`` requests, and of those they
+    request, recursively (autouse fixtures the test does not name can hand
+    it nothing)."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return []
+    out, todo, seen = [], list(getattr(info, "argnames", ())), set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for fixturedef in info.name2fixturedefs.get(name, ()):
+            out.append(fixturedef.func)
+            todo.extend(getattr(fixturedef, "argnames", ()))
+    return out
 
 
-def _rebindings(item: Any) -> tuple[Any, dict[str, Any]]:
-    """The test module of ``item`` and kvcoord's class for each name to
-    rebind there during the test (nothing for a test not listed, or a name
-    the module does not bind to vLLM's class)."""
+def scan_item(item: Any) -> _lending.Scan:
+    """What ``item``'s code does (:func:`kvcoord.vllm._lending.scan`): its
+    function, its class, the fixtures it requests and its parameters."""
+    obj = getattr(item, "obj", None)
+    roots = [getattr(obj, "__func__", obj), getattr(item, "cls", None), *_fixture_functions(item)]
+    callspec = getattr(item, "callspec", None)
+    values = list(callspec.params.values()) if callspec is not None else []
+    names = getattr(item, "fixturenames", ())
+    return _lending.scan([r for r in roots if r is not None], values, item.config.rootpath, names)
+
+
+def _rebindings(item: Any) -> tuple[Any, dict[str, Any], str]:
+    """The test module of ``item``, kvcoord's class for each name to rebind
+    there during the test (:func:`kvcoord.vllm._lending.decide`), and why
+    none is when one might have been."""
     module = getattr(item, "module", None)
-    served = POOL_TESTS.get(getattr(module, "__name__", "").rsplit(".", 1)[-1], {})
-    name = str(getattr(item, "originalname", None) or getattr(item, "name", ""))
-    out = {}
-    for attr in served.get(name, ()):
-        theirs, ours = _CLASSES[attr]
-        vllm_cls = getattr(importlib.import_module(theirs), attr)
-        if module.__dict__.get(attr) is vllm_cls:
-            out[attr] = getattr(importlib.import_module(ours), attr)
-    return module, out
+    if module is None or getattr(item, "obj", None) is None:
+        return module, {}, ""
+    lent, why = _lending.decide(module, scan_item(item))
+    return module, lent, why
 
 
 def _mark() -> int:
@@ -137,7 +132,11 @@ def pytest_runtest_protocol(item: Any, nextitem: Any) -> Generator[None, None, N
     item._kvcoord_mark = _mark()
     item._kvcoord_pools = _vllm_pools[0]
     item._kvcoord_fallbacks = _kv.fallbacks.copy()
-    module, ours = _rebindings(item)
+    module, ours, why = _rebindings(item)
+    if ours:
+        item.user_properties.append(("kvcoord_stand_ins", ",".join(sorted(ours))))
+    elif why:
+        item.user_properties.append(("kvcoord_stand_ins_refused", why))
     originals = {attr: module.__dict__[attr] for attr in ours}
     for attr, cls in ours.items():
         setattr(module, attr, cls)  # for this test only

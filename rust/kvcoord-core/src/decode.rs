@@ -39,6 +39,15 @@ impl DecodeRoom {
     }
 }
 
+/// Whether a step of a running request that brings its computed tokens
+/// from `num_computed_tokens` to `num_computed_tokens + num_new_tokens`
+/// stays inside the room whose [`DecodeRoom::limit`] is `limit` (for the
+/// step's speculative-token count): then it needs no block and caches none,
+/// and a scheduler's fast path answers it without the core.
+pub fn inside_room(limit: usize, num_computed_tokens: usize, num_new_tokens: usize) -> bool {
+    num_computed_tokens.saturating_add(num_new_tokens) < limit
+}
+
 impl CoordinatorCore {
     /// Whether decode steps have a [`DecodeRoom`] in this configuration:
     /// every group is full attention and all hold back the same
@@ -175,6 +184,14 @@ mod tests {
                 assert_eq!(done < limit, inside, "{done} {lookahead}");
             }
         }
+    }
+
+    #[test]
+    fn inside_room_is_strictly_below_the_limit() {
+        assert!(inside_room(10, 8, 1));
+        assert!(!inside_room(10, 9, 1));
+        assert!(!inside_room(0, 0, 0));
+        assert!(!inside_room(usize::MAX, usize::MAX, 1));
     }
 
     #[test]

@@ -282,6 +282,14 @@ fn digest(algo: HashAlgo, payload: &[u8]) -> BlockHash {
     }
 }
 
+/// Whether a request holding `num_hashes` block hashes of `block_size`
+/// tokens each has a full block left to hash at `num_tokens` tokens: a
+/// request block hasher called on every token append has nothing to do
+/// until then.
+pub fn completes_block(num_hashes: usize, block_size: usize, num_tokens: usize) -> bool {
+    num_hashes.saturating_add(1).saturating_mul(block_size) <= num_tokens
+}
+
 /// The root digest (`NONE_HASH`) for `seed`; the parent of block 0.
 pub fn none_hash(algo: HashAlgo, seed: &str) -> BlockHash {
     match algo {
@@ -724,6 +732,16 @@ mod tests {
 
     fn hex(h: &BlockHash) -> String {
         to_hex(h.as_bytes())
+    }
+
+    #[test]
+    fn a_block_completes_once_its_last_token_arrives() {
+        assert!(!completes_block(0, 16, 15));
+        assert!(completes_block(0, 16, 16));
+        assert!(!completes_block(2, 16, 47));
+        assert!(completes_block(2, 16, 48));
+        assert!(completes_block(1, 16, 100));
+        assert!(!completes_block(usize::MAX - 1, 16, usize::MAX - 1));
     }
 
     fn cfg(algo: HashAlgo, bs: usize, seed: &str) -> HashConfig {

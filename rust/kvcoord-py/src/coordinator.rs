@@ -306,7 +306,7 @@ pool_writers!(pymethods!(PyCoordinatorCore {
     /// cannot hold the step, `NotImplemented` (nothing changed) when the
     /// registry must sync `mine` first.
     #[allow(clippy::too_many_arguments)] // one call per step, positional
-    fn decode_slots<'py>(
+    pub(crate) fn decode_slots<'py>(
         &self,
         py: Python<'py>,
         request: &Bound<'py, PyAny>,

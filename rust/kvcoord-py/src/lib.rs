@@ -43,6 +43,7 @@ mod pool;
 mod request;
 mod residency;
 mod tokens;
+mod vllm;
 
 use pyo3::prelude::*;
 
@@ -71,6 +72,8 @@ mod core_module {
     use crate::request::{
         advance_requests, compute_block_hashes, none_hash, BlockHashes, PyRequest,
     };
+    #[pymodule_export]
+    use crate::vllm::{PyBlockHashGate, PyDecodeFastPath};
 
     use super::{Bound, PyModule, PyModuleMethods, PyResult};
 
