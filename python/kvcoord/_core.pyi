@@ -286,6 +286,10 @@ class BlockPool:
     def primary_key_tokens(self, block_id: int) -> int | None:
         """Tokens behind the block's primary key when it is a partial
         (sub-block) key; None for a full-block key or no key."""
+    def key_num_tokens(self, block_id: int) -> int | None:
+        """Tokens behind the block's primary key (vLLM's
+        ``block_hash_num_tokens``): the block's end for a full-block key, a
+        partial key's own count; None without a key."""
     def cache_keys(self, block_id: int) -> list[tuple[bytes, int]]:
         """Every ``(hash, group_id)`` key the block is cached under: the
         primary key first, then its secondary keys in insertion order."""
@@ -631,6 +635,7 @@ class CoordinatorCore:
         eagle_group_ids: Sequence[int] | None = None,
         num_hash_lookahead_tokens: int | None = None,
         allow_partial_hits: bool = False,
+        context_parallel: bool = False,
         verify_hits: bool = True,
         group_id_base: int = 0,
         event_medium: str = "GPU",
@@ -643,7 +648,10 @@ class CoordinatorCore:
         tokens after each hash unit its hash covers (a Mamba prefill
         checkpoint leaves that many after it); ``allow_partial_hits``: sub-block
         Mamba hits may be turned on (the caller then drains
-        :meth:`take_block_copies` and frees both ends of each copy).
+        :meth:`take_block_copies` and frees both ends of each copy);
+        ``context_parallel``: decode context parallelism is on (block sizes
+        already scaled), so a Mamba block equal to the hash unit is enough
+        for sub-block hits.
         ``verify_hits``: ``allocate_slots`` refuses a hit block not cached
         under the request's own hash of its position (a stale hit);
         ``False`` adopts hits as vLLM does, whatever they hold (out-of-range
@@ -793,9 +801,22 @@ class CoordinatorCore:
         ``(request_id, group, block_id, num_tokens)`` each, in the order they
         were cached; a freed request's are dropped. Nothing is pinned."""
     @property
+    def partial_hits(self) -> bool:
+        """Whether sub-block (partial) hits are on (vLLM's
+        ``enable_partial_hash_hits``)."""
+    @property
+    def retention_interval(self) -> int | None:
+        """The prefix-cache retention interval (None: dense)."""
+    @property
     def hit_alignment(self) -> int:
         """Tokens a hit ends on a multiple of: the hash unit with sub-block
         (partial) Mamba hits, else the scheduler block size."""
+    def request_mamba_checkpoint(self, request_id: str, group: int) -> tuple[int, int] | None:
+        """The prefill checkpoint a live request's latest allocation reserved
+        in a Mamba "align" group: ``(token_position, table_index)``, or None."""
+    def set_retention_interval(self, interval: int | None) -> None:
+        """Change the prefix-cache retention interval between steps (None:
+        dense); refused as at construction."""
     def take_block_copies(self) -> list[tuple[int, int]]:
         """Drain the copy-on-write copies made since the last call:
         ``(src_block_id, dst_block_id)`` each (Mamba states at sub-block
@@ -1121,6 +1142,7 @@ class BlockPoolView:
     def cached_mask(self) -> npt.NDArray[np.bool_]: ...
     def block_hash(self, block_id: int) -> tuple[bytes, int] | None: ...
     def primary_key_tokens(self, block_id: int) -> int | None: ...
+    def key_num_tokens(self, block_id: int) -> int | None: ...
     def cache_keys(self, block_id: int) -> list[tuple[bytes, int]]: ...
     def check_invariants(self) -> None: ...
 

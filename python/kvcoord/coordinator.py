@@ -78,6 +78,9 @@ class KVCacheCoordinator:
         allow_partial_hits: sub-block (partial) Mamba hits may be turned on;
             the caller drains the core's ``take_block_copies`` and frees both
             ends of each copy once it ran (``kvcoord.vllm`` does).
+        context_parallel: decode context parallelism is on (vLLM's
+            ``dcp_world_size > 1``; block sizes already scaled): a Mamba
+            block equal to the hash unit is enough for partial hits.
         verify_hits: refuse a hit block not cached under the request's hash
             of its position (a stale hit; the default). ``False`` adopts hits
             as vLLM does, whatever the blocks hold (vLLM's adapter).
@@ -97,6 +100,7 @@ class KVCacheCoordinator:
         eagle_group_ids: Sequence[int] = (),
         num_hash_lookahead_tokens: int = 0,
         allow_partial_hits: bool = False,
+        context_parallel: bool = False,
         verify_hits: bool = True,
         group_id_base: int = 0,
         event_medium: str = "GPU",
@@ -119,6 +123,7 @@ class KVCacheCoordinator:
             eagle_group_ids=eagle_group_ids,
             num_hash_lookahead_tokens=num_hash_lookahead_tokens,
             allow_partial_hits=allow_partial_hits,
+            context_parallel=context_parallel,
             verify_hits=as_bool(verify_hits, "verify_hits"),
             group_id_base=group_id_base,
             event_medium=event_medium,
@@ -183,6 +188,7 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
         eagle_group_ids: Sequence[int] = (),
         num_hash_lookahead_tokens: int = 0,
         allow_partial_hits: bool = False,
+        context_parallel: bool = False,
         verify_hits: bool = True,
         group_id_base: int = 0,
         event_medium: str = "GPU",
@@ -196,6 +202,7 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
             eagle_group_ids=eagle_group_ids,
             num_hash_lookahead_tokens=num_hash_lookahead_tokens,
             allow_partial_hits=allow_partial_hits,
+            context_parallel=context_parallel,
             verify_hits=verify_hits,
             group_id_base=group_id_base,
             event_medium=event_medium,
@@ -255,6 +262,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         eagle_group_ids: Sequence[int] = (),
         num_hash_lookahead_tokens: int = 0,
         allow_partial_hits: bool = False,
+        context_parallel: bool = False,
         verify_hits: bool = True,
         group_id_base: int = 0,
         event_medium: str = "GPU",
@@ -268,6 +276,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
             eagle_group_ids=eagle_group_ids,
             num_hash_lookahead_tokens=num_hash_lookahead_tokens,
             allow_partial_hits=allow_partial_hits,
+            context_parallel=context_parallel,
             verify_hits=verify_hits,
             group_id_base=group_id_base,
             event_medium=event_medium,
@@ -397,6 +406,7 @@ def get_kv_cache_coordinator(
     eagle_group_ids: Sequence[int] = (),
     num_hash_lookahead_tokens: int = 0,
     allow_partial_hits: bool = False,
+    context_parallel: bool = False,
     verify_hits: bool = True,
     group_id_base: int = 0,
     event_medium: str = "GPU",
@@ -415,6 +425,7 @@ def get_kv_cache_coordinator(
         eagle_group_ids=eagle_group_ids,
         num_hash_lookahead_tokens=num_hash_lookahead_tokens,
         allow_partial_hits=allow_partial_hits,
+        context_parallel=context_parallel,
         verify_hits=verify_hits,
         group_id_base=group_id_base,
         event_medium=event_medium,

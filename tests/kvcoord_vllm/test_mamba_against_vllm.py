@@ -9,6 +9,7 @@ equal. Skipped without vLLM."""
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -22,6 +23,7 @@ from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_group_id, init_none_hash
 from vllm.v1.kv_cache_interface import (
     MambaSpec,
+    MLAAttentionSpec,
     SlidingWindowSpec,
 )
 from vllm.v1.request import Request, RequestStatus
@@ -101,17 +103,31 @@ def hand_offs(manager: object) -> tuple[object, object]:
 @pytest.mark.parametrize("seed", range(3))
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 @pytest.mark.parametrize("retention", [None, 0, 8])
-@pytest.mark.parametrize("ahead", [0, 2])
+@pytest.mark.parametrize(
+    ("ahead", "prefill", "eagle"),
+    [(0, 0, False), (2, 0, False), (0, 3, False), (2, 2, False), (0, 0, True), (0, 3, True)],
+)
 def test_mamba_schedule_matches_vllm(
-    seed: int, layout: str, retention: int | None, ahead: int
+    seed: int, layout: str, retention: int | None, ahead: int, prefill: int, eagle: bool
 ) -> None:
     # ``ahead``: hash lookahead (a block's hash covers tokens past it, so a
-    # prefill checkpoint leaves that many after it); served beside other
-    # groups without checkpoint blocks.
-    if ahead and (layout.startswith("mamba") or "checkpoint" in layout):
+    # prefill checkpoint leaves that many after it); falls back with a lone
+    # Mamba group (vLLM's own lookup indexes past the hashes there).
+    # ``prefill``: multi-module MTP's num_prefill_lookahead (a lone group
+    # holds the re-prefillable tail back from caching). ``eagle``: every
+    # group drafts (hits drop a block; the checkpoint sits at EAGLE's
+    # replay boundary).
+    if (ahead and layout.startswith("mamba")) or (eagle and "checkpoint" in layout):
         pytest.skip("falls back (test_unserved_mamba_configurations_fall_back)")
     rng = random.Random(seed)
-    theirs, ours = pair(layout, 60, retention, num_hash_lookahead_tokens=ahead)
+    theirs, ours = pair(
+        layout,
+        60,
+        retention,
+        num_hash_lookahead_tokens=ahead,
+        num_prefill_lookahead=prefill,
+        use_eagle=eagle,
+    )
     prefixes = [[rng.randrange(1000) for _ in range(rng.randrange(8, 40))] for _ in range(3)]
     waiting: list[Request] = []
     running: list[Request] = []
@@ -204,24 +220,20 @@ def test_mamba_schedule_matches_vllm(
 @pytest.mark.parametrize(
     ("specs", "kw", "reason"),
     [
-        ([full_spec(), mamba_spec()], {"use_eagle": True}, "EAGLE beside Mamba"),
-        ([mamba_spec()], {"num_hash_lookahead_tokens": 1}, "hash lookahead beside a lone"),
         (
             [
                 full_spec(),
                 mamba_spec(num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=2),
             ],
-            {"num_hash_lookahead_tokens": 1},
-            "hash lookahead beside",
+            {"use_eagle": True},
+            "EAGLE beside Mamba prefill checkpoint blocks",
         ),
+        ([mamba_spec()], {"num_hash_lookahead_tokens": 1}, "hash lookahead beside a lone"),
         # Sub-block hits are served beside full attention only, without
-        # prefill checkpoint blocks.
+        # speculative scratch blocks.
         ([swa_spec(8), mamba_spec()], {"hash_block_size": 2}, "below the Mamba block size"),
         (
-            [
-                full_spec(),
-                mamba_spec(num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=2),
-            ],
+            [full_spec(), mamba_spec(num_speculative_blocks=1)],
             {"hash_block_size": 2},
             "below the Mamba block size",
         ),
@@ -234,6 +246,21 @@ def test_unserved_mamba_configurations_fall_back(specs, kw, reason) -> None:
     m = kv.KVCacheManager(config(16, specs), **args)
     assert not isinstance(m, kv.KVCacheManager)
     assert sum(v for k, v in kv.fallbacks.items() if reason in k) == before + 1
+
+
+def test_shared_prefix_checkpoint_beside_eagle_groups_falls_back() -> None:
+    """vLLM's Mamba shared-prefix checkpoint (an EAGLE-flagged group, sub-block
+    hits, no re-prefillable tail) is not served: kvcoord's core does not key
+    the junction state."""
+    cfg = config(16, [full_spec(), mamba_spec_of(4 * BS)])
+    cfg.kv_cache_groups[0].is_eagle_group = True
+    args = {"max_model_len": 64, "scheduler_block_size": 4 * BS, "hash_block_size": BS}
+    assert isinstance(kv.KVCacheManager(cfg, **args), kv.KVCacheManager)
+    before = sum(v for k, v in kv.fallbacks.items() if "shared_prefix_checkpoint" in k)
+    m = kv.KVCacheManager(cfg, enable_mamba_shared_prefix_checkpoint=True, **args)
+    assert not isinstance(m, kv.KVCacheManager)
+    after = sum(v for k, v in kv.fallbacks.items() if "shared_prefix_checkpoint" in k)
+    assert after == before + 1
 
 
 CONNECTOR_LAYOUTS = ["mamba", "full+mamba", "full+mamba+mamba", "full+swa+mamba"]
@@ -390,12 +417,50 @@ SUB_BLOCK_LAYOUTS = {
     # inside a block too (the block is copied), its prompt tail is keyed.
     "full16+mamba16": lambda: [full_spec(4 * BS), mamba_spec_of(4 * BS)],
     "full8+mamba16+full": lambda: [full_spec(2 * BS), mamba_spec_of(4 * BS), full_spec()],
+    # Prefill checkpoint blocks: the state at a hash-unit boundary (aligned
+    # to the chunk start) exported into the block before the running one.
+    "full+mamba16/checkpoint": lambda: [full_spec(), mamba_spec_of(4 * BS, BS)],
+    "full8+mamba16/checkpoint8": lambda: [full_spec(2 * BS), mamba_spec_of(4 * BS, 2 * BS)],
+    "mamba12/checkpoint+full+mamba12/checkpoint": lambda: [
+        mamba_spec_of(3 * BS, BS),
+        full_spec(),
+        mamba_spec_of(3 * BS, BS),
+    ],
+    # Decode context parallelism: a Mamba block of one hash unit is enough
+    # for sub-block hits, inside the scaled attention blocks.
+    "full+mamba@dcp4": lambda: [full_spec(), mamba_spec_of(BS)],
+    "full+mla-draft+mamba@dcp2": lambda: [full_spec(), mla_spec(False), mamba_spec_of(BS)],
+    "full+mla+mamba@dcp4": lambda: [full_spec(), mla_spec(True), mamba_spec_of(BS)],
+    "full+mamba/checkpoint@dcp2": lambda: [full_spec(), mamba_spec_of(BS, BS)],
 }
 
 
-def mamba_spec_of(block_size: int) -> MambaSpec:
+def mla_spec(dcp_sharded: bool) -> MLAAttentionSpec:
+    """An MLA spec of BS-token blocks, sharded over DCP ranks or not (a draft)."""
+    return MLAAttentionSpec(
+        block_size=BS, num_kv_heads=1, head_size=1, dtype=torch.float32, dcp_sharded=dcp_sharded
+    )
+
+
+def mamba_spec_of(block_size: int, checkpoint_alignment: int | None = None) -> MambaSpec:
+    """An align-mode Mamba spec; with ``checkpoint_alignment``, one prefill
+    checkpoint block exported at boundaries that many tokens apart."""
     return MambaSpec(
-        block_size=block_size, shapes=((1, 1),), dtypes=(torch.float32,), mamba_cache_mode="align"
+        block_size=block_size,
+        shapes=((1, 1),),
+        dtypes=(torch.float32,),
+        mamba_cache_mode="align",
+        num_prefill_checkpoint_blocks=int(checkpoint_alignment is not None),
+        prefill_checkpoint_alignment=checkpoint_alignment,
+    )
+
+
+def reserved_checkpoints(manager: object, req: Request) -> int:
+    """Prefill checkpoint blocks vLLM's Mamba managers reserved for ``req``'s
+    latest allocation."""
+    return sum(
+        req.request_id in getattr(m, "_checkpoints", {})
+        for m in manager.coordinator.single_type_managers
     )
 
 
@@ -406,23 +471,43 @@ def copies_of(manager: object) -> tuple[list[tuple[int, int]], list[int]]:
 
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("layout", sorted(SUB_BLOCK_LAYOUTS))
-@pytest.mark.parametrize("ahead", [0, 1, 2])
-def test_sub_block_mamba_schedule_matches_vllm(seed: int, layout: str, ahead: int) -> None:
+@pytest.mark.parametrize(
+    ("ahead", "prefill", "eagle"),
+    [(0, 0, False), (1, 0, False), (2, 0, False), (0, 3, False), (2, 2, False), (0, 0, True)],
+)
+def test_sub_block_mamba_schedule_matches_vllm(
+    seed: int, layout: str, ahead: int, prefill: int, eagle: bool
+) -> None:
     """Hits ending on any hash unit (the Mamba state at the prompt's last
     hash boundary, keyed inside its block), the copy-on-write copies of
     those states (a new request's hit and a running request's own tail,
     whose keys move to the copy), their retained ends freed a step later as
-    vLLM's scheduler does, boundary-state and partial-tail offloads: all
-    equal to vLLM's, with the free queue and every table."""
+    vLLM's scheduler does, boundary-state and partial-tail offloads, prefill
+    checkpoints re-keyed at the hash-unit boundary they export (which hash
+    lookahead moves): all equal to vLLM's, with the free queue and every
+    table. With ``prefill`` (num_prefill_lookahead) the last group is
+    flagged as an EAGLE group, as vLLM's MTP configuration does."""
+    if eagle and "checkpoint" in layout:
+        pytest.skip("falls back (test_unserved_mamba_configurations_fall_back)")
     rng = random.Random(seed)
     specs = SUB_BLOCK_LAYOUTS[layout]()
-    sbs = max(int(s.block_size) for s in specs)
+    # "@dcpN": decode context parallelism over N ranks (sharded attention
+    # blocks N times their spec's size, Mamba replicated).
+    dcp = int(layout.split("@dcp")[1]) if "@dcp" in layout else 1
+    sbs = math.lcm(
+        *(int(s.block_size) * (dcp if getattr(s, "dcp_sharded", False) else 1) for s in specs)
+    )
     cfg = config(80, specs)
+    if prefill:
+        cfg.kv_cache_groups[-1].is_eagle_group = True
     args = {
         "max_model_len": 512,
         "scheduler_block_size": sbs,
+        "dcp_world_size": dcp,
         "hash_block_size": BS,
         "num_hash_lookahead_tokens": ahead,
+        "num_prefill_lookahead": prefill,
+        "use_eagle": eagle,
     }
     theirs = kv.original_manager_class()(cfg, **args)
     ours = kv.KVCacheManager(cfg, **args)
@@ -432,7 +517,7 @@ def test_sub_block_mamba_schedule_matches_vllm(seed: int, layout: str, ahead: in
     running: list[Request] = []
     retained: list[list[int]] = []
     prompts: list[list[int]] = []
-    seen = {"hits": 0, "partial": 0, "copies": 0, "offloads": 0, "tails": 0}
+    seen = {"hits": 0, "partial": 0, "copies": 0, "offloads": 0, "tails": 0, "checkpoints": 0}
     for step in range(90):
         theirs.new_step_starts()
         ours.new_step_starts()
@@ -468,6 +553,7 @@ def test_sub_block_mamba_schedule_matches_vllm(seed: int, layout: str, ahead: in
             if a is None:
                 preempt(req, (theirs, ours), running, waiting)
             else:
+                seen["checkpoints"] += reserved_checkpoints(theirs, req)
                 req.num_computed_tokens += n
         while waiting:
             req = waiting[0]
@@ -494,6 +580,7 @@ def test_sub_block_mamba_schedule_matches_vllm(seed: int, layout: str, ahead: in
             assert ids(a) == ids(b)
             if a is None:
                 break
+            seen["checkpoints"] += reserved_checkpoints(theirs, req)
             waiting.pop(0)
             req.num_computed_tokens = na + n
             req.status = RequestStatus.RUNNING
@@ -529,9 +616,11 @@ def test_sub_block_mamba_schedule_matches_vllm(seed: int, layout: str, ahead: in
     # Every schedule copies states out; most also hit inside a Mamba block
     # (all but 3 of the 30: those by chance never resend a prompt in time).
     assert seen["copies"] and seen["offloads"] and seen["hits"], seen
+    assert seen["checkpoints"] or "checkpoint" not in layout, seen
     assert (
         seen["partial"]
         or ahead
+        or eagle  # hits drop a whole block
         or (layout, seed)
         in {
             ("full+mamba12+mamba12", 5),

@@ -14,6 +14,7 @@ methods of vLLM's ``BlockPool`` that the scheduler calls
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -25,6 +26,9 @@ from kvcoord.vllm._inspect import CachedBlockIndex, FreeListEnd
 __all__ = ["BlockView", "EmptyKVCacheBlocks", "KVCacheBlocks", "PoolView", "ids_of"]
 
 _NDARRAY = np.ndarray
+
+#: The live block views, by (id of their pool, block id).
+_LIVE_VIEWS: weakref.WeakValueDictionary[tuple[int, int], BlockView] = weakref.WeakValueDictionary()
 
 
 def _as_list(ids: Any) -> list[int]:
@@ -48,9 +52,27 @@ def ids_of(group: Any) -> list[int]:
 
 class BlockView:
     """A read-only stand-in for vLLM's ``KVCacheBlock``: ``block_id`` plus the
-    pool's live reference count and cache key. Made only on inspection paths."""
+    pool's live reference count and cache key. Made only on inspection paths.
 
-    __slots__ = ("_pool", "block_id")
+    One view per (pool, block) while any is alive, as vLLM has one
+    ``KVCacheBlock`` per block: code comparing blocks with ``is`` (vLLM's
+    tests do) sees the same object for the same block."""
+
+    __slots__ = ("__weakref__", "_pool", "block_id")
+    _pool: Any
+    block_id: int
+
+    def __new__(cls, pool: Any, block_id: int) -> BlockView:
+        if cls is not BlockView:
+            # Subclasses (kvcoord.vllm.BlockPool's blocks) are not shared.
+            return super().__new__(cls)
+        key = (id(pool), block_id)
+        view = _LIVE_VIEWS.get(key)
+        # A live view keeps its pool alive, so its id names that pool.
+        if view is None or view._pool is not pool:
+            view = super().__new__(cls)
+            _LIVE_VIEWS[key] = view
+        return view
 
     def __init__(self, pool: Any, block_id: int) -> None:
         self._pool = pool
@@ -76,9 +98,8 @@ class BlockView:
     @property
     def block_hash_num_tokens(self) -> int | None:
         """vLLM's ``block_hash_num_tokens``: the prefix the primary key stands
-        for (a partial key's own count; the block's end for a full key, which
-        kvcoord's pool does not record, so None there)."""
-        return self._pool.primary_key_tokens(self.block_id)  # type: ignore[no-any-return]
+        for (a partial key's own count; the block's end for a full key)."""
+        return self._pool.key_num_tokens(self.block_id)  # type: ignore[no-any-return]
 
     def _free_neighbour(self, side: int) -> Any:
         """The free queue's entry on ``side`` (0: front, 1: back) of this

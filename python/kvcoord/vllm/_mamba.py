@@ -8,8 +8,11 @@ core's Mamba managers; this module only translates.
 
 Served: ``mamba_cache_mode="align"`` with the hash unit equal to the Mamba
 block size (every hit and every cached state on a block boundary), with or
-without speculative (MTP) scratch blocks, no hash lookahead and no EAGLE;
-``mamba_cache_mode="none"`` with prefix caching off.
+without prefill checkpoint blocks and speculative (MTP) scratch blocks, hash
+lookahead beside other groups, multi-module MTP's ``num_prefill_lookahead``;
+sub-block hits (a hash unit below the Mamba block size, see
+:func:`sub_block_served`); ``mamba_cache_mode="none"`` with prefix caching
+off; EAGLE (``use_eagle``) without prefill checkpoint blocks.
 """
 
 from __future__ import annotations
@@ -72,20 +75,25 @@ def config_reason(specs: Sequence[Any], args: Mapping[str, Any]) -> str | None:
             "Mamba prefix caching with hash_block_size below the Mamba block size "
             "(sub-block partial state hits and their copy-on-write)"
         )
-    if args.get("use_eagle", False):
-        return "EAGLE beside Mamba groups (the checkpoint follows EAGLE's replay boundary)"
-    if args.get("num_hash_lookahead_tokens", 0) and (
-        len(specs) == 1 or any(int(m.num_prefill_checkpoint_blocks) > 0 for m in mambas)
+    if args.get("use_eagle", False) and any(
+        int(m.num_prefill_checkpoint_blocks) > 0 for m in mambas
     ):
-        # Served beside other groups without checkpoint blocks (the
-        # boundary then leaves the lookahead tokens, as vLLM's does).
         return (
-            "hash lookahead beside a lone Mamba group or Mamba prefill checkpoint blocks "
-            "(the checkpoint leaves the lookahead tokens)"
+            "EAGLE beside Mamba prefill checkpoint blocks (the checkpoint at EAGLE's "
+            "replay boundary differs from vLLM's in random schedules)"
         )
-    if args.get("num_prefill_lookahead", 0):
-        return "num_prefill_lookahead beside Mamba groups"
-    sizes = [int(s.block_size) for s in specs]
+    if args.get("num_hash_lookahead_tokens", 0) and len(specs) == 1:
+        # vLLM's lone-group lookup scans blocks past the request's hashes
+        # (a prompt's last block has none under lookahead) and raises.
+        return "hash lookahead beside a lone Mamba group (vLLM's own lookup raises there)"
+    if args.get("enable_mamba_shared_prefix_checkpoint", False) and (
+        args.get("use_eagle", False)
+        or any(getattr(g, "is_eagle_group", False) for g in args["kv_cache_config"].kv_cache_groups)
+    ):
+        return "enable_mamba_shared_prefix_checkpoint beside EAGLE groups"
+    # Block sizes as vLLM's managers see them (DCP scales sharded specs).
+    dcp = int(args.get("dcp_world_size", 1))
+    sizes = [int(s.block_size) * (dcp if getattr(s, "dcp_sharded", False) else 1) for s in specs]
     if int(args["scheduler_block_size"]) != lcm(*sizes):
         # Mamba hits and checkpoints align to the scheduler block, which
         # kvcoord's core derives from the block sizes.
@@ -99,11 +107,12 @@ def config_reason(specs: Sequence[Any], args: Mapping[str, Any]) -> str | None:
 def sub_block_served(specs: Sequence[Any], args: Mapping[str, Any]) -> bool:
     """Whether sub-block (partial) Mamba state hits are served here (some
     Mamba block above the hash unit): beside plain full-attention groups,
-    Mamba groups without prefill checkpoint or speculative blocks, dense
-    retention and no KV-cache events. The core then aligns hits to the hash
-    unit, caches unrounded, keys the prompt's last hash boundary inside the
-    running state's block (and a full-attention prompt tail inside its
-    block), and copies a state or block hit inside it into a private one
+    Mamba groups without speculative blocks, dense retention and no
+    KV-cache events. The core then aligns hits to the hash unit, caches
+    unrounded, keys the prompt's last hash boundary inside the running
+    state's block (and a full-attention prompt tail inside its block),
+    re-keys a prefill checkpoint block at the hash-unit boundary it exports,
+    and copies a state or block hit inside it into a private one
     (``take_kv_cache_block_copies``), as vLLM does."""
     mambas = [s for s in specs if is_mamba_spec(s)]
     hash_block_size = int(args["hash_block_size"])
@@ -116,10 +125,7 @@ def sub_block_served(specs: Sequence[Any], args: Mapping[str, Any]) -> bool:
             for s in specs
         )
         and len(specs) > 1
-        and all(
-            int(m.num_prefill_checkpoint_blocks) == 0 and int(m.num_speculative_blocks) == 0
-            for m in mambas
-        )
+        and all(int(m.num_speculative_blocks) == 0 for m in mambas)
         and getattr(cfg, "prefix_cache_retention_interval", None) is None
         and not args.get("enable_kv_cache_events", False)
         and int(args.get("dcp_world_size", 1)) == 1

@@ -79,7 +79,16 @@ def _context_parallel_reason(groups: list[Any], args: Mapping[str, Any]) -> str 
         return f"{what}: world sizes below 1"
     interface: Any = importlib.import_module("vllm.v1.kv_cache_interface")
     plain = (interface.FullAttentionSpec, interface.MLAAttentionSpec)
-    others = sorted({type(g.kv_cache_spec).__name__ for g in groups} - {c.__name__ for c in plain})
+    served = {c.__name__ for c in plain}
+    if pcp == 1 and all(
+        type(g.kv_cache_spec) is not interface.MambaSpec
+        or g.kv_cache_spec.mamba_cache_mode == "align"
+        for g in groups
+    ):
+        # Align-mode Mamba groups (never sharded) beside DCP: sub-block hits
+        # on the scaled attention blocks (CoordinatorConfig::context_parallel).
+        served.add("MambaSpec")
+    others = sorted({type(g.kv_cache_spec).__name__ for g in groups} - served)
     if others:
         return f"{what} beside {', '.join(others)} groups"
     sizes = [kv_block_size(g.kv_cache_spec, dcp) for g in groups]

@@ -84,6 +84,7 @@ class _SingleTypeView:
     __slots__ = (
         "block_pool",
         "block_size",
+        "cache_hit_alignment_tokens",
         "dcp_world_size",
         "kv_cache_group_id",
         "kv_cache_spec",
@@ -111,6 +112,52 @@ class _SingleTypeView:
         # Auxiliary-output connectors look blocks up by vLLM's block hash
         # here; kvcoord's keys are vLLM's hashes (see kvcoord.vllm._requests).
         self.block_pool = manager.block_pool
+        # Tokens a hit ends on a multiple of (vLLM sets it on every manager).
+        self.cache_hit_alignment_tokens = int(manager._core.hit_alignment)
+
+
+class _MambaCheckpoints(Mapping[str, tuple[int, int]]):
+    """``_checkpoints`` of a Mamba "align" group: request id -> (token
+    position, table index) of the prefill checkpoint its latest allocation
+    reserved (read-only, from the core)."""
+
+    def __init__(self, manager: KVCacheManager, group_id: int) -> None:
+        self._manager = manager
+        self._group_id = group_id
+
+    def __getitem__(self, request_id: str) -> tuple[int, int]:
+        manager = self._manager
+        if manager._held(request_id) is None:
+            raise KeyError(request_id)
+        found = manager._core.request_mamba_checkpoint(request_id, self._group_id)
+        if found is None:
+            raise KeyError(request_id)
+        return (int(found[0]), int(found[1]))
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([r for r in self._manager._requests.ids() if r in self])
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def __contains__(self, request_id: object) -> bool:
+        try:
+            self[request_id]  # type: ignore[index]
+        except (KeyError, TypeError):
+            return False
+        return True
+
+
+class _MambaView(_SingleTypeView):
+    """The view of a Mamba group: also its reserved prefill checkpoints."""
+
+    __slots__ = ("_checkpoints",)
+
+    def __init__(
+        self, manager: KVCacheManager, group_id: int, spec: Any, args: Mapping[str, Any]
+    ) -> None:
+        super().__init__(manager, group_id, spec, args)
+        self._checkpoints = _MambaCheckpoints(manager, group_id)
 
 
 class _CrossAttentionView(_SingleTypeView):
@@ -137,13 +184,13 @@ def _view_class(spec: Any) -> type[_SingleTypeView]:
     interface: Any = importlib.import_module("vllm.v1.kv_cache_interface")
     if type(spec) is interface.CrossAttentionSpec:
         return _cross_attention_view()
+    if type(spec) is interface.MambaSpec:
+        return _MambaView
     return _SingleTypeView
 
 
 class CoordinatorView:
     """What the scheduler and its helpers read of vLLM's coordinator."""
-
-    enable_partial_hash_hits = False
 
     def __init__(
         self, manager: KVCacheManager, core: KVCacheCoordinator, args: Mapping[str, Any]
@@ -151,10 +198,10 @@ class CoordinatorView:
         self._manager = manager
         self.core = core
         self.num_reprefillable_tokens = core.core.num_reprefillable_tokens
+        self.scheduler_block_size = int(core.core.scheduler_block_size)
+        self.hash_block_size = int(core.core.hash_block_size)
         self.dcp_world_size = int(args.get("dcp_world_size", 1))
         self.pcp_world_size = int(args.get("pcp_world_size", 1))
-        config = manager.kv_cache_config
-        self.retention_interval = getattr(config, "prefix_cache_retention_interval", None)
         self.eagle_group_ids = manager.eagle_group_ids
         self.drop_eagle_group_ids = manager.drop_eagle_group_ids
         self.single_type_managers = [
@@ -165,6 +212,27 @@ class CoordinatorView:
     @property
     def block_pool(self) -> PoolView:
         return self._manager.block_pool
+
+    @property
+    def enable_partial_hash_hits(self) -> bool:
+        """Whether hits may end inside a block (sub-block Mamba hits)."""
+        return bool(self._manager._core.partial_hits)
+
+    @property
+    def _cache_hit_alignment_tokens(self) -> int:
+        """Tokens a hit ends on a multiple of (the core's hit alignment)."""
+        return int(self._manager._core.hit_alignment)
+
+    @property
+    def retention_interval(self) -> int | None:
+        """The prefix-cache retention interval (None: dense). vLLM's
+        coordinator reads it on every call, so setting it between steps
+        changes the core's."""
+        return self._manager._core.retention_interval  # type: ignore[no-any-return]
+
+    @retention_interval.setter
+    def retention_interval(self, interval: int | None) -> None:
+        self._manager._core.set_retention_interval(interval)
 
     @property
     def full_attention_group_id(self) -> int | None:

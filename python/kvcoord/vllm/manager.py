@@ -136,6 +136,7 @@ class KVCacheManager(DecodePath, ManagerReadouts, DecodeFastPath):
             eagle_group_ids=self.drop_eagle_group_ids,
             num_hash_lookahead_tokens=int(a.get("num_hash_lookahead_tokens", 0)),
             allow_partial_hits=True,
+            context_parallel=int(a.get("dcp_world_size", 1)) > 1,
             # vLLM's scheduler adopts whatever blocks it is handed as hits.
             verify_hits=False,
             group_id_base=self._group_id_base,

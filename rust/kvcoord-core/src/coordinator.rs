@@ -104,6 +104,9 @@ pub fn default_hash_block_size(groups: &[GroupSpec], enable_caching: bool) -> u3
 }
 
 /// Construction parameters of a [`CoordinatorCore`].
+// Independent switches of vLLM's constructor (events, partial hits, context
+// parallelism, hit verification), not a state machine.
+#[allow(clippy::struct_excessive_bools)]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CoordinatorConfig {
     /// One spec per KV-cache group, by group id.
@@ -143,6 +146,11 @@ pub struct CoordinatorConfig {
     /// the copy ([`CoordinatorCore::take_block_copies`]), which a caller
     /// must be ready to do.
     pub allow_partial_hits: bool,
+    /// Whether decode context parallelism is on (vLLM's `dcp_world_size >
+    /// 1`; the caller scales the sharded groups' block sizes): a Mamba
+    /// block equal to the hash unit then turns on partial hits too, as
+    /// vLLM's `partial_hash_hits_enabled` does.
+    pub context_parallel: bool,
     /// Whether `allocate_slots` checks every prefix-cache hit against the
     /// prefix index (default): block `i` of group `g` must be cached under
     /// the request's own hash of block `i`, so a hit that went stale
@@ -186,6 +194,7 @@ impl CoordinatorConfig {
             eagle_groups: Vec::new(),
             num_hash_lookahead_tokens: 0,
             allow_partial_hits: false,
+            context_parallel: false,
             verify_hits: true,
             group_id_base: 0,
             event_medium: Medium::Gpu,
@@ -202,10 +211,10 @@ impl CoordinatorConfig {
         let hbs = self.hash_block_size;
         self.allow_partial_hits
             && self.kind == CoordinatorKind::Hybrid
-            && self
-                .groups
-                .iter()
-                .any(|g| matches!(g.kind, SpecKind::MambaAlign { .. }) && g.block_size > hbs)
+            && self.groups.iter().any(|g| {
+                matches!(g.kind, SpecKind::MambaAlign { .. })
+                    && (g.block_size > hbs || (self.context_parallel && g.block_size == hbs))
+            })
             && self.groups.iter().all(|g| {
                 !g.prefix_cacheable()
                     || g.block_size == hbs
@@ -217,6 +226,17 @@ impl CoordinatorConfig {
                             | SpecKind::MambaAlign { .. }
                     )
             })
+    }
+
+    /// Where a Mamba prefill checkpoint goes (vLLM's
+    /// `get_mamba_prefill_checkpoint_position`): after the hash lookahead,
+    /// or at EAGLE's replay boundary when EAGLE groups drop their block
+    /// (vLLM's `drop_eagle_checkpoint_block`, set under `use_eagle`).
+    pub fn checkpoint_rule(&self) -> mamba_align::CheckpointRule {
+        mamba_align::CheckpointRule {
+            lookahead: self.num_hash_lookahead_tokens,
+            drop_eagle: !self.eagle_groups.is_empty(),
+        }
     }
 
     /// Tokens a hit ends on a multiple of (vLLM's
@@ -830,6 +850,32 @@ impl CoordinatorCore {
     /// A live request's block tables, by group.
     pub fn request_block_ids(&self, id: &str) -> KvResult<Vec<&[BlockId]>> {
         self.block_ids(self.req_of(id)?)
+    }
+
+    /// The prefill checkpoint a live request's latest allocation reserved
+    /// in a Mamba "align" group (vLLM's `MambaManager._checkpoints`): (token
+    /// position, table index); `None` in other groups and without one.
+    pub fn request_mamba_checkpoint(
+        &self,
+        id: &str,
+        group: GroupId,
+    ) -> KvResult<Option<(usize, usize)>> {
+        let tables = self.tables(self.req_of(id)?)?;
+        let table = tables
+            .get(group.0 as usize)
+            .ok_or(KvError::UnknownGroup(group))?;
+        Ok(table.align.checkpoint)
+    }
+
+    /// Change the prefix-cache retention interval (vLLM's coordinator reads
+    /// its `retention_interval` on every call, so it may be set between
+    /// steps); refused as at construction, nothing changed then.
+    pub fn set_retention_interval(&mut self, interval: Option<i64>) -> KvResult<()> {
+        let sparse = self.config.groups.iter().any(GroupSpec::is_sparse);
+        validate_retention_interval(interval, self.config.scheduler_block_size, sparse)?;
+        self.config.retention_interval = interval;
+        self.retention = interval.map(|r| usize::try_from(r).unwrap_or(0));
+        Ok(())
     }
 
     /// Per group, how many leading blocks of a live request are shared by
@@ -1646,7 +1692,7 @@ fn predict(
                 hash_block_size: config.hash_block_size as usize,
                 hits: group_hits,
                 local: step.local,
-                lookahead: config.num_hash_lookahead_tokens,
+                rule: config.checkpoint_rule(),
             };
             let n = mamba_align::num_blocks_to_allocate(m, pool, table, &input, cached_this_step);
             checkpoints[g] = n.checkpoint;
@@ -1882,20 +1928,23 @@ fn cache_tables(
                 &policy,
                 before,
                 cached_this_step,
-                (hbs, config.num_hash_lookahead_tokens),
+                (hbs, config.checkpoint_rule()),
             )?;
             // Every state committed by this call is handed off (vLLM's
-            // boundary-state offloads), with the tokens it covers.
-            let bs = m.block_size();
+            // boundary-state offloads), with the tokens its key covers (a
+            // checkpoint re-keyed inside its block covers fewer).
             let end = end.max(t.num_cached()).min(t.blocks().len());
             for idx in before.min(end)..end {
                 let b = t.blocks()[idx];
-                if !b.is_null() && pool.cache_key(b)?.is_some() {
+                if b.is_null() {
+                    continue;
+                }
+                if let Some(num_tokens) = pool.key_num_tokens(b)? {
                     offloads.push(BoundaryOffload {
                         req,
                         group: m.group(),
                         block: b,
-                        num_tokens: (idx + 1) * bs,
+                        num_tokens,
                     });
                 }
             }
@@ -2700,6 +2749,54 @@ mod tests {
         assert_eq!(copies[0].0, dst);
         assert_eq!(out.group(1)[0], copies[0].1);
         assert_eq!(c.request_block_ids("b").unwrap()[1][1], copies[0].1);
+        c.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn sub_block_checkpoint_is_rekeyed_at_its_boundary() {
+        // Full B = 4 beside Mamba "align" B = 16 with a prefill checkpoint
+        // (alignment 4), hash unit 4: a 30-token prompt in one chunk
+        // exports the state at 28 into the block before the running one
+        // (column 0), whose full key at 16 is replaced by the key at 28, as
+        // vLLM's _cache_partial_tail_block; the hand-off covers 28 tokens.
+        let mut cfg = CoordinatorConfig::new(
+            vec![
+                GroupSpec::full_attention(4),
+                GroupSpec::mamba_align(16, true, Some(4)),
+            ],
+            40,
+            true,
+            1000,
+        );
+        cfg.hash_block_size = 4;
+        cfg.allow_partial_hits = true;
+        let mut c = CoordinatorCore::new(cfg).unwrap();
+        let r = live_request("a", 30, 4);
+        let mut out = NewBlocks::new();
+        assert!(c
+            .allocate_request(&r, &AllocateArgs::new(30), None, &mut out)
+            .unwrap());
+        let table = c.request_block_ids("a").unwrap()[1].to_vec();
+        assert_eq!(table.len(), 2, "checkpoint block, running state");
+        let checkpoint = table[0];
+        let key = c.pool().cache_key(checkpoint).unwrap().unwrap();
+        assert_eq!(key.hash, r.block_hashes()[6]);
+        assert_eq!(c.pool().key_num_tokens(checkpoint).unwrap(), Some(28));
+        assert_eq!(c.pool().lookup(&r.block_hashes()[3], GroupId(1)), None);
+        let offloads: Vec<_> = c
+            .take_boundary_state_offloads()
+            .into_iter()
+            .map(|o| (o.block, o.num_tokens))
+            .collect();
+        assert_eq!(offloads, vec![(checkpoint, 28)]);
+        c.new_step_starts();
+        // The same prompt again: the hit is the checkpoint, at 28 tokens
+        // (in the entry of the block holding token 28).
+        let r2 = live_request("b", 30, 4);
+        let (hits, n) = c
+            .find_longest_cache_hit(&[GroupId(1)], r2.block_hashes(), 29, 4, false)
+            .unwrap();
+        assert_eq!((n, hits[0].clone()), (28, vec![BlockId::NULL, checkpoint]));
         c.check_invariants().unwrap();
     }
 

@@ -22,10 +22,10 @@ pub const MAX_TOKENS: usize = 1 << 48;
 const _: () = assert!(MAX_TOKENS.is_power_of_two());
 
 /// Bytes of metadata a pool of `num_blocks` blocks allocates up front:
-/// 8 bytes of block metadata plus 8 of free-queue links per block, and the
-/// queue's two sentinels.
+/// 8 bytes of block metadata, 4 of the primary key's token count and 8 of
+/// free-queue links per block, and the queue's two sentinels.
 pub fn pool_metadata_bytes(num_blocks: usize) -> Option<usize> {
-    num_blocks.checked_add(2)?.checked_mul(16)
+    num_blocks.checked_add(2)?.checked_mul(20)
 }
 
 /// Reserve a pool's metadata ([`pool_metadata_bytes`]) before building it.

@@ -172,6 +172,12 @@ pub struct BlockPool {
     /// ([`crate::partial_keys`]). Invariant: an entry only for a block with
     /// a primary key; its secondary slots are live and list the block.
     partial: PartialKeys,
+    /// Tokens behind each block's primary key (vLLM's
+    /// `block_hash_num_tokens`): the block's end for a full-block key, the
+    /// partial key's own count otherwise. Meaningful only while the block
+    /// has a key; kept apart from `meta` (written only when a key is
+    /// registered, read only by [`Self::key_num_tokens`]).
+    key_tokens: Vec<u32>,
     config: PoolConfig,
     /// `Some` iff events are enabled.
     events: Option<Vec<KvEvent>>,
@@ -318,6 +324,7 @@ impl BlockPool {
             free: make(config.num_blocks),
             index: PrefixIndex::new(),
             partial: PartialKeys::default(),
+            key_tokens: vec![0; config.num_blocks],
             config,
             events: config.enable_events.then(Vec::new),
             events_done: 0,
@@ -443,6 +450,18 @@ impl BlockPool {
     pub fn primary_key_tokens(&self, block: BlockId) -> KvResult<Option<usize>> {
         self.check_ids(&[block])?;
         Ok(self.partial.primary_tokens(block).map(|t| t as usize))
+    }
+
+    /// Tokens behind `block`'s primary key (vLLM's `block_hash_num_tokens`):
+    /// the end of the block's position for a full-block key, the partial
+    /// key's count otherwise (moved with the key by
+    /// [`Self::move_block_keys`]); `None` for an uncached block and for a
+    /// whole-block key inserted by hand without a count
+    /// ([`Self::insert_key`]).
+    pub fn key_num_tokens(&self, block: BlockId) -> KvResult<Option<usize>> {
+        self.check_ids(&[block])?;
+        let t = self.key_tokens[block.index()];
+        Ok((self.meta[block.index()].key != NO_KEY && t != WHOLE_BLOCK).then_some(t as usize))
     }
 
     /// Every key `block` is cached under: the primary key first, then its
@@ -955,6 +974,8 @@ impl BlockPool {
             let hash = hash_at(num_cached_blocks + i);
             let key = CacheKey { hash, group };
             self.meta[b.index()].key = self.index.insert(key, b);
+            self.key_tokens[b.index()] =
+                u32::try_from((num_cached_blocks + i + 1) * unit_tokens).unwrap_or(u32::MAX);
             stored_ids.push(b);
             if record {
                 stored_hashes.push(hash);
@@ -1325,6 +1346,7 @@ impl BlockPool {
             let slot = self.index.insert(key, block);
             if self.meta[block.index()].key == NO_KEY {
                 self.meta[block.index()].key = slot;
+                self.key_tokens[block.index()] = tokens32;
                 self.partial.set_primary_tokens(block, Some(tokens32));
                 if let Order::Ranked(r) = &mut self.free {
                     let depth = u32::try_from(units).unwrap_or(u32::MAX);
@@ -1386,6 +1408,9 @@ impl BlockPool {
         let slot = self.index.insert(key, block);
         if self.meta[block.index()].key == NO_KEY {
             self.meta[block.index()].key = slot;
+            // vLLM's block_hash_num_tokens is what the caller gave (None
+            // for a whole-block key inserted by hand).
+            self.key_tokens[block.index()] = tokens.unwrap_or(WHOLE_BLOCK);
             self.partial.set_primary_tokens(block, tokens);
         } else {
             self.partial
@@ -1442,6 +1467,7 @@ impl BlockPool {
             .collect();
         self.unlink_key_silently(src);
         self.meta[dst.index()].key = self.index.insert(primary_key, dst);
+        self.key_tokens[dst.index()] = self.key_tokens[src.index()];
         self.partial.set_primary_tokens(dst, entry.primary_tokens);
         for (key, tokens) in secondary {
             let slot = self.index.insert(key, dst);
@@ -1492,6 +1518,13 @@ impl BlockPool {
             let primary = self.meta.get(b.index()).map_or(NO_KEY, |m| m.key);
             if primary == NO_KEY {
                 return Err(format!("block {b} has partial keys but no primary key"));
+            }
+            if e.primary_tokens
+                .is_some_and(|t| t != self.key_tokens[b.index()])
+            {
+                return Err(format!(
+                    "block {b}: partial primary key's token count differs"
+                ));
             }
             for (j, &(slot, _)) in e.secondary.iter().enumerate() {
                 if slot == primary || e.secondary[..j].iter().any(|&(s, _)| s == slot) {
@@ -1751,6 +1784,34 @@ mod tests {
     }
 
     #[test]
+    fn key_num_tokens_follow_the_primary_key() {
+        // vLLM's block_hash_num_tokens: a full key covers its block's end,
+        // a partial key its own count; moved keys keep theirs.
+        let mut p = partial_pool(6);
+        let b = ids(&get(&mut p, 4));
+        let units = [h(1), h(2), h(3), h(4)];
+        assert_eq!(p.key_num_tokens(b[0]).unwrap(), None);
+        p.cache_full_blocks_scaled(&b, &units, 2, 0, 2, GroupId(0), None)
+            .unwrap();
+        assert_eq!(p.key_num_tokens(b[0]).unwrap(), Some(8));
+        assert_eq!(p.key_num_tokens(b[1]).unwrap(), Some(16));
+        assert_eq!(p.primary_key_tokens(b[1]).unwrap(), None);
+        // A key replaced by one at 12 (a checkpoint inside its block).
+        p.cache_partial_block(b[1], &units, 12, 16, GroupId(0), true)
+            .unwrap();
+        assert_eq!(p.key_num_tokens(b[1]).unwrap(), Some(12));
+        p.move_block_keys(b[1], b[2]).unwrap();
+        assert_eq!(p.key_num_tokens(b[1]).unwrap(), None);
+        assert_eq!(p.key_num_tokens(b[2]).unwrap(), Some(12));
+        p.move_block_keys(b[0], b[3]).unwrap();
+        assert_eq!(p.key_num_tokens(b[3]).unwrap(), Some(8));
+        p.check_invariants().unwrap();
+        p.evict_blocks(&[b[3]]).unwrap();
+        assert_eq!(p.key_num_tokens(b[3]).unwrap(), None);
+        assert!(p.key_num_tokens(BlockId(99)).is_err());
+    }
+
+    #[test]
     fn keys_inserted_by_hand() {
         let mut p = partial_pool(5);
         let key = |n: u8, g: u32| CacheKey {
@@ -1760,6 +1821,7 @@ mod tests {
         let queue_before = queue(&p);
         // A free block and the null block are keyed where they stand.
         assert!(p.insert_key(BlockId(2), key(1, 0), None).unwrap());
+        assert_eq!(p.key_num_tokens(BlockId(2)).unwrap(), None);
         assert!(p.insert_key(BlockId::NULL, key(1, 0), None).unwrap());
         assert_eq!(queue(&p), queue_before);
         assert_eq!(p.ref_count(BlockId::NULL).unwrap(), 0);

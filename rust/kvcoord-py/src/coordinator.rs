@@ -119,6 +119,13 @@ pool_writers!(pymethods!(PyCoordinatorCore {
     /// (partial) hits, else the scheduler block size.
     get hit_alignment(&self, py: Python<'_>) -> PyResult<usize> =
         self.with(py, |c| c.config().hit_alignment());
+    /// Whether sub-block (partial) hits are on (vLLM's
+    /// `enable_partial_hash_hits`).
+    get partial_hits(&self, py: Python<'_>) -> PyResult<bool> =
+        self.with(py, |c| c.config().partial_hits());
+    /// The prefix-cache retention interval (None: dense).
+    get retention_interval(&self, py: Python<'_>) -> PyResult<Option<i64>> =
+        self.with(py, |c| c.config().retention_interval);
     /// Per group, the re-prefillable tokens it holds back from caching.
     get held_back_tokens(&self, py: Python<'_>) -> PyResult<Vec<usize>> =
         self.with(py, |c| c.config().held_back_tokens().collect());
@@ -128,10 +135,12 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         self.with(py, CoordinatorCore::has_decode_room);
 }) {
     #[new]
+    #[allow(clippy::fn_params_excessive_bools)] // vLLM's keyword switches
     #[pyo3(signature = (num_blocks, groups, *, kind, hash_block_size, max_model_len,
                         retention_interval = None, enable_events = false,
                         num_reprefillable_tokens = None, eagle_group_ids = None,
                         num_hash_lookahead_tokens = None, allow_partial_hits = false,
+                        context_parallel = false,
                         verify_hits = true, group_id_base = 0, event_medium = "GPU"))]
     #[allow(clippy::too_many_arguments)] // Python keyword arguments, converted once
     fn new(
@@ -147,6 +156,7 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         eagle_group_ids: Option<&Bound<'_, PyAny>>,
         num_hash_lookahead_tokens: Option<&Bound<'_, PyAny>>,
         allow_partial_hits: bool,
+        context_parallel: bool,
         verify_hits: bool,
         group_id_base: u32,
         event_medium: &str,
@@ -174,6 +184,7 @@ pool_writers!(pymethods!(PyCoordinatorCore {
             config.eagle_groups = convert::group_ids(g)?;
         }
         config.allow_partial_hits = allow_partial_hits;
+        config.context_parallel = context_parallel;
         if let Some(n) = num_hash_lookahead_tokens {
             config.num_hash_lookahead_tokens = args::config_count(n, "num_hash_lookahead_tokens")?;
         }
@@ -472,6 +483,25 @@ pool_writers!(pymethods!(PyCoordinatorCore {
                 (name.to_owned(), o.group.0, o.block.0, o.num_tokens)
             })
             .collect())
+    }
+
+    /// The prefill checkpoint a live request's latest allocation reserved
+    /// in a Mamba "align" group: `(token_position, table_index)`, or None.
+    fn request_mamba_checkpoint(
+        &self,
+        py: Python<'_>,
+        request_id: &str,
+        group: &Bound<'_, PyAny>,
+    ) -> PyResult<Option<(usize, usize)>> {
+        let group = GroupId(args::u32_arg(group, "group")?);
+        let state = self.enter(py)?;
+        core(state.inner.request_mamba_checkpoint(request_id, group))
+    }
+
+    /// Change the prefix-cache retention interval between steps (None:
+    /// dense); refused as at construction.
+    fn set_retention_interval(&self, py: Python<'_>, interval: Option<i64>) -> PyResult<()> {
+        self.with_mut(py, |c| c.set_retention_interval(interval))
     }
 
     /// Drain the copy-on-write copies made since the last call:

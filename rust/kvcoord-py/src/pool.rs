@@ -101,6 +101,14 @@ macro_rules! pool_readers {
                 $crate::errors::core(self.with(py, |p| p.primary_key_tokens(b))?)
             }
 
+            /// Tokens behind the block's primary key (vLLM's
+            /// `block_hash_num_tokens`): the block's end for a full-block
+            /// key, a partial key's own count; None without a key.
+            fn key_num_tokens(&self, py: Python<'_>, block_id: &Bound<'_, PyAny>) -> PyResult<Option<usize>> {
+                let b = $crate::convert::block_id_of(block_id)?;
+                $crate::errors::core(self.with(py, |p| p.key_num_tokens(b))?)
+            }
+
             /// Every `(hash, group_id)` key the block is cached under: the
             /// primary key first, then its secondary keys.
             fn cache_keys<'py>(

@@ -66,19 +66,34 @@ impl AlignState {
 /// the logits).
 #[inline]
 pub fn prefill_checkpoint_position(num_tokens: usize, unit: usize) -> usize {
-    prefill_checkpoint_position_ahead(num_tokens, unit, 0)
+    CheckpointRule::default().position(num_tokens, unit)
 }
 
-/// [`prefill_checkpoint_position`] with hash lookahead: the boundary leaves
-/// `max(1, lookahead)` tokens after it, so that its hash exists (vLLM's
-/// `get_mamba_prefill_checkpoint_position` without EAGLE).
-#[inline]
-pub fn prefill_checkpoint_position_ahead(
-    num_tokens: usize,
-    unit: usize,
-    lookahead: usize,
-) -> usize {
-    num_tokens.saturating_sub(lookahead.max(1)) / unit * unit
+/// What a prefill checkpoint must leave after it (vLLM's
+/// `get_mamba_prefill_checkpoint_position`).
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct CheckpointRule {
+    /// Hash lookahead tokens: the boundary leaves `max(1, lookahead)`
+    /// tokens after it, so that its hash exists.
+    pub lookahead: usize,
+    /// EAGLE's block drop (vLLM's `drop_eagle_checkpoint_block`, set under
+    /// `use_eagle`): the boundary is one unit below the last one at or
+    /// below the end, EAGLE's replay boundary (which already leaves tokens
+    /// to recompute).
+    pub drop_eagle: bool,
+}
+
+impl CheckpointRule {
+    /// The checkpoint boundary of a prefill reaching `num_tokens`, on a
+    /// multiple of `unit`.
+    #[inline]
+    pub fn position(self, num_tokens: usize, unit: usize) -> usize {
+        if self.drop_eagle {
+            (num_tokens / unit * unit).saturating_sub(unit)
+        } else {
+            num_tokens.saturating_sub(self.lookahead.max(1)) / unit * unit
+        }
+    }
 }
 
 /// Whether a chunk `[start, end)` can export the state at `checkpoint` into
@@ -176,8 +191,8 @@ pub(crate) struct AllocInput<'a> {
     pub hits: &'a [BlockId],
     /// Locally computed tokens (hits included, external tokens not).
     pub local: usize,
-    /// Hash lookahead tokens (see [`prefill_checkpoint_position_ahead`]).
-    pub lookahead: usize,
+    /// Where the checkpoint goes.
+    pub rule: CheckpointRule,
 }
 
 /// What an allocation will pull from the pool, as vLLM's signed count:
@@ -233,7 +248,7 @@ pub(crate) fn num_blocks_to_allocate(
     // A state at a sub-block boundary is copied into one more block.
     let partial = (!input.hits.is_empty() && input.local % spec_bs != 0)
         || table.is_some_and(|t| t.align.partial_hit.is_some());
-    let position = prefill_checkpoint_position_ahead(input.main, input.alignment, input.lookahead);
+    let position = input.rule.position(input.main, input.alignment);
     // The reserved block sits just before the running state's entry.
     let checkpoint_idx = state_blocks.checked_sub(2);
     let reserves = prefill_checkpoint
@@ -468,11 +483,13 @@ pub(crate) fn reachable_block_mask(
     true
 }
 
-/// After the group's regular caching: make sure the reserved checkpoint (or,
-/// without one, the prompt's last cacheable boundary) is keyed, drop a
-/// transient checkpoint's key under a retention interval, and record every
-/// key registered by this call in `cached_this_step`. `before` is the
-/// table's cached count before the regular caching.
+/// After the group's regular caching (vLLM's `_cache_partial_tail_block`
+/// and the bookkeeping around it): re-key the reserved checkpoint block at
+/// its exported boundary (or drop a transient checkpoint's keys under a
+/// retention interval), or, without a checkpoint, key the prompt's last
+/// hash-unit boundary on the block of the state there; record every key
+/// registered by this call in `cached_this_step`. `before` is the table's
+/// cached count before the regular caching.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn after_cache_blocks(
     spec_bs: usize,
@@ -486,64 +503,32 @@ pub(crate) fn after_cache_blocks(
     policy: &CachePolicy<'_>,
     before: usize,
     cached_this_step: &mut HashSet<CacheKey>,
-    (hbs, lookahead): (usize, usize),
+    (hbs, rule): (usize, CheckpointRule),
 ) -> KvResult<()> {
     let mut lowered = None;
-    // Only whole-block boundaries exist with hash unit = block size, so a
-    // boundary entry is "already keyed" exactly when its block has a key.
-    let boundary_block = if let Some((position, idx)) = table.align.checkpoint {
-        let is_prompt = position
-            == prefill_checkpoint_position_ahead(num_prompt_tokens, policy.alignment, lookahead);
-        let retained = position % spec_bs == 0 && position >= spec_bs && {
-            let block = position / spec_bs - 1;
-            let mut buf = Vec::new();
-            let no_boundaries = CachePolicy {
-                reachable_boundaries: &[],
-                ..policy.clone()
-            };
-            !reachable_block_mask(block, block + 1, spec_bs, &no_boundaries, &mut buf) || buf[0]
-        };
-        let b = table.blocks.get(idx).copied().unwrap_or(BlockId::NULL);
-        if !is_prompt && !retained && position != shared_prefix_boundary {
-            // A transient state overwrites this slot: its key is useless.
-            if !b.is_null() {
-                pool.evict_blocks(&[b])?;
-            }
-            None
-        } else if position % spec_bs == 0 && idx + 1 == position / spec_bs {
-            Some(idx)
-        } else {
-            None
-        }
-    } else if hbs < spec_bs {
-        lowered = sub_block_tail(
+    if let Some((position, idx)) = table.align.checkpoint {
+        checkpoint_key(
+            spec_bs,
+            group,
+            pool,
+            table,
+            hashes,
+            (position, idx),
+            (num_prompt_tokens, shared_prefix_boundary, rule, hbs),
+            policy,
+            cached_this_step,
+        )?;
+    } else {
+        lowered = prompt_tail_key(
             spec_bs,
             hbs,
             group,
             pool,
             table,
             hashes,
-            (num_tokens, num_prompt_tokens, lookahead),
+            (num_tokens, num_prompt_tokens, rule),
             cached_this_step,
         )?;
-        None
-    } else if num_tokens > 0
-        && num_tokens % spec_bs == 0
-        && num_tokens == prefill_checkpoint_position_ahead(num_prompt_tokens, spec_bs, lookahead)
-    {
-        Some(num_tokens / spec_bs - 1)
-    } else {
-        None
-    };
-    if let Some(idx) = boundary_block {
-        if let Some(&b) = table.blocks.get(idx) {
-            if !b.is_null() && pool.cache_key(b)?.is_none() && idx < hashes.len() {
-                pool.cache_full_blocks(&table.blocks, hashes, idx, idx + 1, group, None)?;
-                if let Some(key) = pool.cache_key(b)? {
-                    cached_this_step.insert(key);
-                }
-            }
-        }
     }
     for &b in table.blocks.get(before..table.num_cached).unwrap_or(&[]) {
         if b.is_null() {
@@ -561,27 +546,72 @@ pub(crate) fn after_cache_blocks(
     Ok(())
 }
 
-/// The prompt's last hash-unit boundary keyed on the block of the state
-/// there (vLLM's `_cache_partial_tail_block` without a checkpoint, hash unit
-/// below the block size): when this call caches up to exactly that
-/// boundary, the running state block gets a (partial) key at it. A boundary
-/// inside the block makes the next allocation copy the state out (the
-/// request's own partial hit and producer tail). Returns the table index
-/// the cached count is lowered to, if any.
+/// The reserved checkpoint block keyed at the boundary whose state the
+/// worker exports into it: kept when it is the prompt's checkpoint, a
+/// retained segment boundary or the shared-prefix junction (its keys
+/// replaced by the one at the boundary unless already keyed there),
+/// otherwise its keys are dropped (a transient state overwrites it).
 #[allow(clippy::too_many_arguments)]
-fn sub_block_tail(
+fn checkpoint_key(
+    spec_bs: usize,
+    group: GroupId,
+    pool: &mut BlockPool,
+    table: &GroupTable,
+    hashes: &[BlockHash],
+    (position, idx): (usize, usize),
+    (num_prompt_tokens, shared_prefix_boundary, rule, hbs): (usize, usize, CheckpointRule, usize),
+    policy: &CachePolicy<'_>,
+    cached_this_step: &mut HashSet<CacheKey>,
+) -> KvResult<()> {
+    let is_prompt = position == rule.position(num_prompt_tokens, policy.alignment);
+    let retained = position % spec_bs == 0 && position >= spec_bs && {
+        let block = position / spec_bs - 1;
+        let mut buf = Vec::new();
+        let no_boundaries = CachePolicy {
+            reachable_boundaries: &[],
+            ..policy.clone()
+        };
+        !reachable_block_mask(block, block + 1, spec_bs, &no_boundaries, &mut buf) || buf[0]
+    };
+    let b = table.blocks.get(idx).copied().unwrap_or(BlockId::NULL);
+    if b.is_null() {
+        return Ok(());
+    }
+    if !is_prompt && !retained && position != shared_prefix_boundary {
+        // A transient state overwrites this slot: its keys are useless.
+        return pool.evict_blocks(&[b]);
+    }
+    if pool.key_num_tokens(b)? == Some(position) || position == 0 || position / hbs > hashes.len() {
+        return Ok(());
+    }
+    let full = (idx + 1) * spec_bs;
+    if let Some(key) = pool.cache_partial_block(b, hashes, position, full, group, true)? {
+        cached_this_step.insert(key);
+    }
+    Ok(())
+}
+
+/// The prompt's last hash-unit boundary keyed on the block of the state
+/// there (vLLM's `_cache_partial_tail_block` without a checkpoint): when
+/// this call caches up to exactly that boundary, the running state block
+/// gets a key at it unless already keyed there. A boundary inside the
+/// block (hash unit below the block size) makes the next allocation copy
+/// the state out (the request's own partial hit and producer tail); the
+/// table index the cached count is lowered to is returned then.
+#[allow(clippy::too_many_arguments)]
+fn prompt_tail_key(
     spec_bs: usize,
     hbs: usize,
     group: GroupId,
     pool: &mut BlockPool,
     table: &mut GroupTable,
     hashes: &[BlockHash],
-    (num_tokens, num_prompt_tokens, lookahead): (usize, usize, usize),
+    (num_tokens, num_prompt_tokens, rule): (usize, usize, CheckpointRule),
     cached_this_step: &mut HashSet<CacheKey>,
 ) -> KvResult<Option<usize>> {
     if num_tokens == 0
         || num_tokens % hbs != 0
-        || num_tokens != prefill_checkpoint_position_ahead(num_prompt_tokens, hbs, lookahead)
+        || num_tokens != rule.position(num_prompt_tokens, hbs)
         || num_tokens / hbs > hashes.len()
     {
         return Ok(None);
@@ -590,18 +620,11 @@ fn sub_block_tail(
     let Some(&b) = table.blocks.get(idx) else {
         return Ok(None);
     };
-    if b.is_null() {
+    if b.is_null() || pool.key_num_tokens(b)? == Some(num_tokens) {
+        // Null, or already keyed here (a hit or an earlier step).
         return Ok(None);
     }
     let full = (idx + 1) * spec_bs;
-    let covered = match pool.cache_key(b)? {
-        Some(_) => Some(pool.primary_key_tokens(b)?.unwrap_or(full)),
-        None => None,
-    };
-    if covered == Some(num_tokens) {
-        // Already keyed here (a hit or an earlier step).
-        return Ok(None);
-    }
     let Some(key) = pool.cache_partial_block(b, hashes, num_tokens, full, group, false)? else {
         return Ok(None);
     };
@@ -682,7 +705,7 @@ mod tests {
             hash_block_size: 4,
             hits: &[],
             local: total_computed,
-            lookahead: 0,
+            rule: CheckpointRule::default(),
         };
         let none = HashSet::new();
         // A new request: state blocks, both scratch blocks and the checkpoint.
@@ -708,6 +731,27 @@ mod tests {
         let n = num_blocks_to_allocate(&m, &p, Some(&t), &input(16, 4), &none);
         assert_eq!(n.checkpoint, Some((12, 2)));
         assert_eq!((n.take, n.give_back), (2, 0));
+    }
+
+    #[test]
+    fn checkpoint_rule_follows_lookahead_and_eagle() {
+        // vLLM's get_mamba_prefill_checkpoint_position: the lookahead
+        // leaves max(1, lookahead) tokens; EAGLE's drop sits one unit
+        // below the last boundary at or below the end.
+        let ahead = |lookahead| CheckpointRule {
+            lookahead,
+            drop_eagle: false,
+        };
+        assert_eq!(ahead(0).position(1089, 64), 1088);
+        assert_eq!(ahead(2).position(1089, 64), 1024);
+        assert_eq!(ahead(2).position(1090, 64), 1088);
+        let eagle = CheckpointRule {
+            lookahead: 0,
+            drop_eagle: true,
+        };
+        assert_eq!(eagle.position(128, 32), 96);
+        assert_eq!(eagle.position(127, 32), 64);
+        assert_eq!(eagle.position(31, 32), 0);
     }
 
     #[test]
