@@ -904,36 +904,15 @@ impl BlockPool {
         if num_cached_blocks >= num_full_blocks {
             return Ok(());
         }
-        let arg = |name, detail: String| KvError::InvalidArgument { name, detail };
-        if num_full_blocks > block_ids.len() {
-            return Err(arg(
-                "num_full_blocks",
-                format!(
-                    "{num_full_blocks} exceeds the {} block ids given",
-                    block_ids.len()
-                ),
-            ));
-        }
-        if scale == 0 {
-            return Err(arg("scale", "must be positive".into()));
-        }
-        let num_block_hashes = unit_hashes.len() / scale;
-        if num_full_blocks > num_block_hashes {
-            return Err(arg(
-                "block_hashes",
-                format!("{num_block_hashes} hashes given but {num_full_blocks} blocks are full"),
-            ));
-        }
-        let hash_at = |i: usize| unit_hashes[(i + 1) * scale - 1];
         let range = num_cached_blocks..num_full_blocks;
-        if let Some(mask) = block_mask {
-            if mask.len() != range.len() {
-                return Err(arg(
-                    "block_mask",
-                    format!("{} entries for {} new full blocks", mask.len(), range.len()),
-                ));
-            }
-        }
+        check_scaled_args(
+            block_ids.len(),
+            unit_hashes.len(),
+            scale,
+            &range,
+            block_mask,
+        )?;
+        let hash_at = |i: usize| unit_hashes[(i + 1) * scale - 1];
         let new_blocks = &block_ids[range.clone()];
         self.check_ids(new_blocks)?;
         if !self.config.enable_caching {
@@ -1549,6 +1528,45 @@ impl BlockPool {
         }
         Ok(())
     }
+}
+
+/// The shape checks of [`BlockPool::cache_full_blocks_scaled`]: enough block
+/// ids and hashes for the full blocks, a positive scale, a mask of one entry
+/// per new full block.
+fn check_scaled_args(
+    num_block_ids: usize,
+    num_unit_hashes: usize,
+    scale: usize,
+    range: &std::ops::Range<usize>,
+    block_mask: Option<&[bool]>,
+) -> KvResult<()> {
+    let arg = |name, detail: String| KvError::InvalidArgument { name, detail };
+    let num_full_blocks = range.end;
+    if num_full_blocks > num_block_ids {
+        return Err(arg(
+            "num_full_blocks",
+            format!("{num_full_blocks} exceeds the {num_block_ids} block ids given"),
+        ));
+    }
+    if scale == 0 {
+        return Err(arg("scale", "must be positive".into()));
+    }
+    let num_block_hashes = num_unit_hashes / scale;
+    if num_full_blocks > num_block_hashes {
+        return Err(arg(
+            "block_hashes",
+            format!("{num_block_hashes} hashes given but {num_full_blocks} blocks are full"),
+        ));
+    }
+    if let Some(mask) = block_mask {
+        if mask.len() != range.len() {
+            return Err(arg(
+                "block_mask",
+                format!("{} entries for {} new full blocks", mask.len(), range.len()),
+            ));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
