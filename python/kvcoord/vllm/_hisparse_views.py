@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import functools
 import importlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from kvcoord.errors import UnknownRequestError
 from kvcoord.vllm._blocks import BlockView, EmptyKVCacheBlocks, KVCacheBlocks, _as_list, ids_of
-from kvcoord.vllm._hisparse_pools import ViewCache
+from kvcoord.vllm._views import _CachedCounts, _RequestTables
 
 if TYPE_CHECKING:
     from kvcoord.vllm._hisparse_manager import HiSparseManager
@@ -33,57 +33,10 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-class _Tables(Mapping[str, list[BlockView]]):
-    """``req_to_blocks`` of one group (vLLM group id ``group``): request id ->
-    the table's block objects, read from the core on each access."""
-
-    def __init__(self, manager: HiSparseManager, group: int, views: ViewCache) -> None:
-        self._manager = manager
-        self._group = group
-        self._views = views
-
-    def __getitem__(self, request_id: str) -> list[BlockView]:
-        held = self._manager._held(request_id)
-        if held is None:
-            raise KeyError(request_id)
-        return self._views.many(held[self._group].tolist())
-
-    def __iter__(self) -> Iterator[str]:
-        return iter([r for r in self._manager._requests.ids() if r in self])
-
-    def __len__(self) -> int:
-        return sum(1 for _ in self)
-
-    def __contains__(self, request_id: object) -> bool:
-        return isinstance(request_id, str) and self._manager._held(request_id) is not None
-
-
-class _Cached(Mapping[str, int]):
-    """``num_cached_block`` of one group: request id -> its leading blocks
-    in the prefix cache (requests with at least one)."""
-
-    def __init__(self, tables: _Tables) -> None:
-        self._tables = tables
-
-    def _count(self, request_id: str) -> int:
-        held = self._tables._manager._held(request_id)
-        if held is None:
-            return 0
-        ids = held[self._tables._group]
-        cached = self._tables._views.pool.cached_mask()
-        n = 0
-        while n < len(ids) and ids[n] and cached[ids[n]]:
-            n += 1
-        return n
-
-    def __getitem__(self, request_id: str) -> int:
-        n = self._count(request_id)
-        if not n:
-            raise KeyError(request_id)
-        return n
-
-    def __iter__(self) -> Iterator[str]:
-        return iter([r for r in self._tables if self._count(r)])
+class _Tables(_RequestTables):
+    """``req_to_blocks`` of one group (vLLM group id ``group``) on the pool
+    holding it (host or device): request id -> the table's block objects,
+    read from the core on each access."""
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
@@ -108,8 +61,8 @@ class _GroupView:
         self.enable_caching = manager.enable_caching and group < 2
         views = manager._host_views if group == 0 else manager._device_views
         self._views = views
-        self.req_to_blocks = _Tables(manager, group, views)
-        self.num_cached_block = _Cached(self.req_to_blocks)
+        self.req_to_blocks = _Tables(manager, group, views.pool)
+        self.num_cached_block = _CachedCounts(self.req_to_blocks)
 
     @property
     def _core_group(self) -> int:

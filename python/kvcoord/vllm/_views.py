@@ -21,16 +21,18 @@ class _RequestTables(Mapping[str, list[BlockView]]):
     """``req_to_blocks`` of one group: request id -> block views (read-only;
     built from the core's table on each access, for inspection only)."""
 
-    def __init__(self, manager: KVCacheManager, group_id: int) -> None:
+    def __init__(self, manager: KVCacheManager, group_id: int, pool: Any = None) -> None:
         self._manager = manager
         self._group_id = group_id
+        # The pool holding the group's blocks (the manager's, unless a
+        # manager keeps some groups on a pool of their own, as HiSparse does).
+        self._pool = manager._pool if pool is None else pool
 
     def __getitem__(self, request_id: str) -> list[BlockView]:
         held = self._manager._held(request_id)
         if held is None:
             raise KeyError(request_id)
-        pool = self._manager._pool
-        return [BlockView(pool, int(i)) for i in held[self._group_id]]
+        return [BlockView(self._pool, int(i)) for i in held[self._group_id]]
 
     def __iter__(self) -> Iterator[str]:
         return iter([r for r in self._manager._requests.ids() if r in self])
@@ -51,12 +53,12 @@ class _CachedCounts(Mapping[str, int]):
         self._tables = tables
 
     def _count(self, request_id: str) -> int:
-        manager, group_id = self._tables._manager, self._tables._group_id
-        held = manager._held(request_id)
+        tables = self._tables
+        held = tables._manager._held(request_id)
         if held is None:
             return 0
-        cached = manager._pool.cached_mask()
-        ids = held[group_id]
+        cached = tables._pool.cached_mask()
+        ids = held[tables._group_id]
         n = 0
         while n < len(ids) and ids[n] and cached[ids[n]]:
             n += 1
