@@ -279,7 +279,7 @@ class HiSparseResidentSpec(_Spec):
     :meth:`kvcoord._core.CoordinatorCore.residency_row`) records pages
     adopted from copies and pages given back. Never prefix-cached (lookups
     skip the group). kvcoord.vllm serves vLLM's HiSparse configurations
-    only with the opt-in ``KVCOORD_VLLM_HISPARSE=1`` (docs/hisparse.md)."""
+    unless ``KVCOORD_VLLM_HISPARSE=0`` (docs/hisparse.md)."""
 
     block_size: int
     kind: ClassVar[str] = "hisparse_resident"

@@ -1,9 +1,11 @@
-"""kvcoord's HiSparse manager (opt-in, ``KVCOORD_VLLM_HISPARSE=1``) beside
+"""kvcoord's HiSparse manager (served unless ``KVCOORD_VLLM_HISPARSE=0``) beside
 vLLM 0.33.0's own, each driven by vLLM's own ``HiSparseCoordinator``: the
 four-group shape of vLLM's HiSparse tests (source on a host pool, indexer,
 resident, hot), random schedules of admissions with prefix hits, chunked
 prefill and decode steps (each followed by the coordinator's per-step
-residency work), external loads (admitted whole, finished or failed),
+residency work), external loads (admitted whole, finished or failed; and
+after a prefix hit, with the device cache evicted first, so the host's
+longer hit is kept),
 spills completed at random steps, hot regions asked for,
 pool pressure (blocks taken and given back through the device pool),
 finishes (a finished request's publication detaches), preemptions, and
@@ -52,7 +54,7 @@ MAX_MODEL_LEN = 160
 @pytest.fixture(autouse=True)
 def _setup(monkeypatch: pytest.MonkeyPatch) -> None:
     init_none_hash(sha256)
-    monkeypatch.setenv("KVCOORD_VLLM_HISPARSE", "1")
+    monkeypatch.delenv("KVCOORD_VLLM_HISPARSE", raising=False)
 
 
 def hisparse_config(num_blocks: int, host_blocks: int) -> KVCacheConfig:
@@ -139,6 +141,9 @@ def compare(pair: tuple, coordinators: tuple, live: list[str]) -> None:
     assert free_queue(theirs) == free_queue(ours)
     host = [c.get_host_block_pool().free_block_queue.get_all_free_blocks() for c in coordinators]
     assert ids_of(host[0]) == ids_of(host[1])
+    # Which free host blocks still hold a cached prefix (reuse would lose it).
+    cached = [[b.block_hash is not None for b in h] for h in host]
+    assert cached[0] == cached[1]
     assert state_of(coordinators[0]) == state_of(coordinators[1])
     for rid in live:
         assert theirs.get_block_ids(rid) == ours.get_block_ids(rid), rid
@@ -150,7 +155,7 @@ def compare(pair: tuple, coordinators: tuple, live: list[str]) -> None:
 
 
 @pytest.mark.parametrize("caching", [False, True])
-@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("seed", range(40))
 def test_hisparse_manager_matches_vllm(seed: int, caching: bool) -> None:
     rng = random.Random(seed)
     events = caching and seed % 2 == 0
@@ -219,6 +224,40 @@ def test_hisparse_manager_matches_vllm(seed: int, caching: bool) -> None:
                 assert got[0].get_block_ids() == got[1].get_block_ids()
                 waiting.pop(0)
                 importing.append((reqs, n))
+        elif op < 0.33 and caching and waiting and waiting[0][0].num_computed_tokens == 0:
+            # A prefix hit with an external load past it, as HiSparse's
+            # connector reports the host's longer hit: the source group keeps
+            # the host blocks the hit and the load cover together.
+            reqs = waiting[0]
+            if rng.random() < 0.6:
+                # Evict the device pool's free cached blocks (the host pool
+                # keeps its copies), so the host hit is the longer one.
+                free = pair[0].block_pool.get_num_free_blocks()
+                taken = [m.block_pool.get_new_blocks(free) for m in pair]
+                for m, blocks in zip(pair, taken, strict=True):
+                    m.block_pool.free_blocks(blocks)
+            found = [m.get_computed_blocks(r) for m, r in zip(pair, reqs, strict=True)]
+            hit_tokens = found[0][1]
+            if hit_tokens + 1 >= reqs[0].num_tokens:
+                continue
+            n = rng.randrange(1, reqs[0].num_tokens - hit_tokens)
+            got = [
+                m.allocate_slots(
+                    r,
+                    0,
+                    num_new_computed_tokens=hit_tokens,
+                    new_computed_blocks=f[0],
+                    num_external_computed_tokens=n,
+                    delay_cache_blocks=True,
+                    full_sequence_must_fit=True,
+                )
+                for m, r, f in zip(pair, reqs, found, strict=True)
+            ]
+            assert (got[0] is None) == (got[1] is None)
+            if got[0] is not None:
+                assert got[0].get_block_ids() == got[1].get_block_ids()
+                waiting.pop(0)
+                importing.append((reqs, hit_tokens + n))
         elif op < 0.35 and importing:
             reqs, n = importing.pop(rng.randrange(len(importing)))
             failed = rng.random() < 0.2
@@ -303,3 +342,48 @@ def test_hisparse_manager_matches_vllm(seed: int, caching: bool) -> None:
                 held.append(tuple(m.block_pool.get_new_blocks(n) for m in pair))
         live = [r[0].request_id for r in running] + [r[0][0].request_id for r in importing]
         compare(pair, coordinators, live)
+
+
+def test_import_past_a_device_miss_keeps_the_longer_host_hit() -> None:
+    """Regression: the device pool lost a prefix the host pool still holds,
+    and the connector imports tokens past the (empty) hit. vLLM's source
+    group keeps the host blocks the import covers (they hold those tokens
+    already); kvcoord took fresh host blocks and dropped the cached ones."""
+    pair = managers(24, 40, True, True)
+    coordinators = tuple(get_hisparse_coordinator(m) for m in pair)
+    tokens = list(range(100))
+    first = [make_request("a", tokens, BS) for _ in pair]
+    for m, r in zip(pair, first, strict=True):
+        assert m.allocate_slots(r, len(tokens)) is not None
+    for c, r in zip(coordinators, first, strict=True):
+        c.advance_scheduled([(r.request_id, len(tokens))])
+        r.num_computed_tokens = len(tokens)
+    planned = [transfers(c) for c in coordinators]
+    assert planned[0] == planned[1] and planned[0]
+    done = {t[0]: 1 for t in planned[0]}
+    for c in coordinators:
+        c.update_spills(done, done)  # the host copies are durable: published
+    for m, r in zip(pair, first, strict=True):
+        r.status = RequestStatus.FINISHED_STOPPED
+        m.free(r)
+    for m in pair:  # the device pool reuses every free block: its cache is gone
+        m.block_pool.free_blocks(m.block_pool.get_new_blocks(m.block_pool.get_num_free_blocks()))
+    second = [make_request("b", tokens, BS) for _ in pair]
+    found = [m.get_computed_blocks(r) for m, r in zip(pair, second, strict=True)]
+    assert found[0][1] == found[1][1] == 0
+    host_hit = ids_of(found[0][0].blocks[0])
+    assert len(host_hit) > 2 and ids_of(found[1][0].blocks[0]) == host_hit
+    for m, r, f in zip(pair, second, found, strict=True):
+        got = m.allocate_slots(
+            r,
+            0,
+            new_computed_blocks=f[0],
+            num_external_computed_tokens=2 * BS + 8,
+            delay_cache_blocks=True,
+            full_sequence_must_fit=True,
+        )
+        assert got is not None
+    tables = [m.get_block_ids("b") for m in pair]
+    assert tables[0] == tables[1]
+    assert tables[1][0] == host_hit[:3]
+    compare(pair, coordinators, ["b"])

@@ -1,8 +1,8 @@
-"""HiSparse configurations of vLLM 0.33.0: by default those with a HiSparse
-group fall back, each with a reason naming the group found; with the opt-in
-``KVCOORD_VLLM_HISPARSE=1`` vLLM's shape is served by the two-core HiSparse
-manager (its schedules beside vLLM's are in test_hisparse_against_vllm.py)
-and other shapes fall back naming what differs; the two HiSparse fields
+"""HiSparse configurations of vLLM 0.33.0: vLLM's shape is served by the
+two-core HiSparse manager (its schedules beside vLLM's are in
+test_hisparse_against_vllm.py) and other shapes fall back naming what
+differs; with ``KVCOORD_VLLM_HISPARSE=0`` every configuration with a
+HiSparse group falls back, with a reason naming the group found; the two HiSparse fields
 vLLM's manager never reads are served (kvcoord.vllm._hisparse; their
 schedules beside vLLM's are in test_against_vllm.py).
 
@@ -65,7 +65,8 @@ def one_group(group: KVCacheGroupSpec) -> KVCacheConfig:
     return KVCacheConfig(num_blocks=32, kv_cache_tensors=[], kv_cache_groups=[group])
 
 
-def test_hisparse_manager_falls_back_with_its_reason(caplog) -> None:
+def test_opt_out_falls_back_with_its_reason(caplog, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KVCOORD_VLLM_HISPARSE", "0")
     before = kv.fallbacks.copy()
     with caplog.at_level(logging.WARNING, logger="kvcoord.vllm"):
         m = kv.KVCacheManager(
@@ -77,6 +78,7 @@ def test_hisparse_manager_falls_back_with_its_reason(caplog) -> None:
     assert type(m) is kv.original_manager_class()
     (reason,) = [r for r in kv.fallbacks if kv.fallbacks[r] != before.get(r, 0)]
     assert reason.startswith("HiSparse KV cache (a group with role hisparse_source)")
+    assert "KVCOORD_VLLM_HISPARSE=0" in reason
     assert any(reason in r.getMessage() for r in caplog.records)
 
 
@@ -119,10 +121,9 @@ def test_indexer_role_alone_is_plain_full_attention() -> None:
     )
 
 
-def test_opt_in_serves_vllms_shape(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_vllms_shape_is_served_by_default() -> None:
     from kvcoord.vllm._hisparse_manager import HiSparseManager
 
-    monkeypatch.setenv("KVCOORD_VLLM_HISPARSE", "1")
     assert unsupported_reason(hisparse_config(), ARGS) is None
     m = kv.KVCacheManager(
         hisparse_config(), max_model_len=128, scheduler_block_size=BS, hash_block_size=BS

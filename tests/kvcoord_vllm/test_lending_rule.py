@@ -287,3 +287,60 @@ def test_stand_ins_are_keyed_by_vllms_classes() -> None:
     assert ours[vllm_managers.SlidingWindowManager] is _hit_search.SlidingWindowManager
     assert _lending.pool_bound(vllm_managers.MambaManager)
     assert not _lending.pool_bound(kv.BlockPool)
+
+
+MANAGER_STATE = """
+def helper_writes(manager, block):
+    manager.coordinator.single_type_managers[0]._partial_hit_reqs["r"] = (0, block)
+
+def test_writes_item(manager, block):
+    source = manager.coordinator.single_type_managers[0]
+    source.req_to_blocks["r"] = [block]
+
+def test_writes_attribute(manager):
+    manager.coordinator.single_type_managers[0].num_cached_block = {}
+
+def test_writes_through_a_helper(manager, block):
+    helper_writes(manager, block)
+
+def test_reads_only(manager, request):
+    blocks = manager.coordinator.single_type_managers[0].req_to_blocks["r"]
+    request.num_computed_tokens = len(blocks)
+    table = {}
+    table["r"] = blocks
+"""
+
+
+@pytest.mark.parametrize(
+    ("test", "written"),
+    [
+        ("test_writes_item", "req_to_blocks"),
+        ("test_writes_attribute", "num_cached_block"),
+        ("test_writes_through_a_helper", "_partial_hit_reqs"),
+        ("test_reads_only", ""),
+    ],
+)
+def test_writing_manager_state_is_found(tmp_path: Path, test: str, written: str) -> None:
+    # A test that builds vLLM's single-type manager state by hand can only
+    # run on vLLM's manager: the plugin makes every manager it builds fall
+    # back (and the test not pure).
+    module = synthetic(tmp_path, MANAGER_STATE)
+    found = _lending.scan([getattr(module, test)], (), tmp_path)
+    assert _lending.writes_manager_state(found) == written
+
+
+def test_refusing_makes_managers_fall_back() -> None:
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+
+    from kvcoord.vllm import _construct
+
+    spec = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=1, dtype=torch.float32)
+    cfg = KVCacheConfig(
+        num_blocks=8, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["a"], spec)]
+    )
+    args = {"max_model_len": 64, "scheduler_block_size": 16, "hash_block_size": 16}
+    before = kv.fallbacks["why"]
+    with _construct.refusing("why"):
+        assert type(kv.KVCacheManager(cfg, **args)) is kv.original_manager_class()
+    assert kv.fallbacks["why"] == before + 1
+    assert type(kv.KVCacheManager(cfg, **args)) is not kv.original_manager_class()

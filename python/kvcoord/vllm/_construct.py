@@ -4,19 +4,45 @@ from the scheduler under construction, and the counters of both outcomes."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections import Counter
+from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
 from kvcoord.vllm._connectors import connector_reason
 
-__all__ = ["bind_args", "caller_reason", "fallbacks", "served", "vllm_manager_class"]
+__all__ = [
+    "bind_args",
+    "caller_reason",
+    "fallbacks",
+    "refusing",
+    "served",
+    "vllm_manager_class",
+]
 
 #: Constructions handed to vLLM's own manager, by reason.
 fallbacks: Counter[str] = Counter()
 #: Constructions served by kvcoord.
 served: Counter[str] = Counter({"managers": 0})
+
+# Why every manager built now must be vLLM's own (set by `refusing`), or None.
+_REFUSAL: list[str | None] = [None]
+
+
+@contextlib.contextmanager
+def refusing(reason: str | None) -> Iterator[None]:
+    """Every manager built inside falls back to vLLM's own for ``reason``
+    (``None``: no change). The pytest plugin uses it for a test that writes
+    vLLM's manager internals by hand, which no drop-in can serve."""
+    before = _REFUSAL[0]
+    _REFUSAL[0] = reason or before
+    try:
+        yield
+    finally:
+        _REFUSAL[0] = before
+
 
 _ARG_NAMES = (
     "kv_cache_config",
@@ -59,6 +85,8 @@ def caller_reason() -> str | None:
     """Why the vLLM scheduler building this manager needs vLLM's own (a KV
     connector binds to the manager's internals), or None. Read from the
     scheduler under construction, which sets its connector first."""
+    if _REFUSAL[0] is not None:
+        return _REFUSAL[0]
     frame: FrameType | None = sys._getframe(2)
     for _ in range(4):
         if frame is None:

@@ -1,7 +1,7 @@
 """HiSparse configurations of vLLM 0.33.0: which parts are plain to vLLM's
-manager (served), which shape the HiSparse manager serves under the opt-in
-``KVCOORD_VLLM_HISPARSE=1`` (:mod:`kvcoord.vllm._hisparse_manager`), and why
-the rest falls back.
+manager (served), which shape the HiSparse manager serves
+(:mod:`kvcoord.vllm._hisparse_manager`; ``KVCOORD_VLLM_HISPARSE=0`` turns
+it off), and why the rest falls back.
 
 vLLM's HiSparse keeps a model's KV on a host tier and only some pages on the
 device: the source group (role ``hisparse_source``) allocates from a private
@@ -43,14 +43,15 @@ __all__ = [
     "shape_reason",
 ]
 
-#: The environment variable that turns serving HiSparse on (off by default:
-#: not every vLLM HiSparse test passes on kvcoord yet, docs/hisparse.md).
+#: The environment variable that turns serving HiSparse off (``0``); on by
+#: default since every vLLM HiSparse test kvcoord can be given passes on it
+#: (docs/hisparse.md).
 OPT_IN = "KVCOORD_VLLM_HISPARSE"
 
 
 def served_class(cls: type, kv_cache_config: Any) -> type:
     """The class serving a configuration kvcoord serves: ``cls``, or the
-    HiSparse manager for a HiSparse one (only served under the opt-in)."""
+    HiSparse manager for a HiSparse one."""
     if hisparse_reason(kv_cache_config) is None:
         return cls
     from kvcoord.vllm._hisparse_manager import HiSparseManager  # imports the manager
@@ -59,8 +60,9 @@ def served_class(cls: type, kv_cache_config: Any) -> type:
 
 
 def opted_in() -> bool:
-    """Whether HiSparse configurations are served (``KVCOORD_VLLM_HISPARSE=1``)."""
-    return os.environ.get(OPT_IN, "") == "1"
+    """Whether HiSparse configurations are served (unless
+    ``KVCOORD_VLLM_HISPARSE=0``)."""
+    return os.environ.get(OPT_IN, "1") != "0"
 
 
 def _role(group: Any) -> str:
@@ -123,9 +125,8 @@ def device_spec(spec: Any) -> KVCacheSpec | None:
 
 
 _MISSING = (
-    "served only with the opt-in KVCOORD_VLLM_HISPARSE=1 (kvcoord's two-core "
-    "HiSparse manager under vLLM's own HiSparseCoordinator; off by default "
-    "while one vLLM HiSparse test still fails on it, docs/hisparse.md)"
+    "not served with KVCOORD_VLLM_HISPARSE=0 (which turns kvcoord's two-core "
+    "HiSparse manager off, docs/hisparse.md)"
 )
 
 

@@ -1,5 +1,5 @@
-"""vLLM 0.33.0's HiSparse configurations on two kvcoord cores (opt-in:
-``KVCOORD_VLLM_HISPARSE=1``, see :mod:`kvcoord.vllm._hisparse`).
+"""vLLM 0.33.0's HiSparse configurations on two kvcoord cores (off with
+``KVCOORD_VLLM_HISPARSE=0``, see :mod:`kvcoord.vllm._hisparse`).
 
 A HiSparse configuration's source group (group 0, role ``hisparse_source``)
 keeps its blocks on a private host pool of ``hisparse_host_num_blocks``
@@ -201,13 +201,20 @@ class HiSparseManager(KVCacheManager):
             return False
 
     def _host_prediction(
-        self, mine: Any, num_tokens: int, hits: list[int], total_computed: int
+        self,
+        mine: Any,
+        num_tokens: int,
+        hits: list[int],
+        total_computed: int,
+        num_local: int | None = None,
     ) -> int:
         """The source group's admission count: 0, or the device pool's size
-        plus one when the host pool cannot back the new pages."""
+        plus one when the host pool cannot back the new pages. ``num_local``
+        of ``total_computed`` are local: a hit ending inside a block there
+        needs its copy-on-write block."""
         needed = int(
             self._host_core.num_blocks_to_allocate(
-                mine, num_tokens, [hits] if hits else None, total_computed, 0, None
+                mine, num_tokens, [hits] if hits else None, total_computed, 0, None, num_local
             )
         )
         if needed > int(self._host_pool.num_free_blocks):
@@ -226,7 +233,7 @@ class HiSparseManager(KVCacheManager):
     ) -> int:
         """Both cores' prediction; ``num_local`` of ``total_computed`` are
         local (the rest an import, which the HiSparse groups tell apart)."""
-        host_hits = list(hits[0])[: len(hits[1])] if hits else []
+        host_hits = list(hits[0]) if hits else []
         device_hits = [list(g) for g in hits[1:]] if hits else None
         device = int(
             self._core.num_blocks_to_allocate(
@@ -239,7 +246,9 @@ class HiSparseManager(KVCacheManager):
                 num_local,
             )
         )
-        return device + self._host_prediction(mine, num_tokens, host_hits, total_computed)
+        return device + self._host_prediction(
+            mine, num_tokens, host_hits, total_computed, num_local
+        )
 
     # ---- lookups ---------------------------------------------------------
 
@@ -321,9 +330,9 @@ class HiSparseManager(KVCacheManager):
         bs = self._block_sizes[0]
         num_local = request.num_computed_tokens + num_new_computed_tokens
         total = min(num_local + external, self.max_model_len)
-        # The host group adopts the whole blocks of its hit the local tokens
-        # cover (see docs/hisparse.md for the longer retained hit).
-        host_hits = groups[0][: num_local // bs] if groups else []
+        # The host group keeps the blocks of its (longer) hit that the hit
+        # and the external tokens cover together (vLLM's retained hit).
+        host_hits = groups[0][: _cdiv(num_new_computed_tokens + external, bs)] if groups else []
         device_hits = groups[1:] if groups else ()
         any_hit = bool(host_hits) or any(device_hits)
         watermark = 0

@@ -93,9 +93,13 @@ class SourceView(_GroupView):
         return []
 
     def take_host_cow_copies(self) -> list[Any]:
-        """Host copy-on-write copies (none: kvcoord adopts whole-block host
-        hits only, docs/hisparse.md)."""
-        return []
+        """The host core's copy-on-write pairs since the last call, as
+        ``(source, copy)`` blocks, both ends held until the connector's
+        release frees them. A served shape makes none: its hits end on
+        scheduler blocks (sub-block hits need a Mamba "align" group, which
+        vLLM's HiSparse shape has not), docs/hisparse.md."""
+        pairs = self._manager._host_core.take_block_copies()
+        return [(self._views(src), self._views(dst)) for src, dst in pairs]
 
     def get_num_blocks_to_allocate(
         self,
@@ -112,10 +116,10 @@ class SourceView(_GroupView):
         back the request's new pages (vLLM's admission sentinel)."""
         manager = self._manager
         mine = manager._requests.peek(request_id)
-        # The whole blocks the local tokens cover (kvcoord adopts no
-        # partial host hit: a partial one counts as a new block).
-        hits = ids_of(new_computed_blocks)[: num_local_computed_tokens // self.block_size]
-        return manager._host_prediction(mine, num_tokens, hits, total_computed_tokens)
+        hits = ids_of(new_computed_blocks)
+        return manager._host_prediction(
+            mine, num_tokens, hits, total_computed_tokens, num_local_computed_tokens
+        )
 
     def publish_blocks(
         self,

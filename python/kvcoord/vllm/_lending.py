@@ -53,7 +53,16 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Scan", "decide", "lend", "pool_bound", "scan", "stand_ins", "vllm_surface"]
+__all__ = [
+    "Scan",
+    "decide",
+    "lend",
+    "pool_bound",
+    "scan",
+    "stand_ins",
+    "vllm_surface",
+    "writes_manager_state",
+]
 
 _PATCHING = frozenset({"setattr", "delattr", "patch", "monkeypatch", "mocker", "MagicMock", "Mock"})
 _SKIPPED_PACKAGES = frozenset({"vllm", "kvcoord", "_pytest", "pytest", "torch"})
@@ -187,17 +196,27 @@ class Scan:
 
 def _names(code: types.CodeType) -> tuple[set[str], set[str], set[str]]:
     """The names ``code`` reads as globals, reads as attributes, and assigns
-    or deletes as attributes; a name of ``co_names`` that no known
-    instruction accounts for counts as the first two."""
+    or deletes as attributes (an item stored into an attribute,
+    ``x.table[key] = v`` with a one-instruction key, assigns ``table``); a
+    name of ``co_names`` that no known instruction accounts for counts as
+    the first two."""
     globals_: set[str] = set()
     attrs: set[str] = set()
     stores: set[str] = set()
+    recent: list[dis.Instruction] = []
     for ins in dis.get_instructions(code):
         op = ins.opname
         if "ATTR" in op or op == "LOAD_METHOD":
             (stores if op.startswith(("STORE", "DELETE")) else attrs).add(str(ins.argval))
         elif "GLOBAL" in op or op.endswith("_NAME"):
             globals_.add(str(ins.argval))
+        elif (
+            op in ("STORE_SUBSCR", "DELETE_SUBSCR")
+            and len(recent) == 2
+            and recent[0].opname == "LOAD_ATTR"
+        ):
+            stores.add(str(recent[0].argval))
+        recent = [*recent[-1:], ins]
     unknown = set(code.co_names) - globals_ - attrs - stores
     return globals_ | unknown, attrs | unknown, stores
 
@@ -321,6 +340,28 @@ def scan(
     if out.uses & _PATCHING:
         out.stores |= {s for s in out.uses if s.isidentifier()}
     return out
+
+
+@functools.cache
+def _manager_state() -> frozenset[str]:
+    """The names of vLLM's single-type managers' state: every name of their
+    surface (:func:`vllm_surface`) that is not a method."""
+    module = importlib.import_module("vllm.v1.core.single_type_kv_cache_manager")
+    base = module.SingleTypeKVCacheManager
+    names: set[str] = set()
+    for value in vars(module).values():
+        if isinstance(value, type) and issubclass(value, base):
+            names |= {n for n in vllm_surface(value) if not callable(getattr(value, n, None))}
+    return frozenset(names)
+
+
+def writes_manager_state(found: Scan) -> str:
+    """Why no drop-in can serve the test scanned as ``found``: the names of
+    vLLM's single-type managers' state it assigns (``req_to_blocks[...]
+    = ...``: it builds vLLM's internal state by hand and reads back what
+    vLLM's code makes of it), or empty."""
+    written = found.stores & _manager_state()
+    return ", ".join(sorted(written))
 
 
 def lend(module: Any, found: Scan) -> dict[str, type]:

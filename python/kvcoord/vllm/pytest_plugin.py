@@ -47,7 +47,7 @@ from typing import Any
 import pytest
 
 import kvcoord.vllm as _kv
-from kvcoord.vllm import _lending
+from kvcoord.vllm import _construct, _lending
 
 _kv.enable()
 
@@ -112,15 +112,17 @@ def scan_item(item: Any) -> _lending.Scan:
     return _lending.scan([r for r in roots if r is not None], values, item.config.rootpath, names)
 
 
-def _rebindings(item: Any) -> tuple[Any, dict[str, Any], str]:
+def _rebindings(item: Any) -> tuple[Any, dict[str, Any], str, str]:
     """The test module of ``item``, kvcoord's class for each name to rebind
-    there during the test (:func:`kvcoord.vllm._lending.decide`), and why
-    none is when one might have been."""
+    there during the test (:func:`kvcoord.vllm._lending.decide`), why none
+    is when one might have been, and the vLLM manager state the test writes
+    (:func:`kvcoord.vllm._lending.writes_manager_state`)."""
     module = getattr(item, "module", None)
     if module is None or getattr(item, "obj", None) is None:
-        return module, {}, ""
-    lent, why = _lending.decide(module, scan_item(item))
-    return module, lent, why
+        return module, {}, "", ""
+    found = scan_item(item)
+    lent, why = _lending.decide(module, found)
+    return module, lent, why, _lending.writes_manager_state(found)
 
 
 def _mark() -> int:
@@ -132,7 +134,8 @@ def pytest_runtest_protocol(item: Any, nextitem: Any) -> Generator[None, None, N
     item._kvcoord_mark = _mark()
     item._kvcoord_pools = _vllm_pools[0]
     item._kvcoord_fallbacks = _kv.fallbacks.copy()
-    module, ours, why = _rebindings(item)
+    module, ours, why, written = _rebindings(item)
+    refusal = f"the test writes vLLM's manager state ({written})" if written else None
     if ours:
         item.user_properties.append(("kvcoord_stand_ins", ",".join(sorted(ours))))
     elif why:
@@ -141,7 +144,8 @@ def pytest_runtest_protocol(item: Any, nextitem: Any) -> Generator[None, None, N
     for attr, cls in ours.items():
         setattr(module, attr, cls)  # for this test only
     try:
-        yield
+        with _construct.refusing(refusal):
+            yield
     finally:
         for attr, cls in originals.items():
             setattr(module, attr, cls)

@@ -1763,6 +1763,16 @@ fn check_hits(
     // does (a Mamba group none of it: the state at the end of the external
     // tokens replaces it).
     let lagging = |list: &[BlockId], expected: usize| num_external > 0 && list.len() < expected;
+    // A full-attention group whose pool keeps a longer prefix than the
+    // reconciled hit (vLLM's `retains_longer_hit`: HiSparse's host group)
+    // adopts the blocks of it that the local and external tokens cover
+    // together: the external tokens are already in those blocks.
+    let retained = |m: &Manager, list: &[BlockId], expected: usize| {
+        num_external > 0
+            && is_full_attention(m)
+            && list.len() > expected
+            && list.len() <= (num_local + num_external).div_ceil(m.block_size())
+    };
     for (m, list) in managers.iter().zip(hits) {
         if list.is_empty() {
             let needs_blocks = !tracked && num_local > 0 && config.enable_caching();
@@ -1806,7 +1816,7 @@ fn check_hits(
         } else {
             num_local / m.block_size()
         };
-        if list.len() != expected && !lagging(list, expected) {
+        if list.len() != expected && !lagging(list, expected) && !retained(m, list, expected) {
             return Err(arg(format!(
                 "group {}: {} hit blocks for {num_local} computed tokens (expected {expected})",
                 m.group(),
@@ -2956,6 +2966,52 @@ mod tests {
         assert_eq!(tables[0].len(), 4);
         let nulls: Vec<bool> = tables[1].iter().map(|b| b.is_null()).collect();
         assert_eq!(nulls, [true, true, false, false]);
+        c.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn external_tokens_keep_a_longer_full_attention_hit() {
+        // Full attention B = 4: a 16-token prompt caches 4 blocks. A request
+        // with no local hit whose connector imports 10 tokens keeps the
+        // first cdiv(10, 4) = 3 blocks of its pool's longer hit (vLLM's
+        // retained hit: those blocks hold the imported tokens) and takes
+        // new blocks only past them; more than the import covers is refused.
+        let cfg = CoordinatorConfig::new(vec![GroupSpec::full_attention(4)], 30, true, 1000);
+        let mut c = CoordinatorCore::new(cfg).unwrap();
+        let mut out = NewBlocks::new();
+        let r0 = live_request("a", 16, 4);
+        assert!(c
+            .allocate_request(&r0, &AllocateArgs::new(16), None, &mut out)
+            .unwrap());
+        assert!(c.free_request("a").unwrap());
+        let r1 = live_request("b", 16, 4);
+        let (found, hit) = c
+            .find_longest_cache_hit(&[GroupId(0)], r1.block_hashes(), 15, 4, false)
+            .unwrap();
+        assert_eq!((found[0].len(), hit), (3, 12));
+        let args = AllocateArgs {
+            num_external_computed_tokens: 10,
+            ..AllocateArgs::new(2)
+        };
+        let free = c.pool().num_free_blocks();
+        let too_long = vec![found[0].iter().copied().chain([found[0][0]]).collect()];
+        assert!(c
+            .allocate_request(&r1, &args, Some(&too_long), &mut out)
+            .is_err());
+        assert_eq!((c.pool().num_free_blocks(), c.num_requests()), (free, 0));
+        let hits = vec![found[0].clone()];
+        assert!(c
+            .allocate_request(&r1, &args, Some(&hits), &mut out)
+            .unwrap());
+        let tables = c.request_block_ids("b").unwrap();
+        assert_eq!(&tables[0][..3], &hits[0][..]);
+        assert_eq!(tables[0].len(), 3);
+        // Without external tokens the hit must match the local tokens.
+        assert!(c.free_request("b").unwrap());
+        let r2 = live_request("c", 16, 4);
+        assert!(c
+            .allocate_request(&r2, &AllocateArgs::new(2), Some(&hits), &mut out)
+            .is_err());
         c.check_invariants().unwrap();
     }
 
