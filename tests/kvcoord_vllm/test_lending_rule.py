@@ -297,8 +297,11 @@ def test_writes_item(manager, block):
     source = manager.coordinator.single_type_managers[0]
     source.req_to_blocks["r"] = [block]
 
-def test_writes_attribute(manager):
-    manager.coordinator.single_type_managers[0].num_cached_block = {}
+def test_writes_private_attribute(manager):
+    manager.coordinator.single_type_managers[0]._pending_cow_copies = []
+
+def test_writes_public_attribute(manager, spec):
+    spec.block_size = 32  # specs and configs share the managers' public names
 
 def test_writes_through_a_helper(manager, block):
     helper_writes(manager, block)
@@ -315,7 +318,8 @@ def test_reads_only(manager, request):
     ("test", "written"),
     [
         ("test_writes_item", "req_to_blocks"),
-        ("test_writes_attribute", "num_cached_block"),
+        ("test_writes_private_attribute", "_pending_cow_copies"),
+        ("test_writes_public_attribute", ""),
         ("test_writes_through_a_helper", "_partial_hit_reqs"),
         ("test_reads_only", ""),
     ],

@@ -189,20 +189,23 @@ class Scan:
 
     uses: set[str] = dataclasses.field(default_factory=set)
     stores: set[str] = dataclasses.field(default_factory=set)
+    # Attributes the code stores items into (``x.table[key] = v``).
+    item_stores: set[str] = dataclasses.field(default_factory=set)
     reached: list[tuple[Any, Mapping[str, Any] | None, str]] = dataclasses.field(
         default_factory=list
     )
 
 
-def _names(code: types.CodeType) -> tuple[set[str], set[str], set[str]]:
-    """The names ``code`` reads as globals, reads as attributes, and assigns
-    or deletes as attributes (an item stored into an attribute,
-    ``x.table[key] = v`` with a one-instruction key, assigns ``table``); a
-    name of ``co_names`` that no known instruction accounts for counts as
-    the first two."""
+def _names(code: types.CodeType) -> tuple[set[str], set[str], set[str], set[str]]:
+    """The names ``code`` reads as globals, reads as attributes, assigns or
+    deletes as attributes, and stores items into as attributes
+    (``x.table[key] = v`` with a one-instruction key: ``table``); a name of
+    ``co_names`` that no known instruction accounts for counts as the first
+    two."""
     globals_: set[str] = set()
     attrs: set[str] = set()
     stores: set[str] = set()
+    item_stores: set[str] = set()
     recent: list[dis.Instruction] = []
     for ins in dis.get_instructions(code):
         op = ins.opname
@@ -215,10 +218,10 @@ def _names(code: types.CodeType) -> tuple[set[str], set[str], set[str]]:
             and len(recent) == 2
             and recent[0].opname == "LOAD_ATTR"
         ):
-            stores.add(str(recent[0].argval))
+            item_stores.add(str(recent[0].argval))
         recent = [*recent[-1:], ins]
     unknown = set(code.co_names) - globals_ - attrs - stores
-    return globals_ | unknown, attrs | unknown, stores
+    return globals_ | unknown, attrs | unknown, stores, item_stores
 
 
 class _Scanner:
@@ -276,9 +279,10 @@ class _Scanner:
     def walk(self, fn: types.FunctionType) -> None:
         out = self.out
         for code in _code_objects(fn.__code__):
-            globals_, attrs, stores = _names(code)
+            globals_, attrs, stores, item_stores = _names(code)
             out.uses |= globals_ | attrs | stores
             out.stores |= stores
+            out.item_stores |= item_stores
             self.attrs |= attrs
             # A string naming a local is pytest's assertion rewriting
             # showing that local, not a getattr.
@@ -357,11 +361,14 @@ def _manager_state() -> frozenset[str]:
 
 def writes_manager_state(found: Scan) -> str:
     """Why no drop-in can serve the test scanned as ``found``: the names of
-    vLLM's single-type managers' state it assigns (``req_to_blocks[...]
-    = ...``: it builds vLLM's internal state by hand and reads back what
-    vLLM's code makes of it), or empty."""
-    written = found.stores & _manager_state()
-    return ", ".join(sorted(written))
+    vLLM's single-type managers' state it writes, items stored into one
+    (``req_to_blocks[...] = ...``) or a private one assigned (it builds
+    vLLM's internal state by hand and reads back what vLLM's code makes of
+    it), or empty. A public name assigned (``block_size``) is not counted:
+    specs and configs have the same names."""
+    state = _manager_state()
+    private = {n for n in found.stores if n.startswith("_")}
+    return ", ".join(sorted((found.item_stores | private) & state))
 
 
 def lend(module: Any, found: Scan) -> dict[str, type]:
