@@ -190,6 +190,14 @@ def test_hisparse_manager_matches_vllm(seed: int, caching: bool) -> None:
         planned = [transfers(c) for c in coordinators]
         assert planned[0] == planned[1]
         pending.extend(t[0] for t in planned[0])
+        # The rest of what HiSparse's connector hands the worker each step.
+        scheduled = ((reqs[0].request_id, computed, done - computed),)
+        for read in (
+            lambda c: c.build_row_mirrors(scheduled),
+            lambda c: c.all_context_pages_resident(scheduled),
+            lambda c: [(x.src_block_id, x.dst_block_id) for x in c.take_host_block_copies()],
+        ):
+            assert read(coordinators[0]) == read(coordinators[1])
         updates = [c.take_residency_updates([reqs[0].request_id]) for c in coordinators]
         assert {k: (v.pages, v.block_ids) for k, v in updates[0].items()} == {
             k: (v.pages, v.block_ids) for k, v in updates[1].items()
