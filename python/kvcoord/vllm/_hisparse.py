@@ -33,11 +33,11 @@ from typing import Any
 from kvcoord.config import HiSparseHotSpec, HiSparseResidentSpec, KVCacheSpec
 
 __all__ = [
-    "OPT_IN",
+    "SWITCH",
     "device_config",
     "device_spec",
+    "enabled",
     "hisparse_reason",
-    "opted_in",
     "role_reason",
     "served_class",
     "shape_reason",
@@ -46,7 +46,7 @@ __all__ = [
 #: The environment variable that turns serving HiSparse off (``0``); on by
 #: default since every vLLM HiSparse test kvcoord can be given passes on it
 #: (docs/hisparse.md).
-OPT_IN = "KVCOORD_VLLM_HISPARSE"
+SWITCH = "KVCOORD_VLLM_HISPARSE"
 
 
 def served_class(cls: type, kv_cache_config: Any) -> type:
@@ -59,10 +59,10 @@ def served_class(cls: type, kv_cache_config: Any) -> type:
     return HiSparseManager
 
 
-def opted_in() -> bool:
+def enabled() -> bool:
     """Whether HiSparse configurations are served (unless
     ``KVCOORD_VLLM_HISPARSE=0``)."""
-    return os.environ.get(OPT_IN, "1") != "0"
+    return os.environ.get(SWITCH, "1") != "0"
 
 
 def _role(group: Any) -> str:

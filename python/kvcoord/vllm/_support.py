@@ -147,7 +147,7 @@ def unsupported_reason(
         return "a KV cache config without groups"
     reason = None if hisparse_device else hisparse_reason(kv_cache_config)
     if reason is not None:
-        if not _hisparse.opted_in():
+        if not _hisparse.enabled():
             return reason
         shape = _hisparse.shape_reason(kv_cache_config, args)
         if shape is not None:
