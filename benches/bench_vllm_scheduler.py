@@ -57,6 +57,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+MAX_MODEL_LEN = 2048  # opt-125m's positions
 # Result-object methods the scheduler calls on what the manager returns
 # (``get_block_ids(allow_none=True)`` per scheduled request and step...):
 # the manager's own result type on each side, so timed as manager work.
@@ -169,26 +170,17 @@ def _timer_floor(rounds: int = 7, calls: int = 20000) -> float:
     return best
 
 
-def run_engine(
-    engine: str,
-    running: int,
-    prefix: int,
-    suffix: int,
-    steps: int,
-    profile: Path | None = None,
-    clock_name: str = "wall",
-) -> dict:
-    CLOCK[0] = time.thread_time if clock_name == "cpu" else time.perf_counter
-    clock = CLOCK[0]
+def build_scheduler(engine: str, running: int, prompt_len: int, steps: int):
+    """vLLM's ``Scheduler`` built the way its scheduler tests build one, on
+    ``engine``'s KV-cache manager: (scheduler, ``ModelRunnerOutput``,
+    ``Request``, the block size). Sized for ``running`` requests of
+    ``prompt_len`` tokens decoding ``steps`` more, all admitted in one step."""
     if engine == "kvcoord":
         import kvcoord.vllm
 
         kvcoord.vllm.enable()
     import torch
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
-    from vllm.sampling_params import SamplingParams
-    from vllm.utils.hashing import sha256_cbor
-    from vllm.v1.core import kv_cache_utils
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
@@ -197,12 +189,14 @@ def run_engine(
     from vllm.v1.structured_output import StructuredOutputManager
 
     block_size = 16
-    max_len = prefix + suffix + steps + 64  # opt-125m allows 2048 positions
+    max_len = prompt_len + steps + 64
+    if max_len > MAX_MODEL_LEN:
+        raise SystemExit(f"prompt + decode steps + 64 must stay within {MAX_MODEL_LEN} tokens")
     num_blocks = running * (max_len // block_size + 2) + 16
     model = ModelConfig(model="facebook/opt-125m", dtype="float16", seed=0, max_model_len=max_len)
     sched_cfg = SchedulerConfig(
         max_num_seqs=running,
-        max_num_batched_tokens=running * (prefix + suffix),
+        max_num_batched_tokens=running * prompt_len,
         max_model_len=max_len,
         is_encoder_decoder=False,
         enable_chunked_prefill=True,
@@ -227,6 +221,47 @@ def run_engine(
         log_stats=True,
         structured_output_manager=StructuredOutputManager(vcfg),
     )
+    return scheduler, ModelRunnerOutput, Request, block_size
+
+
+def model_output(model_runner_output, scheduled, token: int):
+    """A synthetic model output: one sampled ``token`` per scheduled request."""
+    ids = list(scheduled.num_scheduled_tokens)
+    return model_runner_output(
+        req_ids=ids,
+        req_id_to_index={r: i for i, r in enumerate(ids)},
+        sampled_token_ids=[[token] for _ in ids],
+        logprobs=None,
+        prompt_logprobs_dict={},
+        pooler_output=[],
+    )
+
+
+def prompt(prefix: int, suffix: int, i: int) -> list[int]:
+    """Request ``i``'s prompt: the shared prefix, then its own suffix."""
+    return [(7 * t) % 50000 + 1 for t in range(prefix)] + [
+        (i * 31 + j) % 50000 + 1 for j in range(suffix)
+    ]
+
+
+def run_engine(
+    engine: str,
+    running: int,
+    prefix: int,
+    suffix: int,
+    steps: int,
+    profile: Path | None = None,
+    clock_name: str = "wall",
+) -> dict:
+    CLOCK[0] = time.thread_time if clock_name == "cpu" else time.perf_counter
+    clock = CLOCK[0]
+    scheduler, model_runner_output, request_type, block_size = build_scheduler(
+        engine, running, prefix + suffix, steps
+    )
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256_cbor
+    from vllm.v1.core import kv_cache_utils
+
     manager = scheduler.kv_cache_manager
     served = type(manager).__module__.startswith("kvcoord")
     kv_time = [0.0, 0]
@@ -239,12 +274,12 @@ def run_engine(
     )
     params = SamplingParams(max_tokens=steps + 8, ignore_eos=True)
     params.update_from_generation_config({}, 50256)
-    shared = [(7 * i) % 50000 + 1 for i in range(prefix)]
+    prompts = [prompt(prefix, suffix, i) for i in range(running)]
     t0 = time.perf_counter()
     requests = [
-        Request(
+        request_type(
             request_id=str(i),
-            prompt_token_ids=shared + [(i * 31 + j) % 50000 + 1 for j in range(suffix)],
+            prompt_token_ids=prompts[i],
             sampling_params=params,
             pooling_params=None,
             block_hasher=hasher,
@@ -276,22 +311,14 @@ def run_engine(
         t0 = clock()
         out = scheduler.schedule()
         t1 = clock()
-        ids = list(out.num_scheduled_tokens)
-        mro = ModelRunnerOutput(
-            req_ids=ids,
-            req_id_to_index={r: i for i, r in enumerate(ids)},
-            sampled_token_ids=[[1000 + step] for _ in ids],
-            logprobs=None,
-            prompt_logprobs_dict={},
-            pooler_output=[],
-        )
+        mro = model_output(model_runner_output, out, 1000 + step)
         t2 = clock()
         scheduler.update_from_output(out, mro)
         t3 = clock()
         if step == 0:
             for acc in PER_NAME.values():
                 acc[:] = [0.0, 0]
-            admit = {"admit_step_s": (t1 - t0) + (t3 - t2), "admitted": len(ids)}
+            admit = {"admit_step_s": (t1 - t0) + (t3 - t2), "admitted": len(mro.req_ids)}
             admit["admit_kv_s"] = kv_time[0] - kv0
             continue
         step_times.append((t1 - t0) + (t3 - t2))
