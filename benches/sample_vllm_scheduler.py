@@ -18,15 +18,17 @@ A process runs ``--cycles`` cycles: N requests sharing a long prefix are
 admitted in one step, decode ``--steps`` steps, and are aborted. A sample
 is a *step* sample when it was taken inside ``schedule()`` or
 ``update_from_output()`` of a decode step (admission, request creation and
-the synthetic model output are not counted). Of those, it is a *hashing*
-sample when a frame of its stack is the request block hasher, and a *KV
-manager* sample when a frame is the engine's KV-cache code: vLLM's
+the synthetic model output are not counted). Of those, it is the engine's
+when a frame of its stack is the engine's KV-cache code: vLLM's
 ``kv_cache_manager``, ``block_pool``, ``kv_cache_coordinator``,
-``single_type_kv_cache_manager`` and ``kv_cache_utils`` modules, or any
-``kvcoord`` module and kvcoord's extension. The share is samples over step
+``single_type_kv_cache_manager``, ``kv_cache_utils`` and ``kv_cache_metrics``
+modules, or any ``kvcoord`` module and kvcoord's extension (native frames
+by symbol). It is *hashing* when that code runs below vLLM's
+``Request.update_block_hashes`` (the request block hasher, called on every
+token append), and *KV manager* otherwise. A share is samples over step
 samples; its binomial standard error is printed with it. The work the
-interpreter does to make a call before the callee runs is counted for the
-caller, on both engines alike.
+interpreter does to make a call before the callee's frame exists is counted
+for the caller, on both engines alike.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import linecache
 import math
 import os
 import re
@@ -63,6 +66,11 @@ VLLM_MANAGER = tuple(
 # calls, and the two scheduler methods it calls.
 STEP_FRAME = "_decode_step"
 STEP_CALLS = ("schedule", "update_from_output")
+# The method of vLLM's Request that calls the request block hasher.
+HASHER_CALL = "update_block_hashes"
+# Source lines that call into the KV manager (or a result of it, or the
+# hasher): without native frames, kvcoord's Rust time shows as these lines.
+CALL_SITE = re.compile(r"kv_cache_manager\.|_block_hasher\(|\.get_block_ids\(")
 
 
 def _decode_step(scheduler, output, token: int) -> None:
@@ -126,22 +134,20 @@ def child(engine: str, running: int, prefix: int, suffix: int, steps: int, cycle
     }
 
 
-def _file(frame: str) -> str:
-    """The file (or native module) of a py-spy frame ``name (file:line)``."""
+def _file_line(frame: str) -> tuple[str, str]:
+    """The file (or native module) and line of a py-spy frame
+    ``name (file:line)`` (line: empty for a native frame)."""
     inside = frame[frame.rfind("(") + 1 : -1] if frame.endswith(")") else ""
-    return inside.rsplit(":", 1)[0] if ":" in inside else inside
+    path, _, line = inside.rpartition(":")
+    return (path, line) if line.isdigit() else (inside, "")
 
 
-def _is_hashing(engine: str, frame: str) -> bool:
-    if engine == "vllm":
-        name = frame.split(" (", 1)[0]
-        return name.endswith("request_block_hasher") and _file(frame).endswith(
-            "/vllm/v1/core/kv_cache_utils.py"
-        )
-    return _file(frame).endswith("/kvcoord/vllm/_hasher.py") or "BlockHashGate" in frame
+def _file(frame: str) -> str:
+    return _file_line(frame)[0]
 
 
-def _is_manager(engine: str, frame: str) -> bool:
+def _is_engine(engine: str, frame: str) -> bool:
+    """Whether ``frame`` is the engine's KV-cache code (its hasher included)."""
     path = _file(frame)
     if engine == "vllm":
         return path.endswith(VLLM_MANAGER)
@@ -150,8 +156,18 @@ def _is_manager(engine: str, frame: str) -> bool:
     return "/kvcoord/" in path
 
 
-def classify(engine: str, raw: str) -> Counter:
-    """Step, KV-manager and hashing sample counts of py-spy's raw output."""
+def _calls_engine(frame: str) -> bool:
+    """Whether ``frame`` stands at a line that calls into the KV manager, its
+    results or the hasher (without native frames, the time inside a native
+    callee is the calling line's)."""
+    path, line = _file_line(frame)
+    return bool(line and CALL_SITE.search(linecache.getline(path, int(line))))
+
+
+def classify(engine: str, raw: str, native: bool = True) -> Counter:
+    """Step, KV-manager and hashing sample counts of py-spy's raw output
+    (``native``: recorded with native frames; without them, a sample whose
+    innermost frame stands at a call into the manager is the manager's)."""
     counts: Counter = Counter()
     for line in raw.splitlines():
         stack, _, n = line.rpartition(" ")
@@ -168,10 +184,15 @@ def classify(engine: str, raw: str) -> Counter:
         if not inner or names[at + 1] not in STEP_CALLS:
             continue
         counts["step"] += int(n)
-        if any(_is_hashing(engine, f) for f in inner):
-            counts["hashing"] += int(n)
-        elif any(_is_manager(engine, f) for f in inner):
-            counts["kv"] += int(n)
+        ours = next((i for i, f in enumerate(inner) if _is_engine(engine, f)), None)
+        if ours is None and not native and _calls_engine(inner[-1]):
+            ours = len(inner) - 1
+        if ours is None:
+            continue
+        # Hashing: the engine's code as vLLM's Request calls it on an append
+        # (its hasher, and on kvcoord whatever that calls natively).
+        hashing = HASHER_CALL in names[at + 1 : at + 2 + ours]
+        counts["hashing" if hashing else "kv"] += int(n)
     return counts
 
 
@@ -192,7 +213,8 @@ def sample(args: argparse.Namespace, engine: str, running: int) -> dict:
             proc.wait()
             log.seek(0)
             raise SystemExit(f"{engine} run failed:\n{log.read()[-3000:]}")
-        spy = [args.py_spy, "record", "--native", "--full-filenames", "-r", str(args.rate)]
+        spy = [args.py_spy, "record", "--full-filenames", "-r", str(args.rate)]
+        spy += ["--native"] if args.native else []
         spy += ["-f", "raw", "-o", str(raw_path), "-p", str(proc.pid)]
         sampler = subprocess.run(spy, capture_output=True, text=True)
         out = proc.stdout.read()
@@ -204,7 +226,7 @@ def sample(args: argparse.Namespace, engine: str, running: int) -> dict:
         if args.raw_dir:
             args.raw_dir.mkdir(parents=True, exist_ok=True)
             (args.raw_dir / f"{engine}-{running}.txt").write_text(raw)
-        counts = classify(engine, raw)
+        counts = classify(engine, raw, args.native)
         errors = re.search(r"Errors: (\d+)", sampler.stdout + sampler.stderr)
         res["sampler_errors"] = int(errors.group(1)) if errors else None
     steps = counts["step"]
@@ -231,6 +253,12 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=96, help="decode steps per cycle")
     ap.add_argument("--cycles", type=int, default=120, help="admit/decode/abort cycles per run")
     ap.add_argument("--rate", type=int, default=250, help="samples per second")
+    ap.add_argument(
+        "--no-native",
+        dest="native",
+        action="store_false",
+        help="sample Python frames only (a native callee's time is its calling line's)",
+    )
     ap.add_argument("--json", type=Path)
     ap.add_argument("--raw-dir", type=Path, help="keep py-spy's raw stacks here")
     ap.add_argument("--child", choices=["vllm", "kvcoord"], help=argparse.SUPPRESS)

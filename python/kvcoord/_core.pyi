@@ -989,10 +989,14 @@ class BlockHashGate:
     ``Request`` calls the hasher on every token append, and an append that
     completes no block (``(len(block_hashes) + 1) * block_size >
     len(_all_token_ids)``) is answered with an empty list without calling
-    ``hasher``. Every other call, and a request without vLLM 0.33.0's
-    ``_all_token_ids`` list, is ``hasher(request)``."""
+    ``hasher``. With ``hashes_attr``, an append that completes a block of a
+    request whose attribute ``hashes_attr`` is already a :class:`Request`
+    (kvcoord's hashing request for it) is answered by that request's
+    ``catch_up(request._all_token_ids, len(request.block_hashes))``. Every
+    other call, every case ``catch_up`` refuses, and a request without vLLM
+    0.33.0's ``_all_token_ids`` list, is ``hasher(request)``."""
 
-    def __init__(self, block_size: int, hasher: Any) -> None: ...
+    def __init__(self, block_size: int, hasher: Any, hashes_attr: str | None = None) -> None: ...
     @property
     def block_size(self) -> int: ...
     def hash_request(self, request: Any) -> list[bytes]:

@@ -108,9 +108,11 @@ def make_block_hasher(
             return new
 
         # vLLM calls the hasher on every append; the gate answers the appends
-        # that complete no block (most of them) without a Python frame.
+        # that complete no block (most of them) without a Python frame, and
+        # those that complete one for a request kvcoord already hashes (its
+        # Request under ATTR) with that request's catch_up.
         gate: Callable[[Any], list[bytes]] = BlockHashGate(
-            hash_block_size, request_block_hasher
+            hash_block_size, request_block_hasher, ATTR
         ).hash_request
         return gate
 

@@ -184,7 +184,7 @@ pymethods!(PyRequest {
     /// block hashes from `start` on as a new list. `None` (nothing changed)
     /// when this request holds more tokens than `token_ids`. All-or-nothing
     /// on an invalid token.
-    fn catch_up<'py>(
+    pub(crate) fn catch_up<'py>(
         &mut self,
         py: Python<'py>,
         token_ids: &Bound<'py, PyList>,

@@ -15,11 +15,12 @@ use kvcoord_core::hashing::completes_block;
 use pyo3::gc::PyVisit;
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyTuple};
+use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 use pyo3::PyTraverseError;
 
 use crate::args;
 use crate::errors::value_error;
+use crate::request::PyRequest;
 
 /// The length of `obj` when it is a list (the common case, read without a
 /// method call) or has one.
@@ -32,23 +33,41 @@ fn length(obj: &Bound<'_, PyAny>) -> Option<usize> {
 
 /// vLLM's request block hasher in front of `hasher` (the adapter's, which
 /// hashes in kvcoord's core or hands the request to vLLM's): a call for a
-/// request whose tokens complete no block returns an empty list at once;
-/// any other call is `hasher(request)`.
+/// request whose tokens complete no block returns an empty list at once. A
+/// call whose tokens complete a block, for a request that already keeps its
+/// kvcoord hashing request in the attribute `hashes_attr`, is that
+/// request's `catch_up` (no Python frame). Any other call is
+/// `hasher(request)`, which also decides every case `catch_up` refuses.
 #[pyclass(module = "kvcoord._core", name = "BlockHashGate", frozen)]
 pub(crate) struct PyBlockHashGate {
     block_size: usize,
     hasher: Py<PyAny>,
+    hashes_attr: Option<Py<PyString>>,
 }
 
 #[pymethods]
 impl PyBlockHashGate {
     #[new]
-    fn new(block_size: &Bound<'_, PyAny>, hasher: Py<PyAny>) -> PyResult<Self> {
+    #[pyo3(signature = (block_size, hasher, hashes_attr = None))]
+    fn new(
+        block_size: &Bound<'_, PyAny>,
+        hasher: Py<PyAny>,
+        hashes_attr: Option<Bound<'_, PyString>>,
+    ) -> PyResult<Self> {
         let block_size = args::count(block_size, "block_size")?;
         if block_size == 0 {
             return Err(value_error("block_size must be at least 1"));
         }
-        Ok(Self { block_size, hasher })
+        // Interned: the attribute is read on every completed block.
+        let hashes_attr = match hashes_attr {
+            Some(a) => Some(PyString::intern(a.py(), a.to_str()?).unbind()),
+            None => None,
+        };
+        Ok(Self {
+            block_size,
+            hasher,
+            hashes_attr,
+        })
     }
 
     /// The block hashes of `request` (vLLM's ``Request``) that its new
@@ -65,6 +84,9 @@ impl PyBlockHashGate {
                 if !completes_block(done, self.block_size, num_tokens) {
                     return Ok(PyList::empty(py).into_any());
                 }
+                if let Some(new) = self.catch_up(request, &tokens, done) {
+                    return Ok(new.into_any());
+                }
             }
         }
         self.hasher.bind(py).call1((request,))
@@ -77,6 +99,27 @@ impl PyBlockHashGate {
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
         visit.call(&self.hasher)
+    }
+}
+
+impl PyBlockHashGate {
+    /// The new digests from `request`'s kvcoord hashing request brought up
+    /// to `tokens` (an exact list), or `None` where `hasher` must answer: no
+    /// such request yet, a list of another type, a request that is borrowed
+    /// or ahead of `tokens`, or tokens it refuses (all-or-nothing: nothing
+    /// changed, and `hasher` then hands the request back to vLLM).
+    fn catch_up<'py>(
+        &self,
+        request: &Bound<'py, PyAny>,
+        tokens: &Bound<'py, PyAny>,
+        done: usize,
+    ) -> Option<Bound<'py, PyList>> {
+        let attr = self.hashes_attr.as_ref()?;
+        let tokens = tokens.cast_exact::<PyList>().ok()?;
+        let mine = request.getattr(attr.bind(request.py())).ok()?;
+        let mine = mine.cast_exact::<PyRequest>().ok()?;
+        let mut mine = mine.try_borrow_mut().ok()?;
+        mine.catch_up(request.py(), tokens, done).ok().flatten()
     }
 }
 
