@@ -42,6 +42,11 @@ counts nowhere (the timer's own cost is higher, about 0.6 us a call, and
 subtracted in the net figures). The JSON output breaks the manager time
 down by method (``per_name_ms_per_step``). Single-call medians:
 ``bench_vllm_decode_calls.py``.
+
+The floor is calibrated in a tight loop with everything in cache, but paid
+inside a step whose own work has evicted it, so the net figures understate
+callees as cheap as kvcoord's. ``sample_vllm_scheduler.py`` measures the
+same share without a wrapper, by sampling the stack.
 """
 
 from __future__ import annotations
