@@ -218,13 +218,13 @@ def test_context_parallel_schedule_matches_vllm(seed: int, layout: str) -> None:
     ("specs", "kw", "reason"),
     [
         (lambda: [swa_spec(8)], {"dcp_world_size": 2}, "SlidingWindowSpec"),
-        (lambda: [full_spec()], {"dcp_world_size": 2, "enable_kv_cache_events": True}, "events"),
     ],
 )
 def test_context_parallel_left_to_vllm(specs: object, kw: dict, reason: str) -> None:
     """Context parallelism beside window groups (vLLM's window lookup
-    asserts on it; a hybrid layout with one is refused at construction) or
-    with KV-cache events stays with vLLM's own manager, with its reason."""
+    asserts on it; a hybrid layout with one is refused at construction)
+    stays with vLLM's own manager, with its reason. (With KV-cache events it
+    is served: test_events_vs_vllm.py.)"""
     before = sum(kv.fallbacks.values())
     cfg = config(16, specs())
     args = {"max_model_len": 64, "scheduler_block_size": 2 * BS, "hash_block_size": 2 * BS, **kw}

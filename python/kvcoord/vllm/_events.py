@@ -96,7 +96,16 @@ class EventLog:
     """Converts a manager's core events into vLLM's event objects, queued on
     its :class:`EventPoolView`."""
 
-    __slots__ = ("_core", "_kv", "_utils", "lookahead", "medium", "metadata", "view")
+    __slots__ = (
+        "_core",
+        "_kv",
+        "_utils",
+        "lookahead",
+        "medium",
+        "metadata",
+        "spec_block_sizes",
+        "view",
+    )
 
     def __init__(
         self,
@@ -114,6 +123,13 @@ class EventLog:
         view._log = self
         self.lookahead = int(num_hash_lookahead_tokens)
         self.metadata = () if kv_cache_config is None else event_metadata(kv_cache_config)
+        # Each group's spec block size: vLLM reports prefix-hit blocks at it,
+        # not at the block size its managers use (scaled under DCP).
+        self.spec_block_sizes: tuple[int, ...] = (
+            ()
+            if kv_cache_config is None
+            else tuple(int(g.kv_cache_spec.block_size) for g in kv_cache_config.kv_cache_groups)
+        )
         self.medium = medium
         self._kv = _vllm("vllm.distributed.kv_events")
         self._utils = _vllm("vllm.v1.core.kv_cache_utils")
@@ -240,19 +256,18 @@ class EventLog:
 
     # ---- what the manager calls ---------------------------------------------
 
-    def cached_hits(
-        self,
-        request: Any,
-        per_group: Sequence[Any],
-        block_sizes: Sequence[int],
-        hash_block_size: int,
-    ) -> None:
+    def cached_hits(self, request: Any, per_group: Sequence[Any], hash_block_size: int) -> None:
         """vLLM's events for a prefix hit of a request reporting in ``"full"``
         mode (``kv_cache_report_mode``): the reused blocks of each group as
-        stored, from block 0."""
+        stored, from block 0. As vLLM's coordinator does, a group's count of
+        hit blocks is reported at the group's spec block size: under decode
+        context parallelism, whose blocks span ``dcp_world_size`` times
+        that, the events cover the first blocks' worth of spec-sized spans
+        (vLLM's own accounting, kept as it is)."""
         if getattr(request, "kv_cache_report_mode", "incremental") != "full":
             return
-        for group, (ids, bs) in enumerate(zip(per_group, block_sizes, strict=True)):
+        sizes = self.spec_block_sizes
+        for group, (ids, bs) in enumerate(zip(per_group, sizes, strict=True)):
             self.prefix_stored(request, group, len(ids), bs, hash_block_size)
 
     def prefix_stored(
@@ -264,6 +279,12 @@ class EventLog:
         the pool changes. Earlier core events are queued first."""
         if not num_blocks:
             return
+        if block_size % hash_block_size:
+            # vLLM's resolve_block_hashes asserts the same before queueing.
+            raise AssertionError(
+                f"block size {block_size} is not a multiple of the hash block size "
+                f"{hash_block_size}: vLLM 0.33.0 cannot report these blocks as events"
+            )
         self.drain(None)
         scale = block_size // hash_block_size
         digests = request.block_hashes

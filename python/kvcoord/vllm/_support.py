@@ -68,8 +68,9 @@ def _context_parallel_reason(groups: list[Any], args: Mapping[str, Any]) -> str 
     an align-mode Mamba group it turns on sub-block hits (a Mamba block
     equal to the hash unit is enough then). Also served only with
     the scheduler block size vLLM is given equal to the LCM of the scaled
-    block sizes (the core derives it), and without KV-cache events (vLLM
-    reports reused blocks at the spec's block size, not the scaled one)."""
+    block sizes (the core derives it). KV-cache events are served as vLLM
+    emits them: stored blocks at the scaled block size, prefix-hit reports
+    at the spec's (see ``_events.EventLog.cached_hits``)."""
     dcp = int(args.get("dcp_world_size", 1))
     pcp = int(args.get("pcp_world_size", 1))
     if dcp == 1 and pcp == 1:
@@ -94,8 +95,6 @@ def _context_parallel_reason(groups: list[Any], args: Mapping[str, Any]) -> str 
     sizes = [kv_block_size(g.kv_cache_spec, dcp) for g in groups]
     if int(args["scheduler_block_size"]) != math.lcm(*sizes):
         return f"{what} with scheduler_block_size other than the LCM of the block sizes {sizes}"
-    if args.get("enable_kv_cache_events", False):
-        return f"{what} with KV-cache events"
     return None
 
 

@@ -219,7 +219,7 @@ class KVCacheManager(DecodePath, ManagerReadouts, DecodeFastPath):
             # the reconciled hit is empty (sparse retention pins it).
             return self.empty_kv_cache_blocks, 0, boundary
         if self._events is not None:
-            self._events.cached_hits(request, per_group, self._block_sizes, self.hash_block_size)
+            self._events.cached_hits(request, per_group, self.hash_block_size)
         return KVCacheBlocks(per_group, self._pool), hit, boundary
 
     def get_computed_blocks_for_connector(
