@@ -204,9 +204,8 @@ def sample(args: argparse.Namespace, engine: str, running: int) -> dict:
     cmd = [sys.executable, __file__, "--child", engine, "--running", str(running)]
     cmd += ["--prefix", str(args.prefix), "--suffix", str(args.suffix)]
     cmd += ["--steps", str(args.steps), "--cycles", str(args.cycles)]
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, open(Path(tmp) / "child.log", "w+") as log:
         raw_path = Path(tmp) / "stacks.txt"
-        log = open(Path(tmp) / "child.log", "w+")  # noqa: SIM115 (read back below)
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=log, text=True)
         assert proc.stdout is not None
         if proc.stdout.readline().strip() != "ready":
@@ -231,7 +230,10 @@ def sample(args: argparse.Namespace, engine: str, running: int) -> dict:
         res["sampler_errors"] = int(errors.group(1)) if errors else None
     steps = counts["step"]
     if not steps:
-        raise SystemExit(f"{engine}: no step samples (is py-spy allowed to attach?)")
+        raise SystemExit(
+            f"{engine}: no step samples (py-spy could not attach, or the run ended"
+            " before it sampled a decode step: give it more --cycles)"
+        )
     res.update(running=running, rate_hz=args.rate, step_samples=steps)
     for what in ("kv", "hashing"):
         share = counts[what] / steps
