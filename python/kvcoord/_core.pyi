@@ -532,6 +532,13 @@ class Request:
         result): 0, or where some group matched beyond the reconciled hit."""
     @shared_prefix_boundary.setter
     def shared_prefix_boundary(self, value: int) -> None: ...
+    @property
+    def num_in_flight_tokens(self) -> int:
+        """Tokens of ``num_computed_tokens`` in steps whose output is not back
+        yet (async scheduling; starts at 0). Windows release blocks on the
+        processed basis, ``num_computed_tokens - num_in_flight_tokens``."""
+    @num_in_flight_tokens.setter
+    def num_in_flight_tokens(self, value: int) -> None: ...
     """When True, ``KVCacheManager.get_computed_blocks`` reports no hit (e.g.
     the request wants prompt logprobs, which cached tokens cannot give)."""
     @property
@@ -653,9 +660,11 @@ class CoordinatorCore:
         already scaled), so a Mamba block equal to the hash unit is enough
         for sub-block hits.
         ``verify_hits``: ``allocate_slots`` refuses a hit block not cached
-        under the request's own hash of its position (a stale hit);
-        ``False`` adopts hits as vLLM does, whatever they hold (out-of-range
-        ids, nulls inside the window and wrong counts are still refused).
+        under the request's own hash of its position (a stale hit) and the
+        computed tokens of a request it does not track that come without
+        blocks; ``False`` adopts hits as vLLM does, whatever they hold
+        (out-of-range ids, nulls inside the window and wrong counts are
+        still refused), and gives such computed tokens fresh blocks.
         ``group_id_base``: added to every group id the pool reports (events,
         key read-outs), for a core holding groups ``base..`` of a larger
         configuration (kvcoord.vllm's HiSparse device core); ``event_medium``:

@@ -82,8 +82,10 @@ class KVCacheCoordinator:
             ``dcp_world_size > 1``; block sizes already scaled): a Mamba
             block equal to the hash unit is enough for partial hits.
         verify_hits: refuse a hit block not cached under the request's hash
-            of its position (a stale hit; the default). ``False`` adopts hits
-            as vLLM does, whatever the blocks hold (vLLM's adapter).
+            of its position (a stale hit; the default), and computed tokens
+            of a new request that come without blocks. ``False`` takes both
+            as vLLM does: hits whatever the blocks hold, computed tokens with
+            fresh blocks (vLLM's adapter).
     """
 
     #: Which policy this class is (decides caching and hit alignment).

@@ -361,10 +361,10 @@ def test_deferred_free_of_a_request_readmitted_before_the_free() -> None:
     assert free_queue(theirs) == free_queue(ours)
 
 
-def test_async_scheduler_with_several_groups_falls_back_at_construction() -> None:
-    """vLLM frees deferred blocks last group first, kvcoord's core first group
-    first: a scheduler that defers frees over several groups gets vLLM's own
-    manager (counted), one over a single group gets kvcoord's."""
+def test_async_scheduler_with_several_groups_is_served() -> None:
+    """A scheduler that defers block frees gets kvcoord's manager with one
+    group or several (it fell back to vLLM's own with several, whose
+    deferred frees kvcoord could not order as vLLM does)."""
 
     class FakeScheduler:
         def __init__(self, cfg: KVCacheConfig) -> None:
@@ -376,11 +376,54 @@ def test_async_scheduler_with_several_groups_falls_back_at_construction() -> Non
             )
 
     before = sum(kv.fallbacks.values())
-    one = FakeScheduler(config(16, [full_spec()])).kv_cache_manager
-    two = FakeScheduler(config(16, [full_spec(), full_spec()])).kv_cache_manager
-    assert isinstance(one, kv.KVCacheManager)
-    assert not isinstance(two, kv.KVCacheManager)
-    assert sum(kv.fallbacks.values()) == before + 1
+    for specs in ([full_spec()], [full_spec(), full_spec()]):
+        assert isinstance(FakeScheduler(config(16, specs)).kv_cache_manager, kv.KVCacheManager)
+    assert sum(kv.fallbacks.values()) == before
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_deferred_frees_of_several_groups_match_vllm(seed: int) -> None:
+    """vLLM's scheduler frees a popped request's blocks, the groups
+    concatenated, in reverse: the last group's tail first. Regression: with
+    several groups kvcoord raised NotImplementedError mid-run. Requests are
+    popped and freed later, beside admissions, frees and a re-admission of
+    a popped id, on full attention beside a sliding window."""
+    from test_windows_against_vllm import swa_spec
+
+    rng = random.Random(seed)
+    cfg = config(40, [full_spec(), swa_spec(8)])
+    theirs, ours = managers(cfg)
+    popped: list[tuple[list, list]] = []
+    live: list = []
+    for step in range(30):
+        req = make_request(f"r{step % 7}", [rng.randrange(50) for _ in range(rng.randrange(4, 30))])
+        if any(r.request_id == req.request_id for r in live):
+            req = make_request(f"x{step}", list(range(rng.randrange(4, 20))))
+        (ha, na, _), (hb, nb, _) = theirs.get_computed_blocks(req), ours.get_computed_blocks(req)
+        assert (na, ids(ha)) == (nb, ids(hb))
+        a = theirs.allocate_slots(req, req.num_tokens - na, na, ha)
+        b = ours.allocate_slots(req, req.num_tokens - nb, nb, hb)
+        assert ids(a) == ids(b)
+        if a is not None:
+            req.num_computed_tokens = req.num_tokens
+            live.append(req)
+        if live and rng.random() < 0.5:
+            victim = live.pop(rng.randrange(len(live)))
+            if rng.random() < 0.7:
+                pair = (theirs.pop_blocks_for_free(victim), ours.pop_blocks_for_free(victim))
+                popped.append(pair)
+            else:
+                theirs.free(victim)
+                ours.free(victim)
+        if popped and rng.random() < 0.4:
+            a_blocks, b_ids = popped.pop(0)
+            assert [blk.block_id for blk in a_blocks] == list(b_ids)
+            theirs.block_pool.free_blocks(reversed(a_blocks))
+            ours.block_pool.free_blocks(reversed(b_ids))
+        assert free_queue(theirs) == free_queue(ours)
+        for r in live:
+            assert theirs.get_block_ids(r.request_id) == ours.get_block_ids(r.request_id)
+        ours.check_invariants()
 
 
 def test_single_type_views_find_cached_blocks_by_vllms_block_hash() -> None:
@@ -443,3 +486,43 @@ def test_coordinator_view_is_an_instance_of_vllms_coordinator_class(num_groups: 
         want
     }
     assert not any(isinstance(ours.coordinator, c) for c in others)
+
+
+def test_truncate_computed_blocks_refuses_as_vllm_does() -> None:
+    """A cut past a group's hit or off its block size is vLLM's
+    AssertionError on both engines (kvcoord raised ValueError)."""
+    theirs, ours = managers(config(16, [full_spec(), full_spec(8)]), scheduler_block_size=8)
+    req = make_request("a", list(range(17)))
+    for m in (theirs, ours):
+        m.allocate_slots(req, 17)
+    probe = make_request("b", list(range(17)))
+    found = [m.get_computed_blocks(probe) for m in (theirs, ours)]
+    assert [n for _, n, _ in found] == [16, 16]
+    for m, (blocks, _, _) in zip((theirs, ours), found, strict=True):
+        assert ids(m.truncate_computed_blocks(blocks, 8)) == ([1, 2], [6])
+        for cut in (4, 24):
+            with pytest.raises(AssertionError):
+                m.truncate_computed_blocks(blocks, cut)
+
+
+def test_req_to_blocks_is_a_live_list_as_in_vllm() -> None:
+    """Code holding ``req_to_blocks[rid]`` sees later allocations (vLLM's is
+    the manager's own list), and keeps the last blocks once the request is
+    freed. Regression: kvcoord handed out a snapshot."""
+    theirs, ours = managers(config(16, [full_spec()]))
+    req = make_request("a", list(range(6)))
+    held = []
+    for m in (theirs, ours):
+        m.allocate_slots(req, 6)
+        held.append(m.coordinator.single_type_managers[0].req_to_blocks["a"])
+    req.num_computed_tokens = 6
+    req.append_output_token_ids([1, 2, 3])
+    for m in (theirs, ours):
+        m.allocate_slots(req, 3)
+    a, b = held
+    assert len(a) == len(b) == 3
+    assert [x.block_id for x in a] == [x.block_id for x in b] == [1, 2, 3]
+    assert b == a and b[-1].block_id == 3 and [x.block_id for x in b[1:]] == [2, 3]
+    for m in (theirs, ours):
+        m.free(req)
+    assert [x.block_id for x in a] == [x.block_id for x in b] == [1, 2, 3]

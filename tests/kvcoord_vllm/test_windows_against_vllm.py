@@ -161,9 +161,24 @@ def test_eagle_windowed_schedule_matches_vllm(
     run_schedule(theirs, ours, rng)
 
 
-def run_schedule(theirs, ours, rng: random.Random) -> None:
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_async_windowed_schedule_matches_vllm(seed: int, layout: str) -> None:
+    # Async scheduling: each step is scheduled before the previous one's
+    # output is back, so windows release blocks on the processed basis
+    # (num_computed_tokens - num_in_flight_tokens). Requests also arrive
+    # with their prompt already computed elsewhere (a disaggregated decode
+    # worker), as computed tokens with no blocks behind them.
+    rng = random.Random(seed)
+    theirs, ours = pair(layout, 48, None, max_in_flight_tokens=rng.choice([16, 64, None]))
+    run_schedule(theirs, ours, rng, in_flight=True)
+
+
+def run_schedule(theirs, ours, rng: random.Random, in_flight: bool = False) -> None:
     """Random admissions, chunked prefills, decodes, preemptions and frees on
-    both managers; after every step everything observable must be equal."""
+    both managers; after every step everything observable must be equal.
+    With ``in_flight``, a scheduled step's tokens stay in flight until the
+    next step's schedule of the request, and some requests arrive computed."""
     prefixes = [[rng.randrange(1000) for _ in range(rng.randrange(8, 60))] for _ in range(3)]
     waiting = []
     running = []
@@ -173,6 +188,27 @@ def run_schedule(theirs, ours, rng: random.Random) -> None:
                 rng.randrange(1000) for _ in range(rng.randrange(1, 40))
             ]
             waiting.append(make_request(f"r{step}", tokens))
+        # Computed elsewhere (some or all but the last prompt token). vLLM
+        # may count fewer blocks than it then takes for such a request (its
+        # windows count the computed tokens as skipped; its allocation does
+        # not), so only where every block it could take is free.
+        req = make_request(f"d{step}", [rng.randrange(1000) for _ in range(rng.randrange(2, 50))])
+        room = len(theirs.coordinator.single_type_managers) * (req.num_tokens // BS + 2)
+        if in_flight and rng.random() < 0.15 and theirs.block_pool.get_num_free_blocks() > room:
+            n = 1 if rng.random() < 0.5 else rng.randrange(1, req.num_tokens)
+            if rng.random() < 0.5:
+                req.num_computed_tokens = req.num_tokens - n
+                kwargs = {}
+            else:  # as new computed tokens that come with no blocks
+                kwargs = {"num_new_computed_tokens": req.num_tokens - n}
+            a = theirs.allocate_slots(req, n, **kwargs)
+            b = ours.allocate_slots(req, n, **kwargs)
+            assert ids(a) == ids(b)
+            if a is not None:
+                req.num_computed_tokens = req.num_tokens
+                req.num_in_flight_tokens = n
+                req.status = RequestStatus.RUNNING
+                running.append(req)
         for req in list(running):
             if req.num_computed_tokens >= req.num_tokens:  # decode one token
                 req.append_output_token_ids(rng.randrange(1000))
@@ -182,8 +218,11 @@ def run_schedule(theirs, ours, rng: random.Random) -> None:
             assert ids(a) == ids(b)
             if a is None:
                 preempt(req, (theirs, ours), running, waiting)
+                req.num_in_flight_tokens = 0
             else:
                 req.num_computed_tokens += n
+                if in_flight:
+                    req.num_in_flight_tokens = n if rng.random() < 0.7 else 0
         while waiting:
             req = waiting[0]
             (ha, na, ja), (hb, nb, jb) = (
@@ -206,6 +245,8 @@ def run_schedule(theirs, ours, rng: random.Random) -> None:
                 break
             waiting.pop(0)
             req.num_computed_tokens = na + n
+            if in_flight:
+                req.num_in_flight_tokens = n
             req.status = RequestStatus.RUNNING
             running.append(req)
         for req in list(running):
@@ -214,7 +255,8 @@ def run_schedule(theirs, ours, rng: random.Random) -> None:
                 for m in (theirs, ours):
                     m.free(req)
             elif rng.random() < 0.3:
-                args = (req.request_id, req.num_computed_tokens, req.num_prompt_tokens)
+                processed = req.num_computed_tokens - req.num_in_flight_tokens
+                args = (req.request_id, processed, req.num_prompt_tokens)
                 theirs.remove_skipped_blocks(*args)
                 ours.remove_skipped_blocks(*args)
         assert theirs.block_pool.get_num_free_blocks() == ours.block_pool.get_num_free_blocks()

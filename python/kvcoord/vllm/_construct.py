@@ -107,10 +107,6 @@ def caller_reason() -> str | None:
                     # External tokens would have to count a mode-"none"
                     # group's scratch blocks; not reproduced yet.
                     return "a KV connector beside Mamba groups in mode 'none' (external tokens)"
-            if getattr(owner, "defer_block_free", False) and len(groups) > 1:
-                # vLLM frees deferred blocks last group first; kvcoord's core
-                # frees a request's groups first to last.
-                return "deferred block frees (async scheduling) with several KV cache groups"
             return None
         frame = frame.f_back
     return None

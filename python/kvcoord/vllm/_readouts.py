@@ -158,17 +158,21 @@ class ManagerReadouts:
         return result or 0
 
     def truncate_computed_blocks(self, blocks: Any, num_computed_tokens: int) -> KVCacheBlocks:
+        """The lookup result cut at ``num_computed_tokens`` (a multiple of
+        every group's block size; every group but Mamba's must reach it).
+        A cut that breaks either rule raises ``AssertionError``, as vLLM's
+        assertions do."""
         groups = blocks.ids if isinstance(blocks, KVCacheBlocks) else blocks.blocks
         out = []
         for i, (g, bs) in enumerate(zip(groups, self._block_sizes, strict=True)):
             if num_computed_tokens % bs:
-                raise ValueError(f"{num_computed_tokens} tokens is not a multiple of {bs}")
+                raise AssertionError(f"{num_computed_tokens} tokens is not a multiple of {bs}")
             n = num_computed_tokens // bs
             if i in self._mamba_groups:
                 # An external hit may supply the final Mamba state.
                 n = min(n, len(g))
             elif n > len(g):
-                raise ValueError(f"cannot truncate {len(g)} blocks to {n}")
+                raise AssertionError(f"cannot truncate {len(g)} blocks to {n}")
             out.append(ids_of(g)[:n])
         return self.create_kv_cache_blocks(tuple(out))
 

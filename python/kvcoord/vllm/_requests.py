@@ -105,6 +105,8 @@ class RequestRegistry:
         if len(theirs) > held:
             mine.supply_block_hashes(theirs[held:])
         mine.num_computed_tokens = request.num_computed_tokens
+        # Async scheduling: windows release blocks on the processed basis.
+        mine.num_in_flight_tokens = getattr(request, "num_in_flight_tokens", 0)
         return mine
 
     def peek(self, request_id: str) -> Request:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import functools
 import importlib
-from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, overload
 
 from kvcoord.coordinator import KVCacheCoordinator
 from kvcoord.vllm._blocks import BlockView, KVCacheBlocks, PoolView, ids_of
@@ -17,9 +17,63 @@ if TYPE_CHECKING:
 __all__ = ["CoordinatorView", "coordinator_view"]
 
 
-class _RequestTables(Mapping[str, list[BlockView]]):
-    """``req_to_blocks`` of one group: request id -> block views (read-only;
-    built from the core's table on each access, for inspection only)."""
+class _LiveTable(Sequence[BlockView]):
+    """``req_to_blocks[request_id]``: the request's block list as vLLM keeps
+    it, one object that later allocations and releases show through (read
+    from the core's table on each access; code holding vLLM's list sees it
+    grow). Once the request holds no blocks it keeps the blocks it held
+    last, as vLLM's list does after the manager dropped it. Inspection only."""
+
+    __slots__ = ("_last", "_request_id", "_tables")
+
+    def __init__(self, tables: _RequestTables, request_id: str, ids: list[int]) -> None:
+        self._tables = tables
+        self._request_id = request_id
+        self._last = ids
+
+    def _ids(self) -> list[int]:
+        held = self._tables._manager._held(self._request_id)
+        if held is not None:
+            self._last = held[self._tables._group_id].tolist()
+        return self._last
+
+    @overload
+    def __getitem__(self, index: int) -> BlockView: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[BlockView]: ...
+    def __getitem__(self, index: int | slice) -> BlockView | list[BlockView]:
+        pool = self._tables._pool
+        if isinstance(index, slice):
+            return [BlockView(pool, i) for i in self._ids()[index]]
+        return BlockView(pool, self._ids()[index])
+
+    def __len__(self) -> int:
+        return len(self._ids())
+
+    def __iter__(self) -> Iterator[BlockView]:
+        pool = self._tables._pool
+        return iter([BlockView(pool, i) for i in self._ids()])
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence) and not isinstance(other, str | bytes):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, as vLLM's list
+
+    def __add__(self, other: Sequence[Any]) -> list[Any]:
+        return [*self, *other]
+
+    def __radd__(self, other: Sequence[Any]) -> list[Any]:
+        return [*other, *self]
+
+    def __repr__(self) -> str:
+        return repr(list(self))
+
+
+class _RequestTables(Mapping[str, _LiveTable]):
+    """``req_to_blocks`` of one group: request id -> its live block list
+    (read-only; read from the core's table, for inspection only)."""
 
     def __init__(self, manager: KVCacheManager, group_id: int, pool: Any = None) -> None:
         self._manager = manager
@@ -28,11 +82,11 @@ class _RequestTables(Mapping[str, list[BlockView]]):
         # manager keeps some groups on a pool of their own, as HiSparse does).
         self._pool = manager._pool if pool is None else pool
 
-    def __getitem__(self, request_id: str) -> list[BlockView]:
+    def __getitem__(self, request_id: str) -> _LiveTable:
         held = self._manager._held(request_id)
         if held is None:
             raise KeyError(request_id)
-        return [BlockView(self._pool, int(i)) for i in held[self._group_id]]
+        return _LiveTable(self, request_id, held[self._group_id].tolist())
 
     def __iter__(self) -> Iterator[str]:
         return iter([r for r in self._manager._requests.ids() if r in self])
@@ -116,6 +170,13 @@ class _SingleTypeView:
         self.block_pool = manager.block_pool
         # Tokens a hit ends on a multiple of (vLLM sets it on every manager).
         self.cache_hit_alignment_tokens = int(manager._core.hit_alignment)
+
+    @property
+    def _null_block(self) -> BlockView:
+        """vLLM's ``_null_block``: the view of block 0 of the group's pool
+        (the entries of ``req_to_blocks`` a window released are this view
+        while it is alive, as vLLM's are its one null block)."""
+        return BlockView(self.req_to_blocks._pool, 0)
 
 
 class _MambaCheckpoints(Mapping[str, tuple[int, int]]):

@@ -423,7 +423,9 @@ class KVCacheManager(DecodePath, ManagerReadouts, DecodeFastPath):
     def pop_blocks_for_free(self, request: Any) -> list[int]:
         """Forget the request but keep its blocks' references; the caller frees
         the returned ids later through ``block_pool.free_blocks`` (reversed),
-        which frees them tail first as vLLM does (see :mod:`kvcoord.vllm._parking`)."""
+        which frees them tail first as vLLM does: one group's blocks by
+        parking the request (see :mod:`kvcoord.vllm._parking`), several
+        groups' as references the core counts as the caller's."""
         rid = request.request_id
         held = self._held(rid)
         self._decode_room.pop(rid, None)
@@ -435,10 +437,12 @@ class KVCacheManager(DecodePath, ManagerReadouts, DecodeFastPath):
             self.free(request)
             return []
         if sum(1 for g in held if len(g)) > 1:
-            # vLLM frees them last group first; the core frees groups in order.
-            raise NotImplementedError(
-                "kvcoord: pop_blocks_for_free of a request holding blocks in several groups"
-            )
+            # vLLM's caller frees these last group first (it reverses the
+            # concatenation), which a parked request's free would not: the
+            # core hands the references over and frees them in the order given.
+            groups = self._core.pop_request_to_caller(self._requests.core_id(rid)) or ()
+            self._requests.drop(rid)
+            return [i for g in groups for i in g if i]
         self._parking.park(rid, ids)
         self._requests.drop(rid)
         return ids

@@ -158,7 +158,10 @@ pub struct CoordinatorConfig {
     /// Off, hits are adopted as vLLM adopts `new_computed_blocks`: whatever
     /// they hold (free, cached under any key, or in use), each gains a
     /// reference; ids out of range, a null inside the attention window,
-    /// wrong counts and whatever the pool refuses are still refused.
+    /// wrong counts and whatever the pool refuses are still refused. Off,
+    /// too, the computed tokens of a request the core does not track yet
+    /// (`num_computed_tokens`, or `num_new_computed_tokens` without hit
+    /// blocks) are taken as vLLM takes them: they get fresh blocks.
     pub verify_hits: bool,
     /// Added to every group id the pool reports (events, key read-outs):
     /// for a core holding groups `base..` of a larger configuration (vLLM's
@@ -1051,12 +1054,20 @@ impl CoordinatorCore {
         // hottest call, and a map lookup is a large part of its work.
         let mut slot = requests.entry(req);
         let tracked = matches!(slot, Entry::Occupied(_));
-        crate::limits::check_progress(tracked, view)?;
+        // Computed tokens of a new request must come with their blocks:
+        // fresh blocks would otherwise be cached as holding them. vLLM's
+        // scheduler takes its caller's word (a disaggregated decode worker
+        // hands over requests already computed): unverified, such tokens
+        // get fresh blocks like the tokens to compute.
+        if config.verify_hits {
+            crate::limits::check_progress(tracked, view)?;
+        }
         // Step 3 (no external tokens).
         let local = view.num_computed_tokens + num_new_computed_tokens;
-        // Hit tokens of a new request must come with their blocks: fresh
-        // blocks would otherwise be cached as holding them.
-        let claims_hits = !tracked && num_new_computed_tokens > 0 && config.enable_caching();
+        let claims_hits = !tracked
+            && num_new_computed_tokens > 0
+            && config.enable_caching()
+            && config.verify_hits;
         if !tracked && num_external_computed_tokens > 0 {
             check_external(managers)?;
         }

@@ -307,4 +307,44 @@ mod tests {
             assert_eq!(c.pool().num_free_blocks(), 30, "{spec}");
         }
     }
+
+    /// A request the core has not seen whose computed tokens come without
+    /// blocks (already computed elsewhere, or claimed as hits with none):
+    /// refused when verified, state untouched; unverified, those tokens get
+    /// fresh blocks like the tokens to compute, as vLLM gives them.
+    #[test]
+    fn computed_tokens_without_blocks_get_fresh_blocks_unverified() {
+        let hs = hashes(2, 8);
+        let n = 6 * BS;
+        for claimed_as_hits in [false, true] {
+            let (view, args) = if claimed_as_hits {
+                (
+                    RequestView::new(0, n, n, &hs),
+                    AllocateArgs::with_hit(BS, 5 * BS),
+                )
+            } else {
+                (
+                    RequestView::new(5 * BS, n, n, &hs),
+                    AllocateArgs::with_hit(BS, 0),
+                )
+            };
+            let mut strict = core(true);
+            let before = free_ids(&strict);
+            assert!(strict.allocate_slots(ReqId(1), &view, &args, None).is_err());
+            assert_eq!(free_ids(&strict), before);
+            assert!(!strict.contains(ReqId(1)));
+            strict.check_invariants().unwrap();
+
+            let mut c = core(false);
+            let new = c
+                .allocate_slots(ReqId(1), &view, &args, None)
+                .unwrap()
+                .unwrap();
+            assert_eq!(new.iter().map(Vec::len).collect::<Vec<_>>(), [6, 6]);
+            assert_eq!(block_ids(&c, ReqId(1))[0], before[..6]);
+            assert_eq!(block_ids(&c, ReqId(1))[1], before[6..12]);
+            assert_eq!(c.pool().num_free_blocks(), before.len() - 12);
+            c.check_invariants().unwrap();
+        }
+    }
 }

@@ -74,6 +74,11 @@ pub struct Request {
     /// third `get_computed_blocks` result, kept on the request as vLLM's
     /// scheduler does): 0, or where some group matched beyond the hit.
     pub shared_prefix_boundary: usize,
+    /// Tokens of `num_computed_tokens` scheduled in steps whose output is
+    /// not back yet (async scheduling: vLLM's `num_in_flight_tokens`). Their
+    /// attention still reads the blocks below them, so windows release
+    /// blocks on the processed basis, `num_computed_tokens` minus these.
+    pub num_in_flight_tokens: usize,
 }
 
 impl Request {
@@ -88,6 +93,7 @@ impl Request {
             hasher,
             skip_reading_prefix_cache: false,
             shared_prefix_boundary: 0,
+            num_in_flight_tokens: 0,
         }
     }
 
@@ -204,6 +210,7 @@ impl Request {
     pub fn view(&self) -> RequestView<'_> {
         RequestView {
             shared_prefix_boundary: self.shared_prefix_boundary,
+            num_in_flight_tokens: self.num_in_flight_tokens,
             ..RequestView::new(
                 self.num_computed_tokens,
                 self.tokens.len(),

@@ -372,8 +372,10 @@ fn decode(c: &mut CoordinatorCore, r: &mut Req, lookahead: usize) -> Result<(), 
     }
 }
 
-/// Free request `req`, then pass it back with its progress still set: it
-/// must be refused, nothing changed.
+/// Free request `req`, then pass it back with its progress still set: with
+/// hits verified it must be refused, nothing changed; unverified, its
+/// computed tokens are taken as given (vLLM's scheduler does) and get
+/// fresh blocks, if they fit.
 fn stale(c: &mut CoordinatorCore, running: &mut Vec<Req>, req: usize) -> Result<(), TestCaseError> {
     if running.get(req).is_none_or(|r| r.computed == 0) {
         return Ok(());
@@ -382,7 +384,12 @@ fn stale(c: &mut CoordinatorCore, running: &mut Vec<Req>, req: usize) -> Result<
     c.free(r.id).unwrap();
     let before = snapshot(c, running);
     let res = alloc(c, r.id, &r.view(), 1, 0, None, 0, 0);
-    prop_assert!(res.is_err(), "stale request accepted");
-    prop_assert_eq!(snapshot(c, running), before);
+    if c.config().verify_hits {
+        prop_assert!(res.is_err(), "stale request accepted");
+        prop_assert_eq!(snapshot(c, running), before);
+    } else {
+        prop_assert!(res.is_ok(), "unverified computed tokens refused: {:?}", res);
+        c.free(r.id).unwrap();
+    }
     Ok(())
 }

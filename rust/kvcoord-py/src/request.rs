@@ -91,6 +91,7 @@ pymethods!(PyRequest {
     get num_output_tokens(&self) -> usize = self.inner.num_output_tokens();
     get num_tokens(&self) -> usize = self.inner.num_tokens();
     get shared_prefix_boundary(&self) -> usize = self.inner.shared_prefix_boundary;
+    get num_in_flight_tokens(&self) -> usize = self.inner.num_in_flight_tokens;
     get num_computed_tokens(&self) -> usize = self.inner.num_computed_tokens;
     get prompt_token_ids['py](&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> =
         PyList::new(py, self.inner.prompt_tokens());
@@ -214,6 +215,12 @@ pymethods!(PyRequest {
             "shared_prefix_boundary",
             value,
         ))?;
+        Ok(())
+    }
+
+    #[setter]
+    fn set_num_in_flight_tokens(&mut self, value: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.inner.num_in_flight_tokens = crate::args::count(value, "num_in_flight_tokens")?;
         Ok(())
     }
 
