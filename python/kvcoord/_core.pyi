@@ -783,6 +783,7 @@ class CoordinatorCore:
         num_encoder_tokens: int | None = None,
         max_in_flight_tokens: int | None = None,
         num_local_computed_tokens: int | None = None,
+        num_tokens_main_model: int | None = None,
     ) -> int:
         """Blocks an allocation of ``num_tokens`` slots would pull from the
         pool (vLLM's ``get_num_blocks_to_allocate``); with
@@ -791,7 +792,9 @@ class CoordinatorCore:
         pages: vLLM's full-sequence admission check).
         ``num_local_computed_tokens``: of ``total_computed_tokens``, those
         computed locally (default: all; HiSparse groups tell an import
-        apart). Changes nothing."""
+        apart). ``num_tokens_main_model``: of ``num_tokens``, the main
+        model's (default: all); Mamba groups hold no state for the
+        speculative rest. Changes nothing."""
     def remove_skipped_blocks(
         self,
         request_id: str,

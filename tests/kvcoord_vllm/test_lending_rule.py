@@ -289,6 +289,17 @@ def test_stand_ins_are_keyed_by_vllms_classes() -> None:
     assert not _lending.pool_bound(kv.BlockPool)
 
 
+def test_code_binding_a_pool_by_another_name_is_pool_bound() -> None:
+    """vLLM's CPU-offload scheduler keeps ``cpu_block_pool`` and takes the
+    GPU pool in ``bind_gpu_block_pool(gpu_block_pool)``, then reads both
+    pools' internals: a test handing it a pool keeps vLLM's. Regression:
+    only the exact name ``block_pool`` counted, and 53 of vLLM's
+    ``simple_kv_offload`` tests failed on kvcoord's pool."""
+    from vllm.v1.simple_kv_offload.manager import SimpleCPUOffloadScheduler
+
+    assert _lending.pool_bound(SimpleCPUOffloadScheduler)
+
+
 MANAGER_STATE = """
 def helper_writes(manager, block):
     manager.coordinator.single_type_managers[0]._partial_hit_reqs["r"] = (0, block)

@@ -628,3 +628,56 @@ def test_sub_block_mamba_schedule_matches_vllm(
             ("full8+mamba16+full", 0),
         }
     )
+
+
+@pytest.mark.parametrize("layout", sorted(k for k in LAYOUTS if "mtp" in k))
+@pytest.mark.parametrize("external", [False, True])
+def test_prediction_with_speculative_slots_matches_vllm(layout: str, external: bool) -> None:
+    """``coordinator.get_num_blocks_to_allocate`` with speculative slots past
+    ``num_tokens_main_model`` (the scheduler's reservation for in-flight
+    loads) and ``allocate_slots``' reserved-blocks check: Mamba groups hold
+    no state for the speculative slots. Regression: kvcoord counted them,
+    over-reserved, and refused a second async load vLLM admits."""
+    theirs, ours = pair(layout, 64, None)
+    req = make_request("a", list(range(4 * BS + 1)))
+    for m in (theirs, ours):
+        if external:
+            got = m.allocate_slots(
+                req, 0, num_external_computed_tokens=4 * BS, delay_cache_blocks=True
+            )
+        else:
+            got = m.allocate_slots(req, 4 * BS)
+        assert got is not None
+    assert theirs.get_block_ids("a") == ours.get_block_ids("a")
+    done = 4 * BS
+    for extra in range(0, 3 * BS):
+        for main in (done, done + 1, done + extra):
+            kwargs = {
+                "request_id": "a",
+                "num_tokens": done + extra,
+                "new_computed_blocks": theirs.empty_kv_cache_blocks.blocks,
+                "num_encoder_tokens": 0,
+                "total_computed_tokens": 0,
+                "num_local_computed_tokens": 0,
+                "num_tokens_main_model": min(main, done + extra),
+                "apply_admission_cap": True,
+            }
+            assert theirs.coordinator.get_num_blocks_to_allocate(
+                **kwargs
+            ) == ours.coordinator.get_num_blocks_to_allocate(**kwargs), (extra, main)
+    # The reserved-blocks check of a decode step with speculative slots.
+    req.num_computed_tokens = done
+    free = theirs.block_pool.get_num_free_blocks()
+    assert free == ours.block_pool.get_num_free_blocks()
+    for reserved in range(free - 4, free + 1):
+        results = [
+            ids(
+                m.allocate_slots(
+                    req, 1, num_lookahead_tokens=lookahead(layout) + BS, reserved_blocks=reserved
+                )
+            )
+            for m in (theirs, ours)
+        ]
+        assert results[0] == results[1], reserved
+        if results[0] is not None:
+            break

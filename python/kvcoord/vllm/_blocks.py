@@ -96,6 +96,11 @@ class BlockView:
         return bytes(digest) + int(group_id).to_bytes(4, "big")
 
     @property
+    def _block_hash(self) -> bytes | None:
+        """vLLM's private spelling of :attr:`block_hash` (tests read it)."""
+        return self.block_hash
+
+    @property
     def block_hash_num_tokens(self) -> int | None:
         """vLLM's ``block_hash_num_tokens``: the prefix the primary key stands
         for (a partial key's own count; the block's end for a full key)."""

@@ -230,9 +230,12 @@ class HiSparseManager(KVCacheManager):
         num_encoder_tokens: int = 0,
         admission: bool = False,
         num_local: int | None = None,
+        *,
+        num_tokens_main_model: int | None = None,
     ) -> int:
         """Both cores' prediction; ``num_local`` of ``total_computed`` are
-        local (the rest an import, which the HiSparse groups tell apart)."""
+        local (the rest an import, which the HiSparse groups tell apart);
+        ``num_tokens_main_model`` of ``num_tokens`` are not speculative."""
         host_hits = list(hits[0]) if hits else []
         device_hits = [list(g) for g in hits[1:]] if hits else None
         device = int(
@@ -244,6 +247,7 @@ class HiSparseManager(KVCacheManager):
                 num_encoder_tokens,
                 self.max_in_flight_tokens if admission else None,
                 num_local,
+                num_tokens_main_model,
             )
         )
         return device + self._host_prediction(

@@ -157,27 +157,36 @@ def _is_vllm(obj: Any) -> bool:
 
 def pool_bound(obj: Any) -> bool:
     """Whether ``obj`` is vLLM code that stands on a block pool: a class with
-    a ``block_pool`` attribute, or one or a function taking a ``block_pool``."""
+    an attribute named ``*block_pool`` (``block_pool``, ``cpu_block_pool``...)
+    or a method taking one (a constructor, ``bind_gpu_block_pool``), or a
+    function taking a block pool."""
     if not _is_vllm(obj) or not callable(obj):
         return False
     if isinstance(obj, type):
-        if "block_pool" in vllm_surface(obj):
+        if any(n.endswith("block_pool") for n in vllm_surface(obj)):
             return True
-        inits = [vars(k).get("__init__") for k in obj.__mro__ if k is not object]
-        return any(_takes_pool(f, typed=False) for f in inits if f is not None)
+        methods = [
+            fn
+            for k in obj.__mro__
+            if k is not object
+            for v in vars(k).values()
+            if (fn := _function_of(v)) is not None
+        ]
+        return any(_takes_pool(f, typed=False) for f in methods)
     return _takes_pool(obj, typed=True)
 
 
 def _takes_pool(fn: Any, typed: bool) -> bool:
-    """Whether ``fn`` has a ``block_pool`` parameter (or, ``typed``, one
-    annotated as a ``BlockPool``: not for constructors, as vLLM's blocks
-    keep their pool for deferred frees)."""
+    """Whether ``fn`` has a ``*block_pool`` parameter (or, ``typed``, one
+    annotated as a ``BlockPool``: not for methods, as vLLM's blocks keep
+    their pool for deferred frees)."""
     try:
         params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):
         return False
     return any(
-        p.name == "block_pool" or (typed and "BlockPool" in str(p.annotation)) for p in params
+        p.name.endswith("block_pool") or (typed and "BlockPool" in str(p.annotation))
+        for p in params
     )
 
 

@@ -337,6 +337,7 @@ class CoordinatorView:
             total_computed_tokens,
             num_encoder_tokens,
             apply_admission_cap,
+            num_tokens_main_model=num_tokens_main_model or None,
         )
 
 

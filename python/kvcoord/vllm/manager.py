@@ -259,12 +259,16 @@ class KVCacheManager(DecodePath, ManagerReadouts, DecodeFastPath):
         total_computed: int,
         num_encoder_tokens: int = 0,
         admission: bool = False,
+        *,
+        num_tokens_main_model: int | None = None,
     ) -> int:
         """vLLM's ``get_num_blocks_to_allocate``, answered by the core: blocks
         still needed for ``num_tokens`` slots over all groups, plus the hit
         blocks that sit in the free queue (touching them takes them out of
         it). ``admission``: capped per group at the most blocks a request can
-        hold there (the full-sequence admission check)."""
+        hold there (the full-sequence admission check).
+        ``num_tokens_main_model``: the slots that are not speculative
+        (default: all)."""
         return int(
             self._core.num_blocks_to_allocate(
                 mine,
@@ -273,6 +277,7 @@ class KVCacheManager(DecodePath, ManagerReadouts, DecodeFastPath):
                 total_computed,
                 num_encoder_tokens,
                 self.max_in_flight_tokens if admission else None,
+                num_tokens_main_model=num_tokens_main_model,
             )
         )
 
@@ -344,7 +349,12 @@ class KVCacheManager(DecodePath, ManagerReadouts, DecodeFastPath):
             need = min(total_computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
             free = self._pool.num_free_blocks - reserved_blocks
             needed = self._predict(
-                mine, need, hits, num_local + num_external_computed_tokens, num_encoder_tokens
+                mine,
+                need,
+                hits,
+                num_local + num_external_computed_tokens,
+                num_encoder_tokens,
+                num_tokens_main_model=total_computed + num_new_tokens,
             )
             if needed + watermark > free:
                 return None

@@ -755,6 +755,7 @@ impl CoordinatorCore {
         local_computed: Option<usize>,
         num_encoder_tokens: usize,
         max_in_flight_tokens: Option<usize>,
+        num_tokens_main_model: Option<usize>,
     ) -> KvResult<usize> {
         let arg = |detail: String| KvError::InvalidArgument {
             name: "new_computed_blocks",
@@ -775,7 +776,10 @@ impl CoordinatorCore {
             .get(request.id())
             .and_then(|req| self.requests.get(&req))
             .map(Vec::as_slice);
-        let step = StepSize::new(num_tokens, num_tokens, total_computed, num_encoder_tokens)
+        // Speculative slots (num_tokens past the main model's) count for
+        // the attention groups only, as in an allocation.
+        let main = num_tokens_main_model.map_or(num_tokens, |m| m.min(num_tokens));
+        let step = StepSize::new(main, num_tokens, total_computed, num_encoder_tokens)
             .with_local(local_computed.unwrap_or(total_computed));
         let mut checkpoints = vec![None; self.managers.len()];
         let caps = Caps {
@@ -3043,14 +3047,14 @@ mod tests {
         let mut c = CoordinatorCore::new(cfg).unwrap();
         let r = live_request("a", 100, 4);
         assert_eq!(
-            c.num_blocks_to_allocate(&r, 100, &[], 0, None, 0, None)
+            c.num_blocks_to_allocate(&r, 100, &[], 0, None, 0, None, None)
                 .unwrap(),
             75
         );
         // 16 tokens in flight: SWA holds cdiv(7 + 16, 4) + 1 = 7 blocks at
         // most, chunked local cdiv(8 + 16, 4) = 6; full attention is not capped.
         assert_eq!(
-            c.num_blocks_to_allocate(&r, 100, &[], 0, None, 0, Some(16))
+            c.num_blocks_to_allocate(&r, 100, &[], 0, None, 0, Some(16), None)
                 .unwrap(),
             25 + 7 + 6
         );
@@ -3064,7 +3068,7 @@ mod tests {
         assert_eq!(c.managers()[0].max_admission_blocks(16, 1000), None);
         // Below the cap the prediction is the uncapped one.
         assert_eq!(
-            c.num_blocks_to_allocate(&r, 8, &[], 0, None, 0, Some(16))
+            c.num_blocks_to_allocate(&r, 8, &[], 0, None, 0, Some(16), None)
                 .unwrap(),
             6
         );
@@ -3077,14 +3081,14 @@ mod tests {
             .unwrap());
         assert_eq!(c.pool().num_free_blocks(), free - 18);
         assert_eq!(
-            c.num_blocks_to_allocate(&r, 100, &[], 24, None, 0, Some(16))
+            c.num_blocks_to_allocate(&r, 100, &[], 24, None, 0, Some(16), None)
                 .unwrap(),
             19 + 1
         );
         assert_eq!(c.pool().num_free_blocks(), free - 18);
         // Bad hit lists are refused.
         assert!(c
-            .num_blocks_to_allocate(&r, 8, &[vec![BlockId(1)]], 0, None, 0, None)
+            .num_blocks_to_allocate(&r, 8, &[vec![BlockId(1)]], 0, None, 0, None, None)
             .is_err());
         assert!(c
             .num_blocks_to_allocate(
@@ -3094,6 +3098,7 @@ mod tests {
                 0,
                 None,
                 0,
+                None,
                 None
             )
             .is_err());

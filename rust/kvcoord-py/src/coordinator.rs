@@ -383,10 +383,12 @@ pool_writers!(pymethods!(PyCoordinatorCore {
     /// Blocks an allocation of `num_tokens` slots would pull from the pool
     /// (vLLM's `get_num_blocks_to_allocate`); with `max_in_flight_tokens`,
     /// capped per group at the most blocks a request can hold (vLLM's
-    /// full-sequence admission check). Changes nothing.
+    /// full-sequence admission check); `num_tokens_main_model` of the
+    /// slots are the main model's (the rest speculative: Mamba groups do
+    /// not count them). Changes nothing.
     #[pyo3(signature = (request, num_tokens, new_computed_blocks = None, total_computed_tokens = None,
                         num_encoder_tokens = None, max_in_flight_tokens = None,
-                        num_local_computed_tokens = None))]
+                        num_local_computed_tokens = None, num_tokens_main_model = None))]
     #[allow(clippy::too_many_arguments)]
     fn num_blocks_to_allocate(
         &self,
@@ -398,8 +400,13 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         num_encoder_tokens: Option<&Bound<'_, PyAny>>,
         max_in_flight_tokens: Option<&Bound<'_, PyAny>>,
         num_local_computed_tokens: Option<&Bound<'_, PyAny>>,
+        num_tokens_main_model: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<usize> {
         let request = args::request(request)?;
+        let main = match num_tokens_main_model {
+            Some(v) => Some(args::count(v, "num_tokens_main_model")?),
+            None => None,
+        };
         let local = match num_local_computed_tokens {
             Some(v) => Some(args::count(v, "num_local_computed_tokens")?),
             None => None,
@@ -425,6 +432,7 @@ pool_writers!(pymethods!(PyCoordinatorCore {
             local,
             encoder,
             in_flight,
+            main,
         ))
     }
 
