@@ -382,16 +382,20 @@ def test_async_scheduler_with_several_groups_is_served() -> None:
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_deferred_frees_of_several_groups_match_vllm(seed: int) -> None:
+@pytest.mark.parametrize("layout", ["full+swa", "full+mamba", "full+swa+mamba"])
+def test_deferred_frees_of_several_groups_match_vllm(seed: int, layout: str) -> None:
     """vLLM's scheduler frees a popped request's blocks, the groups
     concatenated, in reverse: the last group's tail first. Regression: with
     several groups kvcoord raised NotImplementedError mid-run. Requests are
     popped and freed later, beside admissions, frees and a re-admission of
-    a popped id, on full attention beside a sliding window."""
+    a popped id, on full attention beside a sliding window and Mamba."""
+    from test_mamba_against_vllm import mamba_spec
     from test_windows_against_vllm import swa_spec
 
     rng = random.Random(seed)
-    cfg = config(40, [full_spec(), swa_spec(8)])
+    specs = {"full+swa": [full_spec(), swa_spec(8)], "full+mamba": [full_spec(), mamba_spec()]}
+    specs["full+swa+mamba"] = [full_spec(), swa_spec(8), mamba_spec()]
+    cfg = config(60, specs[layout])
     theirs, ours = managers(cfg)
     popped: list[tuple[list, list]] = []
     live: list = []
