@@ -338,9 +338,9 @@ def test_single_type_views_read_like_vllms() -> None:
 def test_deferred_free_of_a_request_readmitted_before_the_free() -> None:
     """Regression: parking popped blocks as a hit of a made-up request stopped
     working once the core verified hits (an uncached tail block is no hit).
-    The request now stays parked in the core; re-admitted under the same id
-    before the deferred free, it gets blocks of its own, and the free queue
-    order after both frees equals vLLM's."""
+    The core now hands the popped references to the caller; re-admitted
+    under the same id before the deferred free, the request gets blocks of
+    its own, and the free queue order after both frees equals vLLM's."""
     cfg = config(16, [full_spec()])
     theirs, ours = managers(cfg)
     for m in (theirs, ours):

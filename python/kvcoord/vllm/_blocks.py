@@ -15,7 +15,7 @@ methods of vLLM's ``BlockPool`` that the scheduler calls
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -258,14 +258,11 @@ class FreeQueueView:
 class PoolView:
     """vLLM ``BlockPool`` methods the scheduler calls, over kvcoord's pool."""
 
-    __slots__ = ("_core", "_free_parked", "pool")
+    __slots__ = ("_core", "pool")
 
-    def __init__(
-        self, pool: Any, core: Any = None, free_parked: Callable[[list[int]], bool] | None = None
-    ) -> None:
+    def __init__(self, pool: Any, core: Any = None) -> None:
         self.pool = pool
         self._core = core  # the manager's CoordinatorCore; None for a plain pool
-        self._free_parked = free_parked
 
     @property
     def num_gpu_blocks(self) -> int:
@@ -321,8 +318,6 @@ class PoolView:
         :meth:`get_new_blocks` (the core refuses any other block, with
         ``BlockStateError``, and releases nothing)."""
         ids = ids_of(ordered_blocks)
-        if self._free_parked is not None and self._free_parked(ids):
-            return
         if self._core is not None:
             self._core.free_caller_blocks(ids)
             return

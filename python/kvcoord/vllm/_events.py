@@ -54,14 +54,12 @@ def event_metadata(kv_cache_config: Any) -> tuple[tuple[str, int | None], ...]:
     )
 
 
-def pool_view(
-    pool: Any, core: Any, free_parked: Any, args: Mapping[str, Any]
-) -> tuple[PoolView, EventLog | None]:
+def pool_view(pool: Any, core: Any, args: Mapping[str, Any]) -> tuple[PoolView, EventLog | None]:
     """A manager's ``block_pool`` view and, when its constructor arguments
     (``args``) enable KV-cache events, the log that fills its event queue."""
     if not args.get("enable_kv_cache_events", False):
-        return PoolView(pool, core, free_parked), None
-    view = EventPoolView(pool, core, free_parked)
+        return PoolView(pool, core), None
+    view = EventPoolView(pool, core)
     ahead = int(args.get("num_hash_lookahead_tokens", 0))
     return view, EventLog(core, view, args["kv_cache_config"], ahead)
 
@@ -72,8 +70,8 @@ class EventPoolView(PoolView):
 
     __slots__ = ("_log", "kv_event_queue")
 
-    def __init__(self, pool: Any, core: Any, free_parked: Any) -> None:
-        super().__init__(pool, core, free_parked)
+    def __init__(self, pool: Any, core: Any) -> None:
+        super().__init__(pool, core)
         self.kv_event_queue: list[Any] = []
         self._log: EventLog | None = None
 

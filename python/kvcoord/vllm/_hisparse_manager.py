@@ -107,7 +107,7 @@ class HiSparseManager(KVCacheManager):
         self._device_views = ViewCache(self._pool)
         self._watchers = Watchers(self._core, self._device_views)
         self._device_block_pool = DevicePoolView(
-            self._pool, self._core, self._device_views, self._watchers, self._parking.free
+            self._pool, self._core, self._device_views, self._watchers
         )
         self.block_pool = self._device_block_pool
         self._host_block_pool = HostPoolView(self._host_pool, self._host_core, self._host_views)
@@ -167,16 +167,15 @@ class HiSparseManager(KVCacheManager):
 
     def _device_held(self, request_id: str) -> tuple[Any, ...] | None:
         try:
-            blocks = self._core.blocks(self._requests.core_id(request_id))
+            blocks = self._core.blocks(request_id)
         except UnknownRequestError:
             return None
         return tuple(blocks.arrays())
 
     def _held(self, request_id: str) -> tuple[Any, ...] | None:
-        core_id = self._requests.core_id(request_id)
         device = self._device_held(request_id)
         try:
-            host = self._host_core.blocks(core_id).arrays()[0]
+            host = self._host_core.blocks(request_id).arrays()[0]
         except UnknownRequestError:
             host = None
         if device is None and host is None:
@@ -192,11 +191,11 @@ class HiSparseManager(KVCacheManager):
 
     def _require_hot(self, request_id: str, core_group: int) -> None:
         with contextlib.suppress(UnknownRequestError):
-            self._core.require_hot(self._requests.core_id(request_id), core_group)
+            self._core.require_hot(request_id, core_group)
 
     def _hot_demanded(self, request_id: str, core_group: int) -> bool:
         try:
-            return bool(self._core.hot_required(self._requests.core_id(request_id), core_group))
+            return bool(self._core.hot_required(request_id, core_group))
         except UnknownRequestError:
             return False
 
@@ -447,7 +446,7 @@ class HiSparseManager(KVCacheManager):
 
     def _host_core_holds(self, request_id: str) -> bool:
         try:
-            self._host_core.blocks(self._requests.core_id(request_id))
+            self._host_core.blocks(request_id)
         except UnknownRequestError:
             return False
         return True
@@ -468,9 +467,8 @@ class HiSparseManager(KVCacheManager):
         coordinator = self._hisparse()
         if coordinator is not None:
             coordinator.free(rid)
-        core_id = self._requests.core_id(rid)
-        self._host_core.free(core_id)
-        self._core.free(core_id)
+        self._host_core.free(rid)
+        self._core.free(rid)
         self._requests.drop(rid)
 
     def pop_blocks_for_free(self, request: Any) -> list[Any]:
@@ -482,11 +480,10 @@ class HiSparseManager(KVCacheManager):
         coordinator = self._hisparse()
         if coordinator is not None:
             coordinator.free(rid)
-        core_id = self._requests.core_id(rid)
         self._decode_room.pop(rid, None)
         out: list[Any] = []
         for core, views in ((self._host_core, self._host_views), (self._core, self._device_views)):
-            for group in core.pop_request_to_caller(core_id) or ():
+            for group in core.pop_request_to_caller(rid) or ():
                 out.extend(views.many(group))
         self._requests.drop(rid)
         return out

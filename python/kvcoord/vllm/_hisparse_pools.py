@@ -98,8 +98,8 @@ class _CachedPoolView(PoolView):
     #: given a ``metrics_collector`` falls back).
     metrics_collector: Any = None
 
-    def __init__(self, pool: Any, core: Any, views: ViewCache, free_parked: Any = None) -> None:
-        super().__init__(pool, core, free_parked)
+    def __init__(self, pool: Any, core: Any, views: ViewCache) -> None:
+        super().__init__(pool, core)
         self._views = views
         #: The other core's pool view, for blocks of that pool freed here.
         self.other: _CachedPoolView | None = None
@@ -165,10 +165,8 @@ class DevicePoolView(_CachedPoolView):
 
     __slots__ = ("watchers",)
 
-    def __init__(
-        self, pool: Any, core: Any, views: ViewCache, watchers: Watchers, free_parked: Any
-    ) -> None:
-        super().__init__(pool, core, views, free_parked)
+    def __init__(self, pool: Any, core: Any, views: ViewCache, watchers: Watchers) -> None:
+        super().__init__(pool, core, views)
         self.watchers = watchers
 
     def get_new_blocks(self, num_blocks: int) -> list[BlockView]:

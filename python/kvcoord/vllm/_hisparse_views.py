@@ -69,9 +69,6 @@ class _GroupView:
         """The group's id in the device core."""
         return self.kv_cache_group_id - 1
 
-    def _core_id(self, request_id: str) -> str:
-        return self._manager._requests.core_id(request_id)
-
 
 class SourceView(_GroupView):
     """vLLM's ``HiSparseSourceManager``: the host core's only group."""
@@ -151,7 +148,7 @@ class ResidentView(_GroupView):
     def get_resident_page(self, request_id: str, block_idx: int) -> BlockView | None:
         core = self._manager._core
         try:
-            got = core.resident_page(self._core_id(request_id), self._core_group, block_idx)
+            got = core.resident_page(request_id, self._core_group, block_idx)
         except UnknownRequestError:
             return None
         return self._block(got)
@@ -159,7 +156,7 @@ class ResidentView(_GroupView):
     def get_residency_row(self, request_id: str, start: int = 0) -> list[BlockView]:
         core = self._manager._core
         try:
-            row = core.residency_row(self._core_id(request_id), self._core_group, start)
+            row = core.residency_row(request_id, self._core_group, start)
         except UnknownRequestError:
             return []
         return self._views.many(row)
@@ -169,7 +166,7 @@ class ResidentView(_GroupView):
         try:
             return bool(
                 core.adopt_resident_page(
-                    self._core_id(request_id), self._core_group, block_idx, int(block.block_id)
+                    request_id, self._core_group, block_idx, int(block.block_id)
                 )
             )
         except UnknownRequestError:
@@ -178,7 +175,7 @@ class ResidentView(_GroupView):
     def drop_resident_page(self, request_id: str, block_idx: int) -> BlockView | None:
         core = self._manager._core
         try:
-            got = core.drop_resident_page(self._core_id(request_id), self._core_group, block_idx)
+            got = core.drop_resident_page(request_id, self._core_group, block_idx)
         except UnknownRequestError:
             return None
         return self._block(got)
@@ -216,13 +213,13 @@ class HotView(_GroupView):
     ) -> list[BlockView]:
         """vLLM's call on its own: grow the hot region when it is asked for."""
         manager = self._manager
-        got = manager._core.allocate_hot(self._core_id(request_id), self._core_group)
+        got = manager._core.allocate_hot(request_id, self._core_group)
         manager._watchers.fire()
         return self._views.many(got)
 
     def has_hot(self, request_id: str) -> bool:
         try:
-            return bool(self._manager._core.has_hot(self._core_id(request_id), self._core_group))
+            return bool(self._manager._core.has_hot(request_id, self._core_group))
         except UnknownRequestError:
             return False
 

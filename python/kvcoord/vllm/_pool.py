@@ -218,7 +218,7 @@ class BlockPool(EventPoolView):
             hash_block_size=int(hash_block_size),
             enable_events=bool(enable_kv_cache_events),
         )
-        super().__init__(pool, None, None)
+        super().__init__(pool, None)
         self.enable_kv_cache_events = bool(enable_kv_cache_events)
         self.metrics_collector = None
         self.num_hash_lookahead_tokens = int(num_hash_lookahead_tokens)

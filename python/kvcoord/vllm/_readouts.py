@@ -84,7 +84,7 @@ class ManagerReadouts:
     def _held(self, request_id: str) -> tuple[Any, ...] | None:
         """The request's block table per group (read-only int32 arrays), or None."""
         try:
-            blocks = self._core.blocks(self._requests.core_id(request_id))
+            blocks = self._core.blocks(request_id)
         except UnknownRequestError:
             return None
         arrays: tuple[Any, ...] = blocks.arrays()

@@ -44,7 +44,7 @@ def _tokens(ids: Any) -> Any:
 class RequestRegistry:
     """One :class:`kvcoord.Request` per live vLLM request id."""
 
-    __slots__ = ("_by_id", "core_ids", "hash_block_size")
+    __slots__ = ("_by_id", "hash_block_size")
 
     def __init__(self, hash_block_size: int) -> None:
         self.hash_block_size = hash_block_size
@@ -52,14 +52,6 @@ class RequestRegistry:
         #: different object under a known id (a probe reusing an id, a request
         #: rebuilt by a test) gets a fresh kvcoord request: never stale hashes.
         self._by_id: dict[str, tuple[Any, Request]] = {}
-        #: vLLM request id -> the id its kvcoord request has in the core, for
-        #: ids whose earlier blocks are still parked under the plain id (see
-        #: :mod:`kvcoord.vllm._parking`); absent: the same id.
-        self.core_ids: dict[str, str] = {}
-
-    def core_id(self, request_id: str) -> str:
-        """The core's id for the vLLM request ``request_id``."""
-        return self.core_ids.get(request_id, request_id)
 
     def __len__(self) -> int:
         return len(self._by_id)
@@ -74,7 +66,6 @@ class RequestRegistry:
             if (
                 isinstance(shared, Request)
                 and shared.hash_block_size == self.hash_block_size
-                and request.request_id not in self.core_ids
             ):
                 mine = shared
                 self._by_id[request.request_id] = (request, mine)
@@ -111,11 +102,11 @@ class RequestRegistry:
 
     def peek(self, request_id: str) -> Request:
         """kvcoord's request for the vLLM request id ``request_id`` as last
-        synced, or an empty request under its core id when none is live."""
+        synced, or an empty request under that id when none is live."""
         entry = self._by_id.get(request_id)
         if entry is not None:
             return entry[1]
-        return Request(self.core_id(request_id), [], hash_block_size=self.hash_block_size)
+        return Request(request_id, [], hash_block_size=self.hash_block_size)
 
     def probe(self, block_hashes: Any) -> Request:
         """A request holding only vLLM's ``block_hashes``, for lookups by
@@ -161,7 +152,7 @@ class RequestRegistry:
                 for f in (request.mm_features or ())
             ],
         }
-        rid = self.core_id(request.request_id)
+        rid = request.request_id
         try:
             return Request(rid, list(prompt), **kwargs)
         except InvalidTokenError:

@@ -92,7 +92,7 @@ class _RequestTables(Mapping[str, _LiveTable]):
         return iter([r for r in self._manager._requests.ids() if r in self])
 
     def __len__(self) -> int:
-        return int(self._manager._core.num_requests) - len(self._manager._parking)
+        return int(self._manager._core.num_requests)
 
     def __contains__(self, request_id: object) -> bool:
         return isinstance(request_id, str) and self._manager._held(request_id) is not None

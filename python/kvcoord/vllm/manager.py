@@ -34,7 +34,6 @@ from kvcoord.vllm._construct import (
 from kvcoord.vllm._decode import DecodePath
 from kvcoord.vllm._events import event_metadata, pool_view
 from kvcoord.vllm._hisparse import served_class
-from kvcoord.vllm._parking import Parking
 from kvcoord.vllm._readouts import ManagerReadouts
 from kvcoord.vllm._requests import RequestRegistry
 from kvcoord.vllm._support import (
@@ -144,8 +143,7 @@ class KVCacheManager(DecodePath, ManagerReadouts, DecodeFastPath):
         self._core = self._core_coordinator.core
         self._pool = self._core_coordinator.block_pool
         self._requests = RequestRegistry(self.hash_block_size)
-        self._parking = Parking(self._core, self._requests)
-        self.block_pool, self._events = pool_view(self._pool, self._core, self._parking.free, a)
+        self.block_pool, self._events = pool_view(self._pool, self._core, a)
         self.coordinator = coordinator_view(self, self._core_coordinator, a)
         # Mamba groups: state tables, not token-indexed KV (see _mamba).
         self._mamba_groups = _mamba.mamba_group_ids(cfg)
@@ -342,7 +340,7 @@ class KVCacheManager(DecodePath, ManagerReadouts, DecodeFastPath):
                 # whether or not the step fits (the core does so again,
                 # a no-op, when it allocates).
                 self._core.remove_skipped_blocks(
-                    self._requests.core_id(rid),
+                    rid,
                     max(0, total_computed - request.num_in_flight_tokens),
                     request.num_prompt_tokens,
                 )
@@ -426,36 +424,20 @@ class KVCacheManager(DecodePath, ManagerReadouts, DecodeFastPath):
     def free(self, request: Any) -> None:
         """Release the request's blocks, tail first (unknown ids: no-op)."""
         rid = request.request_id
-        self._core.free(self._requests.core_id(rid))
+        self._core.free(rid)
         self._requests.drop(rid)
         self._decode_room.pop(rid, None)
 
     def pop_blocks_for_free(self, request: Any) -> list[int]:
-        """Forget the request but keep its blocks' references; the caller frees
-        the returned ids later through ``block_pool.free_blocks`` (reversed),
-        which frees them tail first as vLLM does: one group's blocks by
-        parking the request (see :mod:`kvcoord.vllm._parking`), several
-        groups' as references the core counts as the caller's."""
+        """Forget the request and hand its blocks' references to the caller
+        (the core counts them as the caller's), who frees the returned ids
+        later through ``block_pool.free_blocks``, reversed: vLLM's order,
+        each group tail first, the last group first."""
         rid = request.request_id
-        held = self._held(rid)
         self._decode_room.pop(rid, None)
-        if held is None:
-            self._requests.drop(rid)
-            return []
-        ids = [i for g in held for i in g.tolist() if i]
-        if not ids:
-            self.free(request)
-            return []
-        if sum(1 for g in held if len(g)) > 1:
-            # vLLM's caller frees these last group first (it reverses the
-            # concatenation), which a parked request's free would not: the
-            # core hands the references over and frees them in the order given.
-            groups = self._core.pop_request_to_caller(self._requests.core_id(rid)) or ()
-            self._requests.drop(rid)
-            return [i for g in groups for i in g if i]
-        self._parking.park(rid, ids)
+        groups = self._core.pop_request_to_caller(rid) or ()
         self._requests.drop(rid)
-        return ids
+        return [i for g in groups for i in g if i]
 
     def remove_skipped_blocks(
         self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
@@ -464,7 +446,7 @@ class KVCacheManager(DecodePath, ManagerReadouts, DecodeFastPath):
         (a no-op for full attention and unknown requests)."""
         if self._windowed:
             self._core.remove_skipped_blocks(
-                self._requests.core_id(request_id), processed_computed_tokens, num_prompt_tokens
+                request_id, processed_computed_tokens, num_prompt_tokens
             )
 
     def evict_blocks(self, block_ids: Any) -> None:
