@@ -63,10 +63,7 @@ class RequestRegistry:
         if mine is None:
             # The request's own hashing request (kvcoord as vLLM's block hasher).
             shared = request.__dict__.get(ATTR)
-            if (
-                isinstance(shared, Request)
-                and shared.hash_block_size == self.hash_block_size
-            ):
+            if isinstance(shared, Request) and shared.hash_block_size == self.hash_block_size:
                 mine = shared
                 self._by_id[request.request_id] = (request, mine)
                 stats["shared"] += 1
