@@ -1058,14 +1058,10 @@ impl CoordinatorCore {
         // hottest call, and a map lookup is a large part of its work.
         let mut slot = requests.entry(req);
         let tracked = matches!(slot, Entry::Occupied(_));
-        // Computed tokens of a new request must come with their blocks:
-        // fresh blocks would otherwise be cached as holding them. vLLM's
-        // scheduler takes its caller's word (a disaggregated decode worker
-        // hands over requests already computed): unverified, such tokens
-        // get fresh blocks like the tokens to compute.
-        if config.verify_hits {
-            crate::limits::check_progress(tracked, view)?;
-        }
+        // A new request's computed tokens must come with their blocks, or
+        // fresh ones are cached as holding them. Unverified (vLLM takes its
+        // caller's word), they get fresh blocks: see `step_needs`.
+        crate::limits::check_progress(tracked, view, config.verify_hits)?;
         // Step 3 (no external tokens).
         let local = view.num_computed_tokens + num_new_computed_tokens;
         let claims_hits = !tracked
@@ -1093,7 +1089,9 @@ impl CoordinatorCore {
             Entry::Vacant(_) => None,
         };
         let step = StepSize::new(main, need_slots, total, num_encoder_tokens).with_local(local);
-        let needed = predict(
+        // Computed tokens without blocks (unverified) get fresh blocks.
+        let unbacked = !tracked && local > 0 && hits.iter().all(Vec::is_empty);
+        let needed = step_needs(
             managers,
             pool,
             config,
@@ -1104,7 +1102,7 @@ impl CoordinatorCore {
             &step,
             cached_this_step,
             checkpoints,
-            Caps::none(config.max_model_len),
+            unbacked.then_some(num_external_computed_tokens),
         );
         if needed > pool.num_free_blocks() {
             return Ok(false);
@@ -1665,6 +1663,66 @@ impl Caps {
             max_model_len,
         }
     }
+}
+
+/// The blocks an allocation of `step` takes: [`predict`]'s count, or, for
+/// a new request whose computed tokens come without blocks (`unbacked`:
+/// its external tokens), the larger of that and the count with those
+/// tokens uncomputed. The prediction lets windows skip such tokens, as
+/// vLLM's does, but the fresh blocks cover them all, as vLLM's allocation
+/// does; where only the allocation would not fit (vLLM fails midway), the
+/// step does not fit and nothing is changed.
+#[allow(clippy::too_many_arguments)]
+fn step_needs(
+    managers: &[Manager],
+    pool: &BlockPool,
+    config: &CoordinatorConfig,
+    retention: Option<usize>,
+    view: &RequestView<'_>,
+    tables: Option<&[GroupTable]>,
+    hits: &[Vec<BlockId>],
+    step: &StepSize,
+    cached_this_step: &HashSet<CacheKey>,
+    checkpoints: &mut [Option<(usize, usize)>],
+    unbacked: Option<usize>,
+) -> usize {
+    let caps = Caps::none(config.max_model_len);
+    let needed = predict(
+        managers,
+        pool,
+        config,
+        retention,
+        view,
+        tables,
+        hits,
+        step,
+        cached_this_step,
+        checkpoints,
+        caps,
+    );
+    let Some(external) = unbacked else {
+        return needed;
+    };
+    let fresh = StepSize {
+        total: external,
+        local: 0,
+        ..*step
+    };
+    let mut unused = vec![None; managers.len()];
+    let all = predict(
+        managers,
+        pool,
+        config,
+        retention,
+        view,
+        None,
+        hits,
+        &fresh,
+        cached_this_step,
+        &mut unused,
+        caps,
+    );
+    needed.max(all)
 }
 
 /// Blocks the step pulls from the pool over all groups (vLLM's signed sum:

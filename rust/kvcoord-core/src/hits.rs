@@ -347,4 +347,31 @@ mod tests {
             c.check_invariants().unwrap();
         }
     }
+
+    /// Unverified computed tokens beyond a sliding window: the prediction
+    /// lets the window skip them, the fresh blocks cover them all. A pool
+    /// that holds the prediction but not the blocks refuses the step with
+    /// nothing changed. Regression: the allocation failed midway
+    /// (`OutOfBlocks`) with the request half built.
+    #[test]
+    fn computed_tokens_without_blocks_that_do_not_fit_change_nothing() {
+        let groups = vec![GroupSpec::sliding_window(4, 8)];
+        let mut cfg = CoordinatorConfig::new(groups, 6, true, 8192);
+        cfg.verify_hits = false;
+        let mut c = CoordinatorCore::new(cfg).unwrap();
+        let hs = hashes(3, 8);
+        let n = 8 * BS;
+        // 7 blocks computed elsewhere, 1 to compute: 8 fresh blocks, 5 free.
+        let view = RequestView::new(7 * BS, n, n, &hs);
+        let args = AllocateArgs::with_hit(BS, 0);
+        let before = free_ids(&c);
+        assert_eq!(before.len(), 5);
+        assert!(c
+            .allocate_slots(ReqId(1), &view, &args, None)
+            .unwrap()
+            .is_none());
+        assert_eq!(free_ids(&c), before);
+        assert!(!c.contains(ReqId(1)));
+        c.check_invariants().unwrap();
+    }
 }

@@ -90,10 +90,11 @@ fn name_step_overflow(view: &RequestView<'_>, args: &AllocateArgs) -> KvResult<(
 }
 
 /// Refuse an untracked request whose progress says some tokens are
-/// computed ([`stale_request`]).
+/// computed ([`stale_request`]), when `verify` (the coordinator's
+/// `verify_hits`; off, such tokens get fresh blocks as in vLLM).
 #[inline]
-pub fn check_progress(tracked: bool, view: &RequestView<'_>) -> KvResult<()> {
-    if !tracked && view.num_computed_tokens != 0 {
+pub fn check_progress(tracked: bool, view: &RequestView<'_>, verify: bool) -> KvResult<()> {
+    if verify && !tracked && view.num_computed_tokens != 0 {
         return Err(stale_request(view.num_computed_tokens));
     }
     Ok(())
