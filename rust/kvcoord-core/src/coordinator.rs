@@ -550,6 +550,44 @@ impl AllocateArgs {
     }
 }
 
+/// What a prediction ([`CoordinatorCore::num_blocks_to_allocate`]) is for:
+/// vLLM's `get_num_blocks_to_allocate` arguments plus the admission cap.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct PredictArgs {
+    /// Slots the allocation would give the request (speculative ones
+    /// included).
+    pub num_tokens: usize,
+    /// Tokens computed before the step (hits included).
+    pub total_computed_tokens: usize,
+    /// Of `total_computed_tokens`, those computed locally (the rest came
+    /// from a KV connector; `None`: all of them), which `HiSparse` groups
+    /// tell apart.
+    pub local_computed_tokens: Option<usize>,
+    /// Encoder tokens (sizes cross-attention groups).
+    pub num_encoder_tokens: usize,
+    /// vLLM's full-sequence admission check: groups that release blocks
+    /// behind their attention are capped at the most blocks a request can
+    /// hold in them ([`Manager::max_admission_blocks`]).
+    pub max_in_flight_tokens: Option<usize>,
+    /// Of `num_tokens`, the main model's (the rest are speculative, which
+    /// Mamba groups do not count); `None`: all of them.
+    pub num_tokens_main_model: Option<usize>,
+}
+
+impl PredictArgs {
+    /// `num_tokens` slots for a request with nothing computed.
+    pub const fn new(num_tokens: usize) -> Self {
+        Self {
+            num_tokens,
+            total_computed_tokens: 0,
+            local_computed_tokens: None,
+            num_encoder_tokens: 0,
+            max_in_flight_tokens: None,
+            num_tokens_main_model: None,
+        }
+    }
+}
+
 /// The block manager of one scheduler: shared pool, per-group rules, and
 /// every tracked request's tables.
 #[derive(Clone, Debug)]
@@ -734,28 +772,16 @@ impl CoordinatorCore {
         Ok(ok)
     }
 
-    /// Blocks an allocation giving `request` `num_tokens` slots would pull
-    /// from the pool over all groups, adopting the prefix-cache hits `hits`
-    /// (one list per group, or none) with `total_computed` tokens computed:
-    /// vLLM's `get_num_blocks_to_allocate`, the prediction `allocate_slots`
-    /// checks against the free blocks. With `max_in_flight_tokens`, groups
-    /// that release blocks behind their attention are capped at the most
-    /// blocks a request can hold in them
-    /// ([`Manager::max_admission_blocks`]): vLLM's full-sequence admission
-    /// check. `local_computed`: of `total_computed`, the tokens computed
-    /// locally (the rest came from a KV connector; `None`: all of them),
-    /// which `HiSparse` groups tell apart. Changes nothing.
-    #[allow(clippy::too_many_arguments)]
+    /// Blocks an allocation of `args.num_tokens` slots for `request` would
+    /// pull from the pool over all groups, adopting the prefix-cache hits
+    /// `hits` (one list per group, or none): vLLM's
+    /// `get_num_blocks_to_allocate`, the prediction `allocate_slots` checks
+    /// against the free blocks. Changes nothing.
     pub fn num_blocks_to_allocate(
         &self,
         request: &Request,
-        num_tokens: usize,
         hits: &[Vec<BlockId>],
-        total_computed: usize,
-        local_computed: Option<usize>,
-        num_encoder_tokens: usize,
-        max_in_flight_tokens: Option<usize>,
-        num_tokens_main_model: Option<usize>,
+        args: &PredictArgs,
     ) -> KvResult<usize> {
         let arg = |detail: String| KvError::InvalidArgument {
             name: "new_computed_blocks",
@@ -778,12 +804,19 @@ impl CoordinatorCore {
             .map(Vec::as_slice);
         // Speculative slots (num_tokens past the main model's) count for
         // the attention groups only, as in an allocation.
-        let main = num_tokens_main_model.map_or(num_tokens, |m| m.min(num_tokens));
-        let step = StepSize::new(main, num_tokens, total_computed, num_encoder_tokens)
-            .with_local(local_computed.unwrap_or(total_computed));
+        let PredictArgs {
+            num_tokens,
+            total_computed_tokens: total,
+            ..
+        } = *args;
+        let main = args
+            .num_tokens_main_model
+            .map_or(num_tokens, |m| m.min(num_tokens));
+        let step = StepSize::new(main, num_tokens, total, args.num_encoder_tokens)
+            .with_local(args.local_computed_tokens.unwrap_or(total));
         let mut checkpoints = vec![None; self.managers.len()];
         let caps = Caps {
-            max_in_flight_tokens,
+            max_in_flight_tokens: args.max_in_flight_tokens,
             max_model_len: self.config.max_model_len,
         };
         Ok(predict(
@@ -3104,16 +3137,21 @@ mod tests {
         );
         let mut c = CoordinatorCore::new(cfg).unwrap();
         let r = live_request("a", 100, 4);
+        // A prediction under vLLM's admission check, 16 tokens in flight.
+        let capped = |num_tokens, total_computed_tokens| PredictArgs {
+            total_computed_tokens,
+            max_in_flight_tokens: Some(16),
+            ..PredictArgs::new(num_tokens)
+        };
         assert_eq!(
-            c.num_blocks_to_allocate(&r, 100, &[], 0, None, 0, None, None)
+            c.num_blocks_to_allocate(&r, &[], &PredictArgs::new(100))
                 .unwrap(),
             75
         );
         // 16 tokens in flight: SWA holds cdiv(7 + 16, 4) + 1 = 7 blocks at
         // most, chunked local cdiv(8 + 16, 4) = 6; full attention is not capped.
         assert_eq!(
-            c.num_blocks_to_allocate(&r, 100, &[], 0, None, 0, Some(16), None)
-                .unwrap(),
+            c.num_blocks_to_allocate(&r, &[], &capped(100, 0)).unwrap(),
             25 + 7 + 6
         );
         // The cap never exceeds what max_model_len allows.
@@ -3125,11 +3163,7 @@ mod tests {
         );
         assert_eq!(c.managers()[0].max_admission_blocks(16, 1000), None);
         // Below the cap the prediction is the uncapped one.
-        assert_eq!(
-            c.num_blocks_to_allocate(&r, 8, &[], 0, None, 0, Some(16), None)
-                .unwrap(),
-            6
-        );
+        assert_eq!(c.num_blocks_to_allocate(&r, &[], &capped(8, 0)).unwrap(), 6);
         // A running request: only the blocks past its table (capped likewise);
         // nothing changed by the predictions.
         let free = c.pool().num_free_blocks();
@@ -3139,25 +3173,19 @@ mod tests {
             .unwrap());
         assert_eq!(c.pool().num_free_blocks(), free - 18);
         assert_eq!(
-            c.num_blocks_to_allocate(&r, 100, &[], 24, None, 0, Some(16), None)
-                .unwrap(),
+            c.num_blocks_to_allocate(&r, &[], &capped(100, 24)).unwrap(),
             19 + 1
         );
         assert_eq!(c.pool().num_free_blocks(), free - 18);
         // Bad hit lists are refused.
         assert!(c
-            .num_blocks_to_allocate(&r, 8, &[vec![BlockId(1)]], 0, None, 0, None, None)
+            .num_blocks_to_allocate(&r, &[vec![BlockId(1)]], &PredictArgs::new(8))
             .is_err());
         assert!(c
             .num_blocks_to_allocate(
                 &r,
-                8,
                 &[vec![], vec![], vec![BlockId(9999)]],
-                0,
-                None,
-                0,
-                None,
-                None
+                &PredictArgs::new(8)
             )
             .is_err());
         // Released blocks: an unknown id holds nothing; a known one drops

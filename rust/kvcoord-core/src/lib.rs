@@ -54,7 +54,7 @@ pub use best_case::UnboundedPrefixCache;
 pub use block_hash::BlockHash;
 pub use coordinator::{
     default_hash_block_size, scheduler_block_size, AllocateArgs, BoundaryOffload,
-    CoordinatorConfig, CoordinatorCore, CoordinatorKind, NewBlocks, RequestView,
+    CoordinatorConfig, CoordinatorCore, CoordinatorKind, NewBlocks, PredictArgs, RequestView,
 };
 pub use decode::DecodeRoom;
 pub use error::{KvError, KvResult};

@@ -4,7 +4,9 @@
 //! read-only. Conversion and delegation only: requests and their registry
 //! are core state.
 
-use kvcoord_core::coordinator::{AllocateArgs, CoordinatorConfig, CoordinatorCore, NewBlocks};
+use kvcoord_core::coordinator::{
+    AllocateArgs, CoordinatorConfig, CoordinatorCore, NewBlocks, PredictArgs,
+};
 use kvcoord_core::events::Medium;
 use kvcoord_core::{
     BlockId, BlockPool, CoordinatorKind, EvictionConfig, GroupId, KvError, Manager, ReqId,
@@ -403,20 +405,14 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         num_tokens_main_model: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<usize> {
         let request = args::request(request)?;
-        let main = match num_tokens_main_model {
-            Some(v) => Some(args::count(v, "num_tokens_main_model")?),
-            None => None,
-        };
-        let local = match num_local_computed_tokens {
-            Some(v) => Some(args::count(v, "num_local_computed_tokens")?),
-            None => None,
-        };
-        let num_tokens = args::count(num_tokens, "num_tokens")?;
-        let total = args::opt_count(total_computed_tokens, "total_computed_tokens")?;
-        let encoder = args::opt_count(num_encoder_tokens, "num_encoder_tokens")?;
-        let in_flight = match max_in_flight_tokens {
-            Some(v) => Some(args::count(v, "max_in_flight_tokens")?),
-            None => None,
+        let opt = |v: Option<&Bound<'_, PyAny>>, name| v.map(|v| args::count(v, name)).transpose();
+        let predict = PredictArgs {
+            num_tokens: args::count(num_tokens, "num_tokens")?,
+            total_computed_tokens: args::opt_count(total_computed_tokens, "total_computed_tokens")?,
+            local_computed_tokens: opt(num_local_computed_tokens, "num_local_computed_tokens")?,
+            num_encoder_tokens: args::opt_count(num_encoder_tokens, "num_encoder_tokens")?,
+            max_in_flight_tokens: opt(max_in_flight_tokens, "max_in_flight_tokens")?,
+            num_tokens_main_model: opt(num_tokens_main_model, "num_tokens_main_model")?,
         };
         let mut state = self.enter(py)?;
         let CoreState { inner, hits, .. } = &mut *state;
@@ -424,16 +420,7 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         if let Some(obj) = new_computed_blocks {
             fill_hits(obj, hits)?;
         }
-        core(inner.num_blocks_to_allocate(
-            &request.inner,
-            num_tokens,
-            hits,
-            total,
-            local,
-            encoder,
-            in_flight,
-            main,
-        ))
+        core(inner.num_blocks_to_allocate(&request.inner, hits, &predict))
     }
 
     /// Release the blocks of `request_id` that left every group's attention
