@@ -784,6 +784,7 @@ class CoordinatorCore:
         max_in_flight_tokens: int | None = None,
         num_local_computed_tokens: int | None = None,
         num_tokens_main_model: int | None = None,
+        prefill_end: int | None = None,
     ) -> int:
         """Blocks an allocation of ``num_tokens`` slots would pull from the
         pool (vLLM's ``get_num_blocks_to_allocate``); with
@@ -794,7 +795,10 @@ class CoordinatorCore:
         computed locally (default: all; HiSparse groups tell an import
         apart). ``num_tokens_main_model``: of ``num_tokens``, the main
         model's (default: all); Mamba groups hold no state for the
-        speculative rest. Changes nothing."""
+        speculative rest. ``prefill_end``: where the prefill ends, as vLLM's
+        coordinator takes it (default: the request's own,
+        ``max(num_prompt_tokens, num_tokens - 1)``); only sparse retention
+        reads it. Changes nothing."""
     def remove_skipped_blocks(
         self,
         request_id: str,

@@ -681,3 +681,41 @@ def test_prediction_with_speculative_slots_matches_vllm(layout: str, external: b
         assert results[0] == results[1], reserved
         if results[0] is not None:
             break
+
+
+@pytest.mark.parametrize("layout", sorted(k for k in LAYOUTS if "checkpoint" in k or k == "mamba"))
+@pytest.mark.parametrize("retention", [None, 0, 8])
+def test_prediction_takes_the_callers_prefill_end_and_main_tokens(
+    layout: str, retention: int | None
+) -> None:
+    """``coordinator.get_num_blocks_to_allocate`` with the caller's
+    ``prefill_end`` (under sparse retention Mamba reserves a prefill
+    checkpoint only on the chunk reaching it) and ``num_tokens_main_model``
+    as passed, 0 included. Regression: kvcoord ignored ``prefill_end`` (it
+    used the request's own, which lags vLLM's between core calls) and took
+    ``num_tokens_main_model=0`` for "not passed"."""
+    theirs, ours = pair(layout, 96, retention)
+    req = make_request("a", list(range(6 * BS + 3)))
+    for m in (theirs, ours):
+        assert m.allocate_slots(req, 2 * BS) is not None
+    assert theirs.get_block_ids("a") == ours.get_block_ids("a")
+    done = 2 * BS
+    # A running request ("a"), and one not allocated yet ("b": main 0 is
+    # then a request whose slots are all speculative).
+    cases = [("a", done, main) for main in ("done", "all")] + [("b", 0, 0)]
+    for rid, computed, main in cases:
+        for num_tokens in (computed + 1, computed + BS, computed + 3 * BS, 6 * BS + 3):
+            for prefill_end in (0, computed, computed + BS, num_tokens, 6 * BS + 2, 400):
+                kwargs = {
+                    "request_id": rid,
+                    "num_tokens": num_tokens,
+                    "new_computed_blocks": theirs.empty_kv_cache_blocks.blocks,
+                    "num_encoder_tokens": 0,
+                    "total_computed_tokens": computed,
+                    "num_local_computed_tokens": computed,
+                    "num_tokens_main_model": {"done": done, "all": num_tokens}.get(main, main),
+                    "prefill_end": prefill_end,
+                }
+                assert theirs.coordinator.get_num_blocks_to_allocate(
+                    **kwargs
+                ) == ours.coordinator.get_num_blocks_to_allocate(**kwargs), kwargs

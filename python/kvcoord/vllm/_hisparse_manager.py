@@ -231,10 +231,12 @@ class HiSparseManager(KVCacheManager):
         num_local: int | None = None,
         *,
         num_tokens_main_model: int | None = None,
+        prefill_end: int | None = None,
     ) -> int:
         """Both cores' prediction; ``num_local`` of ``total_computed`` are
         local (the rest an import, which the HiSparse groups tell apart);
-        ``num_tokens_main_model`` of ``num_tokens`` are not speculative."""
+        ``num_tokens_main_model`` of ``num_tokens`` are not speculative;
+        ``prefill_end``: where the prefill ends (default: the request's own)."""
         host_hits = list(hits[0]) if hits else []
         device_hits = [list(g) for g in hits[1:]] if hits else None
         device = int(
@@ -247,6 +249,7 @@ class HiSparseManager(KVCacheManager):
                 self.max_in_flight_tokens if admission else None,
                 num_local,
                 num_tokens_main_model,
+                prefill_end,
             )
         )
         return device + self._host_prediction(

@@ -283,7 +283,7 @@ def coordinator_class(base: type) -> type:
         num_encoder_tokens: int = 0,
         total_computed_tokens: int = 0,
         num_local_computed_tokens: int = 0,
-        num_tokens_main_model: int = 0,
+        num_tokens_main_model: int | None = None,
         apply_admission_cap: bool = False,
         prefill_end: int = 0,
     ) -> int:
@@ -298,6 +298,8 @@ def coordinator_class(base: type) -> type:
                 num_encoder_tokens,
                 apply_admission_cap,
                 num_local_computed_tokens,
+                num_tokens_main_model=num_tokens_main_model,
+                prefill_end=prefill_end,
             )
         )
 

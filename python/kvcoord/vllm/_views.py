@@ -320,13 +320,17 @@ class CoordinatorView:
         num_encoder_tokens: int = 0,
         total_computed_tokens: int = 0,
         num_local_computed_tokens: int = 0,
-        num_tokens_main_model: int = 0,
+        num_tokens_main_model: int | None = None,
         apply_admission_cap: bool = False,
         prefill_end: int = 0,
     ) -> int:
         """vLLM's prediction: blocks an allocation of ``num_tokens`` slots
         would take (``apply_admission_cap``: capped per group at the most
-        blocks a request can hold there)."""
+        blocks a request can hold there). ``num_tokens_main_model`` (vLLM
+        requires it; None: all ``num_tokens``) of the slots are the main
+        model's; ``prefill_end`` is where the request's prefill ends, as
+        vLLM's coordinator takes it (under sparse retention a Mamba group
+        reserves its prefill checkpoint on the chunk reaching it)."""
         hits = tuple(ids_of(g) for g in new_computed_blocks) if any(new_computed_blocks) else ()
         manager = self._manager
         mine = manager._requests.peek(request_id)
@@ -337,7 +341,8 @@ class CoordinatorView:
             total_computed_tokens,
             num_encoder_tokens,
             apply_admission_cap,
-            num_tokens_main_model=num_tokens_main_model or None,
+            num_tokens_main_model=num_tokens_main_model,
+            prefill_end=prefill_end,
         )
 
 

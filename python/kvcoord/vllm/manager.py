@@ -259,6 +259,7 @@ class KVCacheManager(DecodePath, ManagerReadouts, DecodeFastPath):
         admission: bool = False,
         *,
         num_tokens_main_model: int | None = None,
+        prefill_end: int | None = None,
     ) -> int:
         """vLLM's ``get_num_blocks_to_allocate``, answered by the core: blocks
         still needed for ``num_tokens`` slots over all groups, plus the hit
@@ -266,7 +267,8 @@ class KVCacheManager(DecodePath, ManagerReadouts, DecodeFastPath):
         it). ``admission``: capped per group at the most blocks a request can
         hold there (the full-sequence admission check).
         ``num_tokens_main_model``: the slots that are not speculative
-        (default: all)."""
+        (default: all); ``prefill_end``: where the prefill ends (default: the
+        request's own)."""
         return int(
             self._core.num_blocks_to_allocate(
                 mine,
@@ -276,6 +278,7 @@ class KVCacheManager(DecodePath, ManagerReadouts, DecodeFastPath):
                 num_encoder_tokens,
                 self.max_in_flight_tokens if admission else None,
                 num_tokens_main_model=num_tokens_main_model,
+                prefill_end=prefill_end,
             )
         )
 

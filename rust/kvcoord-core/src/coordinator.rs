@@ -572,6 +572,11 @@ pub struct PredictArgs {
     /// Of `num_tokens`, the main model's (the rest are speculative, which
     /// Mamba groups do not count); `None`: all of them.
     pub num_tokens_main_model: Option<usize>,
+    /// Where the request's prefill ends, as the caller counts it (under
+    /// sparse retention a Mamba "align" group reserves its prefill
+    /// checkpoint only on the chunk reaching it); `None`: the request's own
+    /// (`max(num_prompt_tokens, num_tokens - 1)`, as an allocation takes it).
+    pub prefill_end: Option<usize>,
 }
 
 impl PredictArgs {
@@ -584,6 +589,7 @@ impl PredictArgs {
             num_encoder_tokens: 0,
             max_in_flight_tokens: None,
             num_tokens_main_model: None,
+            prefill_end: None,
         }
     }
 }
@@ -812,8 +818,9 @@ impl CoordinatorCore {
         let main = args
             .num_tokens_main_model
             .map_or(num_tokens, |m| m.min(num_tokens));
-        let step = StepSize::new(main, num_tokens, total, args.num_encoder_tokens)
+        let mut step = StepSize::new(main, num_tokens, total, args.num_encoder_tokens)
             .with_local(args.local_computed_tokens.unwrap_or(total));
+        step.prefill_end = args.prefill_end;
         let mut checkpoints = vec![None; self.managers.len()];
         let caps = Caps {
             max_in_flight_tokens: args.max_in_flight_tokens,
@@ -1457,6 +1464,8 @@ struct StepSize {
     local: usize,
     /// Encoder tokens (cross-attention groups).
     num_encoder_tokens: usize,
+    /// Where the prefill ends (`None`: the request's own).
+    prefill_end: Option<usize>,
 }
 
 impl StepSize {
@@ -1467,6 +1476,7 @@ impl StepSize {
             total,
             local: total,
             num_encoder_tokens,
+            prefill_end: None,
         }
     }
 
@@ -1787,9 +1797,12 @@ fn predict(
             let input = mamba_align::AllocInput {
                 main: step.main,
                 total_computed: step.total,
+                // Only sparse retention reads it (as in vLLM).
                 prefill_end: if retention == Some(0) {
-                    view.num_prompt_tokens
-                        .max(view.num_tokens.saturating_sub(1))
+                    step.prefill_end.unwrap_or_else(|| {
+                        view.num_prompt_tokens
+                            .max(view.num_tokens.saturating_sub(1))
+                    })
                 } else {
                     0
                 },
@@ -2691,6 +2704,39 @@ mod tests {
             (0..len).collect(),
             RequestHasher::new(config, ExtraKeys::default()),
         )
+    }
+
+    #[test]
+    fn predictions_take_the_callers_prefill_end_under_sparse_retention() {
+        // Full + Mamba "align" with a prefill checkpoint, retention 0: a
+        // chunk reserves the checkpoint only when it reaches the prefill's
+        // end. A 100-token prompt's first 32 tokens do not reach its own end
+        // (100); they reach an end the caller puts at 32 (vLLM's coordinator
+        // takes prefill_end from its caller).
+        let specs = vec![
+            GroupSpec::full_attention(16),
+            GroupSpec::mamba_align(16, true, Some(16)),
+        ];
+        let predict = |retention, prefill_end| {
+            let mut cfg = CoordinatorConfig::new(specs.clone(), 100, true, 1000);
+            cfg.retention_interval = retention;
+            let c = CoordinatorCore::new(cfg).unwrap();
+            let r = live_request("a", 100, 16);
+            let args = PredictArgs {
+                prefill_end,
+                ..PredictArgs::new(32)
+            };
+            c.num_blocks_to_allocate(&r, &[], &args).unwrap()
+        };
+        let own = predict(Some(0), None);
+        assert_eq!(predict(Some(0), Some(100)), own);
+        assert_eq!(predict(Some(0), Some(32)), own + 1);
+        assert_eq!(predict(Some(0), Some(0)), own + 1);
+        // Dense and interval retention never read it (as in vLLM).
+        for retention in [None, Some(64)] {
+            let dense = predict(retention, None);
+            assert_eq!(predict(retention, Some(32)), dense);
+        }
     }
 
     #[test]

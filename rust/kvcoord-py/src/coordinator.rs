@@ -387,10 +387,12 @@ pool_writers!(pymethods!(PyCoordinatorCore {
     /// capped per group at the most blocks a request can hold (vLLM's
     /// full-sequence admission check); `num_tokens_main_model` of the
     /// slots are the main model's (the rest speculative: Mamba groups do
-    /// not count them). Changes nothing.
+    /// not count them); `prefill_end` where the prefill ends (None: the
+    /// request's own). Changes nothing.
     #[pyo3(signature = (request, num_tokens, new_computed_blocks = None, total_computed_tokens = None,
                         num_encoder_tokens = None, max_in_flight_tokens = None,
-                        num_local_computed_tokens = None, num_tokens_main_model = None))]
+                        num_local_computed_tokens = None, num_tokens_main_model = None,
+                        prefill_end = None))]
     #[allow(clippy::too_many_arguments)]
     fn num_blocks_to_allocate(
         &self,
@@ -403,6 +405,7 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         max_in_flight_tokens: Option<&Bound<'_, PyAny>>,
         num_local_computed_tokens: Option<&Bound<'_, PyAny>>,
         num_tokens_main_model: Option<&Bound<'_, PyAny>>,
+        prefill_end: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<usize> {
         let request = args::request(request)?;
         let opt = |v: Option<&Bound<'_, PyAny>>, name| v.map(|v| args::count(v, name)).transpose();
@@ -413,6 +416,7 @@ pool_writers!(pymethods!(PyCoordinatorCore {
             num_encoder_tokens: args::opt_count(num_encoder_tokens, "num_encoder_tokens")?,
             max_in_flight_tokens: opt(max_in_flight_tokens, "max_in_flight_tokens")?,
             num_tokens_main_model: opt(num_tokens_main_model, "num_tokens_main_model")?,
+            prefill_end: opt(prefill_end, "prefill_end")?,
         };
         let mut state = self.enter(py)?;
         let CoreState { inner, hits, .. } = &mut *state;
