@@ -1004,7 +1004,7 @@ class BlockHashGate:
     which hashes in the core or hands the request to vLLM's own): vLLM's
     ``Request`` calls the hasher on every token append, and an append that
     completes no block (``(len(block_hashes) + 1) * block_size >
-    len(_all_token_ids)``) is answered with an empty list without calling
+    len(_all_token_ids)``) is answered with an empty tuple without calling
     ``hasher``. With ``hashes_attr``, an append that completes a block of a
     request whose attribute ``hashes_attr`` is already a :class:`Request`
     (kvcoord's hashing request for it) is answered by that request's
@@ -1015,9 +1015,9 @@ class BlockHashGate:
     def __init__(self, block_size: int, hasher: Any, hashes_attr: str | None = None) -> None: ...
     @property
     def block_size(self) -> int: ...
-    def hash_request(self, request: Any) -> list[bytes]:
+    def hash_request(self, request: Any) -> Sequence[bytes]:
         """The block hashes ``request``'s new tokens completed (what
-        ``hasher`` returns; ``[]`` when they complete none)."""
+        ``hasher`` returns; the empty tuple when they complete none)."""
 
 @disjoint_base
 class DecodeFastPath:

@@ -164,8 +164,8 @@ def test_hash_gate_answers_appends_that_complete_no_block() -> None:
     inner = Counting()
     gate = BlockHashGate(4, inner)
     assert gate.block_size == 4
-    assert gate.hash_request(Appending(7, 1)) == []
-    assert gate.hash_request(Appending(3, 0)) == []
+    assert gate.hash_request(Appending(7, 1)) == ()
+    assert gate.hash_request(Appending(3, 0)) == ()
     assert inner.calls == 0
     assert gate.hash_request(Appending(8, 1)) == [b"new"]
     assert gate.hash_request(Appending(4, 0)) == [b"new"]

@@ -33,7 +33,7 @@ fn length(obj: &Bound<'_, PyAny>) -> Option<usize> {
 
 /// vLLM's request block hasher in front of `hasher` (the adapter's, which
 /// hashes in kvcoord's core or hands the request to vLLM's): a call for a
-/// request whose tokens complete no block returns an empty list at once. A
+/// request whose tokens complete no block returns the empty tuple at once. A
 /// call whose tokens complete a block, for a request that already keeps its
 /// kvcoord hashing request in the attribute `hashes_attr`, is that
 /// request's `catch_up` (no Python frame). Any other call is
@@ -82,7 +82,10 @@ impl PyBlockHashGate {
         ) {
             if let (Some(num_tokens), Some(done)) = (length(&tokens), length(&hashes)) {
                 if !completes_block(done, self.block_size, num_tokens) {
-                    return Ok(PyList::empty(py).into_any());
+                    // The shared empty tuple: vLLM only extends its
+                    // `block_hashes` with the answer, and a new empty list
+                    // on every token append is a fifth of the gate's cost.
+                    return Ok(PyTuple::empty(py).into_any());
                 }
                 if let Some(new) = self.catch_up(request, &tokens, done) {
                     return Ok(new.into_any());
