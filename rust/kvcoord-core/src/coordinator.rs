@@ -765,6 +765,20 @@ impl CoordinatorCore {
         new_computed_blocks: Option<&[Vec<BlockId>]>,
         out: &mut NewBlocks,
     ) -> KvResult<bool> {
+        let allocated = self.allocate_registered(request, args, new_computed_blocks, out)?;
+        Ok(allocated.is_some())
+    }
+
+    /// [`allocate_request`](Self::allocate_request), answering the
+    /// request's core id when the allocation fitted (the caller's next
+    /// call for it then needs no registry probe).
+    pub(crate) fn allocate_registered(
+        &mut self,
+        request: &Request,
+        args: &AllocateArgs,
+        new_computed_blocks: Option<&[Vec<BlockId>]>,
+        out: &mut NewBlocks,
+    ) -> KvResult<Option<ReqId>> {
         self.check_hash_unit(request)?;
         // One registry probe per step: a running request is found, a new
         // one is registered only once its first allocation succeeded.
@@ -775,7 +789,7 @@ impl CoordinatorCore {
             self.registry.insert(request.id(), req);
         }
         self.complete_events(request);
-        Ok(ok)
+        Ok(ok.then_some(req))
     }
 
     /// Blocks an allocation of `args.num_tokens` slots for `request` would
@@ -845,6 +859,17 @@ impl CoordinatorCore {
     pub fn cache_request(&mut self, request: &Request, num_tokens: usize) -> KvResult<()> {
         self.check_hash_unit(request)?;
         let req = self.req_of(request.id())?;
+        self.cache_registered(req, request, num_tokens)
+    }
+
+    /// [`cache_request`](Self::cache_request) for a request known to be
+    /// registered as `req` (its hash unit checked).
+    pub(crate) fn cache_registered(
+        &mut self,
+        req: ReqId,
+        request: &Request,
+        num_tokens: usize,
+    ) -> KvResult<()> {
         let res = self.cache_blocks(req, &request.view(), num_tokens);
         self.complete_events(request);
         res

@@ -121,13 +121,15 @@ impl CoordinatorCore {
             delay_cache_blocks: lagging,
             ..AllocateArgs::new(num_new_tokens)
         };
-        if !self.allocate_request(request, &args, None, out)? {
+        let Some(req) = self.allocate_registered(request, &args, None, out)? else {
             return Ok(None);
-        }
+        };
         let computed = request.num_computed_tokens.min(max_model_len);
         let cached_to = (computed + num_new_tokens).min(num_tokens);
         if lagging && caching {
-            self.cache_request(request, cached_to)?;
+            // The id the allocation found (a second registry probe is a
+            // cache miss of its own in a scheduler's step).
+            self.cache_registered(req, request, cached_to)?;
         }
         let need = (computed + num_new_tokens + num_lookahead_tokens).min(max_model_len);
         Ok(Some(self.decode_room(need, cached_to, hashed)))
