@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import importlib
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from kvcoord._core import BlockHashGate, Request
@@ -51,14 +51,14 @@ def _algo_name(hash_fn: Callable[[Any], bytes]) -> str | None:
 
 def make_block_hasher(
     original: Callable[..., Callable[[Any], list[bytes]]],
-) -> Callable[..., Callable[[Any], list[bytes]]]:
+) -> Callable[..., Callable[[Any], Sequence[bytes]]]:
     """A drop-in for vLLM's ``get_request_block_hasher`` built over ``original``."""
 
     def get_request_block_hasher(
         hash_block_size: int,
         caching_hash_fn: Callable[[Any], bytes],
         num_hash_lookahead_tokens: int = 0,
-    ) -> Callable[[Any], list[bytes]]:
+    ) -> Callable[[Any], Sequence[bytes]]:
         fallback = original(hash_block_size, caching_hash_fn, num_hash_lookahead_tokens)
         algo = _algo_name(caching_hash_fn)
         if algo is None or num_hash_lookahead_tokens:
@@ -111,7 +111,7 @@ def make_block_hasher(
         # that complete no block (most of them) without a Python frame, and
         # those that complete one for a request kvcoord already hashes (its
         # Request under ATTR) with that request's catch_up.
-        gate: Callable[[Any], list[bytes]] = BlockHashGate(
+        gate: Callable[[Any], Sequence[bytes]] = BlockHashGate(
             hash_block_size, request_block_hasher, ATTR
         ).hash_request
         return gate
