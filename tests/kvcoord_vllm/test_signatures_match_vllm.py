@@ -26,6 +26,7 @@ from vllm.v1.core import block_pool, kv_cache_coordinator, kv_cache_manager
 
 import kvcoord.vllm as kv
 from kvcoord.vllm._blocks import KVCacheBlocks, PoolView
+from kvcoord.vllm._hisparse_manager import HiSparseManager
 from kvcoord.vllm._pool import BlockPool
 from kvcoord.vllm._views import CoordinatorView
 
@@ -99,6 +100,8 @@ def differences(theirs: type, ours: type, names: tuple[str, ...] = ()) -> list[s
     ("theirs", "ours", "names"),
     [
         pytest.param(kv.original_manager_class(), kv.KVCacheManager, (), id="KVCacheManager"),
+        # What KVCacheManager(...) is for a HiSparse configuration.
+        pytest.param(kv.original_manager_class(), HiSparseManager, (), id="HiSparse manager"),
         pytest.param(kv_cache_manager.KVCacheBlocks, KVCacheBlocks, (), id="KVCacheBlocks"),
         pytest.param(block_pool.BlockPool, BlockPool, (), id="BlockPool"),
         pytest.param(block_pool.BlockPool, PoolView, (), id="the manager's pool"),
