@@ -1755,19 +1755,22 @@ fn step_needs(
     unbacked: Option<usize>,
 ) -> usize {
     let caps = Caps::none(config.max_model_len);
-    let needed = predict(
-        managers,
-        pool,
-        config,
-        retention,
-        view,
-        tables,
-        hits,
-        step,
-        cached_this_step,
-        checkpoints,
-        caps,
-    );
+    let count = |tables, step: &StepSize, checkpoints: &mut [Option<(usize, usize)>]| {
+        predict(
+            managers,
+            pool,
+            config,
+            retention,
+            view,
+            tables,
+            hits,
+            step,
+            cached_this_step,
+            checkpoints,
+            caps,
+        )
+    };
+    let needed = count(tables, step, checkpoints);
     let Some(external) = unbacked else {
         return needed;
     };
@@ -1776,21 +1779,7 @@ fn step_needs(
         local: 0,
         ..*step
     };
-    let mut unused = vec![None; managers.len()];
-    let all = predict(
-        managers,
-        pool,
-        config,
-        retention,
-        view,
-        None,
-        hits,
-        &fresh,
-        cached_this_step,
-        &mut unused,
-        caps,
-    );
-    needed.max(all)
+    needed.max(count(None, &fresh, &mut vec![None; managers.len()]))
 }
 
 /// Blocks the step pulls from the pool over all groups (vLLM's signed sum:
