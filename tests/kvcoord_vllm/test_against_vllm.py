@@ -28,7 +28,16 @@ from vllm.v1.kv_cache_interface import (  # noqa: E402
     SlidingWindowSpec,
 )
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
-from vllm_helpers import BS, config, free_queue, full_spec, ids, make_request, preempt  # noqa: E402
+from vllm_helpers import (  # noqa: E402
+    BS,
+    admit_alike,
+    config,
+    free_queue,
+    full_spec,
+    ids,
+    make_request,
+    preempt,
+)
 
 import kvcoord.vllm as kv  # noqa: E402
 
@@ -403,12 +412,7 @@ def test_deferred_frees_of_several_groups_match_vllm(seed: int, layout: str) -> 
         req = make_request(f"r{step % 7}", [rng.randrange(50) for _ in range(rng.randrange(4, 30))])
         if any(r.request_id == req.request_id for r in live):
             req = make_request(f"x{step}", list(range(rng.randrange(4, 20))))
-        (ha, na, _), (hb, nb, _) = theirs.get_computed_blocks(req), ours.get_computed_blocks(req)
-        assert (na, ids(ha)) == (nb, ids(hb))
-        a = theirs.allocate_slots(req, req.num_tokens - na, na, ha)
-        b = ours.allocate_slots(req, req.num_tokens - nb, nb, hb)
-        assert ids(a) == ids(b)
-        if a is not None:
+        if admit_alike(theirs, ours, req):
             req.num_computed_tokens = req.num_tokens
             live.append(req)
         if live and rng.random() < 0.5:

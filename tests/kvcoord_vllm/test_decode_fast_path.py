@@ -31,6 +31,7 @@ from vllm.v1.kv_cache_interface import (
     KVCacheGroupSpec,
 )
 from vllm.v1.request import Request, RequestStatus
+from vllm_helpers import admit_alike, free_queue, ids
 
 import kvcoord.vllm as kv
 from kvcoord.vllm._blocks import KVCacheBlocks
@@ -113,16 +114,6 @@ def make_request(rid: str, tokens: list[int], hasher: Any) -> Request:
     )
 
 
-def ids(blocks: Any) -> Any:
-    return None if blocks is None else blocks.get_block_ids()
-
-
-def free_queue(manager: Any) -> list[int]:
-    if isinstance(manager, kv.KVCacheManager):
-        return manager.block_pool.free_block_ids().tolist()
-    return [b.block_id for b in manager.block_pool.free_block_queue.get_all_free_blocks()]
-
-
 def probe_hits(theirs: Any, ours: Any, tokens: list[int], hasher: Any) -> None:
     """A new request with ``tokens`` gets the same hit from both (so both
     cached the same blocks at the same step)."""
@@ -148,13 +139,7 @@ def test_decode_schedule_matches_vllm(
         if len(running) < 4 and rng.random() < 0.3:
             tokens = prefix + [rng.randrange(1, 1000) for _ in range(rng.randrange(1, 9))]
             req = make_request(f"r{step}", tokens, hasher)
-            ha, na, _ = theirs.get_computed_blocks(req)
-            hb, nb, _ = ours.get_computed_blocks(req)
-            assert (na, ids(ha)) == (nb, ids(hb))
-            a = theirs.allocate_slots(req, req.num_tokens - na, na, ha)
-            b = ours.allocate_slots(req, req.num_tokens - nb, nb, hb)
-            assert ids(a) == ids(b)
-            if a is not None:
+            if admit_alike(theirs, ours, req):
                 req.num_computed_tokens = req.num_tokens
                 req.status = RequestStatus.RUNNING
                 req.append_output_token_ids(rng.randrange(1, 1000))  # its first sample

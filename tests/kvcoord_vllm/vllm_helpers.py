@@ -56,6 +56,17 @@ def ids(blocks: object) -> object:
     return None if blocks is None else blocks.get_block_ids()
 
 
+def admit_alike(theirs: object, ours: object, req: object) -> bool:
+    """Look ``req`` up on both managers and allocate the rest of its tokens,
+    asserting equal hits and equal new blocks; whether it was admitted."""
+    (ha, na, _), (hb, nb, _) = theirs.get_computed_blocks(req), ours.get_computed_blocks(req)  # type: ignore[attr-defined]
+    assert (na, ids(ha)) == (nb, ids(hb))
+    a = theirs.allocate_slots(req, req.num_tokens - na, na, ha)  # type: ignore[attr-defined]
+    b = ours.allocate_slots(req, req.num_tokens - nb, nb, hb)  # type: ignore[attr-defined]
+    assert ids(a) == ids(b)
+    return a is not None
+
+
 def preempt(req: object, managers: tuple[object, ...], running: list, waiting: list) -> None:
     """Preempt ``req`` on every manager as vLLM's scheduler does: free its
     blocks, restart it from token 0 and put it back first in line."""
