@@ -22,7 +22,7 @@ import numpy.typing as npt
 
 from kvcoord._core import BlockPoolView, Request, advance_requests
 from kvcoord.blocks import KVCacheBlocks
-from kvcoord.config import KVCacheConfig, as_bool, as_i64
+from kvcoord.config import KVCacheConfig, as_arg, as_bool, as_i64
 from kvcoord.coordinator import (
     KVCacheCoordinator,
     get_kv_cache_coordinator,
@@ -343,6 +343,7 @@ class KVCacheManager:
         Raises:
             UnknownRequestError: the manager holds no blocks for this request.
         """
+        num_tokens = as_arg(num_tokens, "num_tokens")
         tables = self.get_blocks(_request(request).request_id).arrays()
         parts = []
         for g, ids in zip(self.config.groups, tables, strict=True):

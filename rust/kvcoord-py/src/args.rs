@@ -129,6 +129,16 @@ pub(crate) fn config_u32(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<u32> {
     to_u32(obj).map_err(|why| config_refusal(obj, name, why))
 }
 
+/// A signed configuration value (the core checks its sign and range):
+/// `ConfigTypeError` unless an int, `ConfigError` beyond 64 bits.
+pub(crate) fn config_i64(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<i64> {
+    if obj.is_instance_of::<PyBool>() || !is_int_like(obj) {
+        return Err(config_refusal(obj, name, Refusal::NotInt));
+    }
+    obj.extract::<i64>()
+        .map_err(|_| config_refusal(obj, name, Refusal::Rule("a signed 64-bit int")))
+}
+
 /// A flag: exactly `True` or `False` (not a truthy string or number).
 #[inline]
 pub(crate) fn flag(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<bool> {
