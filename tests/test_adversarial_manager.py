@@ -477,3 +477,53 @@ def test_allocate_slots_none_for_a_count_or_flag_is_a_type_error(kw: dict[str, A
     )
     assert next(iter(kw)) in str(err)
     assert mgr.allocate_slots(req, 10) is not None
+
+
+@pytest.mark.parametrize("layout", ["full", "swa", "mamba", "hisparse"])
+def test_lookup_of_a_request_without_tokens_is_an_empty_hit(layout: str) -> None:
+    # Its bound used to be num_tokens - 1 = -1: "invalid max_length: -1".
+    specs, _ = LAYOUTS[layout]
+    mgr = manager(specs, 20)
+    req = Request("e", [], hash_block_size=mgr.hash_block_size)
+    before = manager_state(mgr, [req])
+    blocks, hit = mgr.get_computed_blocks(req)
+    assert hit == 0 and not any(blocks.get_block_ids())
+    assert manager_state(mgr, [req]) == before
+
+
+@pytest.mark.parametrize("request_arg", [None, "r", 3])
+def test_coordinator_lookup_of_a_non_request(request_arg: Any) -> None:
+    mgr = manager([FullAttentionSpec(B), SlidingWindowSpec(B, 8)], 20)
+    with pytest.raises(kvcoord.ArgumentTypeError, match="kvcoord.Request"):
+        mgr.coordinator.find_longest_cache_hit(request_arg, 8)
+    with pytest.raises(kvcoord.ArgumentTypeError, match="kvcoord.Request"):
+        mgr.coordinator.core.find_longest_cache_hit([0], request_arg, 8, 4)
+
+
+def test_coordinator_core_lookup_drop_eagle_must_be_a_bool() -> None:
+    mgr = manager([FullAttentionSpec(B)], 20)
+    req = Request("r", list(range(9)), hash_block_size=B)
+    with pytest.raises(kvcoord.ArgumentTypeError, match="drop_eagle"):
+        mgr.coordinator.core.find_longest_cache_hit([0], req, 8, 4, drop_eagle=1)
+
+
+@pytest.mark.parametrize("caching", [True, False])
+def test_hot_region_of_an_admission_without_resident_groups_is_predicted(caching: bool) -> None:
+    # No resident group: a new request that adopts its lookup's (empty) hit
+    # gets its whole hot region (8 blocks) at admission. The prediction
+    # counted none of it: 2 + 0 <= 9 free, then the hot group ran out after
+    # the full-attention group took its 2 blocks (OutOfBlocksError, state
+    # changed). Now the step does not fit: None, nothing changed.
+    mgr = manager([FullAttentionSpec(B), HiSparseHotSpec(B, 8)], 10, caching=caching)
+    req = Request("a", list(range(8)), hash_block_size=mgr.hash_block_size)
+    blocks, hit = mgr.get_computed_blocks(req)
+    before = manager_state(mgr, [req])
+    assert mgr.allocate_slots(req, 8 - hit, hit, blocks) is None
+    assert manager_state(mgr, [req]) == before
+    mgr.check_invariants()
+    # With room for both groups it is admitted with its region.
+    roomy = manager([FullAttentionSpec(B), HiSparseHotSpec(B, 8)], 11, caching=caching)
+    blocks, hit = roomy.get_computed_blocks(req)
+    assert roomy.allocate_slots(req, 8 - hit, hit, blocks) is not None
+    assert [len(g) for g in roomy.get_block_ids("a")] == [2, 8]
+    roomy.check_invariants()

@@ -210,8 +210,9 @@ class KVCacheManager:
         if not self.enable_caching or request.skip_reading_prefix_cache:
             request.shared_prefix_boundary = 0
             return self._empty, 0
+        # A request without tokens has nothing to look up (no -1 bound).
         blocks, num_hit_tokens, uncached = self.coordinator.find_longest_cache_hit(
-            request, request.num_tokens - 1
+            request, max(request.num_tokens - 1, 0)
         )
         request.shared_prefix_boundary = shared_prefix_boundary(num_hit_tokens, uncached)
         if self.prefix_cache_stats is not None:

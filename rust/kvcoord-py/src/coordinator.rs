@@ -242,11 +242,12 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         &self,
         py: Python<'_>,
         group_ids: &Bound<'_, PyAny>,
-        request: PyRef<'_, PyRequest>,
+        request: &Bound<'_, PyAny>,
         max_length: &Bound<'_, PyAny>,
         alignment: &Bound<'_, PyAny>,
-        drop_eagle: bool,
+        #[pyo3(from_py_with = kw::drop_eagle)] drop_eagle: bool,
     ) -> PyResult<(PyKVCacheBlocks, usize)> {
+        let request = args::request(request)?;
         let groups = convert::group_ids(group_ids)?;
         let max_length = args::count(max_length, "max_length")?;
         let alignment = args::count(alignment, "alignment")?;
@@ -881,6 +882,10 @@ mod kw {
 
     pub(super) fn group_id_base(obj: &Bound<'_, PyAny>) -> PyResult<u32> {
         args::config_u32(obj, "group_id_base")
+    }
+
+    pub(super) fn drop_eagle(obj: &Bound<'_, PyAny>) -> PyResult<bool> {
+        args::flag(obj, "drop_eagle")
     }
 
     pub(super) fn num_new_computed_tokens(obj: &Bound<'_, PyAny>) -> PyResult<usize> {

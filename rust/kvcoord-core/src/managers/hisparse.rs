@@ -197,30 +197,18 @@ pub fn resident_blocks_to_allocate(
     cap: Option<usize>,
 ) -> usize {
     let existing = table.map_or(0, |t| t.blocks.len());
+    if total > local {
+        let imported = cdiv(total, block_size);
+        let tail_missing = table.is_none_or(|t| resident_page(t, imported - 1).is_none());
+        return usize::from(tail_missing)
+            + cdiv(num_tokens, block_size).saturating_sub(imported.max(existing));
+    }
+    let host_pages = cdiv(local, block_size);
     let mut required = cdiv(num_tokens, block_size);
     if let Some(cap) = cap {
         required = required.min(cap);
     }
-    // A tracked table only grows: never predict fewer blocks than growing
-    // it takes, even when the request's computed tokens run past its pages
-    // (a caller's bookkeeping error must give `None`, not a failed
-    // allocation halfway through the groups).
-    let grow = required.saturating_sub(existing);
-    if total > local {
-        let imported = cdiv(total, block_size);
-        let tail_missing = table.is_none_or(|t| resident_page(t, imported - 1).is_none());
-        let import = usize::from(tail_missing)
-            + cdiv(num_tokens, block_size).saturating_sub(imported.max(existing));
-        return if table.is_some() {
-            import.max(grow)
-        } else {
-            import
-        };
-    }
-    if table.is_some() {
-        return grow;
-    }
-    required.saturating_sub(cdiv(local, block_size))
+    required.saturating_sub(existing.max(host_pages))
 }
 
 /// A new request's host prefix: one null page per page of the `local`
@@ -418,12 +406,6 @@ mod tests {
         assert_eq!(
             resident_blocks_to_allocate(Some(&t), bs, 64, 48, 48, None),
             1
-        );
-        // A running request whose computed tokens ran past its pages: the
-        // pages its table grows by, as the allocation takes them.
-        assert_eq!(
-            resident_blocks_to_allocate(Some(&t), bs, 96, 80, 80, None),
-            3
         );
     }
 
