@@ -494,9 +494,9 @@ def test_lookup_of_a_request_without_tokens_is_an_empty_hit(layout: str) -> None
 @pytest.mark.parametrize("request_arg", [None, "r", 3])
 def test_coordinator_lookup_of_a_non_request(request_arg: Any) -> None:
     mgr = manager([FullAttentionSpec(B), SlidingWindowSpec(B, 8)], 20)
-    with pytest.raises(kvcoord.ArgumentTypeError, match="kvcoord.Request"):
+    with pytest.raises(kvcoord.ArgumentTypeError, match=r"kvcoord\.Request"):
         mgr.coordinator.find_longest_cache_hit(request_arg, 8)
-    with pytest.raises(kvcoord.ArgumentTypeError, match="kvcoord.Request"):
+    with pytest.raises(kvcoord.ArgumentTypeError, match=r"kvcoord\.Request"):
         mgr.coordinator.core.find_longest_cache_hit([0], request_arg, 8, 4)
 
 
