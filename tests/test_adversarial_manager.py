@@ -527,3 +527,26 @@ def test_hot_region_of_an_admission_without_resident_groups_is_predicted(caching
     assert roomy.allocate_slots(req, 8 - hit, hit, blocks) is not None
     assert [len(g) for g in roomy.get_block_ids("a")] == [2, 8]
     roomy.check_invariants()
+
+
+class _RaisingIndex:
+    def __index__(self) -> int:
+        raise RuntimeError("no index")
+
+
+class _StrIndex:
+    def __index__(self) -> Any:
+        return "3"
+
+
+@pytest.mark.parametrize("bad", [_RaisingIndex(), _StrIndex()])
+def test_a_broken_index_is_not_an_int_not_out_of_range(bad: object) -> None:
+    # Such an object used to be refused as "must be below 2^64".
+    mgr = manager([FullAttentionSpec(B)], 20)
+    req = Request("a", list(range(10)), hash_block_size=B)
+    for call in (
+        lambda: mgr.allocate_slots(req, bad),
+        lambda: mgr.allocate_slots(req, 4, num_lookahead_tokens=bad),
+    ):
+        err = refused(kvcoord.ArgumentTypeError, lambda: manager_state(mgr, [req]), call)
+        assert "must be an int" in str(err)

@@ -6,6 +6,7 @@
 //! Numpy integer scalars (anything with `__index__`) are ints. String
 //! arguments are [`Text`], whose refusal is an `ArgumentTypeError` too.
 
+use pyo3::exceptions::PyOverflowError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyInt};
 
@@ -59,11 +60,11 @@ fn to_count(obj: &Bound<'_, PyAny>) -> Result<usize, Refusal> {
 fn count_beyond_i64(obj: &Bound<'_, PyAny>) -> Result<usize, Refusal> {
     match obj.extract::<u64>() {
         Ok(v) => usize::try_from(v).map_err(|_| Refusal::Rule("a 64-bit count")),
-        Err(_) if is_int_like(obj) && obj.lt(0).unwrap_or(false) => {
-            Err(Refusal::Rule("non-negative"))
-        }
-        Err(_) if is_int_like(obj) => Err(Refusal::Rule("below 2^64")),
-        Err(_) => Err(Refusal::NotInt),
+        // Only an int out of range overflows; an `__index__` that raises
+        // or returns a non-int is not an int, whatever its attributes.
+        Err(e) if !e.is_instance_of::<PyOverflowError>(obj.py()) => Err(Refusal::NotInt),
+        Err(_) if obj.lt(0).unwrap_or(false) => Err(Refusal::Rule("non-negative")),
+        Err(_) => Err(Refusal::Rule("below 2^64")),
     }
 }
 
