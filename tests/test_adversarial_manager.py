@@ -550,3 +550,26 @@ def test_a_broken_index_is_not_an_int_not_out_of_range(bad: object) -> None:
     ):
         err = refused(kvcoord.ArgumentTypeError, lambda: manager_state(mgr, [req]), call)
         assert "must be an int" in str(err)
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (("r", 4), TypeError),
+        ((None, 4), TypeError),
+        (("req", "4"), TypeError),
+        (("req", -1), ValueError),
+        (("unknown", 4), KeyError),
+    ],
+)
+def test_cache_blocks_checks_its_arguments_with_caching_off(
+    args: tuple[Any, Any], expected: type[BaseException]
+) -> None:
+    # With caching off the call used to return before anything was checked.
+    mgr = manager([FullAttentionSpec(B), MambaSpec(B)], 20, caching=False)
+    req = Request("a", list(range(10)), hash_block_size=B)
+    assert mgr.allocate_slots(req, 10) is not None
+    objects = {"req": req, "unknown": Request("u", [1, 2], hash_block_size=B)}
+    target = objects.get(args[0], args[0]) if isinstance(args[0], str) else args[0]
+    refused(expected, lambda: manager_state(mgr, [req]), lambda: mgr.cache_blocks(target, args[1]))
+    mgr.cache_blocks(req, 8)  # a no-op

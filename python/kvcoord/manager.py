@@ -237,9 +237,13 @@ class KVCacheManager:
         self._core.free(_request(request).request_id)
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
-        """Register the request's full blocks up to ``num_computed_tokens``."""
-        if self.enable_caching:
-            self._core.cache_blocks(request, num_computed_tokens)
+        """Register the request's full blocks up to ``num_computed_tokens``
+        (a no-op with caching off; the arguments are checked either way).
+
+        Raises:
+            UnknownRequestError: the manager holds no blocks for this request.
+        """
+        self._core.cache_blocks(request, num_computed_tokens)
 
     @staticmethod
     def advance_requests(
