@@ -573,3 +573,9 @@ def test_cache_blocks_checks_its_arguments_with_caching_off(
     target = objects.get(args[0], args[0]) if isinstance(args[0], str) else args[0]
     refused(expected, lambda: manager_state(mgr, [req]), lambda: mgr.cache_blocks(target, args[1]))
     mgr.cache_blocks(req, 8)  # a no-op
+
+
+@pytest.mark.parametrize("mode", [None, 1, ["align"], b"align"])
+def test_mamba_cache_mode_of_the_wrong_type(mode: Any) -> None:
+    with pytest.raises(kvcoord.ConfigTypeError, match="mamba_cache_mode"):
+        MambaSpec(B, mamba_cache_mode=mode)

@@ -200,6 +200,10 @@ class MambaSpec(_Spec):
         if a is not None:
             _int_field(self, "prefill_checkpoint_alignment", a)
         mode = self.mamba_cache_mode
+        if not isinstance(mode, str):
+            raise ConfigTypeError(
+                f"MambaSpec.mamba_cache_mode must be a str, got {type(mode).__name__} {mode!r}"
+            )
         if mode == "none":
             if self.num_prefill_checkpoint_blocks:
                 raise ConfigError(
