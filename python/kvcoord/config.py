@@ -360,7 +360,8 @@ _SPEC_TYPES = (
 
 @dataclass(frozen=True, slots=True)
 class KVCacheGroup:
-    """Layers sharing one block table (and so one spec)."""
+    """Layers sharing one block table (and so one spec). Layer names are
+    distinct and non-empty; a layer belongs to one group of a config."""
 
     spec: KVCacheSpec
     layer_names: tuple[str, ...] = ()
