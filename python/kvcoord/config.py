@@ -15,7 +15,7 @@ from typing import ClassVar, Literal, TypeAlias
 
 from kvcoord._core import GroupSpec, validate_retention_interval
 from kvcoord._core import scheduler_block_size as _scheduler_block_size
-from kvcoord.errors import ConfigError, ConfigTypeError
+from kvcoord.errors import ArgumentTypeError, ConfigError, ConfigTypeError, InvalidArgumentError
 
 __all__ = [
     "ChunkedLocalAttentionSpec",
@@ -52,6 +52,26 @@ def as_int(value: object, name: str, *, minimum: int = 1, limit: int = LIMIT_32)
     n = operator.index(value)  # type: ignore[arg-type]
     if not minimum <= n < limit:
         raise ConfigError(f"{name} must be in [{minimum}, {limit}), got {n}")
+    return n
+
+
+#: Exclusive upper bound of token counts (README, "Bad input and limits").
+TOKEN_LIMIT = 2**48
+
+
+def as_arg(value: object, name: str, *, minimum: int = 0, limit: int = TOKEN_LIMIT) -> int:
+    """An argument (not a configuration value) as a plain int in
+    ``[minimum, limit)``, by default a token count.
+
+    Raises:
+        ArgumentTypeError: not an int (also a ``TypeError``).
+        InvalidArgumentError: out of range (names ``name``).
+    """
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        raise ArgumentTypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    n = operator.index(value)  # type: ignore[arg-type]
+    if not minimum <= n < limit:
+        raise InvalidArgumentError(f"invalid {name}: {n} (must be in [{minimum}, {limit}))")
     return n
 
 
@@ -180,6 +200,10 @@ class MambaSpec(_Spec):
         if a is not None:
             _int_field(self, "prefill_checkpoint_alignment", a)
         mode = self.mamba_cache_mode
+        if not isinstance(mode, str):
+            raise ConfigTypeError(
+                f"MambaSpec.mamba_cache_mode must be a str, got {type(mode).__name__} {mode!r}"
+            )
         if mode == "none":
             if self.num_prefill_checkpoint_blocks:
                 raise ConfigError(
@@ -336,20 +360,34 @@ _SPEC_TYPES = (
 
 @dataclass(frozen=True, slots=True)
 class KVCacheGroup:
-    """Layers sharing one block table (and so one spec)."""
+    """Layers sharing one block table (and so one spec). Layer names are
+    distinct and non-empty; a layer belongs to one group of a config."""
 
     spec: KVCacheSpec
     layer_names: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.spec, _SPEC_TYPES):
-            raise ConfigError(f"KVCacheGroup.spec must be a KV cache spec, got {self.spec!r}")
+            raise ConfigTypeError(f"KVCacheGroup.spec must be a KV cache spec, got {self.spec!r}")
         names = self.layer_names
-        if not isinstance(names, str) and isinstance(names, Iterable):
-            names = tuple(names)  # a generator is read once, here
-        if isinstance(names, str) or not all(isinstance(n, str) for n in names):
-            raise ConfigError(f"KVCacheGroup.layer_names must be a sequence of str, got {names!r}")
-        object.__setattr__(self, "layer_names", tuple(names))
+        if isinstance(names, str | bytes) or not isinstance(names, Iterable):
+            raise ConfigTypeError(
+                f"KVCacheGroup.layer_names must be a sequence of str, got {names!r}"
+            )
+        names = tuple(names)  # a generator is read once, here
+        if not all(isinstance(n, str) for n in names):
+            raise ConfigTypeError(
+                f"KVCacheGroup.layer_names must be a sequence of str, got {names!r}"
+            )
+        seen: set[str] = set()
+        for n in names:
+            if not n or n in seen:
+                raise ConfigError(
+                    "KVCacheGroup.layer_names must be distinct, non-empty names, "
+                    f"got {n!r} in {names!r}"
+                )
+            seen.add(n)
+        object.__setattr__(self, "layer_names", names)
 
 
 @dataclass(frozen=True, slots=True)
@@ -376,7 +414,18 @@ class KVCacheConfig:
         object.__setattr__(self, "groups", tuple(groups))
         for i, g in enumerate(self.groups):
             if not isinstance(g, KVCacheGroup):
-                raise ConfigError(f"KVCacheConfig.groups[{i}] must be a KVCacheGroup, got {g!r}")
+                raise ConfigTypeError(
+                    f"KVCacheConfig.groups[{i}] must be a KVCacheGroup, got {g!r}"
+                )
+        seen: set[str] = set()
+        for i, g in enumerate(self.groups):
+            dup = seen.intersection(g.layer_names)
+            if dup:
+                raise ConfigError(
+                    f"KVCacheConfig.groups[{i}]: layer name(s) {sorted(dup)} "
+                    "already belong to an earlier group"
+                )
+            seen.update(g.layer_names)
         r = self.prefix_cache_retention_interval
         if r is not None:
             # The sign rule and its message are the core's (below).

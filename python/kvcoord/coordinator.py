@@ -30,6 +30,7 @@ from kvcoord._core import (
     choose_coordinator,
 )
 from kvcoord.config import KVCacheConfig, KVCacheSpec, as_bool, as_i64
+from kvcoord.errors import ConfigTypeError
 
 __all__ = [
     "HybridKVCacheCoordinator",
@@ -108,6 +109,7 @@ class KVCacheCoordinator:
         event_medium: str = "GPU",
     ) -> None:
         # Type checks and the 64-bit crossing here; the rules are the core's.
+        config = _config(config)
         max_model_len = as_i64(max_model_len, "max_model_len")
         if hash_block_size is not None:
             hash_block_size = as_i64(hash_block_size, "hash_block_size")
@@ -124,8 +126,8 @@ class KVCacheCoordinator:
             num_reprefillable_tokens=num_reprefillable_tokens,
             eagle_group_ids=eagle_group_ids,
             num_hash_lookahead_tokens=num_hash_lookahead_tokens,
-            allow_partial_hits=allow_partial_hits,
-            context_parallel=context_parallel,
+            allow_partial_hits=as_bool(allow_partial_hits, "allow_partial_hits"),
+            context_parallel=as_bool(context_parallel, "context_parallel"),
             verify_hits=as_bool(verify_hits, "verify_hits"),
             group_id_base=group_id_base,
             event_medium=event_medium,
@@ -416,7 +418,7 @@ def get_kv_cache_coordinator(
     """The policy the core chooses (:func:`kvcoord._core.choose_coordinator`):
     caching off -> NoPrefixCache; one group -> Unitary; otherwise Hybrid."""
     policy = _POLICIES[
-        choose_coordinator(len(config.groups), as_bool(enable_caching, "enable_caching"))
+        choose_coordinator(len(_config(config).groups), as_bool(enable_caching, "enable_caching"))
     ]
     return policy(
         config,
@@ -432,3 +434,9 @@ def get_kv_cache_coordinator(
         group_id_base=group_id_base,
         event_medium=event_medium,
     )
+
+
+def _config(config: object) -> KVCacheConfig:
+    if not isinstance(config, KVCacheConfig):
+        raise ConfigTypeError(f"config must be a KVCacheConfig, got {type(config).__name__}")
+    return config

@@ -22,7 +22,7 @@ import numpy.typing as npt
 
 from kvcoord._core import BlockPoolView, Request, advance_requests
 from kvcoord.blocks import KVCacheBlocks
-from kvcoord.config import KVCacheConfig, as_bool, as_i64
+from kvcoord.config import KVCacheConfig, as_arg, as_bool, as_i64
 from kvcoord.coordinator import (
     KVCacheCoordinator,
     get_kv_cache_coordinator,
@@ -210,8 +210,9 @@ class KVCacheManager:
         if not self.enable_caching or request.skip_reading_prefix_cache:
             request.shared_prefix_boundary = 0
             return self._empty, 0
+        # A request without tokens has nothing to look up (no -1 bound).
         blocks, num_hit_tokens, uncached = self.coordinator.find_longest_cache_hit(
-            request, request.num_tokens - 1
+            request, max(request.num_tokens - 1, 0)
         )
         request.shared_prefix_boundary = shared_prefix_boundary(num_hit_tokens, uncached)
         if self.prefix_cache_stats is not None:
@@ -236,9 +237,13 @@ class KVCacheManager:
         self._core.free(_request(request).request_id)
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
-        """Register the request's full blocks up to ``num_computed_tokens``."""
-        if self.enable_caching:
-            self._core.cache_blocks(request, num_computed_tokens)
+        """Register the request's full blocks up to ``num_computed_tokens``
+        (a no-op with caching off; the arguments are checked either way).
+
+        Raises:
+            UnknownRequestError: the manager holds no blocks for this request.
+        """
+        self._core.cache_blocks(request, num_computed_tokens)
 
     @staticmethod
     def advance_requests(
@@ -343,6 +348,7 @@ class KVCacheManager:
         Raises:
             UnknownRequestError: the manager holds no blocks for this request.
         """
+        num_tokens = as_arg(num_tokens, "num_tokens")
         tables = self.get_blocks(_request(request).request_id).arrays()
         parts = []
         for g, ids in zip(self.config.groups, tables, strict=True):

@@ -11,9 +11,16 @@ with :func:`mamba_aligned_chunk` before calling ``allocate_slots``.
 
 from __future__ import annotations
 
-from kvcoord.config import KVCacheConfig, MambaSpec
+from kvcoord.config import LIMIT_32, KVCacheConfig, MambaSpec, as_arg
+from kvcoord.errors import ArgumentTypeError
 
 __all__ = ["MambaChunkRule", "mamba_aligned_chunk", "mamba_chunk_rule"]
+
+
+def _flag(value: object, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise ArgumentTypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+    return value
 
 
 def _checkpoint_position(num_tokens: int, unit: int) -> int:
@@ -73,6 +80,21 @@ def mamba_aligned_chunk(
         The tokens to schedule, at most ``num_new_tokens``. 0 means: skip a
         running request this step, or stop admitting when it is a waiting one.
     """
+    num_new_tokens = as_arg(num_new_tokens, "num_new_tokens")
+    start = as_arg(start, "start")
+    num_tokens = as_arg(num_tokens, "num_tokens")
+    num_prompt_tokens = as_arg(num_prompt_tokens, "num_prompt_tokens")
+    block_size = as_arg(block_size, "block_size", minimum=1, limit=LIMIT_32)
+    if hash_block_size is not None:
+        hash_block_size = as_arg(hash_block_size, "hash_block_size", minimum=1, limit=LIMIT_32)
+    checkpoint_blocks = _flag(checkpoint_blocks, "checkpoint_blocks")
+    if checkpoint_alignment is not None:
+        checkpoint_alignment = as_arg(
+            checkpoint_alignment, "checkpoint_alignment", minimum=1, limit=LIMIT_32
+        )
+    shared_prefix_boundary = as_arg(shared_prefix_boundary, "shared_prefix_boundary")
+    if max_chunk_tokens is not None:
+        max_chunk_tokens = as_arg(max_chunk_tokens, "max_chunk_tokens")
     unit = block_size if hash_block_size is None else hash_block_size
     prefill_end = max(num_prompt_tokens, num_tokens - 1)
     if start >= prefill_end:
@@ -108,8 +130,10 @@ class MambaChunkRule:
     __slots__ = ("block_size", "checkpoint_alignment", "checkpoint_blocks", "hash_block_size")
 
     def __init__(self, spec: MambaSpec, hash_block_size: int) -> None:
+        if not isinstance(spec, MambaSpec):
+            raise ArgumentTypeError(f"spec must be a MambaSpec, got {type(spec).__name__}")
         self.block_size = spec.block_size
-        self.hash_block_size = hash_block_size
+        self.hash_block_size = as_arg(hash_block_size, "hash_block_size", minimum=1, limit=LIMIT_32)
         self.checkpoint_blocks = spec.num_prefill_checkpoint_blocks > 0
         self.checkpoint_alignment = spec.prefill_checkpoint_alignment
 
@@ -140,6 +164,9 @@ class MambaChunkRule:
 def mamba_chunk_rule(config: KVCacheConfig, hash_block_size: int) -> MambaChunkRule | None:
     """The chunk rule a scheduler must apply for this configuration: bound to
     its Mamba ``"align"`` group, or ``None`` when no group needs one."""
+    if not isinstance(config, KVCacheConfig):
+        raise ArgumentTypeError(f"config must be a KVCacheConfig, got {type(config).__name__}")
+    hash_block_size = as_arg(hash_block_size, "hash_block_size", minimum=1, limit=LIMIT_32)
     for g in config.groups:
         if isinstance(g.spec, MambaSpec) and g.spec.mamba_cache_mode == "align":
             return MambaChunkRule(g.spec, hash_block_size)

@@ -839,6 +839,7 @@ impl CoordinatorCore {
         let caps = Caps {
             max_in_flight_tokens: args.max_in_flight_tokens,
             max_model_len: self.config.max_model_len,
+            allocation: false,
         };
         Ok(predict(
             &self.managers,
@@ -1721,14 +1722,19 @@ type CowSinks<'a> = (
 struct Caps {
     max_in_flight_tokens: Option<usize>,
     max_model_len: usize,
+    /// Count what the allocation takes where it differs from vLLM's
+    /// prediction (`HiSparse` groups in states where vLLM's allocation
+    /// fails midway): `allocate_slots`' own check, not the prediction API.
+    allocation: bool,
 }
 
 impl Caps {
-    /// No cap (the prediction of a step).
+    /// No cap, the allocation's count (the check of a step).
     const fn none(max_model_len: usize) -> Self {
         Self {
             max_in_flight_tokens: None,
             max_model_len,
+            allocation: true,
         }
     }
 }
@@ -1844,15 +1850,42 @@ fn predict(
                 && is_full_attention(m);
             let bs = m.block_size();
             let n = match m.spec().kind {
-                SpecKind::HiSparseResident => hisparse::resident_blocks_to_allocate(
-                    table, bs, tokens, step.total, step.local, cap,
-                ),
-                SpecKind::HiSparseHot { blocks_per_request } => hisparse::hot_blocks_to_allocate(
-                    table,
-                    blocks_per_request as usize,
-                    step.total,
-                    step.local,
-                ),
+                SpecKind::HiSparseResident => {
+                    let n = hisparse::resident_blocks_to_allocate(
+                        table, bs, tokens, step.total, step.local, cap,
+                    );
+                    // A tracked table grows to the tokens whatever vLLM's
+                    // host-prefix rule says (computed tokens past the
+                    // pages would else run the pool dry between groups).
+                    match table {
+                        Some(t) if caps.allocation => {
+                            n.max(tokens.div_ceil(bs).saturating_sub(t.blocks.len()))
+                        }
+                        _ => n,
+                    }
+                }
+                SpecKind::HiSparseHot { blocks_per_request } => {
+                    // A new request that adopts (hits passed, even none) in
+                    // a layout without resident groups is given its hot
+                    // region at admission (`hot_add_local`): the allocation
+                    // takes it although vLLM's prediction does not count it.
+                    let adopts_without_resident = caps.allocation
+                        && table.is_none()
+                        && !hits.is_empty()
+                        && !managers
+                            .iter()
+                            .any(|m| matches!(m.spec().kind, SpecKind::HiSparseResident));
+                    if adopts_without_resident {
+                        blocks_per_request as usize
+                    } else {
+                        hisparse::hot_blocks_to_allocate(
+                            table,
+                            blocks_per_request as usize,
+                            step.total,
+                            step.local,
+                        )
+                    }
+                }
                 _ => m.num_blocks_to_allocate_capped(
                     pool, table, tokens, group_hits, step.total, cap,
                 ),

@@ -6,6 +6,7 @@
 //! Numpy integer scalars (anything with `__index__`) are ints. String
 //! arguments are [`Text`], whose refusal is an `ArgumentTypeError` too.
 
+use pyo3::exceptions::PyOverflowError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyInt};
 
@@ -59,11 +60,11 @@ fn to_count(obj: &Bound<'_, PyAny>) -> Result<usize, Refusal> {
 fn count_beyond_i64(obj: &Bound<'_, PyAny>) -> Result<usize, Refusal> {
     match obj.extract::<u64>() {
         Ok(v) => usize::try_from(v).map_err(|_| Refusal::Rule("a 64-bit count")),
-        Err(_) if is_int_like(obj) && obj.lt(0).unwrap_or(false) => {
-            Err(Refusal::Rule("non-negative"))
-        }
-        Err(_) if is_int_like(obj) => Err(Refusal::Rule("below 2^64")),
-        Err(_) => Err(Refusal::NotInt),
+        // Only an int out of range overflows; an `__index__` that raises
+        // or returns a non-int is not an int, whatever its attributes.
+        Err(e) if !e.is_instance_of::<PyOverflowError>(obj.py()) => Err(Refusal::NotInt),
+        Err(_) if obj.lt(0).unwrap_or(false) => Err(Refusal::Rule("non-negative")),
+        Err(_) => Err(Refusal::Rule("below 2^64")),
     }
 }
 
@@ -127,6 +128,16 @@ pub(crate) fn config_count(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<usize
 /// A configuration value that fits in `u32` (see [`config_count`]).
 pub(crate) fn config_u32(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<u32> {
     to_u32(obj).map_err(|why| config_refusal(obj, name, why))
+}
+
+/// A signed configuration value (the core checks its sign and range):
+/// `ConfigTypeError` unless an int, `ConfigError` beyond 64 bits.
+pub(crate) fn config_i64(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<i64> {
+    if obj.is_instance_of::<PyBool>() || !is_int_like(obj) {
+        return Err(config_refusal(obj, name, Refusal::NotInt));
+    }
+    obj.extract::<i64>()
+        .map_err(|_| config_refusal(obj, name, Refusal::Rule("a signed 64-bit int")))
 }
 
 /// A flag: exactly `True` or `False` (not a truthy string or number).

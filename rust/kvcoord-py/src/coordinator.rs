@@ -142,8 +142,8 @@ pool_writers!(pymethods!(PyCoordinatorCore {
                         retention_interval = None, enable_events = false,
                         num_reprefillable_tokens = None, eagle_group_ids = None,
                         num_hash_lookahead_tokens = None, allow_partial_hits = false,
-                        context_parallel = false,
-                        verify_hits = true, group_id_base = 0, event_medium = "GPU"))]
+                        context_parallel = false, verify_hits = true, group_id_base = 0,
+                        event_medium = args::Text::from_static("GPU")))]
     #[allow(clippy::too_many_arguments)] // Python keyword arguments, converted once
     fn new(
         py: Python<'_>,
@@ -152,17 +152,18 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         kind: PyCoordinatorKind,
         hash_block_size: Option<&Bound<'_, PyAny>>,
         max_model_len: &Bound<'_, PyAny>,
-        retention_interval: Option<i64>,
-        enable_events: bool,
+        #[pyo3(from_py_with = kw::retention_interval)] retention_interval: Option<i64>,
+        #[pyo3(from_py_with = kw::enable_events)] enable_events: bool,
         num_reprefillable_tokens: Option<&Bound<'_, PyAny>>,
         eagle_group_ids: Option<&Bound<'_, PyAny>>,
         num_hash_lookahead_tokens: Option<&Bound<'_, PyAny>>,
-        allow_partial_hits: bool,
-        context_parallel: bool,
-        verify_hits: bool,
-        group_id_base: u32,
-        event_medium: &str,
+        #[pyo3(from_py_with = kw::allow_partial_hits)] allow_partial_hits: bool,
+        #[pyo3(from_py_with = kw::context_parallel)] context_parallel: bool,
+        #[pyo3(from_py_with = kw::verify_hits)] verify_hits: bool,
+        #[pyo3(from_py_with = kw::group_id_base)] group_id_base: u32,
+        event_medium: args::Text,
     ) -> PyResult<Self> {
+        let event_medium = event_medium.as_str();
         let num_blocks = args::config_count(num_blocks, "num_blocks")?;
         let kind = CoordinatorKind::from(kind);
         let max_model_len = args::config_count(max_model_len, "max_model_len")?;
@@ -241,11 +242,12 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         &self,
         py: Python<'_>,
         group_ids: &Bound<'_, PyAny>,
-        request: PyRef<'_, PyRequest>,
+        request: &Bound<'_, PyAny>,
         max_length: &Bound<'_, PyAny>,
         alignment: &Bound<'_, PyAny>,
-        drop_eagle: bool,
+        #[pyo3(from_py_with = kw::drop_eagle)] drop_eagle: bool,
     ) -> PyResult<(PyKVCacheBlocks, usize)> {
+        let request = args::request(request)?;
         let groups = convert::group_ids(group_ids)?;
         let max_length = args::count(max_length, "max_length")?;
         let alignment = args::count(alignment, "alignment")?;
@@ -265,37 +267,34 @@ pool_writers!(pymethods!(PyCoordinatorCore {
     }
 
     /// Every scalar is converted by `args` (range and type checked, naming
-    /// the argument); `None` stands for an omitted default.
-    #[pyo3(signature = (request, num_new_tokens, num_new_computed_tokens = None, new_computed_blocks = None,
-                        num_lookahead_tokens = None, num_encoder_tokens = None, delay_cache_blocks = None,
-                        num_external_computed_tokens = None))]
+    /// the argument).
+    #[pyo3(signature = (request, num_new_tokens, num_new_computed_tokens = 0, new_computed_blocks = None,
+                        num_lookahead_tokens = 0, num_encoder_tokens = 0, delay_cache_blocks = false,
+                        num_external_computed_tokens = 0))]
     #[allow(clippy::too_many_arguments)]
     fn allocate_slots(
         &self,
         py: Python<'_>,
         request: &Bound<'_, PyAny>,
         num_new_tokens: &Bound<'_, PyAny>,
-        num_new_computed_tokens: Option<&Bound<'_, PyAny>>,
+        // An omitted keyword takes its default without a call; one given,
+        // `None` included, is converted (a `None` count or flag is refused).
+        #[pyo3(from_py_with = kw::num_new_computed_tokens)] num_new_computed_tokens: usize,
         new_computed_blocks: Option<&Bound<'_, PyAny>>,
-        num_lookahead_tokens: Option<&Bound<'_, PyAny>>,
-        num_encoder_tokens: Option<&Bound<'_, PyAny>>,
-        delay_cache_blocks: Option<&Bound<'_, PyAny>>,
-        num_external_computed_tokens: Option<&Bound<'_, PyAny>>,
+        #[pyo3(from_py_with = kw::num_lookahead_tokens)] num_lookahead_tokens: usize,
+        #[pyo3(from_py_with = kw::num_encoder_tokens)] num_encoder_tokens: usize,
+        #[pyo3(from_py_with = kw::delay_cache_blocks)] delay_cache_blocks: bool,
+        #[pyo3(from_py_with = kw::num_external_computed_tokens)]
+        num_external_computed_tokens: usize,
     ) -> PyResult<Option<Py<PyKVCacheBlocks>>> {
         let request = args::request(request)?;
         let args = AllocateArgs {
             num_new_tokens: args::count(num_new_tokens, "num_new_tokens")?,
-            num_new_computed_tokens: args::opt_count(
-                num_new_computed_tokens,
-                "num_new_computed_tokens",
-            )?,
-            num_lookahead_tokens: args::opt_count(num_lookahead_tokens, "num_lookahead_tokens")?,
-            num_encoder_tokens: args::opt_count(num_encoder_tokens, "num_encoder_tokens")?,
-            delay_cache_blocks: args::opt_flag(delay_cache_blocks, "delay_cache_blocks", false)?,
-            num_external_computed_tokens: args::opt_count(
-                num_external_computed_tokens,
-                "num_external_computed_tokens",
-            )?,
+            num_new_computed_tokens,
+            num_lookahead_tokens,
+            num_encoder_tokens,
+            delay_cache_blocks,
+            num_external_computed_tokens,
         };
         let mut state = self.enter(py)?;
         let CoreState { inner, out, hits } = &mut *state;
@@ -848,4 +847,64 @@ pool_readers!(PyBlockPoolView, "BlockPoolView", {});
 fn row_args(group: &Bound<'_, PyAny>, page: &Bound<'_, PyAny>) -> PyResult<(GroupId, usize)> {
     let group = GroupId(args::u32_arg(group, "group")?);
     Ok((group, args::count(page, "page")?))
+}
+
+/// `CoordinatorCore`'s keyword conversions: each refusal is a kvcoord
+/// error naming its keyword (not `PyO3`'s bare `TypeError` or
+/// `OverflowError`).
+mod kw {
+    use pyo3::prelude::*;
+
+    use crate::args;
+
+    pub(super) fn retention_interval(obj: &Bound<'_, PyAny>) -> PyResult<Option<i64>> {
+        if obj.is_none() {
+            return Ok(None);
+        }
+        args::config_i64(obj, "retention_interval").map(Some)
+    }
+
+    pub(super) fn enable_events(obj: &Bound<'_, PyAny>) -> PyResult<bool> {
+        args::flag(obj, "enable_events")
+    }
+
+    pub(super) fn allow_partial_hits(obj: &Bound<'_, PyAny>) -> PyResult<bool> {
+        args::flag(obj, "allow_partial_hits")
+    }
+
+    pub(super) fn context_parallel(obj: &Bound<'_, PyAny>) -> PyResult<bool> {
+        args::flag(obj, "context_parallel")
+    }
+
+    pub(super) fn verify_hits(obj: &Bound<'_, PyAny>) -> PyResult<bool> {
+        args::flag(obj, "verify_hits")
+    }
+
+    pub(super) fn group_id_base(obj: &Bound<'_, PyAny>) -> PyResult<u32> {
+        args::config_u32(obj, "group_id_base")
+    }
+
+    pub(super) fn drop_eagle(obj: &Bound<'_, PyAny>) -> PyResult<bool> {
+        args::flag(obj, "drop_eagle")
+    }
+
+    pub(super) fn num_new_computed_tokens(obj: &Bound<'_, PyAny>) -> PyResult<usize> {
+        args::count(obj, "num_new_computed_tokens")
+    }
+
+    pub(super) fn num_lookahead_tokens(obj: &Bound<'_, PyAny>) -> PyResult<usize> {
+        args::count(obj, "num_lookahead_tokens")
+    }
+
+    pub(super) fn num_encoder_tokens(obj: &Bound<'_, PyAny>) -> PyResult<usize> {
+        args::count(obj, "num_encoder_tokens")
+    }
+
+    pub(super) fn delay_cache_blocks(obj: &Bound<'_, PyAny>) -> PyResult<bool> {
+        args::flag(obj, "delay_cache_blocks")
+    }
+
+    pub(super) fn num_external_computed_tokens(obj: &Bound<'_, PyAny>) -> PyResult<usize> {
+        args::count(obj, "num_external_computed_tokens")
+    }
 }
