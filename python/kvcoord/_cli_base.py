@@ -204,6 +204,13 @@ def _new_file_mode(path: Path) -> int:
 def _write_output(path: str, write: Callable[[str], object]) -> None:
     """``write(name)`` into a temporary file beside ``path``, renamed over ``path`` once
     complete: an interrupted or failed write leaves no partial file."""
+    try:
+        _write_whole(path, write)
+    except OSError as e:  # a full disk, a quota, an I/O error: name the output
+        raise CliError(f"{path}: cannot write: {e.strerror or e}") from None
+
+
+def _write_whole(path: str, write: Callable[[str], object]) -> None:
     p = Path(path)
     if p.exists() and not p.is_file():
         write(path)

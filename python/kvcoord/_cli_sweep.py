@@ -117,6 +117,9 @@ def _axes(args: argparse.Namespace, st: _Setup) -> list[Any]:
     from kvcoord.replay.sweep import disk_axis, host_axis, layout_axis, model_axis
 
     default = _plan(args, st, model=None, num_blocks=None, capacity_tokens=None, kv_memory=None)
+    for one, many in (("model", "models"), ("layout", "layouts")):
+        if getattr(args, one) is not None and getattr(args, many):
+            raise UsageError(f"--{one} and --{many}: give one (--{many} replaces --{one})")
     if args.routers and not any(n > 1 for n in args.instances or [1]):
         raise UsageError("--routers needs --instances with a count above 1")
     return [

@@ -184,14 +184,14 @@ def make_plan(
             load_model(DEFAULT_MODEL, kv_dtype)  # validates kv_dtype
             spec = read_hf_config(model_config, kv_dtype)
         else:
-            spec = load_model(model or DEFAULT_MODEL, kv_dtype)
+            spec = load_model(DEFAULT_MODEL if model is None else model, kv_dtype)
     except ModelError as e:
         which = "--kv-dtype" if kv_dtype is not None and "KV dtype" in str(e) else None
         raise PlanError(
-            f"{which or ('--model-config' if model_config else '--model')}: {e}"
+            f"{which or ('--model' if model_config is None else '--model-config')}: {e}"
         ) from None
     try:
-        g = load_gpu(gpu or DEFAULT_GPU)
+        g = load_gpu(DEFAULT_GPU if gpu is None else gpu)
     except HardwareError as e:
         raise PlanError(f"--gpu: {e}") from None
     base_layout = None
