@@ -566,7 +566,7 @@ def test_sweep_duplicate_axis_values_are_replayed_once(tmp_path: Path) -> None:
 def test_output_write_failure_names_the_file() -> None:
     # was: "kvcoord replay: error: No space left on device"
     res = _run(["replay", "--trace", str(MOONCAKE), "--no-progress", "--json", "/dev/full"])
-    _one_error(res, 1, "/dev/full: cannot write: No space left on device")
+    _one_error(res, 1, "error: /dev/full: No space left on device")
 
 
 def test_generated_request_ids_never_clash_with_given_ones(tmp_path: Path) -> None:
@@ -589,3 +589,12 @@ def test_generated_request_ids_never_clash_with_given_ones(tmp_path: Path) -> No
     bad = _write(tmp_path / "b.jsonl", [{"prompt_token_ids": [1]}, {"prompt_token_ids": [2]}])
     bad.write_text(bad.read_text() + '{"prompt_token_ids": [3], "request_id": "x"}\n' * 2)
     _one_error(_run(["replay", "--trace", str(bad)]), 2, f"{bad}:4: duplicate request_id 'x'")
+
+
+def test_output_naming_an_input_file_is_refused(tmp_path: Path) -> None:
+    # was: the trace overwritten by the summary
+    p = tmp_path / "t.jsonl"
+    p.write_bytes(MOONCAKE.read_bytes())
+    res = _run(["replay", "--trace", str(p), "--json", str(tmp_path / "." / "t.jsonl")])
+    _one_error(res, 2, "is the --trace file: it would be overwritten")
+    assert p.read_bytes() == MOONCAKE.read_bytes()
