@@ -347,7 +347,9 @@ def test_replay_answer_malformed_is_a_decode_error() -> None:
     good = encode_batch(make_batch([], ts=1.0))
     end = (b"", b"", (-1).to_bytes(8, "big", signed=True), b"")
     try:
-        with ZmqEventSubscriber("tcp://127.0.0.1:1", replay_endpoint=f"tcp://127.0.0.1:{port}") as sub:
+        with ZmqEventSubscriber(
+            "tcp://127.0.0.1:1", replay_endpoint=f"tcp://127.0.0.1:{port}"
+        ) as sub:
             answers = [
                 ((b"", b"t", (3).to_bytes(8, "big")), "expected 4 frames"),
                 ((b"", b"t", (3).to_bytes(8, "big"), b"\xc1"), "batch 3"),
@@ -412,7 +414,9 @@ def _stored_event(**fields: Any) -> dict[str, Any]:
         ([1.0, [_stored_event(block_hashes="x")], None], "block_hashes"),
     ],
 )
-def test_decode_batch_refuses_out_of_range_and_mistyped_fields(batch: list[Any], where: str) -> None:
+def test_decode_batch_refuses_out_of_range_and_mistyped_fields(
+    batch: list[Any], where: str
+) -> None:
     payload = msgspec.msgpack.encode(batch)
     with pytest.raises(msgspec.DecodeError, match=where):
         decode_batch(payload)

@@ -142,7 +142,10 @@ def _add_cluster_args(g: argparse._ArgumentGroup, sweep: bool) -> None:
 def _add_workload_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("workload")
     g.add_argument(
-        "--trace", type=_path, metavar="FILE", help="trace file (default: the bundled synthetic chat workload)"
+        "--trace",
+        type=_path,
+        metavar="FILE",
+        help="trace file (default: the bundled synthetic chat workload)",
     )
     g.add_argument(
         "--format",
@@ -168,7 +171,10 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
         "--model", metavar="NAME", help=f"model preset: {', '.join(MODELS)} (default llama-3.1-8b)"
     )
     g.add_argument(
-        "--model-config", type=_path, metavar="config.json", help="read the model from a Hugging Face config"
+        "--model-config",
+        type=_path,
+        metavar="config.json",
+        help="read the model from a Hugging Face config",
     )
     g.add_argument(
         "--kv-dtype",

@@ -195,7 +195,9 @@ def _check_outputs(args: argparse.Namespace) -> None:
     for out_flag, out in (("--json", args.json), ("--plot", args.plot)):
         for in_flag, path in inputs:
             if out and path and _same_file(out, path):
-                raise UsageError(f"{out_flag} {out!r} is the {in_flag} file: it would be overwritten")
+                raise UsageError(
+                    f"{out_flag} {out!r} is the {in_flag} file: it would be overwritten"
+                )
 
 
 #: Flags naming files the command reads (an output may not overwrite one).

@@ -89,8 +89,8 @@ def variants(axes: Sequence[Axis]) -> list[Variant]:
                 if prev != ax.name:
                     raise SweepError(f"sweep axes {prev!r} and {ax.name!r} both set {kind} {k!r}")
     for ax in axes:
-        labels = [v.label for v in ax.values]
-        twice = sorted({x for x in labels if labels.count(x) > 1})
+        given = [v.label for v in ax.values]
+        twice = sorted({x for x in given if given.count(x) > 1})
         if twice:
             raise SweepError(
                 f"sweep axis {ax.name!r} has two values labelled {twice[0]!r}: "
