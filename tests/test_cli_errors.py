@@ -598,3 +598,17 @@ def test_output_naming_an_input_file_is_refused(tmp_path: Path) -> None:
     res = _run(["replay", "--trace", str(p), "--json", str(tmp_path / "." / "t.jsonl")])
     _one_error(res, 2, "is the --trace file: it would be overwritten")
     assert p.read_bytes() == MOONCAKE.read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        # were: "--kv-memory: ...", "--num-blocks: ...", "--capacity-tokens: ...": replay's flags
+        (["--max-blocks", "2"], "--min-blocks/--max-blocks (llama-3.1-8b): 2 blocks"),
+        (["--sizes", "1"], "--sizes (llama-3.1-8b): a pool needs at least 2 blocks"),
+        (["--capacities", "1"], "--capacities (llama-3.1-8b): 2 blocks"),
+        (["--kv-memories", "1MiB"], "--kv-memories (llama-3.1-8b): a pool needs"),
+    ],
+)
+def test_sweep_size_errors_name_the_sweep_flag(argv: list[str], needle: str) -> None:
+    _one_error(_run(["sweep", "--trace", str(MOONCAKE), "--jobs", "1", *argv]), 2, needle)
