@@ -612,3 +612,14 @@ def test_output_naming_an_input_file_is_refused(tmp_path: Path) -> None:
 )
 def test_sweep_size_errors_name_the_sweep_flag(argv: list[str], needle: str) -> None:
     _one_error(_run(["sweep", "--trace", str(MOONCAKE), "--jobs", "1", *argv]), 2, needle)
+
+
+def test_sweep_zero_size_in_any_unit_means_none(tmp_path: Path) -> None:
+    # was: "0" accepted but "0GiB" refused ("expected a positive size")
+    out = tmp_path / "s.json"
+    base = ["sweep", "--trace", str(MOONCAKE), "--sizes", "200", "--jobs", "1", "--no-progress"]
+    res = _run([*base, "--host-memories", "0,0GiB,1GiB", "--json", str(out)])
+    assert res.returncode == 0, res.stderr
+    variants = [r["variant"] for r in json.loads(out.read_text())["rows"]]
+    assert variants == ["llama-3.1-8b", "llama-3.1-8b + host 1 GiB"]
+    _one_error(_run(["replay", "--host-memory", "0GiB"]), 2, "expected a positive size")

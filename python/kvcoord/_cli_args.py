@@ -21,12 +21,12 @@ from kvcoord.replay.workloads import MAX_REQUEST_TOKENS
 __all__ = ["_parser"]
 
 
-def _bytes(text: str) -> float:
+def _bytes(text: str, allow_zero: bool = False) -> float:
     """An argparse type: a size like ``40GiB`` (bytes)."""
     from kvcoord.replay.plan import parse_bytes
 
     try:
-        v = parse_bytes(text)
+        v = parse_bytes(text, allow_zero=allow_zero)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
     if v > 1 << 60:
@@ -35,7 +35,7 @@ def _bytes(text: str) -> float:
 
 
 def _bytes_list(text: str) -> list[float]:
-    out = [0.0 if p.strip() == "0" else _bytes(p) for p in text.split(",") if p.strip()]
+    out = [_bytes(p, allow_zero=True) for p in text.split(",") if p.strip()]  # 0: none
     if not out:
         raise argparse.ArgumentTypeError("expected a comma-separated list of sizes")
     return list(dict.fromkeys(out))  # a value given twice is replayed once, as in _int_list
