@@ -470,3 +470,156 @@ def test_entry_points_agree() -> None:
         2,
         "argument --num-blocks: expected a positive integer, got 0",
     )
+
+
+# --------------------------------------------------------------------------- adversarial inputs
+
+_CFG = {"num_hidden_layers": 4, "hidden_size": 512, "num_attention_heads": 8}
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        # was: a hang (a layout of 10**8 layer names built)
+        ({"num_hidden_layers": 10**8}, "'num_hidden_layers' must be an integer in [1, 65,536]"),
+        # was: "unexpected TypeError" / "unexpected OverflowError", exit 1
+        ({"num_key_value_heads": [1]}, "'num_key_value_heads' must be an integer"),
+        ({"num_key_value_heads": 1e400}, "'num_key_value_heads' must be an integer"),
+        # was: an error naming neither the file nor the key
+        ({"vocab_size": "big"}, "'vocab_size' must be an integer"),
+        # was: accepted (no KV bytes at all, or a float dimension)
+        ({"num_key_value_heads": 0}, "'num_key_value_heads' must be an integer in [1,"),
+        ({"head_dim": 1e300}, "'head_dim' must be an integer"),
+        # was: a pattern of the wrong length silently ignored (every layer full attention)
+        ({"layer_types": ["sliding_attention", 5]}, "'layer_types' must be a list of 4 strings"),
+        (
+            {"attention_chunk_size": 8192, "no_rope_layers": [1] * 8},
+            "'no_rope_layers' must be a list of 4 integers",
+        ),
+        # was: "invalid SlidingWindowSpec.sliding_window=-5", naming no file
+        (
+            {"sliding_window": -5, "layer_types": ["sliding_attention", "full_attention"] * 2},
+            "'sliding_window' must be an integer in [0,",
+        ),
+    ],
+)
+def test_model_config_values_are_checked(
+    tmp_path: Path, extra: dict[str, object], needle: str
+) -> None:
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps({**_CFG, **extra}))
+    res = _run(["replay", "--model-config", str(p), "--num-blocks", "2000"], timeout=60)
+    _one_error(res, 2, f"--model-config: {p}: ", needle)
+
+
+@pytest.mark.parametrize(
+    "groups",
+    [
+        [{"type": "full_attention", "layers": 10**8}],  # was: a hang
+        [{"type": "full_attention", "layers": 40_000}] * 2,
+    ],
+)
+def test_layout_file_with_too_many_layers(tmp_path: Path, groups: list[object]) -> None:
+    p = tmp_path / "l.json"
+    p.write_text(json.dumps({"groups": groups}))
+    _one_error(_run(["replay", "--layout", str(p)], timeout=60), 2, "more than 65,536 layers")
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        # were: silently the default GPU / model
+        (["--gpu", ""], "--gpu: unknown GPU ''"),
+        (["--model", ""], "--model: unknown model ''"),
+        # were: "'.': is a directory" and the like
+        (["--trace", ""], "argument --trace: expected a file name, got ''"),
+        (["--model-config", ""], "argument --model-config: expected a file name"),
+        (["--json", ""], "argument --json: expected a file name"),
+        (["--plot", ""], "argument --plot: expected a file name"),
+    ],
+)
+def test_empty_names_are_refused(argv: list[str], needle: str) -> None:
+    _one_error(_run(["replay", "--trace", str(MOONCAKE), *argv]), 2, needle)
+
+
+def test_sweep_duplicate_axis_values_are_replayed_once(tmp_path: Path) -> None:
+    out = tmp_path / "s.json"
+    base = ["sweep", "--trace", str(MOONCAKE), "--sizes", "200", "--jobs", "1", "--no-progress"]
+    # was: two identical rows
+    res = _run([*base, "--models", "llama-3.1-8b,llama-3.1-8b,", "--json", str(out)])
+    assert res.returncode == 0, res.stderr
+    assert [r["variant"] for r in json.loads(out.read_text())["rows"]] == ["llama-3.1-8b"]
+    # was: two rows both labelled "host 1 GiB"
+    res = _run([*base, "--host-memories", "1GiB,1.5GiB,1024MiB", "--json", str(out)])
+    assert res.returncode == 0, res.stderr
+    variants = [r["variant"] for r in json.loads(out.read_text())["rows"]]
+    assert variants == ["llama-3.1-8b + host 1 GiB", "llama-3.1-8b + host 1.5 GiB"]
+    # two layouts that would share a label
+    (tmp_path / "full.json").write_text(json.dumps({"groups": [{"type": "full"}]}))
+    res = _run([*base, "--layouts", f"full,{tmp_path / 'full.json'}"])
+    _one_error(res, 2, "sweep axis 'layout' has two values labelled 'full'")
+    # was: --model silently ignored
+    _one_error(_run([*base, "--model", "llama-3.1-8b", "--models", "deepseek-v3"]), 2, "give one")
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_output_write_failure_names_the_file() -> None:
+    # was: "kvcoord replay: error: No space left on device"
+    res = _run(["replay", "--trace", str(MOONCAKE), "--no-progress", "--json", "/dev/full"])
+    _one_error(res, 1, "error: /dev/full: No space left on device")
+
+
+def test_generated_request_ids_never_clash_with_given_ones(tmp_path: Path) -> None:
+    # was: "duplicate request_id 'req-1'" on line 2, which has no request_id
+    p = _write(
+        tmp_path / "t.jsonl",
+        [
+            {"prompt_token_ids": [1, 2], "request_id": "req-1"},
+            {"prompt_token_ids": [3, 4]},
+            {"prompt_token_ids": [5, 6], "request_id": "req-2.1"},
+            {"prompt_token_ids": [7, 8]},
+        ],
+    )
+    from kvcoord.replay.workloads import read_token_trace
+
+    ids = [r.request_id for r in read_token_trace(p).requests]
+    assert ids[0] == "req-1" and ids[2] == "req-2.1" and len(set(ids)) == 4
+    res = _run(["replay", "--trace", str(p), "--no-progress"])
+    assert res.returncode == 0, res.stderr
+    bad = _write(tmp_path / "b.jsonl", [{"prompt_token_ids": [1]}, {"prompt_token_ids": [2]}])
+    bad.write_text(bad.read_text() + '{"prompt_token_ids": [3], "request_id": "x"}\n' * 2)
+    _one_error(_run(["replay", "--trace", str(bad)]), 2, f"{bad}:4: duplicate request_id 'x'")
+
+
+def test_output_naming_an_input_file_is_refused(tmp_path: Path) -> None:
+    # was: the trace overwritten by the summary
+    p = tmp_path / "t.jsonl"
+    p.write_bytes(MOONCAKE.read_bytes())
+    res = _run(["replay", "--trace", str(p), "--json", str(tmp_path / "." / "t.jsonl")])
+    _one_error(res, 2, "is the --trace file: it would be overwritten")
+    assert p.read_bytes() == MOONCAKE.read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        # were: "--kv-memory: ...", "--num-blocks: ...", "--capacity-tokens: ...": replay's flags
+        (["--max-blocks", "2"], "--min-blocks/--max-blocks (llama-3.1-8b): 2 blocks"),
+        (["--sizes", "1"], "--sizes (llama-3.1-8b): a pool needs at least 2 blocks"),
+        (["--capacities", "1"], "--capacities (llama-3.1-8b): 2 blocks"),
+        (["--kv-memories", "1MiB"], "--kv-memories (llama-3.1-8b): a pool needs"),
+    ],
+)
+def test_sweep_size_errors_name_the_sweep_flag(argv: list[str], needle: str) -> None:
+    _one_error(_run(["sweep", "--trace", str(MOONCAKE), "--jobs", "1", *argv]), 2, needle)
+
+
+def test_sweep_zero_size_in_any_unit_means_none(tmp_path: Path) -> None:
+    # was: "0" accepted but "0GiB" refused ("expected a positive size")
+    out = tmp_path / "s.json"
+    base = ["sweep", "--trace", str(MOONCAKE), "--sizes", "200", "--jobs", "1", "--no-progress"]
+    res = _run([*base, "--host-memories", "0,0GiB,1GiB", "--json", str(out)])
+    assert res.returncode == 0, res.stderr
+    variants = [r["variant"] for r in json.loads(out.read_text())["rows"]]
+    assert variants == ["llama-3.1-8b", "llama-3.1-8b + host 1 GiB"]
+    _one_error(_run(["replay", "--host-memory", "0GiB"]), 2, "expected a positive size")

@@ -308,3 +308,118 @@ def test_vllm_decoder_reads_kvcoord_bytes(tmp_path: Path) -> None:
         "identical": len(payloads),
     }
     assert total > 50 and sys.version_info >= (3, 10)
+
+
+def test_subscriber_refuses_malformed_messages_and_reads_on() -> None:
+    """A message that is not (topic, 8-byte seq, batch) is a DecodeError naming it
+    (was: a ValueError from tuple unpacking, or a wrong sequence number taken as
+    given), and the next message is read as usual."""
+    ctx = zmq.Context.instance()
+    pub = ctx.socket(zmq.PUB)
+    port = pub.bind_to_random_port("tcp://127.0.0.1")
+    good = encode_batch(make_batch([], ts=1.0))
+    try:
+        with ZmqEventSubscriber(f"tcp://127.0.0.1:{port}") as sub:
+            while not sub._sub.poll(20):  # PUB drops messages until the subscription arrives
+                pub.send_multipart((b"", (0).to_bytes(8, "big"), good))
+            sub.recv(1000)
+            while sub._sub.poll(50):
+                sub.recv(0)
+            bad: list[tuple[list[bytes], str]] = [
+                ([b"", (100).to_bytes(8, "big")], "expected 3 frames"),
+                ([b"", b"\x01", good], "must be 8 bytes"),
+                ([b"", (101).to_bytes(8, "big"), b"\x93\x01"], "batch 101"),
+            ]
+            for frames, needle in bad:
+                pub.send_multipart(frames)
+                with pytest.raises(msgspec.DecodeError, match=needle):
+                    sub.recv(5000)
+            pub.send_multipart((b"", (102).to_bytes(8, "big"), good))
+            assert [s for s, _ in sub.recv(5000)] == [102]
+    finally:
+        pub.close(linger=0)
+
+
+def test_replay_answer_malformed_is_a_decode_error() -> None:
+    ctx = zmq.Context.instance()
+    router = ctx.socket(zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    good = encode_batch(make_batch([], ts=1.0))
+    end = (b"", b"", (-1).to_bytes(8, "big", signed=True), b"")
+    try:
+        with ZmqEventSubscriber(
+            "tcp://127.0.0.1:1", replay_endpoint=f"tcp://127.0.0.1:{port}"
+        ) as sub:
+            answers = [
+                ((b"", b"t", (3).to_bytes(8, "big")), "expected 4 frames"),
+                ((b"", b"t", (3).to_bytes(8, "big"), b"\xc1"), "batch 3"),
+            ]
+            for frames, needle in answers:
+                with pytest.raises(msgspec.DecodeError, match=needle):
+                    _answer(router, sub, [frames, (b"", b"t", (4).to_bytes(8, "big"), good), end])
+            got = _answer(router, sub, [(b"", b"t", (5).to_bytes(8, "big"), good), end])
+            assert [s for s, _ in got] == [5]
+            with pytest.raises(ValueError, match="start_seq"):
+                sub.replay(-1)
+    finally:
+        router.close(linger=0)
+
+
+def _answer(router: Any, sub: ZmqEventSubscriber, frames: list[tuple[bytes, ...]]) -> Any:
+    """``sub.replay(0)`` answered with ``frames`` by a hand-driven ROUTER."""
+    import threading
+
+    def serve() -> None:
+        ident, _empty, _start = router.recv_multipart()
+        for f in frames:
+            router.send_multipart((ident, *f))
+
+    t = threading.Thread(target=serve)
+    t.start()
+    try:
+        return sub.replay(0, timeout_ms=5000)
+    finally:
+        t.join(10)
+
+
+def _stored_event(**fields: Any) -> dict[str, Any]:
+    ev = {
+        "type": "BlockStored",
+        "block_hashes": [1],
+        "parent_block_hash": None,
+        "token_ids": [1] * B,
+        "block_size": B,
+        "lora_id": None,
+        "medium": None,
+        "lora_name": None,
+    }
+    return {**ev, **fields}
+
+
+@pytest.mark.parametrize(
+    ("batch", "where"),
+    [
+        # were: decoded as given
+        ([float("nan"), [], None], r"\$\[0\]"),
+        ([float("inf"), [], None], r"\$\[0\]"),
+        ([-1.0, [], None], r"\$\[0\]"),
+        ([1.0, [], -1], r"\$\[2\]"),
+        ([1.0, [_stored_event(block_size=-16)], None], r"\$\[1\]\[0\]\.block_size"),
+        ([1.0, [_stored_event(token_ids=[1, -5])], None], r"\$\[1\]\[0\]\.token_ids\[1\]"),
+        ([1.0, [_stored_event(group_idx=-1)], None], r"\$\[1\]\[0\]\.group_idx"),
+        # already refused: wrong types and counts
+        ([1.0], "at least length 2"),
+        (["x", [], None], r"\$\[0\]"),
+        ([1.0, [{"type": "Nope"}], None], "Invalid value 'Nope'"),
+        ([1.0, [_stored_event(block_hashes="x")], None], "block_hashes"),
+    ],
+)
+def test_decode_batch_refuses_out_of_range_and_mistyped_fields(
+    batch: list[Any], where: str
+) -> None:
+    payload = msgspec.msgpack.encode(batch)
+    with pytest.raises(msgspec.DecodeError, match=where):
+        decode_batch(payload)
+    for cut in (1, len(payload) // 2):  # truncated frames
+        with pytest.raises(msgspec.DecodeError):
+            decode_batch(payload[:cut])

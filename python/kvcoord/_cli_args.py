@@ -21,12 +21,12 @@ from kvcoord.replay.workloads import MAX_REQUEST_TOKENS
 __all__ = ["_parser"]
 
 
-def _bytes(text: str) -> float:
+def _bytes(text: str, allow_zero: bool = False) -> float:
     """An argparse type: a size like ``40GiB`` (bytes)."""
     from kvcoord.replay.plan import parse_bytes
 
     try:
-        v = parse_bytes(text)
+        v = parse_bytes(text, allow_zero=allow_zero)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
     if v > 1 << 60:
@@ -35,17 +35,24 @@ def _bytes(text: str) -> float:
 
 
 def _bytes_list(text: str) -> list[float]:
-    out = [0.0 if p.strip() == "0" else _bytes(p) for p in text.split(",") if p.strip()]
+    out = [_bytes(p, allow_zero=True) for p in text.split(",") if p.strip()]  # 0: none
     if not out:
         raise argparse.ArgumentTypeError("expected a comma-separated list of sizes")
-    return out
+    return list(dict.fromkeys(out))  # a value given twice is replayed once, as in _int_list
 
 
 def _str_list(text: str) -> list[str]:
     out = [p.strip() for p in text.split(",") if p.strip()]
     if not out:
         raise argparse.ArgumentTypeError("expected a comma-separated list of names")
-    return out
+    return list(dict.fromkeys(out))  # a name given twice is replayed once, as in _int_list
+
+
+def _path(text: str) -> str:
+    """An argparse type: a file name (not the empty string, which names no file)."""
+    if not text:
+        raise argparse.ArgumentTypeError(f"expected a file name, got {_shown(text)}")
+    return text
 
 
 def _policy(text: str) -> str:
@@ -135,7 +142,10 @@ def _add_cluster_args(g: argparse._ArgumentGroup, sweep: bool) -> None:
 def _add_workload_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("workload")
     g.add_argument(
-        "--trace", metavar="FILE", help="trace file (default: the bundled synthetic chat workload)"
+        "--trace",
+        type=_path,
+        metavar="FILE",
+        help="trace file (default: the bundled synthetic chat workload)",
     )
     g.add_argument(
         "--format",
@@ -161,7 +171,10 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
         "--model", metavar="NAME", help=f"model preset: {', '.join(MODELS)} (default llama-3.1-8b)"
     )
     g.add_argument(
-        "--model-config", metavar="config.json", help="read the model from a Hugging Face config"
+        "--model-config",
+        type=_path,
+        metavar="config.json",
+        help="read the model from a Hugging Face config",
     )
     g.add_argument(
         "--kv-dtype",
@@ -247,9 +260,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     _add_cluster_args(r.add_argument_group("eviction and cluster"), sweep=False)
     g = r.add_argument_group("output")
-    g.add_argument("--json", metavar="FILE", help="write the summary as JSON")
+    g.add_argument("--json", type=_path, metavar="FILE", help="write the summary as JSON")
     g.add_argument(
         "--plot",
+        type=_path,
         metavar="FILE.png",
         help="PNG of pool occupancy, hit rate and TTFT over simulated time",
     )
@@ -321,9 +335,10 @@ def _parser() -> argparse.ArgumentParser:
         "ray://HOST:10001, or omitted for a fresh local Ray instance",
     )
     g = s.add_argument_group("output")
-    g.add_argument("--json", metavar="FILE", help="write the rows as JSON")
+    g.add_argument("--json", type=_path, metavar="FILE", help="write the rows as JSON")
     g.add_argument(
         "--plot",
+        type=_path,
         metavar="FILE.png",
         help="PNG of hit rate, TTFT p90 and throughput against KV memory, one line per variant",
     )

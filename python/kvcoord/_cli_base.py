@@ -191,6 +191,25 @@ def _check_outputs(args: argparse.Namespace) -> None:
     _check_output(args.plot, "--plot", png=True)
     if args.json and args.plot and os.path.abspath(args.json) == os.path.abspath(args.plot):
         raise UsageError(f"--json and --plot name the same file {args.plot!r}")
+    inputs = [(f, getattr(args, f[2:].replace("-", "_"), None)) for f in _INPUT_FLAGS]
+    for out_flag, out in (("--json", args.json), ("--plot", args.plot)):
+        for in_flag, path in inputs:
+            if out and path and _same_file(out, path):
+                raise UsageError(
+                    f"{out_flag} {out!r} is the {in_flag} file: it would be overwritten"
+                )
+
+
+#: Flags naming files the command reads (an output may not overwrite one).
+_INPUT_FLAGS = ("--trace", "--model-config", "--layout")
+
+
+def _same_file(a: str, b: str) -> bool:
+    """Whether the regular file ``a`` is ``b`` (a device or a pipe is written in place)."""
+    try:
+        return os.path.isfile(a) and os.path.samefile(a, b)
+    except (OSError, ValueError):  # either does not exist (or cannot be looked at)
+        return False
 
 
 def _new_file_mode(path: Path) -> int:
@@ -204,6 +223,15 @@ def _new_file_mode(path: Path) -> int:
 def _write_output(path: str, write: Callable[[str], object]) -> None:
     """``write(name)`` into a temporary file beside ``path``, renamed over ``path`` once
     complete: an interrupted or failed write leaves no partial file."""
+    try:
+        _write_whole(path, write)
+    except OSError as e:  # a full disk, a quota, an I/O error: the output is the file named
+        if e.filename is None:
+            e.filename = path
+        raise
+
+
+def _write_whole(path: str, write: Callable[[str], object]) -> None:
     p = Path(path)
     if p.exists() and not p.is_file():
         write(path)

@@ -117,6 +117,9 @@ def _axes(args: argparse.Namespace, st: _Setup) -> list[Any]:
     from kvcoord.replay.sweep import disk_axis, host_axis, layout_axis, model_axis
 
     default = _plan(args, st, model=None, num_blocks=None, capacity_tokens=None, kv_memory=None)
+    for one, many in (("model", "models"), ("layout", "layouts")):
+        if getattr(args, one) is not None and getattr(args, many):
+            raise UsageError(f"--{one} and --{many}: give one (--{many} replaces --{one})")
     if args.routers and not any(n > 1 for n in args.instances or [1]):
         raise UsageError("--routers needs --instances with a count above 1")
     return [
@@ -163,9 +166,34 @@ def _sweep_points(args: argparse.Namespace, st: _Setup) -> list[_Point]:
                 )
             sizes = [{"kv_memory": m} for m in _geometric(lo, hi, args.points)]
         for size in sizes:
-            _plan(args, st, **v.plan, **size)  # checks
+            try:
+                _plan(args, st, **v.plan, **size)  # checks
+            except UsageError as e:
+                raise UsageError(_sweep_flag(args, str(e), v.name)) from None
             points.append(_Point(v.name, dict(v.labels), dict(v.plan), dict(v.run), size))
     return points
+
+
+#: The flags a replay's pool size comes from, as the planner names them.
+_SIZE_FLAGS = ("--kv-memory", "--num-blocks", "--capacity-tokens")
+
+
+def _sweep_flag(args: argparse.Namespace, message: str, variant: str) -> str:
+    """The planner's refusal of a sweep size, naming the sweep's own flag (the planner
+    names replay's: ``--kv-memory`` for a ``--max-blocks`` range) and the variant."""
+    if args.kv_memories:
+        flag = "--kv-memories"
+    elif args.sizes:
+        flag = "--sizes"
+    elif args.capacities:
+        flag = "--capacities"
+    else:
+        flag = "--min-blocks/--max-blocks" if args.min_blocks or args.max_blocks else "the range"
+    where = flag if variant == "default" else f"{flag} ({variant})"
+    for planner_flag in _SIZE_FLAGS:
+        if message.startswith(f"{planner_flag}:"):
+            return f"{where}:{message[len(planner_flag) + 1 :]}"
+    return message
 
 
 def _sweep(args: argparse.Namespace) -> int:

@@ -5,12 +5,34 @@ from __future__ import annotations
 
 from types import TracebackType
 
+import msgspec
 import zmq
 
 from kvcoord.events.publisher import END_SEQ
 from kvcoord.events.wire import KVEventBatch, decode_batch
 
 __all__ = ["ZmqEventSubscriber"]
+
+
+def _message(frames: list[bytes], names: tuple[str, ...], where: str) -> list[bytes]:
+    """``frames`` if there are as many as ``names`` and the ``seq`` one is 8 bytes."""
+    if len(frames) != len(names):
+        raise msgspec.DecodeError(
+            f"{where}: expected {len(names)} frames ({', '.join(names)}), got {len(frames)}"
+        )
+    seq = frames[names.index("seq")]
+    if len(seq) != 8:
+        raise msgspec.DecodeError(
+            f"{where}: the sequence number must be 8 bytes (big-endian), got {len(seq)}"
+        )
+    return frames
+
+
+def _decode(seq: int, payload: bytes, where: str) -> KVEventBatch:
+    try:
+        return decode_batch(payload)
+    except msgspec.DecodeError as e:
+        raise msgspec.DecodeError(f"{where}: batch {seq}: {e}") from None
 
 
 class ZmqEventSubscriber:
@@ -54,13 +76,14 @@ class ZmqEventSubscriber:
         before :attr:`last_seq` (already returned) are skipped."""
         if not self._sub.poll(timeout_ms):
             return []
-        _topic, seq_bytes, payload = self._sub.recv_multipart()
+        frames = self._sub.recv_multipart()
+        _topic, seq_bytes, payload = _message(frames, ("topic", "seq", "payload"), "event message")
         seq = int.from_bytes(seq_bytes, "big")
         out: list[tuple[int, KVEventBatch]] = []
         if self._replay is not None and seq > self.last_seq + 1:
             out = [(s, b) for s, b in self.replay(self.last_seq + 1) if s < seq]
         if seq > self.last_seq:
-            out.append((seq, decode_batch(payload)))
+            out.append((seq, _decode(seq, payload, "event message")))
         if out:
             self.last_seq = out[-1][0]
         return out
@@ -70,19 +93,38 @@ class ZmqEventSubscriber:
 
         Raises:
             RuntimeError: no replay endpoint, or no answer within ``timeout_ms``.
+            ValueError: ``start_seq`` is not a sequence number (``0 <= start_seq < 2**63``).
+            msgspec.DecodeError: a malformed answer (the rest of it is skipped).
         """
         if self._replay is None:
             raise RuntimeError("this subscriber has no replay endpoint")
+        if isinstance(start_seq, bool) or not isinstance(start_seq, int):
+            raise TypeError(f"start_seq must be an int, got {type(start_seq).__name__}")
+        if not 0 <= start_seq < 1 << 63:
+            raise ValueError(f"start_seq must be in [0, 2**63), got {start_seq}")
+        while self._replay.poll(0):  # what is left of an earlier answer
+            self._replay.recv_multipart()
         self._replay.send_multipart((b"", start_seq.to_bytes(8, "big")))
         out: list[tuple[int, KVEventBatch]] = []
+        error: msgspec.DecodeError | None = None
         while True:
             if not self._replay.poll(timeout_ms):
                 raise RuntimeError(f"no replay answer within {timeout_ms} ms")
             frames = self._replay.recv_multipart()
-            _, _topic, seq_bytes, payload = frames
-            if seq_bytes == END_SEQ:
+            if len(frames) == 4 and frames[2] == END_SEQ:
+                if error is not None:
+                    raise error
                 return out
-            out.append((int.from_bytes(seq_bytes, "big"), decode_batch(payload)))
+            if error is not None:
+                continue  # skip to the end of this answer
+            try:
+                _, _topic, seq_bytes, payload = _message(
+                    frames, ("empty", "topic", "seq", "payload"), "replay answer"
+                )
+                seq = int.from_bytes(seq_bytes, "big")
+                out.append((seq, _decode(seq, payload, "replay answer")))
+            except msgspec.DecodeError as e:
+                error = e
 
     def close(self) -> None:
         """Close the sockets (pending messages are dropped)."""

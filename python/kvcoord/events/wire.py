@@ -13,9 +13,10 @@ classes when its virtualenv exists).
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Iterable, Mapping
-from typing import Any, TypeAlias
+from typing import Annotated, Any, TypeAlias
 
 import msgspec
 
@@ -41,6 +42,13 @@ __all__ = [
 #: A block hash on the wire: vLLM's integer form (default) or the digest.
 ExternalBlockHash: TypeAlias = bytes | int
 
+# What a decoded batch's numbers may be (checked by `decode_batch` only: the
+# encoded bytes are vLLM's either way): a finite non-negative time stamp,
+# non-negative token ids, ranks and group indices, positive sizes.
+_Time = Annotated[float, msgspec.Meta(ge=0.0, le=sys.float_info.max)]
+_Index = Annotated[int, msgspec.Meta(ge=0)]
+_Size = Annotated[int, msgspec.Meta(ge=1)]
+
 #: An event as :meth:`kvcoord.KVCacheManager.take_events` returns it.
 CoreEvent: TypeAlias = CoreBlockStored | CoreBlockRemoved | CoreAllBlocksCleared
 
@@ -54,19 +62,19 @@ class BlockStored(KVCacheEvent):
 
     block_hashes: list[ExternalBlockHash]
     parent_block_hash: ExternalBlockHash | None
-    token_ids: list[int]
-    block_size: int
+    token_ids: list[_Index]
+    block_size: _Size
     lora_id: int | None
     medium: str | None
     lora_name: str | None
     extra_keys: list[tuple[Any, ...] | None] | None = None
-    group_idx: int | None = None
+    group_idx: _Index | None = None
     kv_cache_spec_kind: str | None = None
-    kv_cache_spec_sliding_window: int | None = None
+    kv_cache_spec_sliding_window: _Size | None = None
     locality: str | None = None
     ownership: str | None = None
     session_id: str | None = None
-    lookahead_token_ids: list[list[int]] | None = None
+    lookahead_token_ids: list[list[_Index]] | None = None
 
 
 class BlockRemoved(KVCacheEvent):
@@ -74,7 +82,7 @@ class BlockRemoved(KVCacheEvent):
 
     block_hashes: list[ExternalBlockHash]
     medium: str | None
-    group_idx: int | None = None
+    group_idx: _Index | None = None
     locality: str | None = None
     ownership: str | None = None
 
@@ -89,9 +97,9 @@ WireEvent: TypeAlias = BlockStored | BlockRemoved | AllBlocksCleared
 class KVEventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     """One scheduler step's events: ``[ts, events, data_parallel_rank]``."""
 
-    ts: float
+    ts: _Time
     events: list[WireEvent]
-    data_parallel_rank: int | None = None
+    data_parallel_rank: _Index | None = None
 
 
 def to_wire(
@@ -187,6 +195,10 @@ def decode_batch(payload: bytes) -> KVEventBatch:
     """Decode a payload published by kvcoord or by vLLM.
 
     Raises:
-        msgspec.DecodeError: the payload is not a valid event batch.
+        msgspec.DecodeError: the payload is not a valid event batch: not
+            msgpack, truncated, a field missing or of the wrong type, or a
+            number out of range (a time stamp that is negative or not finite,
+            a negative token id, group index or rank, a size below 1); the
+            message says where (``$[1][0].block_size``).
     """
     return _DECODER.decode(payload)

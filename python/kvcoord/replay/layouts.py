@@ -52,6 +52,7 @@ from kvcoord.errors import ConfigError
 
 __all__ = [
     "GROUP_TYPES",
+    "MAX_LAYERS",
     "PRESETS",
     "Layout",
     "LayoutError",
@@ -228,6 +229,11 @@ PRESETS: dict[str, Layout] = {
 }
 
 
+#: Most layers a layout (or a model config) may have, all groups together: beyond any
+#: real model, and a bound on the layer names built.
+MAX_LAYERS = 1 << 16
+
+
 def _pos_int(v: Any, what: str) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
         raise LayoutError(f"{what} must be a positive integer, got {v!r}")
@@ -251,6 +257,7 @@ def parse_layout(data: Any, source: str = "<layout>") -> Layout:
     if not isinstance(groups, list) or not groups:
         raise LayoutError(f"{source}: 'groups' must be a non-empty list of groups")
     out = []
+    total_layers = 0
     for i, g in enumerate(groups):
         where = f"{source}: groups[{i}]"
         if not isinstance(g, dict):
@@ -284,9 +291,15 @@ def parse_layout(data: Any, source: str = "<layout>") -> Layout:
                 raise LayoutError(
                     f"{where}.layers must be a positive count or a list of layer names"
                 )
-            names = tuple(layers)
+            count = len(layers)
         else:
             count = _pos_int(layers, f"{where}.layers")
+        total_layers += count
+        if total_layers > MAX_LAYERS:
+            raise LayoutError(f"{where}: more than {MAX_LAYERS:,} layers in all")
+        if isinstance(layers, list):
+            names = tuple(layers)
+        else:
             names = tuple(f"g{i}.{j}" for j in range(count))
         try:
             spec = _SPECS[kind](bs, **params)

@@ -41,7 +41,7 @@ from kvcoord.config import (
     MambaSpec,
     SlidingWindowSpec,
 )
-from kvcoord.replay.layouts import Layout
+from kvcoord.replay.layouts import MAX_LAYERS, Layout
 
 __all__ = [
     "DTYPE_BYTES",
@@ -246,10 +246,34 @@ MODELS: dict[str, ModelSpec] = {
 # --------------------------------------------------------------------------- HF config.json
 
 
-def _get(cfg: dict[str, Any], *keys: str, default: Any = None) -> Any:
+#: Largest head count, dimension or vocabulary a model config may declare.
+_DIM_LIMIT = 1 << 24
+
+
+def _shown(v: object) -> str:
+    r = repr(v)
+    return r if len(r) <= 60 else f"{r[:57]}..."
+
+
+def _int(
+    path: Path,
+    cfg: dict[str, Any],
+    *keys: str,
+    default: int,
+    minimum: int = 1,
+    maximum: int = _DIM_LIMIT,
+) -> int:
+    """The first of ``keys`` present (and not null) in ``cfg``, an integer in
+    ``[minimum, maximum]``; ``default`` when none is."""
     for k in keys:
-        if k in cfg and cfg[k] is not None:
-            return cfg[k]
+        v = cfg.get(k)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int) or not minimum <= v <= maximum:
+            raise ModelError(
+                f"{path}: {k!r} must be an integer in [{minimum}, {maximum:,}], got {_shown(v)}"
+            )
+        return v
     return default
 
 
@@ -259,61 +283,82 @@ def read_hf_config(path: str | Path, kv_dtype: str | None = None) -> ModelSpec:
     Reads layers, heads, KV heads, head size, sliding-window / chunked
     patterns (``layer_types``, ``sliding_window_pattern``,
     ``no_rope_layers``), MLA latents and MoE sizes (for the parameter
-    estimate); a nested ``text_config`` is used when present.
+    estimate); a nested ``text_config`` is used when present. Every value
+    read is checked (an integer in range, a pattern as long as the layers):
+    a bad one is a :class:`ModelError` naming the file and the key.
     """
     path = Path(path)
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ModelError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
         raise ModelError(f"{path}: not a readable JSON model config ({e})") from None
     if not isinstance(raw, dict):
         raise ModelError(f"{path}: a model config must be a JSON object")
     cfg = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
     assert isinstance(cfg, dict)
     for k in ("num_hidden_layers", "hidden_size", "num_attention_heads"):
-        v = cfg.get(k)
-        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-            raise ModelError(f"{path}: needs a positive integer {k!r}, got {v!r}")
-    layers: int = cfg["num_hidden_layers"]
-    hidden: int = cfg["hidden_size"]
-    heads: int = cfg["num_attention_heads"]
-    kv_heads = int(_get(cfg, "num_key_value_heads", default=heads))
-    head_dim = int(_get(cfg, "head_dim", default=hidden // heads))
-    window = int(_get(cfg, "sliding_window", default=0) or 0)
+        if cfg.get(k) is None:
+            raise ModelError(f"{path}: missing {k!r} (a positive integer)")
+    layers = _int(path, cfg, "num_hidden_layers", default=0, maximum=MAX_LAYERS)
+    hidden = _int(path, cfg, "hidden_size", default=0)
+    heads = _int(path, cfg, "num_attention_heads", default=0)
+    kv_heads = _int(path, cfg, "num_key_value_heads", default=heads)
+    head_dim = _int(path, cfg, "head_dim", default=max(1, hidden // heads))
+    window = _int(path, cfg, "sliding_window", default=0, minimum=0, maximum=1 << 31)
     kinds: dict[str, int] = {}
     layer_types = cfg.get("layer_types")
-    if isinstance(layer_types, list) and len(layer_types) == layers:
+    pattern = _int(path, cfg, "sliding_window_pattern", default=0, minimum=0, maximum=MAX_LAYERS)
+    if layer_types is not None:
+        if not (
+            isinstance(layer_types, list)
+            and len(layer_types) == layers
+            and all(isinstance(t, str) for t in layer_types)
+        ):
+            raise ModelError(
+                f"{path}: 'layer_types' must be a list of {layers} strings (one per layer)"
+            )
         for t in layer_types:
-            kind = "sliding_window" if "sliding" in str(t) else "full_attention"
+            kind = "sliding_window" if "sliding" in t else "full_attention"
             kinds[kind] = kinds.get(kind, 0) + 1
-    elif cfg.get("sliding_window_pattern") and window:
-        every = int(cfg["sliding_window_pattern"])
-        full = layers // every
+    elif pattern and window:
+        full = layers // pattern
         kinds = {"full_attention": full, "sliding_window": layers - full}
-    elif cfg.get("attention_chunk_size") and isinstance(cfg.get("no_rope_layers"), list):
-        chunked = sum(1 for x in cfg["no_rope_layers"] if x)
+    elif cfg.get("attention_chunk_size") is not None and cfg.get("no_rope_layers") is not None:
+        no_rope = cfg["no_rope_layers"]
+        if not (
+            isinstance(no_rope, list)
+            and len(no_rope) == layers
+            and all(isinstance(x, int) for x in no_rope)
+        ):
+            raise ModelError(
+                f"{path}: 'no_rope_layers' must be a list of {layers} integers (one per layer)"
+            )
+        chunked = sum(1 for x in no_rope if x)
         kinds = {"full_attention": layers - chunked, "chunked_local": chunked}
-        window = int(cfg["attention_chunk_size"])
+        window = _int(path, cfg, "attention_chunk_size", default=0, maximum=1 << 31)
     else:
         kinds = {"full_attention": layers}
     kinds = {k: n for k, n in kinds.items() if n > 0}
-    kv_lora = int(_get(cfg, "kv_lora_rank", default=0) or 0)
-    rope = int(_get(cfg, "qk_rope_head_dim", default=0) or 0)
+    if "sliding_window" in kinds and not window:
+        raise ModelError(f"{path}: sliding-window layers need a positive 'sliding_window'")
+    kv_lora = _int(path, cfg, "kv_lora_rank", default=0, minimum=0)
+    rope = _int(path, cfg, "qk_rope_head_dim", default=0, minimum=0)
     qk_dim = v_dim = 0
     if kv_lora:
-        qk_dim = int(_get(cfg, "qk_nope_head_dim", default=128)) + rope
-        v_dim = int(_get(cfg, "v_head_dim", default=128))
-    params, active = _estimate_params(cfg, layers, hidden, heads, kv_heads, head_dim)
-    dtype = str(_get(raw, "torch_dtype", "dtype", default="bfloat16"))
-    wdtype = dtype if dtype in DTYPE_BYTES else "bf16"
+        qk_dim = _int(path, cfg, "qk_nope_head_dim", default=128, minimum=0) + rope
+        v_dim = _int(path, cfg, "v_head_dim", default=128)
+    params, active = _estimate_params(path, cfg, layers, hidden, heads, kv_heads, head_dim)
+    dtype = _get(raw, "torch_dtype", "dtype", default="bfloat16")
+    wdtype = dtype if isinstance(dtype, str) and dtype in DTYPE_BYTES else "bf16"
     if isinstance(raw.get("quantization_config"), dict):
-        qm = str(raw["quantization_config"].get("quant_method", ""))
-        wdtype = {"fp8": "fp8", "mxfp4": "mxfp4"}.get(qm, wdtype)
+        qm = raw["quantization_config"].get("quant_method", "")
+        wdtype = {"fp8": "fp8", "mxfp4": "mxfp4"}.get(qm if isinstance(qm, str) else "", wdtype)
+    name = raw.get("_name_or_path")
     spec = ModelSpec(
-        name=str(raw.get("_name_or_path") or path.parent.name or path.stem),
-        hf_id=str(raw.get("_name_or_path", "")),
+        name=name if isinstance(name, str) and name else (path.parent.name or path.stem),
+        hf_id=name if isinstance(name, str) else "",
         layer_kinds=tuple(kinds.items()),
         hidden_size=hidden,
         num_heads=heads,
@@ -333,18 +378,33 @@ def read_hf_config(path: str | Path, kv_dtype: str | None = None) -> ModelSpec:
     return spec
 
 
+def _get(cfg: dict[str, Any], *keys: str, default: Any = None) -> Any:
+    for k in keys:
+        if k in cfg and cfg[k] is not None:
+            return cfg[k]
+    return default
+
+
 def _estimate_params(
-    cfg: dict[str, Any], layers: int, hidden: int, heads: int, kv_heads: int, head_dim: int
+    path: Path,
+    cfg: dict[str, Any],
+    layers: int,
+    hidden: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
 ) -> tuple[float, float]:
     """(all, active) parameters from the config: embeddings, attention, (MoE) MLP."""
-    vocab = int(_get(cfg, "vocab_size", default=32000))
-    inter = int(_get(cfg, "intermediate_size", default=4 * hidden))
+    vocab = _int(path, cfg, "vocab_size", default=32000)
+    inter = _int(path, cfg, "intermediate_size", default=4 * hidden)
     attn = hidden * head_dim * (2 * heads + 2 * kv_heads)
-    experts = int(_get(cfg, "n_routed_experts", "num_local_experts", "num_experts", default=0))
+    experts = _int(
+        path, cfg, "n_routed_experts", "num_local_experts", "num_experts", default=0, minimum=0
+    )
     if experts:
-        top_k = int(_get(cfg, "num_experts_per_tok", "experts_per_token", default=1))
-        moe_inter = int(_get(cfg, "moe_intermediate_size", default=inter))
-        shared = int(_get(cfg, "n_shared_experts", default=0))
+        top_k = _int(path, cfg, "num_experts_per_tok", "experts_per_token", default=1)
+        moe_inter = _int(path, cfg, "moe_intermediate_size", default=inter)
+        shared = _int(path, cfg, "n_shared_experts", default=0, minimum=0)
         expert = 3 * hidden * moe_inter
         mlp_all = expert * (experts + shared)
         mlp_active = expert * (top_k + shared)

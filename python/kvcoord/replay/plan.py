@@ -76,13 +76,14 @@ class PlanError(ValueError):
     """A flag value the planner cannot use; the message starts with the flag."""
 
 
-def parse_bytes(text: str) -> float:
-    """``40GiB``, ``512 MiB``, ``1.5TB`` or a plain number of bytes."""
+def parse_bytes(text: str, *, allow_zero: bool = False) -> float:
+    """``40GiB``, ``512 MiB``, ``1.5TB`` or a plain number of bytes (positive, or
+    zero in any unit with ``allow_zero``)."""
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([a-zA-Z]*)\s*", text)
     if not m or m.group(2).lower() not in _UNITS:
         raise ValueError(f"expected a size like 40GiB, 512MiB or 2TB, got {text!r}")
     v = float(m.group(1)) * _UNITS[m.group(2).lower()]
-    if v <= 0:
+    if v < 0 or (v == 0 and not allow_zero):
         raise ValueError(f"expected a positive size, got {text!r}")
     return v
 
@@ -184,14 +185,14 @@ def make_plan(
             load_model(DEFAULT_MODEL, kv_dtype)  # validates kv_dtype
             spec = read_hf_config(model_config, kv_dtype)
         else:
-            spec = load_model(model or DEFAULT_MODEL, kv_dtype)
+            spec = load_model(DEFAULT_MODEL if model is None else model, kv_dtype)
     except ModelError as e:
         which = "--kv-dtype" if kv_dtype is not None and "KV dtype" in str(e) else None
         raise PlanError(
-            f"{which or ('--model-config' if model_config else '--model')}: {e}"
+            f"{which or ('--model' if model_config is None else '--model-config')}: {e}"
         ) from None
     try:
-        g = load_gpu(gpu or DEFAULT_GPU)
+        g = load_gpu(DEFAULT_GPU if gpu is None else gpu)
     except HardwareError as e:
         raise PlanError(f"--gpu: {e}") from None
     base_layout = None

@@ -88,6 +88,14 @@ def variants(axes: Sequence[Axis]) -> list[Variant]:
                 prev = owner.setdefault((kind, k), ax.name)
                 if prev != ax.name:
                     raise SweepError(f"sweep axes {prev!r} and {ax.name!r} both set {kind} {k!r}")
+    for ax in axes:
+        given = [v.label for v in ax.values]
+        twice = sorted({x for x in given if given.count(x) > 1})
+        if twice:
+            raise SweepError(
+                f"sweep axis {ax.name!r} has two values labelled {twice[0]!r}: "
+                "their rows could not be told apart"
+            )
     out = []
     for combo in product(*(ax.values for ax in axes)):
         plan: dict[str, Any] = {}
@@ -143,4 +151,4 @@ def _layout_label(name: str | None) -> str:
 
 
 def _gib(v: float) -> str:
-    return f"{v / _GiB:,.0f} GiB" if v < 1024 * _GiB else f"{v / _GiB / 1024:,.4g} TiB"
+    return f"{v / _GiB:,.4g} GiB" if v < 1024 * _GiB else f"{v / _GiB / 1024:,.4g} TiB"

@@ -308,14 +308,16 @@ def _token_trace(
             raise TraceFormatError(
                 path, lineno, f"'cache_salt' must be a string, got {shown(salt)}"
             )
-        rid = obj.get("request_id", f"req-{len(reqs)}")
-        if not isinstance(rid, str) or not rid:
+        rid = obj.get("request_id", "")  # "": named below, once every given id is known
+        if "request_id" in obj and (not isinstance(rid, str) or not rid):
             raise TraceFormatError(
                 path, lineno, f"'request_id' must be a non-empty string, got {shown(rid)}"
             )
+        assert isinstance(rid, str)
         if rid in seen:
             raise TraceFormatError(path, lineno, f"duplicate request_id {shown(rid)}")
-        seen.add(rid)
+        if rid:
+            seen.add(rid)
         prompt = tuple(toks)
         reqs.append(
             WorkloadRequest(
@@ -328,6 +330,14 @@ def _token_trace(
                 output_token_ids=tuple(out_ids[:n_out]) if out_ids is not None else None,
             )
         )
+    for i, r in enumerate(reqs):  # a request without an id: req-<index>, unless a line took it
+        if not r.request_id:
+            rid, k = f"req-{i}", 0
+            while rid in seen:
+                k += 1
+                rid = f"req-{i}.{k}"
+            r.request_id = rid
+            seen.add(rid)
     return Workload(f"tokens:{path.name}", reqs)
 
 
