@@ -30,6 +30,26 @@ impl NewBlocks {
         }
     }
 
+    /// [`Self::empty`] of a caller-given count: below
+    /// [`MAX_EMPTY_GROUPS`](crate::limits::MAX_EMPTY_GROUPS), reserved
+    /// fallibly (an allocation the allocator refuses is
+    /// [`KvError::OutOfMemory`], not an abort).
+    pub fn try_empty(num_groups: usize) -> KvResult<Self> {
+        if num_groups >= crate::limits::MAX_EMPTY_GROUPS {
+            return Err(KvError::InvalidArgument {
+                name: "num_groups",
+                detail: format!("{num_groups} groups is beyond the supported maximum of 2^20 - 1"),
+            });
+        }
+        let mut ends = Vec::new();
+        crate::limits::try_reserve(&mut ends, num_groups, "the result's groups")?;
+        ends.resize(num_groups, 0);
+        Ok(Self {
+            ids: Vec::new(),
+            ends,
+        })
+    }
+
     /// One group per item, in order.
     pub fn from_groups<'a>(groups: impl IntoIterator<Item = &'a [BlockId]>) -> Self {
         let mut out = Self::new();
