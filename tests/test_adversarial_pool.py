@@ -346,3 +346,32 @@ def test_block_table_on_an_unknown_device_is_a_config_error() -> None:
 
     with pytest.raises(kvcoord.ConfigError):
         BlockTable(4, 1, 1, 1, device="no-such-device")
+
+
+# ---- hashing sizes and the pool's hit search -------------------------------
+
+
+@pytest.mark.parametrize("size", [2**32, 2**40])
+def test_hash_block_size_beyond_32_bits_is_a_config_error(size: int) -> None:
+    with pytest.raises(kvcoord.ConfigError, match="hash_block_size"):
+        Request("x", [1, 2], hash_block_size=size)
+    with pytest.raises(kvcoord.ConfigError, match="hash_block_size"):
+        kvcoord.compute_block_hashes([1, 2], hash_block_size=size)
+
+
+def test_hit_search_refuses_wrong_types_with_kvcoord_errors() -> None:
+    pool, ids = pool_with_blocks()
+    pool.cache_full_blocks(ids[:1], [H], 0, 1, 0)
+    spec = kvcoord._core.GroupSpec.full_attention(16)
+    state = lambda: pool_state(pool)  # noqa: E731
+    for call in (
+        lambda: pool.find_longest_cache_hit(kvcoord.FullAttentionSpec(16), [0], [H], 16, 16),
+        lambda: pool.find_longest_cache_hit(5, [0], [H], 16, 16),
+        lambda: pool.find_longest_cache_hit(spec, 5, [H], 16, 16),
+        lambda: pool.find_longest_cache_hit(spec, "ab", [H], 16, 16),
+    ):
+        refused(ArgumentTypeError, state, call)
+    lists, hit = pool.find_longest_cache_hit(spec, [0], [H], 16, 16)
+    assert (lists, hit) == ([[ids[0]]], 16)
+    with pytest.raises(ArgumentTypeError, match="group_ids must be a sequence"):
+        pool.get_cached_block(H, 5)

@@ -239,9 +239,18 @@ pub(crate) fn block_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<BlockId>> {
 
 /// Group ids from a sequence of ints.
 pub(crate) fn group_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<GroupId>> {
-    let items = obj
-        .try_iter()
-        .map_err(|_| crate::args::not_an_int(obj, "group_ids (a sequence of group ids)"))?;
+    if is_text(obj) || obj.cast::<PyUntypedArray>().is_ok_and(|a| a.ndim() != 1) {
+        return Err(type_error(format!(
+            "group_ids must be a sequence of group ids, got {}",
+            crate::args::type_name(obj)
+        )));
+    }
+    let items = obj.try_iter().map_err(|_| {
+        type_error(format!(
+            "group_ids must be a sequence of group ids, got {}",
+            crate::args::type_name(obj)
+        ))
+    })?;
     let mut out = Vec::new();
     for item in items {
         out.push(GroupId(crate::args::u32_arg(&item?, "group id")?));
