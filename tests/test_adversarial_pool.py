@@ -375,3 +375,25 @@ def test_hit_search_refuses_wrong_types_with_kvcoord_errors() -> None:
     assert (lists, hit) == ([[ids[0]]], 16)
     with pytest.raises(ArgumentTypeError, match="group_ids must be a sequence"):
         pool.get_cached_block(H, 5)
+
+
+# ---- iterables too large to hold -------------------------------------------
+
+HUGE = range(2**62)  # its len() fits; its ids never could (not an abort)
+
+
+def test_huge_iterables_are_out_of_memory_errors_not_aborts() -> None:
+    pool, ids = pool_with_blocks()
+    r = request()
+    for call, state in (
+        (lambda: pool.free_blocks(HUGE), lambda: pool_state(pool)),
+        (lambda: pool.touch(HUGE), lambda: pool_state(pool)),
+        (lambda: pool.get_cached_block(H, HUGE), lambda: pool_state(pool)),
+        (lambda: r.append_output_token_ids(HUGE), lambda: request_state(r)),
+        (lambda: Request("x", HUGE, hash_block_size=4), lambda: None),
+        (lambda: KVCacheBlocks([HUGE]), lambda: None),
+        (lambda: pool.cache_full_blocks(ids[:1], [H], 0, 1, 0, HUGE), lambda: pool_state(pool)),
+    ):
+        err = refused(kvcoord.OutOfMemoryError, state, call)
+        assert "out of memory" in err
+    pool.check_invariants()

@@ -231,7 +231,9 @@ pub(crate) fn flags(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<bool>> {
             type_name(obj)
         ))
     })?;
-    items.map(|item| flag(&item?, name)).collect()
+    let mut out = Vec::new();
+    crate::convert::collect_items(obj, &items, &mut out, "flags", |_, item| flag(item, name))?;
+    Ok(out)
 }
 
 /// Whether `obj` is a numpy bool scalar (`numpy.bool_`).

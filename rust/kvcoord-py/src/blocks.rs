@@ -93,11 +93,11 @@ fn build(per_group: &Bound<'_, PyAny>, form: Form) -> PyResult<PyKVCacheBlocks> 
                 let msg = format!("group {g}: block ids must be a sequence of ints, got {got}");
                 protocol_error(Protocol::Type, msg)
             })?;
-            for item in items {
-                // An int (numpy integer scalars included), not a bool: the
-                // checks every block id passes.
-                ids.push(convert::block_id_of(&item?)?);
-            }
+            // An int (numpy integer scalars included), not a bool: the
+            // checks every block id passes.
+            convert::collect_items(&group, &items, &mut ids, "block ids", |_, item| {
+                convert::block_id_of(item)
+            })?;
         }
         out.push_group(ids.iter().copied());
     }

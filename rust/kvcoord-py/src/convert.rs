@@ -92,8 +92,31 @@ pub(crate) fn extend_ids<I: Id>(
         let (what, expected, got) = (I::WHAT, I::EXPECTED, crate::args::type_name(obj));
         type_error(format!("{what} must be {expected}, got {got}"))
     })?;
-    for (i, item) in items.enumerate() {
-        out.push(I::item(base + i, &item?)?);
+    collect_items(obj, &items, out, I::WHAT, |i, item| I::item(base + i, item))
+}
+
+/// The items of `obj` (iterated as `items`) converted by `each` (given
+/// each item's position), appended to `out` with fallible reservations:
+/// room for `len(obj)` first when it has a length, then doubling. A huge
+/// or endless iterable is `OutOfMemoryError` (the README's promise for
+/// buffers sized by the caller), never an abort.
+pub(crate) fn collect_items<'py, T>(
+    obj: &Bound<'py, PyAny>,
+    items: &Bound<'py, pyo3::types::PyIterator>,
+    out: &mut Vec<T>,
+    what: &'static str,
+    mut each: impl FnMut(usize, &Bound<'py, PyAny>) -> PyResult<T>,
+) -> PyResult<()> {
+    if let Ok(n) = obj.len() {
+        core(kvcoord_core::limits::try_reserve(out, n, what))?;
+    }
+    for (i, item) in items.clone().enumerate() {
+        let value = each(i, &item?)?;
+        if out.len() == out.capacity() {
+            let more = out.capacity().max(16);
+            core(kvcoord_core::limits::try_reserve(out, more, what))?;
+        }
+        out.push(value);
     }
     Ok(())
 }
@@ -252,9 +275,9 @@ pub(crate) fn group_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<GroupId>> {
         ))
     })?;
     let mut out = Vec::new();
-    for item in items {
-        out.push(GroupId(crate::args::u32_arg(&item?, "group id")?));
-    }
+    collect_items(obj, &items, &mut out, "group ids", |_, item| {
+        Ok(GroupId(crate::args::u32_arg(item, "group id")?))
+    })?;
     Ok(out)
 }
 
@@ -309,9 +332,9 @@ pub(crate) fn block_hashes(obj: &Bound<'_, PyAny>) -> PyResult<Vec<BlockHash>> {
         ))
     })?;
     let mut out = Vec::new();
-    for item in items {
-        out.push(block_hash(&item?)?);
-    }
+    collect_items(obj, &items, &mut out, "block hashes", |_, item| {
+        block_hash(item)
+    })?;
     Ok(out)
 }
 
