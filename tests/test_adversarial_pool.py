@@ -397,3 +397,16 @@ def test_huge_iterables_are_out_of_memory_errors_not_aborts() -> None:
         err = refused(kvcoord.OutOfMemoryError, state, call)
         assert "out of memory" in err
     pool.check_invariants()
+
+
+@pytest.mark.parametrize(
+    ("computed", "scheduled"),
+    [([1], [2**62]), ([0], [10**9]), ([0, 0, 0], [2**27] * 3), ([2**62], [1]), ([2**63 - 1], [1])],
+)
+def test_step_positions_beyond_the_supported_range_are_refused_before_allocating(
+    computed: list[int], scheduled: list[int]
+) -> None:
+    from kvcoord.block_table import step_positions
+
+    with pytest.raises(kvcoord.BlockTableError, match="supported maximum"):
+        step_positions(computed, scheduled)
