@@ -410,3 +410,47 @@ def test_step_positions_beyond_the_supported_range_are_refused_before_allocating
 
     with pytest.raises(kvcoord.BlockTableError, match="supported maximum"):
         step_positions(computed, scheduled)
+
+
+_HASHES_UNDER_LIMIT = """
+import resource, numpy as np, kvcoord
+resource.setrlimit(resource.RLIMIT_AS, (3 * 2**30, resource.RLIM_INFINITY))
+rows = np.broadcast_to(np.uint8(1), (2**27, 32))  # 4 GiB of hashes, no memory
+pool = kvcoord.BlockPool(8)
+ids = pool.get_new_blocks(1)
+big = kvcoord.KVCacheBlocks.from_arrays([np.broadcast_to(np.int64(1), (2**28,))])
+req = kvcoord.Request("r", [1] * 8, hash_block_size=4, hash_algo="supplied")
+for make in (
+    lambda: req.supply_block_hashes(rows),
+    lambda: pool.cache_full_blocks(ids, rows, 0, 1, 0),
+    lambda: big + big,
+):
+    try:
+        make()
+    except MemoryError as e:
+        assert isinstance(e, kvcoord.KvCoordError), repr(e)
+        print("MemoryError:", e)
+    else:
+        raise SystemExit("no MemoryError")
+pool.check_invariants()
+assert pool.num_free_blocks == 6 and req.num_block_hashes == 0
+print("ok")
+"""
+
+
+def test_hash_arrays_and_sums_too_large_to_hold_are_memory_errors_not_aborts() -> None:
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("resource")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    out = subprocess.run(
+        [sys.executable, "-c", _HASHES_UNDER_LIMIT],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.count("MemoryError:") == 3 and out.stdout.endswith("ok\n")

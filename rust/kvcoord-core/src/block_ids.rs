@@ -65,6 +65,16 @@ impl NewBlocks {
         self.ends.push(self.ids.len());
     }
 
+    /// [`Self::push_group`] of caller-given ids, reserved fallibly: an
+    /// allocation the allocator refuses is [`KvError::OutOfMemory`] (and
+    /// nothing is appended), not an abort.
+    pub fn try_push_group(&mut self, ids: &[BlockId]) -> KvResult<()> {
+        crate::limits::try_reserve(&mut self.ids, ids.len(), "block ids")?;
+        crate::limits::try_reserve(&mut self.ends, 1, "the result's groups")?;
+        self.push_group(ids.iter().copied());
+        Ok(())
+    }
+
     /// Group `g` of the result is group `picks[g].1` of `picks[g].0`, cut
     /// to its first `picks[g].2` blocks (a hybrid hit assembled from its
     /// per-spec lookups).
@@ -99,7 +109,10 @@ impl NewBlocks {
             });
         }
         let mut out = Self::new();
-        out.ids.reserve(self.ids.len() + other.ids.len());
+        // Fallible: the sum of two large results may not fit.
+        let total = self.ids.len().saturating_add(other.ids.len());
+        crate::limits::try_reserve(&mut out.ids, total, "block ids")?;
+        crate::limits::try_reserve(&mut out.ends, self.num_groups(), "the result's groups")?;
         for g in 0..self.num_groups() {
             out.push_group(self.group(g).iter().chain(other.group(g)).copied());
         }

@@ -99,7 +99,7 @@ fn build(per_group: &Bound<'_, PyAny>, form: Form) -> PyResult<PyKVCacheBlocks> 
                 convert::block_id_of(item)
             })?;
         }
-        out.push_group(ids.iter().copied());
+        core(out.try_push_group(&ids))?;
     }
     PyKVCacheBlocks::new(out)
 }

@@ -304,7 +304,12 @@ pub(crate) fn block_hash(obj: &Bound<'_, PyAny>) -> PyResult<BlockHash> {
 pub(crate) fn block_hashes(obj: &Bound<'_, PyAny>) -> PyResult<Vec<BlockHash>> {
     if let Ok(arr) = obj.extract::<PyReadonlyArray2<'_, u8>>() {
         let view = arr.as_array();
-        let mut out = Vec::with_capacity(view.nrows());
+        let mut out = Vec::new();
+        core(kvcoord_core::limits::try_reserve(
+            &mut out,
+            view.nrows(),
+            "block hashes",
+        ))?;
         for row in view.rows() {
             let row: Vec<u8> = row.iter().copied().collect();
             out.push(core(BlockHash::from_slice(&row))?);
