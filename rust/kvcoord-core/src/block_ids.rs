@@ -263,4 +263,20 @@ mod tests {
         );
         assert!(a.concat(&NewBlocks::empty(1)).is_err());
     }
+
+    #[test]
+    fn caller_sized_results_are_bounded_and_fallible() {
+        let e = NewBlocks::try_empty(crate::limits::MAX_EMPTY_GROUPS).unwrap_err();
+        assert!(matches!(
+            e,
+            KvError::InvalidArgument {
+                name: "num_groups",
+                ..
+            }
+        ));
+        assert_eq!(NewBlocks::try_empty(3).unwrap(), NewBlocks::empty(3));
+        let mut r = NewBlocks::new();
+        r.try_push_group(&ids(&[5, 6])).unwrap();
+        assert_eq!(r.to_vecs(), vec![ids(&[5, 6])]);
+    }
 }
