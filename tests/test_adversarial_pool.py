@@ -454,3 +454,16 @@ def test_hash_arrays_and_sums_too_large_to_hold_are_memory_errors_not_aborts() -
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.count("MemoryError:") == 3 and out.stdout.endswith("ok\n")
+
+
+def test_block_hashes_compare_only_with_sized_collections() -> None:
+    import itertools
+
+    r = request(12)
+    hashes = list(r.block_hashes)
+    assert r.block_hashes == hashes and r.block_hashes == tuple(hashes)
+    assert r.block_hashes != hashes[:-1]
+    # An endless iterator is never read (it used to be read until memory ran out).
+    assert r.block_hashes != itertools.repeat(hashes[0])
+    assert r.block_hashes != iter(hashes)  # as list == iterator is False
+    assert request_state(r)[4] == tuple(hashes)

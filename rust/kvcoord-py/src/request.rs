@@ -457,6 +457,13 @@ impl BlockHashes {
         if other.is_instance_of::<PyString>() || other.is_instance_of::<PyBytes>() {
             return Ok(false);
         }
+        // Only a sized collection can be equal (as for `list`): an iterator
+        // or generator is never read, so an endless one cannot hang this,
+        // and a length that differs settles it without reading anything.
+        match other.len() {
+            Ok(n) if n == self.__len__(py)? => {}
+            _ => return Ok(false),
+        }
         let Ok(items) = other.try_iter() else {
             return Ok(false);
         };
