@@ -467,3 +467,13 @@ def test_block_hashes_compare_only_with_sized_collections() -> None:
     assert r.block_hashes != itertools.repeat(hashes[0])
     assert r.block_hashes != iter(hashes)  # as list == iterator is False
     assert request_state(r)[4] == tuple(hashes)
+
+
+def test_advance_requests_refuses_non_requests_with_kvcoord_errors() -> None:
+    r = request()
+    for bad in ([r, 5], 5, None, [None]):
+        with pytest.raises(ArgumentTypeError, match=r"kvcoord\.Request"):
+            kvcoord.advance_requests(bad, [1, 1])  # type: ignore[arg-type]
+        assert r.num_computed_tokens == 0
+    kvcoord.advance_requests((r,), [2])  # any sequence of requests
+    assert r.num_computed_tokens == 2
