@@ -539,17 +539,34 @@ class _StrIndex:
         return "3"
 
 
-@pytest.mark.parametrize("bad", [_RaisingIndex(), _StrIndex()])
-def test_a_broken_index_is_not_an_int_not_out_of_range(bad: object) -> None:
+def test_a_broken_index_is_not_an_int_not_out_of_range() -> None:
     # Such an object used to be refused as "must be below 2^64".
     mgr = manager([FullAttentionSpec(B)], 20)
     req = Request("a", list(range(10)), hash_block_size=B)
+    bad = _StrIndex()
     for call in (
         lambda: mgr.allocate_slots(req, bad),
         lambda: mgr.allocate_slots(req, 4, num_lookahead_tokens=bad),
     ):
         err = refused(kvcoord.ArgumentTypeError, lambda: manager_state(mgr, [req]), call)
         assert "must be an int" in str(err)
+
+
+def test_an_index_that_raises_passes_its_own_exception_on() -> None:
+    # The caller's own exception, as Python's conversions pass it on (the
+    # README's "Bad input and limits"), with nothing changed.
+    mgr = manager([FullAttentionSpec(B)], 20)
+    req = Request("a", list(range(10)), hash_block_size=B)
+    bad = _RaisingIndex()
+    for call in (
+        lambda: mgr.allocate_slots(req, bad),
+        lambda: mgr.allocate_slots(req, 4, num_lookahead_tokens=bad),
+    ):
+        before = manager_state(mgr, [req])
+        with pytest.raises(RuntimeError, match="no index"):
+            call()
+        assert manager_state(mgr, [req]) == before
+        mgr.check_invariants()
 
 
 @pytest.mark.parametrize(

@@ -1078,17 +1078,19 @@ class KVCacheBlocks:
         """Validated: one sequence of ints or integer array per group."""
     @classmethod
     def from_lists(cls, per_group_lists: Iterable[Sequence[int]]) -> KVCacheBlocks:
-        """Raises ``InvalidBlockIdError`` (negative / not 32-bit) or ``TypeError``."""
+        """Raises ``InvalidBlockIdError`` (negative / not 32-bit) or
+        ``ArgumentTypeError`` (a ``TypeError``: not an int, or a bool)."""
     @classmethod
     def from_arrays(cls, per_group_arrays: Iterable[npt.NDArray[np.integer]]) -> KVCacheBlocks:
-        """Raises ``InvalidBlockIdError`` or ``TypeError`` (not a 1-D integer array)."""
+        """Raises ``InvalidBlockIdError`` or ``ArgumentTypeError`` (a
+        ``TypeError``: not a 1-D integer array)."""
     @classmethod
     def gather(cls, picks: Sequence[tuple[KVCacheBlocks, int, int]]) -> KVCacheBlocks:
         """Group ``g`` is group ``picks[g][1]`` of ``picks[g][0]``, cut to its
         first ``picks[g][2]`` blocks (no id is re-validated)."""
     @classmethod
     def empty(cls, num_groups: int) -> KVCacheBlocks:
-        """No block in any of ``num_groups`` groups."""
+        """No block in any of ``num_groups`` groups (below 2^20)."""
     @property
     def num_groups(self) -> int: ...
     @property
@@ -1105,6 +1107,8 @@ class KVCacheBlocks:
     def __eq__(self, value: object, /) -> bool: ...
     def __add__(self, value: KVCacheBlocks, /) -> KVCacheBlocks: ...
     def __radd__(self, value: KVCacheBlocks, /) -> KVCacheBlocks: ...
+    def __reduce__(self) -> tuple[Any, tuple[tuple[list[int], ...]]]:
+        """Pickles as its ids per group (rebuilt by :meth:`from_lists`)."""
 
 def mooncake_prompt_tokens(hash_ids: Sequence[int], input_length: int) -> npt.NDArray[np.uint32]:
     """Prompt tokens of a Mooncake request: the 512-token blocks named by

@@ -15,6 +15,7 @@ __all__ = [
     "BlockTableIndexError",
     "ConfigError",
     "ConfigTypeError",
+    "HashTypeError",
     "InvalidArgumentError",
     "InvalidBlockIdError",
     "InvalidHashError",
@@ -62,6 +63,11 @@ class BlockStateError(KvCoordError, ValueError):
 
 class InvalidHashError(KvCoordError, ValueError):
     """A block hash has the wrong type or length (16 or 32 bytes expected)."""
+
+
+class HashTypeError(InvalidHashError, TypeError):
+    """A block hash (or the sequence of them) has the wrong type: a ``str``,
+    an int, ``None`` where ``bytes`` go. Also a ``TypeError``."""
 
 
 class InvalidTokenError(KvCoordError, ValueError):

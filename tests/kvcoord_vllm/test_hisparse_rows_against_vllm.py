@@ -215,9 +215,9 @@ def test_hisparse_rows_match_vllm(seed: int, max_in_flight: int | None, caching:
         mine = ours.allocate_slots(
             pair.ours,
             new,
-            num_new_computed_tokens=computed or None,
+            num_new_computed_tokens=computed,
             new_computed_blocks=our_blocks if computed else None,
-            num_external_computed_tokens=external or None,
+            num_external_computed_tokens=external,
         )
         assert (got is None) == (mine is None), (pair.rid, new, external, computed)
         if got is not None:

@@ -65,6 +65,19 @@ def positive_int(value: Any, name: str) -> int:
     return v
 
 
+#: Exclusive bound of a table's entries (rows times columns) and of a
+#: slot-mapping buffer's length: far beyond any batch, small enough that a
+#: table (host and device copies) never takes more than a few GiB.
+MAX_TABLE_ENTRIES = 1 << 28
+
+
+def check_table_size(entries: int, what: str) -> None:
+    """:class:`ConfigError` unless ``entries < MAX_TABLE_ENTRIES``: a size
+    that would exhaust memory is refused before anything is allocated."""
+    if entries >= MAX_TABLE_ENTRIES:
+        raise ConfigError(f"{what}: {entries} entries is beyond the supported maximum of 2^28 - 1")
+
+
 def check_index(value: Any, bound: int, name: str) -> int:
     """An int in ``[0, bound)``; negative values do not wrap around."""
     if isinstance(value, bool):
@@ -89,6 +102,8 @@ def _ints_from_iterable(items: Any) -> npt.NDArray[np.int64]:
     ``array.array`` is both stricter than ``np.asarray`` (floats, strings,
     None and nested sequences raise instead of being inferred) and faster.
     """
+    if isinstance(items, (list, tuple)) and bool in map(type, items):
+        raise BlockTableError("block ids must be ints, not bools")
     try:
         buf = array.array("q", items)
     except TypeError as exc:
@@ -147,6 +162,8 @@ def flatten_block_ids(per_row: Any, n: int) -> tuple[IntArray, npt.NDArray[np.in
         parts = [x for x in per_row if x.shape[0]]
         flat: Any = np.concatenate(parts) if parts else EMPTY_IDS
     else:
+        if any(isinstance(r, (list, tuple)) and bool in map(type, r) for r in per_row):
+            raise BlockTableError("block ids must be ints, not bools")
         flat = _ints_from_iterable(itertools.chain.from_iterable(per_row))
     ids = as_block_ids(flat)
     if ids.shape[0] != int(lens.sum()):

@@ -18,11 +18,14 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from kvcoord.block_table.ids import host_or_device_ints, ragged_columns
+from kvcoord.block_table.ids import MAX_TABLE_ENTRIES, host_or_device_ints, ragged_columns
 from kvcoord.errors import BlockTableError, BlockTableIndexError
 
 #: Slot written for padding tokens (and the tail of the slot-mapping buffer).
 PAD_SLOT_ID = -1
+
+#: Exclusive bound of a token position (the README's token-count limit).
+MAX_TOKEN_POSITION = 1 << 48
 
 Index = npt.NDArray[np.int64] | torch.Tensor
 
@@ -53,8 +56,22 @@ def step_positions(
         )
     if comp.shape[0] and (int(comp.min()) < 0 or int(sched.min()) < 0):
         raise BlockTableError("token counts must be non-negative")
+    # Checked before anything is summed or allocated: a step's tokens fit
+    # a slot-mapping buffer, a position the supported token range.
+    if comp.shape[0] and int(comp.max()) >= MAX_TOKEN_POSITION:
+        raise BlockTableError(
+            f"num_computed_tokens {int(comp.max())} is beyond the supported maximum of 2^48 - 1"
+        )
+    if comp.shape[0] and int(sched.max()) >= MAX_TABLE_ENTRIES:
+        raise BlockTableError(
+            f"num_scheduled_tokens {int(sched.max())} is beyond the supported maximum of 2^28 - 1"
+        )
     qsl = np.zeros(sched.shape[0] + 1, dtype=np.int64)
     np.cumsum(sched, out=qsl[1:])
+    if int(qsl[-1]) >= MAX_TABLE_ENTRIES:
+        raise BlockTableError(
+            f"a step of {int(qsl[-1])} tokens is beyond the supported maximum of 2^28 - 1"
+        )
     return ragged_columns(comp, sched), qsl
 
 

@@ -25,6 +25,7 @@ from kvcoord.block_table.ids import (
     blocks_by_group,
     check_blocks,
     check_index,
+    check_table_size,
     flatten_block_ids,
     host_rows,
     positive_int,
@@ -39,7 +40,7 @@ from kvcoord.block_table.slots import (
     step_tokens,
 )
 from kvcoord.blocks import KVCacheBlocks
-from kvcoord.errors import BlockTableError, ConfigError, InvalidBlockIdError
+from kvcoord.errors import BlockTableError, ConfigError, InvalidBlockIdError, OutOfMemoryError
 
 
 def round_row_width(num_blocks: int, block_size: int, align_tokens: int = 128) -> int:
@@ -124,17 +125,31 @@ class BlockTable:
         self.blocks_per_manager_block = self.block_size // self.kernel_block_size
         #: table columns (kernel blocks per row)
         self.width = self.max_num_blocks_per_req * self.blocks_per_manager_block
-        self.device = torch.device(device)
+        check_table_size(self.max_num_reqs * self.width, "max_num_reqs * row width")
+        check_table_size(self.max_num_batched_tokens, "max_num_batched_tokens")
+        try:
+            self.device = torch.device(device)
+        except (RuntimeError, TypeError) as exc:
+            raise ConfigError(f"invalid device {device!r}: {exc}") from None
         self.pin_memory = self.device.type == "cuda" and pin_memory is not False
 
         shape = (self.max_num_reqs, self.width)
-        self._host = torch.zeros(shape, dtype=torch.int32, pin_memory=self.pin_memory)
+        try:
+            self._host = torch.zeros(shape, dtype=torch.int32, pin_memory=self.pin_memory)
+            self._dev = torch.zeros(shape, dtype=torch.int32, device=self.device)
+            self._slot_mapping = torch.full(
+                (self.max_num_batched_tokens,), PAD_SLOT_ID, dtype=torch.int64, device=self.device
+            )
+        except (MemoryError, RuntimeError, AssertionError) as exc:
+            # torch reports a refused allocation as a RuntimeError (on the
+            # CPU) or torch.OutOfMemoryError; a missing device (no CUDA) as
+            # a RuntimeError or AssertionError.
+            if isinstance(exc, MemoryError | torch.OutOfMemoryError) or "allocate" in str(exc):
+                msg = f"out of memory: cannot allocate the block table: {exc}"
+                raise OutOfMemoryError(msg) from None
+            raise ConfigError(f"cannot allocate the block table on {self.device}: {exc}") from None
         self._np: npt.NDArray[np.int32] = self._host.numpy()
-        self._dev = torch.zeros(shape, dtype=torch.int32, device=self.device)
         self._counts = np.zeros(self.max_num_reqs, dtype=np.int32)
-        self._slot_mapping = torch.full(
-            (self.max_num_batched_tokens,), PAD_SLOT_ID, dtype=torch.int64, device=self.device
-        )
         # numpy views of the CPU-device mirror and slot buffer (the fast CPU
         # path; tests switch it off to run the torch path on the CPU)
         self._numpy_slots = self.device.type == "cpu"

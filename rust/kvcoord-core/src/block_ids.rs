@@ -30,6 +30,26 @@ impl NewBlocks {
         }
     }
 
+    /// [`Self::empty`] of a caller-given count: below
+    /// [`MAX_EMPTY_GROUPS`](crate::limits::MAX_EMPTY_GROUPS), reserved
+    /// fallibly (an allocation the allocator refuses is
+    /// [`KvError::OutOfMemory`], not an abort).
+    pub fn try_empty(num_groups: usize) -> KvResult<Self> {
+        if num_groups >= crate::limits::MAX_EMPTY_GROUPS {
+            return Err(KvError::InvalidArgument {
+                name: "num_groups",
+                detail: format!("{num_groups} groups is beyond the supported maximum of 2^20 - 1"),
+            });
+        }
+        let mut ends = Vec::new();
+        crate::limits::try_reserve(&mut ends, num_groups, "the result's groups")?;
+        ends.resize(num_groups, 0);
+        Ok(Self {
+            ids: Vec::new(),
+            ends,
+        })
+    }
+
     /// One group per item, in order.
     pub fn from_groups<'a>(groups: impl IntoIterator<Item = &'a [BlockId]>) -> Self {
         let mut out = Self::new();
@@ -43,6 +63,16 @@ impl NewBlocks {
     pub fn push_group(&mut self, ids: impl IntoIterator<Item = BlockId>) {
         self.ids.extend(ids);
         self.ends.push(self.ids.len());
+    }
+
+    /// [`Self::push_group`] of caller-given ids, reserved fallibly: an
+    /// allocation the allocator refuses is [`KvError::OutOfMemory`] (and
+    /// nothing is appended), not an abort.
+    pub fn try_push_group(&mut self, ids: &[BlockId]) -> KvResult<()> {
+        crate::limits::try_reserve(&mut self.ids, ids.len(), "block ids")?;
+        crate::limits::try_reserve(&mut self.ends, 1, "the result's groups")?;
+        self.push_group(ids.iter().copied());
+        Ok(())
     }
 
     /// Group `g` of the result is group `picks[g].1` of `picks[g].0`, cut
@@ -79,7 +109,10 @@ impl NewBlocks {
             });
         }
         let mut out = Self::new();
-        out.ids.reserve(self.ids.len() + other.ids.len());
+        // Fallible: the sum of two large results may not fit.
+        let total = self.ids.len().saturating_add(other.ids.len());
+        crate::limits::try_reserve(&mut out.ids, total, "block ids")?;
+        crate::limits::try_reserve(&mut out.ends, self.num_groups(), "the result's groups")?;
         for g in 0..self.num_groups() {
             out.push_group(self.group(g).iter().chain(other.group(g)).copied());
         }
@@ -229,5 +262,21 @@ mod tests {
             vec![ids(&[1, 3]), ids(&[2])]
         );
         assert!(a.concat(&NewBlocks::empty(1)).is_err());
+    }
+
+    #[test]
+    fn caller_sized_results_are_bounded_and_fallible() {
+        let e = NewBlocks::try_empty(crate::limits::MAX_EMPTY_GROUPS).unwrap_err();
+        assert!(matches!(
+            e,
+            KvError::InvalidArgument {
+                name: "num_groups",
+                ..
+            }
+        ));
+        assert_eq!(NewBlocks::try_empty(3).unwrap(), NewBlocks::empty(3));
+        let mut r = NewBlocks::new();
+        r.try_push_group(&ids(&[5, 6])).unwrap();
+        assert_eq!(r.to_vecs(), vec![ids(&[5, 6])]);
     }
 }

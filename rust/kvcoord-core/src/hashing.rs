@@ -399,6 +399,13 @@ impl HashConfig {
                 rule: "must be a positive number of tokens".into(),
             });
         }
+        if u32::try_from(block_size).is_err() {
+            return Err(KvError::InvalidConfig {
+                name: "hash_block_size",
+                value: block_size.to_string(),
+                rule: "must be below 2^32".into(),
+            });
+        }
         let seed = seed.unwrap_or_else(|| default_seed(algo));
         Ok(Self {
             algo,

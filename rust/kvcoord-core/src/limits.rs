@@ -21,6 +21,11 @@ pub const MAX_TOKENS: usize = 1 << 48;
 // when their bitwise OR is.
 const _: () = assert!(MAX_TOKENS.is_power_of_two());
 
+/// Exclusive upper bound of the group count of a result made from a count
+/// alone (`KVCacheBlocks.empty`): far beyond any layout's groups, small
+/// enough that the result and every view of it stay a few megabytes.
+pub const MAX_EMPTY_GROUPS: usize = 1 << 20;
+
 /// Bytes of metadata a pool of `num_blocks` blocks allocates up front:
 /// 8 bytes of block metadata, 4 of the primary key's token count and 8 of
 /// free-queue links per block, and the queue's two sentinels.

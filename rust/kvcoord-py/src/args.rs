@@ -6,7 +6,7 @@
 //! Numpy integer scalars (anything with `__index__`) are ints. String
 //! arguments are [`Text`], whose refusal is an `ArgumentTypeError` too.
 
-use pyo3::exceptions::PyOverflowError;
+use pyo3::exceptions::{PyOverflowError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyInt};
 
@@ -25,12 +25,56 @@ pub(crate) fn type_name(obj: &Bound<'_, PyAny>) -> String {
         .map_or_else(|_| "?".to_owned(), |n| n.to_string())
 }
 
-/// Whether `obj` is an int for Python (an `int` or has `__index__`).
-pub(crate) fn is_int_like(obj: &Bound<'_, PyAny>) -> bool {
-    obj.is_instance_of::<PyInt>()
-        || obj
-            .hasattr(pyo3::intern!(obj.py(), "__index__"))
-            .unwrap_or(false)
+/// Why `obj` did not convert to a machine integer, given the error of
+/// that conversion (which ran the object's `__index__`, if any).
+pub(crate) enum NotMachineInt<'py> {
+    /// An int (or an object whose `__index__` gives one) out of the
+    /// conversion's range: its value.
+    OutOfRange(Bound<'py, PyInt>),
+    /// Not an int: no `__index__`, a `bool`, an array of more than one
+    /// value, an `__index__` that returns something else.
+    NotInt,
+    /// An exception the caller's own code raised (an `__index__` that
+    /// raises, or calls back into a kvcoord object): passed on as is, as
+    /// Python's own conversions do.
+    Raised(PyErr),
+}
+
+/// The value of an int-like `obj` (`operator.index(obj)`), `None` when it
+/// has none. Cold: only refusals ask.
+#[cold]
+pub(crate) fn index_value<'py>(obj: &Bound<'py, PyAny>) -> Option<Bound<'py, PyInt>> {
+    if obj.is_instance_of::<PyBool>() {
+        return None;
+    }
+    if let Ok(i) = obj.cast::<PyInt>() {
+        return Some(i.clone());
+    }
+    let index = obj.py().import("operator").ok()?.getattr("index").ok()?;
+    index.call1((obj,)).ok()?.cast_into::<PyInt>().ok()
+}
+
+/// Why `obj` failed a conversion to a machine integer with `error`: an
+/// overflow is an int out of range, a `TypeError` not an int, anything
+/// else the caller's own exception.
+#[cold]
+pub(crate) fn why_not_machine_int<'py>(
+    obj: &Bound<'py, PyAny>,
+    error: PyErr,
+) -> NotMachineInt<'py> {
+    let py = obj.py();
+    if obj.is_instance_of::<PyBool>() || error.is_instance_of::<PyTypeError>(py) {
+        return NotMachineInt::NotInt;
+    }
+    if !error.is_instance_of::<PyOverflowError>(py) {
+        return NotMachineInt::Raised(error);
+    }
+    index_value(obj).map_or(NotMachineInt::NotInt, NotMachineInt::OutOfRange)
+}
+
+/// Whether an int-like value is negative (`false` when it cannot tell).
+pub(crate) fn is_negative(value: &Bound<'_, PyInt>) -> bool {
+    value.lt(0).unwrap_or(false)
 }
 
 /// `ArgumentTypeError`: `name` must be an int.
@@ -44,6 +88,7 @@ pub(crate) fn not_an_int(obj: &Bound<'_, PyAny>, name: &str) -> PyErr {
 enum Refusal {
     Rule(&'static str),
     NotInt,
+    Raised(PyErr),
 }
 
 #[inline]
@@ -51,20 +96,26 @@ fn to_count(obj: &Bound<'_, PyAny>) -> Result<usize, Refusal> {
     // `i64` first: CPython converts small ints to a signed value on a fast
     // path (unsigned conversion goes through a byte array).
     match obj.extract::<i64>().map(usize::try_from) {
-        Ok(Ok(v)) => Ok(v),
+        Ok(Ok(v)) if !obj.is_instance_of::<PyBool>() => Ok(v),
         _ => count_beyond_i64(obj),
     }
 }
 
+/// A `bool` is not a count (`True` is an int for Python, but passing it
+/// where a count or an id goes is a mistake, as `KVCacheBlocks` says).
 #[cold]
 fn count_beyond_i64(obj: &Bound<'_, PyAny>) -> Result<usize, Refusal> {
+    if obj.is_instance_of::<PyBool>() {
+        return Err(Refusal::NotInt);
+    }
     match obj.extract::<u64>() {
         Ok(v) => usize::try_from(v).map_err(|_| Refusal::Rule("a 64-bit count")),
-        // Only an int out of range overflows; an `__index__` that raises
-        // or returns a non-int is not an int, whatever its attributes.
-        Err(e) if !e.is_instance_of::<PyOverflowError>(obj.py()) => Err(Refusal::NotInt),
-        Err(_) if obj.lt(0).unwrap_or(false) => Err(Refusal::Rule("non-negative")),
-        Err(_) => Err(Refusal::Rule("below 2^64")),
+        Err(e) => match why_not_machine_int(obj, e) {
+            NotMachineInt::OutOfRange(v) if is_negative(&v) => Err(Refusal::Rule("non-negative")),
+            NotMachineInt::OutOfRange(_) => Err(Refusal::Rule("below 2^64")),
+            NotMachineInt::NotInt => Err(Refusal::NotInt),
+            NotMachineInt::Raised(e) => Err(Refusal::Raised(e)),
+        },
     }
 }
 
@@ -80,6 +131,7 @@ fn argument_error(obj: &Bound<'_, PyAny>, name: &str, why: Refusal) -> PyErr {
             value_error(format!("invalid {name}: {} (must be {rule})", shown(obj)))
         }
         Refusal::NotInt => not_an_int(obj, name),
+        Refusal::Raised(e) => e,
     }
 }
 
@@ -96,6 +148,7 @@ fn config_refusal(obj: &Bound<'_, PyAny>, name: &str, why: Refusal) -> PyErr {
             format!("{name} must be an int, got {}", type_name(obj)),
             true,
         ),
+        Refusal::Raised(e) => e,
     }
 }
 
@@ -104,7 +157,7 @@ fn config_refusal(obj: &Bound<'_, PyAny>, name: &str, why: Refusal) -> PyErr {
 pub(crate) fn count(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<usize> {
     // The per-step path: one signed conversion, nothing else inlined.
     match obj.extract::<i64>().map(usize::try_from) {
-        Ok(Ok(v)) => Ok(v),
+        Ok(Ok(v)) if !obj.is_instance_of::<PyBool>() => Ok(v),
         _ => refused_count(obj, name),
     }
 }
@@ -133,11 +186,17 @@ pub(crate) fn config_u32(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<u32> {
 /// A signed configuration value (the core checks its sign and range):
 /// `ConfigTypeError` unless an int, `ConfigError` beyond 64 bits.
 pub(crate) fn config_i64(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<i64> {
-    if obj.is_instance_of::<PyBool>() || !is_int_like(obj) {
+    if obj.is_instance_of::<PyBool>() {
         return Err(config_refusal(obj, name, Refusal::NotInt));
     }
-    obj.extract::<i64>()
-        .map_err(|_| config_refusal(obj, name, Refusal::Rule("a signed 64-bit int")))
+    obj.extract::<i64>().map_err(|e| {
+        let why = match why_not_machine_int(obj, e) {
+            NotMachineInt::OutOfRange(_) => Refusal::Rule("a signed 64-bit int"),
+            NotMachineInt::NotInt => Refusal::NotInt,
+            NotMachineInt::Raised(e) => Refusal::Raised(e),
+        };
+        config_refusal(obj, name, why)
+    })
 }
 
 /// A flag: exactly `True` or `False` (not a truthy string or number).
@@ -188,7 +247,9 @@ pub(crate) fn flags(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<bool>> {
             type_name(obj)
         ))
     })?;
-    items.map(|item| flag(&item?, name)).collect()
+    let mut out = Vec::new();
+    crate::convert::collect_items(obj, &items, &mut out, "flags", |_, item| flag(item, name))?;
+    Ok(out)
 }
 
 /// Whether `obj` is a numpy bool scalar (`numpy.bool_`).

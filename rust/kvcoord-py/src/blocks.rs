@@ -8,7 +8,7 @@ use kvcoord_core::NewBlocks;
 use numpy::{PyArray1, PyUntypedArray};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBool, PyBytes, PyInt, PyList, PySlice, PyString, PyTuple};
+use pyo3::types::{PyBool, PyList, PySlice, PyTuple};
 
 use crate::convert;
 use crate::errors::{core, protocol_error, Protocol};
@@ -59,39 +59,47 @@ enum Form {
 /// A result from one id sequence (ints, bools refused) or 1-D integer numpy
 /// array per group, as `form` allows; every id checked.
 fn build(per_group: &Bound<'_, PyAny>, form: Form) -> PyResult<PyKVCacheBlocks> {
-    let text =
-        |o: &Bound<'_, PyAny>| o.is_instance_of::<PyString>() || o.is_instance_of::<PyBytes>();
     let is_array = |o: &Bound<'_, PyAny>| o.cast::<PyUntypedArray>().is_ok();
-    if text(per_group) || is_array(per_group) {
-        return Err(protocol_error(
+    let not_groups = || {
+        protocol_error(
             Protocol::Type,
-            "KVCacheBlocks expects one sequence of block ids per group",
-        ));
+            format!(
+                "KVCacheBlocks expects one sequence of block ids per group, got {}",
+                crate::args::type_name(per_group)
+            ),
+        )
+    };
+    if convert::is_text(per_group) || is_array(per_group) {
+        return Err(not_groups());
     }
+    let groups = per_group.try_iter().map_err(|_| not_groups())?;
     let (mut out, mut ids) = (NewBlocks::new(), Vec::new());
-    for (g, group) in per_group.try_iter()?.enumerate() {
+    for (g, group) in groups.enumerate() {
         let group = group?;
         ids.clear();
         if is_array(&group) && form != Form::Lists {
             convert::extend_ids(&group, &mut ids, 0)?;
         } else if form == Form::Arrays {
-            let got = group.get_type().name()?;
+            let got = crate::args::type_name(&group);
             let msg = format!("group {g}: from_arrays expects numpy arrays, got {got}");
             return Err(protocol_error(Protocol::Type, msg));
-        } else if text(&group) {
-            let msg = format!("group {g}: block ids must be a sequence of ints, not str/bytes");
+        } else if convert::is_text(&group) || is_array(&group) {
+            let got = crate::args::type_name(&group);
+            let msg = format!("group {g}: block ids must be a list of ints, got {got}");
             return Err(protocol_error(Protocol::Type, msg));
         } else {
-            for item in group.try_iter()? {
-                let item = item?;
-                if item.is_instance_of::<PyBool>() || !item.is_instance_of::<PyInt>() {
-                    let msg = format!("group {g}: block id {} is not an int", item.repr()?);
-                    return Err(protocol_error(Protocol::Type, msg));
-                }
-                ids.push(convert::block_id_of(&item)?);
-            }
+            let items = group.try_iter().map_err(|_| {
+                let got = crate::args::type_name(&group);
+                let msg = format!("group {g}: block ids must be a sequence of ints, got {got}");
+                protocol_error(Protocol::Type, msg)
+            })?;
+            // An int (numpy integer scalars included), not a bool: the
+            // checks every block id passes.
+            convert::collect_items(&group, &items, &mut ids, "block ids", |_, item| {
+                convert::block_id_of(item)
+            })?;
         }
-        out.push_group(ids.iter().copied());
+        core(out.try_push_group(&ids))?;
     }
     PyKVCacheBlocks::new(out)
 }
@@ -137,9 +145,31 @@ pymethods!(PyKVCacheBlocks {
     #[classmethod]
     fn gather(
         _cls: &Bound<'_, pyo3::types::PyType>,
-        picks: Vec<(Bound<'_, Self>, usize, usize)>,
+        picks: &Bound<'_, PyAny>,
     ) -> PyResult<Self> {
-        let picks: Vec<_> = picks
+        let bad = |what: String| protocol_error(Protocol::Type, what);
+        let items = picks.try_iter().map_err(|_| {
+            bad(format!(
+                "picks must be a sequence of (KVCacheBlocks, group, count) tuples, got {}",
+                crate::args::type_name(picks)
+            ))
+        })?;
+        let mut held = Vec::new();
+        for (i, pick) in items.enumerate() {
+            let pick = pick?;
+            let parts = pick
+                .cast::<PyTuple>()
+                .ok()
+                .filter(|t| t.len() == 3)
+                .ok_or_else(|| bad(format!("picks[{i}] must be a (KVCacheBlocks, group, count) tuple")))?;
+            let blocks = parts.get_item(0)?.cast_into::<Self>().map_err(|_| {
+                bad(format!("picks[{i}][0] must be a KVCacheBlocks"))
+            })?;
+            let group = crate::args::count(&parts.get_item(1)?, "group")?;
+            let keep = crate::args::count(&parts.get_item(2)?, "count")?;
+            held.push((blocks, group, keep));
+        }
+        let picks: Vec<_> = held
             .iter()
             .map(|(p, g, k)| (&p.get().inner, *g, *k))
             .collect();
@@ -148,8 +178,21 @@ pymethods!(PyKVCacheBlocks {
 
     #[classmethod]
     #[pyo3(name = "empty")]
-    fn py_empty(_cls: &Bound<'_, pyo3::types::PyType>, num_groups: usize) -> PyResult<Self> {
-        Self::new(NewBlocks::empty(num_groups))
+    fn py_empty(
+        _cls: &Bound<'_, pyo3::types::PyType>,
+        num_groups: &Bound<'_, PyAny>,
+    ) -> PyResult<Self> {
+        let n = crate::args::count(num_groups, "num_groups")?;
+        Self::new(core(NewBlocks::try_empty(n))?)
+    }
+
+    /// Pickling: the ids per group, rebuilt (and checked) by `from_lists`.
+    fn __reduce__<'py>(
+        slf: &Bound<'py, Self>,
+    ) -> PyResult<(Bound<'py, PyAny>, (Bound<'py, PyTuple>,))> {
+        let py = slf.py();
+        let build = slf.get_type().getattr(pyo3::intern!(py, "from_lists"))?;
+        Ok((build, (slf.get().get_block_ids(py)?,)))
     }
 
     /// One read-only `int32` array per group (views of `flat`).

@@ -82,7 +82,7 @@ pub(crate) fn extend_ids<I: Id>(
     if let Some(refusal) = I::OTHER_ARRAYS.filter(|_| obj.cast::<PyUntypedArray>().is_ok()) {
         return Err(type_error(refusal));
     }
-    if obj.is_instance_of::<pyo3::types::PyString>() || obj.is_instance_of::<PyBytes>() {
+    if is_text(obj) {
         let what = I::WHAT;
         return Err(type_error(format!(
             "{what} must be a sequence of ints, not str/bytes"
@@ -92,10 +92,42 @@ pub(crate) fn extend_ids<I: Id>(
         let (what, expected, got) = (I::WHAT, I::EXPECTED, crate::args::type_name(obj));
         type_error(format!("{what} must be {expected}, got {got}"))
     })?;
-    for (i, item) in items.enumerate() {
-        out.push(I::item(base + i, &item?)?);
+    collect_items(obj, &items, out, I::WHAT, |i, item| I::item(base + i, item))
+}
+
+/// The items of `obj` (iterated as `items`) converted by `each` (given
+/// each item's position), appended to `out` with fallible reservations:
+/// room for `len(obj)` first when it has a length, then doubling. A huge
+/// or endless iterable is `OutOfMemoryError` (the README's promise for
+/// buffers sized by the caller), never an abort.
+pub(crate) fn collect_items<'py, T>(
+    obj: &Bound<'py, PyAny>,
+    items: &Bound<'py, pyo3::types::PyIterator>,
+    out: &mut Vec<T>,
+    what: &'static str,
+    mut each: impl FnMut(usize, &Bound<'py, PyAny>) -> PyResult<T>,
+) -> PyResult<()> {
+    if let Ok(n) = obj.len() {
+        core(kvcoord_core::limits::try_reserve(out, n, what))?;
+    }
+    for (i, item) in items.clone().enumerate() {
+        let value = each(i, &item?)?;
+        if out.len() == out.capacity() {
+            let more = out.capacity().max(16);
+            core(kvcoord_core::limits::try_reserve(out, more, what))?;
+        }
+        out.push(value);
     }
     Ok(())
+}
+
+/// Whether `obj` is text or raw bytes (`str`, `bytes`, `bytearray`,
+/// `memoryview`): iterable, but never a sequence of ids.
+pub(crate) fn is_text(obj: &Bound<'_, PyAny>) -> bool {
+    obj.is_instance_of::<pyo3::types::PyString>()
+        || obj.is_instance_of::<PyBytes>()
+        || obj.is_instance_of::<pyo3::types::PyByteArray>()
+        || obj.is_instance_of::<pyo3::types::PyMemoryView>()
 }
 
 /// The items of a list or tuple of `n`, written into room made first: no
@@ -179,27 +211,29 @@ fn extend_from_int_array<I: Id>(
     }
 }
 
-/// One block id from a Python object (an int, or anything with `__index__`;
-/// non-negative and 32-bit, the pool checks the upper bound).
+/// One block id from a Python object (an int, or anything with `__index__`,
+/// not a `bool`; non-negative and 32-bit, the pool checks the upper bound).
 #[inline]
 pub(crate) fn block_id_of(item: &Bound<'_, PyAny>) -> PyResult<BlockId> {
     match item.extract::<i64>() {
-        Ok(v) => u32::try_from(v)
+        Ok(v) if !item.is_instance_of::<pyo3::types::PyBool>() => u32::try_from(v)
             .map(BlockId)
             .map_err(|_| BlockId::out_of_range(0, v.into())),
-        Err(_) => Err(bad_block_id_object(item)),
+        Ok(_) => Err(crate::args::not_an_int(item, "a block id")),
+        Err(e) => Err(bad_block_id_object(item, e)),
     }
 }
 
 #[cold]
-fn bad_block_id_object(item: &Bound<'_, PyAny>) -> PyErr {
-    if crate::args::is_int_like(item) {
-        crate::errors::block_id_error(format!(
+fn bad_block_id_object(item: &Bound<'_, PyAny>, e: PyErr) -> PyErr {
+    use crate::args::NotMachineInt;
+    match crate::args::why_not_machine_int(item, e) {
+        NotMachineInt::OutOfRange(v) => crate::errors::block_id_error(format!(
             "block id {} does not fit in 32 bits",
-            crate::args::shown(item)
-        ))
-    } else {
-        crate::args::not_an_int(item, "a block id")
+            crate::args::shown(&v)
+        )),
+        NotMachineInt::NotInt => crate::args::not_an_int(item, "a block id"),
+        NotMachineInt::Raised(e) => e,
     }
 }
 
@@ -228,29 +262,41 @@ pub(crate) fn block_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<BlockId>> {
 
 /// Group ids from a sequence of ints.
 pub(crate) fn group_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<GroupId>> {
-    let items = obj
-        .try_iter()
-        .map_err(|_| crate::args::not_an_int(obj, "group_ids (a sequence of group ids)"))?;
-    let mut out = Vec::new();
-    for item in items {
-        out.push(GroupId(crate::args::u32_arg(&item?, "group id")?));
+    if is_text(obj) || obj.cast::<PyUntypedArray>().is_ok_and(|a| a.ndim() != 1) {
+        return Err(type_error(format!(
+            "group_ids must be a sequence of group ids, got {}",
+            crate::args::type_name(obj)
+        )));
     }
+    let items = obj.try_iter().map_err(|_| {
+        type_error(format!(
+            "group_ids must be a sequence of group ids, got {}",
+            crate::args::type_name(obj)
+        ))
+    })?;
+    let mut out = Vec::new();
+    collect_items(obj, &items, &mut out, "group ids", |_, item| {
+        Ok(GroupId(crate::args::u32_arg(item, "group id")?))
+    })?;
     Ok(out)
 }
 
-/// One block hash from a bytes-like object.
+/// One block hash from a bytes-like object (`bytes`, `bytearray`,
+/// `memoryview`, a sequence of byte values); a `str` or anything else that
+/// is not bytes is a `HashTypeError`.
 pub(crate) fn block_hash(obj: &Bound<'_, PyAny>) -> PyResult<BlockHash> {
     if let Ok(b) = obj.cast::<PyBytes>() {
         return core(BlockHash::from_slice(b.as_bytes()));
     }
-    if let Ok(b) = obj.extract::<Vec<u8>>() {
-        if !obj.is_instance_of::<pyo3::types::PyString>() {
+    if !obj.is_instance_of::<pyo3::types::PyString>() {
+        if let Ok(b) = obj.extract::<Vec<u8>>() {
             return core(BlockHash::from_slice(&b));
         }
     }
-    Err(err(KvError::InvalidHash {
-        detail: format!("must be bytes, got {}", obj.get_type().name()?),
-    }))
+    Err(crate::errors::hash_type_error(format!(
+        "invalid block hash: must be bytes, got {}",
+        crate::args::type_name(obj)
+    )))
 }
 
 /// Block hashes from a sequence of bytes or a 2-D uint8 numpy array
@@ -258,24 +304,42 @@ pub(crate) fn block_hash(obj: &Bound<'_, PyAny>) -> PyResult<BlockHash> {
 pub(crate) fn block_hashes(obj: &Bound<'_, PyAny>) -> PyResult<Vec<BlockHash>> {
     if let Ok(arr) = obj.extract::<PyReadonlyArray2<'_, u8>>() {
         let view = arr.as_array();
-        let mut out = Vec::with_capacity(view.nrows());
+        let mut out = Vec::new();
+        core(kvcoord_core::limits::try_reserve(
+            &mut out,
+            view.nrows(),
+            "block hashes",
+        ))?;
         for row in view.rows() {
             let row: Vec<u8> = row.iter().copied().collect();
             out.push(core(BlockHash::from_slice(&row))?);
         }
         return Ok(out);
     }
-    if obj.is_instance_of::<PyBytes>() {
-        return Err(err(KvError::InvalidHash {
-            detail: "block_hashes must be a sequence of bytes (one per block), \
-                     not a single bytes object"
+    if is_text(obj) {
+        return Err(crate::errors::hash_type_error(
+            "invalid block hash: block_hashes must be a sequence of bytes (one per block), \
+             not a single str or bytes object"
                 .into(),
-        }));
+        ));
     }
+    if obj.cast::<PyUntypedArray>().is_ok() {
+        return Err(crate::errors::hash_type_error(
+            "invalid block hash: a numpy array of block hashes must be 2-D uint8 \
+             (one row per hash)"
+                .into(),
+        ));
+    }
+    let items = obj.try_iter().map_err(|_| {
+        crate::errors::hash_type_error(format!(
+            "invalid block hash: block_hashes must be a sequence of bytes, got {}",
+            crate::args::type_name(obj)
+        ))
+    })?;
     let mut out = Vec::new();
-    for item in obj.try_iter()? {
-        out.push(block_hash(&item?)?);
-    }
+    collect_items(obj, &items, &mut out, "block hashes", |_, item| {
+        block_hash(item)
+    })?;
     Ok(out)
 }
 

@@ -19,6 +19,7 @@ pyo3::import_exception!(kvcoord.errors, InvalidTokenError);
 pyo3::import_exception!(kvcoord.errors, ArgumentTypeError);
 pyo3::import_exception!(kvcoord.errors, OutOfMemoryError);
 pyo3::import_exception!(kvcoord.errors, ConfigTypeError);
+pyo3::import_exception!(kvcoord.errors, HashTypeError);
 
 /// A core error as a Python exception: the one mapping.
 #[cold]
@@ -107,14 +108,22 @@ pub(crate) fn block_id_error(msg: String) -> PyErr {
     InvalidBlockIdError::new_err(msg)
 }
 
-/// The builtin errors of Python's protocols (`KVCacheBlocks(...)` type
-/// checks, sequence indexing and `index`), as the protocols expect.
+/// `HashTypeError` (an `InvalidHashError` and a `TypeError`): a block
+/// hash that is not bytes.
+#[cold]
+pub(crate) fn hash_type_error(msg: String) -> PyErr {
+    HashTypeError::new_err(msg)
+}
+
+/// The errors of Python's protocols (`KVCacheBlocks(...)` type checks,
+/// sequence indexing and `index`), as the protocols expect: a wrong type is
+/// an `ArgumentTypeError` (a `TypeError`), the others the builtins.
 #[cold]
 pub(crate) fn protocol_error(kind: Protocol, msg: impl Into<String>) -> PyErr {
-    use pyo3::exceptions::{PyIndexError, PyTypeError, PyValueError};
+    use pyo3::exceptions::{PyIndexError, PyValueError};
     let msg = msg.into();
     match kind {
-        Protocol::Type => PyTypeError::new_err(msg),
+        Protocol::Type => ArgumentTypeError::new_err(msg),
         Protocol::Index => PyIndexError::new_err(msg),
         Protocol::NotFound => PyValueError::new_err(msg),
     }

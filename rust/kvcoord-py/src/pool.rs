@@ -448,18 +448,27 @@ pool_writers!(pool_readers!(PyBlockPool, "BlockPool",) {
     fn find_longest_cache_hit<'py>(
         &self,
         py: Python<'py>,
-        spec: crate::kinds::PyGroupSpec,
+        spec: &Bound<'_, PyAny>,
         group_ids: &Bound<'_, PyAny>,
         block_hashes: &Bound<'_, PyAny>,
         max_length: &Bound<'_, PyAny>,
         alignment: &Bound<'_, PyAny>,
         drop_eagle: bool,
     ) -> PyResult<(Vec<Bound<'py, PyList>>, usize)> {
+        let spec = spec
+            .extract::<crate::kinds::PyGroupSpec>()
+            .map_err(|_| {
+                crate::errors::type_error(format!(
+                    "spec must be a kvcoord GroupSpec, got {}",
+                    args::type_name(spec)
+                ))
+            })?
+            .0;
         let groups = convert::group_ids(group_ids)?;
         let hashes = convert::block_hashes(block_hashes)?;
         let max_length = args::count(max_length, "max_length")?;
         let alignment = args::count(alignment, "alignment")?;
-        let manager = core(kvcoord_core::Manager::new(spec.0, GroupId(0)))?;
+        let manager = core(kvcoord_core::Manager::new(spec, GroupId(0)))?;
         let mut out = vec![Vec::new(); groups.len()];
         let hit = core(self.with(py, |pool| {
             let hbs = pool.config().hash_block_size as usize;

@@ -168,7 +168,9 @@ pymethods!(PyRequest {
             || (!token_ids.is_instance_of::<PyList>()
                 && !token_ids.is_instance_of::<PyTuple>()
                 && token_ids.cast::<numpy::PyUntypedArray>().is_err()
-                && crate::args::is_int_like(token_ids));
+                && token_ids
+                    .hasattr(pyo3::intern!(py, "__index__"))
+                    .unwrap_or(false));
         if scalar {
             let t = token(self.inner.num_tokens(), token_ids)?;
             self.inner.push_token(t);
@@ -205,16 +207,15 @@ pymethods!(PyRequest {
     }
 
     #[setter]
-    fn set_skip_reading_prefix_cache(&mut self, value: bool) {
-        self.inner.skip_reading_prefix_cache = value;
+    fn set_skip_reading_prefix_cache(&mut self, value: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.inner.skip_reading_prefix_cache =
+            crate::args::flag(value, "skip_reading_prefix_cache")?;
+        Ok(())
     }
 
     #[setter]
-    fn set_shared_prefix_boundary(&mut self, value: i64) -> PyResult<()> {
-        self.inner.shared_prefix_boundary = core(kvcoord_core::ids::non_negative(
-            "shared_prefix_boundary",
-            value,
-        ))?;
+    fn set_shared_prefix_boundary(&mut self, value: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.inner.shared_prefix_boundary = crate::args::count(value, "shared_prefix_boundary")?;
         Ok(())
     }
 
@@ -274,7 +275,7 @@ pymethods!(PyRequest {
 #[pyfunction]
 #[pyo3(signature = (requests, num_computed, new_tokens = None))]
 pub(crate) fn advance_requests(
-    requests: &Bound<'_, PyList>,
+    requests: &Bound<'_, PyAny>,
     num_computed: &Bound<'_, PyAny>,
     new_tokens: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<()> {
@@ -282,10 +283,21 @@ pub(crate) fn advance_requests(
     let sampled = new_tokens
         .map(|t| step_ints(t, "new_tokens", true))
         .transpose()?;
+    let not_requests = |got: &Bound<'_, PyAny>| {
+        crate::errors::type_error(format!(
+            "requests must be a list of kvcoord.Request, got {}",
+            crate::args::type_name(got)
+        ))
+    };
     let requests = requests
-        .iter()
-        .map(Bound::cast_into::<PyRequest>)
-        .collect::<Result<Vec<_>, _>>()?;
+        .try_iter()
+        .map_err(|_| not_requests(requests))?
+        .map(|item| {
+            let item = item?;
+            item.cast_into::<PyRequest>()
+                .map_err(|e| not_requests(e.into_inner().as_any()))
+        })
+        .collect::<PyResult<Vec<_>>>()?;
     let steps = core(kvcoord_core::step_progress(
         requests.len(),
         &computed,
@@ -295,6 +307,28 @@ pub(crate) fn advance_requests(
         r.try_borrow_mut()?.inner.advance(step);
     }
     Ok(())
+}
+
+/// A sequence index as `list` takes one: an int (or `__index__`), clamped
+/// to `isize` (an index beyond it is out of range for any sequence);
+/// anything else is a `TypeError`.
+fn sequence_index(index: &Bound<'_, PyAny>) -> PyResult<isize> {
+    use crate::args::NotMachineInt;
+    match index.extract::<isize>() {
+        Ok(i) => Ok(i),
+        Err(e) => match crate::args::why_not_machine_int(index, e) {
+            NotMachineInt::OutOfRange(v) if crate::args::is_negative(&v) => Ok(isize::MIN),
+            NotMachineInt::OutOfRange(_) => Ok(isize::MAX),
+            NotMachineInt::NotInt => Err(protocol_error(
+                Protocol::Type,
+                format!(
+                    "block hash indices must be integers or slices, not {}",
+                    crate::args::type_name(index)
+                ),
+            )),
+            NotMachineInt::Raised(e) => Err(e),
+        },
+    }
 }
 
 /// Read-only sequence view over a request's block hashes.
@@ -346,7 +380,7 @@ impl BlockHashes {
                 PyList::new(py, picked).map(Bound::into_any)
             })?;
         }
-        let i: isize = index.extract()?;
+        let i = sequence_index(index)?;
         let item = self.with(py, |hashes| {
             let n = isize::try_from(hashes.len()).unwrap_or(isize::MAX);
             let j = if i < 0 { i + n } else { i };
@@ -360,14 +394,19 @@ impl BlockHashes {
 
     /// Position of the first hash equal to `value` (`ValueError` if none);
     /// `Sequence.index` semantics, `start`/`stop` included.
-    #[pyo3(signature = (value, start = 0, stop = None))]
+    #[pyo3(
+        signature = (value, start = None, stop = None),
+        text_signature = "($self, value, start=0, stop=None)"
+    )]
     fn index(
         &self,
         py: Python<'_>,
         value: &Bound<'_, PyAny>,
-        start: isize,
-        stop: Option<isize>,
+        start: Option<&Bound<'_, PyAny>>,
+        stop: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<usize> {
+        let start = start.map_or(Ok(0), sequence_index)?;
+        let stop = stop.map(sequence_index).transpose()?;
         let wanted = value.cast::<PyBytes>().ok();
         let found = self.with(py, |hashes| {
             let n = isize::try_from(hashes.len()).unwrap_or(isize::MAX);
@@ -417,6 +456,13 @@ impl BlockHashes {
         }
         if other.is_instance_of::<PyString>() || other.is_instance_of::<PyBytes>() {
             return Ok(false);
+        }
+        // Only a sized collection can be equal (as for `list`): an iterator
+        // or generator is never read, so an endless one cannot hang this,
+        // and a length that differs settles it without reading anything.
+        match other.len() {
+            Ok(n) if n == self.__len__(py)? => {}
+            _ => return Ok(false),
         }
         let Ok(items) = other.try_iter() else {
             return Ok(false);

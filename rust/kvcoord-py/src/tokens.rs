@@ -9,25 +9,50 @@ use kvcoord_core::{KvError, LoraKey, MmFeature};
 use pyo3::prelude::*;
 use pyo3::types::{PyInt, PyList, PyTuple};
 
+use crate::args::NotMachineInt;
+
 use crate::errors::{core, err, type_error, value_error};
 
-fn invalid_token(position: usize, value: &Bound<'_, PyAny>) -> PyErr {
+fn invalid_token(position: usize, value: &Bound<'_, PyInt>) -> PyErr {
     // Beyond i128 the value is shown saturated; the position is exact.
-    let value = value.extract::<i128>().unwrap_or(i128::MAX);
+    let value = value.extract::<i128>().unwrap_or_else(|_| {
+        if crate::args::is_negative(value) {
+            i128::MIN
+        } else {
+            i128::MAX
+        }
+    });
     err(KvError::InvalidTokenId { position, value })
 }
 
-/// One token from a Python object at `position`.
+/// `ArgumentTypeError`: the token at `position` is not an int.
+#[cold]
+fn not_a_token(position: usize, item: &Bound<'_, PyAny>) -> PyErr {
+    type_error(format!(
+        "token id at position {position} must be an int, got {}",
+        crate::args::type_name(item)
+    ))
+}
+
+/// One token from a Python object at `position` (an int or anything with
+/// `__index__`; a `bool` is the int it is, as `tests/test_token_lists.py`
+/// documents).
 #[inline]
 pub(crate) fn token(position: usize, item: &Bound<'_, PyAny>) -> PyResult<u32> {
     match item.extract::<i64>() {
         Ok(v) => core(hashing::token_id(position, v)),
-        // Too large for i64 but still an int: a token error, not OverflowError.
-        Err(_) if crate::args::is_int_like(item) => Err(invalid_token(position, item)),
-        Err(e) => Err(type_error(format!(
-            "token id at position {position} must be an int, got {} ({e})",
-            crate::args::type_name(item)
-        ))),
+        Err(e) => Err(refused_token(position, item, e)),
+    }
+}
+
+/// Too large for i64 but still an int: a token error, not `OverflowError`;
+/// not an int: `ArgumentTypeError`; the caller's own exception as is.
+#[cold]
+fn refused_token(position: usize, item: &Bound<'_, PyAny>, e: PyErr) -> PyErr {
+    match crate::args::why_not_machine_int(item, e) {
+        NotMachineInt::OutOfRange(v) => invalid_token(position, &v),
+        NotMachineInt::NotInt => not_a_token(position, item),
+        NotMachineInt::Raised(e) => e,
     }
 }
 
@@ -70,22 +95,22 @@ impl crate::convert::Id for u32 {
 /// `tokens`: a value beyond 64 bits is an invalid token id at `position`).
 #[inline]
 fn step_int(item: &Bound<'_, PyAny>, what: &str, tokens: bool, position: usize) -> PyResult<i64> {
-    if let Ok(v) = item.extract::<i64>() {
-        return Ok(v);
-    }
-    if !crate::args::is_int_like(item) {
-        return Err(crate::args::not_an_int(
+    let e = match item.extract::<i64>() {
+        Ok(v) => return Ok(v),
+        Err(e) => e,
+    };
+    match crate::args::why_not_machine_int(item, e) {
+        NotMachineInt::OutOfRange(v) if tokens => Err(invalid_token(position, &v)),
+        NotMachineInt::OutOfRange(v) => Err(value_error(format!(
+            "invalid {what}[{position}]: {} (must be below 2^63)",
+            crate::args::shown(&v)
+        ))),
+        NotMachineInt::NotInt => Err(crate::args::not_an_int(
             item,
             &format!("{what}[{position}]"),
-        ));
+        )),
+        NotMachineInt::Raised(e) => Err(e),
     }
-    if tokens {
-        return Err(invalid_token(position, item));
-    }
-    Err(value_error(format!(
-        "invalid {what}[{position}]: {} (must be below 2^63)",
-        crate::args::shown(item)
-    )))
 }
 
 /// The per-request ints of `advance_requests`: a list (the usual case) item
@@ -181,19 +206,27 @@ pub(crate) fn mm_features(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<MmFeat
             mm_int(&length, "length")?,
         ))
     };
-    obj.try_iter()?.map(item).collect()
+    let items = obj.try_iter().map_err(|_| {
+        let got = crate::args::type_name(obj);
+        type_error(format!(
+            "mm_features must be an iterable of (identifier, offset, length), got {got}"
+        ))
+    })?;
+    items.map(item).collect()
 }
 
 /// A multimodal item's offset or length: an int (range-checked by the core).
 fn mm_int(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<i64> {
-    obj.extract::<i64>().map_err(|_| {
-        if crate::args::is_int_like(obj) {
-            value_error(format!(
-                "invalid mm_features: {what} {} is not in [0, 2^32)",
-                crate::args::shown(obj)
-            ))
-        } else {
-            crate::args::not_an_int(obj, &format!("mm_features {what}"))
-        }
+    let e = match obj.extract::<i64>() {
+        Ok(v) => return Ok(v),
+        Err(e) => e,
+    };
+    Err(match crate::args::why_not_machine_int(obj, e) {
+        NotMachineInt::OutOfRange(v) => value_error(format!(
+            "invalid mm_features: {what} {} is not in [0, 2^32)",
+            crate::args::shown(&v)
+        )),
+        NotMachineInt::NotInt => crate::args::not_an_int(obj, &format!("mm_features {what}")),
+        NotMachineInt::Raised(e) => e,
     })
 }
