@@ -864,47 +864,26 @@ mod kw {
         args::config_i64(obj, "retention_interval").map(Some)
     }
 
-    pub(super) fn enable_events(obj: &Bound<'_, PyAny>) -> PyResult<bool> {
-        args::flag(obj, "enable_events")
+    /// One conversion per keyword, named after it.
+    macro_rules! keywords {
+        ($($name:ident: $convert:path => $ty:ty),* $(,)?) => {$(
+            pub(super) fn $name(obj: &Bound<'_, PyAny>) -> PyResult<$ty> {
+                $convert(obj, stringify!($name))
+            }
+        )*};
     }
 
-    pub(super) fn allow_partial_hits(obj: &Bound<'_, PyAny>) -> PyResult<bool> {
-        args::flag(obj, "allow_partial_hits")
-    }
-
-    pub(super) fn context_parallel(obj: &Bound<'_, PyAny>) -> PyResult<bool> {
-        args::flag(obj, "context_parallel")
-    }
-
-    pub(super) fn verify_hits(obj: &Bound<'_, PyAny>) -> PyResult<bool> {
-        args::flag(obj, "verify_hits")
-    }
-
-    pub(super) fn group_id_base(obj: &Bound<'_, PyAny>) -> PyResult<u32> {
-        args::config_u32(obj, "group_id_base")
-    }
-
-    pub(super) fn drop_eagle(obj: &Bound<'_, PyAny>) -> PyResult<bool> {
-        args::flag(obj, "drop_eagle")
-    }
-
-    pub(super) fn num_new_computed_tokens(obj: &Bound<'_, PyAny>) -> PyResult<usize> {
-        args::count(obj, "num_new_computed_tokens")
-    }
-
-    pub(super) fn num_lookahead_tokens(obj: &Bound<'_, PyAny>) -> PyResult<usize> {
-        args::count(obj, "num_lookahead_tokens")
-    }
-
-    pub(super) fn num_encoder_tokens(obj: &Bound<'_, PyAny>) -> PyResult<usize> {
-        args::count(obj, "num_encoder_tokens")
-    }
-
-    pub(super) fn delay_cache_blocks(obj: &Bound<'_, PyAny>) -> PyResult<bool> {
-        args::flag(obj, "delay_cache_blocks")
-    }
-
-    pub(super) fn num_external_computed_tokens(obj: &Bound<'_, PyAny>) -> PyResult<usize> {
-        args::count(obj, "num_external_computed_tokens")
+    keywords! {
+        enable_events: args::flag => bool,
+        allow_partial_hits: args::flag => bool,
+        context_parallel: args::flag => bool,
+        verify_hits: args::flag => bool,
+        drop_eagle: args::flag => bool,
+        delay_cache_blocks: args::flag => bool,
+        group_id_base: args::config_u32 => u32,
+        num_new_computed_tokens: args::count => usize,
+        num_lookahead_tokens: args::count => usize,
+        num_encoder_tokens: args::count => usize,
+        num_external_computed_tokens: args::count => usize,
     }
 }
