@@ -39,6 +39,15 @@ __all__ = [
 LIMIT_32 = 2**32
 
 
+def _plain_int(value: object, name: str, not_an_int: type[Exception]) -> int:
+    """``operator.index(value)``, refusing bools and non-ints with
+    ``not_an_int`` (an ``__index__`` that raises passes its own exception
+    on, as the core's conversions do)."""
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        raise not_an_int(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    return operator.index(value)  # type: ignore[arg-type]
+
+
 def as_int(value: object, name: str, *, minimum: int = 1, limit: int = LIMIT_32) -> int:
     """``value`` as a plain int in ``[minimum, limit)``; numpy integer
     scalars count as ints, bools do not.
@@ -47,9 +56,7 @@ def as_int(value: object, name: str, *, minimum: int = 1, limit: int = LIMIT_32)
         ConfigTypeError: not an int (also a ``TypeError``).
         ConfigError: out of range (names ``name``).
     """
-    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
-        raise ConfigTypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    n = operator.index(value)  # type: ignore[arg-type]
+    n = _plain_int(value, name, ConfigTypeError)
     if not minimum <= n < limit:
         raise ConfigError(f"{name} must be in [{minimum}, {limit}), got {n}")
     return n
@@ -67,9 +74,7 @@ def as_arg(value: object, name: str, *, minimum: int = 0, limit: int = TOKEN_LIM
         ArgumentTypeError: not an int (also a ``TypeError``).
         InvalidArgumentError: out of range (names ``name``).
     """
-    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
-        raise ArgumentTypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    n = operator.index(value)  # type: ignore[arg-type]
+    n = _plain_int(value, name, ArgumentTypeError)
     if not minimum <= n < limit:
         raise InvalidArgumentError(f"invalid {name}: {n} (must be in [{minimum}, {limit}))")
     return n

@@ -262,18 +262,16 @@ pub(crate) fn block_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<BlockId>> {
 
 /// Group ids from a sequence of ints.
 pub(crate) fn group_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<GroupId>> {
-    if is_text(obj) || obj.cast::<PyUntypedArray>().is_ok_and(|a| a.ndim() != 1) {
-        return Err(type_error(format!(
-            "group_ids must be a sequence of group ids, got {}",
-            crate::args::type_name(obj)
-        )));
-    }
-    let items = obj.try_iter().map_err(|_| {
+    let not_ids = || {
         type_error(format!(
             "group_ids must be a sequence of group ids, got {}",
             crate::args::type_name(obj)
         ))
-    })?;
+    };
+    if is_text(obj) || obj.cast::<PyUntypedArray>().is_ok_and(|a| a.ndim() != 1) {
+        return Err(not_ids());
+    }
+    let items = obj.try_iter().map_err(|_| not_ids())?;
     let mut out = Vec::new();
     collect_items(obj, &items, &mut out, "group ids", |_, item| {
         Ok(GroupId(crate::args::u32_arg(item, "group id")?))
