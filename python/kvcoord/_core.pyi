@@ -646,8 +646,13 @@ class CoordinatorCore:
         verify_hits: bool = True,
         group_id_base: int = 0,
         event_medium: str = "GPU",
+        rekey_keyed_prompt_tail: bool = False,
+        eagle_junction_block: bool = True,
     ) -> None:
         """``hash_block_size`` ``None`` takes :func:`default_hash_block_size`.
+        ``rekey_keyed_prompt_tail`` and ``eagle_junction_block``: the two
+        caching rules in which vLLM 0.32 and 0.33 differ (see
+        :class:`kvcoord.KVCacheCoordinator`; the defaults are 0.33's).
         ``num_reprefillable_tokens``: multi-module MTP's re-prefillable tail
         (``num_prefill_lookahead - 1``, never cached); ``eagle_group_ids``:
         the groups serving an EAGLE drafter (vLLM's ``drop_eagle_group_ids``;

@@ -87,6 +87,12 @@ class KVCacheCoordinator:
             of a new request that come without blocks. ``False`` takes both
             as vLLM does: hits whatever the blocks hold, computed tokens with
             fresh blocks (vLLM's adapter).
+        rekey_keyed_prompt_tail: a Mamba state already keyed at the prompt's
+            last hash-unit boundary is keyed again when a chunk ends there,
+            as vLLM 0.32 does (it counts as cached this step).
+        eagle_junction_block: under a retention interval, EAGLE groups also
+            retain the block below the shared-prefix junction (vLLM 0.33,
+            the default; 0.32 does not).
     """
 
     #: Which policy this class is (decides caching and hit alignment).
@@ -107,6 +113,8 @@ class KVCacheCoordinator:
         verify_hits: bool = True,
         group_id_base: int = 0,
         event_medium: str = "GPU",
+        rekey_keyed_prompt_tail: bool = False,
+        eagle_junction_block: bool = True,
     ) -> None:
         # Type checks and the 64-bit crossing here; the rules are the core's.
         config = _config(config)
@@ -131,6 +139,8 @@ class KVCacheCoordinator:
             verify_hits=as_bool(verify_hits, "verify_hits"),
             group_id_base=group_id_base,
             event_medium=event_medium,
+            rekey_keyed_prompt_tail=as_bool(rekey_keyed_prompt_tail, "rekey_keyed_prompt_tail"),
+            eagle_junction_block=as_bool(eagle_junction_block, "eagle_junction_block"),
         )
         self.enable_caching = self.kind != CoordinatorKind.NoPrefixCache
         # Per group: None, or the tokens an EAGLE lookup matches past the
@@ -196,6 +206,8 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
         verify_hits: bool = True,
         group_id_base: int = 0,
         event_medium: str = "GPU",
+        rekey_keyed_prompt_tail: bool = False,
+        eagle_junction_block: bool = True,
     ) -> None:
         super().__init__(
             config,
@@ -210,6 +222,8 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
             verify_hits=verify_hits,
             group_id_base=group_id_base,
             event_medium=event_medium,
+            rekey_keyed_prompt_tail=rekey_keyed_prompt_tail,
+            eagle_junction_block=eagle_junction_block,
         )
         self._block_size = config.groups[0].spec.block_size
         # EAGLE: the hit drops its last block (no margin: one group).
@@ -270,6 +284,8 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         verify_hits: bool = True,
         group_id_base: int = 0,
         event_medium: str = "GPU",
+        rekey_keyed_prompt_tail: bool = False,
+        eagle_junction_block: bool = True,
     ) -> None:
         super().__init__(
             config,
@@ -284,6 +300,8 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
             verify_hits=verify_hits,
             group_id_base=group_id_base,
             event_medium=event_medium,
+            rekey_keyed_prompt_tail=rekey_keyed_prompt_tail,
+            eagle_junction_block=eagle_junction_block,
         )
         buckets: list[SpecGroup] = []
         for gid, g in enumerate(config.groups):
@@ -414,6 +432,8 @@ def get_kv_cache_coordinator(
     verify_hits: bool = True,
     group_id_base: int = 0,
     event_medium: str = "GPU",
+    rekey_keyed_prompt_tail: bool = False,
+    eagle_junction_block: bool = True,
 ) -> KVCacheCoordinator:
     """The policy the core chooses (:func:`kvcoord._core.choose_coordinator`):
     caching off -> NoPrefixCache; one group -> Unitary; otherwise Hybrid."""
@@ -433,6 +453,8 @@ def get_kv_cache_coordinator(
         verify_hits=verify_hits,
         group_id_base=group_id_base,
         event_medium=event_medium,
+        rekey_keyed_prompt_tail=rekey_keyed_prompt_tail,
+        eagle_junction_block=eagle_junction_block,
     )
 
 

@@ -171,6 +171,17 @@ pub struct CoordinatorConfig {
     /// The medium the pool's events report ([`Medium::Gpu`]; vLLM's
     /// `HiSparse` host pool reports [`Medium::Cpu`]).
     pub event_medium: Medium,
+    /// A Mamba "align" state already keyed at the prompt's last hash-unit
+    /// boundary (by a hit or an earlier step) is keyed there again when a
+    /// chunk ends on it (vLLM 0.32; off by default, as in vLLM 0.33): it
+    /// counts as cached this step, so siblings' hits on it wait for the next
+    /// step, and a boundary inside its block is copied out again.
+    pub rekey_keyed_prompt_tail: bool,
+    /// Under a retention interval, an EAGLE group also retains the block
+    /// below the shared-prefix junction, where a sibling diverging right
+    /// after the junction lands its hit (vLLM 0.33, the default; vLLM 0.32
+    /// retains the junction only).
+    pub eagle_junction_block: bool,
 }
 
 impl CoordinatorConfig {
@@ -201,6 +212,8 @@ impl CoordinatorConfig {
             verify_hits: true,
             group_id_base: 0,
             event_medium: Medium::Gpu,
+            rekey_keyed_prompt_tail: false,
+            eagle_junction_block: true,
         }
     }
 
@@ -2066,7 +2079,7 @@ fn cache_tables(
         // An EAGLE sibling diverging right after the junction cannot use the
         // block past it as its dropped block: its hit lands a block lower.
         let mut own = nb;
-        if junction != 0 && m.eagle() {
+        if junction != 0 && m.eagle() && config.eagle_junction_block {
             boundaries[own] = junction.saturating_sub(m.block_size());
             own += 1;
         }
@@ -2104,7 +2117,11 @@ fn cache_tables(
                 &policy,
                 before,
                 cached_this_step,
-                (hbs, config.checkpoint_rule()),
+                (
+                    hbs,
+                    config.checkpoint_rule(),
+                    config.rekey_keyed_prompt_tail,
+                ),
             )?;
             // Every state committed by this call is handed off (vLLM's
             // boundary-state offloads), with the tokens its key covers (a

@@ -143,7 +143,8 @@ pool_writers!(pymethods!(PyCoordinatorCore {
                         num_reprefillable_tokens = None, eagle_group_ids = None,
                         num_hash_lookahead_tokens = None, allow_partial_hits = false,
                         context_parallel = false, verify_hits = true, group_id_base = 0,
-                        event_medium = args::Text::from_static("GPU")))]
+                        event_medium = args::Text::from_static("GPU"),
+                        rekey_keyed_prompt_tail = false, eagle_junction_block = true))]
     #[allow(clippy::too_many_arguments)] // Python keyword arguments, converted once
     fn new(
         py: Python<'_>,
@@ -162,6 +163,8 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         #[pyo3(from_py_with = kw::verify_hits)] verify_hits: bool,
         #[pyo3(from_py_with = kw::group_id_base)] group_id_base: u32,
         event_medium: args::Text,
+        #[pyo3(from_py_with = kw::rekey_keyed_prompt_tail)] rekey_keyed_prompt_tail: bool,
+        #[pyo3(from_py_with = kw::eagle_junction_block)] eagle_junction_block: bool,
     ) -> PyResult<Self> {
         let event_medium = event_medium.as_str();
         let num_blocks = args::config_count(num_blocks, "num_blocks")?;
@@ -193,6 +196,8 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         }
         config.verify_hits = verify_hits;
         config.group_id_base = group_id_base;
+        config.rekey_keyed_prompt_tail = rekey_keyed_prompt_tail;
+        config.eagle_junction_block = eagle_junction_block;
         config.event_medium = match event_medium {
             "GPU" => Medium::Gpu,
             "CPU" => Medium::Cpu,
@@ -878,6 +883,8 @@ mod kw {
         allow_partial_hits: args::flag => bool,
         context_parallel: args::flag => bool,
         verify_hits: args::flag => bool,
+        rekey_keyed_prompt_tail: args::flag => bool,
+        eagle_junction_block: args::flag => bool,
         drop_eagle: args::flag => bool,
         delay_cache_blocks: args::flag => bool,
         group_id_base: args::config_u32 => u32,

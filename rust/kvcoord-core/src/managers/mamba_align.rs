@@ -503,7 +503,7 @@ pub(crate) fn after_cache_blocks(
     policy: &CachePolicy<'_>,
     before: usize,
     cached_this_step: &mut HashSet<CacheKey>,
-    (hbs, rule): (usize, CheckpointRule),
+    (hbs, rule, rekey_keyed_tail): (usize, CheckpointRule, bool),
 ) -> KvResult<()> {
     let mut lowered = None;
     if let Some((position, idx)) = table.align.checkpoint {
@@ -527,6 +527,7 @@ pub(crate) fn after_cache_blocks(
             table,
             hashes,
             (num_tokens, num_prompt_tokens, rule),
+            rekey_keyed_tail,
             cached_this_step,
         )?;
     }
@@ -598,6 +599,10 @@ fn checkpoint_key(
 /// block (hash unit below the block size) makes the next allocation copy
 /// the state out (the request's own partial hit and producer tail); the
 /// table index the cached count is lowered to is returned then.
+/// `rekey_keyed`: a block already keyed at that boundary (by a hit or an
+/// earlier step) is keyed again, as vLLM 0.32 does: it counts as cached
+/// this step (siblings' hits on it wait for the next step) and, inside the
+/// block, is copied out again ([`CoordinatorConfig::rekey_keyed_prompt_tail`](crate::CoordinatorConfig)).
 #[allow(clippy::too_many_arguments)]
 fn prompt_tail_key(
     spec_bs: usize,
@@ -607,6 +612,7 @@ fn prompt_tail_key(
     table: &mut GroupTable,
     hashes: &[BlockHash],
     (num_tokens, num_prompt_tokens, rule): (usize, usize, CheckpointRule),
+    rekey_keyed: bool,
     cached_this_step: &mut HashSet<CacheKey>,
 ) -> KvResult<Option<usize>> {
     if num_tokens == 0
@@ -620,7 +626,7 @@ fn prompt_tail_key(
     let Some(&b) = table.blocks.get(idx) else {
         return Ok(None);
     };
-    if b.is_null() || pool.key_num_tokens(b)? == Some(num_tokens) {
+    if b.is_null() || (!rekey_keyed && pool.key_num_tokens(b)? == Some(num_tokens)) {
         // Null, or already keyed here (a hit or an earlier step).
         return Ok(None);
     }
@@ -731,6 +737,51 @@ mod tests {
         let n = num_blocks_to_allocate(&m, &p, Some(&t), &input(16, 4), &none);
         assert_eq!(n.checkpoint, Some((12, 2)));
         assert_eq!((n.take, n.give_back), (2, 0));
+    }
+
+    #[test]
+    fn a_prompt_tail_already_keyed_is_keyed_again_only_under_the_032_rule() {
+        use crate::managers::test_util::hashes;
+        // Block size 8, hash unit 4; a 6-token prompt's last hash boundary
+        // is 4, inside the state's block (entry 0).
+        let rule = CheckpointRule {
+            lookahead: 0,
+            drop_eagle: false,
+        };
+        let unit_hashes = hashes(2);
+        for rekey in [false, true] {
+            let mut pl = pool(8, 4);
+            let mut got = Vec::new();
+            pl.get_new_blocks(1, &mut got).unwrap();
+            let b = got[0];
+            let mut table = GroupTable {
+                blocks: vec![b],
+                ..GroupTable::default()
+            };
+            // Keyed at 4 already (an earlier step or a hit).
+            pl.cache_partial_block(b, &unit_hashes, 4, 8, GroupId(0), false)
+                .unwrap()
+                .unwrap();
+            let mut cached = HashSet::new();
+            let lowered = prompt_tail_key(
+                8,
+                4,
+                GroupId(0),
+                &mut pl,
+                &mut table,
+                &unit_hashes,
+                (4, 6, rule),
+                rekey,
+                &mut cached,
+            )
+            .unwrap();
+            // 0.33 leaves it; 0.32 keys it again: cached this step, and the
+            // sub-block state is copied out by the next allocation.
+            assert_eq!(cached.len(), usize::from(rekey));
+            assert_eq!(lowered, rekey.then_some(0));
+            assert_eq!(table.align.producer_tail.is_some(), rekey);
+            assert_eq!(pl.key_num_tokens(b).unwrap(), Some(4));
+        }
     }
 
     #[test]
