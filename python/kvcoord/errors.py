@@ -22,6 +22,7 @@ __all__ = [
     "InvalidTokenError",
     "InvariantError",
     "KvCoordError",
+    "NotServedError",
     "OutOfBlocksError",
     "OutOfMemoryError",
     "UnknownRequestError",
@@ -102,3 +103,10 @@ class BlockTableIndexError(BlockTableError, IndexError):
 
 class InvariantError(KvCoordError, AssertionError):
     """``check_invariants()`` found internal state that breaks an invariant (a bug)."""
+
+
+class NotServedError(KvCoordError, RuntimeError):
+    """``kvcoord.vllm`` in strict mode (``enable(strict=True)``,
+    ``KVCOORD_VLLM_STRICT=1``) was asked for a KV-cache manager it does not
+    serve; the message names the reason. Outside strict mode the same
+    configuration gets vLLM's own manager."""

@@ -1,4 +1,4 @@
-"""kvcoord as the KV-cache manager of vLLM 0.33.0's own scheduler.
+"""kvcoord as the KV-cache manager of vLLM's own scheduler (0.32.x, 0.33.0).
 
     import kvcoord.vllm
     kvcoord.vllm.enable()        # process-wide; idempotent
@@ -6,20 +6,21 @@
 or ``KVCOORD_VLLM=1 vllm serve ...`` (general-plugin entry point), or
 ``--scheduler-cls kvcoord.vllm.scheduler.Scheduler``, or
 ``pytest -p kvcoord.vllm.pytest_plugin`` for vLLM's own tests. Needs the
-``vllm`` extra (``pip install kvcoord[vllm]``, vLLM 0.33.0). See docs/vllm.md.
+``vllm`` extra (``pip install kvcoord[vllm]``). ``KVCOORD_VLLM_STRICT=1`` or
+``enable(strict=True)`` makes a fallback to vLLM's own manager an error;
+:func:`status` reports what was served. See docs/vllm.md.
 """
 
 from __future__ import annotations
 
-from kvcoord.vllm._patch import disable, enable, is_enabled, original_manager_class
+from kvcoord.vllm._patch import disable, enable, is_enabled, original_manager_class, status
 from kvcoord.vllm._pool import BlockPool
 from kvcoord.vllm._requests import stats as request_stats
+from kvcoord.vllm._versions import SUPPORTED as SUPPORTED_VLLM
 from kvcoord.vllm.manager import KVCacheManager, fallbacks, served
 
-VLLM_VERSION = "0.33.0"
-
 __all__ = [
-    "VLLM_VERSION",
+    "SUPPORTED_VLLM",
     "BlockPool",
     "KVCacheManager",
     "disable",
@@ -29,4 +30,5 @@ __all__ = [
     "original_manager_class",
     "request_stats",
     "served",
+    "status",
 ]

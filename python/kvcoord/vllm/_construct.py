@@ -1,26 +1,35 @@
-"""Construction of :class:`kvcoord.vllm.KVCacheManager`: vLLM 0.33.0's
+"""Construction of :class:`kvcoord.vllm.KVCacheManager`: the installed vLLM's
 constructor arguments bound by name, the serve-or-fall-back decision read
 from the scheduler under construction, and the counters of both outcomes."""
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import sys
 from collections import Counter
 from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
+from kvcoord.errors import NotServedError
 from kvcoord.vllm._connectors import connector_reason
+from kvcoord.vllm._versions import installed
 
 __all__ = [
     "bind_args",
     "caller_reason",
+    "fall_back",
     "fallbacks",
+    "is_strict",
+    "log_served",
     "refusing",
     "served",
+    "set_strict",
     "vllm_manager_class",
 ]
+
+logger = logging.getLogger("kvcoord.vllm")
 
 #: Constructions handed to vLLM's own manager, by reason.
 fallbacks: Counter[str] = Counter()
@@ -29,6 +38,62 @@ served: Counter[str] = Counter({"managers": 0})
 
 # Why every manager built now must be vLLM's own (set by `refusing`), or None.
 _REFUSAL: list[str | None] = [None]
+# Strict mode: a configuration kvcoord does not serve raises instead.
+_STRICT = [False]
+
+
+def set_strict(strict: bool) -> None:
+    """Strict mode on or off for managers built from now on."""
+    _STRICT[0] = bool(strict)
+
+
+def is_strict() -> bool:
+    return _STRICT[0]
+
+
+def _log_where_vllm_logs() -> None:
+    """Send kvcoord's log lines (from INFO up) to vLLM's handlers once vLLM
+    has set them up (it does so when it builds an engine), so that an
+    engine's log says whether kvcoord serves it. Records still propagate
+    to the root logger as before."""
+    ours, theirs = logging.getLogger("kvcoord"), logging.getLogger("vllm")
+    if ours.handlers or not theirs.handlers:
+        return
+    for handler in theirs.handlers:
+        ours.addHandler(handler)
+    if ours.level == logging.NOTSET:
+        ours.setLevel(theirs.level or logging.INFO)
+
+
+def log_served(kv_cache_config: Any) -> None:
+    """The one INFO line of a manager kvcoord serves."""
+    _log_where_vllm_logs()
+    groups = kv_cache_config.kv_cache_groups
+    logger.info(
+        "kvcoord.vllm: serving the KV cache of this engine (%d blocks; groups: %s; vLLM %s%s)",
+        kv_cache_config.num_blocks,
+        ", ".join(type(g.kv_cache_spec).__name__ for g in groups),
+        installed().version,
+        ", strict" if _STRICT[0] else "",
+    )
+
+
+def fall_back(reason: str) -> None:
+    """Record that a manager is handed to vLLM's own for ``reason``: one
+    WARNING line and a count in :data:`fallbacks`; in strict mode a
+    :class:`~kvcoord.errors.NotServedError` instead (nothing counted)."""
+    if _STRICT[0]:
+        raise NotServedError(
+            f"kvcoord.vllm (strict mode) does not serve this KV-cache configuration: {reason}"
+        )
+    fallbacks[reason] += 1
+    _log_where_vllm_logs()
+    logger.warning(
+        "kvcoord.vllm: %s is not served by kvcoord; this KVCacheManager is vLLM's own "
+        "(fallback #%d)",
+        reason,
+        sum(fallbacks.values()),
+    )
 
 
 @contextlib.contextmanager
@@ -44,33 +109,14 @@ def refusing(reason: str | None) -> Iterator[None]:
         _REFUSAL[0] = before
 
 
-_ARG_NAMES = (
-    "kv_cache_config",
-    "max_model_len",
-    "scheduler_block_size",
-    "hash_block_size",
-    "max_in_flight_tokens",
-    "enable_caching",
-    "use_eagle",
-    "num_hash_lookahead_tokens",
-    "num_prefill_lookahead",
-    "log_stats",
-    "enable_kv_cache_events",
-    "dcp_world_size",
-    "pcp_world_size",
-    "metrics_collector",
-    "watermark",
-    "enable_mamba_shared_prefix_checkpoint",
-)
-
-
 def bind_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
-    """vLLM 0.33.0's constructor arguments by name (its TypeErrors for bad calls)."""
-    if len(args) > len(_ARG_NAMES):
-        raise TypeError(f"KVCacheManager takes at most {len(_ARG_NAMES)} arguments")
-    bound = dict(zip(_ARG_NAMES, args, strict=False))
+    """The installed vLLM's constructor arguments by name (its TypeErrors for bad calls)."""
+    names = installed().manager_arg_names
+    if len(args) > len(names):
+        raise TypeError(f"KVCacheManager takes at most {len(names)} arguments")
+    bound = dict(zip(names, args, strict=False))
     for name, value in kwargs.items():
-        if name not in _ARG_NAMES:
+        if name not in names:
             raise TypeError(f"KVCacheManager got an unexpected keyword argument {name!r}")
         if name in bound:
             raise TypeError(f"KVCacheManager got multiple values for argument {name!r}")

@@ -205,6 +205,17 @@ class EventLog:
         lora = request.lora_request
         tokens = request.all_token_ids
         ahead = self.lookahead
+        # Passed only with hash lookahead: vLLM 0.32's BlockStored has no
+        # lookahead_token_ids (nor 0.32 any lookahead); 0.33's defaults to None.
+        lookahead: dict[str, Any] = (
+            {
+                "lookahead_token_ids": [
+                    tokens[(p + 1) * block_size : (p + 1) * block_size + ahead] for p in positions
+                ]
+            }
+            if ahead
+            else {}
+        )
         return self._kv.BlockStored(
             block_hashes=hashes,
             parent_block_hash=parent,
@@ -216,11 +227,7 @@ class EventLog:
             extra_keys=self._extra_keys(request, positions, block_size),
             group_idx=where[1],
             session_id=getattr(request, "session_id", None),
-            lookahead_token_ids=(
-                [tokens[(p + 1) * block_size : (p + 1) * block_size + ahead] for p in positions]
-                if ahead
-                else None
-            ),
+            **lookahead,
         )
 
     def _extra_keys(

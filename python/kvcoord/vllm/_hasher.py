@@ -23,6 +23,7 @@ from typing import Any
 
 from kvcoord._core import BlockHashGate, Request
 from kvcoord.errors import InvalidTokenError
+from kvcoord.vllm._versions import installed
 
 __all__ = ["ATTR", "hand_back", "make_block_hasher", "stats"]
 
@@ -59,7 +60,9 @@ def make_block_hasher(
         caching_hash_fn: Callable[[Any], bytes],
         num_hash_lookahead_tokens: int = 0,
     ) -> Callable[[Any], Sequence[bytes]]:
-        fallback = original(hash_block_size, caching_hash_fn, num_hash_lookahead_tokens)
+        # vLLM 0.32's hasher has no lookahead (nor does its engine pass one).
+        lookahead = (num_hash_lookahead_tokens,) if installed().hasher_takes_lookahead else ()
+        fallback = original(hash_block_size, caching_hash_fn, *lookahead)
         algo = _algo_name(caching_hash_fn)
         if algo is None or num_hash_lookahead_tokens:
             stats["vllm_hashers"] += 1

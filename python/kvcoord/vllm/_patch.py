@@ -16,7 +16,15 @@ import os
 import sys
 from typing import Any
 
-__all__ = ["disable", "enable", "is_enabled", "original_manager_class", "register"]
+from kvcoord.vllm import _versions
+from kvcoord.vllm._construct import set_strict
+
+__all__ = ["disable", "enable", "is_enabled", "original_manager_class", "register", "status"]
+
+#: Environment variables: switch kvcoord on in every vLLM process (the
+#: plugin), and make a fallback an error.
+ENABLE_ENV = "KVCOORD_VLLM"
+STRICT_ENV = "KVCOORD_VLLM_STRICT"
 
 # Modules whose global ``KVCacheManager`` is replaced.
 _TARGETS = ("vllm.v1.core.kv_cache_manager", "vllm.v1.core.sched.scheduler")
@@ -36,11 +44,22 @@ def original_manager_class() -> type:
     return original
 
 
-def enable() -> None:
-    """Make every ``KVCacheManager`` vLLM builds from now on kvcoord's
-    (configurations kvcoord does not serve still get vLLM's own, with a log
-    line). Idempotent; affects the whole process."""
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "") not in ("", "0")
+
+
+def enable(strict: bool | None = None) -> None:
+    """Make every ``KVCacheManager`` vLLM builds from now on kvcoord's.
+    Idempotent; affects the whole process.
+
+    A configuration kvcoord does not serve gets vLLM's own manager, with one
+    WARNING line, a count, and the reason in :func:`status`; with
+    ``strict`` (default: ``KVCOORD_VLLM_STRICT=1``) building it raises
+    :class:`~kvcoord.errors.NotServedError` naming the reason instead, so an
+    engine fails at start rather than run without kvcoord."""
     global _enabled
+    _versions.installed()  # a clear ModuleNotFoundError without vLLM
+    set_strict(_env_flag(STRICT_ENV) if strict is None else bool(strict))
     if _enabled:
         return
     from kvcoord.vllm._hasher import make_block_hasher
@@ -68,8 +87,10 @@ def enable() -> None:
 
 
 def disable() -> None:
-    """Restore vLLM's own ``KVCacheManager`` (managers already built stay as they are)."""
+    """Restore vLLM's own ``KVCacheManager`` (managers already built stay as
+    they are) and turn strict mode off."""
     global _enabled
+    set_strict(False)
     if not _enabled:
         return
     for name, cls in _original.items():
@@ -86,6 +107,27 @@ def is_enabled() -> bool:
 
 
 def register() -> None:
-    """vLLM general-plugin entry point: enables kvcoord when ``KVCOORD_VLLM=1``."""
-    if os.environ.get("KVCOORD_VLLM", "") not in ("", "0"):
+    """vLLM general-plugin entry point: enables kvcoord when ``KVCOORD_VLLM=1``
+    (strict when ``KVCOORD_VLLM_STRICT=1``)."""
+    if _env_flag(ENABLE_ENV):
         enable()
+
+
+def status() -> dict[str, Any]:
+    """What kvcoord did in this process: whether it is switched on and
+    strict, the vLLM release, how many KV-cache managers it served and which
+    fell back to vLLM's own (by reason), and how many requests each hasher
+    hashed. (vLLM's multiprocess engine core builds its manager in its own
+    process: this one's counts stay 0 there.)"""
+    from kvcoord.vllm import _construct, _hasher
+
+    there = _versions.available()
+    return {
+        "enabled": _enabled,
+        "strict": _construct.is_strict(),
+        "vllm_version": _versions.installed().version if there else None,
+        "unsupported_version": _versions.unsupported_reason() if there else _versions.MISSING,
+        "served": _construct.served["managers"],
+        "fallbacks": dict(_construct.fallbacks),
+        "hashing": dict(_hasher.stats),
+    }

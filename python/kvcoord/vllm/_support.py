@@ -24,6 +24,8 @@ from kvcoord.config import (
 )
 from kvcoord.vllm import _hisparse, _mamba, _windows
 from kvcoord.vllm._hisparse import hisparse_reason, role_reason
+from kvcoord.vllm._versions import installed
+from kvcoord.vllm._versions import unsupported_reason as version_reason
 
 __all__ = [
     "check_retention",
@@ -44,12 +46,14 @@ _UNSERVED_ARGS: tuple[tuple[str, object, str], ...] = (
 def eagle_groups(kv_cache_config: Any, use_eagle: bool) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """vLLM's EAGLE groups (those flagged ``is_eagle_group``, else every
     group when ``use_eagle``) and those whose hits drop EAGLE's block (the
-    EAGLE groups when ``use_eagle``, else none)."""
+    EAGLE groups; since vLLM 0.33 only when ``use_eagle``)."""
     groups = kv_cache_config.kv_cache_groups
     flagged = tuple(i for i, g in enumerate(groups) if getattr(g, "is_eagle_group", False))
     if use_eagle and not flagged:
         flagged = tuple(range(len(groups)))
-    return flagged, flagged if use_eagle else ()
+    if installed().eagle_drop_needs_use_eagle and not use_eagle:
+        return flagged, ()
+    return flagged, flagged
 
 
 def kv_block_size(spec: Any, dcp_world_size: int) -> int:
@@ -136,6 +140,9 @@ def unsupported_reason(
     """None when kvcoord serves this manager configuration exactly; otherwise
     the reason it does not (one line). ``hisparse_device``: the configuration
     is the device part of a HiSparse one (its resident and hot specs served)."""
+    reason = version_reason()
+    if reason is not None:
+        return reason
     for name, default, why in _UNSERVED_ARGS:
         if args.get(name, default) != default:
             return why
@@ -145,6 +152,13 @@ def unsupported_reason(
     if not groups:
         return "a KV cache config without groups"
     reason = None if hisparse_device else hisparse_reason(kv_cache_config)
+    if reason is not None and installed().pops_null_blocks:
+        # 0.32's HiSparse managers hand back popped rows with their null
+        # blocks, which kvcoord's HiSparse pools do not keep.
+        return (
+            f"{reason.split(':')[0]} on vLLM {installed().version} (its managers hand back "
+            "popped rows with their null blocks; not reproduced)"
+        )
     if reason is not None:
         if not _hisparse.enabled():
             return reason
@@ -168,11 +182,14 @@ def unsupported_reason(
     reason = _context_parallel_reason(groups, args)
     if reason is not None:
         return reason
-    for field, what in (("cache_hit_alignment_tokens", "cache-hit alignment"),):
-        if getattr(kv_cache_config, field, None) is not None:
-            return f"{what} ({field} is set)"
     specs = [g.kv_cache_spec for g in groups]
-    _, dropping = eagle_groups(kv_cache_config, bool(args.get("use_eagle", False)))
+    use_eagle = bool(args.get("use_eagle", False))
+    _, dropping = eagle_groups(kv_cache_config, use_eagle)
+    if dropping and not use_eagle and any(_mamba.is_mamba_spec(s) for s in specs):
+        # vLLM 0.32: groups flagged is_eagle_group drop their block without
+        # use_eagle, while Mamba checkpoints stay off EAGLE's replay boundary
+        # (set only under use_eagle); the core moves both together.
+        return "EAGLE groups flagged without use_eagle beside Mamba groups (vLLM 0.32)"
     # Equal specs are looked up together: they share the EAGLE drop.
     eagle_specs = [s for s in specs if any(s == specs[i] for i in dropping)]
     caching_on = bool(args.get("enable_caching", True))

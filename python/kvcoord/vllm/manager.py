@@ -16,7 +16,6 @@ mid-run.
 from __future__ import annotations
 
 import importlib
-import logging
 from typing import Any
 
 from kvcoord._core import DecodeFastPath
@@ -27,7 +26,9 @@ from kvcoord.vllm._blocks import EmptyKVCacheBlocks, KVCacheBlocks, ids_of
 from kvcoord.vllm._construct import (
     bind_args,
     caller_reason,
+    fall_back,
     fallbacks,
+    log_served,
     served,
     vllm_manager_class,
 )
@@ -43,12 +44,11 @@ from kvcoord.vllm._support import (
     to_kvcoord_config,
     unsupported_reason,
 )
+from kvcoord.vllm._versions import installed
 from kvcoord.vllm._views import coordinator_view
 from kvcoord.vllm._zeroing import ZeroingLog, zeroed_group_ids
 
 __all__ = ["KVCacheManager", "fallbacks", "served"]
-
-logger = logging.getLogger("kvcoord.vllm")
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -74,13 +74,7 @@ class KVCacheManager(DecodePath, ManagerReadouts, DecodeFastPath):
         reason = unsupported_reason(bound["kv_cache_config"], bound) or caller_reason()
         if reason is None:
             return super().__new__(served_class(cls, bound["kv_cache_config"]))
-        fallbacks[reason] += 1
-        logger.warning(
-            "kvcoord.vllm: %s is not served by kvcoord; this KVCacheManager is vLLM's own "
-            "(fallback #%d)",
-            reason,
-            sum(fallbacks.values()),
-        )
+        fall_back(reason)
         return vllm_manager_class()(*args, **kwargs)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -135,6 +129,8 @@ class KVCacheManager(DecodePath, ManagerReadouts, DecodeFastPath):
             eagle_group_ids=self.drop_eagle_group_ids,
             num_hash_lookahead_tokens=int(a.get("num_hash_lookahead_tokens", 0)),
             allow_partial_hits=True,
+            rekey_keyed_prompt_tail=installed().rekeys_keyed_prompt_tail,
+            eagle_junction_block=installed().eagle_retains_block_below_junction,
             context_parallel=int(a.get("dcp_world_size", 1)) > 1,
             # vLLM's scheduler adopts whatever blocks it is handed as hits.
             verify_hits=False,
@@ -190,6 +186,7 @@ class KVCacheManager(DecodePath, ManagerReadouts, DecodeFastPath):
             self._pool,
         )
         served["managers"] += 1
+        log_served(cfg)
 
     # ---- lookups ---------------------------------------------------------
 
@@ -438,8 +435,13 @@ class KVCacheManager(DecodePath, ManagerReadouts, DecodeFastPath):
         each group tail first, the last group first."""
         rid = request.request_id
         self._decode_room.pop(rid, None)
+        # vLLM 0.32 hands back the tables with their null blocks (the core
+        # hands over the others' references; freeing a null block is a no-op).
+        tables = self.get_block_ids(rid) if installed().pops_null_blocks else None
         groups = self._core.pop_request_to_caller(rid) or ()
         self._requests.drop(rid)
+        if tables is not None and groups:
+            return [i for g in tables for i in g]
         return [i for g in groups for i in g if i]
 
     def remove_skipped_blocks(
