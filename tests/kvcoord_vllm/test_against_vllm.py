@@ -31,11 +31,14 @@ from vllm.v1.request import Request, RequestStatus  # noqa: E402
 from vllm_helpers import (  # noqa: E402
     BS,
     admit_alike,
+    block_hasher,
     config,
+    drop_eagle_group_ids,
     free_queue,
     full_spec,
     ids,
     make_request,
+    manager_args,
     preempt,
 )
 
@@ -43,7 +46,9 @@ import kvcoord.vllm as kv  # noqa: E402
 
 
 def managers(cfg: KVCacheConfig, **kw: object) -> tuple[object, object]:
-    args = {"max_model_len": 512, "scheduler_block_size": BS, "hash_block_size": BS, **kw}
+    args = manager_args(
+        **{"max_model_len": 512, "scheduler_block_size": BS, "hash_block_size": BS, **kw}
+    )
     theirs = kv.original_manager_class()(cfg, **args)
     ours = kv.KVCacheManager(cfg, **args)
     assert isinstance(ours, kv.KVCacheManager)
@@ -265,8 +270,8 @@ def test_kvcoord_block_hasher_is_byte_identical(algo: str) -> None:
 
     fn = getattr(hashing, algo)
     init_none_hash(fn)
-    theirs = get_request_block_hasher(BS, fn)
-    ours = make_block_hasher(get_request_block_hasher)(BS, fn)
+    theirs = block_hasher(BS, fn)
+    ours = block_hasher(BS, fn, original=make_block_hasher(get_request_block_hasher))
     mm = [
         MultiModalFeatureSpec(
             data=MultiModalKwargsItem.dummy(),
@@ -311,7 +316,7 @@ def test_pickle_hashes_stay_vllms() -> None:
     from kvcoord.vllm._hasher import make_block_hasher, stats
 
     before = stats["vllm_hashers"]
-    hasher = make_block_hasher(get_request_block_hasher)(BS, sha256)
+    hasher = block_hasher(BS, sha256, original=make_block_hasher(get_request_block_hasher))
     assert stats["vllm_hashers"] == before + 1
     params = SamplingParams(max_tokens=10)
     params.update_from_generation_config({}, eos_token_id=100)
@@ -340,7 +345,7 @@ def test_single_type_views_read_like_vllms() -> None:
         vllms.single_type_managers[0].num_cached_block
     )
     assert mine.retention_interval == vllms.retention_interval
-    assert set(mine.drop_eagle_group_ids) == set(vllms.drop_eagle_group_ids)
+    assert set(mine.drop_eagle_group_ids) == drop_eagle_group_ids(vllms)
     assert mine.single_type_managers[0].use_eagle == vllms.single_type_managers[0].use_eagle
 
 

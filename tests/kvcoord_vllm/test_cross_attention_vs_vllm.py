@@ -25,7 +25,16 @@ from vllm.v1.core.kv_cache_utils import init_none_hash
 from vllm.v1.core.single_type_kv_cache_manager import CrossAttentionManager
 from vllm.v1.kv_cache_interface import CrossAttentionSpec, SlidingWindowSpec
 from vllm.v1.request import Request, RequestStatus
-from vllm_helpers import BS, config, free_queue, full_spec, ids, make_request, preempt
+from vllm_helpers import (
+    BS,
+    config,
+    free_queue,
+    full_spec,
+    ids,
+    make_request,
+    manager_args,
+    preempt,
+)
 
 import kvcoord.vllm as kv
 
@@ -56,13 +65,15 @@ LAYOUTS = {
 
 def managers(specs: list[Any], num_blocks: int, **kw: Any) -> tuple[Any, Any]:
     cfg = config(num_blocks, specs)
-    args = {
-        "max_model_len": 256,
-        "scheduler_block_size": max(s.block_size for s in specs),
-        "hash_block_size": BS,
-        "enable_caching": False,
-        **kw,
-    }
+    args = manager_args(
+        **{
+            "max_model_len": 256,
+            "scheduler_block_size": max(s.block_size for s in specs),
+            "hash_block_size": BS,
+            "enable_caching": False,
+            **kw,
+        }
+    )
     theirs = kv.original_manager_class()(cfg, **args)
     ours = kv.KVCacheManager(cfg, **args)
     assert isinstance(ours, kv.KVCacheManager)

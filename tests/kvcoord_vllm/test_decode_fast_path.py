@@ -31,7 +31,7 @@ from vllm.v1.kv_cache_interface import (
     KVCacheGroupSpec,
 )
 from vllm.v1.request import Request, RequestStatus
-from vllm_helpers import admit_alike, free_queue, ids
+from vllm_helpers import admit_alike, block_hasher, free_queue, ids, manager_args
 
 import kvcoord.vllm as kv
 from kvcoord.vllm._blocks import KVCacheBlocks
@@ -76,11 +76,9 @@ def managers(block_sizes: tuple[int, ...], num_blocks: int) -> tuple[Any, Any, C
         ],
     )
     scheduler_block_size = math.lcm(HBS, *block_sizes)
-    args = {
-        "max_model_len": 1024,
-        "scheduler_block_size": scheduler_block_size,
-        "hash_block_size": HBS,
-    }
+    args = manager_args(
+        max_model_len=1024, scheduler_block_size=scheduler_block_size, hash_block_size=HBS
+    )
     theirs = kv.original_manager_class()(cfg, **args)
     ours = kv.KVCacheManager(cfg, **args)
     assert isinstance(ours, kv.KVCacheManager)
@@ -97,9 +95,10 @@ def managers(block_sizes: tuple[int, ...], num_blocks: int) -> tuple[Any, Any, C
 def hasher_for(kind: str) -> Any:
     if kind == "kvcoord":
         init_none_hash(sha256_cbor)
-        return make_block_hasher(get_request_block_hasher)(HBS, sha256_cbor)
+        ours = make_block_hasher(get_request_block_hasher)
+        return block_hasher(HBS, sha256_cbor, original=ours)
     init_none_hash(sha256)
-    return get_request_block_hasher(HBS, sha256)
+    return block_hasher(HBS, sha256)
 
 
 def make_request(rid: str, tokens: list[int], hasher: Any) -> Request:
@@ -213,7 +212,7 @@ def test_placeholder_output_token_on_a_core_step_keeps_vllms_hashes() -> None:
     # taken modulo 2**32, so the block it completed got a digest vLLM never
     # computes (and lost the hits vLLM finds).
     ours_hasher = hasher_for("kvcoord")  # sha256_cbor: kvcoord hashes
-    vllm_hasher = get_request_block_hasher(HBS, sha256_cbor)
+    vllm_hasher = block_hasher(HBS, sha256_cbor)
     theirs, ours, counting = managers((4,), num_blocks=32)
     a = make_request("r", [1, 2, 3, 4, 5], vllm_hasher)
     b = make_request("r", [1, 2, 3, 4, 5], ours_hasher)

@@ -35,6 +35,7 @@ from vllm.v1.kv_cache_interface import (
     KVCacheGroupSpec,
 )
 from vllm.v1.request import Request, RequestStatus
+from vllm_helpers import block_hasher, manager_args, needs_hash_lookahead
 
 import kvcoord.vllm as kv
 from kvcoord.vllm._hasher import make_block_hasher
@@ -57,13 +58,15 @@ def config(num_blocks: int, block_sizes: list[int]) -> KVCacheConfig:
 
 
 def managers(cfg: KVCacheConfig, **kw: Any) -> tuple[Any, Any]:
-    args = {
-        "max_model_len": 512,
-        "scheduler_block_size": max(g.kv_cache_spec.block_size for g in cfg.kv_cache_groups),
-        "hash_block_size": BS,
-        "enable_kv_cache_events": True,
-        **kw,
-    }
+    args = manager_args(
+        **{
+            "max_model_len": 512,
+            "scheduler_block_size": max(g.kv_cache_spec.block_size for g in cfg.kv_cache_groups),
+            "hash_block_size": BS,
+            "enable_kv_cache_events": True,
+            **kw,
+        }
+    )
     theirs = kv.original_manager_class()(cfg, **args)
     ours = kv.KVCacheManager(cfg, **args)
     assert isinstance(ours, kv.KVCacheManager)
@@ -203,7 +206,8 @@ def test_random_schedule_events_match_vllm(
     rng = random.Random(seed)
     fn = getattr(hashing, algo)
     init_none_hash(fn)
-    hasher = make_block_hasher(get_request_block_hasher)(BS, fn, lookahead)
+    ours_hasher = make_block_hasher(get_request_block_hasher)
+    hasher = block_hasher(BS, fn, lookahead, original=ours_hasher)
     # Odd seeds: EAGLE's last-block drop (``"full"`` reports follow the dropped hit).
     theirs, ours = managers(
         config(40, block_sizes), num_hash_lookahead_tokens=lookahead, use_eagle=seed % 2 == 1
@@ -223,7 +227,9 @@ def test_context_parallel_events_match_vllm(seed: int, dcp: int) -> None:
     rng = random.Random(seed)
     init_none_hash(hashing.sha256_cbor)
     hash_bs = BS * dcp
-    hasher = make_block_hasher(get_request_block_hasher)(hash_bs, hashing.sha256_cbor)
+    hasher = block_hasher(
+        hash_bs, hashing.sha256_cbor, original=make_block_hasher(get_request_block_hasher)
+    )
     theirs, ours = managers(
         config(48, [BS]),
         scheduler_block_size=BS * dcp,
@@ -233,18 +239,21 @@ def test_context_parallel_events_match_vllm(seed: int, dcp: int) -> None:
     assert drive(theirs, ours, hasher, rng, num_blocks=48) > 10
 
 
+@needs_hash_lookahead
 def test_lookahead_events_rebuild_the_requests_hashes() -> None:
     """With hash lookahead, each stored block carries the tokens its hash
     covers past the block; stores follow the hashes the request has."""
     init_none_hash(hashing.sha256)
-    hasher = get_request_block_hasher(2, hashing.sha256, 1)
+    hasher = block_hasher(2, hashing.sha256, 1)
     ours = kv.KVCacheManager(
         config(20, [2]),
-        max_model_len=64,
-        scheduler_block_size=2,
-        hash_block_size=2,
-        num_hash_lookahead_tokens=1,
-        enable_kv_cache_events=True,
+        **manager_args(
+            max_model_len=64,
+            scheduler_block_size=2,
+            hash_block_size=2,
+            num_hash_lookahead_tokens=1,
+            enable_kv_cache_events=True,
+        ),
     )
     assert isinstance(ours, kv.KVCacheManager)
     req = make_request("a", [10, 11, 12, 13, 14], hasher, random.Random(5))
@@ -264,7 +273,7 @@ def test_partial_prompt_tail_keys_are_stored_and_removed() -> None:
     long in its event, beside the block's full key once full) and reports
     both keys when the block is reused, as vLLM's pool does."""
     init_none_hash(hashing.sha256)
-    hasher = get_request_block_hasher(BS, hashing.sha256)
+    hasher = block_hasher(BS, hashing.sha256)
     theirs, ours = managers(config(12, [BS, 2 * BS]))
     for m in (theirs, ours):
         req = make_request("a", list(range(15)), hasher, random.Random(0))
@@ -292,9 +301,7 @@ def test_events_off_leave_the_queue_empty() -> None:
         config(8, [BS]), max_model_len=64, scheduler_block_size=BS, hash_block_size=BS
     )
     init_none_hash(hashing.sha256)
-    req = make_request(
-        "a", list(range(9)), get_request_block_hasher(BS, hashing.sha256), random.Random(0)
-    )
+    req = make_request("a", list(range(9)), block_hasher(BS, hashing.sha256), random.Random(0))
     ours.allocate_slots(req, req.num_tokens)
     ours.free(req)
     ours.reset_prefix_cache()
@@ -306,9 +313,7 @@ def test_removed_and_cleared_events_without_a_request() -> None:
     are taken without any request at hand."""
     theirs, ours = managers(config(8, [BS]))
     init_none_hash(hashing.sha256)
-    req = make_request(
-        "a", list(range(9)), get_request_block_hasher(BS, hashing.sha256), random.Random(0)
-    )
+    req = make_request("a", list(range(9)), block_hasher(BS, hashing.sha256), random.Random(0))
     for m in (theirs, ours):
         m.allocate_slots(req, req.num_tokens)
     assert same_events(theirs, ours) == 1

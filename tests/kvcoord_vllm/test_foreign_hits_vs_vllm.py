@@ -30,7 +30,16 @@ from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.kv_cache_utils import init_none_hash
 from vllm.v1.kv_cache_interface import SlidingWindowSpec
 from vllm.v1.request import Request, RequestStatus
-from vllm_helpers import BS, config, free_queue, full_spec, ids, make_request, preempt
+from vllm_helpers import (
+    BS,
+    config,
+    free_queue,
+    full_spec,
+    ids,
+    make_request,
+    manager_args,
+    preempt,
+)
 
 import kvcoord.vllm as kv
 
@@ -60,12 +69,9 @@ NUM_BLOCKS = 40
 
 def pair(layout: str, use_eagle: bool) -> tuple[object, object]:
     cfg = config(NUM_BLOCKS, LAYOUTS[layout]())
-    args = {
-        "max_model_len": 512,
-        "scheduler_block_size": BS,
-        "hash_block_size": BS,
-        "use_eagle": use_eagle,
-    }
+    args = manager_args(
+        max_model_len=512, scheduler_block_size=BS, hash_block_size=BS, use_eagle=use_eagle
+    )
     theirs = kv.original_manager_class()(cfg, **args)
     ours = kv.KVCacheManager(cfg, **args)
     assert isinstance(ours, kv.KVCacheManager)

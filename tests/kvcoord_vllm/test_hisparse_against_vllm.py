@@ -42,13 +42,15 @@ from vllm.v1.kv_cache_interface import (
     KVCacheGroupSpec,
 )
 from vllm.v1.request import RequestStatus
-from vllm_helpers import free_queue, make_request
+from vllm_helpers import free_queue, make_request, manager_args, needs_served_hisparse
 
 import kvcoord.vllm as kv
 from kvcoord.vllm._hisparse_manager import HiSparseManager
 
 BS = 16
 MAX_MODEL_LEN = 160
+
+pytestmark = needs_served_hisparse
 
 
 @pytest.fixture(autouse=True)
@@ -80,13 +82,13 @@ def hisparse_config(num_blocks: int, host_blocks: int) -> KVCacheConfig:
 def managers(
     num_blocks: int, host_blocks: int, caching: bool, events: bool = False
 ) -> tuple[object, object]:
-    args = {
-        "max_model_len": MAX_MODEL_LEN,
-        "scheduler_block_size": BS,
-        "hash_block_size": BS,
-        "enable_caching": caching,
-        "enable_kv_cache_events": events,
-    }
+    args = manager_args(
+        max_model_len=MAX_MODEL_LEN,
+        scheduler_block_size=BS,
+        hash_block_size=BS,
+        enable_caching=caching,
+        enable_kv_cache_events=events,
+    )
     theirs = VllmManager(hisparse_config(num_blocks, host_blocks), **args)
     ours = kv.KVCacheManager(hisparse_config(num_blocks, host_blocks), **args)
     assert type(ours) is HiSparseManager

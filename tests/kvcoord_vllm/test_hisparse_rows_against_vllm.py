@@ -41,7 +41,7 @@ from vllm.v1.kv_cache_interface import (
     KVCacheConfig,
     KVCacheGroupSpec,
 )
-from vllm_helpers import free_queue, full_spec, make_request
+from vllm_helpers import free_queue, full_spec, make_request, manager_args, needs_served_hisparse
 
 import kvcoord._core as kc
 from kvcoord.config import FullAttentionSpec as OurFull
@@ -55,6 +55,8 @@ BS = 16
 HOT = 2
 INDEXER, RESIDENT, HOT_GROUP = 0, 1, 2
 MAX_MODEL_LEN = 160
+
+pytestmark = needs_served_hisparse
 
 
 @pytest.fixture(autouse=True)
@@ -73,11 +75,13 @@ def vllm_manager(num_blocks: int, max_in_flight: int | None, caching: bool) -> V
     config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
     manager = VllmManager(
         config,
-        max_model_len=MAX_MODEL_LEN,
-        max_in_flight_tokens=max_in_flight,
-        enable_caching=caching,
-        hash_block_size=BS,
-        scheduler_block_size=BS,
+        **manager_args(
+            max_model_len=MAX_MODEL_LEN,
+            max_in_flight_tokens=max_in_flight,
+            enable_caching=caching,
+            hash_block_size=BS,
+            scheduler_block_size=BS,
+        ),
     )
     managers = manager.coordinator.single_type_managers
     # The test plays HiSparseCoordinator's part itself.

@@ -29,6 +29,7 @@ from vllm.v1.kv_cache_interface import (
     KVCacheGroupRole,
     KVCacheGroupSpec,
 )
+from vllm_helpers import needs_served_hisparse
 
 import kvcoord.vllm as kv
 from kvcoord.vllm._support import unsupported_reason
@@ -65,6 +66,7 @@ def one_group(group: KVCacheGroupSpec) -> KVCacheConfig:
     return KVCacheConfig(num_blocks=32, kv_cache_tensors=[], kv_cache_groups=[group])
 
 
+@needs_served_hisparse
 def test_opt_out_falls_back_with_its_reason(caplog, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KVCOORD_VLLM_HISPARSE", "0")
     before = kv.fallbacks.copy()
@@ -121,6 +123,7 @@ def test_indexer_role_alone_is_plain_full_attention() -> None:
     )
 
 
+@needs_served_hisparse
 def test_vllms_shape_is_served_by_default() -> None:
     from kvcoord.vllm._hisparse_manager import HiSparseManager
 

@@ -22,7 +22,16 @@ from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import init_none_hash
 from vllm.v1.kv_cache_interface import MLAAttentionSpec, SlidingWindowSpec
 from vllm.v1.request import Request, RequestStatus
-from vllm_helpers import BS, config, free_queue, full_spec, ids, make_request, preempt
+from vllm_helpers import (
+    BS,
+    config,
+    free_queue,
+    full_spec,
+    ids,
+    make_request,
+    manager_args,
+    preempt,
+)
 
 import kvcoord.vllm as kv
 
@@ -63,12 +72,14 @@ def pair(cfg: object, **kw: object) -> tuple[object, object]:
         g.kv_cache_spec.block_size * (dcp if g.kv_cache_spec.dcp_sharded else 1)
         for g in cfg.kv_cache_groups
     ]
-    args = {
-        "max_model_len": 512,
-        "scheduler_block_size": math.lcm(*sizes),
-        "hash_block_size": min(sizes) if len(sizes) > 1 else sizes[0],
-        **kw,
-    }
+    args = manager_args(
+        **{
+            "max_model_len": 512,
+            "scheduler_block_size": math.lcm(*sizes),
+            "hash_block_size": min(sizes) if len(sizes) > 1 else sizes[0],
+            **kw,
+        }
+    )
     theirs = kv.original_manager_class()(cfg, **args)
     ours = kv.KVCacheManager(cfg, **args)
     assert isinstance(ours, kv.KVCacheManager), kv.fallbacks
@@ -227,7 +238,9 @@ def test_context_parallel_left_to_vllm(specs: object, kw: dict, reason: str) -> 
     is served: test_events_vs_vllm.py.)"""
     before = sum(kv.fallbacks.values())
     cfg = config(16, specs())
-    args = {"max_model_len": 64, "scheduler_block_size": 2 * BS, "hash_block_size": 2 * BS, **kw}
+    args = manager_args(
+        **{"max_model_len": 64, "scheduler_block_size": 2 * BS, "hash_block_size": 2 * BS, **kw}
+    )
     if len(cfg.kv_cache_groups) > 1:
         args["hash_block_size"] = BS
     m = kv.KVCacheManager(cfg, **args)

@@ -25,7 +25,7 @@ import torch
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import init_none_hash, make_block_hash_with_group_id
 from vllm.v1.kv_cache_interface import SlidingWindowSpec
-from vllm_helpers import BS, config, free_queue, full_spec, ids, make_request
+from vllm_helpers import BS, config, free_queue, full_spec, ids, make_request, manager_args
 
 import kvcoord.vllm as kv
 from kvcoord.errors import BlockStateError, InvalidArgumentError
@@ -44,7 +44,9 @@ def window_spec() -> SlidingWindowSpec:
 
 def managers(specs: list[Any], num_blocks: int = 24, **kw: Any) -> tuple[Any, Any]:
     cfg = config(num_blocks, specs)
-    args = {"max_model_len": 512, "scheduler_block_size": BS, "hash_block_size": BS, **kw}
+    args = manager_args(
+        **{"max_model_len": 512, "scheduler_block_size": BS, "hash_block_size": BS, **kw}
+    )
     theirs = kv.original_manager_class()(cfg, **args)
     ours = kv.KVCacheManager(cfg, **args)
     assert isinstance(ours, kv.KVCacheManager)

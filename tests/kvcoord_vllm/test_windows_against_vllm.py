@@ -25,7 +25,17 @@ from vllm.v1.kv_cache_interface import (
     SlidingWindowSpec,
 )
 from vllm.v1.request import RequestStatus
-from vllm_helpers import BS, config, free_queue, full_spec, ids, make_request, preempt
+from vllm_helpers import (
+    BS,
+    config,
+    free_queue,
+    full_spec,
+    ids,
+    make_request,
+    manager_args,
+    needs_lookup_cap,
+    preempt,
+)
 
 import kvcoord.vllm as kv
 
@@ -108,7 +118,9 @@ def pair(
     for g in eagle_groups:
         cfg.kv_cache_groups[g].is_eagle_group = True
     sbs = max(g.kv_cache_spec.block_size for g in cfg.kv_cache_groups)
-    args = {"max_model_len": 512, "scheduler_block_size": sbs, "hash_block_size": BS, **kw}
+    args = manager_args(
+        **{"max_model_len": 512, "scheduler_block_size": sbs, "hash_block_size": BS, **kw}
+    )
     theirs = kv.original_manager_class()(cfg, **args)
     ours = kv.KVCacheManager(cfg, **args)
     assert isinstance(ours, kv.KVCacheManager)
@@ -329,6 +341,7 @@ def test_unserved_windowed_configurations_fall_back(specs, kw, reason) -> None:
 @pytest.mark.parametrize("local", [0, 1, 3])
 @pytest.mark.parametrize("external", [4, 24, 40])
 @pytest.mark.parametrize("skip", [(), (0,), (1,)])
+@needs_lookup_cap
 def test_external_tokens_and_zeroing_match_vllm(layout, local, external, skip) -> None:
     # A primed prefix gives `local` hit blocks (of the scheduler block
     # size); `external` connector tokens follow; new blocks are zeroed

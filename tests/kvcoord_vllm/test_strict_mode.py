@@ -1,0 +1,92 @@
+"""Strict mode, the fallback record and ``kvcoord.vllm.status()``, and the
+release check, against the installed vLLM."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+pytest.importorskip("vllm.v1.core.kv_cache_manager", reason="needs vLLM (kvcoord[vllm])")
+
+from vllm_helpers import BS, config, full_spec
+
+import kvcoord.vllm as kv
+from kvcoord.errors import NotServedError
+from kvcoord.vllm import _construct, _versions
+
+# A configuration kvcoord does not serve: vLLM's KV-cache residency sampling.
+UNSERVED = "KV-cache residency metrics (metrics_collector)"
+
+
+def _build(**kw: object) -> object:
+    return kv.KVCacheManager(
+        config(16, [full_spec()]),
+        max_model_len=64,
+        scheduler_block_size=BS,
+        hash_block_size=BS,
+        **kw,
+    )
+
+
+@pytest.fixture
+def restore_strict():
+    before = _construct.is_strict()
+    yield
+    _construct.set_strict(before)
+
+
+def test_strict_mode_refuses_with_the_reason_and_counts_nothing(restore_strict) -> None:
+    kv.enable(strict=True)
+    before = dict(kv.fallbacks)
+    with pytest.raises(NotServedError, match="residency metrics"):
+        _build(metrics_collector=object())
+    assert dict(kv.fallbacks) == before
+    assert kv.status()["strict"] is True
+    # What kvcoord serves is served in strict mode as before.
+    served = kv.served["managers"]
+    assert isinstance(_build(), kv.KVCacheManager)
+    assert kv.served["managers"] == served + 1
+
+
+def test_fallback_is_one_warning_a_count_and_a_status_entry(restore_strict, caplog) -> None:
+    kv.enable(strict=False)
+    before = kv.fallbacks[UNSERVED]
+    with caplog.at_level(logging.WARNING, logger="kvcoord.vllm"):
+        manager = _build(metrics_collector=object())
+    assert type(manager) is kv.original_manager_class()
+    assert kv.fallbacks[UNSERVED] == before + 1
+    lines = [r for r in caplog.records if "is not served by kvcoord" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].levelno == logging.WARNING
+    status = kv.status()
+    assert status["strict"] is False and status["fallbacks"][UNSERVED] == before + 1
+    assert status["vllm_version"] == _versions.installed().version
+
+
+def test_strict_follows_the_environment_when_not_given(restore_strict, monkeypatch) -> None:
+    monkeypatch.setenv("KVCOORD_VLLM_STRICT", "1")
+    kv.enable()
+    assert _construct.is_strict()
+    monkeypatch.setenv("KVCOORD_VLLM_STRICT", "0")
+    kv.enable()
+    assert not _construct.is_strict()
+
+
+def test_an_unserved_release_falls_back_with_its_reason(restore_strict, monkeypatch) -> None:
+    real = _versions.installed()
+    fake = _versions.VllmApi(**{**real.__dict__, "version": "0.99.0"})
+    monkeypatch.setattr(_versions, "installed", lambda: fake)
+    assert _versions.unsupported_reason() == "vLLM 0.99.0 (kvcoord.vllm serves 0.32.x, 0.33.x)"
+    kv.enable(strict=True)
+    with pytest.raises(NotServedError, match=r"vLLM 0\.99\.0"):
+        _build()
+    monkeypatch.setattr(_versions, "installed", lambda: real)
+    assert _versions.unsupported_reason() is None
+
+
+def test_disable_turns_strict_mode_off(restore_strict) -> None:
+    kv.enable(strict=True)
+    kv.disable()
+    assert not kv.status()["strict"]
+    # A manager built directly afterwards falls back instead of raising.
+    assert type(_build(metrics_collector=object())) is kv.original_manager_class()
