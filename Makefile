@@ -45,8 +45,46 @@ test-python: build-dev ## pytest (Python surface, conformance traces, hypothesis
 test: test-rust test-python ## Run every test (cargo test + pytest)
 
 .PHONY: test-vllm
-test-vllm: build-dev ## vLLM 0.33.0's own tests on vLLM and on kvcoord (own venv .venv-vllm; needs the index)
-	python3 tools/test_vllm.py --venv .venv-vllm --json .vllm-sdist/table.json
+test-vllm: build-dev engine-env ## vLLM's own tests (0.32.0, 0.33.0) on vLLM and on kvcoord, in the engine venvs (needs the index)
+	@for v in $(ENGINE_VLLM); do \
+		python3 tools/test_vllm.py --vllm $$v.0 --venv .venv-engine-$$v \
+			--json .vllm-sdist/table-$$v.json || exit 1; \
+	done
+
+# vLLM series the engine tests run on, and where kvcoord's wheel for them goes.
+ENGINE_VLLM ?= 0.32 0.33
+ENGINE_WHEEL_DIR := target/engine-wheel
+comma := ,
+empty :=
+space := $(empty) $(empty)
+
+# kvcoord beside vLLM's own manager, run in each engine venv with the engines.
+ENGINE_VLLM_TESTS := tests/kvcoord_vllm/test_api_drift.py tests/kvcoord_vllm/test_strict_mode.py \
+	tests/kvcoord_vllm/test_lockstep_fuzz.py
+
+.PHONY: engine-env
+engine-env: venv ## CPU engine virtualenvs (.venv-engine-<series>: vLLM with CPU kernels + kvcoord's wheel)
+	rm -rf $(ENGINE_WHEEL_DIR)
+	$(VENV)/bin/maturin build --release -q -o $(ENGINE_WHEEL_DIR)
+	$(PY) tools/engine_env.py --versions $(subst $(space),$(comma),$(strip $(ENGINE_VLLM))) \
+		--wheel "$$(ls $(ENGINE_WHEEL_DIR)/kvcoord-*.whl)"
+
+.PHONY: test-engine
+test-engine: engine-env ## Real vLLM engines on kvcoord against vLLM's own manager (tests/engine), each series in ENGINE_VLLM
+	@for v in $(ENGINE_VLLM); do \
+		echo "== engine tests on vLLM $$v"; \
+		KVCOORD_ENGINE_VLLM=$$v VLLM_TARGET_DEVICE=cpu .venv-engine-$$v/bin/python -m pytest -q \
+			tests/engine $(ENGINE_VLLM_TESTS) \
+			-p no:cacheprovider -o addopts="-ra" || exit 1; \
+	done
+
+.PHONY: fuzz
+fuzz: engine-env ## The lockstep scheduler fuzz, longer (KVCOORD_FUZZ_SEEDS=400 by default), each series in ENGINE_VLLM
+	@for v in $(ENGINE_VLLM); do \
+		KVCOORD_FUZZ_SEEDS=$${KVCOORD_FUZZ_SEEDS:-400} VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1 \
+			.venv-engine-$$v/bin/python -m pytest -q tests/kvcoord_vllm/test_lockstep_fuzz.py \
+			-p no:cacheprovider -o addopts="-ra" || exit 1; \
+	done
 
 .PHONY: bench
 bench: build-dev ## criterion benches + pytest-benchmark suite
