@@ -1,5 +1,5 @@
-"""Strict mode, the fallback record and ``kvcoord.vllm.status()``, and the
-release check, against the installed vLLM."""
+"""Strict mode, checking mode, the fallback record and
+``kvcoord.vllm.status()``, and the release check, against the installed vLLM."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ pytest.importorskip("vllm.v1.core.kv_cache_manager", reason="needs vLLM (kvcoord
 from vllm_helpers import BS, config, full_spec
 
 import kvcoord.vllm as kv
-from kvcoord.errors import NotServedError
+from kvcoord.errors import InvariantError, NotServedError
 from kvcoord.vllm import _construct, _versions
 
 # A configuration kvcoord does not serve: vLLM's KV-cache residency sampling.
@@ -31,9 +31,10 @@ def _build(**kw: object) -> object:
 
 @pytest.fixture
 def restore_strict():
-    before = _construct.is_strict()
+    before = _construct.is_strict(), _construct.is_checking()
     yield
-    _construct.set_strict(before)
+    _construct.set_strict(before[0])
+    _construct.set_checking(before[1])
 
 
 def test_strict_mode_refuses_with_the_reason_and_counts_nothing(restore_strict) -> None:
@@ -90,3 +91,51 @@ def test_disable_turns_strict_mode_off(restore_strict) -> None:
     assert not kv.status()["strict"]
     # A manager built directly afterwards falls back instead of raising.
     assert type(_build(metrics_collector=object())) is kv.original_manager_class()
+
+
+class _BrokenCore:
+    """The manager's core, whose invariant check fails once armed."""
+
+    def __init__(self, core: object) -> None:
+        self._inner, self.armed, self.checks = core, False, 0
+
+    def check_invariants(self) -> None:
+        self.checks += 1
+        if self.armed:
+            raise InvariantError("free queue: block 3 listed twice")
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
+
+
+class _Request:
+    request_id = "r0"
+
+
+@pytest.mark.parametrize("call", ["free", "pop_blocks_for_free", "reset_prefix_cache"])
+def test_checking_mode_checks_invariants_after_every_release(restore_strict, call) -> None:
+    kv.enable(check=True)
+    assert kv.status()["checking"] is True
+    manager = _build()
+    core = manager._core = _BrokenCore(manager._core)
+    args = () if call == "reset_prefix_cache" else (_Request(),)
+    getattr(manager, call)(*args)
+    assert core.checks == 1
+    core.armed = True
+    with pytest.raises(InvariantError, match="listed twice"):
+        getattr(manager, call)(*args)
+
+
+def test_checking_mode_is_off_by_default_and_after_disable(restore_strict, monkeypatch) -> None:
+    monkeypatch.delenv("KVCOORD_VLLM_CHECK", raising=False)
+    kv.enable()
+    manager = _build()
+    core = manager._core = _BrokenCore(manager._core)
+    core.armed = True
+    manager.free(_Request())  # not checked: nothing raised
+    assert core.checks == 0
+    monkeypatch.setenv("KVCOORD_VLLM_CHECK", "1")
+    kv.enable()
+    assert _construct.is_checking()
+    kv.disable()
+    assert not kv.status()["checking"]

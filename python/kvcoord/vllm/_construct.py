@@ -21,10 +21,12 @@ __all__ = [
     "caller_reason",
     "fall_back",
     "fallbacks",
+    "is_checking",
     "is_strict",
     "log_served",
     "refusing",
     "served",
+    "set_checking",
     "set_strict",
     "vllm_manager_class",
 ]
@@ -40,6 +42,8 @@ served: Counter[str] = Counter({"managers": 0})
 _REFUSAL: list[str | None] = [None]
 # Strict mode: a configuration kvcoord does not serve raises instead.
 _STRICT = [False]
+# Checking mode: managers check the core's invariants after every release.
+_CHECKING = [False]
 
 
 def set_strict(strict: bool) -> None:
@@ -49,6 +53,19 @@ def set_strict(strict: bool) -> None:
 
 def is_strict() -> bool:
     return _STRICT[0]
+
+
+def set_checking(checking: bool) -> None:
+    """Checking mode on or off for managers built from now on: each checks
+    its core's invariants after every call that releases blocks (``free``,
+    ``pop_blocks_for_free``, ``reset_prefix_cache``) and raises
+    :class:`~kvcoord.errors.InvariantError` on the first broken one.
+    It costs a walk of the pool per call: for tests and debugging."""
+    _CHECKING[0] = bool(checking)
+
+
+def is_checking() -> bool:
+    return _CHECKING[0]
 
 
 def _log_where_vllm_logs() -> None:
@@ -70,11 +87,12 @@ def log_served(kv_cache_config: Any) -> None:
     _log_where_vllm_logs()
     groups = kv_cache_config.kv_cache_groups
     logger.info(
-        "kvcoord.vllm: serving the KV cache of this engine (%d blocks; groups: %s; vLLM %s%s)",
+        "kvcoord.vllm: serving the KV cache of this engine (%d blocks; groups: %s; vLLM %s%s%s)",
         kv_cache_config.num_blocks,
         ", ".join(type(g.kv_cache_spec).__name__ for g in groups),
         installed().version,
         ", strict" if _STRICT[0] else "",
+        ", checking invariants" if _CHECKING[0] else "",
     )
 
 

@@ -473,6 +473,8 @@ class HiSparseManager(KVCacheManager):
         self._host_core.free(rid)
         self._core.free(rid)
         self._requests.drop(rid)
+        if self._checking:
+            self.check_invariants()
 
     def pop_blocks_for_free(self, request: Any) -> list[Any]:
         """vLLM's deferred free: the coordinator detaches the request, both
@@ -489,13 +491,19 @@ class HiSparseManager(KVCacheManager):
             for group in core.pop_request_to_caller(rid) or ():
                 out.extend(views.many(group))
         self._requests.drop(rid)
+        if self._checking:
+            self.check_invariants()
         return out
 
     def reset_prefix_cache(self) -> bool:
         if not self._core.reset_prefix_cache():
+            if self._checking:
+                self.check_invariants()
             return False
         self._watchers.fire()
         self._host_core.reset_prefix_cache()
+        if self._checking:
+            self.check_invariants()
         if self.prefix_cache_stats is not None:
             self.prefix_cache_stats.reset = True
         return True

@@ -17,14 +17,15 @@ import sys
 from typing import Any
 
 from kvcoord.vllm import _versions
-from kvcoord.vllm._construct import set_strict
+from kvcoord.vllm._construct import set_checking, set_strict
 
 __all__ = ["disable", "enable", "is_enabled", "original_manager_class", "register", "status"]
 
 #: Environment variables: switch kvcoord on in every vLLM process (the
-#: plugin), and make a fallback an error.
+#: plugin), make a fallback an error, check the core's invariants.
 ENABLE_ENV = "KVCOORD_VLLM"
 STRICT_ENV = "KVCOORD_VLLM_STRICT"
+CHECK_ENV = "KVCOORD_VLLM_CHECK"
 
 # Modules whose global ``KVCacheManager`` is replaced.
 _TARGETS = ("vllm.v1.core.kv_cache_manager", "vllm.v1.core.sched.scheduler")
@@ -48,7 +49,7 @@ def _env_flag(name: str) -> bool:
     return os.environ.get(name, "") not in ("", "0")
 
 
-def enable(strict: bool | None = None) -> None:
+def enable(strict: bool | None = None, check: bool | None = None) -> None:
     """Make every ``KVCacheManager`` vLLM builds from now on kvcoord's.
     Idempotent; affects the whole process.
 
@@ -56,10 +57,15 @@ def enable(strict: bool | None = None) -> None:
     WARNING line, a count, and the reason in :func:`status`; with
     ``strict`` (default: ``KVCOORD_VLLM_STRICT=1``) building it raises
     :class:`~kvcoord.errors.NotServedError` naming the reason instead, so an
-    engine fails at start rather than run without kvcoord."""
+    engine fails at start rather than run without kvcoord. With ``check``
+    (default: ``KVCOORD_VLLM_CHECK=1``) every manager checks its core's
+    invariants after each call that releases blocks and raises
+    :class:`~kvcoord.errors.InvariantError` at the first broken one (a walk
+    of the pool per call: for tests and debugging)."""
     global _enabled
     _versions.installed()  # a clear ModuleNotFoundError without vLLM
     set_strict(_env_flag(STRICT_ENV) if strict is None else bool(strict))
+    set_checking(_env_flag(CHECK_ENV) if check is None else bool(check))
     if _enabled:
         return
     from kvcoord.vllm._hasher import make_block_hasher
@@ -91,6 +97,7 @@ def disable() -> None:
     they are) and turn strict mode off."""
     global _enabled
     set_strict(False)
+    set_checking(False)
     if not _enabled:
         return
     for name, cls in _original.items():
@@ -108,14 +115,15 @@ def is_enabled() -> bool:
 
 def register() -> None:
     """vLLM general-plugin entry point: enables kvcoord when ``KVCOORD_VLLM=1``
-    (strict when ``KVCOORD_VLLM_STRICT=1``)."""
+    (strict when ``KVCOORD_VLLM_STRICT=1``, checking invariants when
+    ``KVCOORD_VLLM_CHECK=1``)."""
     if _env_flag(ENABLE_ENV):
         enable()
 
 
 def status() -> dict[str, Any]:
-    """What kvcoord did in this process: whether it is switched on and
-    strict, the vLLM release, how many KV-cache managers it served and which
+    """What kvcoord did in this process: whether it is switched on,
+    strict and checking, the vLLM release, how many KV-cache managers it served and which
     fell back to vLLM's own (by reason), and how many requests each hasher
     hashed. (vLLM's multiprocess engine core builds its manager in its own
     process: this one's counts stay 0 there.)"""
@@ -125,6 +133,7 @@ def status() -> dict[str, Any]:
     return {
         "enabled": _enabled,
         "strict": _construct.is_strict(),
+        "checking": _construct.is_checking(),
         "vllm_version": _versions.installed().version if there else None,
         "unsupported_version": _versions.unsupported_reason() if there else _versions.MISSING,
         "served": _construct.served["managers"],

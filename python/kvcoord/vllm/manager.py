@@ -28,6 +28,7 @@ from kvcoord.vllm._construct import (
     caller_reason,
     fall_back,
     fallbacks,
+    is_checking,
     log_served,
     served,
     vllm_manager_class,
@@ -178,6 +179,7 @@ class KVCacheManager(DecodePath, ManagerReadouts, DecodeFastPath):
             tuple(() for _ in range(self.num_kv_cache_groups)), self._pool
         )
         self.prefix_cache_stats: Any = self._new_stats() if self.log_stats else None
+        self._checking = is_checking()
         self._init_fast_path(
             self._decode_room,
             self.empty_kv_cache_blocks,
@@ -427,6 +429,8 @@ class KVCacheManager(DecodePath, ManagerReadouts, DecodeFastPath):
         self._core.free(rid)
         self._requests.drop(rid)
         self._decode_room.pop(rid, None)
+        if self._checking:
+            self.check_invariants()
 
     def pop_blocks_for_free(self, request: Any) -> list[int]:
         """Forget the request and hand its blocks' references to the caller
@@ -440,6 +444,8 @@ class KVCacheManager(DecodePath, ManagerReadouts, DecodeFastPath):
         tables = self.get_block_ids(rid) if installed().pops_null_blocks else None
         groups = self._core.pop_request_to_caller(rid) or ()
         self._requests.drop(rid)
+        if self._checking:
+            self.check_invariants()
         if tables is not None and groups:
             return [i for g in tables for i in g]
         return [i for g in groups for i in g if i]
@@ -459,7 +465,10 @@ class KVCacheManager(DecodePath, ManagerReadouts, DecodeFastPath):
         self.block_pool.evict_blocks(block_ids)
 
     def reset_prefix_cache(self) -> bool:
-        if not self._core.reset_prefix_cache():
+        done = bool(self._core.reset_prefix_cache())
+        if self._checking:
+            self.check_invariants()
+        if not done:
             return False
         self._decode_room.clear()
         if self.prefix_cache_stats is not None:
