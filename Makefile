@@ -78,6 +78,15 @@ test-engine: engine-env ## Real vLLM engines on kvcoord against vLLM's own manag
 			-p no:cacheprovider -o addopts="-ra" || exit 1; \
 	done
 
+.PHONY: soak
+soak: engine-env ## vllm serve on kvcoord under load and faults for KVCOORD_SOAK_SECONDS (600 by default), each series in ENGINE_VLLM
+	@for v in $(ENGINE_VLLM); do \
+		echo "== serving soak on vLLM $$v"; \
+		KVCOORD_SOAK_SECONDS=$${KVCOORD_SOAK_SECONDS:-600} KVCOORD_ENGINE_VLLM=$$v VLLM_TARGET_DEVICE=cpu \
+			.venv-engine-$$v/bin/python -m pytest -q tests/engine/test_soak.py \
+			-p no:cacheprovider -o addopts="-ra" || exit 1; \
+	done
+
 .PHONY: fuzz
 fuzz: engine-env ## The lockstep scheduler fuzz, longer (KVCOORD_FUZZ_SEEDS=400 by default), each series in ENGINE_VLLM
 	@for v in $(ENGINE_VLLM); do \

