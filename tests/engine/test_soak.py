@@ -89,9 +89,9 @@ def test_every_block_is_back_when_the_load_stops(soak) -> None:
 )
 def test_memory_stays_flat(soak) -> None:
     """After warm-up the server's resident memory levels off: the last
-    quarter of the samples is within 3% + 48 MiB of the first (a leak of a
-    request's state per request would add hundreds of MiB over thousands
-    of requests)."""
+    quarter of the samples is within 3% + 48 MiB of the first, while the
+    requests served keep adding up (state kept per request would keep
+    growing with them)."""
     first, last = memory_growth(soak[0])
     assert first > 0, "too few memory samples"
     assert last <= first * 1.03 + 48 * MiB, (first / MiB, last / MiB)
