@@ -191,6 +191,8 @@ class ForeignPublisher:
         self._kept: dict[int, bytes] = {}
         self._lock = threading.Lock()
         self.requests: list[int] = []
+        #: Answer every replay request with exactly these, when set.
+        self.answer: list[tuple[int, bytes]] | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
@@ -212,9 +214,9 @@ class ForeignPublisher:
             first = int.from_bytes(start, "big")
             self.requests.append(first)
             with self._lock:
-                kept = sorted(self._kept.items())
+                kept = sorted(self._kept.items()) if self.answer is None else self.answer
             for seq, payload in kept:
-                if seq >= first:
+                if seq >= first or self.answer is not None:
                     self._router.send_multipart((ident, b"", b"", seq_frame(seq), payload))
             self._router.send_multipart((ident, b"", b"", END_SEQ, b""))
 

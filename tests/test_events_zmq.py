@@ -261,6 +261,15 @@ def test_an_unreadable_replayed_batch_does_not_stop_delivery(
         assert len(foreign.requests) == asked  # the bad batch is not asked for again
 
 
+def test_recv_keeps_order_whatever_the_replay_answers(foreign: ForeignPublisher) -> None:
+    """A foreign replay socket answering out of order, twice, or outside the
+    gap: ``recv`` still returns strictly increasing sequence numbers inside it."""
+    with joined_foreign(foreign) as sub:
+        foreign.answer = [(s, GOOD) for s in (3, 1, 2, 2, 0, 7)]
+        foreign.send(5, GOOD)
+        assert [s for s, _ in sub.recv(5000)] == [3, 5]
+
+
 def test_an_unreadable_live_batch_is_counted_and_skipped(foreign: ForeignPublisher) -> None:
     with joined_foreign(foreign) as sub:
         asked = len(foreign.requests)

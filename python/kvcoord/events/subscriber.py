@@ -149,9 +149,15 @@ class ZmqEventSubscriber:
         out: list[tuple[int, KVEventBatch]] = []
         if self._replay is not None and seq > self._last_seq + 1:
             try:
-                out = [(s, b) for s, b in self.replay(self._last_seq + 1) if s < seq]
+                missed = self.replay(self._last_seq + 1)
             except RuntimeError as e:  # no answer: the gap stays a gap
                 log.warning("event subscriber: replay before batch %d failed: %s", seq, e)
+                missed = []
+            last = self._last_seq
+            for s, b in missed:  # in order, inside the gap (whoever answered)
+                if last < s < seq:
+                    out.append((s, b))
+                    last = s
         batch = self._decode(seq, payload, "event message")
         if batch is not None:
             out.append((seq, batch))
