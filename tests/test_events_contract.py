@@ -191,6 +191,10 @@ def test_deep_nesting_is_refused_not_a_recursion_error() -> None:
     """Was: ``RecursionError`` from the encoder and from ``decode_batch``."""
     with pytest.raises(InvalidEventError, match="nested too deep"):
         encode_batch(batch_of(stored(extra_keys=[(nested(DEEP),)])))
+    loop: list[Any] = []
+    loop.append(loop)
+    with pytest.raises(InvalidEventError, match="nested too deep"):
+        encode_batch(batch_of(stored(extra_keys=[(loop,)])))
     ok = msgspec.msgpack.encode(batch_of(stored(extra_keys=[(0,)])))
     deep = DEEP_ARRAY
     payloads = [
