@@ -15,9 +15,11 @@ __all__ = [
     "BlockTableIndexError",
     "ConfigError",
     "ConfigTypeError",
+    "EventTypeError",
     "HashTypeError",
     "InvalidArgumentError",
     "InvalidBlockIdError",
+    "InvalidEventError",
     "InvalidHashError",
     "InvalidTokenError",
     "InvariantError",
@@ -99,6 +101,20 @@ class BlockTableError(KvCoordError, ValueError):
 class BlockTableIndexError(BlockTableError, IndexError):
     """A block-table row, request count or token position is out of range
     (also an ``IndexError``). The table is left exactly as it was."""
+
+
+class InvalidEventError(KvCoordError, ValueError):
+    """A KV event batch that ``kvcoord.events.decode_batch`` would refuse: a
+    value out of range or of the wrong type for the wire (the message says
+    where, ``$[1][0].block_size``), or nested too deep. Raised by
+    ``make_batch``, ``encode_batch`` and ``ZmqEventPublisher.publish``
+    before anything is sent or kept for replay."""
+
+
+class EventTypeError(InvalidEventError, TypeError):
+    """An event batch holds an object of the wrong type: not a batch, not a
+    wire or kvcoord event, a string where a number goes, an object msgpack
+    cannot encode. Also a ``TypeError``."""
 
 
 class InvariantError(KvCoordError, AssertionError):

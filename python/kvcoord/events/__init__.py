@@ -30,6 +30,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 from kvcoord.events.publisher import END_SEQ, ZmqEventPublisher
 from kvcoord.events.subscriber import ZmqEventSubscriber
 from kvcoord.events.wire import (
+    MAX_EXTRA_KEYS_DEPTH,
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
@@ -46,6 +47,7 @@ from kvcoord.events.wire import (
 
 __all__ = [
     "END_SEQ",
+    "MAX_EXTRA_KEYS_DEPTH",
     "AllBlocksCleared",
     "BlockRemoved",
     "BlockStored",

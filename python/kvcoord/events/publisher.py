@@ -9,8 +9,10 @@ publisher) and the msgpack payload of :mod:`kvcoord.events.wire`. The last
 itself) and receives ``(b"", topic, seq, payload)`` for every kept batch
 with ``seq >= start_seq``, then the end marker ``(b"", b"", -1, b"")``.
 
-The caller's thread only enqueues (``publish`` costs a queue put); a worker
-thread converts, encodes, sends and answers replay requests.
+``publish`` converts and encodes the batch in the caller's thread and checks
+it against the wire contract (:func:`kvcoord.events.encode_batch`), so a bad
+batch raises there and never reaches the socket or the replay buffer; a
+worker thread sends the checked payloads and answers replay requests.
 """
 
 from __future__ import annotations
@@ -24,14 +26,19 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from types import TracebackType
 
+import msgspec
 import zmq
 
+from kvcoord.errors import ArgumentTypeError, EventTypeError, InvalidArgumentError
+from kvcoord.events import _args
 from kvcoord.events.wire import (
+    BlockStored,
     CoreEvent,
     KVEventBatch,
     WireEvent,
+    build_batch,
+    check_options,
     encode_batch,
-    make_batch,
 )
 
 __all__ = ["END_SEQ", "ZmqEventPublisher"]
@@ -41,7 +48,8 @@ log = logging.getLogger("kvcoord.events")
 #: Sequence frame of the replay end marker: -1 as 8 signed big-endian bytes.
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 
-_Item = tuple[float, list[CoreEvent | WireEvent]] | KVEventBatch
+#: A checked payload and its number of events, as the worker sends it.
+_Item = tuple[bytes, int]
 
 
 def _binds(endpoint: str) -> bool:
@@ -60,17 +68,23 @@ class ZmqEventPublisher:
         replay_endpoint: ROUTER address for replay requests (always bound);
             None for no replay.
         topic: first frame of every message (subscribers filter on it).
-        buffer_steps: batches kept for replay.
-        hwm: send high-water mark of the PUB socket.
-        max_queue_size: batches waiting for the worker; ``publish`` blocks
-            when that many are queued.
-        data_parallel_rank: stamped on batches that carry none.
+        buffer_steps: batches kept for replay, in ``[1, 2**31 - 1]``.
+        hwm: send high-water mark of the PUB socket, in ``[0, 2**31 - 1]``
+            (0: no limit).
+        max_queue_size: batches waiting for the worker, in ``[1, 2**31 - 1]``;
+            ``publish`` blocks when that many are queued.
+        data_parallel_rank: stamped on batches that carry none (an int the
+            wire takes: ``>= 0``, below ``2**64``; None stamps nothing).
         int_hashes: hashes as vLLM's integers (its default) or digests.
-        lora_ids: LoRA name -> adapter id for the wire's ``lora_id`` field.
+        lora_ids: LoRA name (str) -> adapter id (an int the wire takes) for
+            the wire's ``lora_id`` field.
         bind: force binding (True) or connecting (False) the PUB socket.
         context: a ``zmq.Context`` (the process-wide instance by default).
 
     Raises:
+        ArgumentTypeError: an argument of the wrong type (a ``TypeError``).
+        InvalidArgumentError: an argument out of range, an empty endpoint, a
+            topic that is not UTF-8 (a ``ValueError``).
         zmq.ZMQError: an address cannot be bound or connected.
     """
 
@@ -85,19 +99,24 @@ class ZmqEventPublisher:
         buffer_steps: int = 10_000,
         hwm: int = 100_000,
         max_queue_size: int = 100_000,
-        data_parallel_rank: int = 0,
+        data_parallel_rank: int | None = 0,
         int_hashes: bool = True,
         lora_ids: Mapping[str, int] | None = None,
         bind: bool | None = None,
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
     ) -> None:
-        if buffer_steps < 1 or max_queue_size < 1 or hwm < 0:
-            raise ValueError("buffer_steps and max_queue_size must be >= 1, hwm >= 0")
-        self._ctx = context if context is not None else zmq.Context.instance()
-        self._topic = topic.encode("utf-8")
-        self._rank = data_parallel_rank
+        endpoint = _args.endpoint("endpoint", endpoint)
+        replay_endpoint = _args.optional_endpoint("replay_endpoint", replay_endpoint)
+        self._topic = _args.topic(topic)
+        buffer_steps = _args.count("buffer_steps", buffer_steps, 1)
+        hwm = _args.count("hwm", hwm, 0)
+        max_queue_size = _args.count("max_queue_size", max_queue_size, 1)
+        self._rank = _wire_rank(data_parallel_rank)
+        check_options(int_hashes, lora_ids)
         self._int_hashes = int_hashes
-        self._lora_ids = dict(lora_ids) if lora_ids else None
+        self._lora_ids = _wire_lora_ids(lora_ids)
+        bind = _args.optional_flag("bind", bind)
+        self._ctx = _args.context(context)
         self._queue: queue.Queue[_Item | None] = queue.Queue(maxsize=max_queue_size)
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
         self._next_seq = 0
@@ -114,7 +133,8 @@ class ZmqEventPublisher:
             if replay_endpoint is not None:
                 self._replay = self._ctx.socket(zmq.ROUTER)
                 # Room for a whole replay plus its end marker.
-                self._replay.setsockopt(zmq.SNDHWM, 2 * (buffer_steps + 1))
+                replay_hwm = min(2 * (buffer_steps + 1), _args.MAX_COUNT)
+                self._replay.setsockopt(zmq.SNDHWM, replay_hwm)
                 self._replay.bind(replay_endpoint)
                 replay_endpoint = self._replay.getsockopt_string(zmq.LAST_ENDPOINT)
         except BaseException:
@@ -136,21 +156,42 @@ class ZmqEventPublisher:
         self, events: Iterable[CoreEvent | WireEvent] | KVEventBatch, *, ts: float | None = None
     ) -> None:
         """Queue one batch: a :class:`KVEventBatch`, or events from
-        ``take_events`` (stamped ``ts``, default now). Blocks while the queue
-        is full.
+        ``take_events`` (stamped ``ts``, default now). The batch is
+        converted, stamped with the publisher's rank if it carries none (a
+        copy: the caller's batch is left as it is), encoded and checked here,
+        in the caller's thread; only a payload that ``decode_batch`` reads
+        is queued. Blocks while the queue is full.
 
         Raises:
+            InvalidEventError: the batch breaks the wire contract (see
+                :func:`kvcoord.events.encode_batch`); nothing was queued.
+            EventTypeError: an event of the wrong type (a ``TypeError``).
+            InvalidArgumentError: ``ts`` given with a :class:`KVEventBatch`
+                (which carries its own).
             RuntimeError: the publisher was shut down.
         """
         if not self._running:
             raise RuntimeError("the publisher is shut down")
         if isinstance(events, KVEventBatch):
-            self._queue.put(events)
+            if ts is not None:
+                raise InvalidArgumentError("ts is for events; a KVEventBatch carries its own")
+            batch = events
+            if batch.data_parallel_rank is None:
+                batch = msgspec.structs.replace(batch, data_parallel_rank=self._rank)
         else:
-            self._queue.put((time.time() if ts is None else ts, list(events)))
+            batch = build_batch(
+                events,
+                ts=ts,
+                data_parallel_rank=self._rank,
+                int_hashes=self._int_hashes,
+                lora_ids=self._lora_ids,
+            )
+        payload = encode_batch(batch)
+        self._queue.put((payload, len(batch.events)))
 
     def flush(self, timeout: float = 5.0) -> bool:
         """Wait until every queued batch is sent; False on timeout."""
+        timeout = _args.seconds("timeout", timeout)
         deadline = time.monotonic() + timeout
         while self._queue.unfinished_tasks:
             if time.monotonic() > deadline or not self._thread.is_alive():
@@ -169,21 +210,20 @@ class ZmqEventPublisher:
         return self._sent_events
 
     def shutdown(self, timeout: float | None = None) -> None:
-        """Send what is queued (up to ``timeout`` seconds, default 1), stop
-        the worker and close the sockets. Idempotent."""
+        """Stop taking batches and wait up to ``timeout`` seconds (default 1)
+        for the worker to send what is queued; it closes the sockets when it
+        is done (also when that takes longer). Idempotent."""
+        limit = self.SHUTDOWN_TIMEOUT if timeout is None else _args.seconds("timeout", timeout)
         if not self._running:
             return
         self._running = False
-        limit = self.SHUTDOWN_TIMEOUT if timeout is None else timeout
         deadline = time.monotonic() + limit
         # A full queue: the worker stops once it has drained it.
         with contextlib.suppress(queue.Full):
             self._queue.put(None, timeout=limit)
         self._thread.join(max(0.0, deadline - time.monotonic()))
         if self._thread.is_alive():
-            log.warning("event publisher: %d batches unsent at shutdown", self._queue.qsize())
-        else:
-            self._close_sockets()
+            log.warning("event publisher: %d batches still queued at shutdown", self._queue.qsize())
 
     def __enter__(self) -> ZmqEventPublisher:
         return self
@@ -204,6 +244,12 @@ class ZmqEventPublisher:
             self._replay.close(linger=0)
 
     def _run(self) -> None:
+        try:
+            self._work()
+        finally:  # the sockets belong to this thread from the start on
+            self._close_sockets()
+
+    def _work(self) -> None:
         while self._running or not self._queue.empty():
             if self._replay is not None and self._replay.poll(0):
                 try:
@@ -227,19 +273,12 @@ class ZmqEventPublisher:
             self._serve_replay()
 
     def _send(self, item: _Item) -> None:
-        if isinstance(item, KVEventBatch):
-            batch = item
-        else:
-            ts, events = item
-            batch = make_batch(events, ts=ts, int_hashes=self._int_hashes, lora_ids=self._lora_ids)
-        if batch.data_parallel_rank is None:
-            batch.data_parallel_rank = self._rank
-        payload = encode_batch(batch)
+        payload, num_events = item
         seq = self._next_seq
         self._pub.send_multipart((self._topic, seq.to_bytes(8, "big"), payload))
         self._buffer.append((seq, payload))
         self._next_seq = seq + 1
-        self._sent_events += len(batch.events)
+        self._sent_events += num_events
 
     def _serve_replay(self) -> None:
         assert self._replay is not None
@@ -255,3 +294,39 @@ class ZmqEventPublisher:
                     (client, b"", self._topic, seq.to_bytes(8, "big"), payload)
                 )
         self._replay.send_multipart((client, b"", b"", END_SEQ, b""))
+
+
+# The constructor's wire values are checked by the wire contract itself:
+# a probe batch carrying them must encode.
+
+
+def _probe(what: str, batch: KVEventBatch) -> None:
+    try:
+        encode_batch(batch)
+    except EventTypeError as e:
+        raise ArgumentTypeError(f"{what}: {e}") from None
+    except ValueError as e:
+        raise InvalidArgumentError(f"{what}: {e}") from None
+
+
+def _wire_rank(rank: object) -> int | None:
+    _probe("data_parallel_rank", KVEventBatch(ts=0.0, events=[], data_parallel_rank=rank))  # type: ignore[arg-type]
+    return rank  # type: ignore[return-value]
+
+
+def _wire_lora_ids(lora_ids: Mapping[str, int] | None) -> dict[str, int] | None:
+    if lora_ids is None:
+        return None
+    out = dict(lora_ids)
+    for name, lora_id in out.items():
+        stored = BlockStored(
+            block_hashes=[],
+            parent_block_hash=None,
+            token_ids=[],
+            block_size=1,
+            lora_id=lora_id,
+            medium=None,
+            lora_name=name,
+        )
+        _probe(f"lora_ids[{name!r}]", KVEventBatch(ts=0.0, events=[stored]))
+    return out or None
