@@ -60,7 +60,7 @@ space := $(empty) $(empty)
 
 # kvcoord beside vLLM's own manager, run in each engine venv with the engines.
 ENGINE_VLLM_TESTS := tests/kvcoord_vllm/test_api_drift.py tests/kvcoord_vllm/test_strict_mode.py \
-	tests/kvcoord_vllm/test_lockstep_fuzz.py
+	tests/kvcoord_vllm/test_lockstep_fuzz.py tests/test_events_wire.py
 
 .PHONY: engine-env
 engine-env: venv ## CPU engine virtualenvs (.venv-engine-<series>: vLLM with CPU kernels + kvcoord's wheel)
