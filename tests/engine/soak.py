@@ -66,8 +66,12 @@ class SoakSettings:
     max_model_len: int = 512
     max_num_seqs: int = 12
     num_prefixes: int = 4
+    #: Distinct prompts (see _Prompts).
+    distinct: int = 160
     prefix_len: tuple[int, int] = (64, 224)
     suffix_len: tuple[int, int] = (1, 64)
+    #: How far below the length limit the prompts of limit-length generations end.
+    near_limit: tuple[int, int] = (8, 72)
     max_tokens: tuple[int, int] = (2, 48)
     vocab_size: int = 4096
     sample_every_s: float = 2.0
@@ -141,30 +145,44 @@ class _Outage:
 
 
 class _Prompts:
+    """A fixed set of distinct prompts, drawn again and again (so whole
+    prompts hit the prefix cache too, and the reference serves each once):
+    ``distinct`` made of a shared prefix and a suffix of their own, and an
+    eighth as many within ``near_limit`` tokens of the model's length limit
+    for the generations that run up to it."""
+
     def __init__(self, s: SoakSettings) -> None:
         self.s = s
         rng = random.Random(s.seed)
-        self.prefixes = [
-            self._tokens(rng, rng.randint(*s.prefix_len)) for _ in range(s.num_prefixes)
+        prefixes = [self._tokens(rng, rng.randint(*s.prefix_len)) for _ in range(s.num_prefixes)]
+        self.common = [
+            rng.choice(prefixes) + self._tokens(rng, rng.randint(*s.suffix_len))
+            for _ in range(s.distinct)
         ]
+        limit = s.max_model_len
+        self.long = []
+        for _ in range(max(1, s.distinct // 8)):
+            prompt = rng.choice(prefixes)
+            want = limit - rng.randint(*s.near_limit)
+            self.long.append(prompt + self._tokens(rng, max(0, want - len(prompt))))
 
     def _tokens(self, rng: random.Random, n: int) -> list[int]:
         return [rng.randrange(3, self.s.vocab_size) for _ in range(n)]
 
     def draw(self, rng: random.Random, action: str) -> tuple[list[int], int]:
         """A prompt and its ``max_tokens`` for ``action``."""
-        s = self.s
-        limit = s.max_model_len
-        prompt = rng.choice(self.prefixes) + self._tokens(rng, rng.randint(*s.suffix_len))
+        limit = self.s.max_model_len
         if action == "prompt_too_long":
+            prompt = rng.choice(self.common)
             return prompt + self._tokens(rng, limit + 1 - len(prompt) + rng.randint(0, 64)), 4
-        if action == "tokens_past_limit":
-            return prompt, limit - len(prompt) + rng.randint(1, 64)
+        if action in ("to_model_limit", "tokens_past_limit"):
+            prompt = rng.choice(self.long)
+            past = rng.randint(1, 64) if action == "tokens_past_limit" else 0
+            return prompt, limit - len(prompt) + past
+        prompt = rng.choice(self.common)
         if action == "one_token":
             return prompt, 1
-        if action == "to_model_limit":
-            return prompt, limit - len(prompt)
-        return prompt, rng.randint(*s.max_tokens)
+        return prompt, rng.randint(*self.s.max_tokens)
 
 
 def _client_loop(
