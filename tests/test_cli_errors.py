@@ -178,12 +178,12 @@ def test_json_output_is_always_valid_json(tmp_path: Path) -> None:
         (["replay", "--num-blocks", "99999999999999999999"], "argument --num-blocks: expected at"),
         (["replay", "--num-blocks", "9" * 5000], "argument --num-blocks: expected a positive"),
         (["replay", "--block-size", str(2**32)], "argument --block-size: expected at most"),
-        (["replay", "--capacity-tokens", str(10**14)], "larger than the 16,777,216"),
+        (["replay", "--capacity-tokens", str(10**14)], "more than a h100 holds"),
         (["replay", "--token-budget", str(2**63)], "argument --token-budget"),
         (["replay", "--max-running", str(2**40)], "argument --max-running"),
         (["replay", "--time-scale", "1e400"], "argument --time-scale"),
         (["sweep", "--sizes", f"100,{2**40}"], "argument --sizes: expected at most"),
-        (["sweep", "--capacities", f"{2**60}"], "larger than the 16,777,216"),
+        (["sweep", "--capacities", f"{2**60}"], "more than a h100 holds"),
         (["sweep", "--max-blocks", f"{2**40}"], "argument --max-blocks"),
         (["sweep", "--points", "1000000"], "argument --points: expected at most 1,000"),
         (["sweep", "--jobs", "100000"], "argument --jobs: expected at most 256"),
@@ -192,6 +192,21 @@ def test_json_output_is_always_valid_json(tmp_path: Path) -> None:
 )
 def test_out_of_range_sizes(argv: list[str], needle: str) -> None:
     _one_error(_run(argv), 2, needle)
+
+
+def test_pool_the_gpu_holds_but_the_cli_does_not_build(tmp_path: Path) -> None:
+    # a model so small that 2**24 blocks (16 tokens of 1 layer, 32 bytes a token) fit
+    cfg = tmp_path / "tiny.json"
+    cfg.write_text(
+        json.dumps(
+            {"num_hidden_layers": 1, "hidden_size": 64, "num_attention_heads": 8,
+             "num_key_value_heads": 1, "head_dim": 8, "vocab_size": 100}
+        )
+    )  # fmt: skip
+    res = _run(["replay", "--model-config", str(cfg), "--capacity-tokens", str(2**28)])
+    _one_error(
+        res, 2, "--capacity-tokens: a pool of 16,777,217 blocks is larger than the 16,777,216"
+    )
 
 
 @pytest.mark.parametrize(
@@ -588,7 +603,7 @@ def test_generated_request_ids_never_clash_with_given_ones(tmp_path: Path) -> No
     assert res.returncode == 0, res.stderr
     bad = _write(tmp_path / "b.jsonl", [{"prompt_token_ids": [1]}, {"prompt_token_ids": [2]}])
     bad.write_text(bad.read_text() + '{"prompt_token_ids": [3], "request_id": "x"}\n' * 2)
-    _one_error(_run(["replay", "--trace", str(bad)]), 2, f"{bad}:4: duplicate request_id 'x'")
+    _one_error(_run(["replay", "--trace", str(bad)]), 2, f"{bad}:4:41: duplicate request_id 'x'")
 
 
 def test_output_naming_an_input_file_is_refused(tmp_path: Path) -> None:
@@ -623,3 +638,214 @@ def test_sweep_zero_size_in_any_unit_means_none(tmp_path: Path) -> None:
     variants = [r["variant"] for r in json.loads(out.read_text())["rows"]]
     assert variants == ["llama-3.1-8b", "llama-3.1-8b + host 1 GiB"]
     _one_error(_run(["replay", "--host-memory", "0GiB"]), 2, "expected a positive size")
+
+
+# --------------------------------------------------------------------------- issue 31.6 / 32.3-4
+
+
+def test_version_is_the_package_version() -> None:
+    # was: taken as a replay ("unrecognized arguments: --version")
+    from kvcoord import __version__
+
+    for argv in (["--version"], ["-V"], ["replay", "--version"], ["sweep", "--version"]):
+        res = _run(argv)
+        assert (res.returncode, res.stdout, res.stderr) == (0, f"kvcoord {__version__}\n", "")
+
+
+def test_layer_name_repeated_in_a_group_exits_2(tmp_path: Path) -> None:
+    # was: exit 1 ("KVCacheGroup.layer_names must be distinct")
+    p = tmp_path / "l.json"
+    p.write_text(json.dumps({"groups": [{"type": "full_attention", "layers": ["a", "b", "a"]}]}))
+    for argv in (["replay", "--layout", str(p)], ["sweep", "--layouts", f"full,{p}"]):
+        _one_error(_run(argv), 2, f"{p}: groups[0]:", "must be distinct")
+
+
+def test_bad_trace_lines_via_the_cli(tmp_path: Path) -> None:
+    good = json.dumps({"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]})
+    p = tmp_path / "t.jsonl"
+    p.write_bytes(((good + "\n") * 499).encode() + b'{"timestamp": 0, "x\xff": 1}\n')
+    _one_error(_run(["replay", "--trace", str(p)]), 2, f"{p}:500:20: not UTF-8 text")
+    p.write_text(good + "\nnull\n")
+    _one_error(_run(["replay", "--trace", str(p)]), 2, f"{p}:2:1: expected a JSON object, got null")
+    zero = good.replace('"output_length": 1', '"output_length": 0')
+    p.write_text(zero + "\n")
+    col = zero.index('"output_length"') + len('"output_length": ') + 1
+    _one_error(_run(["replay", "--trace", str(p)]), 2, f"{p}:1:{col}: 'output_length' must be >= 1")
+
+
+def test_unknown_trace_field_and_lenient_fields(tmp_path: Path) -> None:
+    # was: a typo ignored, so the request arrived at 0
+    p = _write(tmp_path / "t.jsonl", [{"prompt_token_ids": [1, 2], "arival_time": 5}])
+    res = _run(["replay", "--trace", str(p), "--no-progress"])
+    _one_error(
+        res,
+        2,
+        f"{p}:1:30: unknown field 'arival_time' (did you mean 'arrival_time'?)",
+        "--lenient-fields ignores fields",
+    )
+    res = _run(["replay", "--trace", str(p), "--no-progress", "--lenient-fields"])
+    assert res.returncode == 0, res.stderr
+    sweep = ["sweep", "--trace", str(p), "--sizes", "64", "--jobs", "1", "--no-progress"]
+    assert _run([*sweep, "--lenient-fields"]).returncode == 0
+    _one_error(_run(sweep), 2, "unknown field 'arival_time'")
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        # was: "--model: unknown model" for a sweep's --models
+        (
+            ["sweep", "--models", "llama-3.1-8b,lama-3.1-70b"],
+            "--models: unknown model 'lama-3.1-70b'",
+        ),
+        (["sweep", "--layouts", "full,slidingwindow"], "--layouts: unknown layout 'slidingwindow'"),
+        (["sweep", "--host-memories", "0,1kB"], "--host-memories 1,000 B: smaller than one"),
+        (["sweep", "--disk-memories", "1kB"], "--disk-memories 1,000 B: smaller than one"),
+        (["sweep", "--kv-memories", "1GiB,8TiB"], "--kv-memories (llama-3.1-8b): "),
+        (["sweep", "--kv-memory", "1GiB"], "unrecognized arguments: --kv-memory 1GiB"),
+    ],
+)
+def test_sweep_errors_name_the_flag_typed(argv: list[str], needle: str) -> None:
+    _one_error(_run([*argv, "--trace", str(MOONCAKE), "--jobs", "1"]), 2, needle)
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["replay", "--model", "llama-3.1-7b"], "(did you mean 'llama-3.1-70b'?)"),
+        (["replay", "--gpu", "H10"], "(did you mean 'h100'?)"),
+        (["replay", "--layout", "sliding_window"], "(did you mean 'sliding-window'?)"),
+        (["replay", "--kv-dtype", "fp9"], "(did you mean 'fp8'?)"),
+        (["replay", "--router", "prefix-awar"], "(did you mean 'prefix-aware'?)"),
+        (["replay", "--policy", "lfuu"], "(did you mean 'lfu'?)"),
+        (["replay", "--format", "token"], "(did you mean 'tokens'?)"),
+        (["sweep", "--executor", "rey"], "(did you mean 'ray'?)"),
+        (["sweep", "--policies", "lru,prefix_depth"], "(did you mean 'prefix-depth'?)"),
+        (["sweep", "--routers", "least-load"], "(did you mean 'least-loaded'?)"),
+        (["replay", "--kv-memry", "4GiB"], "(did you mean '--kv-memory'?)"),
+        (["replay", "--kv-mem", "4GiB"], "(did you mean '--kv-memory'?)"),  # no abbreviations
+        (["replay", "--trace", "tests/data/mooncake_smal.jsonl"], "(did you mean 'mooncake_small"),
+        (["replay", "--layout", "fulll.json"], "no such layout file"),
+    ],
+)
+def test_misspelt_names_get_a_suggestion(argv: list[str], needle: str) -> None:
+    if "--format" in argv:
+        argv = [*argv, "--trace", str(MOONCAKE)]
+    res = _run(argv, cwd=Path(__file__).parent.parent)
+    _one_error(res, 2, needle)
+
+
+def test_misspelt_command_gets_a_suggestion() -> None:
+    res = _run(["sweeep"])
+    assert res.returncode == 2 and "(did you mean 'sweep'?)" in res.stderr, res.stderr
+    assert len(res.stderr.splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        # was: 40 bytes
+        (["replay", "--kv-memory", "40"], "a size needs a unit, got '40': did you mean 40GiB?"),
+        (["replay", "--host-memory", "256"], "did you mean 256GiB?"),
+        (["replay", "--disk-memory", "2"], "did you mean 2GiB?"),
+        (["sweep", "--kv-memories", "16,32GiB"], "did you mean 16GiB?"),
+        (["sweep", "--host-memories", "0,64"], "did you mean 64GiB?"),
+        (["replay", "--kv-memory", "40Gb"], None),  # units are case-insensitive: accepted
+        (["replay", "--kv-memory", "40 GiBs"], "unknown size unit 'GiBs'"),
+    ],
+)
+def test_sizes_need_a_unit(argv: list[str], needle: str | None) -> None:
+    res = _run([*argv, "--trace", str(MOONCAKE), "--no-progress", "--jobs", "1"][: len(argv) + 3])
+    if needle is None:
+        assert res.returncode == 0, res.stderr
+    else:
+        _one_error(res, 2, needle)
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        # was: accepted
+        (["--kv-memory", "8TiB", "--gpu", "h100"], "more than a h100 holds: 79.65 GiB of memory"),
+        (["--kv-memory", "66GiB"], "leaves 64.69 GiB for the KV cache"),
+        (["--num-blocks", "40000"], "--num-blocks: 40,000 blocks are 78.12 GiB"),
+        (["--capacity-tokens", "1000000"], "--capacity-tokens: "),
+        (["--model", "llama-3.1-70b", "--tp", "2", "--kv-memory", "20GiB"], "(TP 2) leaves"),
+    ],
+)
+def test_a_pool_larger_than_the_gpu_is_refused(argv: list[str], needle: str) -> None:
+    _one_error(_run(["replay", "--trace", str(MOONCAKE), *argv]), 2, needle)
+    # what fits is accepted: 64 GiB beside Llama-3.1-8B's 15 GiB of weights on 80 GiB
+    assert _run(["replay", "--trace", str(MOONCAKE), "--kv-memory", "64GiB"]).returncode == 0
+
+
+def test_summaries_know_about_instances(tmp_path: Path) -> None:
+    # was: "54.72 GiB per GPU (54.72 GiB total)", "on 1x h100", "per step p50 0.0 us"
+    out = tmp_path / "c.json"
+    argv = ["replay", "--instances", "4", "--tp", "2", "--no-progress", "--json", str(out)]
+    res = _run([*argv, "--host-memory", "10GiB"])
+    assert res.returncode == 0, res.stderr
+    s = json.loads(out.read_text())
+    assert s["instances"] == 4 and s["num_gpus"] == 8
+    assert s["kv_memory_gib_total"] == pytest.approx(s["kv_memory_gib_per_gpu"] * 8)
+    assert "on 8x h100 (4 engines of TP 2)" in res.stdout
+    per_gpu, total = s["kv_memory_gib_per_gpu"], s["kv_memory_gib_total"]
+    assert f"{per_gpu:,.2f} GiB per GPU ({total:,.2f} GiB total on 8 GPUs)" in res.stdout
+    assert "token slots per engine" in res.stdout
+    assert "10.0 GiB per engine (40.0 GiB total)" in res.stdout
+    # every step calls the manager, so every step's time is a measurement
+    (line,) = [x for x in res.stdout.splitlines() if x.startswith("manager time")]
+    assert " 0.0 us" not in line and " 0 ns" not in line, line
+    assert s["manager_us_per_step_p50"] > 0
+    one = _run(["replay", "--no-progress", "--tp", "2"])
+    assert "on 2x h100, KV" in one.stdout and "total on 2 GPUs" in one.stdout
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["replay", "--layout", "LAYOUT_DUP"],
+        ["replay", "--layout", "LAYOUT_BAD_WINDOW"],
+        ["replay", "--model-config", "CFG_NOT_OBJECT"],
+        ["replay", "--trace", "TRACE_DUP_KEY"],
+        ["replay", "--trace", "TRACE_SURROGATE"],
+        ["replay", "--trace", "TRACE_EMPTY"],
+        ["replay", "--format", "tokens"],
+        ["replay", "--lenient-fields"],
+        ["replay", "--policy", "priority:retention=99999999999"],
+        ["replay", "--router", "prefix-aware:balance=x"],
+        ["replay", "--block-size", "7", "--model", "jamba-1.5-mini"],
+        ["replay", "--instances", "2", "--plot", "x.png"],
+        ["sweep", "--layouts", "full", "--layout", "full"],
+        ["sweep", "--routers", "least-loaded"],
+        ["sweep", "--address", "auto"],
+        ["sweep", "--sizes", "100", "--min-blocks", "10"],
+        ["sweep", "--min-blocks", "5000", "--max-blocks", "4000"],
+    ],
+)
+def test_every_bad_input_exits_2_with_one_line(tmp_path: Path, argv: list[str]) -> None:
+    """The class of #32.4: whatever is wrong with the flags, the layout, the model
+    config or the trace, the command says so in one line and exits 2."""
+    files = {
+        "LAYOUT_DUP": ("l.json", '{"groups": [{"type": "full", "layers": ["x", "x"]}]}'),
+        "LAYOUT_BAD_WINDOW": (
+            "w.json",
+            '{"groups": [{"type": "full"}, {"type": "swa", "sliding_window": 0}]}',
+        ),
+        "CFG_NOT_OBJECT": ("config.json", "[1, 2]"),
+        "TRACE_DUP_KEY": ("d.jsonl", '{"prompt_token_ids": [1], "prompt_token_ids": [2]}\n'),
+        "TRACE_SURROGATE": ("s.jsonl", '{"prompt_token_ids": [1], "request_id": "\\udc00"}\n'),
+        "TRACE_EMPTY": ("e.jsonl", "\n\n"),
+    }
+    args = []
+    for a in argv:
+        if a in files:
+            name, text = files[a]
+            (tmp_path / name).write_text(text)
+            a = str(tmp_path / name)
+        args.append(a)
+    if "--trace" not in args and "--lenient-fields" not in args and "--format" not in args:
+        args += ["--trace", str(MOONCAKE)]
+    res = _run([*args, "--jobs", "1"] if args[0] == "sweep" else args, cwd=tmp_path)
+    _one_error(res, 2)
+    assert "Traceback" not in res.stderr and res.stdout == ""

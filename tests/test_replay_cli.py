@@ -66,11 +66,12 @@ def test_malformed_trace_line_is_named(tmp_path: Path, capsys: pytest.CaptureFix
     p.write_text(
         json.dumps({"prompt_token_ids": [1, 2]}) + "\n" + '{"prompt_token_ids": [1, "a"]}\n'
     )
-    _fails(capsys, ["replay", "--trace", str(p)], f"{p}:2: 'prompt_token_ids' must be")
+    _fails(capsys, ["replay", "--trace", str(p)], f"{p}:2:26: 'prompt_token_ids' must be")
     _fails(
         capsys,
         ["replay", "--trace", MOONCAKE, "--format", "tokens"],
-        "mooncake_small.jsonl:1: missing field",
+        "mooncake_small.jsonl:1:18: unknown field 'input_length' of the tokens format: the "
+        "line is in the mooncake format (--format mooncake)",
     )
     empty = tmp_path / "e.jsonl"
     empty.write_text("\n")

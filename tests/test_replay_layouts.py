@@ -101,7 +101,7 @@ def test_json_and_toml_files(tmp_path: Path) -> None:
     [
         ([], "must be a table/object"),
         ({"groups": []}, "non-empty list"),
-        ({"groups": [{"type": "full_attention"}], "colour": 1}, "unknown layout key(s) colour"),
+        ({"groups": [{"type": "full_attention"}], "colour": 1}, "unknown layout key 'colour'"),
         ({"groups": [{"block_size": 16}]}, "missing 'type'"),
         ({"groups": [{"type": "linear"}]}, "unknown type 'linear'"),
         ({"groups": [{"type": "cross_attention"}]}, "unknown type 'cross_attention'"),
@@ -128,7 +128,7 @@ def test_json_and_toml_files(tmp_path: Path) -> None:
             {"groups": [{"type": "chunked_local", "attention_chunk_size": 0}]},
             "attention_chunk_size must be a positive integer",
         ),
-        ({"groups": [{"type": "full", "heads": 4}]}, "unknown key(s) heads"),
+        ({"groups": [{"type": "full", "heads": 4}]}, "unknown group key 'heads'"),
         ({"groups": [{"type": "full", "layers": 0}]}, "layers must be a positive integer"),
         (
             {

@@ -223,10 +223,16 @@ def test_host_tier_is_lru_over_prefix_chunks() -> None:
 def test_parse_bytes() -> None:
     assert parse_bytes("40GiB") == 40 * GiB
     assert parse_bytes("1.5 TB") == 1.5e12
-    assert parse_bytes("4096") == 4096
+    assert parse_bytes("4096B") == 4096
+    assert parse_bytes("0", allow_zero=True) == parse_bytes("0GiB", allow_zero=True) == 0
     for bad in ("x", "-1GiB", "4 parsecs", "0"):
         with pytest.raises(ValueError):
             parse_bytes(bad)
+    # a number without a unit is refused with a hint, not read as bytes
+    with pytest.raises(ValueError, match=r"a size needs a unit, got '40': did you mean 40GiB\?"):
+        parse_bytes("40")
+    with pytest.raises(ValueError, match=r"unknown size unit 'Gi' .*did you mean 'GiB'"):
+        parse_bytes("40Gi")
 
 
 def test_default_size_from_gpu_and_trace() -> None:

@@ -105,48 +105,67 @@ def test_mooncake_block_tokens_distinct_at_small_block_sizes() -> None:
 
 
 @pytest.mark.parametrize(
-    ("line", "problem"),
+    ("line", "problem", "at"),
     [
-        ("{not json", "invalid JSON"),
-        ("[1, 2]", "expected a JSON object"),
-        ('{"input_length": 10, "output_length": 1, "hash_ids": [1]}', "missing field 'timestamp'"),
-        ('{"timestamp": 0, "output_length": 1, "hash_ids": [1]}', "missing field 'input_length'"),
+        ("{not json", "invalid JSON", "not"),
+        ("[1, 2]", "expected a JSON object", "["),
+        (
+            '{"input_length": 10, "output_length": 1, "hash_ids": [1]}',
+            "missing field 'timestamp'",
+            "{",
+        ),
+        (
+            '{"timestamp": 0, "output_length": 1, "hash_ids": [1]}',
+            "missing field 'input_length'",
+            "{",
+        ),
         (
             '{"timestamp": 0, "input_length": 0, "output_length": 1, "hash_ids": []}',
             "'input_length' must be >= 1",
+            '0, "output',
         ),
         (
             '{"timestamp": 0, "input_length": 10, "output_length": -1, "hash_ids": [1]}',
-            "'output_length' must be >= 0",
+            "'output_length' must be >= 1",
+            "-1",
         ),
         (
             '{"timestamp": 0, "input_length": "10", "output_length": 1, "hash_ids": [1]}',
             "must be an integer",
+            '"10"',
         ),
         (
             '{"timestamp": -5, "input_length": 10, "output_length": 1, "hash_ids": [1]}',
             "non-negative number",
+            "-5",
         ),
-        ('{"timestamp": 0, "input_length": 10, "output_length": 1}', "missing field 'hash_ids'"),
         (
-            '{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": ["a"]}',
-            "list of integers in [0, 2**63)",
+            '{"timestamp": 0, "input_length": 10, "output_length": 1}',
+            "missing field 'hash_ids'",
+            "{",
+        ),
+        (
+            '{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [3, "a"]}',
+            "list of integers in [0, 2**63); element 1 is 'a'",
+            '"a"',
         ),
         (
             '{"timestamp": 0, "input_length": 1000, "output_length": 1, "hash_ids": [1]}',
             "needs 2 hash ids",
+            "[1]",
         ),
     ],
 )
-def test_mooncake_malformed_line_names_file_and_line(
-    tmp_path: Path, line: str, problem: str
+def test_mooncake_malformed_line_names_file_line_and_column(
+    tmp_path: Path, line: str, problem: str, at: str
 ) -> None:
     good = {"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}
     p = _write(tmp_path, [good, "", line])
     with pytest.raises(TraceFormatError) as ei:
         read_mooncake(p)
-    assert ei.value.line == 3
-    assert str(ei.value).startswith(f"{p}:3: ")
+    column = line.index(at) + 1
+    assert (ei.value.line, ei.value.column) == (3, column)
+    assert str(ei.value).startswith(f"{p}:3:{column}: ")
     assert problem in str(ei.value)
 
 
@@ -167,7 +186,7 @@ def test_unreadable_trace(tmp_path: Path, reader: str) -> None:
         read(bad)
     broken = tmp_path / "broken.jsonl"
     broken.write_text("\n{not json\n")
-    with pytest.raises(TraceFormatError, match=r"broken.jsonl:2: invalid JSON"):
+    with pytest.raises(TraceFormatError, match=r"broken.jsonl:2:2: invalid JSON"):
         read(broken)
 
 
@@ -202,30 +221,37 @@ def test_token_trace_reader(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("obj", "problem"),
+    ("obj", "problem", "at"),
     [
-        ({"output_length": 3}, "missing field 'prompt_token_ids'"),
-        ({"prompt_token_ids": []}, "non-empty list"),
-        ({"prompt_token_ids": [1, -2]}, "non-negative integers"),
-        ({"prompt_token_ids": [1], "output_length": 0}, "'output_length' must be >= 1"),
+        ({"output_length": 3}, "missing field 'prompt_token_ids'", "{"),
+        ({"prompt_token_ids": []}, "non-empty list", "[]"),
+        ({"prompt_token_ids": [1, -2]}, "non-negative integers", "-2"),
+        ({"prompt_token_ids": [1], "output_length": 0}, "'output_length' must be >= 1", "0}"),
         (
             {"prompt_token_ids": [1], "output_token_ids": "ab"},
             "'output_token_ids' must be a non-empty list",
+            '"ab"',
         ),
         (
             {"prompt_token_ids": [1], "output_token_ids": [1], "output_length": 2},
             "fewer than output_length",
+            "[1],",
         ),
-        ({"prompt_token_ids": [1], "cache_salt": 3}, "'cache_salt' must be a string"),
-        ({"prompt_token_ids": [1], "arrival_time": "soon"}, "non-negative number"),
-        ({"prompt_token_ids": [1], "request_id": "a"}, "duplicate request_id 'a'"),
+        ({"prompt_token_ids": [1], "cache_salt": 3}, "'cache_salt' must be a string", "3}"),
+        ({"prompt_token_ids": [1], "arrival_time": "soon"}, "non-negative number", '"soon"'),
+        ({"prompt_token_ids": [1], "request_id": "a"}, "duplicate request_id 'a'", '"a"'),
+        ({"prompt_token_ids": [1], "request_id": ""}, "non-empty string", '""'),
     ],
 )
-def test_token_trace_malformed(tmp_path: Path, obj: dict[str, object], problem: str) -> None:
+def test_token_trace_malformed(
+    tmp_path: Path, obj: dict[str, object], problem: str, at: str
+) -> None:
     p = _write(tmp_path, [{"prompt_token_ids": [5], "request_id": "a"}, obj])
     with pytest.raises(TraceFormatError) as ei:
         read_token_trace(p)
-    assert str(ei.value).startswith(f"{p}:2: ")
+    line = json.dumps(obj)
+    column = line.rindex(at) + 1 if at != "[1]," else line.index(at, 22) + 1
+    assert str(ei.value).startswith(f"{p}:2:{column}: ")
     assert problem in str(ei.value)
 
 
@@ -235,9 +261,13 @@ def test_load_workload_guesses_format(tmp_path: Path) -> None:
     assert load_workload(p, None).name.startswith("tokens:")
     assert len(load_workload(None, None, limit=5).requests) == 5
     q = _write(tmp_path, [{"foo": 1}], "q.jsonl")
-    with pytest.raises(TraceFormatError, match=r"q\.jsonl:1: cannot tell the format"):
+    with pytest.raises(TraceFormatError, match=r"q\.jsonl:1:1: cannot tell the format"):
         load_workload(q, None)
-    with pytest.raises(TraceFormatError, match=r"t\.jsonl:1: missing field 'timestamp'"):
+    with pytest.raises(
+        TraceFormatError,
+        match=r"t\.jsonl:1:2: unknown field .prompt_token_ids. of the mooncake format: the line "
+        r"is in the tokens format",
+    ):
         load_workload(p, "mooncake")
 
 
@@ -327,11 +357,11 @@ def test_workload_refuses_non_finite_arrival() -> None:
 def test_overlong_line_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import kvcoord.replay._jsonl as jsonl
 
-    monkeypatch.setattr(jsonl, "MAX_LINE_CHARS", 64)
+    monkeypatch.setattr(jsonl, "MAX_LINE_BYTES", 64)
     p = _write(tmp_path, [{"prompt_token_ids": [1]}, {"prompt_token_ids": list(range(50))}])
-    with pytest.raises(TraceFormatError, match="line longer than 64 characters") as ei:
+    with pytest.raises(TraceFormatError, match="line longer than 64 bytes") as ei:
         read_token_trace(p)
-    assert ei.value.line == 2
+    assert (ei.value.line, ei.value.column) == (2, 65)
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs POSIX pipes")

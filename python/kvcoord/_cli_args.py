@@ -16,6 +16,7 @@ from kvcoord._cli_base import (
     _pos_int,
     _shown,
 )
+from kvcoord._suggest import did_you_mean
 from kvcoord.replay.workloads import MAX_REQUEST_TOKENS
 
 __all__ = ["_parser"]
@@ -58,12 +59,15 @@ def _path(text: str) -> str:
 def _policy(text: str) -> str:
     """An argparse type: an eviction policy spec (the core checks it)."""
     from kvcoord import BlockPool
+    from kvcoord._core import EVICTION_POLICIES
 
     spec = text.strip()
     try:
         BlockPool(2, eviction_policy=spec)
     except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+        name = spec.split(":", 1)[0].strip()
+        hint = "" if name in EVICTION_POLICIES else did_you_mean(name, EVICTION_POLICIES)
+        raise argparse.ArgumentTypeError(f"{e}{hint}") from None
     return spec
 
 
@@ -152,6 +156,12 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
         choices=("mooncake", "tokens"),
         help="trace format (default: guessed from the first line)",
     )
+    g.add_argument(
+        "--lenient-fields",
+        action="store_true",
+        help="ignore trace fields the format does not know (default: such a field is an "
+        "error naming it, so a typo such as 'arival_time' is not read as a missing field)",
+    )
     g.add_argument("--limit", type=_pos_int, metavar="N", help="replay only the first N requests")
     g.add_argument(
         "--time-scale",
@@ -217,13 +227,25 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-def _parser() -> argparse.ArgumentParser:
+def _add_version(p: argparse.ArgumentParser) -> None:
+    from kvcoord import __version__
+
+    p.add_argument(
+        "-V", "--version", action="version", version=f"kvcoord {__version__}",
+        help="print kvcoord's version and exit",
+    )  # fmt: skip
+
+
+def _parser() -> _Parser:
     p = _Parser(
         prog="kvcoord",
         description="KV-cache workload simulator: replay a trace against kvcoord's KVCacheManager.",
     )
+    _add_version(p)
     sub = p.add_subparsers(dest="command", metavar="{replay,sweep}")
     r = sub.add_parser("replay", help="replay one workload at one pool size (the default command)")
+    p.commands["replay"] = r
+    _add_version(r)
     _add_workload_args(r)
     g = r.add_argument_group(
         "pool size (one of; default: what vLLM leaves for KV on --gpu/--tp after the weights)"
@@ -271,6 +293,8 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser(
         "sweep", help="replay one workload at several pool sizes x models x host tiers"
     )
+    p.commands["sweep"] = s
+    _add_version(s)
     _add_workload_args(s)
     g = s.add_argument_group("variants (every combination is replayed)")
     g.add_argument(

@@ -15,6 +15,8 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, NoReturn
 
+from kvcoord._suggest import did_you_mean
+
 __all__ = [
     "EXIT_FAILED",
     "EXIT_INTERRUPTED",
@@ -37,6 +39,16 @@ class UsageError(Exception):
 class CliError(Exception):
     """A failure already described in one line (exit status 1); picklable, so a
     ``sweep --jobs`` worker can hand it back."""
+
+
+@contextmanager
+def _usage_errors() -> Iterator[None]:
+    """The set-up before a run: whatever bad value it meets (a ``ValueError``,
+    the project's errors included) is a usage error (exit 2), not a failure."""
+    try:
+        yield
+    except ValueError as e:
+        raise UsageError(_describe(e)) from None
 
 
 def _shown(text: str) -> str:
@@ -93,10 +105,36 @@ def _block_list(text: str) -> list[int]:
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line (the sub-commands' parsers are this class too)."""
+    """argparse, but a usage error is one line, an option is spelt out (no
+    abbreviations: ``--kv-mem`` is no flag, so errors name what was typed), and a
+    bad choice or option name gets a did-you-mean (the sub-commands' parsers are
+    this class too)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+        #: The sub-commands' parsers by name (on the top-level parser).
+        self.commands: dict[str, _Parser] = {}
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {' '.join(message.split())}\n")
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        choices = action.choices
+        if choices is not None and value not in choices:
+            names = [str(c) for c in choices]
+            raise argparse.ArgumentError(
+                action,
+                f"invalid choice: {value!r}{did_you_mean(str(value), names)} "
+                f"(choose from {', '.join(names)})",
+            )
+
+    def unrecognized(self, extra: list[str]) -> str:
+        """The error for arguments no flag takes, with the flag a misspelt one means."""
+        flags = [o for a in self._actions for o in a.option_strings]
+        odd = next((x.split("=", 1)[0] for x in extra if x.startswith("-")), None)
+        hint = did_you_mean(odd, flags) if odd is not None else ""
+        return f"unrecognized arguments: {' '.join(extra)}{hint}"
 
 
 # --------------------------------------------------------------------------- errors

@@ -12,7 +12,7 @@ from typing import Any
 
 from kvcoord._cli_base import MAX_POOL_BLOCKS, UsageError
 
-__all__ = ["_Setup", "_plan", "_progress", "_setup", "_sim_config"]
+__all__ = ["SIZE_OPTIONS", "_Setup", "_plan", "_progress", "_setup", "_sim_config"]
 
 
 # --------------------------------------------------------------------------- validation
@@ -26,19 +26,30 @@ class _Setup:
 
 def _setup(args: argparse.Namespace) -> _Setup:
     from kvcoord.replay.layouts import LayoutError, load_layout
-    from kvcoord.replay.workloads import load_workload
+    from kvcoord.replay.workloads import UnknownFieldError, load_workload
 
     if args.format is not None and args.trace is None:
         raise UsageError("--format needs --trace FILE (the bundled workload has no format)")
+    if args.lenient_fields and args.trace is None:
+        raise UsageError("--lenient-fields needs --trace FILE (the bundled workload has no fields)")
+    # the flag a layout problem is blamed on: the one given (a sweep's --layouts
+    # are each checked by the planner)
+    layout_flag = "--layout" if args.layout else "--block-size"
     try:
         layout = load_layout(args.layout or "full")
         if args.block_size is not None:
             layout = layout.with_block_size(args.block_size)
     except LayoutError as e:
-        raise UsageError(f"--layout: {e}") from None
+        raise UsageError(f"{layout_flag}: {e}") from None
     try:
-        workload = load_workload(args.trace, args.format, args.limit)
-    except ValueError as e:  # TraceFormatError names the file and line
+        workload = load_workload(
+            args.trace, args.format, args.limit, lenient_fields=args.lenient_fields
+        )
+    except UnknownFieldError as e:
+        raise UsageError(
+            f"--trace: {e} (--lenient-fields ignores fields the format does not know)"
+        ) from None
+    except ValueError as e:  # TraceFormatError names the file, line and column
         raise UsageError(f"--trace: {e}") from None
     if not workload.requests:
         raise UsageError(f"--trace {args.trace}: the trace has no requests")
@@ -47,7 +58,11 @@ def _setup(args: argparse.Namespace) -> _Setup:
     try:  # what the manager itself refuses (sizes beyond its range), before any run
         make_manager(layout, 2, workload.max_sequence_len)
     except (ValueError, TypeError, OverflowError) as e:
-        raise UsageError(f"--layout {args.layout or 'full'}: {e}") from None
+        if args.layout is None and args.block_size is None:
+            raise UsageError(
+                f"--trace: its longest request ({workload.max_sequence_len:,} tokens): {e}"
+            ) from None
+        raise UsageError(f"{layout_flag} {args.layout or args.block_size}: {e}") from None
     last = workload.requests[-1].arrival_s  # sorted by arrival
     if not math.isfinite(last * args.time_scale):
         raise UsageError(
@@ -57,10 +72,23 @@ def _setup(args: argparse.Namespace) -> _Setup:
     return _Setup(workload, layout)
 
 
-def _plan(args: argparse.Namespace, st: _Setup, **options: Any) -> Any:
+#: The make_plan keywords that set the pool size.
+SIZE_OPTIONS = ("kv_memory", "num_blocks", "capacity_tokens")
+
+
+def _plan(
+    args: argparse.Namespace,
+    st: _Setup,
+    flags: dict[str, str] | None = None,
+    variant: str | None = None,
+    **options: Any,
+) -> Any:
     """The planner's set-up (model, GPU, layout, pool size, host tier) from the
-    flags; ``options`` (a sweep point's size and variant) override them."""
-    from kvcoord.replay.plan import make_plan
+    flags; ``options`` (a sweep point's size and variant) override them. A
+    problem names the flag the user typed: ``flags`` maps a make_plan keyword
+    to it where that is not replay's own (a sweep's ``--models``); ``variant``
+    is named beside a size flag."""
+    from kvcoord.replay.plan import PlanError, flag_of, make_plan
 
     opts: dict[str, Any] = {
         "num_blocks": getattr(args, "num_blocks", None),
@@ -79,9 +107,12 @@ def _plan(args: argparse.Namespace, st: _Setup, **options: Any) -> Any:
     opts.update(options)
     try:
         plan = make_plan(st.workload, **opts)
-    except ValueError as e:  # PlanError names the flag
-        raise UsageError(str(e)) from None
-    _check_pool(plan.layout, st.workload, plan.num_blocks, plan.size_flag)
+        _check_pool(plan.layout, plan.num_blocks, plan.size_option)
+    except PlanError as e:
+        flag = (flags or {}).get(e.option or "") or flag_of(e.option)
+        if flag is not None and variant not in (None, "default") and e.option in SIZE_OPTIONS:
+            flag = f"{flag} ({variant})"
+        raise UsageError(e.worded(flag)) from None
     return plan
 
 
@@ -105,21 +136,23 @@ def _sim_config(args: argparse.Namespace, plan: Any, policy: str | None = None) 
     )
 
 
-def _check_pool(layout: Any, workload: Any, num_blocks: int, flag: str) -> None:
-    if num_blocks < 2:
-        raise UsageError(f"{flag}: a pool needs at least 2 blocks (block 0 is the null block)")
-    if num_blocks > MAX_POOL_BLOCKS:
-        raise UsageError(
-            f"{flag}: a pool of {num_blocks:,} blocks is larger than the "
-            f"{MAX_POOL_BLOCKS:,} the CLI builds"
-        )
+def _check_pool(layout: Any, num_blocks: int, option: str | None) -> None:
+    """What the CLI and the manager refuse of a pool the planner accepted (a
+    `PlanError` for ``option``, the make_plan keyword that set the size)."""
+    from kvcoord.replay.plan import PlanError
     from kvcoord.replay.scheduler import build_config
 
-    del workload  # the planner already checked the longest request
+    whose = "" if option is not None else "the default pool: "
+    if num_blocks > MAX_POOL_BLOCKS:
+        raise PlanError(
+            option,
+            f"{whose}a pool of {num_blocks:,} blocks is larger than the {MAX_POOL_BLOCKS:,} "
+            "the CLI builds",
+        )
     try:  # the manager's own checks, before the run rather than in it
         build_config(layout, num_blocks)
     except (ValueError, TypeError, OverflowError) as e:
-        raise UsageError(f"{flag}: {e}") from None
+        raise PlanError(option, f"{whose}{e}") from None
 
 
 def _progress(total: int, disable: bool, desc: str) -> Any:

@@ -13,10 +13,11 @@ from kvcoord._cli_base import (
     UsageError,
     _check_outputs,
     _describe,
+    _usage_errors,
     _write_json,
     _write_output,
 )
-from kvcoord._cli_setup import _plan, _progress, _Setup, _setup, _sim_config
+from kvcoord._cli_setup import SIZE_OPTIONS, _plan, _progress, _Setup, _setup, _sim_config
 
 __all__ = ["_sweep"]
 
@@ -52,7 +53,7 @@ def _sweep_point(args: argparse.Namespace, point: _Point, st: _Setup) -> dict[st
     from kvcoord.replay import scheduler
     from kvcoord.replay.report import summarize
 
-    plan = _plan(args, st, **point.plan, **point.size)
+    plan = _plan(args, st, _sweep_flags(args), point.variant, **point.plan, **point.size)
     run = dict(point.run)
     instances, router = run.pop("instances", 1), run.pop("router", None)
     cfg = _sim_config(args, plan, run.pop("eviction_policy", None))
@@ -116,7 +117,9 @@ def _axes(args: argparse.Namespace, st: _Setup) -> list[Any]:
     from kvcoord.replay.cluster import cluster_axis, policy_axis
     from kvcoord.replay.sweep import disk_axis, host_axis, layout_axis, model_axis
 
-    default = _plan(args, st, model=None, num_blocks=None, capacity_tokens=None, kv_memory=None)
+    flags = _sweep_flags(args)
+    nosize = dict.fromkeys(SIZE_OPTIONS)
+    default = _plan(args, st, flags, model=None, **nosize)
     for one, many in (("model", "models"), ("layout", "layouts")):
         if getattr(args, one) is not None and getattr(args, many):
             raise UsageError(f"--{one} and --{many}: give one (--{many} replaces --{one})")
@@ -142,9 +145,10 @@ def _sweep_points(args: argparse.Namespace, st: _Setup) -> list[_Point]:
     except SweepError as e:
         raise UsageError(str(e)) from None
     points = []
-    nosize = {"num_blocks": None, "capacity_tokens": None, "kv_memory": None}
+    flags = _sweep_flags(args)
+    nosize = dict.fromkeys(SIZE_OPTIONS)
     for v in vs:
-        base = _plan(args, st, **{**v.plan, **nosize})
+        base = _plan(args, st, flags, v.name, **{**v.plan, **nosize})
         sizes: list[dict[str, Any]]
         if args.kv_memories:
             sizes = [{"kv_memory": m} for m in args.kv_memories]
@@ -166,34 +170,30 @@ def _sweep_points(args: argparse.Namespace, st: _Setup) -> list[_Point]:
                 )
             sizes = [{"kv_memory": m} for m in _geometric(lo, hi, args.points)]
         for size in sizes:
-            try:
-                _plan(args, st, **v.plan, **size)  # checks
-            except UsageError as e:
-                raise UsageError(_sweep_flag(args, str(e), v.name)) from None
+            _plan(args, st, flags, v.name, **v.plan, **size)  # checks
             points.append(_Point(v.name, dict(v.labels), dict(v.plan), dict(v.run), size))
     return points
 
 
-#: The flags a replay's pool size comes from, as the planner names them.
-_SIZE_FLAGS = ("--kv-memory", "--num-blocks", "--capacity-tokens")
-
-
-def _sweep_flag(args: argparse.Namespace, message: str, variant: str) -> str:
-    """The planner's refusal of a sweep size, naming the sweep's own flag (the planner
-    names replay's: ``--kv-memory`` for a ``--max-blocks`` range) and the variant."""
+def _sweep_flags(args: argparse.Namespace) -> dict[str, str]:
+    """The flag of each make_plan keyword a sweep sets through its own flags
+    (its axes and pool sizes), so an error names what the user typed."""
     if args.kv_memories:
-        flag = "--kv-memories"
+        size = "--kv-memories"
     elif args.sizes:
-        flag = "--sizes"
+        size = "--sizes"
     elif args.capacities:
-        flag = "--capacities"
+        size = "--capacities"
     else:
-        flag = "--min-blocks/--max-blocks" if args.min_blocks or args.max_blocks else "the range"
-    where = flag if variant == "default" else f"{flag} ({variant})"
-    for planner_flag in _SIZE_FLAGS:
-        if message.startswith(f"{planner_flag}:"):
-            return f"{where}:{message[len(planner_flag) + 1 :]}"
-    return message
+        size = "--min-blocks/--max-blocks" if args.min_blocks or args.max_blocks else "the range"
+    flags = dict.fromkeys(SIZE_OPTIONS, size)
+    flags["host_memory"] = "--host-memories"
+    flags["disk_memory"] = "--disk-memories"
+    if args.models:
+        flags["model"] = "--models"
+    if args.layouts:
+        flags["layout"] = "--layouts"
+    return flags
 
 
 def _sweep(args: argparse.Namespace) -> int:
@@ -206,10 +206,11 @@ def _sweep(args: argparse.Namespace) -> int:
             "--min-blocks/--max-blocks make a range; do not combine with "
             "--sizes/--capacities/--kv-memories"
         )
-    st = _setup(args)
-    points = _sweep_points(args, st)
     if args.address is not None and args.executor != "ray":
         raise UsageError("--address is for --executor ray")
+    with _usage_errors():  # everything before the runs checks the flags
+        st = _setup(args)
+        points = _sweep_points(args, st)
     with _progress(len(points), args.no_progress, "sweep") as bar:
         rows = _run_points(args, st, points, bar)
     print(f"{st.workload.name}: {len(points)} replays")

@@ -11,6 +11,7 @@ import numpy.typing as npt
 from typing_extensions import disjoint_base
 
 __all__ = [
+    "EVICTION_POLICIES",
     "HASH_ALGOS",
     "AllBlocksCleared",
     "BlockHashGate",
@@ -404,6 +405,10 @@ HashAlgoName = Literal["sha256_cbor", "xxhash_cbor", "xxh3_native", "supplied"]
 HASH_ALGOS: tuple[HashAlgoName, ...]
 """The accepted ``hash_algo`` names:
 ``("sha256_cbor", "xxhash_cbor", "xxh3_native", "supplied")``."""
+
+EVICTION_POLICIES: tuple[str, ...]
+"""The built-in eviction policies' names (what an ``eviction_policy`` spec
+starts with): ``("lru", "lfu", "prefix-depth", "priority")``."""
 
 TokenIds = Sequence[int] | npt.NDArray[np.integer]
 """Token ids: a list/tuple of ints or a 1-D integer numpy array (uint32 is

@@ -7,8 +7,11 @@ summary; the planner's set-up (model, GPU, pool size, tiers) is resolved by
 
 Every failure is one line on stderr, ``kvcoord <command>: error: ...``, and
 an exit status: 2 for a bad flag, layout or trace (all checked before the
-replay starts, output paths included), 1 for a failure while running
-(``KVCOORD_TRACEBACK=1`` shows the traceback), 130 for Ctrl-C. ``--json`` and
+replay starts, output paths included; every bad value the set-up meets is one),
+1 for a failure while running (``KVCOORD_TRACEBACK=1`` shows the traceback),
+130 for Ctrl-C. Errors name the flag as it was typed (flags are never
+abbreviated) and suggest the name a misspelt flag, preset or field means.
+``kvcoord --version`` prints the package's version. ``--json`` and
 ``--plot`` files are written whole or not at all (a temporary file renamed
 into place).
 
@@ -37,6 +40,7 @@ from kvcoord._cli_base import (
     _describe,
     _one_line,
     _say,
+    _usage_errors,
     _write_json,
     _write_output,
 )
@@ -54,10 +58,11 @@ def _replay(args: argparse.Namespace) -> int:
     from kvcoord.replay.report import format_summary, summarize
     from kvcoord.replay.scheduler import simulate
 
-    _check_outputs(args)
-    st = _setup(args)
-    plan = _plan(args, st)
-    cfg = _sim_config(args, plan)
+    with _usage_errors():  # everything before the run checks the flags
+        _check_outputs(args)
+        st = _setup(args)
+        plan = _plan(args, st)
+        cfg = _sim_config(args, plan)
     if args.instances > 1:
         if args.plot:
             raise UsageError(
@@ -108,7 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return EXIT_USAGE
         prog = f"kvcoord {args.command}"
         if extra:
-            raise UsageError(f"unrecognized arguments: {' '.join(extra)}")
+            raise UsageError(parser.commands[args.command].unrecognized(extra))
         if args.command == "replay":
             return _replay(args)
         return _sweep(args)

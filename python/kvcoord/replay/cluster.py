@@ -231,7 +231,7 @@ def summarize_cluster(
     list with each engine's share (docs/cluster.md)."""
     from kvcoord.replay.report import latency_metrics, occupancy_metrics, summarize
 
-    s = summarize(cres.total, cres.best, cfg, workload_name, plan)
+    s = summarize(cres.total, cres.best, cfg, workload_name, plan, instances=len(cres.engines))
     # occupancy: each engine's own series; peaks the highest, means the average
     occ = [occupancy_metrics(e) for e in cres.engines]
     for key in occ[0]:

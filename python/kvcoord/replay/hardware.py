@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvcoord._suggest import unknown_name
+
 __all__ = ["GPUS", "GPUSpec", "HardwareError", "load_gpu"]
 
 GB = 1e9
@@ -67,5 +69,5 @@ def load_gpu(name: str) -> GPUSpec:
     """A GPU preset by name (case-insensitive)."""
     key = name.lower()
     if key not in GPUS:
-        raise HardwareError(f"unknown GPU {name!r}: one of {', '.join(GPUS)}")
+        raise HardwareError(unknown_name("GPU", name, GPUS))
     return GPUS[key]

@@ -36,6 +36,7 @@ from dataclasses import MISSING, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, get_args
 
+from kvcoord._suggest import did_you_mean, missing_file
 from kvcoord.config import (
     ChunkedLocalAttentionSpec,
     CrossAttentionSpec,
@@ -234,6 +235,21 @@ PRESETS: dict[str, Layout] = {
 MAX_LAYERS = 1 << 16
 
 
+#: The keys of a layout file and of one of its groups.
+_LAYOUT_KEYS = ("name", "enable_caching", "groups", "description")
+_GROUP_KEYS = ("type", "block_size", "layers", *_OWNERS)
+
+
+def _no_unknown_keys(table: dict[str, Any], known: tuple[str, ...], where: str, what: str) -> None:
+    """A key ``known`` lacks is an error naming it, with the key it likely misspells."""
+    for key in table:
+        if key not in known:
+            raise LayoutError(
+                f"{where}: unknown {what} key {key!r}{did_you_mean(str(key), known)} "
+                f"(the keys are {', '.join(known)})"
+            )
+
+
 def _pos_int(v: Any, what: str) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
         raise LayoutError(f"{what} must be a positive integer, got {v!r}")
@@ -244,9 +260,7 @@ def parse_layout(data: Any, source: str = "<layout>") -> Layout:
     """Validate a layout mapping (as read from JSON or TOML)."""
     if not isinstance(data, dict):
         raise LayoutError(f"{source}: a layout must be a table/object, got {type(data).__name__}")
-    unknown = set(data) - {"name", "enable_caching", "groups", "description"}
-    if unknown:
-        raise LayoutError(f"{source}: unknown layout key(s) {', '.join(sorted(unknown))}")
+    _no_unknown_keys(data, _LAYOUT_KEYS, source, "layout")
     name = data.get("name", Path(source).stem)
     if not isinstance(name, str):
         raise LayoutError(f"{source}: 'name' must be a string")
@@ -262,16 +276,16 @@ def parse_layout(data: Any, source: str = "<layout>") -> Layout:
         where = f"{source}: groups[{i}]"
         if not isinstance(g, dict):
             raise LayoutError(f"{where} must be a table/object")
-        unknown = set(g) - {"type", "block_size", "layers", *_OWNERS}
-        if unknown:
-            raise LayoutError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
+        _no_unknown_keys(g, _GROUP_KEYS, where, "group")
         kind = g.get("type")
         if not isinstance(kind, str):
             raise LayoutError(f"{where}: missing 'type' (one of {', '.join(GROUP_TYPES)})")
         kind = _ALIASES.get(kind, kind)
         if kind not in _SPECS:
             raise LayoutError(
-                f"{where}: unknown type {g['type']!r} (one of {', '.join(GROUP_TYPES)})"
+                f"{where}: unknown type {g['type']!r}"
+                f"{did_you_mean(g['type'], [*GROUP_TYPES, *_ALIASES])} "
+                f"(one of {', '.join(GROUP_TYPES)})"
             )
         bs = _pos_int(g.get("block_size", 16), f"{where}.block_size")
         params: dict[str, Any] = {}
@@ -301,11 +315,11 @@ def parse_layout(data: Any, source: str = "<layout>") -> Layout:
             names = tuple(layers)
         else:
             names = tuple(f"g{i}.{j}" for j in range(count))
-        try:
+        try:  # the library's own rules (a spec's values, distinct layer names)
             spec = _SPECS[kind](bs, **params)
+            out.append(KVCacheGroup(spec, layer_names=names))
         except (ConfigError, TypeError, ValueError) as e:
             raise LayoutError(f"{where}: {e}") from None
-        out.append(KVCacheGroup(spec, layer_names=names))
     seen: set[str] = set()
     for g in out:
         dup = seen.intersection(g.layer_names)
@@ -332,13 +346,13 @@ def load_layout(name_or_path: str) -> Layout:
     path = Path(name_or_path)
     if path.suffix.lower() not in (".json", ".toml"):
         raise LayoutError(
-            f"unknown layout {name_or_path!r}: use a preset ({', '.join(PRESETS)}) "
-            "or a .json/.toml layout file"
+            f"unknown layout {name_or_path!r}{did_you_mean(name_or_path, PRESETS)}: use a "
+            f"preset ({', '.join(PRESETS)}) or a .json/.toml layout file"
         )
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
-        raise LayoutError(f"{path}: no such layout file") from None
+        raise LayoutError(f"{path}: {missing_file(path, 'layout file')}") from None
     except OSError as e:
         raise LayoutError(f"{path}: cannot read layout file: {e.strerror or e}") from None
     if path.suffix.lower() == ".json":

@@ -33,6 +33,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from kvcoord._suggest import missing_file, unknown_name
 from kvcoord.config import (
     ChunkedLocalAttentionSpec,
     FullAttentionSpec,
@@ -291,7 +292,7 @@ def read_hf_config(path: str | Path, kv_dtype: str | None = None) -> ModelSpec:
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise ModelError(f"{path}: no such file") from None
+        raise ModelError(f"{path}: {missing_file(path)}") from None
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
         raise ModelError(f"{path}: not a readable JSON model config ({e})") from None
     if not isinstance(raw, dict):
@@ -417,14 +418,14 @@ def _estimate_params(
 def load_model(name_or_path: str, kv_dtype: str | None = None) -> ModelSpec:
     """A preset by name (case-insensitive) or a ``config.json`` path; ``kv_dtype`` overrides."""
     if kv_dtype is not None and kv_dtype not in DTYPE_BYTES:
-        raise ModelError(f"unknown KV dtype {kv_dtype!r} (one of {', '.join(DTYPE_BYTES)})")
+        raise ModelError(unknown_name("KV dtype", kv_dtype, DTYPE_BYTES))
     key = name_or_path.lower()
     if key in MODELS:
         spec = MODELS[key]
         return replace(spec, kv_dtype=kv_dtype) if kv_dtype else spec
     if name_or_path.endswith(".json"):
         return read_hf_config(name_or_path, kv_dtype)
-    raise ModelError(f"unknown model {name_or_path!r}: one of {', '.join(MODELS)}")
+    raise ModelError(unknown_name("model", name_or_path, MODELS))
 
 
 # --------------------------------------------------------------------------- layout + bytes

@@ -11,7 +11,8 @@ Default size: what vLLM would leave for the KV cache, per GPU::
     GPU memory x 0.9 (vLLM's gpu_memory_utilization) - weights / tp - 2 GiB activations
 
 raised to the smallest pool that holds the trace's longest request (with a
-note) when that is not enough.
+note) when that is not enough. Whatever sets it, a pool must fit on the GPU:
+at most ``GPU memory - weights / tp`` of KV per GPU, or it is refused.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from kvcoord._suggest import did_you_mean
 from kvcoord.replay.hardware import GPUS, GPUSpec, HardwareError, load_gpu
 from kvcoord.replay.layouts import Layout, LayoutError, load_layout, num_blocks_for_capacity
 from kvcoord.replay.models import (
@@ -42,6 +44,7 @@ __all__ = [
     "GiB",
     "Plan",
     "PlanError",
+    "flag_of",
     "format_bytes",
     "make_plan",
     "min_blocks",
@@ -54,8 +57,9 @@ DEFAULT_GPU = "h100"
 GPU_MEMORY_UTILIZATION = 0.9
 ACTIVATION_RESERVE_BYTES = 2 * GiB
 
+#: Size units (case-insensitive), as they are written in messages.
+_UNIT_NAMES = ("B", "kB", "KiB", "MB", "MiB", "GB", "GiB", "TB", "TiB", "k", "M", "G", "T")
 _UNITS = {
-    "": 1,
     "b": 1,
     "k": 1e3,
     "kb": 1e3,
@@ -72,20 +76,59 @@ _UNITS = {
 }
 
 
+def flag_of(option: str | None) -> str | None:
+    """The ``kvcoord replay`` flag of a :func:`make_plan` keyword (``kv_memory`` ->
+    ``--kv-memory``)."""
+    return None if option is None else "--" + option.replace("_", "-")
+
+
 class PlanError(ValueError):
-    """A flag value the planner cannot use; the message starts with the flag."""
+    """A value the planner cannot use. ``option`` is the :func:`make_plan` keyword
+    it came from (None: no one option), ``value`` how it was given (or None) and
+    ``problem`` what is wrong; the message names ``kvcoord replay``'s flag for the
+    option (``--kv-memory 8 TiB: ...``), :meth:`worded` any other flag."""
+
+    def __init__(self, option: str | None, problem: str, value: str | None = None) -> None:
+        self.option = option
+        self.problem = problem
+        self.value = value
+        super().__init__(self.worded(flag_of(option)))
+
+    def worded(self, flag: str | None) -> str:
+        """The message with ``flag`` naming the option."""
+        if flag is None:
+            return self.problem
+        head = flag if self.value is None else f"{flag} {self.value}"
+        return f"{head}: {self.problem}"
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.option, self.problem, self.value))
 
 
 def parse_bytes(text: str, *, allow_zero: bool = False) -> float:
-    """``40GiB``, ``512 MiB``, ``1.5TB`` or a plain number of bytes (positive, or
-    zero in any unit with ``allow_zero``)."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([a-zA-Z]*)\s*", text)
-    if not m or m.group(2).lower() not in _UNITS:
+    """``40GiB``, ``512 MiB``, ``1.5TB``, ``4096B``: a positive size with its unit
+    (zero, in any unit or none, with ``allow_zero``). A number without a unit is
+    refused with a hint (``40`` is not 40 bytes by accident: "did you mean 40GiB?")."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
+    if not m:
         raise ValueError(f"expected a size like 40GiB, 512MiB or 2TB, got {text!r}")
-    v = float(m.group(1)) * _UNITS[m.group(2).lower()]
-    if v < 0 or (v == 0 and not allow_zero):
-        raise ValueError(f"expected a positive size, got {text!r}")
-    return v
+    number, unit = m.group(1), m.group(2)
+    v = float(number)
+    if v == 0:
+        if not allow_zero:
+            raise ValueError(f"expected a positive size, got {text!r}")
+        return 0.0
+    if not unit:
+        raise ValueError(
+            f"a size needs a unit, got {text!r}: did you mean {number}GiB? "
+            f"({number}B for bytes; units: {', '.join(_UNIT_NAMES[:9])})"
+        )
+    if unit.lower() not in _UNITS:
+        raise ValueError(
+            f"unknown size unit {unit!r} in {text!r}{did_you_mean(unit, _UNIT_NAMES)}; "
+            f"units: {', '.join(_UNIT_NAMES[:9])}"
+        )
+    return v * _UNITS[unit.lower()]
 
 
 def format_bytes(n: float) -> str:
@@ -106,13 +149,18 @@ class Plan:
     footprint: KVFootprint
     step_model: StepTimeModel
     num_blocks: int
-    #: Flag that set the size ("--kv-memory", ...) or "default".
-    size_flag: str
+    #: The make_plan keyword that set the size ("kv_memory", ...); None: the default.
+    size_option: str | None
     #: Why this size, in words (printed and in --json).
     size_note: str
     host_bytes: float = 0.0
     disk_bytes: float = 0.0
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def size_flag(self) -> str:
+        """``kvcoord replay``'s flag that set the size, or "default"."""
+        return flag_of(self.size_option) or "default"
 
     @property
     def kv_bytes_per_gpu(self) -> float:
@@ -179,7 +227,7 @@ def make_plan(
 ) -> Plan:
     """Resolve the planner's flags (see the module docstring)."""
     if model is not None and model_config is not None:
-        raise PlanError("--model and --model-config: give one")
+        raise PlanError(None, "--model and --model-config: give one")
     try:
         if model_config is not None:
             load_model(DEFAULT_MODEL, kv_dtype)  # validates kv_dtype
@@ -187,14 +235,14 @@ def make_plan(
         else:
             spec = load_model(DEFAULT_MODEL if model is None else model, kv_dtype)
     except ModelError as e:
-        which = "--kv-dtype" if kv_dtype is not None and "KV dtype" in str(e) else None
+        which = "kv_dtype" if kv_dtype is not None and "KV dtype" in str(e) else None
         raise PlanError(
-            f"{which or ('--model' if model_config is None else '--model-config')}: {e}"
+            which or ("model" if model_config is None else "model_config"), str(e)
         ) from None
     try:
         g = load_gpu(DEFAULT_GPU if gpu is None else gpu)
     except HardwareError as e:
-        raise PlanError(f"--gpu: {e}") from None
+        raise PlanError("gpu", str(e)) from None
     base_layout = None
     if layout is not None:
         try:
@@ -202,12 +250,13 @@ def make_plan(
             if block_size is not None:
                 base_layout = base_layout.with_block_size(block_size)
         except LayoutError as e:
-            raise PlanError(f"--layout: {e}") from None
+            raise PlanError("layout", str(e)) from None
     lay, fp = model_layout(spec, tp, block_size or 16, base_layout)
     if block_size is not None and base_layout is None and fp.block_size != block_size:
         raise PlanError(
-            f"--block-size {block_size}: {spec.name}'s Mamba state needs attention blocks of "
-            f"at least {fp.block_size} tokens"
+            "block_size",
+            f"{spec.name}'s Mamba state needs attention blocks of at least {fp.block_size} tokens",
+            str(block_size),
         )
     step = StepTimeModel(spec, g, tp, fp)
     need = min_blocks(lay, workload)
@@ -219,28 +268,32 @@ def make_plan(
     if not lay.enable_caching:
         notes.append(f"prefix caching is off for {lay.name} ({spec.note or lay.description})")
 
+    weights = spec.weight_bytes / tp
+    #: What one GPU holds for the KV cache at most: all of its memory but the weights.
+    room = g.hbm_bytes - weights
+    option: str | None
     if num_blocks is not None:
-        n, flag, why = num_blocks, "--num-blocks", f"--num-blocks {num_blocks}"
+        n, option, why = num_blocks, "num_blocks", f"--num-blocks {num_blocks}"
     elif capacity_tokens is not None:
         n = num_blocks_for_capacity(lay, capacity_tokens)
-        flag, why = "--capacity-tokens", f"--capacity-tokens {capacity_tokens:,} in every group"
+        option, why = "capacity_tokens", f"--capacity-tokens {capacity_tokens:,} in every group"
     elif kv_memory is not None:
         n = fp.blocks_for_memory(kv_memory)
-        flag, why = "--kv-memory", f"--kv-memory {format_bytes(kv_memory)} per GPU"
+        option, why = "kv_memory", f"--kv-memory {format_bytes(kv_memory)} per GPU"
     else:
-        free = g.hbm_bytes * GPU_MEMORY_UTILIZATION - spec.weight_bytes / tp
-        free -= ACTIVATION_RESERVE_BYTES
+        free = g.hbm_bytes * GPU_MEMORY_UTILIZATION - weights - ACTIVATION_RESERVE_BYTES
         if free <= 0:
             raise PlanError(
-                f"--tp {tp}: {spec.name}'s weights "
-                f"({format_bytes(spec.weight_bytes / tp)} per GPU) leave no KV memory on "
-                f"a {g.description}; raise --tp or pass --kv-memory"
+                "tp",
+                f"{spec.name}'s weights ({format_bytes(weights)} per GPU) leave no KV memory "
+                f"on a {g.description}; raise the TP degree or give a pool size",
+                str(tp),
             )
         n = fp.blocks_for_memory(free)
-        flag = "default"
+        option = None
         why = (
             f"default: {g.name} {format_bytes(g.hbm_bytes)} x {GPU_MEMORY_UTILIZATION} - weights "
-            f"{format_bytes(spec.weight_bytes / tp)} - activations "
+            f"{format_bytes(weights)} - activations "
             f"{format_bytes(ACTIVATION_RESERVE_BYTES)} = {format_bytes(free)} per GPU"
         )
         if n < need:
@@ -249,31 +302,51 @@ def make_plan(
                 f"({workload.max_sequence_len:,} tokens)"
             )
             n = need
+    label = "the default pool" if option is None else None
     if n < 2:
-        raise PlanError(f"{flag}: a pool needs at least 2 blocks (block 0 is the null block)")
+        raise PlanError(
+            option, _sized(label, "a pool needs at least 2 blocks (block 0 is the null block)")
+        )
     if n < need:
         raise PlanError(
-            f"{flag}: {n:,} blocks ({format_bytes(fp.memory_for_blocks(n))} per GPU) cannot hold "
-            f"the longest request ({workload.max_sequence_len:,} tokens needs about {need:,} "
-            f"blocks, {format_bytes(fp.memory_for_blocks(need))} per GPU)"
+            option,
+            _sized(
+                label,
+                f"{n:,} blocks ({format_bytes(fp.memory_for_blocks(n))} per GPU) cannot hold "
+                f"the longest request ({workload.max_sequence_len:,} tokens needs about "
+                f"{need:,} blocks, {format_bytes(fp.memory_for_blocks(need))} per GPU)",
+            ),
         )
-    plan = Plan(spec, g, tp, lay, fp, step, n, flag, why, notes=notes)
-    if plan.kv_bytes_per_gpu + spec.weight_bytes / tp > g.hbm_bytes:
-        notes.append(
-            f"{flag}: {format_bytes(plan.kv_bytes_per_gpu)} of KV + "
-            f"{format_bytes(spec.weight_bytes / tp)} of weights per GPU exceed a {g.name}'s "
-            f"{format_bytes(g.hbm_bytes)}: a what-if, not a deployable size"
+    kv = fp.memory_for_blocks(n)
+    if kv > room:
+        raise PlanError(
+            option,
+            _sized(
+                label,
+                f"{n:,} blocks are {format_bytes(kv)} of KV per GPU, more than a {g.name} holds: "
+                f"{format_bytes(g.hbm_bytes)} of memory - {format_bytes(weights)} of "
+                f"{spec.name} weights per GPU (TP {tp}) leaves "
+                f"{format_bytes(max(room, 0.0))} for the KV cache"
+                + ("; the longest request alone needs this much" if option is None else ""),
+            ),
         )
-    for flag, size in (("--host-memory", host_memory), ("--disk-memory", disk_memory)):
+    plan = Plan(spec, g, tp, lay, fp, step, n, option, why, notes=notes)
+    for opt, size in (("host_memory", host_memory), ("disk_memory", disk_memory)):
         if size is None:
             continue
         if not lay.enable_caching:
-            raise PlanError(f"{flag}: {lay.name} has prefix caching off; nothing to offload")
+            raise PlanError(opt, f"{lay.name} has prefix caching off; nothing to offload")
         if size < fp.token_bytes * DEFAULT_CHUNK_TOKENS:
             raise PlanError(
-                f"{flag} {format_bytes(size)}: smaller than one "
-                f"{DEFAULT_CHUNK_TOKENS}-token chunk ({format_bytes(fp.token_bytes * 256)})"
+                opt,
+                f"smaller than one {DEFAULT_CHUNK_TOKENS}-token chunk "
+                f"({format_bytes(fp.token_bytes * DEFAULT_CHUNK_TOKENS)})",
+                format_bytes(size),
             )
     plan.host_bytes = host_memory or 0.0
     plan.disk_bytes = disk_memory or 0.0
     return plan
+
+
+def _sized(label: str | None, problem: str) -> str:
+    return problem if label is None else f"{label}: {problem}"

@@ -85,9 +85,15 @@ def summarize(
     cfg: SimConfig,
     workload_name: str,
     plan: Plan | None = None,
+    instances: int = 1,
 ) -> dict[str, Any]:
-    """The replay's numbers as a JSON-ready dict (the keys ``--json`` writes; docs/replay.md)."""
-    per_step = np.frombuffer(res.step_manager_s, dtype=np.float64) if res.steps else np.zeros(1)
+    """The replay's numbers as a JSON-ready dict (the keys ``--json`` writes; docs/replay.md).
+
+    ``instances``: engines of ``plan`` behind a router (``res`` their merged
+    accounting), each with the pool of ``cfg``; totals count every GPU of every
+    engine.
+    """
+    per_step = np.frombuffer(res.step_manager_s, dtype=np.float64)
     hit_rate = res.hit_tokens / res.prompt_tokens if res.prompt_tokens else 0.0
     host_rate = res.host_hit_tokens / res.prompt_tokens if res.prompt_tokens else 0.0
     disk_rate = res.disk_hit_tokens / res.prompt_tokens if res.prompt_tokens else 0.0
@@ -145,7 +151,8 @@ def summarize(
                 "kv_bytes_per_token_per_gpu": fp.token_bytes_per_gpu,
                 "block_bytes_per_gpu": fp.page_bytes_per_gpu,
                 "kv_memory_gib_per_gpu": plan.kv_bytes_per_gpu / GiB,
-                "kv_memory_gib_total": plan.kv_bytes_per_gpu * plan.tp / GiB,
+                "num_gpus": plan.tp * instances,
+                "kv_memory_gib_total": plan.kv_bytes_per_gpu * plan.tp * instances / GiB,
                 "pool_token_slots": plan.token_slots,
                 "pool_context_tokens": plan.context_tokens,
                 "host_memory_gib": plan.host_bytes / GiB,
@@ -163,8 +170,8 @@ def summarize(
     s.update(
         {
             "manager_seconds": res.manager_seconds,
-            "manager_us_per_step_p50": float(np.percentile(per_step, 50) * 1e6),
-            "manager_us_per_step_p99": float(np.percentile(per_step, 99) * 1e6),
+            "manager_us_per_step_p50": _us_pct(per_step, 50),
+            "manager_us_per_step_p99": _us_pct(per_step, 99),
             "wall_seconds": res.wall_seconds,
             "token_seconds": res.token_seconds,
             "request_seconds": res.request_seconds,
@@ -174,6 +181,15 @@ def summarize(
         }
     )
     return s
+
+
+def _us_pct(per_step: np.ndarray, q: float) -> float | None:
+    """A percentile of the per-step manager time in microseconds (None: no steps)."""
+    return float(np.percentile(per_step, q) * 1e6) if per_step.size else None
+
+
+def _us(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.1f} us" if x >= 0.1 else f"{x * 1e3:.0f} ns"
 
 
 def _residency_keys(res: SimResult) -> dict[str, Any]:
@@ -211,11 +227,14 @@ def _lat(s: dict[str, Any], key: str) -> str:
 def format_summary(s: dict[str, Any]) -> str:
     """A two-column text table of a replay summary."""
     rows: list[tuple[str, str]] = [("workload", s["workload"])]
+    n = s.get("instances", 1)
+    each = " per engine" if n > 1 else ""
     if "model" in s:
+        engines = f" ({n} engines of TP {s['tp']})" if n > 1 else ""
         rows.append(
             (
                 "model on GPUs",
-                f"{s['model']} on {s['tp']}x {s['gpu']}, KV {s['kv_dtype']}: "
+                f"{s['model']} on {s['num_gpus']}x {s['gpu']}{engines}, KV {s['kv_dtype']}: "
                 f"{s['kv_bytes_per_token'] / 1024:,.1f} KiB per token "
                 f"({s['kv_bytes_per_token_per_gpu'] / 1024:,.1f} KiB per GPU)",
             )
@@ -226,17 +245,20 @@ def format_summary(s: dict[str, Any]) -> str:
             (
                 "KV cache",
                 f"{s['kv_memory_gib_per_gpu']:,.2f} GiB per GPU ({s['kv_memory_gib_total']:,.2f} "
-                f"GiB total) = {s['num_blocks']:,} blocks of {s['block_size']} tokens = "
-                f"{s['pool_token_slots']:,} token slots",
+                f"GiB total on {s['num_gpus']} GPUs) = {s['num_blocks']:,} blocks of "
+                f"{s['block_size']} tokens = {s['pool_token_slots']:,} token slots{each}",
             )
         )
         rows.append(("  size from", s["size_source"]))
-        if s.get("host_memory_gib"):
-            rows.append(("host tier", f"{s['host_memory_gib']:,.1f} GiB (LRU, 256-token chunks)"))
-        if s.get("disk_memory_gib"):
-            rows.append(("disk tier", f"{s['disk_memory_gib']:,.1f} GiB (LRU, 256-token chunks)"))
+        for tier in ("host", "disk"):
+            gib = s.get(f"{tier}_memory_gib")
+            if gib:
+                total = f" ({gib * n:,.1f} GiB total)" if n > 1 else ""
+                rows.append(
+                    (f"{tier} tier", f"{gib:,.1f} GiB{each}{total} (LRU, 256-token chunks)")
+                )
     else:
-        rows.append(("pool", f"{s['num_blocks']:,} blocks"))
+        rows.append(("pool", f"{s['num_blocks']:,} blocks{each}"))
     rows += [
         ("requests", f"{s['num_finished']:,} finished of {s['num_requests']:,}"),
         ("prompt tokens", f"{s['prompt_tokens']:,}"),
@@ -293,7 +315,7 @@ def format_summary(s: dict[str, Any]) -> str:
         (
             "manager time",
             f"{s['manager_seconds']:.3f} s total; per step p50 "
-            f"{s['manager_us_per_step_p50']:.1f} us, p99 {s['manager_us_per_step_p99']:.1f} us",
+            f"{_us(s['manager_us_per_step_p50'])}, p99 {_us(s['manager_us_per_step_p99'])}",
         ),
         (
             "wall time",

@@ -39,6 +39,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from kvcoord._core import AllBlocksCleared, BlockRemoved, BlockStored, Request
+from kvcoord._suggest import did_you_mean, unknown_name
 from kvcoord.replay.workloads import WorkloadRequest
 
 __all__ = [
@@ -274,7 +275,10 @@ def make_router(spec: str, num_engines: int, *, block_size: int, group_idx: int 
     if name == "prefix-aware":
         unknown = set(kv) - {"balance"}
         if unknown:
-            raise ValueError(f"router {spec!r}: unknown parameter {sorted(unknown)[0]!r}")
+            odd = sorted(unknown)[0]
+            raise ValueError(
+                f"router {spec!r}: unknown parameter {odd!r}{did_you_mean(odd, ['balance'])}"
+            )
         try:
             balance = float(kv.get("balance", "1"))
         except ValueError:
@@ -287,7 +291,7 @@ def make_router(spec: str, num_engines: int, *, block_size: int, group_idx: int 
         "least-loaded": LeastLoadedRouter,
     }
     if name not in routers:
-        raise ValueError(f"unknown router {name!r}; expected one of {', '.join(ROUTERS)}")
+        raise ValueError(unknown_name("router", name, ROUTERS))
     if kv:
         raise ValueError(f"router {spec!r}: {name} takes no parameters")
     return routers[name](num_engines)

@@ -197,13 +197,16 @@ def run_engine(
                 yield None  # idle until the feed brings more or closes
             continue
 
-        step_mgr_s = 0.0
         loaded_tokens = disk_tokens = 0
         preempted = False
+        # Every step calls the manager here, so every step's manager time is a
+        # measurement (a decode step away from block edges makes no other call).
+        t0 = pc()
         mgr.new_step_starts()
         # microseconds of simulated time; the core's clock is a u64 and traces may
         # carry times up to the largest finite float (the clock then saturates)
         mgr.set_residency_clock(int(min(now * 1e6, _MAX_CLOCK_US)))
+        step_mgr_s = pc() - t0
         # 2. running requests, in admission order: tokens per request first, then
         # the allocations that can change the pool, one by one (preempting from
         # the tail when the pool is full), then every request's progress at once

@@ -22,8 +22,14 @@ Trace files may be gzip-compressed (recognised by their first bytes, whatever
 the name). Every value is checked when the trace is read, so a replay never
 fails half-way on bad input: token ids must be in ``[0, 2**32)`` (what the
 core accepts), a request may hold at most :data:`MAX_REQUEST_TOKENS` tokens
-(prompt and output), times must be finite and non-negative, and numbers the
-JSON cannot represent (``NaN``, ``Infinity``, ``1e400``) are refused.
+(prompt and output) and asks for at least :data:`MIN_OUTPUT_TOKENS` (a zero
+is refused, never rounded up), times must be finite and non-negative, and
+numbers the JSON cannot represent (``NaN``, ``Infinity``, ``1e400``) are
+refused. Each format's fields are one table (:data:`MOONCAKE_FIELDS`,
+:data:`TOKEN_FIELDS`): a field it lacks is an :class:`UnknownFieldError`
+naming it with a did-you-mean, unless the reader is asked for
+``lenient_fields``. Every error names ``file:line:column`` of the first bad
+byte or value (:mod:`kvcoord.replay._jsonl`).
 """
 
 from __future__ import annotations
@@ -39,24 +45,39 @@ from pathlib import Path
 import numpy as np
 
 from kvcoord._core import mooncake_prompt_tokens as _core_mooncake_tokens
+from kvcoord._suggest import did_you_mean, unknown_name
 from kvcoord.replay._jsonl import (
     MAX_REQUEST_TOKENS,
+    MIN_OUTPUT_TOKENS,
+    OUTPUT_MINIMUM_WHY,
     TOKEN_ID_LIMIT,
+    Field,
+    Record,
     TraceFormatError,
+    UnknownFieldError,
     check_request_len,
-    int_field,
+    count_field,
+    first_unknown,
+    id_list_field,
+    read_fields,
     read_records,
     shown,
+    string_field,
     time_field,
-    token_list,
 )
 
 __all__ = [
+    "DEFAULT_OUTPUT_TOKENS",
     "MAX_REQUEST_TOKENS",
+    "MIN_OUTPUT_TOKENS",
     "MOONCAKE_BLOCK_TOKENS",
+    "MOONCAKE_FIELDS",
+    "TOKEN_FIELDS",
     "TOKEN_ID_LIMIT",
+    "TRACE_FORMATS",
     "VOCAB_SIZE",
     "TraceFormatError",
+    "UnknownFieldError",
     "Workload",
     "WorkloadRequest",
     "load_workload",
@@ -200,49 +221,62 @@ class Workload:
 
 # --------------------------------------------------------------------------- readers
 
+#: The Mooncake format's fields (every one required), each with its check.
+MOONCAKE_FIELDS: dict[str, Field] = {
+    "timestamp": Field(time_field, required=True),
+    "input_length": Field(count_field(1), required=True),
+    "output_length": Field(count_field(MIN_OUTPUT_TOKENS, OUTPUT_MINIMUM_WHY), required=True),
+    "hash_ids": Field(id_list_field(_HASH_ID_LIMIT, "integers in [0, 2**63)"), required=True),
+}
+_TOKEN_IDS = id_list_field(TOKEN_ID_LIMIT, "non-negative integers below 2**32")
+#: The token format's fields, each with its check (``prompt_token_ids`` required).
+TOKEN_FIELDS: dict[str, Field] = {
+    "prompt_token_ids": Field(_TOKEN_IDS, required=True),
+    "output_length": Field(count_field(MIN_OUTPUT_TOKENS, OUTPUT_MINIMUM_WHY)),
+    "output_token_ids": Field(_TOKEN_IDS),
+    "arrival_time": Field(time_field),
+    "timestamp": Field(time_field),
+    "cache_salt": Field(string_field()),
+    "request_id": Field(string_field(nonempty=True)),
+}
+#: Output tokens of a token-trace request that gives neither ``output_length``
+#: nor ``output_token_ids``.
+DEFAULT_OUTPUT_TOKENS = 16
 
-def read_mooncake(path: str | Path, limit: int | None = None) -> Workload:
+
+def read_mooncake(
+    path: str | Path, limit: int | None = None, *, lenient_fields: bool = False
+) -> Workload:
     """Read a Mooncake trace (``timestamp`` ms, ``input_length``, ``output_length``, ``hash_ids``).
 
-    Every line is one request; ``limit`` stops after that many.
+    Every line is one request; ``limit`` stops after that many. A field the
+    format does not know is an error (:class:`UnknownFieldError`) unless
+    ``lenient_fields`` (then it is ignored).
     """
     path = Path(path)
     with closing(read_records(path)) as recs:
-        return _mooncake(path, recs, limit)
+        return _mooncake(path, recs, limit, lenient_fields)
 
 
-def _mooncake(
-    path: Path, records: Iterable[tuple[int, dict[str, object]]], limit: int | None
-) -> Workload:
+def _mooncake(path: Path, records: Iterable[Record], limit: int | None, lenient: bool) -> Workload:
     reqs: list[WorkloadRequest] = []
-    for lineno, obj in records:
+    for rec in records:
         if limit is not None and len(reqs) >= limit:
             break
-        ts = time_field(path, lineno, obj, "timestamp")
-        if ts is None:
-            raise TraceFormatError(path, lineno, "missing field 'timestamp'")
-        n_in = int_field(path, lineno, obj, "input_length", minimum=1)
-        n_out = int_field(path, lineno, obj, "output_length", minimum=0)
-        assert n_in is not None and n_out is not None
-        ids = obj.get("hash_ids")
-        if ids is None:
-            raise TraceFormatError(path, lineno, "missing field 'hash_ids'")
-        if not isinstance(ids, list) or not all(
-            isinstance(h, int) and not isinstance(h, bool) and 0 <= h < _HASH_ID_LIMIT for h in ids
-        ):
-            raise TraceFormatError(
-                path, lineno, "'hash_ids' must be a list of integers in [0, 2**63)"
-            )
+        f = _fields(rec, "mooncake", lenient)
+        ts, n_in, n_out, ids = (
+            f["timestamp"], f["input_length"], f["output_length"], f["hash_ids"]
+        )  # fmt: skip
+        assert isinstance(ts, float) and isinstance(n_in, int) and isinstance(n_out, int)
+        assert isinstance(ids, list)
         need = -(-n_in // MOONCAKE_BLOCK_TOKENS)
         if len(ids) != need:
-            raise TraceFormatError(
-                path,
-                lineno,
+            raise rec.error(
                 f"input_length {n_in} needs {need} hash ids of {MOONCAKE_BLOCK_TOKENS} tokens, "
                 f"got {len(ids)}",
+                "hash_ids",
             )
-        n_out = max(1, n_out)
-        check_request_len(path, lineno, n_in, n_out)
+        check_request_len(rec, n_in, n_out, "output_length")
         hash_ids = tuple(ids)
         reqs.append(
             WorkloadRequest(
@@ -256,66 +290,53 @@ def _mooncake(
     return Workload(f"mooncake:{path.name}", reqs)
 
 
-def read_token_trace(path: str | Path, limit: int | None = None) -> Workload:
-    """Read JSON Lines of explicit ``prompt_token_ids`` (see the module docstring for fields)."""
+def read_token_trace(
+    path: str | Path, limit: int | None = None, *, lenient_fields: bool = False
+) -> Workload:
+    """Read JSON Lines of explicit ``prompt_token_ids`` (see the module docstring for
+    fields; ``lenient_fields`` as for :func:`read_mooncake`)."""
     path = Path(path)
     with closing(read_records(path)) as recs:
-        return _token_trace(path, recs, limit)
+        return _token_trace(path, recs, limit, lenient_fields)
 
 
 def _token_trace(
-    path: Path, records: Iterable[tuple[int, dict[str, object]]], limit: int | None
+    path: Path, records: Iterable[Record], limit: int | None, lenient: bool
 ) -> Workload:
     reqs: list[WorkloadRequest] = []
     seen: set[str] = set()
-    for lineno, obj in records:
+    for rec in records:
         if limit is not None and len(reqs) >= limit:
             break
-        toks = obj.get("prompt_token_ids")
-        if toks is None:
-            raise TraceFormatError(path, lineno, "missing field 'prompt_token_ids'")
-        if not token_list(toks):
-            raise TraceFormatError(
-                path,
-                lineno,
-                "'prompt_token_ids' must be a non-empty list of non-negative integers below 2**32",
-            )
-        assert isinstance(toks, list)
-        out_ids = obj.get("output_token_ids")
-        if out_ids is not None and not token_list(out_ids):
-            raise TraceFormatError(
-                path,
-                lineno,
-                "'output_token_ids' must be a non-empty list of non-negative integers below 2**32",
-            )
-        assert out_ids is None or isinstance(out_ids, list)
-        n_out = int_field(path, lineno, obj, "output_length", minimum=1, required=False)
+        f = _fields(rec, "tokens", lenient)
+        toks = f["prompt_token_ids"]
+        out_ids = f.get("output_token_ids")
+        n_out = f.get("output_length")
+        assert isinstance(toks, list) and (out_ids is None or isinstance(out_ids, list))
+        assert n_out is None or isinstance(n_out, int)
         if n_out is None:
-            n_out = len(out_ids) if out_ids else 16
-        elif out_ids is not None and len(out_ids) < n_out:
-            raise TraceFormatError(
-                path,
-                lineno,
-                f"'output_token_ids' has {len(out_ids)} tokens, fewer than output_length {n_out}",
+            n_out = len(out_ids) if out_ids else DEFAULT_OUTPUT_TOKENS
+            check_request_len(
+                rec, len(toks), n_out, "output_token_ids" if out_ids else "prompt_token_ids"
             )
-        check_request_len(path, lineno, len(toks), n_out)
-        t = time_field(path, lineno, obj, "arrival_time")
+        else:
+            if out_ids is not None and len(out_ids) < n_out:
+                raise rec.error(
+                    f"'output_token_ids' has {len(out_ids)} tokens, fewer than "
+                    f"output_length {n_out}",
+                    "output_token_ids",
+                )
+            check_request_len(rec, len(toks), n_out, "output_length")
+        t = f.get("arrival_time")
         if t is None:
-            ms = time_field(path, lineno, obj, "timestamp")
-            t = ms / 1000.0 if ms is not None else 0.0
-        salt = obj.get("cache_salt")
-        if salt is not None and not isinstance(salt, str):
-            raise TraceFormatError(
-                path, lineno, f"'cache_salt' must be a string, got {shown(salt)}"
-            )
-        rid = obj.get("request_id", "")  # "": named below, once every given id is known
-        if "request_id" in obj and (not isinstance(rid, str) or not rid):
-            raise TraceFormatError(
-                path, lineno, f"'request_id' must be a non-empty string, got {shown(rid)}"
-            )
-        assert isinstance(rid, str)
+            ms = f.get("timestamp")
+            t = ms / 1000.0 if isinstance(ms, float) else 0.0
+        assert isinstance(t, float)
+        salt = f.get("cache_salt")
+        rid = f.get("request_id", "")  # "": named below, once every given id is known
+        assert (salt is None or isinstance(salt, str)) and isinstance(rid, str)
         if rid in seen:
-            raise TraceFormatError(path, lineno, f"duplicate request_id {shown(rid)}")
+            raise rec.error(f"duplicate request_id {shown(rid)}", "request_id")
         if rid:
             seen.add(rid)
         prompt = tuple(toks)
@@ -398,41 +419,79 @@ def synthetic_chat(
     return Workload(f"synthetic-chat(seed={seed})", reqs)
 
 
-def load_workload(trace: str | Path | None, fmt: str | None, limit: int | None = None) -> Workload:
+def load_workload(
+    trace: str | Path | None,
+    fmt: str | None,
+    limit: int | None = None,
+    *,
+    lenient_fields: bool = False,
+) -> Workload:
     """The CLI's workload: the bundled default, or ``trace`` read as ``fmt``.
 
     ``fmt`` None guesses from the first record (``hash_ids`` -> mooncake,
     ``prompt_token_ids`` -> tokens). The file is read once, as a stream, so
     ``trace`` may be a pipe; gzip-compressed files are recognised by content.
+    ``lenient_fields`` ignores fields the format does not know.
     """
     if trace is None:
         wl = synthetic_chat()
         if limit is not None:
             wl.requests = wl.requests[:limit]
         return wl
-    if fmt not in (None, "mooncake", "tokens"):
-        raise ValueError(f"unknown trace format {fmt!r} (expected 'mooncake' or 'tokens')")
+    if fmt not in (None, *TRACE_FORMATS):
+        raise ValueError(unknown_name("trace format", str(fmt), TRACE_FORMATS))
     path = Path(trace)
     with closing(read_records(path)) as recs:
         first = next(recs, None)
         if fmt is None:
             if first is None:
                 raise TraceFormatError(path, None, "empty trace: no requests")
-            fmt = _guess_format(path, *first)
+            fmt = _guess_format(first)
         records = recs if first is None else itertools.chain([first], recs)
         if fmt == "mooncake":
-            return _mooncake(path, records, limit)
-        return _token_trace(path, records, limit)
+            return _mooncake(path, records, limit, lenient_fields)
+        return _token_trace(path, records, limit, lenient_fields)
 
 
-def _guess_format(path: Path, lineno: int, obj: dict[str, object]) -> str:
-    if "hash_ids" in obj:
+#: Trace formats by name, each with its field table.
+TRACE_FORMATS: dict[str, dict[str, Field]] = {"mooncake": MOONCAKE_FIELDS, "tokens": TOKEN_FIELDS}
+
+
+def _fields(rec: Record, fmt: str, lenient: bool) -> dict[str, object]:
+    """``rec``'s fields checked against ``fmt``'s table; a line whose fields are
+    all another format's is said to be in that format (not a typo)."""
+    try:
+        return read_fields(rec, TRACE_FORMATS[fmt], lenient=lenient)
+    except UnknownFieldError as e:
+        for other, table in TRACE_FORMATS.items():
+            if other != fmt and all(k in table for k in rec):
+                raise UnknownFieldError(
+                    e.path,
+                    e.line,
+                    f"unknown field {shown(e.field)} of the {fmt} format: the line is in the "
+                    f"{other} format (--format {other})",
+                    e.column,
+                    e.field,
+                ) from None
+        raise
+
+
+def _guess_format(rec: Record) -> str:
+    if "hash_ids" in rec:
         return "mooncake"
-    if "prompt_token_ids" in obj:
+    if "prompt_token_ids" in rec:
         return "tokens"
-    raise TraceFormatError(
-        path,
-        lineno,
-        "cannot tell the format: no 'hash_ids' (mooncake) or 'prompt_token_ids' "
-        "(tokens); pass --format",
-    )
+    known = list(dict.fromkeys(k for fields in TRACE_FORMATS.values() for k in fields))
+    odd = first_unknown(rec, known)
+    problem = "cannot tell the format: no 'hash_ids' (mooncake) or 'prompt_token_ids' (tokens)"
+    if odd is not None:
+        hint = did_you_mean(odd, ("hash_ids", "prompt_token_ids"))
+        if hint:
+            raise UnknownFieldError(
+                rec.path,
+                rec.line,
+                f"{problem}; unknown field {shown(odd)}{hint}",
+                rec.column(odd, at_key=True),
+                odd,
+            )
+    raise rec.error(f"{problem}; name the format (--format)")

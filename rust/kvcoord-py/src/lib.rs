@@ -84,6 +84,10 @@ mod core_module {
             "HASH_ALGOS",
             pyo3::types::PyTuple::new(m.py(), crate::request::hash_algo_names())?,
         )?;
+        m.add(
+            "EVICTION_POLICIES",
+            pyo3::types::PyTuple::new(m.py(), kvcoord_core::EvictionConfig::NAMES)?,
+        )?;
         Ok(())
     }
 }

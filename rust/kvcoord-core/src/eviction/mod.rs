@@ -129,6 +129,10 @@ impl EvictionConfig {
     /// Default retention of [`EvictionConfig::Priority`], in clock ticks.
     pub const DEFAULT_RETENTION: u32 = 1000;
 
+    /// The built-in policies' names (what a spec starts with), in the order the
+    /// docs list them; exported to Python for its did-you-mean.
+    pub const NAMES: [&'static str; 4] = ["lru", "lfu", "prefix-depth", "priority"];
+
     /// Build the policy for a pool of `num_blocks` blocks; `None` for LRU,
     /// which the pool runs on its own queue.
     pub(crate) fn build(self, num_blocks: usize) -> Option<Ranker> {
@@ -204,11 +208,10 @@ impl FromStr for EvictionConfig {
             "lfu" | "prefix-depth" => ("half_life", 0),
             "priority" => ("retention", Self::DEFAULT_RETENTION),
             _ => {
-                return Err(fail(
-                    "must be one of lru, lfu, prefix-depth, priority (optionally \
-                     followed by :half_life=N or :retention=N)"
-                        .into(),
-                ))
+                return Err(fail(format!(
+                    "must be one of {} (optionally followed by :half_life=N or :retention=N)",
+                    Self::NAMES.join(", ")
+                )))
             }
         };
         let value = match params {
@@ -367,6 +370,10 @@ mod tests {
             let parsed: EvictionConfig = spec.parse().unwrap();
             assert_eq!(parsed, want, "{spec}");
             assert_eq!(parsed.to_string(), spec);
+        }
+        for name in EvictionConfig::NAMES {
+            let parsed: EvictionConfig = name.parse().unwrap();
+            assert!(parsed.to_string().starts_with(name), "{name}");
         }
         assert_eq!(
             "priority".parse::<EvictionConfig>().unwrap(),
