@@ -169,7 +169,8 @@ pub(crate) fn replay(c: &mut Criterion) {
                 black_box(&ids),
                 128 * 512,
                 &mut toks,
-            );
+            )
+            .unwrap();
             black_box(&toks);
         });
     });

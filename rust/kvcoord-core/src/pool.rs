@@ -919,12 +919,15 @@ impl BlockPool {
             return Ok(());
         }
         let selected = |i: usize| block_mask.is_none_or(|m| m[i]);
-        let unit_tokens = scale * self.config.hash_block_size as usize;
+        // Token ends of blocks: the products saturate where they pass any
+        // 32-bit key count (only reachable with ranges of 2^32 blocks), so
+        // a comparison with such a count stays right and nothing wraps.
+        let unit_tokens = scale.saturating_mul(self.config.hash_block_size as usize);
         self.check_promotions(new_blocks, num_cached_blocks, unit_tokens, &selected)?;
         let promotable = |pool: &Self, i: usize, b: BlockId| {
-            pool.partial
-                .primary_tokens(b)
-                .is_some_and(|t| (t as usize) < (num_cached_blocks + i + 1) * unit_tokens)
+            pool.partial.primary_tokens(b).is_some_and(|t| {
+                (t as usize) < (num_cached_blocks + i + 1).saturating_mul(unit_tokens)
+            })
         };
         let record = self.events.is_some();
         let mut stored_hashes = Vec::new();
@@ -954,7 +957,8 @@ impl BlockPool {
             let key = CacheKey { hash, group };
             self.meta[b.index()].key = self.index.insert(key, b);
             self.key_tokens[b.index()] =
-                u32::try_from((num_cached_blocks + i + 1) * unit_tokens).unwrap_or(u32::MAX);
+                u32::try_from((num_cached_blocks + i + 1).saturating_mul(unit_tokens))
+                    .unwrap_or(u32::MAX);
             stored_ids.push(b);
             if record {
                 stored_hashes.push(hash);
@@ -1005,7 +1009,7 @@ impl BlockPool {
                 let promotable = self
                     .partial
                     .primary_tokens(b)
-                    .is_some_and(|t| (t as usize) < (first + i + 1) * unit_tokens);
+                    .is_some_and(|t| (t as usize) < (first + i + 1).saturating_mul(unit_tokens));
                 if !promotable {
                     return Err(KvError::AlreadyCached(b));
                 }
