@@ -191,7 +191,7 @@ pymethods!(PyKVCacheBlocks {
         num_groups: &Bound<'_, PyAny>,
     ) -> PyResult<Self> {
         // The core names the bound on groups (2^20).
-        let n = crate::numbers::arg::<Blocks>(num_groups, "num_groups")?.0;
+        let n = crate::numbers::arg::<crate::numbers::U32>(num_groups, "num_groups")?.0 as usize;
         Self::new(core(NewBlocks::try_empty(n))?)
     }
 

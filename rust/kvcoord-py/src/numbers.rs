@@ -258,33 +258,36 @@ pub(crate) fn opt_config_i64(obj: Option<&Bound<'_, PyAny>>, name: &str) -> PyRe
 }
 
 /// The conversion of a Python facade's own integer argument: `value` as an
-/// int of the kind named `kind` (`"tokens"`, `"blocks"`, `"block_id"`,
-/// `"group_id"`, `"u32"`, `"u64"`), refused as `name`; with `config`, in
-/// the words of a configuration value.
+/// int of the kind named `kind` (a [`Number`]'s name, `"tokens"` by
+/// default, or `"i64"`: a signed 64-bit value, configuration only),
+/// refused as `name`; with `config`, in the words of a configuration value.
 #[pyfunction]
-#[pyo3(signature = (value, name, kind = None, config = false))]
+#[pyo3(signature = (value, name, kind = None, *, config = false))]
 pub(crate) fn int_arg(
     value: &Bound<'_, PyAny>,
     name: crate::args::Text,
     kind: Option<crate::args::Text>,
     config: bool,
-) -> PyResult<u64> {
+) -> PyResult<i128> {
     let kind = kind.as_ref().map_or("tokens", crate::args::Text::as_str);
+    let name = name.as_str();
+    if kind == "i64" && config {
+        return config_i64(value, name).map(i128::from);
+    }
     let number = Number::from_name(kind).ok_or_else(|| {
         value_error(format!(
-            "invalid kind: {kind:?} (must be one of {:?})",
+            "invalid kind: {kind:?} (must be one of {:?}, or \"i64\" with config=True)",
             Number::ALL.map(Number::name)
         ))
     })?;
-    let name = name.as_str();
-    match number {
-        Number::Tokens => pick::<Tokens>(value, name, config).map(|v| v.0 as u64),
-        Number::Blocks => pick::<Blocks>(value, name, config).map(|v| v.0 as u64),
-        Number::BlockId => pick::<BlockId>(value, name, config).map(|v| v.0.into()),
-        Number::GroupId => pick::<GroupId>(value, name, config).map(|v| v.0.into()),
-        Number::U32 => pick::<U32>(value, name, config).map(|v| v.0.into()),
-        Number::U64 => pick::<U64>(value, name, config).map(|v| v.0),
-    }
+    Ok(match number {
+        Number::Tokens => pick::<Tokens>(value, name, config)?.0 as i128,
+        Number::Blocks => pick::<Blocks>(value, name, config)?.0 as i128,
+        Number::BlockId => pick::<BlockId>(value, name, config)?.0.into(),
+        Number::GroupId => pick::<GroupId>(value, name, config)?.0.into(),
+        Number::U32 => pick::<U32>(value, name, config)?.0.into(),
+        Number::U64 => pick::<U64>(value, name, config)?.0.into(),
+    })
 }
 
 fn pick<K: Kind>(value: &Bound<'_, PyAny>, name: &str, as_config: bool) -> PyResult<K> {
