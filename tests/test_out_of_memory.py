@@ -5,8 +5,9 @@ unchanged and usable once memory is back.
 
 Run in a subprocess: the address-space limit (``RLIMIT_AS``) is set just
 above what the process uses after building a pool of 2^25 blocks and a
-request of 2^23 one-token hash units, so each read-out (at least 32 MiB)
-fails while the rest of the process runs on."""
+request of 2^23 one-token hash units, so each read-out (at least 32 MiB),
+and the pool's residency state, fails while the rest of the process runs
+on."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ def state():
         pool.num_free_blocks, pool.num_cached_blocks, pool.free_neighbours(1),
         pool.free_neighbours(NUM_BLOCKS - 1), req.num_tokens, req.num_block_hashes,
         req.block_hashes[0], req.block_hashes[-1], req.num_computed_tokens,
+        pool.residency_enabled,
     )
 
 def address_space():
@@ -49,6 +51,7 @@ reads = {
     "token_ids_array": req.token_ids_array,
     "all_token_ids": lambda: req.all_token_ids,
     "block_hashes list": lambda: req.block_hashes[:],
+    "enable_residency": pool.enable_residency,  # pool-sized state, not a read
 }
 before = state()
 resource.setrlimit(resource.RLIMIT_AS, (address_space() + 24 * 2**20, resource.RLIM_INFINITY))
@@ -70,6 +73,8 @@ hashes = req.block_hashes_array()
 assert hashes.shape == (NUM_TOKENS, 16) and bytes(hashes[-1]) == req.block_hashes[-1]
 assert req.token_ids_array()[-1] == NUM_TOKENS - 1
 assert pool.get_new_blocks(2) == [1, 2]
+pool.enable_residency()
+assert pool.residency_enabled
 pool.check_invariants()
 print("ok", flush=True)
 """
@@ -83,5 +88,5 @@ def test_read_outs_of_big_objects_are_memory_errors_under_a_limit() -> None:
         [sys.executable, "-c", _SCRIPT], capture_output=True, text=True, env=env, timeout=300
     )
     assert out.returncode == 0, out.stdout + out.stderr
-    assert out.stdout.count("MemoryError:") == 8, out.stdout
+    assert out.stdout.count("MemoryError:") == 9, out.stdout
     assert out.stdout.endswith("ok\n"), out.stdout

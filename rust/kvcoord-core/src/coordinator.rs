@@ -1014,7 +1014,9 @@ impl CoordinatorCore {
         alignment: usize,
         drop_eagle: bool,
     ) -> KvResult<(Vec<Vec<BlockId>>, usize)> {
-        let mut out = vec![Vec::new(); group_ids.len()];
+        let mut out = Vec::new();
+        crate::limits::try_reserve(&mut out, group_ids.len(), "hit lists")?;
+        out.resize_with(group_ids.len(), Vec::new);
         let hit = self.find_longest_cache_hit_into(
             group_ids, hashes, max_length, alignment, drop_eagle, &mut out,
         )?;

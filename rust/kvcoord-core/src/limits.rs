@@ -277,6 +277,16 @@ pub fn reserve(what: &'static str, bytes: usize) -> KvResult<()> {
         .map_err(|_| KvError::OutOfMemory { what, bytes })
 }
 
+/// The refusal of `items` entries of a table for `what` (a hash map or set
+/// sized by the caller's list).
+#[cold]
+pub fn out_of_memory(what: &'static str, items: usize) -> KvError {
+    KvError::OutOfMemory {
+        what,
+        bytes: items.saturating_mul(16),
+    }
+}
+
 /// `vec.try_reserve(additional)` as a [`KvError::OutOfMemory`] for `what`.
 pub fn try_reserve<T>(vec: &mut Vec<T>, additional: usize, what: &'static str) -> KvResult<()> {
     vec.try_reserve(additional)

@@ -201,6 +201,10 @@ pub struct BlockPool {
     watch: ReuseWatch,
 }
 
+/// Bytes per block a ranked eviction policy adds to a pool, at most: its
+/// level queue's links (8) and the policy's own state (up to 5).
+const RANKED_BYTES_PER_BLOCK: usize = 16;
+
 impl BlockPool {
     /// A pool of `config.num_blocks` blocks, all free except the null block,
     /// reused in vLLM's order.
@@ -212,6 +216,10 @@ impl BlockPool {
     /// `eviction`.
     pub fn with_eviction(config: PoolConfig, eviction: EvictionConfig) -> KvResult<Self> {
         eviction.validate()?;
+        if eviction != EvictionConfig::Lru {
+            let bytes = config.num_blocks.saturating_mul(RANKED_BYTES_PER_BLOCK);
+            crate::limits::reserve("the eviction policy's state", bytes)?;
+        }
         Self::build(config, |n| match eviction.build(n) {
             None => Order::Lru(FreeQueue::new_ascending(n, 1)),
             Some(policy) => Self::ranked(n, policy),
@@ -251,8 +259,17 @@ impl BlockPool {
                 ),
             });
         }
-        let order: Vec<BlockId> = self.free_block_ids().collect();
         let n = self.meta.len();
+        // The new order's state is pool-sized: reserved before the switch.
+        crate::limits::reserve(
+            "the eviction policy's state",
+            n.saturating_mul(RANKED_BYTES_PER_BLOCK),
+        )?;
+        let order = crate::limits::try_collect(
+            self.num_free_blocks(),
+            self.free_block_ids(),
+            "free block ids",
+        )?;
         self.free = match eviction.build(n) {
             None => {
                 let mut q = FreeQueue::new_empty(n);
@@ -341,19 +358,25 @@ impl BlockPool {
 
     /// Start tracking residency metrics for every block (clock at 0).
     /// Enabling again keeps the data gathered so far.
-    pub fn enable_residency(&mut self) {
-        self.enable_residency_with(true);
+    pub fn enable_residency(&mut self) -> KvResult<()> {
+        self.enable_residency_with(true)
     }
 
     /// [`Self::enable_residency`], choosing whether each eviction keeps a
     /// record for `drain_records` (`false`: the histograms only; see
     /// [`Residency::set_keep_records`]). Enabling again sets the choice and
-    /// keeps the data gathered so far.
-    pub fn enable_residency_with(&mut self, keep_records: bool) {
-        let n = self.meta.len();
-        self.residency
-            .get_or_insert_with(|| Box::new(Residency::new(n)))
-            .set_keep_records(keep_records);
+    /// keeps the data gathered so far. The per-block state is pool-sized:
+    /// reserved fallibly first (`OutOfMemory`, nothing changed).
+    pub fn enable_residency_with(&mut self, keep_records: bool) -> KvResult<()> {
+        if self.residency.is_none() {
+            let n = self.meta.len();
+            crate::limits::reserve("residency metrics", Residency::bytes_for(n))?;
+            self.residency = Some(Box::new(Residency::new(n)));
+        }
+        if let Some(r) = self.residency.as_mut() {
+            r.set_keep_records(keep_records);
+        }
+        Ok(())
     }
 
     /// The residency metrics, when enabled.
@@ -1017,7 +1040,10 @@ impl BlockPool {
             }
         }
         if any_promotion {
-            let mut seen = hashbrown::HashSet::with_capacity(new_blocks.len());
+            let mut seen = hashbrown::HashSet::new();
+            seen.try_reserve(new_blocks.len()).map_err(|_| {
+                crate::limits::out_of_memory("a set of block ids", new_blocks.len())
+            })?;
             for (i, &b) in new_blocks.iter().enumerate() {
                 if selected(i) && !b.is_null() && !seen.insert(b) {
                     return Err(KvError::AlreadyCached(b));
@@ -1119,8 +1145,12 @@ impl BlockPool {
                 what: "unpin_blocks on a pool with a ranked eviction policy".into(),
             });
         };
-        let mut counts: std::collections::HashMap<BlockId, u32> =
-            std::collections::HashMap::with_capacity(blocks.len());
+        let mut counts: std::collections::HashMap<BlockId, u32> = std::collections::HashMap::new();
+        counts
+            .try_reserve(blocks.len())
+            .map_err(|_| crate::limits::out_of_memory("a count per block id", blocks.len()))?;
+        // The watch list is pool-sized: reserved before anything changes.
+        self.watch.reserve(self.meta.len())?;
         for &b in blocks {
             if b.is_null() {
                 return Err(KvError::InvalidArgument {
@@ -1655,7 +1685,7 @@ mod tests {
         let mut p = pool(3);
         p.set_residency_clock(5); // metrics off: nothing to move
         assert!(p.drain_eviction_records().is_empty());
-        p.enable_residency();
+        p.enable_residency().unwrap();
         p.set_residency_clock(10);
         let b = ids(&get(&mut p, 2));
         p.cache_full_blocks(&b[..1], &[h(1)], 0, 1, GroupId(0), None)

@@ -7,7 +7,7 @@ use pyo3::prelude::*;
 use crate::args::Text;
 use crate::convert::extend_ids;
 use crate::errors::core;
-use crate::numbers::{Tokens, U32};
+use crate::numbers::{Tokens, U32, U64};
 
 /// The best possible prefix cache: unbounded, never evicts. Feed requests in
 /// arrival order with `add`; see `kvcoord.replay.bestcase`.
@@ -67,11 +67,19 @@ pub(crate) fn mooncake_prompt_tokens<'py>(
     input_length: &Bound<'py, PyAny>,
 ) -> PyResult<Bound<'py, numpy::PyArray1<u32>>> {
     let n = crate::numbers::arg::<Tokens>(input_length, "input_length")?.0;
-    let ids: Vec<u64> = hash_ids.extract().map_err(|_| {
+    let not_ids = || {
         crate::errors::type_error(format!(
             "hash_ids must be a sequence of ints in [0, 2**64), got {}",
             crate::args::type_name(hash_ids)
         ))
+    };
+    if crate::convert::is_text(hash_ids) {
+        return Err(not_ids());
+    }
+    let items = hash_ids.try_iter().map_err(|_| not_ids())?;
+    let mut ids = Vec::new();
+    crate::convert::collect_items(hash_ids, &items, &mut ids, "hash ids", |_, item| {
+        crate::numbers::arg::<U64>(item, "hash id").map(|v| v.0)
     })?;
     let tokens = py.detach(|| {
         let mut out = Vec::new();

@@ -257,7 +257,10 @@ pub(crate) fn block_hash(obj: &Bound<'_, PyAny>) -> PyResult<BlockHash> {
     if let Ok(b) = obj.cast::<PyBytes>() {
         return core(BlockHash::from_slice(b.as_bytes()));
     }
-    if !obj.is_instance_of::<pyo3::types::PyString>() {
+    // A sequence of byte values no longer than a digest can be (a longer
+    // sequence is refused as not a hash, never copied).
+    let short = obj.len().is_ok_and(|n| n <= 64);
+    if short && !obj.is_instance_of::<pyo3::types::PyString>() {
         if let Ok(b) = obj.extract::<Vec<u8>>() {
             return core(BlockHash::from_slice(&b));
         }

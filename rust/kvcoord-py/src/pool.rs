@@ -49,7 +49,8 @@ macro_rules! pool_readers {
             ) -> PyResult<Option<Bound<'py, pyo3::types::PyList>>> {
                 let hash = $crate::convert::block_hash(block_hash)?;
                 let groups = $crate::convert::group_ids(group_ids)?;
-                let mut out = Vec::with_capacity(groups.len());
+                let mut out = Vec::new();
+                $crate::errors::core(kvcoord_core::limits::try_reserve(&mut out, groups.len(), "block ids"))?;
                 if self.with(py, |p| p.get_cached_block(&hash, &groups, &mut out))? {
                     Ok(Some($crate::convert::id_list(py, &out)?))
                 } else {
@@ -205,7 +206,7 @@ macro_rules! pool_writers {
                 records: Option<&Bound<'_, PyAny>>,
             ) -> PyResult<()> {
                 let keep = $crate::args::opt_flag(records, "records", true)?;
-                self.pool_mut(py, |p| p.enable_residency_with(keep))
+                $crate::errors::core(self.pool_mut(py, |p| p.enable_residency_with(keep))?)
             }
 
             fn set_residency_clock(&self, py: Python<'_>, now: &Bound<'_, PyAny>) -> PyResult<()> {
@@ -479,7 +480,9 @@ pool_writers!(pool_readers!(PyBlockPool, "BlockPool",) {
         let max_length = numbers::arg::<Tokens>(max_length, "max_length")?.0;
         let alignment = numbers::arg::<Tokens>(alignment, "alignment")?.0;
         let manager = core(kvcoord_core::Manager::new(spec, GroupId(0)))?;
-        let mut out = vec![Vec::new(); groups.len()];
+        let mut out = Vec::new();
+        core(kvcoord_core::limits::try_reserve(&mut out, groups.len(), "hit lists"))?;
+        out.resize_with(groups.len(), Vec::new);
         let hit = core(self.with(py, |pool| {
             let hbs = pool.config().hash_block_size as usize;
             manager.find_longest_cache_hit(
