@@ -271,6 +271,7 @@ impl Request {
     /// Apply one step's progress; refused (nothing changed) when the new
     /// `num_computed_tokens` would not be a token count. A step from
     /// [`step_progress`] is never refused.
+    #[inline]
     pub fn advance(&mut self, step: StepProgress) -> KvResult<()> {
         self.num_computed_tokens =
             crate::limits::add_tokens("num_computed", self.num_computed_tokens, step.computed)?;

@@ -325,23 +325,62 @@ pub(crate) fn advance_requests(
                 .map_err(|e| not_requests(e.into_inner().as_any()))
         })
         .collect::<PyResult<Vec<_>>>()?;
-    // Each request's progress before the step, keyed by the object (one
-    // listed twice is advanced twice).
-    let before = requests
-        .iter()
-        .map(|r| {
-            Ok(kvcoord_core::StepRequest {
-                key: r.as_ptr() as usize,
-                num_computed_tokens: r.try_borrow()?.inner.num_computed_tokens(),
-            })
-        })
-        .collect::<PyResult<Vec<_>>>()?;
+    // One borrow per request, held through the step. A request listed twice
+    // (advanced twice) cannot be borrowed twice: those steps take the
+    // general path.
+    let (mut held, mut before) = (Vec::new(), Vec::new());
+    core(kvcoord_core::limits::try_reserve(
+        &mut held,
+        requests.len(),
+        "requests",
+    ))?;
+    core(kvcoord_core::limits::try_reserve(
+        &mut before,
+        requests.len(),
+        "requests",
+    ))?;
+    for r in &requests {
+        let Ok(m) = r.try_borrow_mut() else {
+            drop(held);
+            return advance_listed(&requests, &computed, sampled.as_deref());
+        };
+        before.push(step_request(r, &m.inner));
+        held.push(m);
+    }
     let steps = core(kvcoord_core::step_progress(
         &before,
         &computed,
         sampled.as_deref(),
     ))?;
     // `step_progress` checked every total: no `advance` is refused.
+    for (m, step) in held.iter_mut().zip(steps) {
+        core(m.inner.advance(step))?;
+    }
+    Ok(())
+}
+
+/// A request as `step_progress` tells requests apart: by the object.
+fn step_request(r: &Bound<'_, PyRequest>, inner: &Request) -> kvcoord_core::StepRequest {
+    kvcoord_core::StepRequest {
+        key: r.as_ptr() as usize,
+        num_computed_tokens: inner.num_computed_tokens(),
+    }
+}
+
+/// `advance_requests` borrowing each request as its turn comes (a request
+/// listed twice; one borrowed elsewhere is refused before anything
+/// changes).
+#[cold]
+fn advance_listed(
+    requests: &[Bound<'_, PyRequest>],
+    computed: &[i64],
+    sampled: Option<&[i64]>,
+) -> PyResult<()> {
+    let before = requests
+        .iter()
+        .map(|r| Ok(step_request(r, &r.try_borrow()?.inner)))
+        .collect::<PyResult<Vec<_>>>()?;
+    let steps = core(kvcoord_core::step_progress(&before, computed, sampled))?;
     for (r, step) in requests.iter().zip(steps) {
         core(r.try_borrow_mut()?.inner.advance(step))?;
     }
