@@ -370,6 +370,13 @@ impl CoordinatorConfig {
         for g in &self.groups {
             g.validate()?;
         }
+        if u32::try_from(self.groups.len()).is_err() {
+            return Err(bad(
+                "groups",
+                self.groups.len().to_string(),
+                "must be fewer than 2^32 groups (group ids are 32 bits)",
+            ));
+        }
         if let Some(g) = self
             .eagle_groups
             .iter()
@@ -677,6 +684,7 @@ impl CoordinatorCore {
             .iter()
             .enumerate()
             .map(|(g, &spec)| {
+                // Fewer than 2^32 groups (validated): the id is exact.
                 Manager::new(spec, GroupId(g as u32))
                     .map(|m| m.with_eagle(config.is_eagle_group(g)))
             })

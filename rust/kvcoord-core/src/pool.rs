@@ -866,6 +866,8 @@ impl BlockPool {
                 name: "ticks",
                 detail: format!("must be 0 to {} per call, got {ticks}", i32::MAX),
             })?;
+        // A modular clock, not a count: policies compare its readings in
+        // serial-number order (`eviction::priority`), so it wraps by design.
         self.now = self.now.wrapping_add(ticks);
         if let Order::Ranked(r) = &mut self.free {
             let Ranked { queue, policy, .. } = &mut **r;
