@@ -55,6 +55,13 @@ BlockIds = Sequence[int] | npt.NDArray[np.integer]
 # and limits, spec sizes, retention intervals), never ``OverflowError``, and
 # changes nothing. A ``bool`` or a non-int raises ``ArgumentTypeError``
 # (``ConfigTypeError``). Numpy integer scalars are ints.
+#
+# Memory: what a call allocates in proportion to the caller's objects (a
+# pool's per-block arrays such as ``free_block_ids``, ``ref_counts`` and
+# ``cached_mask``; a request's ``block_hashes_array``, token lists and
+# digests; pool-sized state such as residency metrics or a new eviction
+# policy) is reserved first: an allocation the system refuses raises
+# ``OutOfMemoryError`` (a ``MemoryError``) and changes nothing.
 
 TokenCount: TypeAlias = int
 """A token count or token position: ``0 <= n < 2**48`` (``MAX_TOKENS``)."""
