@@ -384,3 +384,20 @@ def test_advance_requests_counts_up_to_the_last_token_count_exactly() -> None:
     with pytest.raises(kvcoord.InvalidArgumentError):
         kvcoord.advance_requests([other, other], [2**47, 2**47])
     assert other.num_computed_tokens == 0
+
+
+def test_int_arg_is_the_conversion_python_code_shares() -> None:
+    assert _core.int_arg(2**64 - 1, "n", "u64") == 2**64 - 1
+    assert _core.int_arg(np.uint32(7), "n", "blocks") == 7
+    assert _core.int_arg(-(2**63), "n", "i64", config=True) == -(2**63)
+    with pytest.raises(kvcoord.InvalidArgumentError, match="invalid n: 281474976710656"):
+        _core.int_arg(2**48, "n")  # tokens by default
+    with pytest.raises(kvcoord.InvalidBlockIdError):
+        _core.int_arg(2**32, "n", "block_id")
+    with pytest.raises(kvcoord.ConfigError, match="invalid n=-1: must be non-negative"):
+        _core.int_arg(-1, "n", "u32", config=True)
+    with pytest.raises(kvcoord.ConfigTypeError):
+        _core.int_arg(True, "n", "u32", config=True)
+    for bad_kind in ("bytes", "i64"):  # i64 is a configuration kind only
+        with pytest.raises(kvcoord.InvalidArgumentError, match="invalid kind"):
+            _core.int_arg(1, "n", bad_kind)

@@ -31,8 +31,7 @@ pub(crate) trait Kind: Sized {
     /// The refusal of argument `name`, an int out of range (`shown` as the
     /// caller wrote it, `value` when it fits in 128 bits).
     #[cold]
-    fn out_of_range(name: &str, shown: &str, value: Option<i128>, negative: bool) -> PyErr {
-        let _ = value;
+    fn out_of_range(name: &str, shown: &str, _value: Option<i128>, negative: bool) -> PyErr {
         value_error(format!(
             "invalid {name}: {}",
             Self::NUMBER.refusal(shown, negative)
