@@ -107,9 +107,10 @@ def test_huge_computed_counts_are_refused_not_wrapped() -> None:
             state,
             lambda n=n: mgr.allocate_slots(r, 3, num_new_computed_tokens=n),
         )
-    r.num_computed_tokens = 2**63 - 1
-    with pytest.raises(InvalidArgumentError):
-        mgr.allocate_slots(r, 3)
+    # The request's own counts are token counts too: refused when set.
+    with pytest.raises(InvalidArgumentError, match="num_computed_tokens"):
+        r.num_computed_tokens = 2**63 - 1
+    assert r.num_computed_tokens == 0
     assert mgr.num_running_requests == 0
 
 

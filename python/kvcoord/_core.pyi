@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from types import NotImplementedType
-from typing import Any, ClassVar, Literal, Protocol, final, overload
+from typing import Any, ClassVar, Literal, Protocol, TypeAlias, final, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -13,6 +13,8 @@ from typing_extensions import disjoint_base
 __all__ = [
     "EVICTION_POLICIES",
     "HASH_ALGOS",
+    "MAX_TOKENS",
+    "NUMBER_MAX",
     "AllBlocksCleared",
     "BlockHashGate",
     "BlockHashes",
@@ -32,6 +34,7 @@ __all__ = [
     "choose_coordinator",
     "compute_block_hashes",
     "default_hash_block_size",
+    "int_arg",
     "mooncake_prompt_tokens",
     "none_hash",
     "scheduler_block_size",
@@ -42,6 +45,69 @@ __version__: str
 
 BlockIds = Sequence[int] | npt.NDArray[np.integer]
 """Block ids: a list/tuple of ints or a 1-D integer numpy array."""
+
+# ---------------------------------------------------------------- integers
+#
+# Every integer argument is of one kind, named by its annotation, with the
+# range the core supports (README, "Bad input and limits"). A negative int,
+# one past its kind's maximum or beyond 64 bits raises a kvcoord error that
+# is a ``ValueError`` (``InvalidArgumentError``; ``InvalidBlockIdError`` for
+# a block id; ``ConfigError`` for a configuration value: constructor sizes
+# and limits, spec sizes, retention intervals), never ``OverflowError``, and
+# changes nothing. A ``bool`` or a non-int raises ``ArgumentTypeError``
+# (``ConfigTypeError``). Numpy integer scalars are ints.
+#
+# Memory: what a call allocates in proportion to the caller's objects (a
+# pool's per-block arrays such as ``free_block_ids``, ``ref_counts`` and
+# ``cached_mask``; a request's ``block_hashes_array``, token lists and
+# digests; pool-sized state such as residency metrics or a new eviction
+# policy) is reserved first: an allocation the system refuses raises
+# ``OutOfMemoryError`` (a ``MemoryError``) and changes nothing.
+
+TokenCount: TypeAlias = int
+"""A token count or token position: ``0 <= n < 2**48`` (``MAX_TOKENS``)."""
+BlockCount: TypeAlias = int
+"""A count of blocks, or a position in a block table or in a request's
+hashes: ``0 <= n < 2**32``."""
+BlockId: TypeAlias = int
+"""A block id: ``0 <= n < 2**32`` and, where a pool reads it, below its size."""
+GroupId: TypeAlias = int
+"""A KV cache group id: ``0 <= n < 2**32``, and a group of the callee."""
+U32: TypeAlias = int
+"""A 32-bit value (a size in tokens, a priority, clock ticks):
+``0 <= n < 2**32``, then the callee's own rule."""
+U64: TypeAlias = int
+"""A 64-bit value (a clock reading): ``0 <= n < 2**64``."""
+I64: TypeAlias = int
+"""A signed 64-bit configuration value (``-2**63 <= n < 2**63``), then the
+callee's own rule (a spec size, a retention interval)."""
+
+NumberKind = Literal["tokens", "blocks", "block_id", "group_id", "u32", "u64"]
+
+NUMBER_MAX: dict[NumberKind, int]
+"""The largest value of each unsigned kind: ``"tokens"`` (``TokenCount``),
+``"blocks"`` (``BlockCount``), ``"block_id"``, ``"group_id"``, ``"u32"``,
+``"u64"``."""
+
+MAX_TOKENS: int
+"""Exclusive bound of every token count: ``2**48``."""
+
+def int_arg(
+    value: object,
+    name: str,
+    kind: NumberKind | Literal["i64"] | None = None,
+    *,
+    config: bool = False,
+) -> int:
+    """The core's conversion of one integer argument, for Python code that
+    takes integers of its own: ``value`` as an int of ``kind`` (default
+    ``"tokens"``; ``"i64"`` only with ``config``), refused as ``name``.
+
+    Raises:
+        InvalidArgumentError: out of the kind's range (``ConfigError`` with
+            ``config``; ``InvalidBlockIdError`` for a block id).
+        ArgumentTypeError: not an int (``ConfigTypeError`` with ``config``).
+    """
 
 @final
 class BlockPool:
@@ -62,10 +128,10 @@ class BlockPool:
 
     def __init__(
         self,
-        num_blocks: int,
+        num_blocks: BlockCount,
         *,
         enable_caching: bool = True,
-        hash_block_size: int = 16,
+        hash_block_size: U32 = 16,
         enable_events: bool = False,
         eviction_policy: str = "lru",
     ) -> None:
@@ -109,7 +175,7 @@ class BlockPool:
     @property
     def eviction_policy(self) -> str:
         """The eviction policy's spec string (``"lru"`` by default)."""
-    def set_priority(self, block_ids: BlockIds, priority: int) -> None:
+    def set_priority(self, block_ids: BlockIds, priority: U32) -> None:
         """Mark blocks as held by a request of ``priority`` (0, ordinary, to 7).
         Only the ``"priority"`` policy acts on it: a cached block released
         with priority ``p > 0`` is reused after every ordinary free block
@@ -119,7 +185,7 @@ class BlockPool:
             InvalidBlockIdError: an id is out of range.
             InvalidArgumentError: ``priority`` is outside ``0..7``.
         """
-    def advance_clock(self, ticks: int) -> None:
+    def advance_clock(self, ticks: U32) -> None:
         """Advance the clock of time-based eviction policies by ``ticks``
         (for example one per scheduler step); expired retentions apply now.
 
@@ -129,7 +195,7 @@ class BlockPool:
     @property
     def metadata_bytes(self) -> int:
         """Heap bytes of per-block metadata (16 per block), prefix index excluded."""
-    def get_new_blocks(self, num_blocks: int) -> list[int]:
+    def get_new_blocks(self, num_blocks: BlockCount) -> list[int]:
         """Take ``num_blocks`` blocks from the front of the free queue, each with
         one reference. A taken block that was still cached is evicted.
 
@@ -137,7 +203,7 @@ class BlockPool:
             OutOfBlocksError: more blocks requested than are free (a ``ValueError``).
             InvalidArgumentError: ``num_blocks`` is negative.
         """
-    def get_new_blocks_array(self, num_blocks: int) -> npt.NDArray[np.uint32]:
+    def get_new_blocks_array(self, num_blocks: BlockCount) -> npt.NDArray[np.uint32]:
         """Like :meth:`get_new_blocks`, returning a ``uint32`` numpy array.
 
         The fastest round trip: passing that array back to :meth:`free_blocks`
@@ -183,9 +249,9 @@ class BlockPool:
         self,
         block_ids: BlockIds,
         block_hashes: Sequence[bytes] | npt.NDArray[np.uint8],
-        num_cached_blocks: int,
-        num_full_blocks: int,
-        group_id: int,
+        num_cached_blocks: BlockCount,
+        num_full_blocks: BlockCount,
+        group_id: GroupId,
         block_mask: Sequence[bool] | None = None,
     ) -> None:
         """Register ``block_ids[num_cached_blocks:num_full_blocks]`` in the prefix
@@ -208,7 +274,7 @@ class BlockPool:
         """Drop these blocks' cache keys; reference counts and queue positions
         are unchanged."""
     def insert_key(
-        self, block_id: int, block_hash: bytes, group_id: int, num_tokens: int | None = None
+        self, block_id: BlockId, block_hash: bytes, group_id: GroupId, num_tokens: U32 | None = None
     ) -> bool:
         """Key one block under ``(block_hash, group_id)`` by hand, as vLLM's
         pool does for a caller's insert into its index or ``set_block_hash``:
@@ -230,8 +296,8 @@ class BlockPool:
         spec: GroupSpec,
         group_ids: Sequence[int],
         block_hashes: Sequence[bytes] | npt.NDArray[np.uint8],
-        max_length: int,
-        alignment: int,
+        max_length: TokenCount,
+        alignment: TokenCount,
         *,
         drop_eagle: bool = False,
     ) -> tuple[list[list[int]], int]:
@@ -258,7 +324,7 @@ class BlockPool:
     @property
     def residency_enabled(self) -> bool:
         """Whether residency metrics are tracked."""
-    def set_residency_clock(self, now: int) -> None:
+    def set_residency_clock(self, now: U64) -> None:
         """Move the residency clock to ``now`` (ignored when metrics are off
         or when ``now`` is earlier than the clock)."""
     def residency_snapshot(self) -> dict[str, tuple[list[int], int, int, int]] | None:
@@ -275,23 +341,23 @@ class BlockPool:
         """Drain the recorded events (always empty when events are off)."""
     def free_block_ids(self) -> npt.NDArray[np.uint32]:
         """The free queue, front (handed out next) to back."""
-    def free_neighbours(self, block_id: int) -> tuple[int, int] | None:
+    def free_neighbours(self, block_id: BlockId) -> tuple[int, int] | None:
         """``(prev, next)``: the free-queue entries either side of a free block,
         front side first (-1 at an end of the queue); None if it is not free."""
     def ref_counts(self) -> npt.NDArray[np.uint32]:
         """Reference count of every block, indexed by id."""
     def cached_mask(self) -> npt.NDArray[np.bool_]:
         """Whether each block carries a cache key, indexed by id."""
-    def block_hash(self, block_id: int) -> tuple[bytes, int] | None:
+    def block_hash(self, block_id: BlockId) -> tuple[bytes, int] | None:
         """The ``(hash, group_id)`` key a block is cached under, if any."""
-    def primary_key_tokens(self, block_id: int) -> int | None:
+    def primary_key_tokens(self, block_id: BlockId) -> int | None:
         """Tokens behind the block's primary key when it is a partial
         (sub-block) key; None for a full-block key or no key."""
-    def key_num_tokens(self, block_id: int) -> int | None:
+    def key_num_tokens(self, block_id: BlockId) -> int | None:
         """Tokens behind the block's primary key (vLLM's
         ``block_hash_num_tokens``): the block's end for a full-block key, a
         partial key's own count; None without a key."""
-    def cache_keys(self, block_id: int) -> list[tuple[bytes, int]]:
+    def cache_keys(self, block_id: BlockId) -> list[tuple[bytes, int]]:
         """Every ``(hash, group_id)`` key the block is cached under: the
         primary key first, then its secondary keys in insertion order."""
     def check_invariants(self) -> None:
@@ -388,7 +454,7 @@ class AllBlocksCleared:
     """``reset_prefix_cache`` dropped every key."""
 
 def validate_retention_interval(
-    interval: int | None, scheduler_block_size: int, has_sparse_groups: bool
+    interval: I64 | None, scheduler_block_size: U32, has_sparse_groups: bool
 ) -> None:
     """Check a prefix-cache retention interval: ``None`` (dense) is always
     accepted; without sliding-window or Mamba groups only 0; otherwise a
@@ -476,7 +542,7 @@ class Request:
         request_id: str,
         prompt_token_ids: TokenIds,
         *,
-        hash_block_size: int,
+        hash_block_size: U32,
         hash_algo: HashAlgoName = "sha256_cbor",
         hash_seed: str | None = None,
         cache_salt: str | None = None,
@@ -496,7 +562,7 @@ class Request:
         """Append one token or many and hash the blocks they complete.
         All-or-nothing: on an invalid token nothing is appended."""
 
-    def catch_up(self, token_ids: list[int], start: int) -> list[bytes] | None:
+    def catch_up(self, token_ids: list[int], start: BlockCount) -> list[bytes] | None:
         """Catch up with ``token_ids``, a list extending this request's tokens
         (a scheduler's request, all its tokens so far): append those past
         :attr:`num_tokens` (hashing the blocks they complete) and return the
@@ -528,7 +594,7 @@ class Request:
     def num_computed_tokens(self) -> int:
         """Tokens whose KV is computed (set by the scheduler; starts at 0)."""
     @num_computed_tokens.setter
-    def num_computed_tokens(self, value: int) -> None: ...
+    def num_computed_tokens(self, value: TokenCount) -> None: ...
     skip_reading_prefix_cache: bool
     @property
     def shared_prefix_boundary(self) -> int:
@@ -536,14 +602,14 @@ class Request:
         (``KVCacheManager.get_computed_blocks`` sets it; vLLM's third lookup
         result): 0, or where some group matched beyond the reconciled hit."""
     @shared_prefix_boundary.setter
-    def shared_prefix_boundary(self, value: int) -> None: ...
+    def shared_prefix_boundary(self, value: TokenCount) -> None: ...
     @property
     def num_in_flight_tokens(self) -> int:
         """Tokens of ``num_computed_tokens`` in steps whose output is not back
         yet (async scheduling; starts at 0). Windows release blocks on the
         processed basis, ``num_computed_tokens - num_in_flight_tokens``."""
     @num_in_flight_tokens.setter
-    def num_in_flight_tokens(self, value: int) -> None: ...
+    def num_in_flight_tokens(self, value: TokenCount) -> None: ...
     """When True, ``KVCacheManager.get_computed_blocks`` reports no hit (e.g.
     the request wants prompt logprobs, which cached tokens cannot give)."""
     @property
@@ -602,7 +668,7 @@ class BlockHashes(Sequence[bytes]):
 def compute_block_hashes(
     token_ids: TokenIds,
     *,
-    hash_block_size: int,
+    hash_block_size: U32,
     hash_algo: HashAlgoName = "sha256_cbor",
     hash_seed: str | None = None,
     cache_salt: str | None = None,
@@ -635,21 +701,21 @@ class CoordinatorCore:
 
     def __init__(
         self,
-        num_blocks: int,
+        num_blocks: BlockCount,
         groups: Sequence[GroupSpec],
         *,
         kind: CoordinatorKind,
-        hash_block_size: int | None,
-        max_model_len: int,
-        retention_interval: int | None = None,
+        hash_block_size: U32 | None,
+        max_model_len: TokenCount,
+        retention_interval: I64 | None = None,
         enable_events: bool = False,
-        num_reprefillable_tokens: int | None = None,
+        num_reprefillable_tokens: TokenCount | None = None,
         eagle_group_ids: Sequence[int] | None = None,
-        num_hash_lookahead_tokens: int | None = None,
+        num_hash_lookahead_tokens: TokenCount | None = None,
         allow_partial_hits: bool = False,
         context_parallel: bool = False,
         verify_hits: bool = True,
-        group_id_base: int = 0,
+        group_id_base: U32 = 0,
         event_medium: str = "GPU",
         rekey_keyed_prompt_tail: bool = False,
         eagle_junction_block: bool = True,
@@ -700,7 +766,7 @@ class CoordinatorCore:
         """Per group, the re-prefillable tokens it holds back from caching
         (all of them with one caching group and in a hybrid coordinator's
         EAGLE groups, none in its other groups)."""
-    def num_cacheable_tokens(self, group: int, num_computed_tokens: int) -> int:
+    def num_cacheable_tokens(self, group: GroupId, num_computed_tokens: TokenCount) -> int:
         """How many of ``num_computed_tokens`` ``group`` may cache (vLLM's
         ``get_num_cacheable_tokens``); ``InvalidArgumentError`` for an unknown
         group."""
@@ -722,8 +788,8 @@ class CoordinatorCore:
         self,
         group_ids: Sequence[int],
         request: Request,
-        max_length: int,
-        alignment: int,
+        max_length: TokenCount,
+        alignment: TokenCount,
         *,
         drop_eagle: bool = False,
     ) -> tuple[KVCacheBlocks, int]:
@@ -735,13 +801,13 @@ class CoordinatorCore:
     def allocate_slots(
         self,
         request: Request,
-        num_new_tokens: int,
-        num_new_computed_tokens: int = 0,
+        num_new_tokens: TokenCount,
+        num_new_computed_tokens: TokenCount = 0,
         new_computed_blocks: KVCacheBlocks | Sequence[BlockIds] | None = None,
-        num_lookahead_tokens: int = 0,
-        num_encoder_tokens: int = 0,
+        num_lookahead_tokens: TokenCount = 0,
+        num_encoder_tokens: TokenCount = 0,
         delay_cache_blocks: bool = False,
-        num_external_computed_tokens: int = 0,
+        num_external_computed_tokens: TokenCount = 0,
     ) -> KVCacheBlocks | None:
         """One scheduler step for ``request`` in every group: release blocks
         that left the window, adopt the hits (first allocation), allocate,
@@ -753,7 +819,11 @@ class CoordinatorCore:
         """Whether decode steps have rooms (:meth:`decode_room`): every group
         full attention, all holding back the same re-prefillable tail."""
     def decode_room(
-        self, need: int, cached_to: int, hashed: int, num_lookahead_tokens: int
+        self,
+        need: TokenCount,
+        cached_to: TokenCount,
+        hashed: TokenCount,
+        num_lookahead_tokens: TokenCount,
     ) -> int | None:
         """The room a request has after an allocation for ``need`` slots that
         cached the full blocks of ``cached_to`` tokens, ``hashed`` of them
@@ -766,8 +836,8 @@ class CoordinatorCore:
         request: Any,
         mine: Request,
         request_id: str,
-        num_new_tokens: int,
-        num_lookahead_tokens: int,
+        num_new_tokens: TokenCount,
+        num_lookahead_tokens: TokenCount,
         rooms: dict[str, int],
     ) -> tuple[list[int], ...] | NotImplementedType | None:
         """One decode step of vLLM 0.33.0's running ``request`` (the fast path
@@ -787,14 +857,14 @@ class CoordinatorCore:
     def num_blocks_to_allocate(
         self,
         request: Request,
-        num_tokens: int,
+        num_tokens: TokenCount,
         new_computed_blocks: KVCacheBlocks | Sequence[BlockIds] | None = None,
-        total_computed_tokens: int | None = None,
-        num_encoder_tokens: int | None = None,
-        max_in_flight_tokens: int | None = None,
-        num_local_computed_tokens: int | None = None,
-        num_tokens_main_model: int | None = None,
-        prefill_end: int | None = None,
+        total_computed_tokens: TokenCount | None = None,
+        num_encoder_tokens: TokenCount | None = None,
+        max_in_flight_tokens: TokenCount | None = None,
+        num_local_computed_tokens: TokenCount | None = None,
+        num_tokens_main_model: TokenCount | None = None,
+        prefill_end: TokenCount | None = None,
     ) -> int:
         """Blocks an allocation of ``num_tokens`` slots would pull from the
         pool (vLLM's ``get_num_blocks_to_allocate``); with
@@ -812,12 +882,12 @@ class CoordinatorCore:
     def remove_skipped_blocks(
         self,
         request_id: str,
-        num_computed_tokens: int,
-        num_prompt_tokens: int | None = None,
+        num_computed_tokens: TokenCount,
+        num_prompt_tokens: TokenCount | None = None,
     ) -> bool:
         """Release the request's blocks that left every group's attention
         window; False for an unknown id (nothing held)."""
-    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+    def cache_blocks(self, request: Request, num_tokens: TokenCount) -> None:
         """Cache the request's full blocks within its first ``num_tokens`` tokens."""
     def new_step_starts(self) -> None:
         """A scheduler step begins: Mamba "align" states cached during the
@@ -837,10 +907,10 @@ class CoordinatorCore:
     def hit_alignment(self) -> int:
         """Tokens a hit ends on a multiple of: the hash unit with sub-block
         (partial) Mamba hits, else the scheduler block size."""
-    def request_mamba_checkpoint(self, request_id: str, group: int) -> tuple[int, int] | None:
+    def request_mamba_checkpoint(self, request_id: str, group: GroupId) -> tuple[int, int] | None:
         """The prefill checkpoint a live request's latest allocation reserved
         in a Mamba "align" group: ``(token_position, table_index)``, or None."""
-    def set_retention_interval(self, interval: int | None) -> None:
+    def set_retention_interval(self, interval: I64 | None) -> None:
         """Change the prefix-cache retention interval between steps (None:
         dense); refused as at construction."""
     def take_block_copies(self) -> list[tuple[int, int]]:
@@ -849,7 +919,7 @@ class CoordinatorCore:
         boundaries); both ends stay held by the caller until freed through
         :meth:`free_caller_blocks`."""
     def finalize_partial_tail_offloads(
-        self, request_id: str, num_computed_tokens: int, num_in_flight_tokens: int
+        self, request_id: str, num_computed_tokens: TokenCount, num_in_flight_tokens: TokenCount
     ) -> list[tuple[int, int, int]]:
         """A finishing request's own sub-block prompt-tail states that no
         later token was computed into: ``(group, block_id, num_tokens)``
@@ -857,7 +927,7 @@ class CoordinatorCore:
     def enable_residency(self, records: bool = True) -> None:
         """Start tracking residency metrics of the pool's blocks (see
         :meth:`BlockPool.enable_residency`)."""
-    def set_residency_clock(self, now: int) -> None:
+    def set_residency_clock(self, now: U64) -> None:
         """Move the residency clock (see :meth:`BlockPool.set_residency_clock`)."""
     def residency_snapshot(self) -> dict[str, tuple[list[int], int, int, int]] | None:
         """The residency histograms (see :meth:`BlockPool.residency_snapshot`)."""
@@ -876,7 +946,7 @@ class CoordinatorCore:
         """The request's block table per group (raises ``UnknownRequestError``)."""
     def num_common_prefix_blocks(self, request_id: str) -> list[int]:
         """Per group, leading blocks shared by every running request."""
-    def resident_page(self, request_id: str, group: int, page: int) -> int | None:
+    def resident_page(self, request_id: str, group: GroupId, page: BlockCount) -> int | None:
         """The block a live request's page is read from in a HiSparse
         resident group (its residency overlay applied); None when the page is
         read from the host or lies past the table.
@@ -885,21 +955,25 @@ class CoordinatorCore:
             InvalidArgumentError: ``group`` is not a resident group.
             NoSuchRequestError: the request holds no blocks.
         """
-    def residency_row(self, request_id: str, group: int, start: int | None = None) -> list[int]:
+    def residency_row(
+        self, request_id: str, group: GroupId, start: BlockCount | None = None
+    ) -> list[int]:
         """A live request's row in a resident group from page ``start``
         (default 0), overlay applied; 0 marks host-only pages. The block
         table itself (:meth:`blocks`) stays append-only."""
-    def adopt_resident_page(self, request_id: str, group: int, page: int, block_id: int) -> bool:
+    def adopt_resident_page(
+        self, request_id: str, group: GroupId, page: BlockCount, block_id: BlockId
+    ) -> bool:
         """Point a host-only page at ``block_id``, a device copy of its
         contents (vLLM's ``adopt_resident_page``). The page holds no
         reference until the next :meth:`touch_resident_blocks` of the block
         in that group takes it. False (nothing changed) when the page is
         resident already or past the table."""
-    def touch_resident_blocks(self, group: int, block_ids: BlockIds) -> None:
+    def touch_resident_blocks(self, group: GroupId, block_ids: BlockIds) -> None:
         """vLLM's ``touch`` on a resident group's pool: one reference on each
         block, which backs the oldest adoption of it waiting for one, else is
         a caller reference (released with :meth:`free_caller_blocks`)."""
-    def unpin_resident_block(self, group: int, block_id: int) -> None:
+    def unpin_resident_block(self, group: GroupId, block_id: BlockId) -> None:
         """Give up one reference on a block of a resident group while the
         pages reading it keep doing so (vLLM's ``unpin_blocks`` on that
         group's pool): the block may count as free, and is reported by
@@ -911,10 +985,10 @@ class CoordinatorCore:
             InvalidArgumentError: no request holds a reference on the block
                 beyond the caller's, or the block is null or out of range.
         """
-    def unpin_resident_page(self, request_id: str, group: int, page: int) -> int | None:
+    def unpin_resident_page(self, request_id: str, group: GroupId, page: BlockCount) -> int | None:
         """:meth:`unpin_resident_block` of the block a page is read from;
         returns it (None, nothing changed, for a host-only page)."""
-    def drop_resident_page(self, request_id: str, group: int, page: int) -> int | None:
+    def drop_resident_page(self, request_id: str, group: GroupId, page: BlockCount) -> int | None:
         """Make a page host-only (vLLM's ``drop_resident_page``), consuming a
         reference given up on its block; returns the block it was read from
         (None for a host-only page).
@@ -923,18 +997,18 @@ class CoordinatorCore:
             InvalidArgumentError: no reference on the block was given up, or
                 the page's adoption is not backed by a touch yet.
         """
-    def require_hot(self, request_id: str, group: int) -> None:
+    def require_hot(self, request_id: str, group: GroupId) -> None:
         """Ask for a live request's hot region in a HiSparse hot group: its
         next allocation (and prediction) includes it."""
-    def has_hot(self, request_id: str, group: int) -> bool:
+    def has_hot(self, request_id: str, group: GroupId) -> bool:
         """Whether a live request holds its whole hot region in a hot group."""
-    def allocate_hot(self, request_id: str, group: int) -> list[int]:
+    def allocate_hot(self, request_id: str, group: GroupId) -> list[int]:
         """Grow the request's hot region in hot group ``group`` to its whole
         size when it has been asked for (vLLM's
         ``HiSparseHotManager.allocate_new_blocks``); the new block ids (none
         when not asked for or already held). Refused, unchanged, when the
         pool has too few free blocks."""
-    def hot_required(self, request_id: str, group: int) -> bool:
+    def hot_required(self, request_id: str, group: GroupId) -> bool:
         """Whether the request's hot region in hot group ``group`` has been
         asked for (:meth:`require_hot`, an import, a resumed host prefix)."""
     def touch_caller_blocks(self, block_ids: BlockIds) -> None:
@@ -951,15 +1025,15 @@ class CoordinatorCore:
     def set_eviction_policy(self, spec: str) -> None:
         """Switch the pool's eviction policy (a ``BlockPool`` spec string);
         refused while any block is in use."""
-    def set_priority(self, block_ids: BlockIds, priority: int) -> None:
+    def set_priority(self, block_ids: BlockIds, priority: U32) -> None:
         """Mark blocks with a retention priority (the ``priority`` policy)."""
-    def advance_clock(self, ticks: int) -> None:
+    def advance_clock(self, ticks: U32) -> None:
         """Advance the pool's eviction clock by ``ticks``."""
     def take_events(self) -> list[BlockStored | BlockRemoved | AllBlocksCleared]:
         """Drain the pool's KV-cache events."""
     def check_invariants(self) -> None:
         """Check every block-table and pool invariant (raises ``InvariantError``)."""
-    def get_caller_blocks(self, num_blocks: int) -> list[int]:
+    def get_caller_blocks(self, num_blocks: BlockCount) -> list[int]:
         """Take ``num_blocks`` blocks from the front of the free queue for the
         caller: one reference each, held outside every request table (counted
         by :meth:`check_invariants`) until :meth:`free_caller_blocks`.
@@ -982,10 +1056,10 @@ class CoordinatorCore:
         self,
         block_ids: BlockIds,
         block_hashes: Sequence[bytes] | npt.NDArray[np.uint8],
-        num_cached_blocks: int,
-        num_full_blocks: int,
-        group_id: int,
-        block_size: int,
+        num_cached_blocks: BlockCount,
+        num_full_blocks: BlockCount,
+        group_id: GroupId,
+        block_size: U32,
     ) -> None:
         """Register the caller's blocks ``block_ids[num_cached_blocks:num_full_blocks]``
         in group ``group_id``'s prefix index under ``block_hashes[i]`` (as
@@ -998,7 +1072,7 @@ class CoordinatorCore:
                 the group's block size and the hash unit, inconsistent ranges.
             InvalidHashError: a hash is not 16 or 32 bytes.
         """
-    def insert_cache_key(self, block_hash: bytes, group_id: int, block_ids: BlockIds) -> None:
+    def insert_cache_key(self, block_hash: bytes, group_id: GroupId, block_ids: BlockIds) -> None:
         """Put uncached blocks, in order, in the prefix index under
         ``(block_hash, group_id)``: the way back for a key dropped with
         :meth:`evict_blocks`. Reference counts and queue positions do not change.
@@ -1022,7 +1096,7 @@ class BlockHashGate:
     other call, every case ``catch_up`` refuses, and a request without vLLM
     0.33.0's ``_all_token_ids`` list, is ``hasher(request)``."""
 
-    def __init__(self, block_size: int, hasher: Any, hashes_attr: str | None = None) -> None: ...
+    def __init__(self, block_size: U32, hasher: Any, hashes_attr: str | None = None) -> None: ...
     @property
     def block_size(self) -> int: ...
     def hash_request(self, request: Any) -> Sequence[bytes]:
@@ -1065,15 +1139,15 @@ class DecodeFastPath:
     def allocate_slots(
         self,
         request: Any,
-        num_new_tokens: int,
-        num_new_computed_tokens: int = 0,
+        num_new_tokens: TokenCount,
+        num_new_computed_tokens: TokenCount = 0,
         new_computed_blocks: Any = None,
-        num_lookahead_tokens: int = 0,
-        num_external_computed_tokens: int = 0,
+        num_lookahead_tokens: TokenCount = 0,
+        num_external_computed_tokens: TokenCount = 0,
         delay_cache_blocks: bool = False,
-        num_encoder_tokens: int = 0,
+        num_encoder_tokens: TokenCount = 0,
         full_sequence_must_fit: bool = False,
-        reserved_blocks: int = 0,
+        reserved_blocks: BlockCount = 0,
         has_scheduled_reqs: bool = True,
         skip_zeroing_group_ids: tuple[int, ...] = (),
     ) -> Any:
@@ -1099,7 +1173,7 @@ class KVCacheBlocks:
         """Group ``g`` is group ``picks[g][1]`` of ``picks[g][0]``, cut to its
         first ``picks[g][2]`` blocks (no id is re-validated)."""
     @classmethod
-    def empty(cls, num_groups: int) -> KVCacheBlocks:
+    def empty(cls, num_groups: U32) -> KVCacheBlocks:
         """No block in any of ``num_groups`` groups (below 2^20)."""
     @property
     def num_groups(self) -> int: ...
@@ -1120,7 +1194,9 @@ class KVCacheBlocks:
     def __reduce__(self) -> tuple[Any, tuple[tuple[list[int], ...]]]:
         """Pickles as its ids per group (rebuilt by :meth:`from_lists`)."""
 
-def mooncake_prompt_tokens(hash_ids: Sequence[int], input_length: int) -> npt.NDArray[np.uint32]:
+def mooncake_prompt_tokens(
+    hash_ids: Sequence[int], input_length: TokenCount
+) -> npt.NDArray[np.uint32]:
     """Prompt tokens of a Mooncake request: the 512-token blocks named by
     ``hash_ids``, cut at ``input_length`` (fewer ids give a shorter prompt);
     see :func:`kvcoord.replay.workloads.mooncake_prompt_tokens`."""
@@ -1129,7 +1205,7 @@ def mooncake_prompt_tokens(hash_ids: Sequence[int], input_length: int) -> npt.ND
 class UnboundedPrefixCache:
     """An unbounded, never-evicting prefix cache (the planner's best possible hit rate)."""
 
-    def __init__(self, block_size: int) -> None: ...
+    def __init__(self, block_size: U32) -> None: ...
     def add(
         self,
         prompt: TokenIds,
@@ -1171,13 +1247,13 @@ class BlockPoolView:
     def metadata_bytes(self) -> int: ...
     def get_cached_block(self, block_hash: bytes, group_ids: Sequence[int]) -> list[int] | None: ...
     def free_block_ids(self) -> npt.NDArray[np.uint32]: ...
-    def free_neighbours(self, block_id: int) -> tuple[int, int] | None: ...
+    def free_neighbours(self, block_id: BlockId) -> tuple[int, int] | None: ...
     def ref_counts(self) -> npt.NDArray[np.uint32]: ...
     def cached_mask(self) -> npt.NDArray[np.bool_]: ...
-    def block_hash(self, block_id: int) -> tuple[bytes, int] | None: ...
-    def primary_key_tokens(self, block_id: int) -> int | None: ...
-    def key_num_tokens(self, block_id: int) -> int | None: ...
-    def cache_keys(self, block_id: int) -> list[tuple[bytes, int]]: ...
+    def block_hash(self, block_id: BlockId) -> tuple[bytes, int] | None: ...
+    def primary_key_tokens(self, block_id: BlockId) -> int | None: ...
+    def key_num_tokens(self, block_id: BlockId) -> int | None: ...
+    def cache_keys(self, block_id: BlockId) -> list[tuple[bytes, int]]: ...
     def check_invariants(self) -> None: ...
 
 def advance_requests(
@@ -1198,33 +1274,33 @@ class GroupSpec:
     core."""
 
     @staticmethod
-    def full_attention(block_size: int) -> GroupSpec: ...
+    def full_attention(block_size: I64) -> GroupSpec: ...
     @staticmethod
-    def sliding_window(block_size: int, sliding_window: int) -> GroupSpec: ...
+    def sliding_window(block_size: I64, sliding_window: I64) -> GroupSpec: ...
     @staticmethod
-    def chunked_local(block_size: int, attention_chunk_size: int) -> GroupSpec: ...
+    def chunked_local(block_size: I64, attention_chunk_size: I64) -> GroupSpec: ...
     @staticmethod
-    def mamba(block_size: int, num_speculative_blocks: int) -> GroupSpec: ...
+    def mamba(block_size: I64, num_speculative_blocks: I64) -> GroupSpec: ...
     @staticmethod
-    def cross_attention(block_size: int) -> GroupSpec: ...
+    def cross_attention(block_size: I64) -> GroupSpec: ...
     @staticmethod
-    def mla_attention(block_size: int) -> GroupSpec: ...
+    def mla_attention(block_size: I64) -> GroupSpec: ...
     @staticmethod
-    def sliding_window_mla(block_size: int, sliding_window: int) -> GroupSpec: ...
+    def sliding_window_mla(block_size: I64, sliding_window: I64) -> GroupSpec: ...
     @staticmethod
-    def rswa(block_size: int, rswa_window: int) -> GroupSpec: ...
+    def rswa(block_size: I64, rswa_window: I64) -> GroupSpec: ...
     @staticmethod
-    def hisparse_resident(block_size: int) -> GroupSpec:
+    def hisparse_resident(block_size: I64) -> GroupSpec:
         """vLLM's HiSparse resident pages (not yet served by kvcoord.vllm)."""
     @staticmethod
-    def hisparse_hot(block_size: int, blocks_per_request: int) -> GroupSpec:
+    def hisparse_hot(block_size: I64, blocks_per_request: I64) -> GroupSpec:
         """vLLM's HiSparse hot region (not yet served by kvcoord.vllm)."""
     @staticmethod
     def mamba_align(
-        block_size: int,
-        num_speculative_blocks: int,
-        num_prefill_checkpoint_blocks: int,
-        prefill_checkpoint_alignment: int | None,
+        block_size: I64,
+        num_speculative_blocks: I64,
+        num_prefill_checkpoint_blocks: I64,
+        prefill_checkpoint_alignment: I64 | None,
     ) -> GroupSpec:
         """Mamba with ``mamba_cache_mode="align"`` (states cached at block
         boundaries; ``num_speculative_blocks`` MTP scratch blocks follow the
@@ -1260,7 +1336,7 @@ class CoordinatorKind:
     def __eq__(self, value: object, /) -> bool: ...
     def __hash__(self) -> int: ...
 
-def choose_coordinator(num_groups: int, enable_caching: bool) -> CoordinatorKind:
+def choose_coordinator(num_groups: U32, enable_caching: bool) -> CoordinatorKind:
     """vLLM's choice: caching off -> NoPrefixCache; one group -> Unitary;
     otherwise Hybrid."""
 

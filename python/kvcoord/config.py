@@ -8,14 +8,13 @@ pool of ``num_blocks`` blocks. Invalid values raise :class:`ConfigError`
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from typing import ClassVar, Literal, TypeAlias
 
-from kvcoord._core import GroupSpec, validate_retention_interval
+from kvcoord._core import GroupSpec, int_arg, validate_retention_interval
 from kvcoord._core import scheduler_block_size as _scheduler_block_size
-from kvcoord.errors import ArgumentTypeError, ConfigError, ConfigTypeError, InvalidArgumentError
+from kvcoord.errors import ConfigError, ConfigTypeError, InvalidArgumentError
 
 __all__ = [
     "ChunkedLocalAttentionSpec",
@@ -34,56 +33,46 @@ __all__ = [
 ]
 
 
-#: Exclusive upper bound of sizes in tokens or blocks that the core stores
-#: in 32 bits (block sizes, windows, chunks, pool sizes).
-LIMIT_32 = 2**32
+#: The kinds of integer the core converts (``kvcoord._core.NUMBER_MAX``
+#: holds the largest value of each unsigned one; README, "Bad input and
+#: limits"); ``"i64"`` is a signed 64-bit value whose rules are the core's.
+NumberKind: TypeAlias = Literal["tokens", "blocks", "block_id", "group_id", "u32", "u64", "i64"]
 
 
-def _plain_int(value: object, name: str, not_an_int: type[Exception]) -> int:
-    """``operator.index(value)``, refusing bools and non-ints with
-    ``not_an_int`` (an ``__index__`` that raises passes its own exception
-    on, as the core's conversions do)."""
-    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
-        raise not_an_int(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    return operator.index(value)  # type: ignore[arg-type]
-
-
-def as_int(value: object, name: str, *, minimum: int = 1, limit: int = LIMIT_32) -> int:
-    """``value`` as a plain int in ``[minimum, limit)``; numpy integer
-    scalars count as ints, bools do not.
+def as_int(value: object, name: str, *, minimum: int = 1, kind: NumberKind = "u32") -> int:
+    """A configuration value as a plain int of ``kind``, converted by the
+    core's one conversion (numpy integer scalars count as ints, bools do
+    not), and at least ``minimum``.
 
     Raises:
         ConfigTypeError: not an int (also a ``TypeError``).
         ConfigError: out of range (names ``name``).
     """
-    n = _plain_int(value, name, ConfigTypeError)
-    if not minimum <= n < limit:
-        raise ConfigError(f"{name} must be in [{minimum}, {limit}), got {n}")
+    n = int_arg(value, name, kind, config=True)
+    if n < minimum:
+        raise ConfigError(f"invalid {name}={n}: must be at least {minimum}")
     return n
 
 
-#: Exclusive upper bound of token counts (README, "Bad input and limits").
-TOKEN_LIMIT = 2**48
-
-
-def as_arg(value: object, name: str, *, minimum: int = 0, limit: int = TOKEN_LIMIT) -> int:
-    """An argument (not a configuration value) as a plain int in
-    ``[minimum, limit)``, by default a token count.
+def as_arg(value: object, name: str, *, minimum: int = 0, kind: NumberKind = "tokens") -> int:
+    """An argument (not a configuration value) as a plain int of ``kind``
+    (by default a token count), converted by the core's one conversion, and
+    at least ``minimum``.
 
     Raises:
         ArgumentTypeError: not an int (also a ``TypeError``).
         InvalidArgumentError: out of range (names ``name``).
     """
-    n = _plain_int(value, name, ArgumentTypeError)
-    if not minimum <= n < limit:
-        raise InvalidArgumentError(f"invalid {name}: {n} (must be in [{minimum}, {limit}))")
+    n = int_arg(value, name, kind)
+    if n < minimum:
+        raise InvalidArgumentError(f"invalid {name}: {n} (must be at least {minimum})")
     return n
 
 
 def as_i64(value: object, name: str) -> int:
     """``value`` as a plain int that crosses into the core as a signed
     64-bit integer (whose own rules then apply)."""
-    return as_int(value, name, minimum=-(2**63), limit=2**63)
+    return int_arg(value, name, "i64", config=True)
 
 
 def as_bool(value: object, name: str) -> bool:
@@ -409,7 +398,7 @@ class KVCacheConfig:
     prefix_cache_retention_interval: int | None = None
 
     def __post_init__(self) -> None:
-        n = as_int(self.num_blocks, "KVCacheConfig.num_blocks", limit=LIMIT_32)
+        n = as_int(self.num_blocks, "KVCacheConfig.num_blocks", kind="blocks")
         object.__setattr__(self, "num_blocks", n)
         groups: Iterable[KVCacheGroup] = self.groups
         if not isinstance(groups, Iterable) or isinstance(groups, str | KVCacheGroup):

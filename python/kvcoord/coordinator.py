@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from kvcoord._core import (
+    MAX_TOKENS,
     BlockPoolView,
     CoordinatorCore,
     CoordinatorKind,
@@ -29,7 +30,7 @@ from kvcoord._core import (
     Request,
     choose_coordinator,
 )
-from kvcoord.config import KVCacheConfig, KVCacheSpec, as_bool, as_i64
+from kvcoord.config import KVCacheConfig, KVCacheSpec, as_arg, as_bool, as_i64
 from kvcoord.errors import ConfigTypeError
 
 __all__ = [
@@ -183,6 +184,7 @@ class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
     kind = CoordinatorKind.NoPrefixCache
 
     def find_longest_cache_hit(self, request: Request, max_length: int) -> CacheHit:
+        as_arg(max_length, "max_length")  # refused as by the other policies
         return self.empty_hit(), 0, 0
 
 
@@ -342,7 +344,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         # the first pass assigns every one.
         parts: list[KVCacheBlocks] = [self.core.empty] * len(self._scans)
         full_lengths: dict[int, int] = {}
-        candidate = max_length
+        candidate = as_arg(max_length, "max_length")
         # The longest hit any spec group reported on the way: beyond the
         # reconciled hit it marks a shared prefix some group has not cached.
         longest = 0
@@ -359,7 +361,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
                 parts[index], found = self.core.find_longest_cache_hit(
                     group_ids,
                     request,
-                    length + margin if drop and margin else length,
+                    _past(length, margin) if drop and margin else length,
                     self._alignment,
                     drop_eagle=drop,
                 )
@@ -392,6 +394,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         without agreeing on one length: the blocks per group and each
         group's hit in tokens (a KV connector may supply what a lagging
         group misses)."""
+        max_length = as_arg(max_length, "max_length")
         picks: list[tuple[KVCacheBlocks, int, int]] = [(self.core.empty, 0, 0)] * self.num_groups
         lengths = [0] * self.num_groups
         for group_ids, _, block_size, margin in self._scans:
@@ -400,7 +403,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
             blocks, length = self.core.find_longest_cache_hit(
                 group_ids,
                 request,
-                max_length + margin if margin else max_length,
+                _past(max_length, margin) if margin else max_length,
                 self._alignment,
                 drop_eagle=margin is not None,
             )
@@ -408,6 +411,13 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
                 picks[gid] = (blocks, i, -(-length // block_size))
                 lengths[gid] = length
         return KVCacheBlocks.gather(picks), tuple(lengths)
+
+
+def _past(length: int, margin: int) -> int:
+    """An EAGLE lookup's length, ``margin`` tokens past ``length``, kept a
+    token count (the core caps every lookup at the request's hashes, which
+    never reach the bound)."""
+    return min(length + margin, MAX_TOKENS - 1)
 
 
 _POLICIES: dict[CoordinatorKind, type[KVCacheCoordinator]] = {

@@ -11,7 +11,7 @@ with :func:`mamba_aligned_chunk` before calling ``allocate_slots``.
 
 from __future__ import annotations
 
-from kvcoord.config import LIMIT_32, KVCacheConfig, MambaSpec, as_arg
+from kvcoord.config import KVCacheConfig, MambaSpec, as_arg
 from kvcoord.errors import ArgumentTypeError
 
 __all__ = ["MambaChunkRule", "mamba_aligned_chunk", "mamba_chunk_rule"]
@@ -84,13 +84,13 @@ def mamba_aligned_chunk(
     start = as_arg(start, "start")
     num_tokens = as_arg(num_tokens, "num_tokens")
     num_prompt_tokens = as_arg(num_prompt_tokens, "num_prompt_tokens")
-    block_size = as_arg(block_size, "block_size", minimum=1, limit=LIMIT_32)
+    block_size = as_arg(block_size, "block_size", minimum=1, kind="u32")
     if hash_block_size is not None:
-        hash_block_size = as_arg(hash_block_size, "hash_block_size", minimum=1, limit=LIMIT_32)
+        hash_block_size = as_arg(hash_block_size, "hash_block_size", minimum=1, kind="u32")
     checkpoint_blocks = _flag(checkpoint_blocks, "checkpoint_blocks")
     if checkpoint_alignment is not None:
         checkpoint_alignment = as_arg(
-            checkpoint_alignment, "checkpoint_alignment", minimum=1, limit=LIMIT_32
+            checkpoint_alignment, "checkpoint_alignment", minimum=1, kind="u32"
         )
     shared_prefix_boundary = as_arg(shared_prefix_boundary, "shared_prefix_boundary")
     if max_chunk_tokens is not None:
@@ -133,7 +133,7 @@ class MambaChunkRule:
         if not isinstance(spec, MambaSpec):
             raise ArgumentTypeError(f"spec must be a MambaSpec, got {type(spec).__name__}")
         self.block_size = spec.block_size
-        self.hash_block_size = as_arg(hash_block_size, "hash_block_size", minimum=1, limit=LIMIT_32)
+        self.hash_block_size = as_arg(hash_block_size, "hash_block_size", minimum=1, kind="u32")
         self.checkpoint_blocks = spec.num_prefill_checkpoint_blocks > 0
         self.checkpoint_alignment = spec.prefill_checkpoint_alignment
 
@@ -166,7 +166,7 @@ def mamba_chunk_rule(config: KVCacheConfig, hash_block_size: int) -> MambaChunkR
     its Mamba ``"align"`` group, or ``None`` when no group needs one."""
     if not isinstance(config, KVCacheConfig):
         raise ArgumentTypeError(f"config must be a KVCacheConfig, got {type(config).__name__}")
-    hash_block_size = as_arg(hash_block_size, "hash_block_size", minimum=1, limit=LIMIT_32)
+    hash_block_size = as_arg(hash_block_size, "hash_block_size", minimum=1, kind="u32")
     for g in config.groups:
         if isinstance(g.spec, MambaSpec) and g.spec.mamba_cache_mode == "align":
             return MambaChunkRule(g.spec, hash_block_size)

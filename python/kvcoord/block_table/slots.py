@@ -18,14 +18,16 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from kvcoord._core import MAX_TOKENS
 from kvcoord.block_table.ids import MAX_TABLE_ENTRIES, host_or_device_ints, ragged_columns
 from kvcoord.errors import BlockTableError, BlockTableIndexError
 
 #: Slot written for padding tokens (and the tail of the slot-mapping buffer).
 PAD_SLOT_ID = -1
 
-#: Exclusive bound of a token position (the README's token-count limit).
-MAX_TOKEN_POSITION = 1 << 48
+#: Exclusive bound of a token position: the core's token-count limit
+#: (README, "Bad input and limits").
+MAX_TOKEN_POSITION: int = MAX_TOKENS
 
 Index = npt.NDArray[np.int64] | torch.Tensor
 

@@ -109,7 +109,7 @@ pub(crate) fn replay(c: &mut Criterion) {
     for mode in ["off", "histograms", "records"] {
         let mut p = BlockPool::new(PoolConfig::new(4 * BATCH + 1)).unwrap();
         if mode != "off" {
-            p.enable_residency_with(mode == "records");
+            p.enable_residency_with(mode == "records").unwrap();
         }
         let mut next = 0u64;
         let mut ids = Vec::with_capacity(BATCH);
@@ -137,7 +137,7 @@ pub(crate) fn replay(c: &mut Criterion) {
         const BIG: usize = 200_000;
         const CHUNK: usize = 512;
         let mut p = BlockPool::new(PoolConfig::new(BIG + 1)).unwrap();
-        p.enable_residency_with(false);
+        p.enable_residency_with(false).unwrap();
         let mut next = 0u64;
         let mut ids = Vec::with_capacity(BIG);
         let mut keys = Vec::with_capacity(BIG);
@@ -169,7 +169,8 @@ pub(crate) fn replay(c: &mut Criterion) {
                 black_box(&ids),
                 128 * 512,
                 &mut toks,
-            );
+            )
+            .unwrap();
             black_box(&toks);
         });
     });

@@ -151,8 +151,9 @@ impl UnboundedPrefixCache {
             })?;
         self.seen.extend(self.keys[hit..].iter().copied());
         let hit_tokens = hit * bs;
-        self.prompt_tokens += num_prompt as u64;
-        self.hit_tokens += hit_tokens as u64;
+        // Totals over every request: saturating, never wrapped.
+        self.prompt_tokens = self.prompt_tokens.saturating_add(num_prompt as u64);
+        self.hit_tokens = self.hit_tokens.saturating_add(hit_tokens as u64);
         Ok(hit_tokens)
     }
 }

@@ -61,9 +61,12 @@ impl BlockHash {
         u64::from_be_bytes(last)
     }
 
-    /// The digests of `hashes` concatenated (`len * digest length` bytes).
-    pub fn concat(hashes: &[Self]) -> Vec<u8> {
-        hashes.iter().flat_map(Self::as_bytes).copied().collect()
+    /// The digests of `hashes` concatenated (`len * digest length` bytes),
+    /// reserved fallibly: a request's hashes are sized by its caller.
+    pub fn concat(hashes: &[Self]) -> crate::KvResult<Vec<u8>> {
+        let bytes = hashes.iter().map(Self::len).sum();
+        let digests = hashes.iter().flat_map(Self::as_bytes).copied();
+        crate::limits::try_collect(bytes, digests, "block hash digests")
     }
 }
 
@@ -85,7 +88,7 @@ mod tests {
         d[24..].copy_from_slice(&0x0102_0304_0506_0708u64.to_be_bytes());
         let h = super::BlockHash::from_slice(&d).unwrap();
         assert_eq!(h.external(), 0x0102_0304_0506_0708);
-        let both = super::BlockHash::concat(&[h, h]);
+        let both = super::BlockHash::concat(&[h, h]).unwrap();
         assert_eq!(both.len(), 64);
         assert_eq!(&both[32..], &d);
     }

@@ -299,7 +299,9 @@ impl CoordinatorConfig {
         if group.0 as usize >= self.groups.len() {
             return Err(KvError::UnknownGroup(group));
         }
-        Ok(self.num_cacheable_tokens(group, num_computed_tokens))
+        // Below 2^48, the rounding in `num_cacheable_tokens` cannot wrap.
+        let n = crate::limits::check_tokens("num_computed_tokens", num_computed_tokens)?;
+        Ok(self.num_cacheable_tokens(group, n))
     }
 
     /// Whether `group` caches the way an EAGLE group of a hybrid
@@ -367,6 +369,13 @@ impl CoordinatorConfig {
         };
         for g in &self.groups {
             g.validate()?;
+        }
+        if u32::try_from(self.groups.len()).is_err() {
+            return Err(bad(
+                "groups",
+                self.groups.len().to_string(),
+                "must be fewer than 2^32 groups (group ids are 32 bits)",
+            ));
         }
         if let Some(g) = self
             .eagle_groups
@@ -675,6 +684,7 @@ impl CoordinatorCore {
             .iter()
             .enumerate()
             .map(|(g, &spec)| {
+                // Fewer than 2^32 groups (validated): the id is exact.
                 Manager::new(spec, GroupId(g as u32))
                     .map(|m| m.with_eagle(config.is_eagle_group(g)))
             })
@@ -816,6 +826,8 @@ impl CoordinatorCore {
         hits: &[Vec<BlockId>],
         args: &PredictArgs,
     ) -> KvResult<usize> {
+        // Every count below 2^48: the prediction's sums cannot wrap.
+        crate::limits::check_predict(args)?;
         let arg = |detail: String| KvError::InvalidArgument {
             name: "new_computed_blocks",
             detail,
@@ -1010,7 +1022,9 @@ impl CoordinatorCore {
         alignment: usize,
         drop_eagle: bool,
     ) -> KvResult<(Vec<Vec<BlockId>>, usize)> {
-        let mut out = vec![Vec::new(); group_ids.len()];
+        let mut out = Vec::new();
+        crate::limits::try_reserve(&mut out, group_ids.len(), "hit lists")?;
+        out.resize_with(group_ids.len(), Vec::new);
         let hit = self.find_longest_cache_hit_into(
             group_ids, hashes, max_length, alignment, drop_eagle, &mut out,
         )?;
@@ -1228,6 +1242,7 @@ impl CoordinatorCore {
         view: &RequestView<'_>,
         num_tokens: usize,
     ) -> KvResult<()> {
+        let num_tokens = crate::limits::check_tokens("num_tokens", num_tokens)?;
         let Self {
             pool,
             managers,
@@ -1305,18 +1320,20 @@ impl CoordinatorCore {
     /// that no later token was computed into (vLLM's
     /// `finalize_partial_tail_offloads`): (group, block, tokens) per Mamba
     /// "align" group that has one. Each is forgotten either way; nothing is
-    /// pinned.
+    /// pinned. The counts must be token counts (refused, nothing changed).
     pub fn finalize_partial_tail_offloads(
         &mut self,
         id: &str,
         num_computed_tokens: usize,
         num_in_flight_tokens: usize,
-    ) -> Vec<(GroupId, BlockId, usize)> {
+    ) -> KvResult<Vec<(GroupId, BlockId, usize)>> {
+        crate::limits::check_tokens("num_computed_tokens", num_computed_tokens)?;
+        crate::limits::check_tokens("num_in_flight_tokens", num_in_flight_tokens)?;
         let Some(req) = self.registry.get(id) else {
-            return Vec::new();
+            return Ok(Vec::new());
         };
         let Some(tables) = self.requests.get_mut(&req) else {
-            return Vec::new();
+            return Ok(Vec::new());
         };
         let mut out = Vec::new();
         for (m, t) in self.managers.iter().zip(tables.iter_mut()) {
@@ -1326,7 +1343,7 @@ impl CoordinatorCore {
                 out.push((m.group(), b, tokens));
             }
         }
-        out
+        Ok(out)
     }
 
     /// The scheduler id of a request registered through the id-keyed calls
@@ -1346,6 +1363,10 @@ impl CoordinatorCore {
         num_computed_tokens: usize,
         num_prompt_tokens: Option<usize>,
     ) -> KvResult<()> {
+        crate::limits::check_tokens("num_computed_tokens", num_computed_tokens)?;
+        if let Some(n) = num_prompt_tokens {
+            crate::limits::check_tokens("num_prompt_tokens", n)?;
+        }
         let Self {
             pool,
             managers,
@@ -2919,7 +2940,7 @@ mod tests {
         let key = c.pool().cache_key(state).unwrap().unwrap();
         assert_eq!(key.hash, r.block_hashes()[5]);
         assert_eq!(c.pool().primary_key_tokens(state).unwrap(), Some(24));
-        r.num_computed_tokens = 24;
+        r.set_num_computed_tokens(24).unwrap();
         c.new_step_starts();
         // The next step copies the state out; the keys move to the copy.
         let free_before = c.pool().num_free_blocks();
@@ -2945,8 +2966,11 @@ mod tests {
             Some((dst, 24))
         );
         c.check_invariants().unwrap();
-        r.num_computed_tokens = 25;
-        assert!(c.finalize_partial_tail_offloads("a", 25, 0).is_empty());
+        r.set_num_computed_tokens(25).unwrap();
+        assert!(c
+            .finalize_partial_tail_offloads("a", 25, 0)
+            .unwrap()
+            .is_empty());
         c.free_caller_blocks(&[src, dst]).unwrap();
         assert!(c.free_request("a").unwrap());
         c.new_step_starts();
@@ -3048,7 +3072,7 @@ mod tests {
                 .allocate_request(&r, &AllocateArgs::new(16), None, &mut out)
                 .unwrap());
             states.push(*out.group(1).last().unwrap());
-            r.num_computed_tokens = end;
+            r.set_num_computed_tokens(end).unwrap();
             let taken = c.take_boundary_state_offloads();
             assert_eq!(taken.len(), 1, "one state per chunk");
             let o = taken[0];

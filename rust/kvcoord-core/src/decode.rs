@@ -12,6 +12,7 @@
 
 use crate::coordinator::{AllocateArgs, CoordinatorCore, NewBlocks};
 use crate::error::KvResult;
+use crate::limits::check_tokens;
 use crate::managers::SpecKind;
 use crate::request::Request;
 
@@ -33,7 +34,8 @@ impl DecodeRoom {
     /// speculative tokens that brings the computed plus new tokens to `done`
     /// stays within the room iff `done < limit`.
     pub fn limit(self, num_lookahead_tokens: usize) -> usize {
-        (self.slots + 1)
+        self.slots
+            .saturating_add(1)
             .saturating_sub(num_lookahead_tokens)
             .min(self.next_block)
     }
@@ -65,9 +67,18 @@ impl CoordinatorCore {
     /// blocks of the first `cached_to` tokens, of which only the first
     /// `hashed` have hashes (the re-prefillable tail is held back from
     /// caching); `None` where there are no rooms ([`Self::has_decode_room`]).
-    pub fn decode_room(&self, need: usize, cached_to: usize, hashed: usize) -> Option<DecodeRoom> {
+    /// Each count must be a token count (refused otherwise).
+    pub fn decode_room(
+        &self,
+        need: usize,
+        cached_to: usize,
+        hashed: usize,
+    ) -> KvResult<Option<DecodeRoom>> {
+        let need = check_tokens("need", need)?;
+        let cached_to = check_tokens("cached_to", cached_to)?;
+        let hashed = check_tokens("hashed", hashed)?;
         if !self.has_decode_room() {
-            return None;
+            return Ok(None);
         }
         let config = self.config();
         let held_back = config.held_back_tokens().next().unwrap_or(0);
@@ -77,6 +88,8 @@ impl CoordinatorCore {
             next_block: usize::MAX,
         };
         for g in &config.groups {
+            // Counts below 2^48 and sizes below 2^32: each rounding up to a
+            // block adds less than a block, far below 2^64.
             let bs = (g.block_size as usize).max(1);
             room.slots = room.slots.min(need.div_ceil(bs) * bs);
             room.next_block = room.next_block.min((cached_to / bs + 1) * bs);
@@ -87,7 +100,7 @@ impl CoordinatorCore {
         } else {
             usize::MAX
         };
-        Some(room)
+        Ok(Some(room))
     }
 
     /// A decode step of the running `request`: `num_new_tokens` new and
@@ -124,7 +137,8 @@ impl CoordinatorCore {
         let Some(req) = self.allocate_registered(request, &args, None, out)? else {
             return Ok(None);
         };
-        let computed = request.num_computed_tokens.min(max_model_len);
+        // The allocation checked every count below 2^48: these sums fit.
+        let computed = request.num_computed_tokens().min(max_model_len);
         let cached_to = (computed + num_new_tokens).min(num_tokens);
         if lagging && caching {
             // The id the allocation found (a second registry probe is a
@@ -132,7 +146,9 @@ impl CoordinatorCore {
             self.cache_registered(req, request, cached_to)?;
         }
         let need = (computed + num_new_tokens + num_lookahead_tokens).min(max_model_len);
-        Ok(Some(self.decode_room(need, cached_to, hashed)))
+        // Only its minimum with `cached_to` matters (a token count).
+        let hashed = hashed.min(cached_to);
+        Ok(Some(self.decode_room(need, cached_to, hashed)?))
     }
 }
 
@@ -169,7 +185,7 @@ mod tests {
         assert!(!core(swa, 0).has_decode_room());
         assert_eq!(
             core(vec![GroupSpec::sliding_window(4, 8)], 0).decode_room(5, 4, 4),
-            None
+            Ok(None)
         );
     }
 
@@ -202,19 +218,26 @@ mod tests {
         let c = core(two, 0);
         assert_eq!(
             c.decode_room(9, 9, 9),
-            Some(DecodeRoom {
+            Ok(Some(DecodeRoom {
                 slots: 12,
                 next_block: 12
-            })
+            }))
         );
         let held = core(vec![GroupSpec::full_attention(4)], 2);
         assert_eq!(
             held.decode_room(9, 9, 8),
-            Some(DecodeRoom {
+            Ok(Some(DecodeRoom {
                 slots: 12,
                 next_block: 10
-            })
+            }))
         );
+        // Counts past the token range are refused, not rounded past 2^64.
+        let max = crate::limits::MAX_TOKENS - 1;
+        let room = c.decode_room(max, max, max).unwrap().unwrap();
+        assert_eq!(room.slots, max.div_ceil(8) * 8);
+        assert!(c.decode_room(usize::MAX, 9, 9).is_err());
+        assert!(c.decode_room(9, usize::MAX, 9).is_err());
+        assert!(c.decode_room(9, 9, max + 1).is_err());
     }
 
     /// The room answers exactly the steps that change nothing: walking a
@@ -227,11 +250,11 @@ mod tests {
         let mut out = NewBlocks::new();
         let first = c.allocate_request(&r, &AllocateArgs::new(6), None, &mut out);
         assert!(first.unwrap());
-        r.num_computed_tokens = 6;
-        let mut room = c.decode_room(6, 6, 4).unwrap();
+        r.set_num_computed_tokens(6).unwrap();
+        let mut room = c.decode_room(6, 6, 4).unwrap().unwrap();
         for t in 6..40u32 {
             r.push_token(t);
-            let done = r.num_computed_tokens + 1;
+            let done = r.num_computed_tokens() + 1;
             let hashes = r.block_hashes().len();
             let cached_before = c.pool().num_cached_keys();
             let free_before = c.pool().num_free_blocks();
@@ -250,7 +273,7 @@ mod tests {
                     .unwrap();
                 c.check_invariants().unwrap();
             }
-            r.num_computed_tokens += 1;
+            r.set_num_computed_tokens(done).unwrap();
         }
         assert_eq!(c.pool().num_cached_keys(), 10);
     }

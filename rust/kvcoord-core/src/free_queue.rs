@@ -78,6 +78,7 @@ impl FreeQueue {
         // constructing a large pool).
         for b in first..capacity as u32 {
             q.links[b as usize] = Link {
+                // `first`'s is replaced by the head below (no count wraps).
                 prev: b.wrapping_sub(1),
                 next: b + 1,
             };

@@ -281,7 +281,7 @@ mod tests {
             let mut c = core(false);
             let policy: EvictionConfig = spec.parse().unwrap();
             c.pool_mut().set_eviction(policy).unwrap();
-            c.pool_mut().enable_residency();
+            c.pool_mut().enable_residency().unwrap();
             let h1 = hashes(1, 4);
             let view = RequestView::new(0, 12, 12, &h1);
             c.allocate_slots(ReqId(1), &view, &AllocateArgs::new(12), None)

@@ -66,6 +66,6 @@ pub use ids::{BlockId, GroupId, ReqId};
 pub use managers::{GroupSpec, GroupTable, HitSearch, KindFacts, Manager, NullEntries, SpecKind};
 pub use pool::{BlockPool, PoolConfig};
 pub use prefix_index::{CacheKey, PrefixIndex};
-pub use request::{step_progress, Request, RequestRegistry, StepProgress};
+pub use request::{step_progress, Request, RequestRegistry, StepProgress, StepRequest};
 pub use residency::{EvictionRecord, Histogram, Residency, ResidencySnapshot};
 pub use retention::validate_retention_interval;

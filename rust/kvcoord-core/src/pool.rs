@@ -201,6 +201,10 @@ pub struct BlockPool {
     watch: ReuseWatch,
 }
 
+/// Bytes per block a ranked eviction policy adds to a pool, at most: its
+/// level queue's links (8) and the policy's own state (up to 5).
+const RANKED_BYTES_PER_BLOCK: usize = 16;
+
 impl BlockPool {
     /// A pool of `config.num_blocks` blocks, all free except the null block,
     /// reused in vLLM's order.
@@ -212,6 +216,10 @@ impl BlockPool {
     /// `eviction`.
     pub fn with_eviction(config: PoolConfig, eviction: EvictionConfig) -> KvResult<Self> {
         eviction.validate()?;
+        if eviction != EvictionConfig::Lru {
+            let bytes = config.num_blocks.saturating_mul(RANKED_BYTES_PER_BLOCK);
+            crate::limits::reserve("the eviction policy's state", bytes)?;
+        }
         Self::build(config, |n| match eviction.build(n) {
             None => Order::Lru(FreeQueue::new_ascending(n, 1)),
             Some(policy) => Self::ranked(n, policy),
@@ -251,8 +259,17 @@ impl BlockPool {
                 ),
             });
         }
-        let order: Vec<BlockId> = self.free_block_ids().collect();
         let n = self.meta.len();
+        // The new order's state is pool-sized: reserved before the switch.
+        crate::limits::reserve(
+            "the eviction policy's state",
+            n.saturating_mul(RANKED_BYTES_PER_BLOCK),
+        )?;
+        let order = crate::limits::try_collect(
+            self.num_free_blocks(),
+            self.free_block_ids(),
+            "free block ids",
+        )?;
         self.free = match eviction.build(n) {
             None => {
                 let mut q = FreeQueue::new_empty(n);
@@ -341,19 +358,25 @@ impl BlockPool {
 
     /// Start tracking residency metrics for every block (clock at 0).
     /// Enabling again keeps the data gathered so far.
-    pub fn enable_residency(&mut self) {
-        self.enable_residency_with(true);
+    pub fn enable_residency(&mut self) -> KvResult<()> {
+        self.enable_residency_with(true)
     }
 
     /// [`Self::enable_residency`], choosing whether each eviction keeps a
     /// record for `drain_records` (`false`: the histograms only; see
     /// [`Residency::set_keep_records`]). Enabling again sets the choice and
-    /// keeps the data gathered so far.
-    pub fn enable_residency_with(&mut self, keep_records: bool) {
-        let n = self.meta.len();
-        self.residency
-            .get_or_insert_with(|| Box::new(Residency::new(n)))
-            .set_keep_records(keep_records);
+    /// keeps the data gathered so far. The per-block state is pool-sized:
+    /// reserved fallibly first (`OutOfMemory`, nothing changed).
+    pub fn enable_residency_with(&mut self, keep_records: bool) -> KvResult<()> {
+        if self.residency.is_none() {
+            let n = self.meta.len();
+            crate::limits::reserve("residency metrics", Residency::bytes_for(n))?;
+            self.residency = Some(Box::new(Residency::new(n)));
+        }
+        if let Some(r) = self.residency.as_mut() {
+            r.set_keep_records(keep_records);
+        }
+        Ok(())
     }
 
     /// The residency metrics, when enabled.
@@ -843,6 +866,8 @@ impl BlockPool {
                 name: "ticks",
                 detail: format!("must be 0 to {} per call, got {ticks}", i32::MAX),
             })?;
+        // A modular clock, not a count: policies compare its readings in
+        // serial-number order (`eviction::priority`), so it wraps by design.
         self.now = self.now.wrapping_add(ticks);
         if let Order::Ranked(r) = &mut self.free {
             let Ranked { queue, policy, .. } = &mut **r;
@@ -919,12 +944,15 @@ impl BlockPool {
             return Ok(());
         }
         let selected = |i: usize| block_mask.is_none_or(|m| m[i]);
-        let unit_tokens = scale * self.config.hash_block_size as usize;
+        // Token ends of blocks: the products saturate where they pass any
+        // 32-bit key count (only reachable with ranges of 2^32 blocks), so
+        // a comparison with such a count stays right and nothing wraps.
+        let unit_tokens = scale.saturating_mul(self.config.hash_block_size as usize);
         self.check_promotions(new_blocks, num_cached_blocks, unit_tokens, &selected)?;
         let promotable = |pool: &Self, i: usize, b: BlockId| {
-            pool.partial
-                .primary_tokens(b)
-                .is_some_and(|t| (t as usize) < (num_cached_blocks + i + 1) * unit_tokens)
+            pool.partial.primary_tokens(b).is_some_and(|t| {
+                (t as usize) < (num_cached_blocks + i + 1).saturating_mul(unit_tokens)
+            })
         };
         let record = self.events.is_some();
         let mut stored_hashes = Vec::new();
@@ -954,7 +982,8 @@ impl BlockPool {
             let key = CacheKey { hash, group };
             self.meta[b.index()].key = self.index.insert(key, b);
             self.key_tokens[b.index()] =
-                u32::try_from((num_cached_blocks + i + 1) * unit_tokens).unwrap_or(u32::MAX);
+                u32::try_from((num_cached_blocks + i + 1).saturating_mul(unit_tokens))
+                    .unwrap_or(u32::MAX);
             stored_ids.push(b);
             if record {
                 stored_hashes.push(hash);
@@ -1005,7 +1034,7 @@ impl BlockPool {
                 let promotable = self
                     .partial
                     .primary_tokens(b)
-                    .is_some_and(|t| (t as usize) < (first + i + 1) * unit_tokens);
+                    .is_some_and(|t| (t as usize) < (first + i + 1).saturating_mul(unit_tokens));
                 if !promotable {
                     return Err(KvError::AlreadyCached(b));
                 }
@@ -1013,7 +1042,10 @@ impl BlockPool {
             }
         }
         if any_promotion {
-            let mut seen = hashbrown::HashSet::with_capacity(new_blocks.len());
+            let mut seen = hashbrown::HashSet::new();
+            seen.try_reserve(new_blocks.len()).map_err(|_| {
+                crate::limits::out_of_memory("a set of block ids", new_blocks.len())
+            })?;
             for (i, &b) in new_blocks.iter().enumerate() {
                 if selected(i) && !b.is_null() && !seen.insert(b) {
                     return Err(KvError::AlreadyCached(b));
@@ -1115,8 +1147,12 @@ impl BlockPool {
                 what: "unpin_blocks on a pool with a ranked eviction policy".into(),
             });
         };
-        let mut counts: std::collections::HashMap<BlockId, u32> =
-            std::collections::HashMap::with_capacity(blocks.len());
+        let mut counts: std::collections::HashMap<BlockId, u32> = std::collections::HashMap::new();
+        counts
+            .try_reserve(blocks.len())
+            .map_err(|_| crate::limits::out_of_memory("a count per block id", blocks.len()))?;
+        // The watch list is pool-sized: reserved before anything changes.
+        self.watch.reserve(self.meta.len())?;
         for &b in blocks {
             if b.is_null() {
                 return Err(KvError::InvalidArgument {
@@ -1651,7 +1687,7 @@ mod tests {
         let mut p = pool(3);
         p.set_residency_clock(5); // metrics off: nothing to move
         assert!(p.drain_eviction_records().is_empty());
-        p.enable_residency();
+        p.enable_residency().unwrap();
         p.set_residency_clock(10);
         let b = ids(&get(&mut p, 2));
         p.cache_full_blocks(&b[..1], &[h(1)], 0, 1, GroupId(0), None)

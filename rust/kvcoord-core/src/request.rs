@@ -64,8 +64,10 @@ pub struct Request {
     tokens: Vec<u32>,
     /// Leading entries of `tokens` that are the prompt.
     num_prompt_tokens: usize,
-    /// Tokens whose KV is computed (the scheduler's progress).
-    pub num_computed_tokens: usize,
+    /// Tokens whose KV is computed (the scheduler's progress). Invariant:
+    /// this and the two other counts below are below
+    /// [`MAX_TOKENS`](crate::limits::MAX_TOKENS) (their setters check).
+    num_computed_tokens: usize,
     /// Hashes of every full hash unit of `tokens`.
     hasher: RequestHasher,
     /// Whether lookups must ignore the prefix cache (e.g. prompt logprobs).
@@ -73,12 +75,12 @@ pub struct Request {
     /// The shared-prefix boundary of the last prefix-cache lookup (vLLM's
     /// third `get_computed_blocks` result, kept on the request as vLLM's
     /// scheduler does): 0, or where some group matched beyond the hit.
-    pub shared_prefix_boundary: usize,
+    shared_prefix_boundary: usize,
     /// Tokens of `num_computed_tokens` scheduled in steps whose output is
     /// not back yet (async scheduling: vLLM's `num_in_flight_tokens`). Their
     /// attention still reads the blocks below them, so windows release
     /// blocks on the processed basis, `num_computed_tokens` minus these.
-    pub num_in_flight_tokens: usize,
+    num_in_flight_tokens: usize,
 }
 
 impl Request {
@@ -201,6 +203,40 @@ impl Request {
         Ok(())
     }
 
+    /// Tokens whose KV is computed (the scheduler's progress).
+    pub fn num_computed_tokens(&self) -> usize {
+        self.num_computed_tokens
+    }
+
+    /// The shared-prefix boundary of the last prefix-cache lookup.
+    pub fn shared_prefix_boundary(&self) -> usize {
+        self.shared_prefix_boundary
+    }
+
+    /// Tokens of `num_computed_tokens` in steps whose output is not back.
+    pub fn num_in_flight_tokens(&self) -> usize {
+        self.num_in_flight_tokens
+    }
+
+    /// Set the scheduler's progress; refused (nothing changed) unless it is
+    /// a token count ([`check_tokens`](crate::limits::check_tokens)).
+    pub fn set_num_computed_tokens(&mut self, value: usize) -> KvResult<()> {
+        self.num_computed_tokens = crate::limits::check_tokens("num_computed_tokens", value)?;
+        Ok(())
+    }
+
+    /// Set the shared-prefix boundary (a token position, checked so).
+    pub fn set_shared_prefix_boundary(&mut self, value: usize) -> KvResult<()> {
+        self.shared_prefix_boundary = crate::limits::check_tokens("shared_prefix_boundary", value)?;
+        Ok(())
+    }
+
+    /// Set the tokens in flight (a token count, checked so).
+    pub fn set_num_in_flight_tokens(&mut self, value: usize) -> KvResult<()> {
+        self.num_in_flight_tokens = crate::limits::check_tokens("num_in_flight_tokens", value)?;
+        Ok(())
+    }
+
     /// Number of output tokens (appended after the prompt).
     pub fn num_output_tokens(&self) -> usize {
         self.tokens.len() - self.num_prompt_tokens
@@ -232,24 +268,43 @@ pub struct StepProgress {
 }
 
 impl Request {
-    /// Apply one step's progress.
-    pub fn advance(&mut self, step: StepProgress) {
-        self.num_computed_tokens += step.computed;
+    /// Apply one step's progress; refused (nothing changed) when the new
+    /// `num_computed_tokens` would not be a token count. A step from
+    /// [`step_progress`] is never refused.
+    #[inline]
+    pub fn advance(&mut self, step: StepProgress) -> KvResult<()> {
+        self.num_computed_tokens =
+            crate::limits::add_tokens("num_computed", self.num_computed_tokens, step.computed)?;
         if let Some(t) = step.token {
             self.push_token(t);
         }
+        Ok(())
     }
 }
 
-/// One scheduler step's progress for `num_requests` requests, checked as a
-/// whole before any request changes: `computed[i]` tokens computed
-/// (non-negative) and, where `sampled` is given, `sampled[i]` the token
-/// sampled (a negative value: none; otherwise a valid token id).
+/// A request a step advances, as [`step_progress`] sees it: `key` tells
+/// requests apart (the same key twice is the same request, advanced
+/// twice), `num_computed_tokens` is its progress before the step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepRequest {
+    /// Equal for the same request, distinct otherwise.
+    pub key: usize,
+    /// The request's `num_computed_tokens` before the step.
+    pub num_computed_tokens: usize,
+}
+
+/// One scheduler step's progress for `requests`, checked as a whole before
+/// any request changes: `computed[i]` tokens computed (non-negative, and
+/// leaving every request's progress a token count, a request listed twice
+/// advanced twice) and, where `sampled` is given, `sampled[i]` the token
+/// sampled (a negative value: none; otherwise a valid token id). Each step
+/// then [`Request::advance`]s its request without a refusal.
 pub fn step_progress(
-    num_requests: usize,
+    requests: &[StepRequest],
     computed: &[i64],
     sampled: Option<&[i64]>,
 ) -> KvResult<Vec<StepProgress>> {
+    let num_requests = requests.len();
     if computed.len() != num_requests || sampled.is_some_and(|s| s.len() != num_requests) {
         return Err(KvError::InvalidArgument {
             name: "advance_requests",
@@ -260,16 +315,46 @@ pub fn step_progress(
             ),
         });
     }
-    let mut out = Vec::with_capacity(num_requests);
+    let mut out = Vec::new();
+    crate::limits::try_reserve(&mut out, num_requests, "a step's progress")?;
+    // Each count is below 2^48 and there are fewer than 2^16 * 2^40 of
+    // them in memory, so the sum cannot wrap: it saturates only as a bound.
+    let (mut sum, mut most) = (0usize, 0usize);
     for (i, &c) in computed.iter().enumerate() {
         let computed = crate::ids::non_negative("num_computed", c)?;
+        let computed = crate::limits::check_tokens("num_computed", computed)?;
         let token = match sampled.map(|s| s[i]) {
             Some(t) if t >= 0 => Some(crate::hashing::token_id(i, t)?),
             _ => None,
         };
+        sum = sum.saturating_add(computed);
+        most = most.max(requests[i].num_computed_tokens);
         out.push(StepProgress { computed, token });
     }
+    // The common case in one comparison: no request, however often listed,
+    // can get past the largest progress plus everything computed.
+    if most.saturating_add(sum) >= crate::limits::MAX_TOKENS {
+        check_totals(requests, &out)?;
+    }
     Ok(out)
+}
+
+/// Each request's progress after all of its steps, checked exactly (a
+/// request listed several times adds up).
+#[cold]
+fn check_totals(requests: &[StepRequest], steps: &[StepProgress]) -> KvResult<()> {
+    let mut totals: HashMap<usize, usize> = HashMap::new();
+    totals
+        .try_reserve(requests.len())
+        .map_err(|_| KvError::OutOfMemory {
+            what: "a step's progress",
+            bytes: requests.len().saturating_mul(16),
+        })?;
+    for (r, step) in requests.iter().zip(steps) {
+        let total = totals.entry(r.key).or_insert(r.num_computed_tokens);
+        *total = crate::limits::add_tokens("num_computed", *total, step.computed)?;
+    }
+    Ok(())
 }
 
 /// Scheduler ids of the requests that hold blocks, mapped to the core's
@@ -330,11 +415,19 @@ impl RequestRegistry {
 
 #[cfg(test)]
 mod tests {
-    use super::{step_progress, StepProgress};
+    use super::{step_progress, StepProgress, StepRequest};
 
     #[test]
     fn step_progress_checks_everything_first() {
-        let got = step_progress(2, &[3, 0], Some(&[-1, 7])).unwrap();
+        let reqs = |n: usize| -> Vec<StepRequest> {
+            (0..n)
+                .map(|key| StepRequest {
+                    key,
+                    num_computed_tokens: 0,
+                })
+                .collect()
+        };
+        let got = step_progress(&reqs(2), &[3, 0], Some(&[-1, 7])).unwrap();
         assert_eq!(
             got,
             vec![
@@ -348,15 +441,77 @@ mod tests {
                 },
             ]
         );
-        assert_eq!(step_progress(1, &[1], None).unwrap()[0].token, None);
-        let e = step_progress(2, &[1], None).unwrap_err().to_string();
+        assert_eq!(step_progress(&reqs(1), &[1], None).unwrap()[0].token, None);
+        let e = step_progress(&reqs(2), &[1], None).unwrap_err().to_string();
         assert!(
             e.contains("2 requests but 1 computed counts and 2 new tokens"),
             "{e}"
         );
-        let e = step_progress(1, &[-2], None).unwrap_err().to_string();
+        let e = step_progress(&reqs(1), &[-2], None)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("must be non-negative, got -2"), "{e}");
-        assert!(step_progress(1, &[0], Some(&[1 << 40])).is_err());
+        assert!(step_progress(&reqs(1), &[0], Some(&[1 << 40])).is_err());
+    }
+
+    #[test]
+    fn step_progress_keeps_every_total_a_token_count() {
+        use crate::limits::MAX_TOKENS;
+        let max = i64::try_from(MAX_TOKENS - 1).unwrap();
+        let at = |key, num_computed_tokens| StepRequest {
+            key,
+            num_computed_tokens,
+        };
+        // Up to the last token count exactly, refused one past it.
+        assert_eq!(
+            step_progress(&[at(0, 1)], &[max - 1], None).unwrap()[0].computed,
+            MAX_TOKENS - 2
+        );
+        assert!(step_progress(&[at(0, 1)], &[max], None).is_err());
+        assert!(step_progress(&[at(0, 0)], &[max + 1], None).is_err());
+        assert!(step_progress(&[at(0, 0)], &[i64::MAX], None).is_err());
+        // The same request twice adds up; two requests do not.
+        let half = max / 2 + 1;
+        assert!(step_progress(&[at(0, 0), at(0, 0)], &[half, half], None).is_err());
+        assert!(step_progress(&[at(0, 0), at(1, 0)], &[half, half], None).is_ok());
+        // What it accepts, advance applies without a refusal.
+        let mut r = Request::new("r".into(), vec![], hasher(4));
+        r.set_num_computed_tokens(MAX_TOKENS - 3).unwrap();
+        let key = StepRequest {
+            key: 0,
+            num_computed_tokens: r.num_computed_tokens(),
+        };
+        for step in step_progress(&[key, key], &[1, 1], None).unwrap() {
+            r.advance(step).unwrap();
+        }
+        assert_eq!(r.num_computed_tokens(), MAX_TOKENS - 1);
+        let step = StepProgress {
+            computed: 1,
+            token: Some(5),
+        };
+        assert!(r.advance(step).is_err());
+        assert_eq!(
+            (r.num_computed_tokens(), r.num_tokens()),
+            (MAX_TOKENS - 1, 0)
+        );
+    }
+
+    #[test]
+    fn progress_setters_keep_token_counts() {
+        use crate::limits::MAX_TOKENS;
+        let mut r = Request::new("r".into(), vec![1], hasher(4));
+        r.set_num_computed_tokens(MAX_TOKENS - 1).unwrap();
+        r.set_shared_prefix_boundary(MAX_TOKENS - 1).unwrap();
+        r.set_num_in_flight_tokens(MAX_TOKENS - 1).unwrap();
+        for bad in [MAX_TOKENS, usize::MAX] {
+            assert!(r.set_num_computed_tokens(bad).is_err());
+            assert!(r.set_shared_prefix_boundary(bad).is_err());
+            assert!(r.set_num_in_flight_tokens(bad).is_err());
+        }
+        let v = r.view();
+        assert_eq!(v.num_computed_tokens, MAX_TOKENS - 1);
+        assert_eq!(v.shared_prefix_boundary, MAX_TOKENS - 1);
+        assert_eq!(v.num_in_flight_tokens, MAX_TOKENS - 1);
     }
 
     use super::*;

@@ -128,6 +128,11 @@ pub struct ResidencySnapshot {
 }
 
 impl Residency {
+    /// Heap bytes [`Self::new`] allocates for `num_blocks` blocks.
+    pub fn bytes_for(num_blocks: usize) -> usize {
+        num_blocks.saturating_mul(std::mem::size_of::<BlockTimes>())
+    }
+
     /// Tracking for `num_blocks` blocks, clock at 0.
     pub fn new(num_blocks: usize) -> Self {
         Self {

@@ -51,6 +51,17 @@ impl ReuseWatch {
         self.since.get(block.index()).is_some_and(|&s| s != 0)
     }
 
+    /// Make room to watch the blocks of a pool of `num_blocks` (pool-sized,
+    /// so reserved fallibly, before a caller changes anything).
+    pub fn reserve(&mut self, num_blocks: usize) -> crate::KvResult<()> {
+        if self.since.len() < num_blocks {
+            let more = num_blocks - self.since.len();
+            crate::limits::try_reserve(&mut self.since, more, "the watched blocks")?;
+            self.since.resize(num_blocks, 0);
+        }
+        Ok(())
+    }
+
     /// Start watching `blocks` (a pool of `num_blocks`; ids already checked).
     pub fn watch(&mut self, num_blocks: usize, blocks: &[BlockId]) {
         if self.since.is_empty() {

@@ -34,11 +34,19 @@ fn offset_keys() -> &'static [u64; MOONCAKE_BLOCK_TOKENS] {
 /// Append the prompt of a Mooncake request to `out`: the blocks of
 /// `hash_ids` (as many as `input_length` needs), cut at `input_length`.
 /// Fewer ids than that give a shorter prompt (every token of every id).
-pub fn mooncake_prompt_tokens(hash_ids: &[u64], input_length: usize, out: &mut Vec<u32>) {
+/// The tokens are reserved fallibly (`OutOfMemory`, `out` unchanged).
+pub fn mooncake_prompt_tokens(
+    hash_ids: &[u64],
+    input_length: usize,
+    out: &mut Vec<u32>,
+) -> crate::KvResult<()> {
     let n_blocks = input_length.div_ceil(MOONCAKE_BLOCK_TOKENS);
     let ids = &hash_ids[..n_blocks.min(hash_ids.len())];
-    let total = (ids.len() * MOONCAKE_BLOCK_TOKENS).min(input_length);
-    out.reserve(total);
+    let total = ids
+        .len()
+        .saturating_mul(MOONCAKE_BLOCK_TOKENS)
+        .min(input_length);
+    crate::limits::try_reserve(out, total, "a Mooncake prompt's tokens")?;
     let keys = offset_keys();
     let mut left = total;
     for &h in ids {
@@ -54,6 +62,7 @@ pub fn mooncake_prompt_tokens(hash_ids: &[u64], input_length: usize, out: &mut V
         }));
         left -= take;
     }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -62,7 +71,7 @@ mod tests {
 
     fn tokens(ids: &[u64], n: usize) -> Vec<u32> {
         let mut out = Vec::new();
-        mooncake_prompt_tokens(ids, n, &mut out);
+        mooncake_prompt_tokens(ids, n, &mut out).unwrap();
         out
     }
 

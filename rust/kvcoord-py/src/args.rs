@@ -1,16 +1,14 @@
-//! Range- and type-checked conversion of scalar arguments (counts, ids,
-//! flags). Every failure is a `kvcoord.errors` exception naming the
-//! argument: an int out of range is an `InvalidArgumentError` (a
-//! `ValueError`), anything that is not an int an `ArgumentTypeError` (also a
-//! `TypeError`), never a bare `OverflowError` or `TypeError` from `PyO3`.
-//! Numpy integer scalars (anything with `__index__`) are ints. String
-//! arguments are [`Text`], whose refusal is an `ArgumentTypeError` too.
+//! Type-checked conversion of the other scalar arguments (flags, strings,
+//! requests) and the helpers every refusal uses. Every failure is a
+//! `kvcoord.errors` exception naming the argument, never a bare
+//! `TypeError` from `PyO3`; integers are `crate::numbers`'. String
+//! arguments are [`Text`], whose refusal is an `ArgumentTypeError`.
 
 use pyo3::exceptions::{PyOverflowError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyInt};
 
-use crate::errors::{config_error, type_error, value_error};
+use crate::errors::type_error;
 
 /// The value's repr, for messages.
 pub(crate) fn shown(obj: &Bound<'_, PyAny>) -> String {
@@ -83,122 +81,6 @@ pub(crate) fn not_an_int(obj: &Bound<'_, PyAny>, name: &str) -> PyErr {
     type_error(format!("{name} must be an int, got {}", type_name(obj)))
 }
 
-/// Why a scalar is refused, before the caller's words for it are chosen: a
-/// rule its value breaks, or not an int at all.
-enum Refusal {
-    Rule(&'static str),
-    NotInt,
-    Raised(PyErr),
-}
-
-#[inline]
-fn to_count(obj: &Bound<'_, PyAny>) -> Result<usize, Refusal> {
-    // `i64` first: CPython converts small ints to a signed value on a fast
-    // path (unsigned conversion goes through a byte array).
-    match obj.extract::<i64>().map(usize::try_from) {
-        Ok(Ok(v)) if !obj.is_instance_of::<PyBool>() => Ok(v),
-        _ => count_beyond_i64(obj),
-    }
-}
-
-/// A `bool` is not a count (`True` is an int for Python, but passing it
-/// where a count or an id goes is a mistake, as `KVCacheBlocks` says).
-#[cold]
-fn count_beyond_i64(obj: &Bound<'_, PyAny>) -> Result<usize, Refusal> {
-    if obj.is_instance_of::<PyBool>() {
-        return Err(Refusal::NotInt);
-    }
-    match obj.extract::<u64>() {
-        Ok(v) => usize::try_from(v).map_err(|_| Refusal::Rule("a 64-bit count")),
-        Err(e) => match why_not_machine_int(obj, e) {
-            NotMachineInt::OutOfRange(v) if is_negative(&v) => Err(Refusal::Rule("non-negative")),
-            NotMachineInt::OutOfRange(_) => Err(Refusal::Rule("below 2^64")),
-            NotMachineInt::NotInt => Err(Refusal::NotInt),
-            NotMachineInt::Raised(e) => Err(Refusal::Raised(e)),
-        },
-    }
-}
-
-fn to_u32(obj: &Bound<'_, PyAny>) -> Result<u32, Refusal> {
-    u32::try_from(to_count(obj)?).map_err(|_| Refusal::Rule("in [0, 2^32)"))
-}
-
-/// An argument's refusal: `InvalidArgumentError` or `ArgumentTypeError`.
-#[cold]
-fn argument_error(obj: &Bound<'_, PyAny>, name: &str, why: Refusal) -> PyErr {
-    match why {
-        Refusal::Rule(rule) => {
-            value_error(format!("invalid {name}: {} (must be {rule})", shown(obj)))
-        }
-        Refusal::NotInt => not_an_int(obj, name),
-        Refusal::Raised(e) => e,
-    }
-}
-
-/// A configuration value's refusal, in the core's words for configuration
-/// (`invalid name=value: rule`): `ConfigError` or `ConfigTypeError`.
-#[cold]
-fn config_refusal(obj: &Bound<'_, PyAny>, name: &str, why: Refusal) -> PyErr {
-    match why {
-        Refusal::Rule(rule) => config_error(
-            format!("invalid {name}={}: must be {rule}", shown(obj)),
-            false,
-        ),
-        Refusal::NotInt => config_error(
-            format!("{name} must be an int, got {}", type_name(obj)),
-            true,
-        ),
-        Refusal::Raised(e) => e,
-    }
-}
-
-/// A non-negative count (`usize`); the core checks its upper limits.
-#[inline]
-pub(crate) fn count(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<usize> {
-    // The per-step path: one signed conversion, nothing else inlined.
-    match obj.extract::<i64>().map(usize::try_from) {
-        Ok(Ok(v)) if !obj.is_instance_of::<PyBool>() => Ok(v),
-        _ => refused_count(obj, name),
-    }
-}
-
-#[cold]
-#[inline(never)]
-fn refused_count(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<usize> {
-    count_beyond_i64(obj).map_err(|why| argument_error(obj, name, why))
-}
-
-/// A non-negative value that fits in `u32`.
-pub(crate) fn u32_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<u32> {
-    to_u32(obj).map_err(|why| argument_error(obj, name, why))
-}
-
-/// A configuration count: like [`count`], but refused as a configuration.
-pub(crate) fn config_count(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<usize> {
-    to_count(obj).map_err(|why| config_refusal(obj, name, why))
-}
-
-/// A configuration value that fits in `u32` (see [`config_count`]).
-pub(crate) fn config_u32(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<u32> {
-    to_u32(obj).map_err(|why| config_refusal(obj, name, why))
-}
-
-/// A signed configuration value (the core checks its sign and range):
-/// `ConfigTypeError` unless an int, `ConfigError` beyond 64 bits.
-pub(crate) fn config_i64(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<i64> {
-    if obj.is_instance_of::<PyBool>() {
-        return Err(config_refusal(obj, name, Refusal::NotInt));
-    }
-    obj.extract::<i64>().map_err(|e| {
-        let why = match why_not_machine_int(obj, e) {
-            NotMachineInt::OutOfRange(_) => Refusal::Rule("a signed 64-bit int"),
-            NotMachineInt::NotInt => Refusal::NotInt,
-            NotMachineInt::Raised(e) => Refusal::Raised(e),
-        };
-        config_refusal(obj, name, why)
-    })
-}
-
 /// A flag: exactly `True` or `False` (not a truthy string or number).
 #[inline]
 pub(crate) fn flag(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<bool> {
@@ -213,20 +95,8 @@ pub(crate) fn flag(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<bool> {
     }
 }
 
-/// An optional count (default 0).
-///
-/// A `match`, not `map_or(Ok(0), ..)`: that builds the default `PyResult`
-/// eagerly and drops it through an out-of-line call, about 30 instructions
-/// per omitted argument on the decode path (four per `allocate_slots`).
-#[inline]
-pub(crate) fn opt_count(obj: Option<&Bound<'_, PyAny>>, name: &str) -> PyResult<usize> {
-    match obj {
-        None => Ok(0),
-        Some(o) => count(o, name),
-    }
-}
-
-/// An optional flag with its default (a `match`, as in [`opt_count`]).
+/// An optional flag with its default (a `match`, as in
+/// [`crate::numbers::opt_arg`]).
 #[inline]
 pub(crate) fn opt_flag(
     obj: Option<&Bound<'_, PyAny>>,
@@ -271,12 +141,6 @@ pub(crate) fn request<'py>(
         ))
     })?;
     Ok(req.try_borrow()?)
-}
-
-/// A retention priority (the `priority` eviction policy): a count, with
-/// values beyond `i64` left for the core to refuse (it names the range).
-pub(crate) fn priority(obj: &Bound<'_, PyAny>) -> PyResult<i64> {
-    Ok(i64::try_from(count(obj, "priority")?).unwrap_or(i64::MAX))
 }
 
 /// A `str` argument. Anything else is an `ArgumentTypeError` (a kvcoord

@@ -7,6 +7,7 @@ use pyo3::prelude::*;
 use crate::args::Text;
 use crate::convert::extend_ids;
 use crate::errors::core;
+use crate::numbers::{Tokens, U32, U64};
 
 /// The best possible prefix cache: unbounded, never evicts. Feed requests in
 /// arrival order with `add`; see `kvcoord.replay.bestcase`.
@@ -24,7 +25,7 @@ pymethods!(PyUnboundedPrefixCache {
     #[new]
     #[pyo3(signature = (block_size))]
     fn new(block_size: &Bound<'_, PyAny>) -> PyResult<Self> {
-        let block_size = crate::args::count(block_size, "block_size")?;
+        let block_size = crate::numbers::arg::<U32>(block_size, "block_size")?.0 as usize;
         Ok(Self {
             cache: core(UnboundedPrefixCache::new(block_size))?,
             tokens: Vec::new(),
@@ -65,17 +66,24 @@ pub(crate) fn mooncake_prompt_tokens<'py>(
     hash_ids: &Bound<'py, PyAny>,
     input_length: &Bound<'py, PyAny>,
 ) -> PyResult<Bound<'py, numpy::PyArray1<u32>>> {
-    let n = crate::args::count(input_length, "input_length")?;
-    let ids: Vec<u64> = hash_ids.extract().map_err(|_| {
+    let n = crate::numbers::arg::<Tokens>(input_length, "input_length")?.0;
+    let not_ids = || {
         crate::errors::type_error(format!(
             "hash_ids must be a sequence of ints in [0, 2**64), got {}",
             crate::args::type_name(hash_ids)
         ))
+    };
+    if crate::convert::is_text(hash_ids) {
+        return Err(not_ids());
+    }
+    let items = hash_ids.try_iter().map_err(|_| not_ids())?;
+    let mut ids = Vec::new();
+    crate::convert::collect_items(hash_ids, &items, &mut ids, "hash ids", |_, item| {
+        crate::numbers::arg::<U64>(item, "hash id").map(|v| v.0)
     })?;
     let tokens = py.detach(|| {
         let mut out = Vec::new();
-        kvcoord_core::trace_tokens::mooncake_prompt_tokens(&ids, n, &mut out);
-        out
+        kvcoord_core::trace_tokens::mooncake_prompt_tokens(&ids, n, &mut out).map(|()| out)
     });
-    Ok(numpy::PyArray1::from_vec(py, tokens))
+    Ok(numpy::PyArray1::from_vec(py, core(tokens)?))
 }

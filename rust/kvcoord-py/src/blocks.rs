@@ -8,10 +8,11 @@ use kvcoord_core::NewBlocks;
 use numpy::{PyArray1, PyUntypedArray};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBool, PyList, PySlice, PyTuple};
+use pyo3::types::{PyBool, PySlice, PyTuple};
 
 use crate::convert;
 use crate::errors::{core, protocol_error, Protocol};
+use crate::numbers::Blocks;
 
 /// Block ids per KV cache group (see `_core.pyi`). Immutable.
 #[pyclass(module = "kvcoord._core", name = "KVCacheBlocks", frozen)]
@@ -36,7 +37,13 @@ impl PyKVCacheBlocks {
     fn flat_array<'py>(&self, py: Python<'py>) -> PyResult<&Bound<'py, PyArray1<i32>>> {
         self.flat_array
             .get_or_try_init(py, || {
-                readonly(PyArray1::from_iter(py, self.inner.flat_i32()))
+                let n = self.inner.flat().len();
+                let ids = core(kvcoord_core::limits::try_collect(
+                    n,
+                    self.inner.flat_i32(),
+                    "block ids",
+                ))?;
+                readonly(PyArray1::from_vec(py, ids))
             })
             .map(|a| a.bind(py))
     }
@@ -112,7 +119,8 @@ pymethods!(PyKVCacheBlocks {
         .offsets_array
         .get_or_try_init(py, || {
             let wide = self.inner.offsets().map(|o| i64::try_from(o).unwrap_or(i64::MAX));
-            readonly(PyArray1::from_iter(py, wide))
+            let n = self.inner.num_groups() + 1;
+            readonly(PyArray1::from_vec(py, core(kvcoord_core::limits::try_collect(n, wide, "offsets"))?))
         })
         .map(|a| a.bind(py).clone());
 }
@@ -165,8 +173,8 @@ pymethods!(PyKVCacheBlocks {
             let blocks = parts.get_item(0)?.cast_into::<Self>().map_err(|_| {
                 bad(format!("picks[{i}][0] must be a KVCacheBlocks"))
             })?;
-            let group = crate::args::count(&parts.get_item(1)?, "group")?;
-            let keep = crate::args::count(&parts.get_item(2)?, "count")?;
+            let group = crate::numbers::arg::<Blocks>(&parts.get_item(1)?, "group")?.0;
+            let keep = crate::numbers::arg::<Blocks>(&parts.get_item(2)?, "count")?.0;
             held.push((blocks, group, keep));
         }
         let picks: Vec<_> = held
@@ -182,7 +190,8 @@ pymethods!(PyKVCacheBlocks {
         _cls: &Bound<'_, pyo3::types::PyType>,
         num_groups: &Bound<'_, PyAny>,
     ) -> PyResult<Self> {
-        let n = crate::args::count(num_groups, "num_groups")?;
+        // The core names the bound on groups (2^20).
+        let n = crate::numbers::arg::<crate::numbers::U32>(num_groups, "num_groups")?.0 as usize;
         Self::new(core(NewBlocks::try_empty(n))?)
     }
 
@@ -211,7 +220,7 @@ pymethods!(PyKVCacheBlocks {
     /// Fresh lists of ids per group (vLLM's shape; not for hot paths).
     fn get_block_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
         let lists = (0..self.inner.num_groups())
-            .map(|g| PyList::new(py, self.inner.group(g).iter().map(|b| b.0)))
+            .map(|g| convert::id_list(py, self.inner.group(g)))
             .collect::<PyResult<Vec<_>>>()?;
         PyTuple::new(py, lists)
     }

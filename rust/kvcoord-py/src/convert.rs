@@ -4,23 +4,11 @@
 //! kept; every 32-bit id sequence goes through [`extend_ids`].
 
 use kvcoord_core::{BlockHash, BlockId, GroupId, KvError};
-use numpy::{
-    Element, PyArray1, PyArrayMethods, PyReadonlyArray2, PyUntypedArray, PyUntypedArrayMethods,
-};
+use numpy::{PyArray1, PyArrayMethods, PyReadonlyArray2, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
 
 use crate::errors::{core, err, type_error};
-
-/// The elements of a 1-D numpy array, copied out.
-///
-/// Copying 4-8 bytes per id costs less than numpy's borrow tracking, which
-/// registers and releases a borrow in a shared table on every call; the
-/// array is read once, while this thread holds the GIL.
-fn array_values<T: Element + Copy>(arr: &Bound<'_, PyArray1<T>>) -> Vec<T> {
-    arr.to_vec()
-        .unwrap_or_else(|_| arr.to_owned_array().iter().copied().collect())
-}
 
 /// What a sequence of 32-bit ids holds (block ids, token ids), written
 /// once for [`extend_ids`], the one converter of them all.
@@ -189,7 +177,8 @@ fn extend_from_int_array<I: Id>(
     // A failed `cast` is a cheap dtype check (no Python exception is
     // built), so the common `uint32` array pays one. A small contiguous
     // array is copied (cheaper than numpy's borrow tracking, see
-    // `array_values`), a large or strided one read in place.
+    // numpy's borrow tracking, which registers and releases a borrow in a
+    // shared table on every call), a large or strided one read in place.
     macro_rules! each_dtype {
         ($($t:ty),*) => {$(
             if let Ok(typed) = obj.cast::<PyArray1<$t>>() {
@@ -211,30 +200,12 @@ fn extend_from_int_array<I: Id>(
     }
 }
 
-/// One block id from a Python object (an int, or anything with `__index__`,
-/// not a `bool`; non-negative and 32-bit, the pool checks the upper bound).
+/// One block id from a Python object ([`crate::numbers`]' conversion of
+/// block ids: an int or anything with `__index__`, not a `bool`, 32-bit;
+/// the pool checks the upper bound).
 #[inline]
 pub(crate) fn block_id_of(item: &Bound<'_, PyAny>) -> PyResult<BlockId> {
-    match item.extract::<i64>() {
-        Ok(v) if !item.is_instance_of::<pyo3::types::PyBool>() => u32::try_from(v)
-            .map(BlockId)
-            .map_err(|_| BlockId::out_of_range(0, v.into())),
-        Ok(_) => Err(crate::args::not_an_int(item, "a block id")),
-        Err(e) => Err(bad_block_id_object(item, e)),
-    }
-}
-
-#[cold]
-fn bad_block_id_object(item: &Bound<'_, PyAny>, e: PyErr) -> PyErr {
-    use crate::args::NotMachineInt;
-    match crate::args::why_not_machine_int(item, e) {
-        NotMachineInt::OutOfRange(v) => crate::errors::block_id_error(format!(
-            "block id {} does not fit in 32 bits",
-            crate::args::shown(&v)
-        )),
-        NotMachineInt::NotInt => crate::args::not_an_int(item, "a block id"),
-        NotMachineInt::Raised(e) => e,
-    }
+    crate::numbers::arg(item, "a block id")
 }
 
 /// `arr` converted to its dtype in native byte order, when it is an integer
@@ -274,7 +245,7 @@ pub(crate) fn group_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<GroupId>> {
     let items = obj.try_iter().map_err(|_| not_ids())?;
     let mut out = Vec::new();
     collect_items(obj, &items, &mut out, "group ids", |_, item| {
-        Ok(GroupId(crate::args::u32_arg(item, "group id")?))
+        crate::numbers::arg::<GroupId>(item, "group id")
     })?;
     Ok(out)
 }
@@ -286,7 +257,10 @@ pub(crate) fn block_hash(obj: &Bound<'_, PyAny>) -> PyResult<BlockHash> {
     if let Ok(b) = obj.cast::<PyBytes>() {
         return core(BlockHash::from_slice(b.as_bytes()));
     }
-    if !obj.is_instance_of::<pyo3::types::PyString>() {
+    // A sequence of byte values no longer than a digest can be (a longer
+    // sequence is refused as not a hash, never copied).
+    let short = obj.len().is_ok_and(|n| n <= 64);
+    if short && !obj.is_instance_of::<pyo3::types::PyString>() {
         if let Ok(b) = obj.extract::<Vec<u8>>() {
             return core(BlockHash::from_slice(&b));
         }
@@ -341,15 +315,50 @@ pub(crate) fn block_hashes(obj: &Bound<'_, PyAny>) -> PyResult<Vec<BlockHash>> {
     Ok(out)
 }
 
-/// Integers from a list/tuple of ints or a 1-D integer numpy array.
-pub(crate) fn int_vec(obj: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
-    if let Ok(arr) = obj.cast::<PyArray1<i64>>() {
-        return Ok(array_values(arr));
+/// The values of a 1-D `int64` or `int32` numpy array, copied into a
+/// vector reserved fallibly; `None` for anything else.
+pub(crate) fn signed_array(obj: &Bound<'_, PyAny>) -> PyResult<Option<Vec<i64>>> {
+    macro_rules! each_dtype {
+        ($($t:ty),*) => {$(
+            if let Ok(arr) = obj.cast::<PyArray1<$t>>() {
+                let view = arr.try_readonly()?;
+                let values = view.as_array();
+                let got = kvcoord_core::limits::try_collect(
+                    values.len(),
+                    values.iter().map(|&v| i64::from(v)),
+                    "per-request ints",
+                );
+                return core(got).map(Some);
+            }
+        )*};
     }
-    if let Ok(arr) = obj.cast::<PyArray1<i32>>() {
-        return Ok(array_values(arr).into_iter().map(i64::from).collect());
+    each_dtype!(i64, i32);
+    Ok(None)
+}
+
+/// Results of at least this many bytes are probed before Python builds
+/// them ([`room_for`]); smaller ones cost no probe.
+const PROBE_MIN_BYTES: usize = 1 << 20;
+
+/// Bytes of one Python int in a list: the list's pointer and the int.
+const LIST_INT_BYTES: usize = 40;
+
+/// Room for a result of `items` Python objects of `bytes_each` bytes that
+/// Python itself allocates (a list, a numpy array's data): reserved and
+/// released first, so that a result sized by the caller that cannot fit is
+/// `OutOfMemoryError` (nothing changed) where `PyO3` and numpy would panic
+/// on the failed allocation.
+pub(crate) fn room_for_items(items: usize, bytes_each: usize, what: &'static str) -> PyResult<()> {
+    let bytes = items.saturating_mul(bytes_each);
+    if bytes < PROBE_MIN_BYTES {
+        return Ok(());
     }
-    obj.extract()
+    core(kvcoord_core::limits::reserve(what, bytes))
+}
+
+/// [`room_for_items`] of a list of `items` ints.
+pub(crate) fn room_for(items: usize, what: &'static str) -> PyResult<()> {
+    room_for_items(items, LIST_INT_BYTES, what)
 }
 
 /// A digest as Python `bytes`.
@@ -362,11 +371,14 @@ pub(crate) fn digest_list<'py>(
     py: Python<'py>,
     hashes: &[BlockHash],
 ) -> PyResult<Bound<'py, PyList>> {
+    // A pointer and a `bytes` object of up to 32 bytes per digest.
+    room_for_items(hashes.len(), 8 + 33 + 32, "a list of block hashes")?;
     PyList::new(py, hashes.iter().map(|h| digest(py, h)))
 }
 
 /// Ids as a Python list of ints.
 pub(crate) fn id_list<'py>(py: Python<'py>, ids: &[BlockId]) -> PyResult<Bound<'py, PyList>> {
+    room_for(ids.len(), "a list of block ids")?;
     PyList::new(py, ids.iter().map(|b| b.0))
 }
 
@@ -384,10 +396,19 @@ impl Scratch {
     /// `self.ids` as a new `uint32` numpy array. `from_slice` copies into
     /// numpy-owned memory; `from_iter`/`into_pyarray` would allocate a `Vec`
     /// and a capsule object to own it.
-    pub(crate) fn ids_array<'py>(&mut self, py: Python<'py>) -> Bound<'py, PyArray1<u32>> {
+    pub(crate) fn ids_array<'py>(
+        &mut self,
+        py: Python<'py>,
+    ) -> PyResult<Bound<'py, PyArray1<u32>>> {
         self.raw.clear();
+        core(kvcoord_core::limits::try_reserve(
+            &mut self.raw,
+            self.ids.len(),
+            "block ids",
+        ))?;
         self.raw.extend(self.ids.iter().map(|b| b.0));
-        PyArray1::from_slice(py, &self.raw)
+        room_for_items(self.raw.len(), 4, "an array of block ids")?;
+        Ok(PyArray1::from_slice(py, &self.raw))
     }
 }
 

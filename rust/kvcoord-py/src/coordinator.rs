@@ -20,6 +20,7 @@ use crate::convert;
 use crate::errors::{core, err};
 use crate::exclusive::{Entered, Exclusive};
 use crate::kinds::{self, PyCoordinatorKind, PyGroupSpec};
+use crate::numbers::{self, Blocks, Tokens, U32};
 use crate::pool::{pool_readers, pool_writers};
 use crate::request::PyRequest;
 
@@ -153,7 +154,7 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         kind: PyCoordinatorKind,
         hash_block_size: Option<&Bound<'_, PyAny>>,
         max_model_len: &Bound<'_, PyAny>,
-        #[pyo3(from_py_with = kw::retention_interval)] retention_interval: Option<i64>,
+        retention_interval: Option<&Bound<'_, PyAny>>,
         #[pyo3(from_py_with = kw::enable_events)] enable_events: bool,
         num_reprefillable_tokens: Option<&Bound<'_, PyAny>>,
         eagle_group_ids: Option<&Bound<'_, PyAny>>,
@@ -167,9 +168,9 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         #[pyo3(from_py_with = kw::eagle_junction_block)] eagle_junction_block: bool,
     ) -> PyResult<Self> {
         let event_medium = event_medium.as_str();
-        let num_blocks = args::config_count(num_blocks, "num_blocks")?;
+        let num_blocks = numbers::config::<Blocks>(num_blocks, "num_blocks")?.0;
         let kind = CoordinatorKind::from(kind);
-        let max_model_len = args::config_count(max_model_len, "max_model_len")?;
+        let max_model_len = numbers::config::<Tokens>(max_model_len, "max_model_len")?.0;
         let mut config = CoordinatorConfig::new(
             kinds::specs(&groups),
             num_blocks,
@@ -178,13 +179,13 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         );
         config.kind = kind;
         if let Some(h) = hash_block_size {
-            config.hash_block_size = args::config_u32(h, "hash_block_size")?;
+            config.hash_block_size = numbers::config::<U32>(h, "hash_block_size")?.0;
         }
-        config.retention_interval = retention_interval;
+        config.retention_interval = numbers::opt_config_i64(retention_interval, "retention_interval")?;
         config.enable_events = enable_events;
         if let Some(n) = num_reprefillable_tokens {
             config.num_reprefillable_tokens =
-                args::config_count(n, "num_reprefillable_tokens")?;
+                numbers::config::<Tokens>(n, "num_reprefillable_tokens")?.0;
         }
         if let Some(g) = eagle_group_ids {
             config.eagle_groups = convert::group_ids(g)?;
@@ -192,7 +193,8 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         config.allow_partial_hits = allow_partial_hits;
         config.context_parallel = context_parallel;
         if let Some(n) = num_hash_lookahead_tokens {
-            config.num_hash_lookahead_tokens = args::config_count(n, "num_hash_lookahead_tokens")?;
+            config.num_hash_lookahead_tokens =
+                numbers::config::<Tokens>(n, "num_hash_lookahead_tokens")?.0;
         }
         config.verify_hits = verify_hits;
         config.group_id_base = group_id_base;
@@ -227,8 +229,8 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         group: &Bound<'_, PyAny>,
         num_computed_tokens: &Bound<'_, PyAny>,
     ) -> PyResult<usize> {
-        let group = GroupId(args::u32_arg(group, "group")?);
-        let n = args::count(num_computed_tokens, "num_computed_tokens")?;
+        let group = numbers::arg::<GroupId>(group, "group")?;
+        let n = numbers::arg::<Tokens>(num_computed_tokens, "num_computed_tokens")?.0;
         self.with_mut(py, |c| c.config().checked_cacheable_tokens(group, n))
     }
 
@@ -254,8 +256,8 @@ pool_writers!(pymethods!(PyCoordinatorCore {
     ) -> PyResult<(PyKVCacheBlocks, usize)> {
         let request = args::request(request)?;
         let groups = convert::group_ids(group_ids)?;
-        let max_length = args::count(max_length, "max_length")?;
-        let alignment = args::count(alignment, "alignment")?;
+        let max_length = numbers::arg::<Tokens>(max_length, "max_length")?.0;
+        let alignment = numbers::arg::<Tokens>(alignment, "alignment")?.0;
         let (blocks, hit) = self.with_mut(py, |c| {
             c.find_longest_cache_hit(
                 &groups,
@@ -294,7 +296,7 @@ pool_writers!(pymethods!(PyCoordinatorCore {
     ) -> PyResult<Option<Py<PyKVCacheBlocks>>> {
         let request = args::request(request)?;
         let args = AllocateArgs {
-            num_new_tokens: args::count(num_new_tokens, "num_new_tokens")?,
+            num_new_tokens: numbers::arg::<Tokens>(num_new_tokens, "num_new_tokens")?.0,
             num_new_computed_tokens,
             num_lookahead_tokens,
             num_encoder_tokens,
@@ -337,8 +339,9 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         num_lookahead_tokens: &Bound<'py, PyAny>,
         rooms: &Bound<'py, PyDict>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let num_new_tokens = args::count(num_new_tokens, "num_new_tokens")?;
-        let num_lookahead_tokens = args::count(num_lookahead_tokens, "num_lookahead_tokens")?;
+        let num_new_tokens = numbers::arg::<Tokens>(num_new_tokens, "num_new_tokens")?.0;
+        let num_lookahead_tokens =
+            numbers::arg::<Tokens>(num_lookahead_tokens, "num_lookahead_tokens")?.0;
         let mut mine = mine.try_borrow_mut()?;
         // vLLM's request is read before the core is entered (no Python code
         // runs while the core's state is held).
@@ -378,11 +381,11 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         hashed: &Bound<'_, PyAny>,
         num_lookahead_tokens: &Bound<'_, PyAny>,
     ) -> PyResult<Option<usize>> {
-        let need = args::count(need, "need")?;
-        let cached_to = args::count(cached_to, "cached_to")?;
-        let hashed = args::count(hashed, "hashed")?;
-        let lookahead = args::count(num_lookahead_tokens, "num_lookahead_tokens")?;
-        let room = self.with(py, |c| c.decode_room(need, cached_to, hashed))?;
+        let need = numbers::arg::<Tokens>(need, "need")?.0;
+        let cached_to = numbers::arg::<Tokens>(cached_to, "cached_to")?.0;
+        let hashed = numbers::arg::<Tokens>(hashed, "hashed")?.0;
+        let lookahead = numbers::arg::<Tokens>(num_lookahead_tokens, "num_lookahead_tokens")?.0;
+        let room = core(self.with(py, |c| c.decode_room(need, cached_to, hashed))?)?;
         Ok(room.map(|r| r.limit(lookahead)))
     }
 
@@ -412,12 +415,13 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         prefill_end: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<usize> {
         let request = args::request(request)?;
-        let opt = |v: Option<&Bound<'_, PyAny>>, name| v.map(|v| args::count(v, name)).transpose();
+        let opt = |v, name| Ok::<_, PyErr>(numbers::maybe::<Tokens>(v, name)?.map(|t| t.0));
+        let zero_or = |v, name| numbers::opt_arg(v, name, Tokens(0)).map(|t| t.0);
         let predict = PredictArgs {
-            num_tokens: args::count(num_tokens, "num_tokens")?,
-            total_computed_tokens: args::opt_count(total_computed_tokens, "total_computed_tokens")?,
+            num_tokens: numbers::arg::<Tokens>(num_tokens, "num_tokens")?.0,
+            total_computed_tokens: zero_or(total_computed_tokens, "total_computed_tokens")?,
             local_computed_tokens: opt(num_local_computed_tokens, "num_local_computed_tokens")?,
-            num_encoder_tokens: args::opt_count(num_encoder_tokens, "num_encoder_tokens")?,
+            num_encoder_tokens: zero_or(num_encoder_tokens, "num_encoder_tokens")?,
             max_in_flight_tokens: opt(max_in_flight_tokens, "max_in_flight_tokens")?,
             num_tokens_main_model: opt(num_tokens_main_model, "num_tokens_main_model")?,
             prefill_end: opt(prefill_end, "prefill_end")?,
@@ -443,11 +447,8 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         num_computed_tokens: &Bound<'_, PyAny>,
         num_prompt_tokens: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<bool> {
-        let n = args::count(num_computed_tokens, "num_computed_tokens")?;
-        let prompt = match num_prompt_tokens {
-            Some(v) => Some(args::count(v, "num_prompt_tokens")?),
-            None => None,
-        };
+        let n = numbers::arg::<Tokens>(num_computed_tokens, "num_computed_tokens")?.0;
+        let prompt = numbers::maybe::<Tokens>(num_prompt_tokens, "num_prompt_tokens")?.map(|t| t.0);
         self.with_mut(py, |c| c.remove_skipped_request(request_id, n, prompt))
     }
 
@@ -458,7 +459,7 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         num_tokens: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
         let request = args::request(request)?;
-        let n = args::count(num_tokens, "num_tokens")?;
+        let n = numbers::arg::<Tokens>(num_tokens, "num_tokens")?.0;
         self.with_mut(py, |c| c.cache_request(&request.inner, n))
     }
 
@@ -496,14 +497,15 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         request_id: &str,
         group: &Bound<'_, PyAny>,
     ) -> PyResult<Option<(usize, usize)>> {
-        let group = GroupId(args::u32_arg(group, "group")?);
+        let group = numbers::arg::<GroupId>(group, "group")?;
         let state = self.enter(py)?;
         core(state.inner.request_mamba_checkpoint(request_id, group))
     }
 
     /// Change the prefix-cache retention interval between steps (None:
     /// dense); refused as at construction.
-    fn set_retention_interval(&self, py: Python<'_>, interval: Option<i64>) -> PyResult<()> {
+    fn set_retention_interval(&self, py: Python<'_>, interval: &Bound<'_, PyAny>) -> PyResult<()> {
+        let interval = numbers::opt_config_i64(Some(interval), "retention_interval")?;
         self.with_mut(py, |c| c.set_retention_interval(interval))
     }
 
@@ -529,12 +531,12 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         num_computed_tokens: &Bound<'_, PyAny>,
         num_in_flight_tokens: &Bound<'_, PyAny>,
     ) -> PyResult<Vec<(u32, u32, usize)>> {
-        let computed = args::count(num_computed_tokens, "num_computed_tokens")?;
-        let in_flight = args::count(num_in_flight_tokens, "num_in_flight_tokens")?;
+        let computed = numbers::arg::<Tokens>(num_computed_tokens, "num_computed_tokens")?.0;
+        let in_flight = numbers::arg::<Tokens>(num_in_flight_tokens, "num_in_flight_tokens")?.0;
         let mut state = self.enter(py)?;
-        Ok(state
+        Ok(core(state
             .inner
-            .finalize_partial_tail_offloads(request_id, computed, in_flight)
+            .finalize_partial_tail_offloads(request_id, computed, in_flight))?
             .into_iter()
             .map(|(g, b, t)| (g.0, b.0, t))
             .collect())
@@ -596,8 +598,8 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         group: &Bound<'_, PyAny>,
         start: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Vec<u32>> {
-        let group = GroupId(args::u32_arg(group, "group")?);
-        let start = args::opt_count(start, "start")?;
+        let group = numbers::arg::<GroupId>(group, "group")?;
+        let start = numbers::opt_arg(start, "start", Blocks(0))?.0;
         let row = self.with_request(py, request_id, |c, req| c.residency_row(req, group, start))?;
         Ok(row.into_iter().map(|b| b.0).collect())
     }
@@ -614,7 +616,7 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         block_id: &Bound<'_, PyAny>,
     ) -> PyResult<bool> {
         let (group, page) = row_args(group, page)?;
-        let block = BlockId(args::u32_arg(block_id, "block_id")?);
+        let block = numbers::arg::<BlockId>(block_id, "block_id")?;
         self.with_request(py, request_id, |c, req| c.adopt_resident_page(req, group, page, block))
     }
 
@@ -648,13 +650,13 @@ pool_writers!(pymethods!(PyCoordinatorCore {
 
     /// Ask for a request's hot region in a `HiSparse` hot group.
     fn require_hot(&self, py: Python<'_>, request_id: &str, group: &Bound<'_, PyAny>) -> PyResult<()> {
-        let group = GroupId(args::u32_arg(group, "group")?);
+        let group = numbers::arg::<GroupId>(group, "group")?;
         self.with_request(py, request_id, |c, req| c.require_hot(req, group))
     }
 
     /// Whether a request holds its whole hot region in a hot group.
     fn has_hot(&self, py: Python<'_>, request_id: &str, group: &Bound<'_, PyAny>) -> PyResult<bool> {
-        let group = GroupId(args::u32_arg(group, "group")?);
+        let group = numbers::arg::<GroupId>(group, "group")?;
         self.with_request(py, request_id, |c, req| c.has_hot(req, group))
     }
 
@@ -666,7 +668,7 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         request_id: &str,
         group: &Bound<'_, PyAny>,
     ) -> PyResult<Vec<u32>> {
-        let group = GroupId(args::u32_arg(group, "group")?);
+        let group = numbers::arg::<GroupId>(group, "group")?;
         let got = self.with_request(py, request_id, |c, req| c.allocate_hot(req, group))?;
         Ok(got.into_iter().map(|b| b.0).collect())
     }
@@ -679,7 +681,7 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         request_id: &str,
         group: &Bound<'_, PyAny>,
     ) -> PyResult<bool> {
-        let group = GroupId(args::u32_arg(group, "group")?);
+        let group = numbers::arg::<GroupId>(group, "group")?;
         self.with_request(py, request_id, |c, req| c.hot_required(req, group))
     }
 
@@ -691,8 +693,8 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         group: &Bound<'_, PyAny>,
         block_id: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
-        let group = GroupId(args::u32_arg(group, "group")?);
-        let block = BlockId(args::u32_arg(block_id, "block_id")?);
+        let group = numbers::arg::<GroupId>(group, "group")?;
+        let block = numbers::arg::<BlockId>(block_id, "block_id")?;
         self.with_mut(py, |c| c.unpin_resident_block(group, block))
     }
 
@@ -704,7 +706,7 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         group: &Bound<'_, PyAny>,
         block_ids: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
-        let group = GroupId(args::u32_arg(group, "group")?);
+        let group = numbers::arg::<GroupId>(group, "group")?;
         let ids = convert::block_ids(block_ids)?;
         self.with_mut(py, |c| c.touch_resident_blocks(group, &ids))
     }
@@ -743,7 +745,7 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         py: Python<'py>,
         num_blocks: &Bound<'_, PyAny>,
     ) -> PyResult<Bound<'py, PyList>> {
-        let n = args::count(num_blocks, "num_blocks")?;
+        let n = numbers::arg::<Blocks>(num_blocks, "num_blocks")?.0;
         let mut out = Vec::new();
         self.with_mut(py, |c| c.get_caller_blocks(n, &mut out))?;
         convert::id_list(py, &out)
@@ -776,10 +778,10 @@ pool_writers!(pymethods!(PyCoordinatorCore {
     ) -> PyResult<()> {
         let ids = convert::block_ids(block_ids)?;
         let hashes = convert::block_hashes(block_hashes)?;
-        let num_cached = args::count(num_cached_blocks, "num_cached_blocks")?;
-        let num_full = args::count(num_full_blocks, "num_full_blocks")?;
-        let group = GroupId(args::u32_arg(group_id, "group id")?);
-        let block_size = args::count(block_size, "block_size")?;
+        let num_cached = numbers::arg::<Blocks>(num_cached_blocks, "num_cached_blocks")?.0;
+        let num_full = numbers::arg::<Blocks>(num_full_blocks, "num_full_blocks")?.0;
+        let group = numbers::arg::<GroupId>(group_id, "group id")?;
+        let block_size = numbers::arg::<U32>(block_size, "block_size")?.0 as usize;
         self.with_mut(py, |c| {
             c.cache_caller_blocks(&ids, &hashes, num_cached, num_full, group, block_size)
         })
@@ -794,7 +796,7 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         block_ids: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
         let hash = convert::block_hash(block_hash)?;
-        let group = GroupId(args::u32_arg(group_id, "group id")?);
+        let group = numbers::arg::<GroupId>(group_id, "group id")?;
         let ids = convert::block_ids(block_ids)?;
         self.with_mut(py, |c| c.insert_cache_key(hash, group, &ids))
     }
@@ -850,8 +852,8 @@ pool_readers!(PyBlockPoolView, "BlockPoolView", {});
 
 /// A row call's group and page, converted.
 fn row_args(group: &Bound<'_, PyAny>, page: &Bound<'_, PyAny>) -> PyResult<(GroupId, usize)> {
-    let group = GroupId(args::u32_arg(group, "group")?);
-    Ok((group, args::count(page, "page")?))
+    let group = numbers::arg::<GroupId>(group, "group")?;
+    Ok((group, numbers::arg::<Blocks>(page, "page")?.0))
 }
 
 /// `CoordinatorCore`'s keyword conversions: each refusal is a kvcoord
@@ -861,12 +863,17 @@ mod kw {
     use pyo3::prelude::*;
 
     use crate::args;
+    use crate::numbers::{self, Tokens, U32};
 
-    pub(super) fn retention_interval(obj: &Bound<'_, PyAny>) -> PyResult<Option<i64>> {
-        if obj.is_none() {
-            return Ok(None);
-        }
-        args::config_i64(obj, "retention_interval").map(Some)
+    /// A token count keyword (`numbers::Tokens`).
+    #[inline]
+    fn tokens(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<usize> {
+        numbers::arg::<Tokens>(obj, name).map(|t| t.0)
+    }
+
+    /// A 32-bit configuration keyword (`numbers::U32`).
+    fn config_u32(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<u32> {
+        numbers::config::<U32>(obj, name).map(|v| v.0)
     }
 
     /// One conversion per keyword, named after it.
@@ -887,10 +894,10 @@ mod kw {
         eagle_junction_block: args::flag => bool,
         drop_eagle: args::flag => bool,
         delay_cache_blocks: args::flag => bool,
-        group_id_base: args::config_u32 => u32,
-        num_new_computed_tokens: args::count => usize,
-        num_lookahead_tokens: args::count => usize,
-        num_encoder_tokens: args::count => usize,
-        num_external_computed_tokens: args::count => usize,
+        group_id_base: config_u32 => u32,
+        num_new_computed_tokens: tokens => usize,
+        num_lookahead_tokens: tokens => usize,
+        num_encoder_tokens: tokens => usize,
+        num_external_computed_tokens: tokens => usize,
     }
 }

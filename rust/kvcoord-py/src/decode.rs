@@ -32,7 +32,8 @@ pub(crate) fn sync_running(
         return Ok(None);
     };
     let computed = request.getattr(intern!(py, "num_computed_tokens"))?;
-    let computed = crate::args::count(&computed, "num_computed_tokens")?;
+    let computed =
+        crate::numbers::arg::<crate::numbers::Tokens>(&computed, "num_computed_tokens")?.0;
     let (num_tokens, num_hashes) = (tokens.len(), hashes.len());
     let held = mine.num_tokens();
     let held_hashes = mine.block_hashes().len();
@@ -41,7 +42,12 @@ pub(crate) fn sync_running(
         return Ok(None);
     }
     if held < num_tokens {
-        let mut new = Vec::with_capacity(num_tokens - held);
+        let mut new = Vec::new();
+        crate::errors::core(kvcoord_core::limits::try_reserve(
+            &mut new,
+            num_tokens - held,
+            "token ids",
+        ))?;
         for i in held..num_tokens {
             match crate::tokens::token(i, &tokens.get_item(i)?) {
                 Ok(t) => new.push(t),
@@ -60,7 +66,7 @@ pub(crate) fn sync_running(
         let digests = crate::convert::block_hashes(&hashes.get_slice(held_hashes, num_hashes))?;
         crate::errors::core(mine.supply_block_hashes(&digests))?;
     }
-    mine.num_computed_tokens = computed;
+    crate::errors::core(mine.set_num_computed_tokens(computed))?;
     Ok(Some(num_hashes))
 }
 

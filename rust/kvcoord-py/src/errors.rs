@@ -102,12 +102,6 @@ pub(crate) fn config_error(msg: String, is_type: bool) -> PyErr {
     }
 }
 
-/// `InvalidBlockIdError`: an int that cannot be a block id.
-#[cold]
-pub(crate) fn block_id_error(msg: String) -> PyErr {
-    InvalidBlockIdError::new_err(msg)
-}
-
 /// `HashTypeError` (an `InvalidHashError` and a `TypeError`): a block
 /// hash that is not bytes.
 #[cold]

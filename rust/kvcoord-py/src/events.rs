@@ -19,9 +19,14 @@ pub(crate) struct BlockStored {
     inner: Box<StoredBlocks>,
 }
 
-/// Ids or positions as a `uint32` array.
-fn u32_array(py: Python<'_>, v: impl Iterator<Item = u32>) -> Bound<'_, PyArray1<u32>> {
-    v.collect::<Vec<_>>().into_pyarray(py)
+/// Ids or positions (`len` of them) as a `uint32` array, reserved fallibly.
+fn u32_array(
+    py: Python<'_>,
+    len: usize,
+    v: impl Iterator<Item = u32>,
+) -> PyResult<Bound<'_, PyArray1<u32>>> {
+    let values = kvcoord_core::limits::try_collect(len, v, "an event's ids");
+    Ok(crate::errors::core(values)?.into_pyarray(py))
 }
 
 /// One extra key as vLLM publishes it: a string, or `(identifier, offset)`.
@@ -40,8 +45,8 @@ pymethods!(BlockStored {
     get block_hash_digests['py](&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> =
         digest_list(py, &self.inner.block_hashes);
     /// Ids of the stored blocks, aligned with `block_hashes` (uint32).
-    get block_ids['py](&self, py: Python<'py>) -> Bound<'py, PyArray1<u32>> =
-        u32_array(py, self.inner.block_ids.iter().map(|b| b.0));
+    get block_ids['py](&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<u32>>> =
+        u32_array(py, self.inner.block_ids.len(), self.inner.block_ids.iter().map(|b| b.0));
     /// Integer hash of the block before the range; None when it starts at 0.
     get parent_block_hash(&self) -> Option<u64> =
         self.inner.parent_block_hash.as_ref().map(BlockHash::external);
@@ -50,8 +55,8 @@ pymethods!(BlockStored {
         self.inner.parent_block_hash.as_ref().map(|h| digest(py, h));
     /// The request's tokens of the whole range (skipped blocks included),
     /// uint32; empty when the pool was driven without a request.
-    get token_ids['py](&self, py: Python<'py>) -> Bound<'py, PyArray1<u32>> =
-        PyArray1::from_slice(py, &self.inner.token_ids);
+    get token_ids['py](&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<u32>>> =
+        u32_array(py, self.inner.token_ids.len(), self.inner.token_ids.iter().copied());
     /// Tokens per block of the group.
     get block_size(&self) -> u32 = self.inner.block_size;
     /// Position (in blocks) of the range's first block.
@@ -62,8 +67,11 @@ pymethods!(BlockStored {
     get num_blocks(&self) -> usize = self.inner.num_blocks;
     /// Positions (in blocks) of the stored blocks, aligned with `block_ids`
     /// (uint32; the range's positions less the skipped ones).
-    get positions['py](&self, py: Python<'py>) -> Bound<'py, PyArray1<u32>> =
-        u32_array(py, self.inner.positions().map(|p| u32::try_from(p).unwrap_or(u32::MAX)));
+    get positions['py](&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<u32>>> = u32_array(
+        py,
+        self.inner.num_blocks,
+        self.inner.positions().map(|p| u32::try_from(p).unwrap_or(u32::MAX)),
+    );
     /// The KV-cache group (vLLM's `group_idx`).
     get group_idx(&self) -> u32 = self.inner.group.0;
     /// `"GPU"`, `"CPU"` or `"STORAGE"`.

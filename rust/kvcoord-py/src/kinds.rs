@@ -7,6 +7,7 @@ use kvcoord_core::{coordinator, CoordinatorKind, GroupSpec, HitSearch, NullEntri
 use pyo3::prelude::*;
 
 use crate::errors::core;
+use crate::numbers::{config_i64, opt_config_i64, U32};
 
 /// One KV cache group's spec, as the core holds it. Built by the Python spec
 /// dataclasses (`FullAttentionSpec(...).core`), one constructor per kind.
@@ -37,7 +38,12 @@ macro_rules! group_spec_methods {
         pymethods!(PyGroupSpec { $($getters)* }
             $(
                 #[staticmethod]
-                fn $name(block_size: i64 $(, $param: i64)?) -> PyResult<Self> {
+                fn $name(
+                    block_size: &Bound<'_, PyAny>
+                    $(, $param: &Bound<'_, PyAny>)?
+                ) -> PyResult<Self> {
+                    let block_size = config_i64(block_size, "block_size")?;
+                    $(let $param = config_i64($param, stringify!($param))?;)?
                     spec($kind, block_size, None $(.or(Some($param)))?)
                 }
             )*
@@ -79,16 +85,16 @@ group_spec_methods!({
     #[pyo3(signature = (block_size, num_speculative_blocks, num_prefill_checkpoint_blocks,
                         prefill_checkpoint_alignment))]
     fn mamba_align(
-        block_size: i64,
-        num_speculative_blocks: i64,
-        num_prefill_checkpoint_blocks: i64,
-        prefill_checkpoint_alignment: Option<i64>,
+        block_size: &Bound<'_, PyAny>,
+        num_speculative_blocks: &Bound<'_, PyAny>,
+        num_prefill_checkpoint_blocks: &Bound<'_, PyAny>,
+        prefill_checkpoint_alignment: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         Ok(Self(core(GroupSpec::mamba_align_from_sizes(
-            block_size,
-            num_speculative_blocks,
-            num_prefill_checkpoint_blocks,
-            prefill_checkpoint_alignment,
+            config_i64(block_size, "block_size")?,
+            config_i64(num_speculative_blocks, "num_speculative_blocks")?,
+            config_i64(num_prefill_checkpoint_blocks, "num_prefill_checkpoint_blocks")?,
+            opt_config_i64(prefill_checkpoint_alignment, "prefill_checkpoint_alignment")?,
         ))?))
     }
 
@@ -143,8 +149,13 @@ pub(crate) fn specs(groups: &[PyGroupSpec]) -> Vec<GroupSpec> {
 
 /// vLLM's coordinator choice for `num_groups` groups.
 #[pyfunction]
-pub(crate) fn choose_coordinator(num_groups: usize, enable_caching: bool) -> PyCoordinatorKind {
-    CoordinatorKind::choose(num_groups, enable_caching).into()
+pub(crate) fn choose_coordinator(
+    num_groups: &Bound<'_, PyAny>,
+    enable_caching: &Bound<'_, PyAny>,
+) -> PyResult<PyCoordinatorKind> {
+    let num_groups = crate::numbers::arg::<U32>(num_groups, "num_groups")?.0 as usize;
+    let enable_caching = crate::args::flag(enable_caching, "enable_caching")?;
+    Ok(CoordinatorKind::choose(num_groups, enable_caching).into())
 }
 
 /// LCM of the groups' block sizes.
@@ -164,13 +175,14 @@ pub(crate) fn default_hash_block_size(groups: Vec<PyGroupSpec>, enable_caching: 
 #[pyfunction]
 #[pyo3(signature = (interval, scheduler_block_size, has_sparse_groups))]
 pub(crate) fn validate_retention_interval(
-    interval: Option<i64>,
-    scheduler_block_size: u32,
-    has_sparse_groups: bool,
+    interval: Option<&Bound<'_, PyAny>>,
+    scheduler_block_size: &Bound<'_, PyAny>,
+    has_sparse_groups: &Bound<'_, PyAny>,
 ) -> PyResult<()> {
+    let interval = opt_config_i64(interval, "prefix_cache_retention_interval")?;
+    let sbs = crate::numbers::config::<U32>(scheduler_block_size, "scheduler_block_size")?.0;
+    let sparse = crate::args::flag(has_sparse_groups, "has_sparse_groups")?;
     core(kvcoord_core::validate_retention_interval(
-        interval,
-        scheduler_block_size,
-        has_sparse_groups,
+        interval, sbs, sparse,
     ))
 }

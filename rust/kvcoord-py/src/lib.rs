@@ -39,6 +39,7 @@ mod errors;
 mod events;
 mod exclusive;
 mod kinds;
+mod numbers;
 mod pool;
 mod request;
 mod residency;
@@ -67,6 +68,8 @@ mod core_module {
         validate_retention_interval, PyCoordinatorKind, PyGroupSpec,
     };
     #[pymodule_export]
+    use crate::numbers::int_arg;
+    #[pymodule_export]
     use crate::pool::PyBlockPool;
     #[pymodule_export]
     use crate::request::{
@@ -80,6 +83,7 @@ mod core_module {
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+        crate::numbers::add_constants(m)?;
         m.add(
             "HASH_ALGOS",
             pyo3::types::PyTuple::new(m.py(), crate::request::hash_algo_names())?,

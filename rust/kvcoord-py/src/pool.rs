@@ -12,6 +12,7 @@ use crate::convert::{self, id_list, Scratch};
 use crate::errors::core;
 use crate::events::{event_to_py, PyEventList};
 use crate::exclusive::{Entered, Exclusive};
+use crate::numbers::{self, Blocks, Tokens, U32};
 
 /// The read-only surface of a pool, written once for both pool types:
 /// `$ty` has `fn with<R>(&self, py, f: impl FnOnce(&BlockPool) -> R) ->
@@ -48,7 +49,8 @@ macro_rules! pool_readers {
             ) -> PyResult<Option<Bound<'py, pyo3::types::PyList>>> {
                 let hash = $crate::convert::block_hash(block_hash)?;
                 let groups = $crate::convert::group_ids(group_ids)?;
-                let mut out = Vec::with_capacity(groups.len());
+                let mut out = Vec::new();
+                $crate::errors::core(kvcoord_core::limits::try_reserve(&mut out, groups.len(), "block ids"))?;
                 if self.with(py, |p| p.get_cached_block(&hash, &groups, &mut out))? {
                     Ok(Some($crate::convert::id_list(py, &out)?))
                 } else {
@@ -57,8 +59,11 @@ macro_rules! pool_readers {
             }
 
             fn free_block_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, numpy::PyArray1<u32>>> {
-                let ids = self.with(py, |p| p.free_block_ids().map(|b| b.0).collect())?;
-                Ok(numpy::PyArray1::from_vec(py, ids))
+                let ids = self.with(py, |p| {
+                    let ids = p.free_block_ids().map(|b| b.0);
+                    kvcoord_core::limits::try_collect(p.num_free_blocks(), ids, "free block ids")
+                })?;
+                Ok(numpy::PyArray1::from_vec(py, $crate::errors::core(ids)?))
             }
 
             /// `(prev, next)`: the free-queue entries either side of a free
@@ -68,18 +73,24 @@ macro_rules! pool_readers {
                 py: Python<'_>,
                 block_id: &Bound<'_, PyAny>,
             ) -> PyResult<Option<(i64, i64)>> {
-                let b = $crate::convert::block_id_of(block_id)?;
+                let b = $crate::numbers::arg::<BlockId>(block_id, "block_id")?;
                 let found = $crate::errors::core(self.with(py, |p| p.free_neighbours(b))?)?;
                 let end = |e: Option<BlockId>| e.map_or(-1, |b| i64::from(b.0));
                 Ok(found.map(|(prev, next)| (end(prev), end(next))))
             }
 
             fn ref_counts<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, numpy::PyArray1<u32>>> {
-                Ok(numpy::PyArray1::from_vec(py, self.with(py, |p| p.ref_counts().collect())?))
+                let counts = self.with(py, |p| {
+                    kvcoord_core::limits::try_collect(p.num_blocks(), p.ref_counts(), "reference counts")
+                })?;
+                Ok(numpy::PyArray1::from_vec(py, $crate::errors::core(counts)?))
             }
 
             fn cached_mask<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, numpy::PyArray1<bool>>> {
-                Ok(numpy::PyArray1::from_vec(py, self.with(py, |p| p.cached_mask().collect())?))
+                let mask = self.with(py, |p| {
+                    kvcoord_core::limits::try_collect(p.num_blocks(), p.cached_mask(), "the cached mask")
+                })?;
+                Ok(numpy::PyArray1::from_vec(py, $crate::errors::core(mask)?))
             }
 
             fn block_hash<'py>(
@@ -87,7 +98,7 @@ macro_rules! pool_readers {
                 py: Python<'py>,
                 block_id: &Bound<'_, PyAny>,
             ) -> PyResult<Option<(Bound<'py, pyo3::types::PyBytes>, u32)>> {
-                let b = $crate::convert::block_id_of(block_id)?;
+                let b = $crate::numbers::arg::<BlockId>(block_id, "block_id")?;
                 let key = $crate::errors::core(
                     self.with(py, |p| p.cache_key(b).map(|k| k.map(|k| (k.hash, p.reported_group(k.group)))))?,
                 )?;
@@ -97,7 +108,7 @@ macro_rules! pool_readers {
             /// Tokens behind the block's primary key when it is a partial
             /// (sub-block) key; None for a full-block key or no key.
             fn primary_key_tokens(&self, py: Python<'_>, block_id: &Bound<'_, PyAny>) -> PyResult<Option<usize>> {
-                let b = $crate::convert::block_id_of(block_id)?;
+                let b = $crate::numbers::arg::<BlockId>(block_id, "block_id")?;
                 $crate::errors::core(self.with(py, |p| p.primary_key_tokens(b))?)
             }
 
@@ -105,7 +116,7 @@ macro_rules! pool_readers {
             /// `block_hash_num_tokens`): the block's end for a full-block
             /// key, a partial key's own count; None without a key.
             fn key_num_tokens(&self, py: Python<'_>, block_id: &Bound<'_, PyAny>) -> PyResult<Option<usize>> {
-                let b = $crate::convert::block_id_of(block_id)?;
+                let b = $crate::numbers::arg::<BlockId>(block_id, "block_id")?;
                 $crate::errors::core(self.with(py, |p| p.key_num_tokens(b))?)
             }
 
@@ -116,7 +127,7 @@ macro_rules! pool_readers {
                 py: Python<'py>,
                 block_id: &Bound<'_, PyAny>,
             ) -> PyResult<Vec<(Bound<'py, pyo3::types::PyBytes>, u32)>> {
-                let b = $crate::convert::block_id_of(block_id)?;
+                let b = $crate::numbers::arg::<BlockId>(block_id, "block_id")?;
                 let keys = $crate::errors::core(self.with(py, |p| p.cache_keys(b))?)?;
                 Ok(keys
                     .iter()
@@ -166,15 +177,18 @@ macro_rules! pool_writers {
                 block_ids: &Bound<'_, PyAny>,
                 priority: &Bound<'_, PyAny>,
             ) -> PyResult<()> {
-                let priority = $crate::args::priority(priority)?;
+                // The core names the range (0 to 7).
+                let priority = $crate::numbers::arg::<$crate::numbers::U32>(priority, "priority")?;
+                let priority = i64::from(priority.0);
                 self.pool_ids(py, block_ids, |pool, ids| pool.set_priority(ids, priority))
             }
 
             /// Advance the pool's eviction clock (retention durations count
             /// its ticks).
             fn advance_clock(&self, py: Python<'_>, ticks: &Bound<'_, PyAny>) -> PyResult<()> {
-                let ticks = $crate::args::count(ticks, "ticks")?;
-                let ticks = i64::try_from(ticks).unwrap_or(i64::MAX);
+                // The core names the range (up to 2^31 - 1 per call).
+                let ticks = $crate::numbers::arg::<$crate::numbers::U32>(ticks, "ticks")?;
+                let ticks = i64::from(ticks.0);
                 $crate::errors::core(self.pool_mut(py, |p| p.advance_clock(ticks))?)
             }
 
@@ -192,11 +206,11 @@ macro_rules! pool_writers {
                 records: Option<&Bound<'_, PyAny>>,
             ) -> PyResult<()> {
                 let keep = $crate::args::opt_flag(records, "records", true)?;
-                self.pool_mut(py, |p| p.enable_residency_with(keep))
+                $crate::errors::core(self.pool_mut(py, |p| p.enable_residency_with(keep))?)
             }
 
             fn set_residency_clock(&self, py: Python<'_>, now: &Bound<'_, PyAny>) -> PyResult<()> {
-                let now = $crate::args::count(now, "now")? as u64;
+                let now = $crate::numbers::arg::<$crate::numbers::U64>(now, "now")?.0;
                 self.pool_mut(py, |p| p.set_residency_clock(now))
             }
 
@@ -309,7 +323,7 @@ impl PyBlockPool {
         num_blocks: &Bound<'_, PyAny>,
         f: impl FnOnce(&mut Scratch) -> R,
     ) -> PyResult<R> {
-        let n = args::count(num_blocks, "num_blocks")?;
+        let n = numbers::arg::<Blocks>(num_blocks, "num_blocks")?.0;
         let mut state = self.enter(py)?;
         let PoolState { inner, scratch } = &mut *state;
         scratch.ids.clear();
@@ -338,11 +352,11 @@ pool_writers!(pool_readers!(PyBlockPool, "BlockPool",) {
         eviction_policy: args::Text,
     ) -> PyResult<Self> {
         let eviction: EvictionConfig = core(eviction_policy.as_str().parse())?;
-        let num_blocks = args::config_count(num_blocks, "num_blocks")?;
+        let num_blocks = numbers::config::<Blocks>(num_blocks, "num_blocks")?.0;
         let mut config = PoolConfig::new(num_blocks);
         config.enable_caching = args::opt_flag(enable_caching, "enable_caching", config.enable_caching)?;
         if let Some(h) = hash_block_size {
-            config.hash_block_size = args::config_u32(h, "hash_block_size")?;
+            config.hash_block_size = numbers::config::<U32>(h, "hash_block_size")?.0;
         }
         config.enable_events = args::opt_flag(enable_events, "enable_events", config.enable_events)?;
         let pool = convert::build_pool_sized(py, num_blocks, || {
@@ -369,7 +383,7 @@ pool_writers!(pool_readers!(PyBlockPool, "BlockPool",) {
         py: Python<'py>,
         num_blocks: &Bound<'_, PyAny>,
     ) -> PyResult<Bound<'py, PyArray1<u32>>> {
-        self.new_blocks(py, num_blocks, |s| s.ids_array(py))
+        self.new_blocks(py, num_blocks, |s| s.ids_array(py))?
     }
 
     fn free_blocks(&self, py: Python<'_>, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
@@ -413,9 +427,9 @@ pool_writers!(pool_readers!(PyBlockPool, "BlockPool",) {
             .transpose()?;
         let ids = convert::block_ids(block_ids)?;
         let hashes = convert::block_hashes(block_hashes)?;
-        let num_cached = args::count(num_cached_blocks, "num_cached_blocks")?;
-        let num_full = args::count(num_full_blocks, "num_full_blocks")?;
-        let group = GroupId(args::u32_arg(group_id, "group id")?);
+        let num_cached = numbers::arg::<Blocks>(num_cached_blocks, "num_cached_blocks")?.0;
+        let num_full = numbers::arg::<Blocks>(num_full_blocks, "num_full_blocks")?.0;
+        let group = numbers::arg::<GroupId>(group_id, "group id")?;
         core(self.pool_mut(py, |pool| {
             pool.cache_full_blocks(&ids, &hashes, num_cached, num_full, group, block_mask.as_deref())
         })?)
@@ -430,13 +444,10 @@ pool_writers!(pool_readers!(PyBlockPool, "BlockPool",) {
         group_id: &Bound<'_, PyAny>,
         num_tokens: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<bool> {
-        let b = convert::block_id_of(block_id)?;
+        let b = numbers::arg::<BlockId>(block_id, "block_id")?;
         let hash = convert::block_hash(block_hash)?;
-        let group = GroupId(args::u32_arg(group_id, "group id")?);
-        let tokens = num_tokens
-            .filter(|t| !t.is_none())
-            .map(|t| args::u32_arg(t, "num_tokens"))
-            .transpose()?;
+        let group = numbers::arg::<GroupId>(group_id, "group id")?;
+        let tokens = numbers::maybe::<U32>(num_tokens, "num_tokens")?.map(|t| t.0);
         let key = kvcoord_core::CacheKey { hash, group };
         core(self.pool_mut(py, |pool| pool.insert_key(b, key, tokens))?)
     }
@@ -466,10 +477,12 @@ pool_writers!(pool_readers!(PyBlockPool, "BlockPool",) {
             .0;
         let groups = convert::group_ids(group_ids)?;
         let hashes = convert::block_hashes(block_hashes)?;
-        let max_length = args::count(max_length, "max_length")?;
-        let alignment = args::count(alignment, "alignment")?;
+        let max_length = numbers::arg::<Tokens>(max_length, "max_length")?.0;
+        let alignment = numbers::arg::<Tokens>(alignment, "alignment")?.0;
         let manager = core(kvcoord_core::Manager::new(spec, GroupId(0)))?;
-        let mut out = vec![Vec::new(); groups.len()];
+        let mut out = Vec::new();
+        core(kvcoord_core::limits::try_reserve(&mut out, groups.len(), "hit lists"))?;
+        out.resize_with(groups.len(), Vec::new);
         let hit = core(self.with(py, |pool| {
             let hbs = pool.config().hash_block_size as usize;
             manager.find_longest_cache_hit(

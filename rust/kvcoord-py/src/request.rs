@@ -12,6 +12,7 @@ use crate::args::Text;
 use crate::convert::extend_ids;
 use crate::convert::{digest, digest_list};
 use crate::errors::{core, protocol_error, Protocol, Refused};
+use crate::numbers::{self, Blocks, Tokens, U32};
 use crate::tokens::{lora_key, mm_features, step_ints, token};
 
 /// Hash without holding the GIL when at least this many tokens are new
@@ -42,7 +43,8 @@ impl HashArgs<'_, '_> {
         if let Some(what) = computing {
             algo = core(algo.computing(what))?;
         }
-        let block_size = crate::args::config_count(self.hash_block_size, "hash_block_size")?;
+        let block_size =
+            numbers::config::<U32>(self.hash_block_size, "hash_block_size")?.0 as usize;
         let config = core(HashConfig::new(algo, block_size, Text::opt(self.hash_seed)))?;
         let extra = ExtraKeys::new(
             lora_key(self.lora)?,
@@ -82,6 +84,33 @@ impl PyRequest {
     fn extra(&self) -> &ExtraKeys {
         self.inner.hasher().extra_keys()
     }
+
+    /// `catch_up` with its hash position converted (the block hash gate's
+    /// call, once per completed block).
+    pub(crate) fn catch_up_from<'py>(
+        &mut self,
+        py: Python<'py>,
+        token_ids: &Bound<'py, PyList>,
+        start: usize,
+    ) -> PyResult<Option<Bound<'py, PyList>>> {
+        let (held, n) = (self.inner.num_tokens(), token_ids.len());
+        if held > n {
+            return Ok(None);
+        }
+        if held < n {
+            let new = token_ids.get_slice(held, n);
+            let fill = |t: &mut Vec<u32>| extend_ids(new.as_any(), t, held).map_err(Refused);
+            self.inner.try_append(fill, |h, t| hash(py, h, t))?;
+        }
+        let hashes = self.inner.block_hashes();
+        digest_list(py, hashes.get(start..).unwrap_or_default()).map(Some)
+    }
+}
+
+/// Ints as a new list, room for it checked first (`crate::convert::room_for`).
+fn int_list<'py>(py: Python<'py>, values: &[u32]) -> PyResult<Bound<'py, PyList>> {
+    crate::convert::room_for(values.len(), "a list of token ids")?;
+    PyList::new(py, values)
 }
 
 pymethods!(PyRequest {
@@ -90,15 +119,15 @@ pymethods!(PyRequest {
     get num_prompt_tokens(&self) -> usize = self.inner.num_prompt_tokens();
     get num_output_tokens(&self) -> usize = self.inner.num_output_tokens();
     get num_tokens(&self) -> usize = self.inner.num_tokens();
-    get shared_prefix_boundary(&self) -> usize = self.inner.shared_prefix_boundary;
-    get num_in_flight_tokens(&self) -> usize = self.inner.num_in_flight_tokens;
-    get num_computed_tokens(&self) -> usize = self.inner.num_computed_tokens;
+    get shared_prefix_boundary(&self) -> usize = self.inner.shared_prefix_boundary();
+    get num_in_flight_tokens(&self) -> usize = self.inner.num_in_flight_tokens();
+    get num_computed_tokens(&self) -> usize = self.inner.num_computed_tokens();
     get prompt_token_ids['py](&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> =
-        PyList::new(py, self.inner.prompt_tokens());
+        int_list(py, self.inner.prompt_tokens());
     get output_token_ids['py](&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> =
-        PyList::new(py, self.inner.output_tokens());
+        int_list(py, self.inner.output_tokens());
     get all_token_ids['py](&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> =
-        PyList::new(py, self.inner.tokens());
+        int_list(py, self.inner.tokens());
     get hash_block_size(&self) -> usize = self.inner.hasher().config().block_size();
     get hash_algo(&self) -> &'static str = self.inner.hasher().config().algo().name();
     get digest_len(&self) -> usize = self.inner.hasher().digest_len();
@@ -187,23 +216,14 @@ pymethods!(PyRequest {
     /// block hashes from `start` on as a new list. `None` (nothing changed)
     /// when this request holds more tokens than `token_ids`. All-or-nothing
     /// on an invalid token.
-    pub(crate) fn catch_up<'py>(
+    fn catch_up<'py>(
         &mut self,
         py: Python<'py>,
         token_ids: &Bound<'py, PyList>,
-        start: usize,
+        start: &Bound<'py, PyAny>,
     ) -> PyResult<Option<Bound<'py, PyList>>> {
-        let (held, n) = (self.inner.num_tokens(), token_ids.len());
-        if held > n {
-            return Ok(None);
-        }
-        if held < n {
-            let new = token_ids.get_slice(held, n);
-            let fill = |t: &mut Vec<u32>| extend_ids(new.as_any(), t, held).map_err(Refused);
-            self.inner.try_append(fill, |h, t| hash(py, h, t))?;
-        }
-        let hashes = self.inner.block_hashes();
-        digest_list(py, hashes.get(start..).unwrap_or_default()).map(Some)
+        let start = numbers::arg::<Blocks>(start, "start")?.0;
+        self.catch_up_from(py, token_ids, start)
     }
 
     #[setter]
@@ -215,40 +235,47 @@ pymethods!(PyRequest {
 
     #[setter]
     fn set_shared_prefix_boundary(&mut self, value: &Bound<'_, PyAny>) -> PyResult<()> {
-        self.inner.shared_prefix_boundary = crate::args::count(value, "shared_prefix_boundary")?;
-        Ok(())
+        let value = numbers::arg::<Tokens>(value, "shared_prefix_boundary")?.0;
+        core(self.inner.set_shared_prefix_boundary(value))
     }
 
     #[setter]
     fn set_num_in_flight_tokens(&mut self, value: &Bound<'_, PyAny>) -> PyResult<()> {
-        self.inner.num_in_flight_tokens = crate::args::count(value, "num_in_flight_tokens")?;
-        Ok(())
+        let value = numbers::arg::<Tokens>(value, "num_in_flight_tokens")?.0;
+        core(self.inner.set_num_in_flight_tokens(value))
     }
 
     #[setter]
     fn set_num_computed_tokens(&mut self, value: &Bound<'_, PyAny>) -> PyResult<()> {
-        self.inner.num_computed_tokens = crate::args::count(value, "num_computed_tokens")?;
-        Ok(())
+        let value = numbers::arg::<Tokens>(value, "num_computed_tokens")?.0;
+        core(self.inner.set_num_computed_tokens(value))
     }
 
     /// All token ids as a new 1-D uint32 numpy array.
-    fn token_ids_array<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<u32>> {
-        PyArray1::from_slice(py, self.inner.tokens())
+    fn token_ids_array<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<u32>>> {
+        let tokens = self.inner.tokens();
+        let copy = kvcoord_core::limits::try_collect(tokens.len(), tokens.iter().copied(), "token ids");
+        Ok(PyArray1::from_vec(py, core(copy)?))
     }
 
     /// The block hashes as a new `(n, digest_len)` uint8 numpy array.
-    fn block_hashes_array<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray2<u8>> {
+    fn block_hashes_array<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<u8>>> {
         let hashes = self.inner.block_hashes();
         let d = self.inner.hasher().digest_len();
-        Array2::from_shape_vec((hashes.len(), d), BlockHash::concat(hashes))
-            .expect("shape matches")
-            .into_pyarray(py)
+        let flat = core(BlockHash::concat(hashes))?;
+        // Every digest of a request has its length `d`: the shape matches.
+        let shaped = Array2::from_shape_vec((hashes.len(), d), flat).map_err(|e| {
+            crate::errors::err(kvcoord_core::KvError::Invariant(format!(
+                "block hashes of mixed lengths: {e}"
+            )))
+        })?;
+        Ok(shaped.into_pyarray(py))
     }
 
     /// The block hashes concatenated into one bytes object
     /// (`n * digest_len` bytes).
-    fn block_hashes_bytes<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
-        PyBytes::new(py, &BlockHash::concat(self.inner.block_hashes()))
+    fn block_hashes_bytes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        Ok(PyBytes::new(py, &core(BlockHash::concat(self.inner.block_hashes()))?))
     }
 
     fn __repr__(&self) -> String {
@@ -259,7 +286,7 @@ pymethods!(PyRequest {
             r.id(),
             r.num_prompt_tokens(),
             r.num_tokens(),
-            r.num_computed_tokens,
+            r.num_computed_tokens(),
             r.hasher().config().algo().name(),
             r.hasher().config().block_size(),
             r.block_hashes().len()
@@ -298,13 +325,64 @@ pub(crate) fn advance_requests(
                 .map_err(|e| not_requests(e.into_inner().as_any()))
         })
         .collect::<PyResult<Vec<_>>>()?;
-    let steps = core(kvcoord_core::step_progress(
+    // One borrow per request, held through the step. A request listed twice
+    // (advanced twice) cannot be borrowed twice: those steps take the
+    // general path.
+    let (mut held, mut before) = (Vec::new(), Vec::new());
+    core(kvcoord_core::limits::try_reserve(
+        &mut held,
         requests.len(),
+        "requests",
+    ))?;
+    core(kvcoord_core::limits::try_reserve(
+        &mut before,
+        requests.len(),
+        "requests",
+    ))?;
+    for r in &requests {
+        let Ok(m) = r.try_borrow_mut() else {
+            drop(held);
+            return advance_listed(&requests, &computed, sampled.as_deref());
+        };
+        before.push(step_request(r, &m.inner));
+        held.push(m);
+    }
+    let steps = core(kvcoord_core::step_progress(
+        &before,
         &computed,
         sampled.as_deref(),
     ))?;
+    // `step_progress` checked every total: no `advance` is refused.
+    for (m, step) in held.iter_mut().zip(steps) {
+        core(m.inner.advance(step))?;
+    }
+    Ok(())
+}
+
+/// A request as `step_progress` tells requests apart: by the object.
+fn step_request(r: &Bound<'_, PyRequest>, inner: &Request) -> kvcoord_core::StepRequest {
+    kvcoord_core::StepRequest {
+        key: r.as_ptr() as usize,
+        num_computed_tokens: inner.num_computed_tokens(),
+    }
+}
+
+/// `advance_requests` borrowing each request as its turn comes (a request
+/// listed twice; one borrowed elsewhere is refused before anything
+/// changes).
+#[cold]
+fn advance_listed(
+    requests: &[Bound<'_, PyRequest>],
+    computed: &[i64],
+    sampled: Option<&[i64]>,
+) -> PyResult<()> {
+    let before = requests
+        .iter()
+        .map(|r| Ok(step_request(r, &r.try_borrow()?.inner)))
+        .collect::<PyResult<Vec<_>>>()?;
+    let steps = core(kvcoord_core::step_progress(&before, computed, sampled))?;
     for (r, step) in requests.iter().zip(steps) {
-        r.try_borrow_mut()?.inner.advance(step);
+        core(r.try_borrow_mut()?.inner.advance(step))?;
     }
     Ok(())
 }

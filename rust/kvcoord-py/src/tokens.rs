@@ -5,6 +5,7 @@
 //! ints. Every refusal is a `kvcoord.errors` exception.
 
 use kvcoord_core::hashing;
+use kvcoord_core::limits::Number;
 use kvcoord_core::{KvError, LoraKey, MmFeature};
 use pyo3::prelude::*;
 use pyo3::types::{PyInt, PyList, PyTuple};
@@ -92,7 +93,8 @@ impl crate::convert::Id for u32 {
 }
 
 /// One per-request int of `advance_requests` (`what` names the argument;
-/// `tokens`: a value beyond 64 bits is an invalid token id at `position`).
+/// `tokens`: a value beyond 64 bits is an invalid token id at `position`,
+/// otherwise a count out of the token range).
 #[inline]
 fn step_int(item: &Bound<'_, PyAny>, what: &str, tokens: bool, position: usize) -> PyResult<i64> {
     let e = match item.extract::<i64>() {
@@ -102,8 +104,8 @@ fn step_int(item: &Bound<'_, PyAny>, what: &str, tokens: bool, position: usize) 
     match crate::args::why_not_machine_int(item, e) {
         NotMachineInt::OutOfRange(v) if tokens => Err(invalid_token(position, &v)),
         NotMachineInt::OutOfRange(v) => Err(value_error(format!(
-            "invalid {what}[{position}]: {} (must be below 2^63)",
-            crate::args::shown(&v)
+            "invalid {what}[{position}]: {}",
+            Number::Tokens.refusal(&crate::args::shown(&v), crate::args::is_negative(&v))
         ))),
         NotMachineInt::NotInt => Err(crate::args::not_an_int(
             item,
@@ -114,31 +116,39 @@ fn step_int(item: &Bound<'_, PyAny>, what: &str, tokens: bool, position: usize) 
 }
 
 /// The per-request ints of `advance_requests`: a list (the usual case) item
-/// by item with no generic sequence protocol, anything else (numpy arrays,
-/// other sequences) through `convert::int_vec`, its overflow and type
-/// errors mapped onto `kvcoord.errors`.
+/// by item with no generic sequence protocol, an `int64`/`int32` numpy array
+/// copied out, any other sequence item by item; every buffer reserved
+/// fallibly (the lists are the caller's).
 pub(crate) fn step_ints(obj: &Bound<'_, PyAny>, what: &str, tokens: bool) -> PyResult<Vec<i64>> {
+    let mut out = Vec::new();
     if let Ok(list) = obj.cast::<PyList>() {
-        let mut out = Vec::with_capacity(list.len());
+        core(kvcoord_core::limits::try_reserve(
+            &mut out,
+            list.len(),
+            "per-request ints",
+        ))?;
         for (i, item) in list.iter().enumerate() {
             out.push(step_int(&item, what, tokens, i)?);
         }
         return Ok(out);
     }
-    let py = obj.py();
-    crate::convert::int_vec(obj).map_err(|e| {
-        if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(py) {
-            value_error(format!("invalid {what}: a value is beyond 64 bits ({e})"))
-        } else if e.is_instance_of::<pyo3::exceptions::PyTypeError>(py)
-            && !e.is_instance_of::<crate::errors::ArgumentTypeError>(py)
-        {
-            type_error(format!(
-                "{what} must be a sequence of ints or an integer numpy array ({e})"
-            ))
-        } else {
-            e
-        }
-    })
+    if let Some(values) = crate::convert::signed_array(obj)? {
+        return Ok(values);
+    }
+    let not_ints = || {
+        type_error(format!(
+            "{what} must be a sequence of ints or an integer numpy array, got {}",
+            crate::args::type_name(obj)
+        ))
+    };
+    if crate::convert::is_text(obj) {
+        return Err(not_ints());
+    }
+    let items = obj.try_iter().map_err(|_| not_ints())?;
+    crate::convert::collect_items(obj, &items, &mut out, "per-request ints", |i, item| {
+        step_int(item, what, tokens, i)
+    })?;
+    Ok(out)
 }
 
 fn str_field(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<String> {

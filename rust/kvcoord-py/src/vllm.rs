@@ -18,7 +18,6 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 use pyo3::PyTraverseError;
 
-use crate::args;
 use crate::errors::value_error;
 use crate::request::PyRequest;
 
@@ -54,7 +53,8 @@ impl PyBlockHashGate {
         hasher: Py<PyAny>,
         hashes_attr: Option<Bound<'_, PyString>>,
     ) -> PyResult<Self> {
-        let block_size = args::count(block_size, "block_size")?;
+        let block_size =
+            crate::numbers::arg::<crate::numbers::U32>(block_size, "block_size")?.0 as usize;
         if block_size == 0 {
             return Err(value_error("block_size must be at least 1"));
         }
@@ -122,7 +122,9 @@ impl PyBlockHashGate {
         let mine = request.getattr(attr.bind(request.py())).ok()?;
         let mine = mine.cast_exact::<PyRequest>().ok()?;
         let mut mine = mine.try_borrow_mut().ok()?;
-        mine.catch_up(request.py(), tokens, done).ok().flatten()
+        mine.catch_up_from(request.py(), tokens, done)
+            .ok()
+            .flatten()
     }
 }
 
@@ -339,7 +341,8 @@ impl PyDecodeFastPath {
 
     #[setter(_room_lookahead)]
     fn set_room_lookahead(&mut self, value: &Bound<'_, PyAny>) -> PyResult<()> {
-        self.room_lookahead = args::count(value, "_room_lookahead")?;
+        self.room_lookahead =
+            crate::numbers::arg::<crate::numbers::Tokens>(value, "_room_lookahead")?.0;
         Ok(())
     }
 

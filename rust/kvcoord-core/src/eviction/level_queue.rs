@@ -103,6 +103,7 @@ impl LevelQueue {
         let head = q.head_of(0);
         for b in first..cap {
             q.links[b as usize] = Link {
+                // `first`'s is replaced by the head below (no count wraps).
                 prev: b.wrapping_sub(1),
                 next: b + 1,
             };

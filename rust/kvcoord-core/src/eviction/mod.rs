@@ -333,6 +333,7 @@ impl AgingClock {
         for _ in 0..steps.min(MAX_LEVELS as u64) {
             queue.age();
         }
+        // A modular epoch (LFU stamps compare it modulo their width).
         self.epoch = self.epoch.wrapping_add(steps as u32);
     }
 

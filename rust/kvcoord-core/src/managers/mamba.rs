@@ -9,14 +9,16 @@ pub fn num_skipped_tokens(n: usize) -> usize {
 }
 
 /// Slots to allocate for `num_tokens`: the speculative scratch blocks add
-/// `num_speculative_blocks * block_size` tokens.
+/// `num_speculative_blocks * block_size` tokens. Saturating: a sum past
+/// 2^64 slots is more than any pool holds, so the allocation is refused
+/// as too large rather than wrapped to a small one.
 #[inline]
 pub fn tokens_to_allocate(
     num_tokens: usize,
     num_speculative_blocks: u32,
     block_size: usize,
 ) -> usize {
-    num_tokens + num_speculative_blocks as usize * block_size
+    num_tokens.saturating_add((num_speculative_blocks as usize).saturating_mul(block_size))
 }
 
 #[cfg(test)]

@@ -822,6 +822,10 @@ impl Manager {
                 detail: "must be positive".into(),
             });
         }
+        // Token counts: a hit is at most `max_length`, and rounding it to
+        // `alignment` (both below 2^48) stays far from 2^64.
+        crate::limits::check_tokens("max_length", max_length)?;
+        crate::limits::check_tokens("alignment", alignment)?;
         for list in out.iter_mut() {
             list.clear();
         }
