@@ -238,9 +238,17 @@ def test_parse_bytes() -> None:
 def test_default_size_from_gpu_and_trace() -> None:
     wl = read_mooncake(MOONCAKE)
     plan = make_plan(wl, model="llama-3.1-70b", gpu="h100", tp=4)
-    free = 81559 * 2**20 * 0.9 - 70.6e9 * 2 / 4 - 2 * GiB  # nvidia-smi's H100 total
+    # vLLM's total (nvidia-smi's 81,559 MiB less the driver's 468 MiB) x 0.9 - weights
+    # - activation (an 8,192-token forward at TP 4: 3 x 8192 hidden + 3 x 28672 / 4 MLP
+    # values per token, 2 B each; more than sampling 256 requests) - non-torch (0.25 GiB
+    # + 1.82 GiB of TP buffers)
+    act = 8192 * 2 * (3 * 8192 + 3 * 28672 / 4)
+    free = (81559 - 468) * 2**20 * 0.9 - 70.6e9 * 2 / 4 - act - 2.07 * GiB
     assert plan.num_blocks == int(free // (16 * 80 * 1024))
-    assert plan.size_flag == "default" and "weights" in plan.size_note
+    assert plan.size_flag == "default"
+    for term in ("x 0.9 utilization", "weights 32.88 GiB (bf16)", "activation 0.70 GiB"):
+        assert term in plan.size_note, plan.size_note
+    assert "non-torch 2.07 GiB" in plan.size_note
     plan = make_plan(wl, model="llama-3.1-8b", kv_memory=1 * GiB)
     assert plan.num_blocks == GiB // (16 * 32 * 4096)
     assert plan.kv_bytes_per_gpu <= GiB

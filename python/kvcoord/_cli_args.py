@@ -42,6 +42,21 @@ def _bytes_list(text: str) -> list[float]:
     return list(dict.fromkeys(out))  # a value given twice is replayed once, as in _int_list
 
 
+def _share(text: str) -> float:
+    """An argparse type: a share in (0, 1], such as ``0.9``."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a number in (0, 1] such as 0.9, got {_shown(text)}"
+        ) from None
+    if not 0 < v <= 1:  # NaN fails too
+        raise argparse.ArgumentTypeError(
+            f"expected a share of the GPU's memory in (0, 1] such as 0.9, got {_shown(text)}"
+        )
+    return v
+
+
 def _str_list(text: str) -> list[str]:
     out = [p.strip() for p in text.split(",") if p.strip()]
     if not out:
@@ -173,7 +188,9 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
         "once (a throughput test); TTFT and queueing delay are measured from the scaled "
         "arrival (default 1: the trace's own timing)",
     )
+    from kvcoord.replay.dtypes import WEIGHT_DTYPES
     from kvcoord.replay.hardware import GPUS
+    from kvcoord.replay.memory import DEFAULT_GPU_MEMORY_UTILIZATION
     from kvcoord.replay.models import MODELS
 
     g = p.add_argument_group("model and hardware (the KV bytes and the step-time model)")
@@ -189,11 +206,27 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--kv-dtype",
         metavar="DTYPE",
-        help="KV-cache dtype: bf16, fp16, fp8, fp32 (default: the model's)",
+        help="KV-cache dtype: bf16, fp16, fp8, fp32, auto (default: the model's compute dtype)",
+    )
+    g.add_argument(
+        "--weight-dtype",
+        metavar="DTYPE",
+        help=f"weight format as vLLM loads it: {', '.join(WEIGHT_DTYPES)} (default: the "
+        "checkpoint's, e.g. fp8 for deepseek-v3, mxfp4 experts for gpt-oss-120b; "
+        "embeddings stay in bf16 when quantized)",
     )
     g.add_argument("--gpu", metavar="NAME", help=f"GPU preset: {', '.join(GPUS)} (default h100)")
     g.add_argument(
         "--tp", type=_bounded(1024), default=1, metavar="N", help="tensor-parallel GPUs (1)"
+    )
+    g.add_argument(
+        "--gpu-memory-utilization",
+        type=_share,
+        default=DEFAULT_GPU_MEMORY_UTILIZATION,
+        metavar="F",
+        help="share of each GPU's memory vLLM may use, in (0, 1]: the default pool is this "
+        "share less weights, activation and non-torch memory "
+        f"(default {DEFAULT_GPU_MEMORY_UTILIZATION}, vLLM's)",
     )
     g = p.add_argument_group("cache layout and scheduler")
     g.add_argument(

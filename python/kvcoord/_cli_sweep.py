@@ -68,6 +68,7 @@ def _sweep_point(args: argparse.Namespace, point: _Point, st: _Setup) -> dict[st
         res = scheduler.simulate(st.workload, cfg)
         row = summarize(res, res.best, cfg, st.workload.name, plan)
         row.update(instances=1, router=None, eviction_policy=cfg.eviction_policy)
+    row.update(plan.memory_keys())
     row["variant"] = point.variant
     row["axes"] = dict(point.labels)
     return row

@@ -73,6 +73,7 @@ def _replay(args: argparse.Namespace) -> int:
     with _progress(len(st.workload.requests), args.no_progress, "replay") as bar:
         res = simulate(st.workload, cfg, progress=bar.update)
     summary = summarize(res, res.best, cfg, st.workload.name, plan)
+    summary.update(plan.memory_keys())
     print(format_summary(summary))
     if args.json:
         _write_json(args.json, summary)
@@ -88,6 +89,7 @@ def _replay_cluster(args: argparse.Namespace, st: Any, plan: Any, cfg: Any) -> i
     with _progress(len(st.workload.requests), args.no_progress, "replay") as bar:
         cres = simulate_cluster(st.workload, cfg, args.instances, args.router, progress=bar.update)
     summary = summarize_cluster(cres, cfg, st.workload.name, plan)
+    summary.update(plan.memory_keys())
     print(format_summary(summary))
     print(format_engines(summary))
     if args.json:

@@ -5,6 +5,14 @@ sparsity) BF16 and FP8 tensor throughput, HBM bandwidth, the GPU-to-GPU link
 (NVLink, or PCIe where there is none; one direction) and the host link used
 by a host-memory tier (PCIe, one direction). Memory is the total
 ``nvidia-smi`` reports for the part (MiB), not the marketing "80 GB".
+
+vLLM sizes its KV cache from the total the CUDA runtime reports
+(``cudaMemGetInfo``, :attr:`GPUSpec.cuda_total_bytes`), which is smaller by
+what the driver keeps for itself: on an H100 SXM, vLLM 0.19.0 logs a total of
+79.19 GiB (llm-d-planner's start-up logs, in
+``kvcoord/replay/data/vllm_measurements.csv``) against ``nvidia-smi``'s
+81,559 MiB, 468 MiB less. The other parts are taken to keep the same 468 MiB
+(not measured).
 """
 
 from __future__ import annotations
@@ -13,11 +21,14 @@ from dataclasses import dataclass
 
 from kvcoord._suggest import unknown_name
 
-__all__ = ["GPUS", "GPUSpec", "HardwareError", "load_gpu"]
+__all__ = ["DRIVER_RESERVED_BYTES", "GPUS", "GPUSpec", "HardwareError", "load_gpu"]
 
 GB = 1e9
 TB = 1e12
 MiB = 1 << 20
+
+#: Memory the driver keeps out of the CUDA runtime's total (H100 SXM, see above).
+DRIVER_RESERVED_BYTES = 468 * MiB
 
 
 class HardwareError(ValueError):
@@ -37,6 +48,12 @@ class GPUSpec:
     link_latency: float
     #: Host (CPU memory) link per direction, bytes/s.
     host_bandwidth: float
+
+    @property
+    def cuda_total_bytes(self) -> float:
+        """The total ``cudaMemGetInfo`` reports: what vLLM's
+        ``gpu_memory_utilization`` is a share of."""
+        return self.hbm_bytes - DRIVER_RESERVED_BYTES
 
     def peak_flops(self, weight_dtype: str) -> float:
         """Dense tensor FLOP/s for matmuls with weights of ``weight_dtype``."""

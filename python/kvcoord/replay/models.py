@@ -27,13 +27,12 @@ an MLA latent is replicated on every GPU.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from kvcoord._suggest import missing_file, unknown_name
+from kvcoord._suggest import unknown_name
 from kvcoord.config import (
     ChunkedLocalAttentionSpec,
     FullAttentionSpec,
@@ -42,7 +41,14 @@ from kvcoord.config import (
     MambaSpec,
     SlidingWindowSpec,
 )
-from kvcoord.replay.layouts import MAX_LAYERS, Layout
+from kvcoord.replay.dtypes import (
+    DTYPE_BYTES,
+    KV_DTYPES,
+    WEIGHT_DTYPES,
+    compute_dtype,
+    weight_dtype_name,
+)
+from kvcoord.replay.layouts import Layout
 
 __all__ = [
     "DTYPE_BYTES",
@@ -55,25 +61,18 @@ __all__ = [
     "read_hf_config",
 ]
 
-#: Bytes per element of each KV / weight dtype name.
-DTYPE_BYTES: dict[str, float] = {
-    "fp32": 4,
-    "float32": 4,
-    "bf16": 2,
-    "bfloat16": 2,
-    "fp16": 2,
-    "float16": 2,
-    "auto": 2,
-    "fp8": 1,
-    "fp8_e4m3": 1,
-    "fp8_e5m2": 1,
-    "int8": 1,
-    "mxfp4": 4.25 / 8,
-}
-
 
 class ModelError(ValueError):
-    """An unknown model name or an unreadable/unsupported model config."""
+    """An unknown model name or dtype, or an unreadable/unsupported model config;
+    ``option`` is the make_plan keyword at fault when it is not the model
+    (``kv_dtype``, ``weight_dtype``)."""
+
+    def __init__(self, message: str, option: str | None = None) -> None:
+        super().__init__(message)
+        self.option = option
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (str(self), self.option))
 
 
 @dataclass(frozen=True)
@@ -83,7 +82,12 @@ class ModelSpec:
     ``layer_kinds`` counts layers per kind: ``full_attention``,
     ``sliding_window``, ``chunked_local`` (``window`` tokens for both) or
     ``mamba``. ``params`` / ``active_params`` are all and per-token weights
-    (equal for dense models); ``weight_bytes`` is their size as served.
+    (equal for dense models); ``weight_bytes`` is their size as vLLM loads
+    them in ``weight_dtype`` (the checkpoint's own unless ``--weight-dtype``
+    says otherwise; :mod:`kvcoord.replay.dtypes` says which weights a format
+    quantizes). The vocabulary, MLP and expert sizes split the parameters into
+    embeddings, experts and the rest, and size the activations of
+    :mod:`kvcoord.replay.memory`.
     """
 
     name: str
@@ -106,6 +110,17 @@ class ModelSpec:
     v_dim: int = 0
     #: Mamba state elements per layer per request (conv + SSM state).
     mamba_state_elems: int = 0
+    vocab_size: int = 32000
+    #: One matrix for the input embedding and the output head (else two).
+    tie_embeddings: bool = False
+    #: Dense MLP width (0: every layer is MoE).
+    intermediate_size: int = 0
+    #: MoE: routed experts per MoE layer, experts per token, one expert's MLP
+    #: width and the layers with experts (the others are dense).
+    experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+    moe_layers: int = 0
     note: str = ""
 
     @property
@@ -121,8 +136,36 @@ class ModelSpec:
         return self.kv_lora_rank > 0
 
     @property
+    def embedding_params(self) -> float:
+        """Input embedding and output head."""
+        return self.vocab_size * self.hidden_size * (1 if self.tie_embeddings else 2)
+
+    @property
+    def expert_params(self) -> float:
+        """Routed experts (gate, up and down projections of each)."""
+        return self.moe_layers * self.experts * 3 * self.hidden_size * self.moe_intermediate_size
+
+    @property
+    def compute_dtype(self) -> str:
+        """The dtype of activations and logits (bf16 for a quantized model)."""
+        return compute_dtype(self.weight_dtype)
+
+    @property
     def weight_bytes(self) -> float:
-        return self.params * DTYPE_BYTES[self.weight_dtype]
+        """Bytes of all weights as vLLM loads them (every GPU of a TP group holds
+        ``1/tp`` of them): experts, the other layers and the embeddings each in
+        the format the weight dtype gives them."""
+        w = WEIGHT_DTYPES[self.weight_dtype]
+        plain = DTYPE_BYTES[self.compute_dtype]
+        embed, experts = self.embedding_params, self.expert_params
+        rest = max(0.0, self.params - embed - experts)
+        if w.scope == "all":
+            return self.params * w.bytes
+        if w.expert_hidden_align:
+            align = w.expert_hidden_align
+            experts *= -(-self.hidden_size // align) * align / self.hidden_size
+        rest_bytes = rest * (w.bytes if w.scope == "linear" else plain)
+        return embed * plain + experts * w.bytes + rest_bytes
 
     def kv_bytes_per_token_layer(self, tp: int = 1) -> float:
         """KV bytes of one token in one attention layer on one GPU of a TP group."""
@@ -156,6 +199,8 @@ MODELS: dict[str, ModelSpec] = {
             head_dim=128,
             params=8.03e9,
             active_params=8.03e9,
+            vocab_size=128256,
+            intermediate_size=14336,
         ),
         _m(
             "llama-3.1-70b",
@@ -167,6 +212,8 @@ MODELS: dict[str, ModelSpec] = {
             head_dim=128,
             params=70.6e9,
             active_params=70.6e9,
+            vocab_size=128256,
+            intermediate_size=28672,
         ),
         _m(
             "deepseek-v3",
@@ -183,6 +230,13 @@ MODELS: dict[str, ModelSpec] = {
             params=671e9,
             active_params=37e9,
             weight_dtype="fp8",
+            vocab_size=129280,
+            # 3 dense layers, then 58 of 256 routed experts (8 per token) + 1 shared
+            intermediate_size=18432,
+            experts=256,
+            experts_per_token=8,
+            moe_intermediate_size=2048,
+            moe_layers=58,
             note="MLA: one 576-wide latent per token per layer, replicated under TP",
         ),
         _m(
@@ -197,6 +251,11 @@ MODELS: dict[str, ModelSpec] = {
             params=116.8e9,
             active_params=5.1e9,
             weight_dtype="mxfp4",
+            vocab_size=201088,
+            experts=128,
+            experts_per_token=4,
+            moe_intermediate_size=2880,
+            moe_layers=36,
             note="alternating full / 128-token sliding-window layers; MXFP4 MoE weights",
         ),
         _m(
@@ -208,8 +267,12 @@ MODELS: dict[str, ModelSpec] = {
             num_heads=32,
             kv_heads=16,
             head_dim=128,
-            params=27.4e9,
-            active_params=27.4e9,
+            # text 27.01e9 (62 layers + tied 262,208-entry vocabulary) + SigLIP tower 0.42e9
+            params=27.43e9,
+            active_params=27.43e9,
+            vocab_size=262208,
+            tie_embeddings=True,
+            intermediate_size=21504,
             note="5 local (1024-token window) : 1 global layers",
         ),
         _m(
@@ -223,6 +286,12 @@ MODELS: dict[str, ModelSpec] = {
             head_dim=128,
             params=109e9,
             active_params=17e9,
+            vocab_size=202048,
+            # every layer: 16 routed experts (1 per token) + a shared expert
+            experts=16,
+            experts_per_token=1,
+            moe_intermediate_size=8192,
+            moe_layers=48,
             note="every 4th layer global (NoPE), the rest 8192-token chunked local attention",
         ),
         _m(
@@ -235,6 +304,13 @@ MODELS: dict[str, ModelSpec] = {
             head_dim=128,
             params=51.6e9,
             active_params=12e9,
+            vocab_size=65536,
+            # every other layer has 16 experts (2 per token), the rest a dense MLP
+            intermediate_size=14336,
+            experts=16,
+            experts_per_token=2,
+            moe_intermediate_size=14336,
+            moe_layers=16,
             # d_inner 8192 x (d_conv-1 = 3 conv columns + d_state = 16 SSM columns)
             mamba_state_elems=8192 * (3 + 16),
             note="1 attention : 7 Mamba layers; prefix caching off (Mamba prefix caching "
@@ -247,184 +323,56 @@ MODELS: dict[str, ModelSpec] = {
 # --------------------------------------------------------------------------- HF config.json
 
 
-#: Largest head count, dimension or vocabulary a model config may declare.
-_DIM_LIMIT = 1 << 24
+def read_hf_config(
+    path: str | Path, kv_dtype: str | None = None, weight_dtype: str | None = None
+) -> ModelSpec:
+    """A :class:`ModelSpec` from a Hugging Face ``config.json``
+    (:func:`kvcoord.replay.hf_config.read_config`)."""
+    from kvcoord.replay.hf_config import read_config
+
+    return read_config(path, kv_dtype, weight_dtype)
 
 
-def _shown(v: object) -> str:
-    r = repr(v)
-    return r if len(r) <= 60 else f"{r[:57]}..."
+def resolve_kv_dtype(kv_dtype: str | None, weight_dtype: str) -> str:
+    """The KV dtype: the one asked for, else (and for ``auto``) the compute
+    dtype, as vLLM's ``--kv-cache-dtype auto`` does."""
+    if kv_dtype is not None and kv_dtype not in KV_DTYPES:
+        raise ModelError(unknown_name("KV dtype", kv_dtype, KV_DTYPES), "kv_dtype")
+    return compute_dtype(weight_dtype) if kv_dtype in (None, "auto") else kv_dtype
 
 
-def _int(
-    path: Path,
-    cfg: dict[str, Any],
-    *keys: str,
-    default: int,
-    minimum: int = 1,
-    maximum: int = _DIM_LIMIT,
-) -> int:
-    """The first of ``keys`` present (and not null) in ``cfg``, an integer in
-    ``[minimum, maximum]``; ``default`` when none is."""
-    for k in keys:
-        v = cfg.get(k)
-        if v is None:
-            continue
-        if isinstance(v, bool) or not isinstance(v, int) or not minimum <= v <= maximum:
-            raise ModelError(
-                f"{path}: {k!r} must be an integer in [{minimum}, {maximum:,}], got {_shown(v)}"
-            )
-        return v
-    return default
+def check_weight_dtype(spec: ModelSpec) -> None:
+    w = WEIGHT_DTYPES[spec.weight_dtype]
+    if w.scope == "experts" and not spec.expert_params:
+        raise ModelError(
+            f"vLLM's {w.name.upper()} format quantizes mixture-of-experts layers only, "
+            f"and {spec.name} has none",
+            "weight_dtype",
+        )
 
 
-def read_hf_config(path: str | Path, kv_dtype: str | None = None) -> ModelSpec:
-    """A :class:`ModelSpec` from a Hugging Face ``config.json``.
-
-    Reads layers, heads, KV heads, head size, sliding-window / chunked
-    patterns (``layer_types``, ``sliding_window_pattern``,
-    ``no_rope_layers``), MLA latents and MoE sizes (for the parameter
-    estimate); a nested ``text_config`` is used when present. Every value
-    read is checked (an integer in range, a pattern as long as the layers):
-    a bad one is a :class:`ModelError` naming the file and the key.
-    """
-    path = Path(path)
+def load_model(
+    name_or_path: str, kv_dtype: str | None = None, weight_dtype: str | None = None
+) -> ModelSpec:
+    """A preset by name (case-insensitive) or a ``config.json`` path;
+    ``kv_dtype`` and ``weight_dtype`` override the model's own. The KV dtype
+    follows the weight dtype's compute dtype unless given (``--weight-dtype
+    fp32`` keeps an FP32 KV cache, as vLLM's ``--dtype float32`` does)."""
+    resolve_kv_dtype(kv_dtype, "bf16")  # an unknown KV dtype is refused before anything else
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ModelError(f"{path}: {missing_file(path)}") from None
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise ModelError(f"{path}: not a readable JSON model config ({e})") from None
-    if not isinstance(raw, dict):
-        raise ModelError(f"{path}: a model config must be a JSON object")
-    cfg = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
-    assert isinstance(cfg, dict)
-    for k in ("num_hidden_layers", "hidden_size", "num_attention_heads"):
-        if cfg.get(k) is None:
-            raise ModelError(f"{path}: missing {k!r} (a positive integer)")
-    layers = _int(path, cfg, "num_hidden_layers", default=0, maximum=MAX_LAYERS)
-    hidden = _int(path, cfg, "hidden_size", default=0)
-    heads = _int(path, cfg, "num_attention_heads", default=0)
-    kv_heads = _int(path, cfg, "num_key_value_heads", default=heads)
-    head_dim = _int(path, cfg, "head_dim", default=max(1, hidden // heads))
-    window = _int(path, cfg, "sliding_window", default=0, minimum=0, maximum=1 << 31)
-    kinds: dict[str, int] = {}
-    layer_types = cfg.get("layer_types")
-    pattern = _int(path, cfg, "sliding_window_pattern", default=0, minimum=0, maximum=MAX_LAYERS)
-    if layer_types is not None:
-        if not (
-            isinstance(layer_types, list)
-            and len(layer_types) == layers
-            and all(isinstance(t, str) for t in layer_types)
-        ):
-            raise ModelError(
-                f"{path}: 'layer_types' must be a list of {layers} strings (one per layer)"
-            )
-        for t in layer_types:
-            kind = "sliding_window" if "sliding" in t else "full_attention"
-            kinds[kind] = kinds.get(kind, 0) + 1
-    elif pattern and window:
-        full = layers // pattern
-        kinds = {"full_attention": full, "sliding_window": layers - full}
-    elif cfg.get("attention_chunk_size") is not None and cfg.get("no_rope_layers") is not None:
-        no_rope = cfg["no_rope_layers"]
-        if not (
-            isinstance(no_rope, list)
-            and len(no_rope) == layers
-            and all(isinstance(x, int) for x in no_rope)
-        ):
-            raise ModelError(
-                f"{path}: 'no_rope_layers' must be a list of {layers} integers (one per layer)"
-            )
-        chunked = sum(1 for x in no_rope if x)
-        kinds = {"full_attention": layers - chunked, "chunked_local": chunked}
-        window = _int(path, cfg, "attention_chunk_size", default=0, maximum=1 << 31)
-    else:
-        kinds = {"full_attention": layers}
-    kinds = {k: n for k, n in kinds.items() if n > 0}
-    if "sliding_window" in kinds and not window:
-        raise ModelError(f"{path}: sliding-window layers need a positive 'sliding_window'")
-    kv_lora = _int(path, cfg, "kv_lora_rank", default=0, minimum=0)
-    rope = _int(path, cfg, "qk_rope_head_dim", default=0, minimum=0)
-    qk_dim = v_dim = 0
-    if kv_lora:
-        qk_dim = _int(path, cfg, "qk_nope_head_dim", default=128, minimum=0) + rope
-        v_dim = _int(path, cfg, "v_head_dim", default=128)
-    params, active = _estimate_params(path, cfg, layers, hidden, heads, kv_heads, head_dim)
-    dtype = _get(raw, "torch_dtype", "dtype", default="bfloat16")
-    wdtype = dtype if isinstance(dtype, str) and dtype in DTYPE_BYTES else "bf16"
-    if isinstance(raw.get("quantization_config"), dict):
-        qm = raw["quantization_config"].get("quant_method", "")
-        wdtype = {"fp8": "fp8", "mxfp4": "mxfp4"}.get(qm if isinstance(qm, str) else "", wdtype)
-    name = raw.get("_name_or_path")
-    spec = ModelSpec(
-        name=name if isinstance(name, str) and name else (path.parent.name or path.stem),
-        hf_id=name if isinstance(name, str) else "",
-        layer_kinds=tuple(kinds.items()),
-        hidden_size=hidden,
-        num_heads=heads,
-        kv_heads=kv_heads,
-        head_dim=head_dim if not kv_lora else kv_lora + rope,
-        params=params,
-        active_params=active,
-        weight_dtype=wdtype,
-        kv_dtype=kv_dtype or (wdtype if wdtype in ("bf16", "fp16", "float16") else "bf16"),
-        window=window,
-        kv_lora_rank=kv_lora,
-        qk_rope_head_dim=rope,
-        qk_dim=qk_dim,
-        v_dim=v_dim,
-        note=f"read from {path}",
-    )
-    return spec
-
-
-def _get(cfg: dict[str, Any], *keys: str, default: Any = None) -> Any:
-    for k in keys:
-        if k in cfg and cfg[k] is not None:
-            return cfg[k]
-    return default
-
-
-def _estimate_params(
-    path: Path,
-    cfg: dict[str, Any],
-    layers: int,
-    hidden: int,
-    heads: int,
-    kv_heads: int,
-    head_dim: int,
-) -> tuple[float, float]:
-    """(all, active) parameters from the config: embeddings, attention, (MoE) MLP."""
-    vocab = _int(path, cfg, "vocab_size", default=32000)
-    inter = _int(path, cfg, "intermediate_size", default=4 * hidden)
-    attn = hidden * head_dim * (2 * heads + 2 * kv_heads)
-    experts = _int(
-        path, cfg, "n_routed_experts", "num_local_experts", "num_experts", default=0, minimum=0
-    )
-    if experts:
-        top_k = _int(path, cfg, "num_experts_per_tok", "experts_per_token", default=1)
-        moe_inter = _int(path, cfg, "moe_intermediate_size", default=inter)
-        shared = _int(path, cfg, "n_shared_experts", default=0, minimum=0)
-        expert = 3 * hidden * moe_inter
-        mlp_all = expert * (experts + shared)
-        mlp_active = expert * (top_k + shared)
-    else:
-        mlp_all = mlp_active = 3 * hidden * inter
-    embed = vocab * hidden * (1 if cfg.get("tie_word_embeddings") else 2)
-    return float(embed + layers * (attn + mlp_all)), float(embed + layers * (attn + mlp_active))
-
-
-def load_model(name_or_path: str, kv_dtype: str | None = None) -> ModelSpec:
-    """A preset by name (case-insensitive) or a ``config.json`` path; ``kv_dtype`` overrides."""
-    if kv_dtype is not None and kv_dtype not in DTYPE_BYTES:
-        raise ModelError(unknown_name("KV dtype", kv_dtype, DTYPE_BYTES))
+        wdtype = None if weight_dtype is None else weight_dtype_name(weight_dtype)
+    except ValueError as e:
+        raise ModelError(str(e), "weight_dtype") from None
     key = name_or_path.lower()
     if key in MODELS:
         spec = MODELS[key]
-        return replace(spec, kv_dtype=kv_dtype) if kv_dtype else spec
+        w = wdtype or spec.weight_dtype
+        kv = resolve_kv_dtype(kv_dtype, w) if kv_dtype or wdtype else spec.kv_dtype
+        spec = replace(spec, weight_dtype=w, kv_dtype=kv)
+        check_weight_dtype(spec)
+        return spec
     if name_or_path.endswith(".json"):
-        return read_hf_config(name_or_path, kv_dtype)
+        return read_hf_config(name_or_path, kv_dtype, wdtype)
     raise ModelError(unknown_name("model", name_or_path, MODELS))
 
 

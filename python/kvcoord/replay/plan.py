@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from kvcoord._suggest import did_you_mean
 from kvcoord.replay.hardware import GPUS, GPUSpec, HardwareError, load_gpu
 from kvcoord.replay.layouts import Layout, LayoutError, load_layout, num_blocks_for_capacity
+from kvcoord.replay.memory import DEFAULT_GPU_MEMORY_UTILIZATION, MemoryBudget, vllm_kv_memory
 from kvcoord.replay.models import (
     MODELS,
     KVFootprint,
@@ -37,10 +38,8 @@ from kvcoord.replay.timing import StepTimeModel
 from kvcoord.replay.workloads import Workload
 
 __all__ = [
-    "ACTIVATION_RESERVE_BYTES",
     "DEFAULT_GPU",
     "DEFAULT_MODEL",
-    "GPU_MEMORY_UTILIZATION",
     "GiB",
     "Plan",
     "PlanError",
@@ -54,8 +53,6 @@ __all__ = [
 GiB = 1 << 30
 DEFAULT_MODEL = "llama-3.1-8b"
 DEFAULT_GPU = "h100"
-GPU_MEMORY_UTILIZATION = 0.9
-ACTIVATION_RESERVE_BYTES = 2 * GiB
 
 #: Size units (case-insensitive), as they are written in messages.
 _UNIT_NAMES = ("B", "kB", "KiB", "MB", "MiB", "GB", "GiB", "TB", "TiB", "k", "M", "G", "T")
@@ -153,6 +150,8 @@ class Plan:
     size_option: str | None
     #: Why this size, in words (printed and in --json).
     size_note: str
+    #: One GPU's memory as vLLM divides it (the default size's terms).
+    memory: MemoryBudget
     host_bytes: float = 0.0
     disk_bytes: float = 0.0
     notes: list[str] = field(default_factory=list)
@@ -161,6 +160,10 @@ class Plan:
     def size_flag(self) -> str:
         """``kvcoord replay``'s flag that set the size, or "default"."""
         return flag_of(self.size_option) or "default"
+
+    def memory_keys(self) -> dict[str, object]:
+        """``--json``'s ``memory``: the terms of the default size, per GPU."""
+        return {"memory": self.memory.as_dict()}
 
     @property
     def kv_bytes_per_gpu(self) -> float:
@@ -224,21 +227,31 @@ def make_plan(
     num_blocks: int | None = None,
     host_memory: float | None = None,
     disk_memory: float | None = None,
+    weight_dtype: str | None = None,
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
+    max_num_seqs: int = 256,
+    max_num_batched_tokens: int = 8192,
 ) -> Plan:
-    """Resolve the planner's flags (see the module docstring)."""
+    """Resolve the planner's flags (see the module docstring). ``max_num_seqs``
+    and ``max_num_batched_tokens`` are the replay's ``--max-running`` and
+    ``--token-budget``, at which vLLM's start-up profile sizes the activation."""
     if model is not None and model_config is not None:
         raise PlanError(None, "--model and --model-config: give one")
+    if not 0 < gpu_memory_utilization <= 1:  # also refuses NaN
+        raise PlanError(
+            "gpu_memory_utilization",
+            "must be in (0, 1], a share of the GPU's memory (vLLM's default is 0.9)",
+            f"{gpu_memory_utilization:g}",
+        )
     try:
         if model_config is not None:
-            load_model(DEFAULT_MODEL, kv_dtype)  # validates kv_dtype
-            spec = read_hf_config(model_config, kv_dtype)
+            load_model(DEFAULT_MODEL, kv_dtype, weight_dtype)  # validates the dtypes first
+            spec = read_hf_config(model_config, kv_dtype, weight_dtype)
         else:
-            spec = load_model(DEFAULT_MODEL if model is None else model, kv_dtype)
+            spec = load_model(DEFAULT_MODEL if model is None else model, kv_dtype, weight_dtype)
     except ModelError as e:
-        which = "kv_dtype" if kv_dtype is not None and "KV dtype" in str(e) else None
-        raise PlanError(
-            which or ("model" if model_config is None else "model_config"), str(e)
-        ) from None
+        which = e.option or ("model" if model_config is None else "model_config")
+        raise PlanError(which, str(e)) from None
     try:
         g = load_gpu(DEFAULT_GPU if gpu is None else gpu)
     except HardwareError as e:
@@ -268,9 +281,16 @@ def make_plan(
     if not lay.enable_caching:
         notes.append(f"prefix caching is off for {lay.name} ({spec.note or lay.description})")
 
-    weights = spec.weight_bytes / tp
-    #: What one GPU holds for the KV cache at most: all of its memory but the weights.
-    room = g.hbm_bytes - weights
+    mem = vllm_kv_memory(
+        spec,
+        g,
+        tp,
+        gpu_memory_utilization=gpu_memory_utilization,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+    )
+    #: What one GPU holds for the KV cache at most: all of its memory but the rest.
+    room = mem.gpu_kv_bytes
     option: str | None
     if num_blocks is not None:
         n, option, why = num_blocks, "num_blocks", f"--num-blocks {num_blocks}"
@@ -281,21 +301,19 @@ def make_plan(
         n = fp.blocks_for_memory(kv_memory)
         option, why = "kv_memory", f"--kv-memory {format_bytes(kv_memory)} per GPU"
     else:
-        free = g.hbm_bytes * GPU_MEMORY_UTILIZATION - weights - ACTIVATION_RESERVE_BYTES
+        free = mem.kv_bytes
         if free <= 0:
             raise PlanError(
                 "tp",
-                f"{spec.name}'s weights ({format_bytes(weights)} per GPU) leave no KV memory "
-                f"on a {g.description}; raise the TP degree or give a pool size",
+                f"{spec.name}'s weights ({format_bytes(mem.weight_bytes)} per GPU in "
+                f"{spec.weight_dtype}) leave no KV memory on a {g.description}: "
+                f"{mem.describe()}; raise the TP degree or --gpu-memory-utilization, "
+                "or give a pool size",
                 str(tp),
             )
         n = fp.blocks_for_memory(free)
         option = None
-        why = (
-            f"default: {g.name} {format_bytes(g.hbm_bytes)} x {GPU_MEMORY_UTILIZATION} - weights "
-            f"{format_bytes(weights)} - activations "
-            f"{format_bytes(ACTIVATION_RESERVE_BYTES)} = {format_bytes(free)} per GPU"
-        )
+        why = f"default: {mem.describe()}"
         if n < need:
             why += (
                 f"; raised to {need:,} blocks to hold the longest request "
@@ -324,13 +342,15 @@ def make_plan(
             _sized(
                 label,
                 f"{n:,} blocks are {format_bytes(kv)} of KV per GPU, more than a {g.name} holds: "
-                f"{format_bytes(g.hbm_bytes)} of memory - {format_bytes(weights)} of "
-                f"{spec.name} weights per GPU (TP {tp}) leaves "
+                f"{format_bytes(mem.total_bytes)} of memory - {format_bytes(mem.weight_bytes)} of "
+                f"{spec.name} weights ({spec.weight_dtype}) per GPU (TP {tp}) - "
+                f"{format_bytes(mem.activation_bytes)} of activation - "
+                f"{format_bytes(mem.non_torch_bytes)} non-torch leaves "
                 f"{format_bytes(max(room, 0.0))} for the KV cache"
                 + ("; the longest request alone needs this much" if option is None else ""),
             ),
         )
-    plan = Plan(spec, g, tp, lay, fp, step, n, option, why, notes=notes)
+    plan = Plan(spec, g, tp, lay, fp, step, n, option, why, mem, notes=notes)
     for opt, size in (("host_memory", host_memory), ("disk_memory", disk_memory)):
         if size is None:
             continue
