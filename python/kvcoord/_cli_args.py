@@ -248,14 +248,16 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
         type=_bounded(1 << 24),
         default=256,
         metavar="N",
-        help="cap on running requests (256)",
+        help="cap on running requests (256): vLLM's max_num_seqs, also the requests its "
+        "start-up profile samples when sizing the default pool",
     )
     g.add_argument(
         "--token-budget",
         type=_bounded(1 << 31),
         default=8192,
         metavar="N",
-        help="tokens scheduled per step (8192)",
+        help="tokens scheduled per step (8192): vLLM's max_num_batched_tokens, also the "
+        "forward pass its start-up profile runs when sizing the default pool",
     )
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
 

@@ -64,6 +64,7 @@ from kvcoord.replay.hardware import GPUSpec
 from kvcoord.replay.models import ModelSpec
 
 __all__ = [
+    "CALIBRATION_ROWS",
     "DEFAULT_GPU_MEMORY_UTILIZATION",
     "HIDDEN_BUFFERS",
     "NON_TORCH_BYTES",
@@ -82,6 +83,8 @@ VLLM_VERSION = "0.19.0"
 #: vLLM's default ``--gpu-memory-utilization``.
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 
+#: The rows of ``vllm_measurements.csv`` the constants below are read from.
+CALIBRATION_ROWS = ("llmdplanner-kv-01", "llmdplanner-kv-05")
 #: Memory outside PyTorch on one GPU (llmdplanner-kv-01: 0.25 GiB).
 NON_TORCH_BYTES = 0.25 * GiB
 #: Communication buffers added under TP (llmdplanner-kv-05: 2.07 - 0.25 GiB;

@@ -351,6 +351,16 @@ def check_weight_dtype(spec: ModelSpec) -> None:
         )
 
 
+def check_dtype_names(kv_dtype: str | None, weight_dtype: str | None) -> str | None:
+    """Refuse an unknown KV or weight dtype name (a :class:`ModelError` naming
+    its option, with a did-you-mean); the weight dtype's canonical name."""
+    resolve_kv_dtype(kv_dtype, "bf16")
+    try:
+        return None if weight_dtype is None else weight_dtype_name(weight_dtype)
+    except ValueError as e:
+        raise ModelError(str(e), "weight_dtype") from None
+
+
 def load_model(
     name_or_path: str, kv_dtype: str | None = None, weight_dtype: str | None = None
 ) -> ModelSpec:
@@ -358,11 +368,7 @@ def load_model(
     ``kv_dtype`` and ``weight_dtype`` override the model's own. The KV dtype
     follows the weight dtype's compute dtype unless given (``--weight-dtype
     fp32`` keeps an FP32 KV cache, as vLLM's ``--dtype float32`` does)."""
-    resolve_kv_dtype(kv_dtype, "bf16")  # an unknown KV dtype is refused before anything else
-    try:
-        wdtype = None if weight_dtype is None else weight_dtype_name(weight_dtype)
-    except ValueError as e:
-        raise ModelError(str(e), "weight_dtype") from None
+    wdtype = check_dtype_names(kv_dtype, weight_dtype)
     key = name_or_path.lower()
     if key in MODELS:
         spec = MODELS[key]

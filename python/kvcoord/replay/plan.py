@@ -29,6 +29,7 @@ from kvcoord.replay.models import (
     KVFootprint,
     ModelError,
     ModelSpec,
+    check_dtype_names,
     load_model,
     model_layout,
     read_hf_config,
@@ -245,7 +246,7 @@ def make_plan(
         )
     try:
         if model_config is not None:
-            load_model(DEFAULT_MODEL, kv_dtype, weight_dtype)  # validates the dtypes first
+            check_dtype_names(kv_dtype, weight_dtype)  # a bad flag before the file's problems
             spec = read_hf_config(model_config, kv_dtype, weight_dtype)
         else:
             spec = load_model(DEFAULT_MODEL if model is None else model, kv_dtype, weight_dtype)
