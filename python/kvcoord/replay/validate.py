@@ -214,7 +214,8 @@ def format_pool_table(rows: Sequence[PoolRow]) -> str:
         )
     widths = [max(len(line[i]) for line in (head, *body)) for i in range(len(head))]
     lines = [
-        "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)) for line in (head, *body)
+        "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
+        for line in (head, *body)
     ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     checked = [r for r in rows if r.checked]
