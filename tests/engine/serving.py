@@ -115,11 +115,17 @@ class Server:
     def tail(self, chars: int = 4000) -> str:
         return self.log.read_text(errors="replace")[-chars:]
 
-    def rss_bytes(self) -> int:
-        """Resident memory of the server and all of its descendants."""
+    def rss_bytes(self) -> dict[str, int]:
+        """Resident memory of the server's processes by role: ``api_server``
+        (the process started), ``engine_core`` (the scheduler and its
+        KV-cache manager), ``worker`` (the model runner), ``other``."""
+        out: dict[str, int] = {}
         if self._proc is None:
-            return 0
-        return sum(_rss(pid) for pid in _tree(self._proc.pid))
+            return out
+        for pid in _tree(self._proc.pid):
+            role = "api_server" if pid == self._proc.pid else _role(pid)
+            out[role] = out.get(role, 0) + _rss(pid)
+        return out
 
     def get(self, path: str, timeout: float = 10) -> str:
         with urllib.request.urlopen(self.base + path, timeout=timeout) as r:
@@ -169,6 +175,19 @@ def _tree(pid: int) -> list[int]:
         seen.append(p)
         todo += _children(p)
     return seen
+
+
+def _role(pid: int) -> str:
+    try:
+        name = Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return "other"
+    # vLLM names its processes (setproctitle); comm keeps 15 characters.
+    if name.startswith("VLLM::EngineCor"):
+        return "engine_core"
+    if name.startswith("VLLM::Worker"):
+        return "worker"
+    return "other"
 
 
 def _rss(pid: int) -> int:

@@ -105,8 +105,9 @@ class Record:
 class SoakResult:
     settings: SoakSettings
     records: list[Record]
-    #: (seconds since start, resident bytes of the server's process tree, server start number)
-    memory: list[tuple[float, int, int]]
+    #: (seconds since start, resident bytes of the server's processes by
+    #: role (see Server.rss_bytes), server start number)
+    memory: list[tuple[float, dict[str, int], int]]
     #: The engine's counters, summed over the server's lifetimes.
     counters: dict[str, float]
     #: What the server said once the load stopped.
@@ -277,7 +278,7 @@ def run_soak(checkpoint: str, settings: SoakSettings, log: Path) -> SoakResult:
     prompts = _Prompts(settings)
     outage = _Outage()
     records: list[list[Record]] = [[] for _ in range(settings.clients)]
-    memory: list[tuple[float, int, int]] = []
+    memory: list[tuple[float, dict[str, int], int]] = []
     counters: Counter[str] = Counter()
     server = Server(checkpoint, settings.server_args(), log, check=True, dev_mode=True)
     with server:
@@ -424,15 +425,15 @@ def log_problems(log: str) -> list[str]:
     return problems
 
 
-def memory_growth(result: SoakResult, warmup: float = 0.3) -> tuple[int, int]:
-    """Resident memory of the last server's process tree: the mean of the
-    first and of the last quarter of its samples after ``warmup`` (a
-    fraction of its lifetime)."""
-    last = [m for m in result.memory if m[2] == result.starts]
+def memory_growth(result: SoakResult, role: str, warmup: float = 0.3) -> tuple[int, int]:
+    """Resident memory of the last server's ``role`` process(es): the mean
+    of the first and of the last quarter of its samples after ``warmup`` (a
+    fraction of its lifetime); (0, 0) with too few samples."""
+    last = [(t, m.get(role, 0)) for t, m, start in result.memory if start == result.starts]
     if len(last) < 8:
         return 0, 0
     span = last[-1][0] - last[0][0]
-    steady = [m[1] for m in last if m[0] >= last[0][0] + warmup * span]
+    steady = [b for t, b in last if t >= last[0][0] + warmup * span]
     q = max(1, len(steady) // 4)
     return sum(steady[:q]) // q, sum(steady[-q:]) // q
 
@@ -450,7 +451,8 @@ def _main() -> None:
     print("outcomes", dict(result.outcomes()), "counters", result.counters, "end", result.end)
     for r in result.unexpected()[:10]:
         print("unexpected", r.action, r.detail)
-    print("memory (MiB)", [round(m[1] / 2**20) for m in result.memory])
+    for role in ("api_server", "engine_core", "worker"):
+        print(role, "MiB", [round(m[1].get(role, 0) / 2**20) for m in result.memory])
     ref = reference(checkpoint, settings, result.records)
     bad = divergences(result.records, ref)
     print(f"{len(bad)} divergent of {sum(1 for r in result.records if r.tokens)}")

@@ -87,14 +87,18 @@ def test_every_block_is_back_when_the_load_stops(soak) -> None:
 @pytest.mark.skipif(
     SECONDS < 300, reason="a server warms up for minutes; memory is judged on `make soak` runs"
 )
-def test_memory_stays_flat(soak) -> None:
-    """After warm-up the server's resident memory levels off: the last
-    quarter of the samples is within 3% + 48 MiB of the first, while the
+@pytest.mark.parametrize("role", ["engine_core", "api_server"])
+def test_memory_stays_flat(soak, role: str) -> None:
+    """After warm-up the resident memory of the engine core (the scheduler
+    and kvcoord's manager) and of the API server levels off: the last
+    quarter of the samples is within 2% + 32 MiB of the first, while the
     requests served keep adding up (state kept per request would keep
-    growing with them)."""
-    first, last = memory_growth(soak[0])
+    growing with them). The model runner's process is reported, not
+    judged: it holds no KV-manager state (block ids reach it in each
+    step's scheduler output), and its memory follows torch's allocator."""
+    first, last = memory_growth(soak[0], role)
     assert first > 0, "too few memory samples"
-    assert last <= first * 1.03 + 48 * MiB, (first / MiB, last / MiB)
+    assert last <= first * 1.02 + 32 * MiB, (first / MiB, last / MiB)
 
 
 def test_a_wrong_token_is_caught(soak) -> None:
