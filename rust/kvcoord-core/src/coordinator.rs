@@ -33,6 +33,7 @@ use crate::prefix_index::CacheKey;
 pub use crate::request::RequestView;
 use crate::request::{Request, RequestRegistry};
 use crate::retention::validate_retention_interval;
+pub use crate::step_args::{AllocateArgs, PredictArgs};
 
 mod caller_held;
 mod hisparse_rows;
@@ -528,94 +529,6 @@ fn lcm(a: u32, b: u32) -> u32 {
     (a / gcd(a, b)).saturating_mul(b)
 }
 
-/// The per-step numbers of one `allocate_slots` call (vLLM's keyword
-/// arguments), so that the core's signatures stay short.
-#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
-pub struct AllocateArgs {
-    /// Tokens to make room for in this step (> 0 unless hits are adopted).
-    pub num_new_tokens: usize,
-    /// Prefix-cache hit tokens adopted with `new_computed_blocks`.
-    pub num_new_computed_tokens: usize,
-    /// Speculative tokens that need slots but are never cached.
-    pub num_lookahead_tokens: usize,
-    /// Encoder tokens (sizes cross-attention groups).
-    pub num_encoder_tokens: usize,
-    /// Skip caching the newly full blocks this step.
-    pub delay_cache_blocks: bool,
-    /// Tokens a KV connector supplies after the hits (computed, not cached
-    /// here): a new request's table covers them with fresh blocks, in every
-    /// group before any group's blocks for the new tokens (vLLM's
-    /// `allocate_external_computed_blocks`); these blocks are not part of
-    /// the result. A running request allocates them as new tokens.
-    pub num_external_computed_tokens: usize,
-}
-
-impl AllocateArgs {
-    /// `num_new_tokens` new tokens, nothing else.
-    pub const fn new(num_new_tokens: usize) -> Self {
-        Self {
-            num_new_tokens,
-            num_new_computed_tokens: 0,
-            num_lookahead_tokens: 0,
-            num_encoder_tokens: 0,
-            delay_cache_blocks: false,
-            num_external_computed_tokens: 0,
-        }
-    }
-
-    /// Adopting a prefix-cache hit of `num_new_computed_tokens` tokens.
-    pub const fn with_hit(num_new_tokens: usize, num_new_computed_tokens: usize) -> Self {
-        Self {
-            num_new_computed_tokens,
-            ..Self::new(num_new_tokens)
-        }
-    }
-}
-
-/// What a prediction ([`CoordinatorCore::num_blocks_to_allocate`]) is for:
-/// vLLM's `get_num_blocks_to_allocate` arguments plus the admission cap.
-#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
-pub struct PredictArgs {
-    /// Slots the allocation would give the request (speculative ones
-    /// included).
-    pub num_tokens: usize,
-    /// Tokens computed before the step (hits included).
-    pub total_computed_tokens: usize,
-    /// Of `total_computed_tokens`, those computed locally (the rest came
-    /// from a KV connector; `None`: all of them), which `HiSparse` groups
-    /// tell apart.
-    pub local_computed_tokens: Option<usize>,
-    /// Encoder tokens (sizes cross-attention groups).
-    pub num_encoder_tokens: usize,
-    /// vLLM's full-sequence admission check: groups that release blocks
-    /// behind their attention are capped at the most blocks a request can
-    /// hold in them ([`Manager::max_admission_blocks`]).
-    pub max_in_flight_tokens: Option<usize>,
-    /// Of `num_tokens`, the main model's (the rest are speculative, which
-    /// Mamba groups do not count); `None`: all of them.
-    pub num_tokens_main_model: Option<usize>,
-    /// Where the request's prefill ends, as the caller counts it (under
-    /// sparse retention a Mamba "align" group reserves its prefill
-    /// checkpoint only on the chunk reaching it); `None`: the request's own
-    /// (`max(num_prompt_tokens, num_tokens - 1)`, as an allocation takes it).
-    pub prefill_end: Option<usize>,
-}
-
-impl PredictArgs {
-    /// `num_tokens` slots for a request with nothing computed.
-    pub const fn new(num_tokens: usize) -> Self {
-        Self {
-            num_tokens,
-            total_computed_tokens: 0,
-            local_computed_tokens: None,
-            num_encoder_tokens: 0,
-            max_in_flight_tokens: None,
-            num_tokens_main_model: None,
-            prefill_end: None,
-        }
-    }
-}
-
 /// The block manager of one scheduler: shared pool, per-group rules, and
 /// every tracked request's tables.
 #[derive(Clone, Debug)]
@@ -827,7 +740,7 @@ impl CoordinatorCore {
         args: &PredictArgs,
     ) -> KvResult<usize> {
         // Every count below 2^48: the prediction's sums cannot wrap.
-        crate::limits::check_predict(args)?;
+        crate::step_args::check_predict(args)?;
         let arg = |detail: String| KvError::InvalidArgument {
             name: "new_computed_blocks",
             detail,
@@ -1127,7 +1040,7 @@ impl CoordinatorCore {
             num_external_computed_tokens,
         } = *args;
         // Every count is below 2^48, so the sums below cannot wrap.
-        crate::limits::check_step(view, args)?;
+        crate::step_args::check_step(view, args)?;
         check_nonempty(args)?; // Step 1.
         let hits = new_computed_blocks.unwrap_or(&[]);
         let Self {
@@ -1154,7 +1067,7 @@ impl CoordinatorCore {
         // A new request's computed tokens must come with their blocks, or
         // fresh ones are cached as holding them. Unverified (vLLM takes its
         // caller's word), they get fresh blocks: see `step_needs`.
-        crate::limits::check_progress(tracked, view, config.verify_hits)?;
+        crate::step_args::check_progress(tracked, view, config.verify_hits)?;
         // Step 3 (no external tokens).
         let local = view.num_computed_tokens + num_new_computed_tokens;
         let claims_hits = !tracked
@@ -3628,5 +3541,63 @@ mod tests {
             .unwrap();
         assert_eq!(cached(&c), [4, 2]);
         c.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn entry_points_refuse_counts_past_the_token_range() {
+        use crate::hashing::{ExtraKeys, HashAlgo, HashConfig, RequestHasher};
+        use crate::managers::GroupSpec;
+        use crate::request::Request;
+
+        let mut config = CoordinatorConfig::new(vec![GroupSpec::full_attention(4)], 64, true, 1024);
+        config.hash_block_size = 4;
+        let mut c = CoordinatorCore::new(config).unwrap();
+        let hash = HashConfig::new(HashAlgo::Native, 4, Some("t")).unwrap();
+        let r = Request::new(
+            "a".into(),
+            (0..9).collect(),
+            RequestHasher::new(hash, ExtraKeys::default()),
+        );
+        let mut out = NewBlocks::new();
+        assert!(c
+            .allocate_request(&r, &AllocateArgs::new(9), None, &mut out)
+            .unwrap());
+        let before = c.clone();
+        for bad in [crate::limits::MAX_TOKENS, usize::MAX] {
+            assert!(c.cache_request(&r, bad).is_err());
+            assert!(c
+                .num_blocks_to_allocate(&r, &[], &PredictArgs::new(bad))
+                .is_err());
+            let past = PredictArgs {
+                prefill_end: Some(bad),
+                ..PredictArgs::new(1)
+            };
+            assert!(c.num_blocks_to_allocate(&r, &[], &past).is_err());
+            assert!(c.remove_skipped_request("a", bad, None).is_err());
+            assert!(c.remove_skipped_request("a", 1, Some(bad)).is_err());
+            assert!(c.finalize_partial_tail_offloads("a", bad, 0).is_err());
+            assert!(c.finalize_partial_tail_offloads("a", 0, bad).is_err());
+            assert!(c
+                .config()
+                .checked_cacheable_tokens(crate::GroupId(0), bad)
+                .is_err());
+            let hashes = r.block_hashes();
+            assert!(c
+                .find_longest_cache_hit(&[crate::GroupId(0)], hashes, bad, 4, false)
+                .is_err());
+            assert!(c
+                .find_longest_cache_hit(&[crate::GroupId(0)], hashes, 8, bad, false)
+                .is_err());
+        }
+        assert_eq!(c.pool().num_free_blocks(), before.pool().num_free_blocks());
+        c.check_invariants().unwrap();
+        let last = crate::limits::MAX_TOKENS - 1;
+        assert!(c
+            .num_blocks_to_allocate(&r, &[], &PredictArgs::new(last))
+            .is_ok());
+        assert_eq!(
+            c.config().checked_cacheable_tokens(crate::GroupId(0), last),
+            Ok(last)
+        );
     }
 }

@@ -67,6 +67,7 @@ use std::sync::OnceLock;
 use sha2::{Digest, Sha256};
 use xxhash_rust::xxh3::{xxh3_128, Xxh3};
 
+pub use crate::block_hash::to_hex;
 use crate::block_hash::BlockHash;
 use crate::cbor::CborBuf;
 use crate::error::{KvError, KvResult};
@@ -209,18 +210,6 @@ pub fn default_seed(algo: HashAlgo) -> &'static str {
     } else {
         VLLM_DEFAULT_SEED
     }
-}
-
-/// Lower-case hexadecimal of `bytes` (how the conformance vectors and logs
-/// show digests).
-pub fn to_hex(bytes: &[u8]) -> String {
-    use std::fmt::Write;
-    bytes
-        .iter()
-        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
-            let _ = write!(s, "{b:02x}");
-            s
-        })
 }
 
 #[inline]

@@ -48,6 +48,7 @@ pub mod request;
 pub mod residency;
 pub mod retention;
 pub mod reuse_watch;
+pub mod step_args;
 pub mod trace_tokens;
 
 pub use best_case::UnboundedPrefixCache;
