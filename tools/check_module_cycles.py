@@ -13,7 +13,9 @@ module; they are ownership, not dependencies. An edge ``a -> b`` is a path in
 ``a`` that names an item of ``b``: every ``use`` tree and every path in the
 code that starts with ``crate``, ``self``, ``super`` or the name of a child
 module (``crate::pool::BlockPool``, ``super::cdiv``, ``full_attention::X``).
-Comments and string literals are skipped. A name that the target module
+Comments and string literals are skipped, and so is test code (items
+under ``#[cfg(test)]``, test modules inline or in files of their own):
+tests may use any layer, as the crate's integration tests do. A name that the target module
 itself imports (``pub use crate::x::Y`` in ``lib.rs``, a private ``use`` a
 child reaches through ``super::Y``) is followed to the module that imported
 it from, so a re-export does not make a cycle and does not hide one. Paths
@@ -193,7 +195,14 @@ def parse_file(path: Path, module: Module) -> SourceFile:
         t = toks[i].text
         scope = scopes[-1][0]
         prev = toks[i - 1].text if i else ""
-        if t == "{":
+        if t == "#" and i + 1 < len(toks) and toks[i + 1].text in ("[", "!"):
+            end = matching(toks, i + (1 if toks[i + 1].text == "[" else 2))
+            words = [tok.text for tok in toks[i:end]]
+            i = end + 1
+            if words[2:4] == ["cfg", "("] and "test" in words and "not" not in words:
+                # Test code is left out of the graph: tests may use any layer.
+                i = skip_item(toks, i)
+        elif t == "{":
             depth += 1
             i += 1
         elif t == "}":
@@ -243,6 +252,39 @@ def parse_file(path: Path, module: Module) -> SourceFile:
         else:
             i += 1
     return src
+
+
+def matching(toks: list[Token], i: int) -> int:
+    """The index of the bracket closing the one at ``toks[i]``."""
+    pairs = {"[": "]", "(": ")", "{": "}"}
+    stack = [pairs[toks[i].text]]
+    i += 1
+    while stack:
+        t = toks[i].text
+        if t in pairs:
+            stack.append(pairs[t])
+        elif t == stack[-1]:
+            stack.pop()
+        i += 1
+    return i - 1
+
+
+def skip_item(toks: list[Token], i: int) -> int:
+    """The index after the item starting at ``toks[i]`` (its attributes, then
+    up to its `;` or the end of its first braced block)."""
+    while toks[i].text == "#":
+        i = matching(toks, i + (1 if toks[i + 1].text == "[" else 2)) + 1
+    while i < len(toks):
+        t = toks[i].text
+        if t == ";":
+            return i + 1
+        if t in "([":
+            i = matching(toks, i) + 1
+        elif t == "{":
+            return matching(toks, i) + 1
+        else:
+            i += 1
+    return i
 
 
 def crate_files(src_dir: Path) -> dict[Module, SourceFile]:

@@ -232,17 +232,10 @@ impl CoordinatorConfig {
                 matches!(g.kind, SpecKind::MambaAlign { .. })
                     && (g.block_size > hbs || (self.context_parallel && g.block_size == hbs))
             })
-            && self.groups.iter().all(|g| {
-                !g.prefix_cacheable()
-                    || g.block_size == hbs
-                    || matches!(
-                        g.kind,
-                        SpecKind::FullAttention
-                            | SpecKind::MlaAttention
-                            | SpecKind::Rswa { .. }
-                            | SpecKind::MambaAlign { .. }
-                    )
-            })
+            && self
+                .groups
+                .iter()
+                .all(|g| !g.prefix_cacheable() || g.block_size == hbs || g.facts().sub_block_hits)
     }
 
     /// Where a Mamba prefill checkpoint goes (vLLM's
@@ -819,8 +812,12 @@ impl CoordinatorCore {
     fn complete_events(&mut self, request: &Request) {
         if self.pool.events_enabled() {
             let extra = request.hasher().extra_keys();
-            self.pool
-                .complete_events(request.tokens(), extra, &self.config.groups);
+            let groups = &self.config.groups;
+            for s in self.pool.events_to_complete() {
+                if let Some(g) = groups.get(s.group.0 as usize) {
+                    s.complete(request.tokens(), extra, g.kind.event_metadata());
+                }
+            }
         }
     }
 
@@ -1542,8 +1539,7 @@ fn adopt_prefix(
             _ => m.add_local_computed_blocks(pool, t, group_hits, total)?,
         }
         if let Some(&last) = group_hits.last() {
-            let sub_block =
-                matches!(m.spec().kind, SpecKind::MambaAlign { .. }) || is_full_attention(m);
+            let sub_block = m.spec().facts().sub_block_hits;
             if sub_block && local % m.block_size() != 0 {
                 // The hit ends inside its block: the state is copied into a
                 // private block by the allocation (vLLM's partial hit).
@@ -1794,7 +1790,7 @@ fn predict(
             let copy = table.is_none()
                 && !group_hits.is_empty()
                 && step.local % m.block_size() != 0
-                && is_full_attention(m);
+                && m.spec().is_full_attention();
             let bs = m.block_size();
             let n = match m.spec().kind {
                 SpecKind::HiSparseResident => {
@@ -1882,7 +1878,7 @@ fn check_hits(
     // together: the external tokens are already in those blocks.
     let retained = |m: &Manager, list: &[BlockId], expected: usize| {
         num_external > 0
-            && is_full_attention(m)
+            && m.spec().is_full_attention()
             && list.len() > expected
             && list.len() <= (num_local + num_external).div_ceil(m.block_size())
     };
@@ -1912,7 +1908,7 @@ fn check_hits(
             return Err(arg(format!("group {}: block id out of range", m.group())));
         }
         let sub_block = config.partial_hits()
-            && (matches!(m.spec().kind, SpecKind::MambaAlign { .. }) || is_full_attention(m))
+            && m.spec().facts().sub_block_hits
             && num_local % config.hash_block_size as usize == 0;
         if num_local % m.block_size() != 0 && !sub_block {
             return Err(KvError::Unsupported {
@@ -2080,16 +2076,6 @@ fn cache_tables(
     Ok(())
 }
 
-/// Whether `m` is managed by vLLM's `FullAttentionManager` or a subclass
-/// (full attention, MLA, R-SWA).
-#[inline]
-fn is_full_attention(m: &Manager) -> bool {
-    matches!(
-        m.spec().kind,
-        SpecKind::FullAttention | SpecKind::MlaAttention | SpecKind::Rswa { .. }
-    )
-}
-
 /// Where a full-attention group (vLLM's `FullAttentionManager` and its
 /// subclasses: MLA, R-SWA) whose blocks span several hash units keys its
 /// prompt-tail block on this caching call, if anywhere.
@@ -2101,12 +2087,7 @@ fn partial_tail(
     cacheable: usize,
 ) -> Option<usize> {
     let bs = m.block_size();
-    if bs == hbs
-        || !matches!(
-            m.spec().kind,
-            SpecKind::FullAttention | SpecKind::MlaAttention | SpecKind::Rswa { .. }
-        )
-    {
+    if bs == hbs || !m.spec().is_full_attention() {
         return None;
     }
     full_attention::partial_tail_boundary(

@@ -28,9 +28,7 @@ use crate::error::{KvError, KvResult};
 use crate::events::{KvEvent, Medium, StoredBlocks};
 use crate::eviction::{with_policy, EvictionConfig, EvictionPolicy, LevelQueue, Ranker};
 use crate::free_queue::FreeQueue;
-use crate::hashing::ExtraKeys;
 use crate::ids::{BlockId, GroupId};
-use crate::managers::GroupSpec;
 use crate::partial_keys::PartialKeys;
 use crate::prefix_index::{CacheKey, KeySlot, PrefixIndex};
 use crate::residency::Residency;
@@ -181,7 +179,7 @@ pub struct BlockPool {
     config: PoolConfig,
     /// `Some` iff events are enabled.
     events: Option<Vec<KvEvent>>,
-    /// Events before this index have been completed (`complete_events`).
+    /// Events before this index have been completed (`events_to_complete`).
     events_done: usize,
     /// The medium the events report.
     medium: Medium,
@@ -1228,22 +1226,24 @@ impl BlockPool {
         GroupId(group.0.saturating_add(self.group_base))
     }
 
-    /// Complete the `BlockStored` events recorded since the last call with
-    /// what only the caller knows: the request's `tokens` and `extra` keys,
-    /// and each event's group spec (`groups[group]`). The coordinator calls
-    /// this after every call that may cache blocks of one request.
-    pub fn complete_events(&mut self, tokens: &[u32], extra: &ExtraKeys, groups: &[GroupSpec]) {
-        let Some(events) = &mut self.events else {
-            return;
-        };
-        for e in &mut events[self.events_done..] {
-            if let KvEvent::BlockStored(s) = e {
-                if let Some(g) = groups.get(s.group.0 as usize) {
-                    s.complete(tokens, extra, &g.kind);
-                }
+    /// The `BlockStored` events recorded since the last call, for the
+    /// caller to complete with what only it knows
+    /// ([`StoredBlocks::complete`]: the request's tokens and extra keys, the
+    /// group's spec); the coordinator calls this after every call that may
+    /// cache blocks of one request. Empty when events are off.
+    pub fn events_to_complete(&mut self) -> impl Iterator<Item = &mut StoredBlocks> + '_ {
+        let (start, events) = match &mut self.events {
+            Some(events) => {
+                let start = self.events_done;
+                self.events_done = events.len();
+                (start, &mut events[..])
             }
-        }
-        self.events_done = events.len();
+            None => (0, &mut [][..]),
+        };
+        events[start..].iter_mut().filter_map(|e| match e {
+            KvEvent::BlockStored(s) => Some(&mut **s),
+            _ => None,
+        })
     }
 
     /// Remove `b`'s key, recording a `BlockRemoved` (vLLM reports every

@@ -33,35 +33,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{cdiv, GroupTable, HitSearch, KindFacts, NullEntries};
+use super::{cdiv, GroupTable};
 use crate::error::{KvError, KvResult};
 use crate::ids::BlockId;
 use crate::pool::BlockPool;
-
-/// The facts of [`SpecKind::HiSparseResident`](super::SpecKind::HiSparseResident).
-pub(crate) const RESIDENT_FACTS: KindFacts = KindFacts {
-    spec_name: "HiSparseResidentSpec",
-    block_size_field: "HiSparseResidentSpec.block_size",
-    param_field: None,
-    hit_search: HitSearch::Never,
-    prefix_cacheable: false,
-    sparse: false,
-    sized_by_encoder: false,
-    // The table's nulls (host-only pages) form a prefix; the overlay's do not.
-    nulls: NullEntries::Prefix,
-};
-
-/// The facts of [`SpecKind::HiSparseHot`](super::SpecKind::HiSparseHot).
-pub(crate) const HOT_FACTS: KindFacts = KindFacts {
-    spec_name: "HiSparseHotSpec",
-    block_size_field: "HiSparseHotSpec.block_size",
-    param_field: Some(("HiSparseHotSpec.blocks_per_request", true)),
-    hit_search: HitSearch::Never,
-    prefix_cacheable: false,
-    sparse: false,
-    sized_by_encoder: false,
-    nulls: NullEntries::Prefix,
-};
 
 /// Per-request `HiSparse` state of one group's table (empty for other kinds).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
