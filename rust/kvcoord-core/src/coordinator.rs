@@ -1776,7 +1776,13 @@ fn predict(
                 local: step.local,
                 rule: config.checkpoint_rule(),
             };
-            let n = mamba_align::num_blocks_to_allocate(m, pool, table, &input, cached_this_step);
+            let n = mamba_align::num_blocks_to_allocate(
+                m.spec(),
+                pool,
+                table,
+                &input,
+                cached_this_step,
+            );
             checkpoints[g] = n.checkpoint;
             needed = needed.saturating_add(n.take);
             surplus = surplus.saturating_add(n.give_back);

@@ -6,10 +6,20 @@
 //! state of one group is a [`GroupTable`] that the coordinator owns (one map
 //! lookup per request and step instead of one per group). Dispatch is a
 //! `match` on [`SpecKind`]; the kind-specific pieces live in one file each.
+//!
+//! Files: this one holds [`Manager`] and its dispatch; one file per kind
+//! holds that kind's rules; `table.rs` the per-request state
+//! ([`GroupTable`]), `hash_view.rs` what the hit finders share
+//! ([`HashView`]), `cache_policy.rs` the coordinator's sparse-caching
+//! input ([`CachePolicy`]). The kinds' facts are in [`crate::spec`].
+//! Layering: the kind files import the shared files, never this one, so
+//! dispatch depends on the kinds and not the other way round.
 
+mod cache_policy;
 pub mod chunked_local;
 pub mod cross_attention;
 pub mod full_attention;
+mod hash_view;
 pub mod hisparse;
 pub mod mamba;
 pub mod mamba_align;
@@ -17,77 +27,18 @@ pub mod mla_attention;
 pub mod rswa;
 pub mod sliding_window;
 pub mod sliding_window_mla;
+mod table;
+
+pub use cache_policy::CachePolicy;
+use hash_view::hash_scale;
+pub use hash_view::{HashView, HitLists};
+pub use table::GroupTable;
 
 use crate::block_hash::BlockHash;
 use crate::error::{KvError, KvResult};
 use crate::ids::{BlockId, GroupId};
 use crate::pool::BlockPool;
 pub use crate::spec::{size_field, GroupSpec, HitSearch, KindFacts, NullEntries, SpecKind};
-
-/// One request's blocks in one group.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct GroupTable {
-    /// Position-indexed block table: entry `i` covers tokens
-    /// `[i*bs, (i+1)*bs)`. Invariant: null entries (skipped positions) form a
-    /// prefix; every other entry holds one reference on its block.
-    pub(crate) blocks: Vec<BlockId>,
-    /// Leading entries already registered in the prefix cache (or hits that
-    /// came from it). Invariant: `num_cached <= blocks.len()`.
-    pub(crate) num_cached: usize,
-    /// Mamba "align" only (see [`mamba_align`]): per-request bookkeeping;
-    /// its `partial_hit` also serves full attention's sub-block hits.
-    pub(crate) align: mamba_align::AlignState,
-    /// `HiSparse` kinds only (see [`hisparse`]): residency overlay, unpinned
-    /// pages, hot-region demand.
-    pub(crate) hisparse: hisparse::HiSparseRow,
-}
-
-impl GroupTable {
-    /// The position-indexed table (null block in skipped positions).
-    #[inline]
-    pub fn blocks(&self) -> &[BlockId] {
-        &self.blocks
-    }
-
-    /// How many leading entries are registered in the prefix cache.
-    #[inline]
-    pub fn num_cached(&self) -> usize {
-        self.num_cached
-    }
-
-    /// Number of leading null entries.
-    pub fn num_leading_nulls(&self) -> usize {
-        self.blocks.iter().take_while(|b| b.is_null()).count()
-    }
-
-    /// Check the invariants written on the fields (`interior_nulls`: the
-    /// group's kind may leave null entries after real ones, see
-    /// [`GroupSpec::has_interior_nulls`]).
-    pub fn check_invariants(&self, interior_nulls: bool) -> Result<(), String> {
-        if self.num_cached > self.blocks.len() {
-            return Err(format!(
-                "num_cached {} exceeds the table length {}",
-                self.num_cached,
-                self.blocks.len()
-            ));
-        }
-        let nulls = self.num_leading_nulls();
-        if !interior_nulls && self.blocks[nulls..].iter().any(|b| b.is_null()) {
-            return Err("null entry after a real block".into());
-        }
-        Ok(())
-    }
-}
-
-/// `ceil(a / b)` for `b > 0`.
-#[inline]
-pub(crate) const fn cdiv(a: usize, b: usize) -> usize {
-    a.div_ceil(b)
-}
-
-/// Reusable per-group lookup results: `out[g]` receives the blocks of the
-/// `g`-th group of a finder call.
-pub type HitLists = [Vec<BlockId>];
 
 /// The rules of one group, dispatched on its [`SpecKind`].
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -217,7 +168,7 @@ impl Manager {
                 let tokens = (sliding_window as usize - 1)
                     .saturating_add(max_in_flight_tokens)
                     .min(max_model_len);
-                Some(cdiv(tokens, bs) + 1)
+                Some(tokens.div_ceil(bs) + 1)
             }
             SpecKind::ChunkedLocal {
                 attention_chunk_size,
@@ -225,11 +176,13 @@ impl Manager {
                 let tokens = (attention_chunk_size as usize)
                     .saturating_add(max_in_flight_tokens)
                     .min(max_model_len);
-                Some(cdiv(tokens, bs))
+                Some(tokens.div_ceil(bs))
             }
             // HiSparse resident pages: the in-flight window (older pages
             // move to the host).
-            SpecKind::HiSparseResident => Some(cdiv(max_in_flight_tokens.min(max_model_len), bs)),
+            SpecKind::HiSparseResident => {
+                Some(max_in_flight_tokens.min(max_model_len).div_ceil(bs))
+            }
             // Every block stays until the request finishes (R-SWA's gap is
             // released during decode, but its peak is full attention's).
             SpecKind::FullAttention
@@ -386,7 +339,7 @@ impl Manager {
         cap: Option<usize>,
     ) -> usize {
         let bs = self.block_size;
-        let mut required = cdiv(self.tokens_to_allocate(num_tokens), bs);
+        let mut required = self.tokens_to_allocate(num_tokens).div_ceil(bs);
         if let Some(cap) = cap {
             required = required.min(cap);
         }
@@ -464,7 +417,9 @@ impl Manager {
         if external.min(total - self.num_skipped_tokens(total).min(total)) == 0 {
             return Ok(());
         }
-        let n = cdiv(total, self.block_size).saturating_sub(table.blocks.len());
+        let n = total
+            .div_ceil(self.block_size)
+            .saturating_sub(table.blocks.len());
         if n > 0 {
             scratch.clear();
             pool.get_new_blocks(n, scratch)?;
@@ -514,7 +469,9 @@ impl Manager {
                 new_blocks,
             );
         }
-        let required = cdiv(self.tokens_to_allocate(num_tokens), self.block_size);
+        let required = self
+            .tokens_to_allocate(num_tokens)
+            .div_ceil(self.block_size);
         let n = required.saturating_sub(table.blocks.len());
         if n > 0 {
             let start = new_blocks.len();
@@ -701,162 +658,5 @@ impl Manager {
     }
 }
 
-/// What the coordinator tells a group's `cache_blocks` about sparse caching.
-#[derive(Clone, Debug)]
-pub struct CachePolicy<'a> {
-    /// Tokens a hit must end on a multiple of (the scheduler block size
-    /// without partial hits).
-    pub alignment: usize,
-    /// Retention interval: `None` dense, `Some(0)` latest boundary only,
-    /// `Some(r)` one boundary every `r` tokens.
-    pub retention: Option<usize>,
-    /// Token positions a later request may resume from (the prompt's replay
-    /// boundary, a shared-prefix boundary); used only with a retention
-    /// interval.
-    pub reachable_boundaries: &'a [usize],
-}
-
-/// Number of hash units per block; errors unless `block_size` is a positive
-/// multiple of `hash_block_size`.
-pub(crate) fn hash_scale(hash_block_size: usize, block_size: usize) -> KvResult<usize> {
-    if hash_block_size == 0 || block_size % hash_block_size != 0 {
-        return Err(KvError::InvalidArgument {
-            name: "hash_block_size",
-            detail: format!("{hash_block_size} does not divide the block size {block_size}"),
-        });
-    }
-    Ok(block_size / hash_block_size)
-}
-
-/// Read-only view of hash-unit hashes at a group's block size: block `i` is
-/// the last unit hash inside it.
-#[derive(Copy, Clone, Debug)]
-pub struct HashView<'a> {
-    hashes: &'a [BlockHash],
-    /// Hash units per block.
-    scale: usize,
-    /// Tokens per block.
-    block_size: usize,
-}
-
-impl<'a> HashView<'a> {
-    /// View `hashes` (units of `hash_block_size` tokens) at `block_size`.
-    pub fn new(
-        hashes: &'a [BlockHash],
-        hash_block_size: usize,
-        block_size: usize,
-    ) -> KvResult<Self> {
-        Ok(Self {
-            hashes,
-            scale: hash_scale(hash_block_size, block_size)?,
-            block_size,
-        })
-    }
-
-    /// Tokens per block.
-    #[inline]
-    pub fn block_size(&self) -> usize {
-        self.block_size
-    }
-
-    /// Number of full blocks the hashes cover.
-    #[inline]
-    pub fn len(&self) -> usize {
-        self.hashes.len() / self.scale
-    }
-
-    /// Whether no full block is covered.
-    #[inline]
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Hash of block `i` (`i < len()`).
-    #[inline]
-    pub fn get(&self, i: usize) -> &'a BlockHash {
-        &self.hashes[(i + 1) * self.scale - 1]
-    }
-
-    /// The hash-unit hashes underneath (sub-block boundaries).
-    #[inline]
-    pub fn units(&self) -> &'a [BlockHash] {
-        self.hashes
-    }
-
-    /// Tokens per hash unit.
-    #[inline]
-    pub fn unit_size(&self) -> usize {
-        self.block_size / self.scale
-    }
-}
-
-/// Look `hash` up in every group; on a hit push one block per group, on a
-/// miss leave `out` as it was.
-#[inline]
-pub(crate) fn lookup_all(
-    pool: &BlockPool,
-    groups: &[GroupId],
-    hash: &BlockHash,
-    out: &mut HitLists,
-) -> bool {
-    for (k, &g) in groups.iter().enumerate() {
-        if let Some(b) = pool.lookup(hash, g) {
-            out[k].push(b);
-        } else {
-            // Undo the pushes of the groups that hit.
-            for list in &mut out[..k] {
-                list.pop();
-            }
-            return false;
-        }
-    }
-    true
-}
-
 #[cfg(test)]
-pub(crate) mod test_util {
-    use super::*;
-    use crate::pool::PoolConfig;
-
-    /// Hash number `n`.
-    pub(crate) fn h(n: u32) -> BlockHash {
-        let mut bytes = [0u8; 32];
-        bytes[..4].copy_from_slice(&n.to_le_bytes());
-        bytes[31] = 1;
-        BlockHash::from_slice(&bytes).unwrap()
-    }
-
-    /// Hashes `0..n`.
-    pub(crate) fn hashes(n: u32) -> Vec<BlockHash> {
-        (0..n).map(h).collect()
-    }
-
-    pub(crate) fn pool(n: usize, hash_block_size: u32) -> BlockPool {
-        BlockPool::new(PoolConfig {
-            hash_block_size,
-            ..PoolConfig::new(n)
-        })
-        .unwrap()
-    }
-
-    /// Cache pool block `id` under hash `hash` for group 0 (the block is
-    /// allocated, cached and freed again so it is an evictable cached block).
-    pub(crate) fn cache_block(pool: &mut BlockPool, id: u32, hash: &BlockHash) {
-        let b = BlockId(id);
-        pool.touch(&[b]).unwrap();
-        pool.cache_full_blocks(&[b], std::slice::from_ref(hash), 0, 1, GroupId(0), None)
-            .unwrap();
-        pool.free_blocks(&[b]).unwrap();
-    }
-
-    pub(crate) fn ids(v: &[BlockId]) -> Vec<u32> {
-        v.iter().map(|b| b.0).collect()
-    }
-
-    pub(crate) fn table(blocks: &[u32]) -> GroupTable {
-        GroupTable {
-            blocks: blocks.iter().map(|&b| BlockId(b)).collect(),
-            ..GroupTable::default()
-        }
-    }
-}
+pub(crate) mod test_util;
