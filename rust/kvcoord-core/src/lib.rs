@@ -37,7 +37,6 @@ pub mod events;
 pub mod eviction;
 pub mod free_queue;
 pub mod hashing;
-mod hits;
 pub mod ids;
 pub mod limits;
 pub mod managers;
