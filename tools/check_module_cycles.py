@@ -41,6 +41,10 @@ DEFAULT_CRATES = ("rust/kvcoord-core/src", "rust/kvcoord-py/src")
 Module = tuple[str, ...]  # path from the crate root, () is the crate root
 
 
+RAW_STRING = re.compile(r'b?r(#*)"')
+CHAR_LITERAL = re.compile(r"'(\\(u\{[0-9a-fA-F]*\}|x..|.)|[^\\'])'")
+
+
 def strip_comments_and_strings(text: str) -> str:
     """Blank out comments, string and char literals, keeping every newline.
 
@@ -71,9 +75,9 @@ def strip_comments_and_strings(text: str) -> str:
                     j += 1
             blank(i, j)
             i = j
-        elif (raw := re.match(r'b?r(#*)"', text[i : i + 260])) and not _ident_before(text, i):
+        elif c in "br" and (raw := RAW_STRING.match(text, i)) and not _ident_before(text, i):
             end = '"' + raw.group(1)
-            j = text.find(end, i + raw.end())
+            j = text.find(end, raw.end())
             j = n if j < 0 else j + len(end)
             blank(i, j)
             i = j
@@ -85,10 +89,10 @@ def strip_comments_and_strings(text: str) -> str:
             i = j + 1
         elif c == "'":
             # A char literal ('x', '\n', '\u{1F600}') or a lifetime ('a).
-            m = re.match(r"'(\\(u\{[0-9a-fA-F]*\}|x..|.)|[^\\'])'", text[i : i + 12])
+            m = CHAR_LITERAL.match(text, i)
             if m:
-                blank(i, i + m.end())
-                i += m.end()
+                blank(i, m.end())
+                i = m.end()
             else:
                 out.append(c)
                 i += 1
@@ -333,7 +337,10 @@ class Graph:
                 self.children[m[:-1]].add(m[-1])
 
     def start(self, scope: Module, first: str) -> Module | None:
-        """The module a path's first segment names, seen from ``scope``; None if not in this crate."""
+        """The module a path's first segment names, seen from ``scope``.
+
+        None when the segment names nothing of this crate.
+        """
         if first == "crate":
             return ()
         if first == "self":
