@@ -545,7 +545,7 @@ impl RequestHasher {
 
     /// Reserve room for the digests of a `num_tokens`-token sequence, so
     /// that the next [`update`](Self::update) allocates nothing; a refused
-    /// allocation is [`KvError::OutOfMemory`](crate::KvError::OutOfMemory).
+    /// allocation is [`KvError::OutOfMemory`].
     pub fn try_reserve_for(&mut self, num_tokens: usize) -> crate::KvResult<()> {
         let n = self.pending_blocks(num_tokens);
         crate::limits::try_reserve(&mut self.hashes, n, "block hashes")

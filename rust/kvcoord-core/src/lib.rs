@@ -22,9 +22,21 @@
 //!
 //! # Invariants
 //!
-//! Written on the fields they govern (`pool.rs`, `free_queue.rs`,
+//! Written on the fields they govern (`pool/mod.rs`, `free_queue.rs`,
 //! `prefix_index.rs`) and checked by `check_invariants()`, which the tests
 //! call after every operation.
+//!
+//! # Layers
+//!
+//! The modules form no import cycle (`tools/check_module_cycles.py`, run by
+//! `make lint` and the tests, fails on one). From the bottom: ids, errors,
+//! [`limits`] and the hashes; [`spec`] (the kinds and their facts),
+//! [`step_args`], [`request`]; the [`pool`] with its free queue, index and
+//! [`events`]; the per-kind [`managers`]; the [`coordinator`], and
+//! [`decode`] on top of it. Inside a folder, the files that extend its main
+//! type (`impl CoordinatorCore`, `impl BlockPool`) import its `mod.rs`,
+//! which never imports them; in `managers/` and `eviction/`, `mod.rs`
+//! dispatches to the kinds and policies, which never import it.
 
 pub mod best_case;
 pub mod block_hash;

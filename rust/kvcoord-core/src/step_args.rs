@@ -5,7 +5,7 @@
 //! They sit below the coordinator so that the checks (written with the
 //! token limits of [`crate::limits`]) and the types they check live in one
 //! file. Every count of a step is a token count: below
-//! [`MAX_TOKENS`](crate::limits::MAX_TOKENS), so the sum of any four of
+//! [`MAX_TOKENS`], so the sum of any four of
 //! them fits in 64 bits and the step's arithmetic cannot wrap once
 //! [`check_step`] (or [`check_predict`]) passed.
 

@@ -217,7 +217,7 @@ pub fn replay_boundaries(
 }
 
 /// One committed Mamba "align" state, handed to KV connectors
-/// ([`CoordinatorCore::take_boundary_state_offloads`]).
+/// ([`take_boundary_state_offloads`](super::CoordinatorCore::take_boundary_state_offloads)).
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub struct BoundaryOffload {
     /// The request that computed it.

@@ -79,7 +79,7 @@ pub fn default_hash_block_size(groups: &[GroupSpec], enable_caching: bool) -> u3
     }
 }
 
-/// Construction parameters of a [`CoordinatorCore`].
+/// Construction parameters of a [`CoordinatorCore`](super::CoordinatorCore).
 // Independent switches of vLLM's constructor (events, partial hits, context
 // parallelism, hit verification), not a state machine.
 #[allow(clippy::struct_excessive_bools)]
@@ -119,7 +119,9 @@ pub struct CoordinatorConfig {
     /// Whether sub-block (partial) hits may be turned on
     /// ([`Self::partial_hits`]); off by default: their copy-on-write copies
     /// keep both ends referenced until the caller frees them after running
-    /// the copy ([`CoordinatorCore::take_block_copies`]), which a caller
+    /// the copy
+    /// ([`CoordinatorCore::take_block_copies`](super::CoordinatorCore::take_block_copies)),
+    /// which a caller
     /// must be ready to do.
     pub allow_partial_hits: bool,
     /// Whether decode context parallelism is on (vLLM's `dcp_world_size >

@@ -16,7 +16,8 @@
 use super::CoordinatorCore;
 use crate::error::{KvError, KvResult};
 use crate::ids::{BlockId, GroupId, ReqId};
-use crate::managers::{hisparse, GroupTable, SpecKind};
+use crate::managers::{hisparse, GroupTable};
+use crate::spec::SpecKind;
 
 impl CoordinatorCore {
     /// The core id of a live request known by its scheduler id.

@@ -12,7 +12,7 @@
 //! * Every non-null block's reference count equals the number of tables
 //!   that hold it (hits shared between requests count once per request)
 //!   plus the references the caller holds outside every table
-//!   ([`caller_held`]: blocks taken straight from the pool).
+//!   (`caller_held.rs`: blocks taken straight from the pool).
 //! * Every public method validates its whole input before changing
 //!   anything, except that `allocate_slots` releases out-of-window blocks of
 //!   a running request before finding out whether the new slots fit (vLLM

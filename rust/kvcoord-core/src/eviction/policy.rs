@@ -21,7 +21,8 @@ pub const MAX_PRIORITY: u8 = 7;
 /// call never reaches the policy. Per-block state belongs in flat slabs
 /// indexed by [`BlockId::index`], a few bytes per block.
 pub trait EvictionPolicy: fmt::Debug + Send + Sync {
-    /// The policy's spec string (what [`EvictionConfig::from_str`] parses).
+    /// The policy's spec string (what [`EvictionConfig`](super::EvictionConfig)
+    /// parses).
     fn name(&self) -> String;
 
     /// Number of levels in the queue, `1..=MAX_LEVELS`.

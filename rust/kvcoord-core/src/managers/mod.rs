@@ -487,7 +487,7 @@ impl Manager {
     /// blocks a later hit can reach (see [`sliding_window::reachable_block_mask`]).
     ///
     /// Inlined up to "nothing new is full" (most decode steps); the caching
-    /// itself is [`cache_new_blocks`](Self::cache_new_blocks).
+    /// itself is `cache_new_blocks`.
     #[allow(clippy::too_many_arguments)]
     #[inline]
     pub fn cache_blocks(

@@ -49,7 +49,7 @@ impl GroupTable {
 
     /// Check the invariants written on the fields (`interior_nulls`: the
     /// group's kind may leave null entries after real ones, see
-    /// [`GroupSpec::has_interior_nulls`]).
+    /// [`GroupSpec::has_interior_nulls`](crate::GroupSpec::has_interior_nulls)).
     pub fn check_invariants(&self, interior_nulls: bool) -> Result<(), String> {
         if self.num_cached > self.blocks.len() {
             return Err(format!(
