@@ -125,3 +125,66 @@ def test_paths_resolve_through_use_trees_inline_modules_and_reexports(
     (src / "b.rs").write_text("use crate::{a::{self, f}};\npub struct Thing;\n")
     report = cycles.check(src)
     assert report and "a.rs" in report[0] and "b.rs" in report[0], report
+
+
+# ---- the Python package (tools/check_import_cycles.py) ----------------------
+
+IMPORT_SCRIPT = ROOT / "tools" / "check_import_cycles.py"
+PACKAGE = ROOT / "python" / "kvcoord"
+
+
+@pytest.fixture(scope="module")
+def imports() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("check_import_cycles", IMPORT_SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_package_outside_its_vllm_wing_has_no_import_cycle(imports: ModuleType) -> None:
+    # The vLLM wing's cycles are known (issue 30 rebuilds it); none elsewhere.
+    cycles = [line for line in imports.check(PACKAGE) if line.startswith("cycle of ")]
+    for line in cycles:
+        files = line.split(": ", 1)[1].split(", ")
+        assert all(f.startswith("vllm/") for f in files), line
+
+
+def write_package(root: Path, files: dict[str, str]) -> Path:
+    pkg = root / "pkg"
+    for name, text in files.items():
+        path = pkg / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return pkg
+
+
+def test_an_import_cycle_fails_and_type_checking_imports_are_not_edges(
+    imports: ModuleType, tmp_path: Path
+) -> None:
+    pkg = write_package(
+        tmp_path,
+        {
+            "__init__.py": "from pkg._native import VERSION\n",
+            "_native.pyi": "VERSION: int\n",
+            "a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import b\n",
+            "b.py": "from . import a\n",
+            "sub/__init__.py": "",
+            "sub/c.py": "from ..a import x\nfrom .d import y\n",
+            "sub/d.py": "import pkg.b\n",
+        },
+    )
+    assert imports.check(pkg) == []
+    edges = {(e.source, e.target) for e in imports.module_edges(imports.package_modules(pkg))}
+    assert (("pkg", "sub", "c"), ("pkg", "a")) in edges
+    assert (("pkg", "sub", "c"), ("pkg", "sub", "d")) in edges
+    assert (("pkg",), ("pkg", "_native")) in edges
+    # An import deferred into a function closes the loop all the same.
+    (pkg / "a.py").write_text("def late():\n    from pkg.sub import c\n")
+    report = imports.check(pkg)
+    assert report and report[0].startswith("cycle of 4 files"), report
+    run = subprocess.run(
+        [sys.executable, str(IMPORT_SCRIPT), str(pkg)], capture_output=True, text=True, check=False
+    )
+    assert run.returncode == 1 and "a.py:2 -> sub/c.py" in run.stdout, run.stdout

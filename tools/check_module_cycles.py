@@ -31,7 +31,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -463,11 +463,17 @@ def closed_walk(comp: list[Module], first_edge: dict[tuple[Module, Module], Edge
 def check(src_dir: Path) -> list[str]:
     """The report lines of every cycle in the crate at ``src_dir``; empty when there is none."""
     files = crate_files(src_dir)
-    graph = Graph(files)
+    paths = {module: f.path for module, f in files.items()}
+    return report_cycles(src_dir, paths, Graph(files).edges())
+
+
+def report_cycles(root: Path, paths: dict[Module, Path], edges: Iterable[Edge]) -> list[str]:
+    """The report lines of every cycle of the graph of ``paths`` (one file per
+    module) and ``edges``, file names relative to ``root``; empty without one."""
     first_edge: dict[tuple[Module, Module], Edge] = {}
-    for e in graph.edges():
+    for e in edges:
         first_edge.setdefault((e.source, e.target), e)
-    nodes = sorted(files)
+    nodes = sorted(paths)
     adj: dict[Module, list[Module]] = {m: [] for m in nodes}
     for s, t in first_edge:
         adj[s].append(t)
@@ -475,12 +481,12 @@ def check(src_dir: Path) -> list[str]:
     for comp in strongly_connected(nodes, adj):
         if len(comp) < 2:
             continue
-        names = sorted(_rel(src_dir, files[m].path) for m in comp)
-        report.append(f"cycle of {len(comp)} files in {src_dir}: {', '.join(names)}")
+        names = sorted(_rel(root, paths[m]) for m in comp)
+        report.append(f"cycle of {len(comp)} files in {root}: {', '.join(names)}")
         for e in closed_walk(comp, first_edge):
             report.append(
-                f"  {_rel(src_dir, files[e.source].path)}:{e.line} -> "
-                f"{_rel(src_dir, files[e.target].path)}  ({e.path})"
+                f"  {_rel(root, paths[e.source])}:{e.line} -> "
+                f"{_rel(root, paths[e.target])}  ({e.path})"
             )
     return report
 
