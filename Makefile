@@ -107,6 +107,7 @@ lint: build-dev ## cargo fmt/clippy, ruff, mypy, stubtest
 	$(VENV)/bin/pip install -q ruff mypy types-tqdm
 	$(VENV)/bin/ruff check python tests benches
 	$(VENV)/bin/ruff format --check python tests benches
+	$(PY) tools/check_module_cycles.py
 	$(VENV)/bin/mypy
 	$(PY) -m mypy.stubtest kvcoord._core --allowlist .stubtest-allowlist
 

@@ -7,6 +7,18 @@ use crate::error::{KvError, KvResult};
 /// Largest digest kvcoord stores (SHA-256).
 pub const MAX_DIGEST_LEN: usize = 32;
 
+/// Lower-case hexadecimal of `bytes` (how the conformance vectors and logs
+/// show digests).
+pub fn to_hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
+}
+
 /// A block hash: a 16-byte (XXH3-128) or 32-byte (SHA-256) digest, stored
 /// inline so that hashes never allocate.
 #[derive(Copy, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -190,7 +190,7 @@ mod tests {
     use super::*;
 
     fn hex(b: &[u8]) -> String {
-        crate::hashing::to_hex(b)
+        crate::block_hash::to_hex(b)
     }
 
     fn enc(f: impl FnOnce(&mut CborBuf)) -> String {

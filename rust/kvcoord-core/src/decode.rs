@@ -13,8 +13,8 @@
 use crate::coordinator::{AllocateArgs, CoordinatorCore, NewBlocks};
 use crate::error::KvResult;
 use crate::limits::check_tokens;
-use crate::managers::SpecKind;
 use crate::request::Request;
+use crate::spec::SpecKind;
 
 /// What a request holds after an allocation, as lower bounds over groups:
 /// a later step whose computed plus new (and lookahead) tokens stay within

@@ -22,7 +22,6 @@
 use crate::block_hash::BlockHash;
 use crate::hashing::ExtraKeys;
 use crate::ids::{BlockId, GroupId};
-use crate::managers::SpecKind;
 
 /// Where the blocks of an event live (vLLM's `medium` strings).
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash)]
@@ -159,8 +158,15 @@ impl StoredBlocks {
     /// Fill what the pool cannot know from the request that cached the
     /// blocks: its tokens of the range (clipped to the tokens it has), its
     /// `LoRA` name and every stored block's extra keys, and the group's
-    /// spec. Idempotent.
-    pub fn complete(&mut self, tokens: &[u32], extra: &ExtraKeys, spec: &SpecKind) {
+    /// spec as vLLM names it (`spec_kind`, `sliding_window`:
+    /// [`SpecKind::event_metadata`](crate::SpecKind::event_metadata)).
+    /// Idempotent.
+    pub fn complete(
+        &mut self,
+        tokens: &[u32],
+        extra: &ExtraKeys,
+        (spec_kind, sliding_window): (&'static str, Option<u32>),
+    ) {
         if self.completed {
             return;
         }
@@ -170,7 +176,8 @@ impl StoredBlocks {
         let end = (self.token_start() + self.num_blocks * bs).min(tokens.len());
         self.token_ids = tokens[start..end].to_vec();
         self.lora_name = extra.lora.as_ref().map(|l| l.name.clone());
-        (self.spec_kind, self.sliding_window) = spec_metadata(spec);
+        self.spec_kind = Some(spec_kind);
+        self.sliding_window = sliding_window;
         if !extra.is_empty() {
             let mut mm_next = 0;
             let keys: Vec<_> = self
@@ -198,26 +205,6 @@ pub enum KvEvent {
     },
     /// `reset_prefix_cache` dropped every key.
     AllBlocksCleared,
-}
-
-/// vLLM's `(kv_cache_spec_kind, kv_cache_spec_sliding_window)` for a group
-/// spec: the kind string of vLLM's spec class and its window, if any.
-pub const fn spec_metadata(spec: &SpecKind) -> (Option<&'static str>, Option<u32>) {
-    let (kind, window) = match *spec {
-        // R-SWA's vLLM spec is a full-attention subclass without a window.
-        SpecKind::FullAttention | SpecKind::Rswa { .. } => ("full_attention", None),
-        SpecKind::MlaAttention => ("mla_attention", None),
-        SpecKind::SlidingWindow { sliding_window } => ("sliding_window", Some(sliding_window)),
-        SpecKind::SlidingWindowMla { sliding_window } => {
-            ("sliding_window_mla", Some(sliding_window))
-        }
-        SpecKind::ChunkedLocal { .. } => ("chunked_local_attention", None),
-        SpecKind::Mamba { .. } | SpecKind::MambaAlign { .. } => ("mamba", None),
-        SpecKind::CrossAttention => ("cross_attention", None),
-        // vLLM names no kind for its HiSparse device specs.
-        SpecKind::HiSparseResident | SpecKind::HiSparseHot { .. } => ("unknown", None),
-    };
-    (Some(kind), window)
 }
 
 /// The extra keys vLLM publishes for the block `[start, end)`: the `LoRA`
@@ -274,6 +261,7 @@ fn block_extra_keys(
 mod tests {
     use super::*;
     use crate::hashing::{LoraKey, MmFeature};
+    use crate::spec::SpecKind;
 
     fn stored(first_block: usize, num_blocks: usize, skipped: Vec<u32>) -> StoredBlocks {
         StoredBlocks {
@@ -328,11 +316,8 @@ mod tests {
             Some("salt".into()),
         );
         let mut s = stored(0, 3, vec![]);
-        s.complete(
-            &tokens,
-            &extra,
-            &SpecKind::SlidingWindow { sliding_window: 8 },
-        );
+        let window = SpecKind::SlidingWindow { sliding_window: 8 };
+        s.complete(&tokens, &extra, window.event_metadata());
         assert_eq!(s.token_ids, (0..12).collect::<Vec<u32>>());
         assert_eq!(s.lora_name.as_deref(), Some("ad"));
         assert_eq!(s.spec_kind, Some("sliding_window"));
@@ -347,14 +332,11 @@ mod tests {
             ]
         );
         // Idempotent; and no extras means no per-block list at all.
-        s.complete(&[], &ExtraKeys::default(), &SpecKind::FullAttention);
+        let full = SpecKind::FullAttention.event_metadata();
+        s.complete(&[], &ExtraKeys::default(), full);
         assert_eq!(s.token_ids.len(), 12);
         let mut plain = stored(1, 2, vec![2]);
-        plain.complete(
-            &tokens[..10],
-            &ExtraKeys::default(),
-            &SpecKind::FullAttention,
-        );
+        plain.complete(&tokens[..10], &ExtraKeys::default(), full);
         assert_eq!(plain.token_ids, (4..10).collect::<Vec<u32>>());
         assert!(plain.extra_keys.is_empty());
         assert_eq!(plain.spec_kind, Some("full_attention"));

@@ -11,7 +11,7 @@
 //!
 //! `links` has `capacity + 2` entries: one per block, then the head sentinel
 //! at `capacity` and the tail sentinel at `capacity + 1`. An unlinked block has
-//! both links set to [`NIL`]. The list is never circular; walking `next` from
+//! both links set to `NIL`. The list is never circular; walking `next` from
 //! the head reaches the tail after exactly `len` blocks.
 
 use crate::ids::BlockId;

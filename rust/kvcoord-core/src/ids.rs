@@ -78,15 +78,6 @@ pub fn first_outside_u32<T: Copy + TryInto<u32> + Into<i128>>(
         .map(|(i, v)| (i, v.into()))
 }
 
-/// A count the caller gave as a signed int: `Err(InvalidArgument)` naming
-/// `name` when it is negative.
-pub fn non_negative(name: &'static str, value: i64) -> crate::KvResult<usize> {
-    usize::try_from(value).map_err(|_| crate::KvError::InvalidArgument {
-        name,
-        detail: format!("must be non-negative, got {value}"),
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -101,23 +92,6 @@ mod tests {
         );
         assert_eq!(first_outside_u32::<u32>([u32::MAX]), None);
         assert_eq!(first_outside_u32::<i8>([]), None);
-    }
-
-    #[test]
-    fn non_negative_refuses_negative_counts_by_name() {
-        assert_eq!(non_negative("n", 7).unwrap(), 7);
-        let e = non_negative("shared_prefix_boundary", -1).unwrap_err();
-        assert!(matches!(
-            e,
-            crate::KvError::InvalidArgument {
-                name: "shared_prefix_boundary",
-                ..
-            }
-        ));
-        assert!(
-            e.to_string().contains("must be non-negative, got -1"),
-            "{e}"
-        );
     }
 
     #[test]

@@ -21,12 +21,11 @@
 //!   reservation the allocator refuses is [`KvError::OutOfMemory`], raised
 //!   before anything changed.
 
-use crate::coordinator::{AllocateArgs, PredictArgs, RequestView};
 use crate::error::{KvError, KvResult};
 
 /// Exclusive upper bound of every token count (2^48 tokens).
 pub const MAX_TOKENS: usize = 1 << 48;
-// `check_step` relies on it: counts are all below a power of two exactly
+// `step_args::check_step` relies on it: counts are all below a power of two exactly
 // when their bitwise OR is.
 const _: () = assert!(MAX_TOKENS.is_power_of_two());
 
@@ -164,6 +163,15 @@ fn sum_too_large(name: &'static str, a: usize, b: usize) -> KvError {
     }
 }
 
+/// A count the caller gave as a signed int: `Err(InvalidArgument)` naming
+/// `name` when it is negative.
+pub fn non_negative(name: &'static str, value: i64) -> KvResult<usize> {
+    usize::try_from(value).map_err(|_| KvError::InvalidArgument {
+        name,
+        detail: format!("must be non-negative, got {value}"),
+    })
+}
+
 /// Exclusive upper bound of the group count of a result made from a count
 /// alone (`KVCacheBlocks.empty`): far beyond any layout's groups, small
 /// enough that the result and every view of it stay a few megabytes.
@@ -189,66 +197,6 @@ pub fn reserve_pool(num_blocks: usize) -> KvResult<()> {
 #[inline]
 pub fn check_tokens(name: &'static str, value: usize) -> KvResult<usize> {
     Number::Tokens.check(name, value as u64).map(|_| value)
-}
-
-/// Check the counts of one `allocate_slots` step (and the request's
-/// progress) against [`MAX_TOKENS`], naming the first one out of range.
-#[inline]
-pub fn check_step(view: &RequestView<'_>, args: &AllocateArgs) -> KvResult<()> {
-    // One comparison on the common path: every count is below 2^48 exactly
-    // when their bitwise OR is.
-    let any = args.num_new_tokens
-        | args.num_new_computed_tokens
-        | args.num_lookahead_tokens
-        | args.num_encoder_tokens
-        | args.num_external_computed_tokens
-        | view.num_computed_tokens
-        | view.num_in_flight_tokens;
-    if any < MAX_TOKENS {
-        return Ok(());
-    }
-    name_step_overflow(view, args)
-}
-
-/// The error of [`check_step`], naming the first count out of range.
-#[cold]
-fn name_step_overflow(view: &RequestView<'_>, args: &AllocateArgs) -> KvResult<()> {
-    check_tokens("num_new_tokens", args.num_new_tokens)?;
-    check_tokens("num_new_computed_tokens", args.num_new_computed_tokens)?;
-    check_tokens("num_lookahead_tokens", args.num_lookahead_tokens)?;
-    check_tokens("num_encoder_tokens", args.num_encoder_tokens)?;
-    check_tokens(
-        "num_external_computed_tokens",
-        args.num_external_computed_tokens,
-    )?;
-    check_tokens("num_computed_tokens", view.num_computed_tokens)?;
-    check_tokens("num_in_flight_tokens", view.num_in_flight_tokens)?;
-    Ok(())
-}
-
-/// Check the counts of a prediction (`num_blocks_to_allocate`) against
-/// [`MAX_TOKENS`], naming the first one out of range.
-pub fn check_predict(args: &PredictArgs) -> KvResult<()> {
-    let optional = |name, v: Option<usize>| v.map_or(Ok(0), |v| check_tokens(name, v));
-    check_tokens("num_tokens", args.num_tokens)?;
-    check_tokens("total_computed_tokens", args.total_computed_tokens)?;
-    check_tokens("num_encoder_tokens", args.num_encoder_tokens)?;
-    optional("num_local_computed_tokens", args.local_computed_tokens)?;
-    optional("max_in_flight_tokens", args.max_in_flight_tokens)?;
-    optional("num_tokens_main_model", args.num_tokens_main_model)?;
-    optional("prefill_end", args.prefill_end)?;
-    Ok(())
-}
-
-/// Refuse an untracked request whose progress says some tokens are
-/// computed ([`stale_request`]), when `verify` (the coordinator's
-/// `verify_hits`; off, such tokens get fresh blocks as in vLLM).
-#[inline]
-pub fn check_progress(tracked: bool, view: &RequestView<'_>, verify: bool) -> KvResult<()> {
-    if verify && !tracked && view.num_computed_tokens != 0 {
-        return Err(stale_request(view.num_computed_tokens));
-    }
-    Ok(())
 }
 
 /// The error for a request the coordinator does not track but whose
@@ -315,6 +263,23 @@ mod tests {
     use super::*;
 
     #[test]
+    fn non_negative_refuses_negative_counts_by_name() {
+        assert_eq!(non_negative("n", 7).unwrap(), 7);
+        let e = non_negative("shared_prefix_boundary", -1).unwrap_err();
+        assert!(matches!(
+            e,
+            KvError::InvalidArgument {
+                name: "shared_prefix_boundary",
+                ..
+            }
+        ));
+        assert!(
+            e.to_string().contains("must be non-negative, got -1"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn token_counts_are_bounded() {
         assert_eq!(check_tokens("n", MAX_TOKENS - 1), Ok(MAX_TOKENS - 1));
         let err = check_tokens("num_new_tokens", MAX_TOKENS).unwrap_err();
@@ -377,65 +342,6 @@ mod tests {
 
     /// The core's own entry points check the token range of the counts
     /// they are handed, so nothing below them can wrap.
-    #[test]
-    fn entry_points_refuse_counts_past_the_token_range() {
-        use crate::coordinator::{CoordinatorConfig, CoordinatorCore, NewBlocks, PredictArgs};
-        use crate::hashing::{ExtraKeys, HashAlgo, HashConfig, RequestHasher};
-        use crate::managers::GroupSpec;
-        use crate::request::Request;
-
-        let mut config = CoordinatorConfig::new(vec![GroupSpec::full_attention(4)], 64, true, 1024);
-        config.hash_block_size = 4;
-        let mut c = CoordinatorCore::new(config).unwrap();
-        let hash = HashConfig::new(HashAlgo::Native, 4, Some("t")).unwrap();
-        let r = Request::new(
-            "a".into(),
-            (0..9).collect(),
-            RequestHasher::new(hash, ExtraKeys::default()),
-        );
-        let mut out = NewBlocks::new();
-        assert!(c
-            .allocate_request(&r, &AllocateArgs::new(9), None, &mut out)
-            .unwrap());
-        let before = c.clone();
-        for bad in [MAX_TOKENS, usize::MAX] {
-            assert!(c.cache_request(&r, bad).is_err());
-            assert!(c
-                .num_blocks_to_allocate(&r, &[], &PredictArgs::new(bad))
-                .is_err());
-            let past = PredictArgs {
-                prefill_end: Some(bad),
-                ..PredictArgs::new(1)
-            };
-            assert!(c.num_blocks_to_allocate(&r, &[], &past).is_err());
-            assert!(c.remove_skipped_request("a", bad, None).is_err());
-            assert!(c.remove_skipped_request("a", 1, Some(bad)).is_err());
-            assert!(c.finalize_partial_tail_offloads("a", bad, 0).is_err());
-            assert!(c.finalize_partial_tail_offloads("a", 0, bad).is_err());
-            assert!(c
-                .config()
-                .checked_cacheable_tokens(crate::GroupId(0), bad)
-                .is_err());
-            let hashes = r.block_hashes();
-            assert!(c
-                .find_longest_cache_hit(&[crate::GroupId(0)], hashes, bad, 4, false)
-                .is_err());
-            assert!(c
-                .find_longest_cache_hit(&[crate::GroupId(0)], hashes, 8, bad, false)
-                .is_err());
-        }
-        assert_eq!(c.pool().num_free_blocks(), before.pool().num_free_blocks());
-        c.check_invariants().unwrap();
-        let last = MAX_TOKENS - 1;
-        assert!(c
-            .num_blocks_to_allocate(&r, &[], &PredictArgs::new(last))
-            .is_ok());
-        assert_eq!(
-            c.config().checked_cacheable_tokens(crate::GroupId(0), last),
-            Ok(last)
-        );
-    }
-
     #[test]
     fn impossible_reservations_are_errors_not_aborts() {
         assert!(matches!(

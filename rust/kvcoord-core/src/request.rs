@@ -321,7 +321,7 @@ pub fn step_progress(
     // them in memory, so the sum cannot wrap: it saturates only as a bound.
     let (mut sum, mut most) = (0usize, 0usize);
     for (i, &c) in computed.iter().enumerate() {
-        let computed = crate::ids::non_negative("num_computed", c)?;
+        let computed = crate::limits::non_negative("num_computed", c)?;
         let computed = crate::limits::check_tokens("num_computed", computed)?;
         let token = match sampled.map(|s| s[i]) {
             Some(t) if t >= 0 => Some(crate::hashing::token_id(i, t)?),

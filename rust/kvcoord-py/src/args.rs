@@ -1,5 +1,5 @@
-//! Type-checked conversion of the other scalar arguments (flags, strings,
-//! requests) and the helpers every refusal uses. Every failure is a
+//! Type-checked conversion of the other scalar arguments (flags, strings)
+//! and the helpers every refusal uses. Every failure is a
 //! `kvcoord.errors` exception naming the argument, never a bare
 //! `TypeError` from `PyO3`; integers are `crate::numbers`'. String
 //! arguments are [`Text`], whose refusal is an `ArgumentTypeError`.
@@ -109,38 +109,12 @@ pub(crate) fn opt_flag(
     }
 }
 
-/// A sequence of flags (each exactly `True` or `False`).
-pub(crate) fn flags(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<bool>> {
-    let items = obj.try_iter().map_err(|_| {
-        type_error(format!(
-            "{name} must be a sequence of bools, got {}",
-            type_name(obj)
-        ))
-    })?;
-    let mut out = Vec::new();
-    crate::convert::collect_items(obj, &items, &mut out, "flags", |_, item| flag(item, name))?;
-    Ok(out)
-}
-
 /// Whether `obj` is a numpy bool scalar (`numpy.bool_`).
 fn is_numpy_bool(obj: &Bound<'_, PyAny>) -> bool {
     let ty = obj.get_type();
     let module = ty.module().map(|m| m.to_string()).unwrap_or_default();
     let name = ty.name().map(|n| n.to_string()).unwrap_or_default();
     module == "numpy" && (name == "bool" || name == "bool_")
-}
-
-/// The `request` argument: a `kvcoord.Request`, else `ArgumentTypeError`.
-pub(crate) fn request<'py>(
-    obj: &Bound<'py, PyAny>,
-) -> PyResult<PyRef<'py, crate::request::PyRequest>> {
-    let req = obj.cast::<crate::request::PyRequest>().map_err(|_| {
-        type_error(format!(
-            "request must be a kvcoord.Request, got {}",
-            type_name(obj)
-        ))
-    })?;
-    Ok(req.try_borrow()?)
 }
 
 /// A `str` argument. Anything else is an `ArgumentTypeError` (a kvcoord

@@ -429,3 +429,18 @@ pub(crate) fn build_pool_sized<T: Send>(
         build()
     }
 }
+
+/// A sequence of flags (each exactly `True` or `False`).
+pub(crate) fn flags(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<bool>> {
+    let items = obj.try_iter().map_err(|_| {
+        type_error(format!(
+            "{name} must be a sequence of bools, got {}",
+            crate::args::type_name(obj)
+        ))
+    })?;
+    let mut out = Vec::new();
+    collect_items(obj, &items, &mut out, "flags", |_, item| {
+        crate::args::flag(item, name)
+    })?;
+    Ok(out)
+}

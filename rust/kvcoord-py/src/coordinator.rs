@@ -254,7 +254,7 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         alignment: &Bound<'_, PyAny>,
         #[pyo3(from_py_with = kw::drop_eagle)] drop_eagle: bool,
     ) -> PyResult<(PyKVCacheBlocks, usize)> {
-        let request = args::request(request)?;
+        let request = crate::request::request_arg(request)?;
         let groups = convert::group_ids(group_ids)?;
         let max_length = numbers::arg::<Tokens>(max_length, "max_length")?.0;
         let alignment = numbers::arg::<Tokens>(alignment, "alignment")?.0;
@@ -294,7 +294,7 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         #[pyo3(from_py_with = kw::num_external_computed_tokens)]
         num_external_computed_tokens: usize,
     ) -> PyResult<Option<Py<PyKVCacheBlocks>>> {
-        let request = args::request(request)?;
+        let request = crate::request::request_arg(request)?;
         let args = AllocateArgs {
             num_new_tokens: numbers::arg::<Tokens>(num_new_tokens, "num_new_tokens")?.0,
             num_new_computed_tokens,
@@ -414,7 +414,7 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         num_tokens_main_model: Option<&Bound<'_, PyAny>>,
         prefill_end: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<usize> {
-        let request = args::request(request)?;
+        let request = crate::request::request_arg(request)?;
         let opt = |v, name| Ok::<_, PyErr>(numbers::maybe::<Tokens>(v, name)?.map(|t| t.0));
         let zero_or = |v, name| numbers::opt_arg(v, name, Tokens(0)).map(|t| t.0);
         let predict = PredictArgs {
@@ -458,7 +458,7 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         request: &Bound<'_, PyAny>,
         num_tokens: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
-        let request = args::request(request)?;
+        let request = crate::request::request_arg(request)?;
         let n = numbers::arg::<Tokens>(num_tokens, "num_tokens")?.0;
         self.with_mut(py, |c| c.cache_request(&request.inner, n))
     }

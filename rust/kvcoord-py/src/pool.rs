@@ -423,7 +423,7 @@ pool_writers!(pool_readers!(PyBlockPool, "BlockPool",) {
     ) -> PyResult<()> {
         let block_mask = block_mask
             .filter(|m| !m.is_none())
-            .map(|m| args::flags(m, "block_mask"))
+            .map(|m| crate::convert::flags(m, "block_mask"))
             .transpose()?;
         let ids = convert::block_ids(block_ids)?;
         let hashes = convert::block_hashes(block_hashes)?;

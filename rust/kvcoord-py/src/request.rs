@@ -620,3 +620,14 @@ pub(crate) fn none_hash(
 pub(crate) fn hash_algo_names() -> Vec<&'static str> {
     HashAlgo::NAMES.to_vec()
 }
+
+/// The `request` argument: a `kvcoord.Request`, else `ArgumentTypeError`.
+pub(crate) fn request_arg<'py>(obj: &Bound<'py, PyAny>) -> PyResult<PyRef<'py, PyRequest>> {
+    let req = obj.cast::<PyRequest>().map_err(|_| {
+        crate::errors::type_error(format!(
+            "request must be a kvcoord.Request, got {}",
+            crate::args::type_name(obj)
+        ))
+    })?;
+    Ok(req.try_borrow()?)
+}

@@ -16,7 +16,8 @@ use super::CoordinatorCore;
 use crate::block_hash::BlockHash;
 use crate::error::{KvError, KvResult};
 use crate::ids::{BlockId, GroupId};
-use crate::managers::{hisparse, SpecKind};
+use crate::managers::hisparse;
+use crate::spec::SpecKind;
 
 impl CoordinatorCore {
     /// Hand a request's references over to the caller (vLLM's

@@ -13,33 +13,11 @@
 //! references = row pages (overlay applied, unbacked ones excluded) -
 //! given up + caller references.
 
-use hashbrown::HashMap;
-
 use super::CoordinatorCore;
 use crate::error::{KvError, KvResult};
 use crate::ids::{BlockId, GroupId, ReqId};
-use crate::managers::{hisparse, GroupTable, SpecKind};
-
-/// The per-block `HiSparse` accounting of a coordinator (see the module
-/// docs).
-#[derive(Clone, Debug, Default)]
-pub(crate) struct Ledger {
-    /// References given up by unpinning, per (resident group, block), not
-    /// yet consumed by a drop.
-    pub(crate) given_up: HashMap<(GroupId, BlockId), u32>,
-    /// Adoptions waiting for the adopter's touch: (request, group, page,
-    /// block), oldest first.
-    pub(crate) pending: Vec<(ReqId, GroupId, usize, BlockId)>,
-}
-
-impl Ledger {
-    /// `req` freed its blocks: its pending adoptions go with them.
-    pub(crate) fn forget(&mut self, req: ReqId) {
-        if !self.pending.is_empty() {
-            self.pending.retain(|p| p.0 != req);
-        }
-    }
-}
+use crate::managers::{hisparse, GroupTable};
+use crate::spec::SpecKind;
 
 impl CoordinatorCore {
     /// The core id of a live request known by its scheduler id.

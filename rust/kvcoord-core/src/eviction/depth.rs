@@ -1,6 +1,8 @@
 //! [`PrefixDepth`]: shallow prefix blocks are protected.
 
-use super::{ilog2_level, AgingClock, EvictionConfig, EvictionPolicy, LevelQueue};
+use super::config::EvictionConfig;
+use super::level_queue::LevelQueue;
+use super::policy::{ilog2_level, AgingClock, EvictionPolicy};
 use crate::ids::BlockId;
 
 /// Levels: chain depths `>= 2^15`, ..., `4..=7`, `2..=3`, `1` (level 15).

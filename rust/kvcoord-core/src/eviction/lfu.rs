@@ -1,6 +1,8 @@
 //! [`Lfu`]: least frequently used first, with aging.
 
-use super::{ilog2_level, AgingClock, EvictionConfig, EvictionPolicy, LevelQueue};
+use super::config::EvictionConfig;
+use super::level_queue::LevelQueue;
+use super::policy::{ilog2_level, AgingClock, EvictionPolicy};
 use crate::ids::BlockId;
 
 /// Levels: frequencies `1`, `2..=3`, `4..=7`, ..., `128..=255`.

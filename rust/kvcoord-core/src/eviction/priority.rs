@@ -1,6 +1,8 @@
 //! [`Priority`]: per-request priority with a retention duration.
 
-use super::{EvictionConfig, EvictionPolicy, LevelQueue, MAX_PRIORITY};
+use super::config::EvictionConfig;
+use super::level_queue::LevelQueue;
+use super::policy::{EvictionPolicy, MAX_PRIORITY};
 use crate::ids::BlockId;
 
 /// Priorities `0` (ordinary) to `MAX_PRIORITY`.

@@ -2,7 +2,7 @@
 //! `attention_chunk_size` tokens, so everything before the current chunk is
 //! skipped (null) and a hit is a left-to-right run inside the last chunk.
 
-use super::{lookup_all, HashView, HitLists};
+use super::hash_view::{lookup_all, HashView, HitLists};
 use crate::error::{KvError, KvResult};
 use crate::ids::{BlockId, GroupId};
 use crate::pool::BlockPool;

@@ -1,7 +1,8 @@
 //! Full attention: every block of the prefix is needed, so a hit is the
 //! longest run of cached blocks from block 0.
 
-use super::{cdiv, lookup_all, GroupTable, HashView, HitLists};
+use super::hash_view::{lookup_all, HashView, HitLists};
+use super::table::GroupTable;
 use crate::block_hash::BlockHash;
 use crate::error::KvResult;
 use crate::ids::GroupId;
@@ -46,7 +47,7 @@ pub(crate) fn find_longest_cache_hit(
         if drop_eagle && hit > 0 {
             hit -= alignment.min(bs);
         }
-        let keep = cdiv(hit, bs);
+        let keep = hit.div_ceil(bs);
         for list in out.iter_mut() {
             list.truncate(keep);
         }
@@ -56,7 +57,7 @@ pub(crate) fn find_longest_cache_hit(
         n = n.saturating_sub(1);
     }
     let hit = n * bs / alignment * alignment;
-    let keep = cdiv(hit, bs);
+    let keep = hit.div_ceil(bs);
     for list in out.iter_mut() {
         list.truncate(keep);
     }

@@ -31,65 +31,11 @@
 //! pages are adopted, unpinned or dropped is the `HiSparse` coordinator's,
 //! above these rules.
 
-use std::collections::{BTreeMap, BTreeSet};
-
-use super::{cdiv, GroupTable, HitSearch, KindFacts, NullEntries};
+use super::table::GroupTable;
+pub use super::table::HiSparseRow;
 use crate::error::{KvError, KvResult};
 use crate::ids::BlockId;
 use crate::pool::BlockPool;
-
-/// The facts of [`SpecKind::HiSparseResident`](super::SpecKind::HiSparseResident).
-pub(crate) const RESIDENT_FACTS: KindFacts = KindFacts {
-    spec_name: "HiSparseResidentSpec",
-    block_size_field: "HiSparseResidentSpec.block_size",
-    param_field: None,
-    hit_search: HitSearch::Never,
-    prefix_cacheable: false,
-    sparse: false,
-    sized_by_encoder: false,
-    // The table's nulls (host-only pages) form a prefix; the overlay's do not.
-    nulls: NullEntries::Prefix,
-};
-
-/// The facts of [`SpecKind::HiSparseHot`](super::SpecKind::HiSparseHot).
-pub(crate) const HOT_FACTS: KindFacts = KindFacts {
-    spec_name: "HiSparseHotSpec",
-    block_size_field: "HiSparseHotSpec.block_size",
-    param_field: Some(("HiSparseHotSpec.blocks_per_request", true)),
-    hit_search: HitSearch::Never,
-    prefix_cacheable: false,
-    sparse: false,
-    sized_by_encoder: false,
-    nulls: NullEntries::Prefix,
-};
-
-/// Per-request `HiSparse` state of one group's table (empty for other kinds).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct HiSparseRow {
-    /// Resident groups: residency changes over the table, page -> block
-    /// (the null block: the page is read from the host).
-    pub(crate) changes: BTreeMap<usize, BlockId>,
-    /// Resident groups: adopted pages whose reference is not taken yet
-    /// (the adopter's next `touch` of the block takes it).
-    pub(crate) unbacked: BTreeSet<usize>,
-    /// Hot groups: the request must hold its hot region.
-    pub(crate) hot_required: bool,
-}
-
-impl HiSparseRow {
-    /// Forget everything (the request freed its blocks).
-    pub(crate) fn clear(&mut self) {
-        self.changes.clear();
-        self.unbacked.clear();
-        self.hot_required = false;
-    }
-
-    /// Whether nothing is recorded.
-    #[cfg(test)]
-    pub(crate) fn is_empty(&self) -> bool {
-        self.changes.is_empty() && self.unbacked.is_empty() && !self.hot_required
-    }
-}
 
 /// The overlay's invariants: changes lie within the table, and every
 /// unbacked page is a real page of the row.
@@ -198,13 +144,15 @@ pub fn resident_blocks_to_allocate(
 ) -> usize {
     let existing = table.map_or(0, |t| t.blocks.len());
     if total > local {
-        let imported = cdiv(total, block_size);
+        let imported = total.div_ceil(block_size);
         let tail_missing = table.is_none_or(|t| resident_page(t, imported - 1).is_none());
         return usize::from(tail_missing)
-            + cdiv(num_tokens, block_size).saturating_sub(imported.max(existing));
+            + num_tokens
+                .div_ceil(block_size)
+                .saturating_sub(imported.max(existing));
     }
-    let host_pages = cdiv(local, block_size);
-    let mut required = cdiv(num_tokens, block_size);
+    let host_pages = local.div_ceil(block_size);
+    let mut required = num_tokens.div_ceil(block_size);
     if let Some(cap) = cap {
         required = required.min(cap);
     }
@@ -214,7 +162,9 @@ pub fn resident_blocks_to_allocate(
 /// A new request's host prefix: one null page per page of the `local`
 /// computed tokens.
 pub fn resident_add_local(table: &mut GroupTable, block_size: usize, local: usize) {
-    table.blocks.resize(cdiv(local, block_size), BlockId::NULL);
+    table
+        .blocks
+        .resize(local.div_ceil(block_size), BlockId::NULL);
     table.num_cached = 0;
 }
 

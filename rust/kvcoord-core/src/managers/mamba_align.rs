@@ -20,46 +20,16 @@
 
 use hashbrown::HashSet;
 
-use super::{cdiv, lookup_all, CachePolicy, GroupTable, HashView, HitLists, Manager, SpecKind};
+use super::cache_policy::CachePolicy;
+use super::hash_view::{lookup_all, HashView, HitLists};
+pub use super::table::AlignState;
+use super::table::GroupTable;
 use crate::block_hash::BlockHash;
 use crate::error::KvResult;
 use crate::ids::{BlockId, GroupId};
 use crate::pool::BlockPool;
 use crate::prefix_index::CacheKey;
-
-/// Per-request bookkeeping of an align-mode table (all zero for every other
-/// kind).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct AlignState {
-    /// Entry of the previous running state, freed once the request is past
-    /// it.
-    pub(crate) last_state: Option<usize>,
-    /// Entries below this index were already released by skipped-block
-    /// removal (the walk does not stop at nulls, so it needs a frontier).
-    pub(crate) retired: usize,
-    /// Whether an allocation has run for the request since admission.
-    pub(crate) allocated: bool,
-    /// The prefill checkpoint of the latest allocation: (token position,
-    /// table index of the reserved block).
-    pub(crate) checkpoint: Option<(usize, usize)>,
-    /// A state cached at a sub-block boundary that the next allocation
-    /// copies into a fresh block (vLLM's `_partial_hit_reqs`): (table index,
-    /// the block holding it). Set by a hit ending inside a block and by the
-    /// request's own prompt-tail state.
-    pub(crate) partial_hit: Option<(usize, BlockId)>,
-    /// The request's own prompt-tail state at a sub-block boundary (vLLM's
-    /// `_producer_partial_tail_reqs`): (block, boundary tokens). Its copy
-    /// is handed to the boundary-state offloads; a request finishing first
-    /// hands the block itself ([`finalize_partial_tail`]).
-    pub(crate) producer_tail: Option<(BlockId, usize)>,
-}
-
-impl AlignState {
-    /// Forget everything (the request freed its blocks).
-    pub(crate) fn clear(&mut self) {
-        *self = Self::default();
-    }
-}
+use crate::spec::{GroupSpec, SpecKind};
 
 /// The checkpoint boundary of a prefill reaching `num_tokens`: the last
 /// multiple of `unit` strictly below it (one token is always recomputed for
@@ -112,7 +82,7 @@ pub fn prefill_checkpoint_valid(
     // The reserved block's column (`cdiv(end, bs) - 2`) must lie past the
     // column of the state the chunk starts from (`(start - 1) / bs`, -1 for
     // a chunk starting at 0).
-    let end_cols = cdiv(end, block_size);
+    let end_cols = end.div_ceil(block_size);
     start % hash_block_size == 0
         && end_cols >= 2
         && (start == 0 || end_cols - 2 > (start - 1) / block_size)
@@ -208,23 +178,23 @@ pub(crate) struct Needed {
     pub checkpoint: Option<(usize, usize)>,
 }
 
-/// Blocks this allocation of `manager`'s group (a Mamba "align" group)
+/// Blocks this allocation of a group of `spec` (a Mamba "align" group)
 /// pulls from the pool and the prefill checkpoint it reserves. A hit whose
 /// state was cached during the current step cannot be used yet: the count
 /// is then larger than the pool.
 pub(crate) fn num_blocks_to_allocate(
-    manager: &Manager,
+    spec: &GroupSpec,
     pool: &BlockPool,
     table: Option<&GroupTable>,
     input: &AllocInput<'_>,
     cached_this_step: &HashSet<CacheKey>,
 ) -> Needed {
-    let spec_bs = manager.block_size();
+    let spec_bs = spec.block_size as usize;
     let SpecKind::MambaAlign {
         num_speculative_blocks,
         prefill_checkpoint,
         prefill_checkpoint_alignment,
-    } = manager.spec().kind
+    } = spec.kind
     else {
         return Needed::default();
     };
@@ -240,7 +210,7 @@ pub(crate) fn num_blocks_to_allocate(
             }
         }
     }
-    let state_blocks = cdiv(input.main, spec_bs);
+    let state_blocks = input.main.div_ceil(spec_bs);
     let required = state_blocks + scratch;
     let table_len = table.map_or(0, |t| t.blocks.len());
     let allocated = table.is_some_and(|t| t.align.allocated);
@@ -305,7 +275,7 @@ pub(crate) fn allocate_new_blocks(
     cow: &mut CowLog<'_>,
 ) -> KvResult<()> {
     let scratch = num_speculative_blocks;
-    let state_blocks = cdiv(main, spec_bs);
+    let state_blocks = main.div_ceil(spec_bs);
     let required = state_blocks + scratch;
     let checkpoint_block = usize::from(table.align.checkpoint.is_some());
     let prev_len = table.blocks.len();
@@ -434,7 +404,7 @@ pub(crate) fn remove_skipped_blocks(
     }
     if let Some(idx) = table.align.last_state {
         // Past it: the block of the last computed token is further on.
-        if idx + 1 < cdiv(processed, spec_bs) && !table.blocks[idx].is_null() {
+        if idx + 1 < processed.div_ceil(spec_bs) && !table.blocks[idx].is_null() {
             let b = std::mem::replace(&mut table.blocks[idx], BlockId::NULL);
             pool.free_blocks(&[b])?;
         }
@@ -622,7 +592,7 @@ fn prompt_tail_key(
     {
         return Ok(None);
     }
-    let idx = cdiv(num_tokens, spec_bs) - 1;
+    let idx = num_tokens.div_ceil(spec_bs) - 1;
     let Some(&b) = table.blocks.get(idx) else {
         return Ok(None);
     };
@@ -701,8 +671,7 @@ mod tests {
     #[test]
     fn scratch_blocks_are_counted_once_and_free_the_checkpoint_entry() {
         let p = pool(20, 4);
-        let spec = crate::managers::GroupSpec::mamba_align_from_sizes(4, 2, 1, Some(4)).unwrap();
-        let m = Manager::new(spec, GroupId(0)).unwrap();
+        let spec = GroupSpec::mamba_align_from_sizes(4, 2, 1, Some(4)).unwrap();
         let input = |main, total_computed| AllocInput {
             main,
             total_computed,
@@ -715,7 +684,7 @@ mod tests {
         };
         let none = HashSet::new();
         // A new request: state blocks, both scratch blocks and the checkpoint.
-        let n = num_blocks_to_allocate(&m, &p, None, &input(10, 0), &none);
+        let n = num_blocks_to_allocate(&spec, &p, None, &input(10, 0), &none);
         assert_eq!(n.checkpoint, Some((8, 1)));
         assert_eq!(n.take, 1 + 1 + 2);
         // A running request whose checkpoint entry is one of its scratch
@@ -729,12 +698,12 @@ mod tests {
             },
             ..GroupTable::default()
         };
-        let n = num_blocks_to_allocate(&m, &p, Some(&t), &input(12, 8), &none);
+        let n = num_blocks_to_allocate(&spec, &p, Some(&t), &input(12, 8), &none);
         assert_eq!(
             n.checkpoint, None,
             "chunk starts past the checkpoint column"
         );
-        let n = num_blocks_to_allocate(&m, &p, Some(&t), &input(16, 4), &none);
+        let n = num_blocks_to_allocate(&spec, &p, Some(&t), &input(16, 4), &none);
         assert_eq!(n.checkpoint, Some((12, 2)));
         assert_eq!((n.take, n.give_back), (2, 0));
     }

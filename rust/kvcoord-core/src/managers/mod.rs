@@ -6,10 +6,20 @@
 //! state of one group is a [`GroupTable`] that the coordinator owns (one map
 //! lookup per request and step instead of one per group). Dispatch is a
 //! `match` on [`SpecKind`]; the kind-specific pieces live in one file each.
+//!
+//! Files: this one holds [`Manager`] and its dispatch; one file per kind
+//! holds that kind's rules; `table.rs` the per-request state
+//! ([`GroupTable`]), `hash_view.rs` what the hit finders share
+//! ([`HashView`]), `cache_policy.rs` the coordinator's sparse-caching
+//! input ([`CachePolicy`]). The kinds' facts are in [`crate::spec`].
+//! Layering: the kind files import the shared files, never this one, so
+//! dispatch depends on the kinds and not the other way round.
 
+mod cache_policy;
 pub mod chunked_local;
 pub mod cross_attention;
 pub mod full_attention;
+mod hash_view;
 pub mod hisparse;
 pub mod mamba;
 pub mod mamba_align;
@@ -17,602 +27,18 @@ pub mod mla_attention;
 pub mod rswa;
 pub mod sliding_window;
 pub mod sliding_window_mla;
+mod table;
+
+pub use cache_policy::CachePolicy;
+use hash_view::hash_scale;
+pub use hash_view::{HashView, HitLists};
+pub use table::GroupTable;
 
 use crate::block_hash::BlockHash;
 use crate::error::{KvError, KvResult};
 use crate::ids::{BlockId, GroupId};
 use crate::pool::BlockPool;
-
-/// What kind of KV cache a group holds, with its kind-specific parameters.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
-pub enum SpecKind {
-    /// Every token attends to every earlier token.
-    FullAttention,
-    /// Each token attends to the previous `sliding_window` tokens (itself
-    /// included).
-    SlidingWindow {
-        /// Window length in tokens.
-        sliding_window: u32,
-    },
-    /// Attention within fixed chunks of `attention_chunk_size` tokens.
-    ChunkedLocal {
-        /// Chunk length in tokens.
-        attention_chunk_size: u32,
-    },
-    /// Mamba state, mode "none" (no prefix caching).
-    Mamba {
-        /// Extra scratch blocks for speculative decoding.
-        num_speculative_blocks: u32,
-    },
-    /// Cross-attention over the encoder output: one static allocation sized
-    /// by the encoder tokens, never cached.
-    CrossAttention,
-    /// Multi-head latent attention (one latent vector per token, `DeepSeek`
-    /// style): managed exactly like full attention, but a spec of its own
-    /// (hybrid lookups bucket it apart from plain full attention).
-    MlaAttention,
-    /// Sliding-window MLA: managed exactly like [`SpecKind::SlidingWindow`],
-    /// a spec of its own.
-    SlidingWindowMla {
-        /// Window length in tokens.
-        sliding_window: u32,
-    },
-    /// Reference sliding-window attention: full attention over the prompt,
-    /// only the last `rswa_window` generated tokens stay visible; the decode
-    /// gap between them is released (see [`rswa`]).
-    Rswa {
-        /// Generated tokens kept visible.
-        rswa_window: u32,
-    },
-    /// Mamba state, mode "align": states cached at block boundaries so that
-    /// prefix caching works (see [`mamba_align`]).
-    MambaAlign {
-        /// Extra scratch blocks for speculative decoding (0 only: see
-        /// [`GroupSpec::validate`]).
-        num_speculative_blocks: u32,
-        /// Whether a prefill chunk may export the state at the prompt's last
-        /// cacheable boundary into a reserved block (vLLM's
-        /// `num_prefill_checkpoint_blocks > 0`).
-        prefill_checkpoint: bool,
-        /// Token alignment of an exported checkpoint relative to the chunk
-        /// start (`None`: the backend cannot export one).
-        prefill_checkpoint_alignment: Option<u32>,
-    },
-    /// `HiSparse` resident pages: device copies of host-backed KV, with a
-    /// residency overlay over an append-only table (see [`hisparse`]).
-    HiSparseResident,
-    /// `HiSparse` hot region: `blocks_per_request` blocks a request holds
-    /// once it reads from the host (see [`hisparse`]).
-    HiSparseHot {
-        /// Blocks of the region.
-        blocks_per_request: u32,
-    },
-}
-
-/// One KV-cache group's spec.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
-pub struct GroupSpec {
-    /// The kind of cache.
-    pub kind: SpecKind,
-    /// Tokens per block.
-    pub block_size: u32,
-}
-
-impl GroupSpec {
-    /// A full-attention spec.
-    pub const fn full_attention(block_size: u32) -> Self {
-        Self {
-            kind: SpecKind::FullAttention,
-            block_size,
-        }
-    }
-
-    /// A sliding-window spec.
-    pub const fn sliding_window(block_size: u32, sliding_window: u32) -> Self {
-        Self {
-            kind: SpecKind::SlidingWindow { sliding_window },
-            block_size,
-        }
-    }
-
-    /// A chunked-local spec.
-    pub const fn chunked_local(block_size: u32, attention_chunk_size: u32) -> Self {
-        Self {
-            kind: SpecKind::ChunkedLocal {
-                attention_chunk_size,
-            },
-            block_size,
-        }
-    }
-
-    /// A Mamba (mode "none") spec.
-    pub const fn mamba(block_size: u32, num_speculative_blocks: u32) -> Self {
-        Self {
-            kind: SpecKind::Mamba {
-                num_speculative_blocks,
-            },
-            block_size,
-        }
-    }
-
-    /// A cross-attention spec.
-    pub const fn cross_attention(block_size: u32) -> Self {
-        Self {
-            kind: SpecKind::CrossAttention,
-            block_size,
-        }
-    }
-
-    /// An MLA (full-attention) spec.
-    pub const fn mla_attention(block_size: u32) -> Self {
-        Self {
-            kind: SpecKind::MlaAttention,
-            block_size,
-        }
-    }
-
-    /// A sliding-window MLA spec.
-    pub const fn sliding_window_mla(block_size: u32, sliding_window: u32) -> Self {
-        Self {
-            kind: SpecKind::SlidingWindowMla { sliding_window },
-            block_size,
-        }
-    }
-
-    /// A reference sliding-window (R-SWA) spec.
-    pub const fn rswa(block_size: u32, rswa_window: u32) -> Self {
-        Self {
-            kind: SpecKind::Rswa { rswa_window },
-            block_size,
-        }
-    }
-
-    /// A Mamba spec in mode "align" (prefix caching of block-aligned states).
-    pub const fn mamba_align(
-        block_size: u32,
-        prefill_checkpoint: bool,
-        prefill_checkpoint_alignment: Option<u32>,
-    ) -> Self {
-        Self {
-            kind: SpecKind::MambaAlign {
-                num_speculative_blocks: 0,
-                prefill_checkpoint,
-                prefill_checkpoint_alignment,
-            },
-            block_size,
-        }
-    }
-
-    /// A `HiSparse` resident spec.
-    pub const fn hisparse_resident(block_size: u32) -> Self {
-        Self {
-            kind: SpecKind::HiSparseResident,
-            block_size,
-        }
-    }
-
-    /// A `HiSparse` hot spec.
-    pub const fn hisparse_hot(block_size: u32, blocks_per_request: u32) -> Self {
-        Self {
-            kind: SpecKind::HiSparseHot { blocks_per_request },
-            block_size,
-        }
-    }
-
-    /// The kind's facts (see [`KindFacts`]): the one table every layer
-    /// asks, the bindings and Python included.
-    #[inline]
-    pub const fn facts(&self) -> KindFacts {
-        self.kind.facts()
-    }
-
-    /// Whether blocks of this group may be registered in the prefix cache.
-    #[inline]
-    pub const fn prefix_cacheable(&self) -> bool {
-        self.kind.facts().prefix_cacheable
-    }
-
-    /// Whether this group's hits are prefix-closed (full attention): hybrid
-    /// lookups put these first and never re-scan them.
-    #[inline]
-    pub const fn is_full_attention(&self) -> bool {
-        matches!(self.kind.facts().hit_search, HitSearch::PrefixClosed)
-    }
-
-    /// Whether retention intervals apply to this group (it caches sparsely).
-    #[inline]
-    pub const fn is_sparse(&self) -> bool {
-        self.kind.facts().sparse
-    }
-
-    /// Whether table entries after the first real block may be null (R-SWA
-    /// decode gaps, Mamba "align" skipped states); every other kind keeps
-    /// its nulls as a prefix.
-    #[inline]
-    pub const fn has_interior_nulls(&self) -> bool {
-        matches!(self.kind.facts().nulls, NullEntries::Anywhere)
-    }
-
-    /// Check the parameters (positive sizes); messages name the public spec
-    /// field (`SlidingWindowSpec.sliding_window`).
-    pub fn validate(&self) -> KvResult<()> {
-        let facts = self.kind.facts();
-        let bad = |name, value: u32| KvError::InvalidConfig {
-            name,
-            value: value.to_string(),
-            rule: "must be positive".into(),
-        };
-        if self.block_size == 0 {
-            return Err(bad(facts.block_size_field, 0));
-        }
-        match (self.param(), facts.param_field) {
-            (Some(0), Some((name, true))) => Err(bad(name, 0)),
-            (_, _)
-                if matches!(
-                    self.kind,
-                    SpecKind::MambaAlign {
-                        prefill_checkpoint_alignment: Some(0),
-                        ..
-                    }
-                ) =>
-            {
-                Err(bad("MambaSpec.prefill_checkpoint_alignment", 0))
-            }
-            _ => Ok(()),
-        }
-    }
-
-    /// The kind's one parameter (window, chunk, speculative blocks), if any.
-    pub const fn param(&self) -> Option<u32> {
-        match self.kind {
-            SpecKind::SlidingWindow { sliding_window: v }
-            | SpecKind::ChunkedLocal {
-                attention_chunk_size: v,
-            }
-            | SpecKind::Mamba {
-                num_speculative_blocks: v,
-            }
-            | SpecKind::SlidingWindowMla { sliding_window: v }
-            | SpecKind::Rswa { rswa_window: v }
-            | SpecKind::MambaAlign {
-                num_speculative_blocks: v,
-                ..
-            }
-            | SpecKind::HiSparseHot {
-                blocks_per_request: v,
-            } => Some(v),
-            SpecKind::FullAttention
-            | SpecKind::CrossAttention
-            | SpecKind::MlaAttention
-            | SpecKind::HiSparseResident => None,
-        }
-    }
-
-    /// A spec of `kind` (whatever parameter value it carries is replaced)
-    /// from caller-supplied sizes: each is range-checked under the public
-    /// field name it came from (`SlidingWindowSpec.sliding_window`), then
-    /// the spec is validated.
-    pub fn from_sizes(kind: SpecKind, block_size: i64, param: Option<i64>) -> KvResult<Self> {
-        let spec = Self::sized(kind, block_size, param)?;
-        spec.validate()?;
-        Ok(spec)
-    }
-
-    /// A Mamba "align" spec from caller-supplied sizes (see
-    /// [`from_sizes`](Self::from_sizes)); any prefill checkpoint block turns
-    /// checkpoints on.
-    pub fn mamba_align_from_sizes(
-        block_size: i64,
-        num_speculative_blocks: i64,
-        num_prefill_checkpoint_blocks: i64,
-        prefill_checkpoint_alignment: Option<i64>,
-    ) -> KvResult<Self> {
-        let template = Self::mamba_align(1, false, None).kind;
-        let mut spec = Self::sized(template, block_size, Some(num_speculative_blocks))?;
-        let checkpoint = size_field(
-            "MambaSpec.num_prefill_checkpoint_blocks",
-            num_prefill_checkpoint_blocks,
-            false,
-        )? > 0;
-        let alignment = prefill_checkpoint_alignment
-            .map(|a| size_field("MambaSpec.prefill_checkpoint_alignment", a, true))
-            .transpose()?;
-        if let SpecKind::MambaAlign {
-            prefill_checkpoint,
-            prefill_checkpoint_alignment,
-            ..
-        } = &mut spec.kind
-        {
-            *prefill_checkpoint = checkpoint;
-            *prefill_checkpoint_alignment = alignment;
-        }
-        spec.validate()?;
-        Ok(spec)
-    }
-
-    /// Range-checked sizes, not yet validated.
-    fn sized(kind: SpecKind, block_size: i64, param: Option<i64>) -> KvResult<Self> {
-        let facts = kind.facts();
-        let block_size = size_field(facts.block_size_field, block_size, true)?;
-        let kind = match (param, facts.param_field) {
-            (Some(v), Some((field, positive))) => kind.with_param(size_field(field, v, positive)?),
-            _ => kind,
-        };
-        Ok(Self { kind, block_size })
-    }
-}
-
-/// A size from a caller as `u32`, positive where `positive` (else
-/// non-negative); out of range is an [`KvError::InvalidConfig`] naming
-/// `field`.
-pub fn size_field(field: &'static str, value: i64, positive: bool) -> KvResult<u32> {
-    match u32::try_from(value) {
-        Ok(v) if v > 0 || !positive => Ok(v),
-        _ => Err(KvError::InvalidConfig {
-            name: field,
-            value: value.to_string(),
-            rule: if positive {
-                "must be a positive int".into()
-            } else {
-                "must be an int >= 0".into()
-            },
-        }),
-    }
-}
-
-/// How a kind searches the prefix cache for hits.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
-pub enum HitSearch {
-    /// Left to right, stop at the first miss: the hit set is prefix-closed
-    /// (full attention).
-    PrefixClosed,
-    /// Right to left, for a run of consecutive hits covering the window
-    /// (sliding window).
-    Window,
-    /// Blocks before the last chunk boundary are skipped (chunked local).
-    Chunk,
-    /// Right to left, the latest cached state at or below the bound: one
-    /// real block after nulls (Mamba "align").
-    LastState,
-    /// Never searched (Mamba mode "none", cross-attention).
-    Never,
-}
-
-/// Everything the layers above the managers know about a KV kind, written
-/// once here. Adding a kind adds one arm to [`SpecKind::facts`] (the
-/// compiler lists every other match that needs one).
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub struct KindFacts {
-    /// Name of the public spec type (the Python dataclass), for messages.
-    pub spec_name: &'static str,
-    /// `<spec_name>.block_size`, for messages.
-    pub block_size_field: &'static str,
-    /// `<spec_name>.<parameter>` of the kind's one parameter, if it has
-    /// one, and whether it must be positive (else non-negative).
-    pub param_field: Option<(&'static str, bool)>,
-    /// How hits are searched.
-    pub hit_search: HitSearch,
-    /// Whether its blocks may enter the prefix cache (a caching manager
-    /// refuses a group whose kind is not cacheable).
-    pub prefix_cacheable: bool,
-    /// Whether retention intervals (sparse caching) apply.
-    pub sparse: bool,
-    /// Whether slots are sized by the encoder's tokens rather than the
-    /// decoder's.
-    pub sized_by_encoder: bool,
-    /// Where a request's table may hold null entries.
-    pub nulls: NullEntries,
-}
-
-/// Where a kind's block tables may hold the null block.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
-pub enum NullEntries {
-    /// Only as a prefix (skipped positions before the window or chunk).
-    Prefix,
-    /// Also after real entries (R-SWA decode gaps, Mamba "align" skipped
-    /// states).
-    Anywhere,
-}
-
-impl SpecKind {
-    /// The same kind with its one parameter (window, chunk, speculative
-    /// blocks) set to `v`; kinds without a parameter are returned as they are.
-    #[must_use]
-    pub const fn with_param(self, v: u32) -> Self {
-        match self {
-            Self::SlidingWindow { .. } => Self::SlidingWindow { sliding_window: v },
-            Self::ChunkedLocal { .. } => Self::ChunkedLocal {
-                attention_chunk_size: v,
-            },
-            Self::Mamba { .. } => Self::Mamba {
-                num_speculative_blocks: v,
-            },
-            Self::SlidingWindowMla { .. } => Self::SlidingWindowMla { sliding_window: v },
-            Self::Rswa { .. } => Self::Rswa { rswa_window: v },
-            Self::MambaAlign {
-                prefill_checkpoint,
-                prefill_checkpoint_alignment,
-                ..
-            } => Self::MambaAlign {
-                num_speculative_blocks: v,
-                prefill_checkpoint,
-                prefill_checkpoint_alignment,
-            },
-            Self::HiSparseHot { .. } => Self::HiSparseHot {
-                blocks_per_request: v,
-            },
-            Self::FullAttention
-            | Self::CrossAttention
-            | Self::MlaAttention
-            | Self::HiSparseResident => self,
-        }
-    }
-
-    /// The kind's facts. Inlined so that reading one fact on a hot path
-    /// compiles to a match on the kind, not a copy of the whole table row.
-    #[inline]
-    pub const fn facts(self) -> KindFacts {
-        match self {
-            Self::FullAttention => KindFacts {
-                spec_name: "FullAttentionSpec",
-                block_size_field: "FullAttentionSpec.block_size",
-                param_field: None,
-                hit_search: HitSearch::PrefixClosed,
-                prefix_cacheable: true,
-                sparse: false,
-                sized_by_encoder: false,
-                nulls: NullEntries::Prefix,
-            },
-            Self::SlidingWindow { .. } => KindFacts {
-                spec_name: "SlidingWindowSpec",
-                block_size_field: "SlidingWindowSpec.block_size",
-                param_field: Some(("SlidingWindowSpec.sliding_window", true)),
-                hit_search: HitSearch::Window,
-                prefix_cacheable: true,
-                sparse: true,
-                sized_by_encoder: false,
-                nulls: NullEntries::Prefix,
-            },
-            Self::ChunkedLocal { .. } => KindFacts {
-                spec_name: "ChunkedLocalAttentionSpec",
-                block_size_field: "ChunkedLocalAttentionSpec.block_size",
-                param_field: Some(("ChunkedLocalAttentionSpec.attention_chunk_size", true)),
-                hit_search: HitSearch::Chunk,
-                prefix_cacheable: true,
-                sparse: false,
-                sized_by_encoder: false,
-                nulls: NullEntries::Prefix,
-            },
-            Self::Mamba { .. } => KindFacts {
-                spec_name: "MambaSpec",
-                block_size_field: "MambaSpec.block_size",
-                param_field: Some(("MambaSpec.num_speculative_blocks", false)),
-                hit_search: HitSearch::Never,
-                prefix_cacheable: false,
-                sparse: true,
-                sized_by_encoder: false,
-                nulls: NullEntries::Prefix,
-            },
-            Self::CrossAttention => KindFacts {
-                spec_name: "CrossAttentionSpec",
-                block_size_field: "CrossAttentionSpec.block_size",
-                param_field: None,
-                hit_search: HitSearch::Never,
-                prefix_cacheable: false,
-                sparse: false,
-                sized_by_encoder: true,
-                nulls: NullEntries::Prefix,
-            },
-            Self::MlaAttention => KindFacts {
-                spec_name: "MLAAttentionSpec",
-                block_size_field: "MLAAttentionSpec.block_size",
-                param_field: None,
-                hit_search: HitSearch::PrefixClosed,
-                prefix_cacheable: true,
-                sparse: false,
-                sized_by_encoder: false,
-                nulls: NullEntries::Prefix,
-            },
-            Self::SlidingWindowMla { .. } => KindFacts {
-                spec_name: "SlidingWindowMLASpec",
-                block_size_field: "SlidingWindowMLASpec.block_size",
-                param_field: Some(("SlidingWindowMLASpec.sliding_window", true)),
-                hit_search: HitSearch::Window,
-                prefix_cacheable: true,
-                sparse: true,
-                sized_by_encoder: false,
-                nulls: NullEntries::Prefix,
-            },
-            Self::Rswa { .. } => KindFacts {
-                spec_name: "RSWASpec",
-                block_size_field: "RSWASpec.block_size",
-                param_field: Some(("RSWASpec.rswa_window", true)),
-                hit_search: HitSearch::PrefixClosed,
-                prefix_cacheable: true,
-                sparse: false,
-                sized_by_encoder: false,
-                nulls: NullEntries::Anywhere,
-            },
-            Self::MambaAlign { .. } => KindFacts {
-                spec_name: "MambaSpec",
-                block_size_field: "MambaSpec.block_size",
-                param_field: Some(("MambaSpec.num_speculative_blocks", false)),
-                hit_search: HitSearch::LastState,
-                prefix_cacheable: true,
-                sparse: true,
-                sized_by_encoder: false,
-                nulls: NullEntries::Anywhere,
-            },
-            Self::HiSparseResident => hisparse::RESIDENT_FACTS,
-            Self::HiSparseHot { .. } => hisparse::HOT_FACTS,
-        }
-    }
-}
-
-/// One request's blocks in one group.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct GroupTable {
-    /// Position-indexed block table: entry `i` covers tokens
-    /// `[i*bs, (i+1)*bs)`. Invariant: null entries (skipped positions) form a
-    /// prefix; every other entry holds one reference on its block.
-    pub(crate) blocks: Vec<BlockId>,
-    /// Leading entries already registered in the prefix cache (or hits that
-    /// came from it). Invariant: `num_cached <= blocks.len()`.
-    pub(crate) num_cached: usize,
-    /// Mamba "align" only (see [`mamba_align`]): per-request bookkeeping;
-    /// its `partial_hit` also serves full attention's sub-block hits.
-    pub(crate) align: mamba_align::AlignState,
-    /// `HiSparse` kinds only (see [`hisparse`]): residency overlay, unpinned
-    /// pages, hot-region demand.
-    pub(crate) hisparse: hisparse::HiSparseRow,
-}
-
-impl GroupTable {
-    /// The position-indexed table (null block in skipped positions).
-    #[inline]
-    pub fn blocks(&self) -> &[BlockId] {
-        &self.blocks
-    }
-
-    /// How many leading entries are registered in the prefix cache.
-    #[inline]
-    pub fn num_cached(&self) -> usize {
-        self.num_cached
-    }
-
-    /// Number of leading null entries.
-    pub fn num_leading_nulls(&self) -> usize {
-        self.blocks.iter().take_while(|b| b.is_null()).count()
-    }
-
-    /// Check the invariants written on the fields (`interior_nulls`: the
-    /// group's kind may leave null entries after real ones, see
-    /// [`GroupSpec::has_interior_nulls`]).
-    pub fn check_invariants(&self, interior_nulls: bool) -> Result<(), String> {
-        if self.num_cached > self.blocks.len() {
-            return Err(format!(
-                "num_cached {} exceeds the table length {}",
-                self.num_cached,
-                self.blocks.len()
-            ));
-        }
-        let nulls = self.num_leading_nulls();
-        if !interior_nulls && self.blocks[nulls..].iter().any(|b| b.is_null()) {
-            return Err("null entry after a real block".into());
-        }
-        Ok(())
-    }
-}
-
-/// `ceil(a / b)` for `b > 0`.
-#[inline]
-pub(crate) const fn cdiv(a: usize, b: usize) -> usize {
-    a.div_ceil(b)
-}
-
-/// Reusable per-group lookup results: `out[g]` receives the blocks of the
-/// `g`-th group of a finder call.
-pub type HitLists = [Vec<BlockId>];
+pub use crate::spec::{size_field, GroupSpec, HitSearch, KindFacts, NullEntries, SpecKind};
 
 /// The rules of one group, dispatched on its [`SpecKind`].
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -742,7 +168,7 @@ impl Manager {
                 let tokens = (sliding_window as usize - 1)
                     .saturating_add(max_in_flight_tokens)
                     .min(max_model_len);
-                Some(cdiv(tokens, bs) + 1)
+                Some(tokens.div_ceil(bs) + 1)
             }
             SpecKind::ChunkedLocal {
                 attention_chunk_size,
@@ -750,11 +176,13 @@ impl Manager {
                 let tokens = (attention_chunk_size as usize)
                     .saturating_add(max_in_flight_tokens)
                     .min(max_model_len);
-                Some(cdiv(tokens, bs))
+                Some(tokens.div_ceil(bs))
             }
             // HiSparse resident pages: the in-flight window (older pages
             // move to the host).
-            SpecKind::HiSparseResident => Some(cdiv(max_in_flight_tokens.min(max_model_len), bs)),
+            SpecKind::HiSparseResident => {
+                Some(max_in_flight_tokens.min(max_model_len).div_ceil(bs))
+            }
             // Every block stays until the request finishes (R-SWA's gap is
             // released during decode, but its peak is full attention's).
             SpecKind::FullAttention
@@ -911,7 +339,7 @@ impl Manager {
         cap: Option<usize>,
     ) -> usize {
         let bs = self.block_size;
-        let mut required = cdiv(self.tokens_to_allocate(num_tokens), bs);
+        let mut required = self.tokens_to_allocate(num_tokens).div_ceil(bs);
         if let Some(cap) = cap {
             required = required.min(cap);
         }
@@ -989,7 +417,9 @@ impl Manager {
         if external.min(total - self.num_skipped_tokens(total).min(total)) == 0 {
             return Ok(());
         }
-        let n = cdiv(total, self.block_size).saturating_sub(table.blocks.len());
+        let n = total
+            .div_ceil(self.block_size)
+            .saturating_sub(table.blocks.len());
         if n > 0 {
             scratch.clear();
             pool.get_new_blocks(n, scratch)?;
@@ -1039,7 +469,9 @@ impl Manager {
                 new_blocks,
             );
         }
-        let required = cdiv(self.tokens_to_allocate(num_tokens), self.block_size);
+        let required = self
+            .tokens_to_allocate(num_tokens)
+            .div_ceil(self.block_size);
         let n = required.saturating_sub(table.blocks.len());
         if n > 0 {
             let start = new_blocks.len();
@@ -1055,7 +487,7 @@ impl Manager {
     /// blocks a later hit can reach (see [`sliding_window::reachable_block_mask`]).
     ///
     /// Inlined up to "nothing new is full" (most decode steps); the caching
-    /// itself is [`cache_new_blocks`](Self::cache_new_blocks).
+    /// itself is `cache_new_blocks`.
     #[allow(clippy::too_many_arguments)]
     #[inline]
     pub fn cache_blocks(
@@ -1226,255 +658,5 @@ impl Manager {
     }
 }
 
-/// What the coordinator tells a group's `cache_blocks` about sparse caching.
-#[derive(Clone, Debug)]
-pub struct CachePolicy<'a> {
-    /// Tokens a hit must end on a multiple of (the scheduler block size
-    /// without partial hits).
-    pub alignment: usize,
-    /// Retention interval: `None` dense, `Some(0)` latest boundary only,
-    /// `Some(r)` one boundary every `r` tokens.
-    pub retention: Option<usize>,
-    /// Token positions a later request may resume from (the prompt's replay
-    /// boundary, a shared-prefix boundary); used only with a retention
-    /// interval.
-    pub reachable_boundaries: &'a [usize],
-}
-
-/// Number of hash units per block; errors unless `block_size` is a positive
-/// multiple of `hash_block_size`.
-pub(crate) fn hash_scale(hash_block_size: usize, block_size: usize) -> KvResult<usize> {
-    if hash_block_size == 0 || block_size % hash_block_size != 0 {
-        return Err(KvError::InvalidArgument {
-            name: "hash_block_size",
-            detail: format!("{hash_block_size} does not divide the block size {block_size}"),
-        });
-    }
-    Ok(block_size / hash_block_size)
-}
-
-/// Read-only view of hash-unit hashes at a group's block size: block `i` is
-/// the last unit hash inside it.
-#[derive(Copy, Clone, Debug)]
-pub struct HashView<'a> {
-    hashes: &'a [BlockHash],
-    /// Hash units per block.
-    scale: usize,
-    /// Tokens per block.
-    block_size: usize,
-}
-
-impl<'a> HashView<'a> {
-    /// View `hashes` (units of `hash_block_size` tokens) at `block_size`.
-    pub fn new(
-        hashes: &'a [BlockHash],
-        hash_block_size: usize,
-        block_size: usize,
-    ) -> KvResult<Self> {
-        Ok(Self {
-            hashes,
-            scale: hash_scale(hash_block_size, block_size)?,
-            block_size,
-        })
-    }
-
-    /// Tokens per block.
-    #[inline]
-    pub fn block_size(&self) -> usize {
-        self.block_size
-    }
-
-    /// Number of full blocks the hashes cover.
-    #[inline]
-    pub fn len(&self) -> usize {
-        self.hashes.len() / self.scale
-    }
-
-    /// Whether no full block is covered.
-    #[inline]
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Hash of block `i` (`i < len()`).
-    #[inline]
-    pub fn get(&self, i: usize) -> &'a BlockHash {
-        &self.hashes[(i + 1) * self.scale - 1]
-    }
-
-    /// The hash-unit hashes underneath (sub-block boundaries).
-    #[inline]
-    pub fn units(&self) -> &'a [BlockHash] {
-        self.hashes
-    }
-
-    /// Tokens per hash unit.
-    #[inline]
-    pub fn unit_size(&self) -> usize {
-        self.block_size / self.scale
-    }
-}
-
-/// Look `hash` up in every group; on a hit push one block per group, on a
-/// miss leave `out` as it was.
-#[inline]
-pub(crate) fn lookup_all(
-    pool: &BlockPool,
-    groups: &[GroupId],
-    hash: &BlockHash,
-    out: &mut HitLists,
-) -> bool {
-    for (k, &g) in groups.iter().enumerate() {
-        if let Some(b) = pool.lookup(hash, g) {
-            out[k].push(b);
-        } else {
-            // Undo the pushes of the groups that hit.
-            for list in &mut out[..k] {
-                list.pop();
-            }
-            return false;
-        }
-    }
-    true
-}
-
 #[cfg(test)]
-pub(crate) mod test_util {
-    use super::*;
-    use crate::pool::PoolConfig;
-
-    /// Hash number `n`.
-    pub(crate) fn h(n: u32) -> BlockHash {
-        let mut bytes = [0u8; 32];
-        bytes[..4].copy_from_slice(&n.to_le_bytes());
-        bytes[31] = 1;
-        BlockHash::from_slice(&bytes).unwrap()
-    }
-
-    /// Hashes `0..n`.
-    pub(crate) fn hashes(n: u32) -> Vec<BlockHash> {
-        (0..n).map(h).collect()
-    }
-
-    pub(crate) fn pool(n: usize, hash_block_size: u32) -> BlockPool {
-        BlockPool::new(PoolConfig {
-            hash_block_size,
-            ..PoolConfig::new(n)
-        })
-        .unwrap()
-    }
-
-    /// Cache pool block `id` under hash `hash` for group 0 (the block is
-    /// allocated, cached and freed again so it is an evictable cached block).
-    pub(crate) fn cache_block(pool: &mut BlockPool, id: u32, hash: &BlockHash) {
-        let b = BlockId(id);
-        pool.touch(&[b]).unwrap();
-        pool.cache_full_blocks(&[b], std::slice::from_ref(hash), 0, 1, GroupId(0), None)
-            .unwrap();
-        pool.free_blocks(&[b]).unwrap();
-    }
-
-    pub(crate) fn ids(v: &[BlockId]) -> Vec<u32> {
-        v.iter().map(|b| b.0).collect()
-    }
-
-    pub(crate) fn table(blocks: &[u32]) -> GroupTable {
-        GroupTable {
-            blocks: blocks.iter().map(|&b| BlockId(b)).collect(),
-            ..GroupTable::default()
-        }
-    }
-}
-
-#[cfg(test)]
-mod kind_table_tests {
-    use super::*;
-
-    #[test]
-    fn specs_from_caller_sizes_name_the_field_they_came_from() {
-        let swa = SpecKind::SlidingWindow { sliding_window: 0 };
-        assert_eq!(
-            GroupSpec::from_sizes(swa, 16, Some(64)),
-            Ok(GroupSpec::sliding_window(16, 64))
-        );
-        let named = |r: KvResult<GroupSpec>| match r {
-            Err(KvError::InvalidConfig { name, rule, .. }) => (name, rule),
-            other => panic!("expected a config error, got {other:?}"),
-        };
-        let (name, rule) = named(GroupSpec::from_sizes(swa, 16, Some(0)));
-        assert_eq!(name, "SlidingWindowSpec.sliding_window");
-        assert_eq!(rule, "must be a positive int");
-        let full = SpecKind::FullAttention;
-        let (name, _) = named(GroupSpec::from_sizes(full, 1 << 32, None));
-        assert_eq!(name, "FullAttentionSpec.block_size");
-        // Mamba's parameter may be 0; negative values are refused.
-        let mamba = SpecKind::Mamba {
-            num_speculative_blocks: 9,
-        };
-        assert_eq!(
-            GroupSpec::from_sizes(mamba, 16, Some(0)),
-            Ok(GroupSpec::mamba(16, 0))
-        );
-        let (name, rule) = named(GroupSpec::from_sizes(mamba, 16, Some(-1)));
-        assert_eq!(
-            (name, rule.as_str()),
-            ("MambaSpec.num_speculative_blocks", "must be an int >= 0")
-        );
-        // Align mode: checkpoints on with any checkpoint block; speculative
-        // scratch blocks are kept, a negative count refused.
-        assert_eq!(
-            GroupSpec::mamba_align_from_sizes(16, 0, 2, Some(32)),
-            Ok(GroupSpec::mamba_align(16, true, Some(32)))
-        );
-        let with_scratch = GroupSpec::mamba_align_from_sizes(16, 2, 0, None).unwrap();
-        assert_eq!(with_scratch.param(), Some(2));
-        let (name, _) = named(GroupSpec::mamba_align_from_sizes(16, -1, 0, None));
-        assert_eq!(name, "MambaSpec.num_speculative_blocks");
-        let (name, _) = named(GroupSpec::mamba_align_from_sizes(16, 0, -1, None));
-        assert_eq!(name, "MambaSpec.num_prefill_checkpoint_blocks");
-    }
-
-    const ALL: [GroupSpec; 5] = [
-        GroupSpec::full_attention(16),
-        GroupSpec::sliding_window(16, 64),
-        GroupSpec::chunked_local(16, 64),
-        GroupSpec::mamba(16, 1),
-        GroupSpec::cross_attention(16),
-    ];
-
-    #[test]
-    fn facts_are_consistent() {
-        for spec in ALL {
-            let f = spec.facts();
-            assert!(f.block_size_field.starts_with(f.spec_name), "{f:?}");
-            if let Some((field, _)) = f.param_field {
-                assert!(field.starts_with(f.spec_name), "{f:?}");
-                assert!(spec.param().is_some(), "{f:?}");
-            }
-            // A kind never searched is never cached, and vice versa.
-            assert_eq!(
-                f.prefix_cacheable,
-                f.hit_search != HitSearch::Never,
-                "{f:?}"
-            );
-            assert_eq!(
-                spec.is_full_attention(),
-                f.hit_search == HitSearch::PrefixClosed
-            );
-        }
-    }
-
-    #[test]
-    fn validation_names_the_public_field() {
-        let msg = |s: GroupSpec| s.validate().unwrap_err().to_string();
-        assert!(msg(GroupSpec::full_attention(0)).contains("FullAttentionSpec.block_size"));
-        assert!(msg(GroupSpec::sliding_window(16, 0)).contains("SlidingWindowSpec.sliding_window"));
-        assert!(msg(GroupSpec::chunked_local(16, 0))
-            .contains("ChunkedLocalAttentionSpec.attention_chunk_size"));
-        // Zero speculative blocks is valid.
-        assert!(GroupSpec::mamba(16, 0).validate().is_ok());
-        for spec in ALL {
-            assert!(spec.validate().is_ok());
-        }
-    }
-}
+pub(crate) mod test_util;

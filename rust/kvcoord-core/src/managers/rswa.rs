@@ -5,7 +5,6 @@
 //! and the window. Released gap blocks keep their cache keys, so a later
 //! request whose prompt covers them can hit them again.
 
-use super::cdiv;
 use crate::error::KvResult;
 use crate::ids::BlockId;
 use crate::pool::BlockPool;
@@ -21,7 +20,7 @@ pub fn gap(
     rswa_window: usize,
     block_size: usize,
 ) -> std::ops::Range<usize> {
-    let first = cdiv(num_prompt_tokens, block_size);
+    let first = num_prompt_tokens.div_ceil(block_size);
     let window_start = num_prompt_tokens.max(processed.saturating_sub(rswa_window));
     first..window_start / block_size
 }

@@ -4,7 +4,8 @@
 
 use smallvec::SmallVec;
 
-use super::{cdiv, CachePolicy, HashView, HitLists};
+use super::cache_policy::CachePolicy;
+use super::hash_view::{HashView, HitLists};
 use crate::ids::{BlockId, GroupId};
 use crate::pool::BlockPool;
 
@@ -13,7 +14,7 @@ use crate::pool::BlockPool;
 /// states EAGLE recomputes).
 #[inline]
 pub fn contiguous_blocks_needed(sliding_window: usize, block_size: usize, eagle: bool) -> usize {
-    cdiv(sliding_window.saturating_sub(1), block_size) + usize::from(eagle)
+    sliding_window.saturating_sub(1).div_ceil(block_size) + usize::from(eagle)
 }
 
 /// Tokens strictly before the window of the token after the first `n`.

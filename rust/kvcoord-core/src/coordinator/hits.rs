@@ -1,5 +1,6 @@
-//! Verification of the prefix-cache hits a caller hands back to
-//! `allocate_slots` (`new_computed_blocks`).
+//! Prefix-cache hits: the lookups ([`CoordinatorCore::find_longest_cache_hit`])
+//! and the checks of the hits a caller hands back to `allocate_slots`
+//! (`new_computed_blocks`).
 //!
 //! Hits come from `find_longest_cache_hit`, but they travel through the
 //! caller and the pool may change in between (another thread, or a misuse):
@@ -20,11 +21,15 @@
 //!
 //! [`CoordinatorConfig::verify_hits`]: crate::CoordinatorConfig::verify_hits
 
+use super::config::CoordinatorConfig;
+use super::CoordinatorCore;
 use crate::block_hash::BlockHash;
 use crate::error::{KvError, KvResult};
-use crate::ids::BlockId;
+use crate::ids::{BlockId, GroupId};
 use crate::managers::{HashView, Manager};
 use crate::pool::BlockPool;
+use crate::request::RequestView;
+use crate::step_args::AllocateArgs;
 
 /// Check `list`, the hits of group `m` covering `num_local` computed
 /// tokens (one entry per block), against the request's `hashes` (units of
@@ -104,6 +109,203 @@ pub(crate) fn check_group_hit_shape(
             ),
         }),
     }
+}
+
+impl CoordinatorCore {
+    fn check_group_set(&self, group_ids: &[GroupId]) -> KvResult<&Manager> {
+        let first = group_ids.first().ok_or_else(|| KvError::InvalidArgument {
+            name: "group_ids",
+            detail: "must not be empty".into(),
+        })?;
+        let manager_of = |g: &GroupId| {
+            self.managers
+                .get(g.0 as usize)
+                .ok_or(KvError::UnknownGroup(*g))
+        };
+        let m = manager_of(first)?;
+        for g in group_ids {
+            if manager_of(g)?.spec() != m.spec() {
+                return Err(KvError::InvalidArgument {
+                    name: "group_ids",
+                    detail: format!("groups {first} and {g} have different specs"),
+                });
+            }
+        }
+        Ok(m)
+    }
+
+    /// Longest prefix-cache hit for groups sharing one spec: at most
+    /// `max_length` tokens, ending on a multiple of `alignment` (the group's
+    /// block size when unitary, the scheduler block size when hybrid).
+    /// `hashes` are the request's hash-unit hashes. `drop_eagle`: the hit
+    /// drops its last block for EAGLE (only EAGLE groups may ask; see
+    /// [`Manager::find_longest_cache_hit`]). Returns each group's blocks
+    /// (null block in skipped positions) and the hit in tokens. Nothing is
+    /// pinned: pass the blocks to `allocate_slots` right away.
+    pub fn find_longest_cache_hit(
+        &self,
+        group_ids: &[GroupId],
+        hashes: &[BlockHash],
+        max_length: usize,
+        alignment: usize,
+        drop_eagle: bool,
+    ) -> KvResult<(Vec<Vec<BlockId>>, usize)> {
+        let mut out = Vec::new();
+        crate::limits::try_reserve(&mut out, group_ids.len(), "hit lists")?;
+        out.resize_with(group_ids.len(), Vec::new);
+        let hit = self.find_longest_cache_hit_into(
+            group_ids, hashes, max_length, alignment, drop_eagle, &mut out,
+        )?;
+        Ok((out, hit))
+    }
+
+    /// [`find_longest_cache_hit`](Self::find_longest_cache_hit) into
+    /// caller-owned lists (`out[i]` for `group_ids[i]`, cleared first).
+    pub fn find_longest_cache_hit_into(
+        &self,
+        group_ids: &[GroupId],
+        hashes: &[BlockHash],
+        max_length: usize,
+        alignment: usize,
+        drop_eagle: bool,
+        out: &mut [Vec<BlockId>],
+    ) -> KvResult<usize> {
+        let m = self.check_group_set(group_ids)?;
+        if drop_eagle && !m.eagle() {
+            return Err(KvError::InvalidArgument {
+                name: "drop_eagle",
+                detail: format!("group {} is not an EAGLE group", m.group()),
+            });
+        }
+        if !self.config.enable_caching() {
+            if out.len() != group_ids.len() {
+                return Err(KvError::InvalidArgument {
+                    name: "out",
+                    detail: format!("{} lists for {} groups", out.len(), group_ids.len()),
+                });
+            }
+            out.iter_mut().for_each(Vec::clear);
+            return Ok(0);
+        }
+        m.find_longest_cache_hit(
+            &self.pool,
+            group_ids,
+            hashes,
+            self.config.hash_block_size as usize,
+            max_length,
+            alignment,
+            drop_eagle,
+            out,
+        )
+    }
+}
+
+/// Validate hit lists passed to `allocate_slots`: one list per group, only
+/// for a new request, only where caching applies, in range, and covering
+/// exactly the locally computed tokens (fewer for a lagging group before
+/// external tokens).
+pub(super) fn check_hits(
+    managers: &[Manager],
+    pool: &BlockPool,
+    config: &CoordinatorConfig,
+    hits: &[Vec<BlockId>],
+    tracked: bool,
+    view: &RequestView<'_>,
+    args: &AllocateArgs,
+) -> KvResult<()> {
+    let num_local = view.num_computed_tokens + args.num_new_computed_tokens;
+    let num_external = args.num_external_computed_tokens;
+    let hashes = view.hashes;
+    let arg = |detail: String| KvError::InvalidArgument {
+        name: "new_computed_blocks",
+        detail,
+    };
+    if hits.len() != managers.len() {
+        return Err(arg(format!(
+            "{} lists for {} groups",
+            hits.len(),
+            managers.len()
+        )));
+    }
+    // A connector's per-group lookup (vLLM's, beside Mamba groups) may hand
+    // a group a hit below the reported one (even none) when external
+    // tokens follow: that group adopts what its own hit covers, as vLLM
+    // does (a Mamba group none of it: the state at the end of the external
+    // tokens replaces it).
+    let lagging = |list: &[BlockId], expected: usize| num_external > 0 && list.len() < expected;
+    // A full-attention group whose pool keeps a longer prefix than the
+    // reconciled hit (vLLM's `retains_longer_hit`: HiSparse's host group)
+    // adopts the blocks of it that the local and external tokens cover
+    // together: the external tokens are already in those blocks.
+    let retained = |m: &Manager, list: &[BlockId], expected: usize| {
+        num_external > 0
+            && m.spec().is_full_attention()
+            && list.len() > expected
+            && list.len() <= (num_local + num_external).div_ceil(m.block_size())
+    };
+    for (m, list) in managers.iter().zip(hits) {
+        if list.is_empty() {
+            let needs_blocks = !tracked && num_local > 0 && config.enable_caching();
+            if needs_blocks && m.spec().prefix_cacheable() && num_external == 0 {
+                return Err(arg(format!(
+                    "group {}: {num_local} hit tokens but no hit blocks",
+                    m.group()
+                )));
+            }
+            continue;
+        }
+        if tracked {
+            return Err(arg(
+                "a running request cannot adopt prefix-cache hits".into()
+            ));
+        }
+        if !config.enable_caching() || !m.spec().prefix_cacheable() {
+            return Err(arg(format!(
+                "group {} cannot have prefix-cache hits",
+                m.group()
+            )));
+        }
+        if !pool.ids_in_range(list) {
+            return Err(arg(format!("group {}: block id out of range", m.group())));
+        }
+        let sub_block = config.partial_hits()
+            && m.spec().facts().sub_block_hits
+            && num_local % config.hash_block_size as usize == 0;
+        if num_local % m.block_size() != 0 && !sub_block {
+            return Err(KvError::Unsupported {
+                what: format!(
+                    "partial-block hit ({num_local} tokens, block size {})",
+                    m.block_size()
+                ),
+            });
+        }
+        // A lookup result covers exactly the computed prefix, one entry
+        // (null included) per block (a lagging group's hit: fewer).
+        let expected = if sub_block {
+            num_local.div_ceil(m.block_size())
+        } else {
+            num_local / m.block_size()
+        };
+        if list.len() != expected && !lagging(list, expected) && !retained(m, list, expected) {
+            return Err(arg(format!(
+                "group {}: {} hit blocks for {num_local} computed tokens (expected {expected})",
+                m.group(),
+                list.len()
+            )));
+        }
+        let hbs = config.hash_block_size as usize;
+        let covered = if sub_block && list.len() == expected {
+            num_local
+        } else {
+            list.len() * m.block_size()
+        };
+        if config.verify_hits {
+            verify_group_hits(m, pool, hashes, hbs, list, covered)?;
+        } else {
+            check_group_hit_shape(m, list, covered)?;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
