@@ -160,9 +160,39 @@ def test_load_refuses_requests_beyond_the_limit() -> None:
             input_len=parse_lengths(str(MAX_REQUEST_TOKENS)),
             output_len=parse_lengths("1"),
         )
-    for bad in ({"num_requests": 0}, {"prefix_len": -1}, {"request_rate": 0.0}):
+    for bad in (
+        {"num_requests": 0},
+        {"num_requests": True},
+        {"prefix_len": -1},
+        {"request_rate": 0.0},
+        {"request_rate": float("nan")},
+        {"request_rate": "5"},
+        {"seed": -1},
+        {"input_len": 0},
+        {"input_len": 2.5},
+        {"output_len": "uniform:3:1"},
+        {"output_len": LengthDist("fixed", 0, minimum=0)},
+    ):
         with pytest.raises(InvalidArgumentError):
-            random_load(**bad)  # type: ignore[arg-type]
+            random_load(**bad)
+
+
+def test_lengths_as_counts_or_specs() -> None:
+    a = random_load(num_requests=20, input_len=300, output_len="uniform:2:9", seed=3)
+    b = random_load(
+        num_requests=20, input_len=LengthDist("fixed", 300),
+        output_len=LengthDist("uniform", 2, 9), seed=3,
+    )  # fmt: skip
+    assert [(r.prompt_len, r.output_len) for r in a.requests] == [
+        (r.prompt_len, r.output_len) for r in b.requests
+    ]
+
+
+@pytest.mark.parametrize("cap", [0, -1, True, 2.0, "4"])
+def test_bad_concurrency_cap_is_refused(cap: Any) -> None:
+    # 0 would hold every request back for ever
+    with pytest.raises(InvalidArgumentError, match="max_concurrency"):
+        _cfg(max_concurrency=cap)
 
 
 # --------------------------------------------------------------------------- closed loop

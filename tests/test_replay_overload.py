@@ -99,6 +99,8 @@ def test_closed_loop_cannot_overload(capacity: float) -> None:
     assert v["sustained_rps"] < capacity  # 4 clients keep half the batch of 8 busy
     assert v["sustainable_rps_at_target"] is None
     assert format_overload(v).startswith("closed loop, 4 clients")
+    s = summarize(res, None, _cfg(max_concurrency=4), "w")
+    assert "closed loop" in format_sweep([s]).splitlines()[1]
 
 
 def test_capped_clients_behind_a_high_rate_are_overloaded(capacity: float) -> None:

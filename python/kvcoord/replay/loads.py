@@ -175,11 +175,28 @@ def _stream(seed: int, k: int) -> int:
     return (seed * 0x100000001B3 + k * 0x9E3779B97F4A7C15 + 0x5A17) & 0xFFFFFFFFFFFFFFFF
 
 
+def _dist(value: LengthDist | int | str | None, default: int, name: str) -> LengthDist:
+    """A length argument: a distribution, a fixed count or a spec string."""
+    if value is None:
+        return LengthDist("fixed", default)
+    if isinstance(value, LengthDist):
+        if value.minimum < 1:
+            raise InvalidArgumentError(f"{name}: lengths are at least 1 token")
+        return value
+    if isinstance(value, str):
+        return parse_lengths(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgumentError(
+            f"{name} must be a LengthDist, a token count or a spec string, got {value!r}"
+        )
+    return LengthDist("fixed", value)
+
+
 def random_load(
     *,
     num_requests: int = DEFAULT_NUM_REQUESTS,
-    input_len: LengthDist | None = None,
-    output_len: LengthDist | None = None,
+    input_len: LengthDist | int | str | None = None,
+    output_len: LengthDist | int | str | None = None,
     prefix_len: int = 0,
     request_rate: float = math.inf,
     seed: int = 0,
@@ -187,22 +204,27 @@ def random_load(
     """``num_requests`` random prompts (see the module docstring). Same seed, same load.
 
     ``input_len`` is the drawn part after the ``prefix_len`` shared tokens
-    (defaults: vLLM's 1024 in, 128 out). A request longer than
+    (defaults: vLLM's 1024 in, 128 out); each length is a :class:`LengthDist`,
+    a fixed count or a spec for :func:`parse_lengths`. A request longer than
     :data:`~kvcoord.replay.workloads.MAX_REQUEST_TOKENS` (prefix, prompt and
     output) is refused before anything is drawn.
     """
-    inp = input_len or LengthDist("fixed", DEFAULT_INPUT_LEN)
-    out = output_len or LengthDist("fixed", DEFAULT_OUTPUT_LEN)
+    inp = _dist(input_len, DEFAULT_INPUT_LEN, "input_len")
+    out = _dist(output_len, DEFAULT_OUTPUT_LEN, "output_len")
     if isinstance(num_requests, bool) or not isinstance(num_requests, int) or num_requests < 1:
         raise InvalidArgumentError(f"num_requests must be a positive integer, got {num_requests!r}")
     if isinstance(prefix_len, bool) or not isinstance(prefix_len, int) or prefix_len < 0:
         raise InvalidArgumentError(f"prefix_len must be an integer >= 0, got {prefix_len!r}")
-    if not request_rate > 0:  # NaN too
+    if (
+        isinstance(request_rate, bool)
+        or not isinstance(request_rate, (int, float))
+        or not request_rate > 0  # NaN too
+    ):
         raise InvalidArgumentError(
-            f"request_rate must be > 0 (inf: all at once), got {request_rate}"
+            f"request_rate must be a number > 0 (inf: all at once), got {request_rate!r}"
         )
-    if out.minimum < 1 or inp.minimum < 1:
-        raise InvalidArgumentError("input and output lengths are at least 1 token")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 1 << 63:
+        raise InvalidArgumentError(f"seed must be an integer in [0, 2**63), got {seed!r}")
     longest = prefix_len + inp.high + out.high
     if longest > MAX_REQUEST_TOKENS:
         raise InvalidArgumentError(

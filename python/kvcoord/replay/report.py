@@ -420,9 +420,10 @@ def format_sweep(rows: list[dict[str, Any]]) -> str:
 
 
 def _load_cell(v: dict[str, Any] | None) -> str:
-    """A sweep row's verdict: ``over x4.2`` (offered / sustained) when overloaded."""
+    """A sweep row's verdict: ``over x4.2`` (offered / sustained) when overloaded,
+    ``ok`` when it keeps up, else the regime (``closed loop``, ``burst``)."""
     if not v:
         return "n/a"
     if v["overloaded"]:
         return f"over x{v['offered_rps'] / v['sustained_rps']:.1f}"
-    return "ok"
+    return "ok" if v["regime"] == "open loop" else str(v["regime"])

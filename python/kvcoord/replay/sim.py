@@ -10,6 +10,7 @@ from array import array
 from collections import deque
 from dataclasses import dataclass, field
 
+from kvcoord.errors import InvalidArgumentError
 from kvcoord.replay.bestcase import BestCase
 from kvcoord.replay.layouts import Layout
 from kvcoord.replay.tiers import DISK_BANDWIDTH, HostTier
@@ -62,6 +63,14 @@ class SimConfig:
     #: --max-concurrency``: a request is sent at its arrival time or, when
     #: that many are in flight (sent, not finished), when one finishes.
     max_concurrency: int | None = None
+
+    def __post_init__(self) -> None:
+        cap = self.max_concurrency
+        # 0 would hold every request back for ever (the loop would never end)
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+            raise InvalidArgumentError(
+                f"max_concurrency must be a positive integer or None, got {cap!r}"
+            )
 
 
 @dataclass
