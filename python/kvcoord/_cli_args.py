@@ -19,7 +19,7 @@ from kvcoord._cli_base import (
 from kvcoord._suggest import did_you_mean
 from kvcoord.replay.workloads import MAX_REQUEST_TOKENS
 
-__all__ = ["_parser"]
+__all__ = ["LOAD_FLAGS", "_parser"]
 
 
 def _bytes(text: str, allow_zero: bool = False) -> float:
@@ -158,6 +158,121 @@ def _add_cluster_args(g: argparse._ArgumentGroup, sweep: bool) -> None:
     )
 
 
+def _lengths(text: str) -> object:
+    """An argparse type: a length distribution (``kvcoord.replay.loads.parse_lengths``)."""
+    from kvcoord.replay.loads import parse_lengths
+
+    try:
+        return parse_lengths(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _tokens(text: str) -> int:
+    """An argparse type: a token count >= 0 (at most a request's)."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a token count >= 0, got {_shown(text)}"
+        ) from None
+    if not 0 <= v <= MAX_REQUEST_TOKENS:
+        raise argparse.ArgumentTypeError(
+            f"expected a token count in [0, {MAX_REQUEST_TOKENS:,}], got {_shown(text)}"
+        )
+    return v
+
+
+def _rate(text: str) -> float:
+    """An argparse type: requests per second, > 0 (``inf``: all at once)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected requests per second (a number > 0, or inf), got {_shown(text)}"
+        ) from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"expected a rate > 0 (or inf), got {_shown(text)}")
+    return v
+
+
+def _seed(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer seed, got {_shown(text)}") from None
+    if not 0 <= v < 1 << 63:
+        raise argparse.ArgumentTypeError(f"expected a seed in [0, 2**63), got {_shown(text)}")
+    return v
+
+
+#: The flags that ask for a random load (instead of --trace or the bundled workload).
+LOAD_FLAGS = ("--input-len", "--output-len", "--num-requests", "--prefix-len", "--request-rate")
+
+
+def _add_load_args(p: argparse.ArgumentParser) -> None:
+    from kvcoord.replay.loads import (
+        DEFAULT_INPUT_LEN,
+        DEFAULT_NUM_REQUESTS,
+        DEFAULT_OUTPUT_LEN,
+        LENGTH_GRAMMAR,
+    )
+
+    g = p.add_argument_group(
+        "synthetic load (like `vllm bench serve`'s random dataset; any of "
+        f"{', '.join(LOAD_FLAGS)} replaces --trace and the bundled workload)"
+    )
+    g.add_argument(
+        "--concurrency",
+        "--max-concurrency",
+        dest="concurrency",
+        type=_bounded(1 << 24),
+        metavar="N",
+        help="clients' cap on requests in flight, as `vllm bench serve --max-concurrency`: a "
+        "request is sent at its arrival time or, with N in flight, when one finishes "
+        "(with an infinite --request-rate, N clients each send their next request when "
+        "their last finishes: a closed loop); applies to a trace too",
+    )
+    g.add_argument(
+        "--request-rate",
+        type=_rate,
+        metavar="R",
+        help="Poisson arrivals at R requests per second (the first at 0); inf (the default): "
+        "all at once",
+    )
+    g.add_argument(
+        "--input-len",
+        type=_lengths,
+        metavar="L",
+        help=f"prompt tokens after the shared prefix: {LENGTH_GRAMMAR}, rounded and clipped "
+        f"to at least 1 (default {DEFAULT_INPUT_LEN})",
+    )
+    g.add_argument(
+        "--output-len",
+        type=_lengths,
+        metavar="L",
+        help="output tokens, exactly that many per request (vLLM's ignore_eos), as for "
+        f"--input-len (default {DEFAULT_OUTPUT_LEN})",
+    )
+    g.add_argument(
+        "--num-requests",
+        type=_bounded(1 << 24),
+        metavar="N",
+        help=f"requests of the load (default {DEFAULT_NUM_REQUESTS})",
+    )
+    g.add_argument(
+        "--prefix-len",
+        type=_tokens,
+        metavar="T",
+        help="tokens every prompt starts with, like vLLM's --random-prefix-len (default 0: "
+        "random prompts share nothing)",
+    )
+    g.add_argument(
+        "--seed", type=_seed, metavar="S", help="seed of the random load's lengths, "
+        "arrivals and tokens (default 0)",
+    )  # fmt: skip
+
+
 def _add_workload_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("workload")
     g.add_argument(
@@ -260,6 +375,7 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
         "forward pass its start-up profile runs when sizing the default pool",
     )
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_load_args(p)
 
 
 def _add_version(p: argparse.ArgumentParser) -> None:

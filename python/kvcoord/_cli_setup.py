@@ -26,7 +26,6 @@ class _Setup:
 
 def _setup(args: argparse.Namespace) -> _Setup:
     from kvcoord.replay.layouts import LayoutError, load_layout
-    from kvcoord.replay.workloads import UnknownFieldError, load_workload
 
     if args.format is not None and args.trace is None:
         raise UsageError("--format needs --trace FILE (the bundled workload has no format)")
@@ -41,16 +40,17 @@ def _setup(args: argparse.Namespace) -> _Setup:
             layout = layout.with_block_size(args.block_size)
     except LayoutError as e:
         raise UsageError(f"{layout_flag}: {e}") from None
-    try:
-        workload = load_workload(
-            args.trace, args.format, args.limit, lenient_fields=args.lenient_fields
-        )
-    except UnknownFieldError as e:
-        raise UsageError(
-            f"--trace: {e} (--lenient-fields ignores fields the format does not know)"
-        ) from None
-    except ValueError as e:  # TraceFormatError names the file, line and column
-        raise UsageError(f"--trace: {e}") from None
+    _check_concurrency(args)
+    load = _load_flags(args)
+    if load:
+        workload = _random_load(args, load)
+    else:
+        if args.seed is not None:
+            raise UsageError(
+                "--seed seeds a synthetic load (--input-len, --output-len, ...); "
+                "the bundled workload and traces have their own"
+            )
+        workload = _read_workload(args)
     if not workload.requests:
         raise UsageError(f"--trace {args.trace}: the trace has no requests")
     from kvcoord.replay.scheduler import make_manager
@@ -59,8 +59,9 @@ def _setup(args: argparse.Namespace) -> _Setup:
         make_manager(layout, 2, workload.max_sequence_len)
     except (ValueError, TypeError, OverflowError) as e:
         if args.layout is None and args.block_size is None:
+            what = ", ".join(load) if load else "--trace"
             raise UsageError(
-                f"--trace: its longest request ({workload.max_sequence_len:,} tokens): {e}"
+                f"{what}: its longest request ({workload.max_sequence_len:,} tokens): {e}"
             ) from None
         raise UsageError(f"{layout_flag} {args.layout or args.block_size}: {e}") from None
     last = workload.requests[-1].arrival_s  # sorted by arrival
@@ -70,6 +71,64 @@ def _setup(args: argparse.Namespace) -> _Setup:
             "scaled is beyond any finite time"
         )
     return _Setup(workload, layout)
+
+
+def _read_workload(args: argparse.Namespace) -> Any:
+    """The bundled workload or ``--trace``'s."""
+    from kvcoord.replay.workloads import UnknownFieldError, load_workload
+
+    try:
+        return load_workload(
+            args.trace, args.format, args.limit, lenient_fields=args.lenient_fields
+        )
+    except UnknownFieldError as e:
+        raise UsageError(
+            f"--trace: {e} (--lenient-fields ignores fields the format does not know)"
+        ) from None
+    except ValueError as e:  # TraceFormatError names the file, line and column
+        raise UsageError(f"--trace: {e}") from None
+
+
+def _load_flags(args: argparse.Namespace) -> list[str]:
+    """The synthetic-load flags given (``LOAD_FLAGS``)."""
+    from kvcoord._cli_args import LOAD_FLAGS
+
+    return [f for f in LOAD_FLAGS if getattr(args, f[2:].replace("-", "_"), None) is not None]
+
+
+def _random_load(args: argparse.Namespace, given: list[str]) -> Any:
+    """The synthetic load of ``given`` (the load flags on the command line)."""
+    from kvcoord.replay.loads import DEFAULT_NUM_REQUESTS, random_load
+
+    for flag, value in (("--trace", args.trace), ("--limit", args.limit)):
+        if value is not None:
+            instead = "give one or the other" if flag == "--trace" else "use --num-requests"
+            raise UsageError(f"{given[0]} makes a synthetic load, {flag} is for a trace: {instead}")
+    try:
+        return random_load(
+            num_requests=args.num_requests or DEFAULT_NUM_REQUESTS,
+            input_len=args.input_len,
+            output_len=args.output_len,
+            prefix_len=args.prefix_len or 0,
+            request_rate=args.request_rate if args.request_rate is not None else math.inf,
+            seed=args.seed or 0,
+        )
+    except ValueError as e:
+        raise UsageError(f"{', '.join(given)}: {e}") from None
+
+
+def _check_concurrency(args: argparse.Namespace) -> None:
+    """``--concurrency`` is the clients' cap on one engine: a cluster's router
+    would need it over all engines together (not modelled)."""
+    if args.concurrency is None:
+        return
+    n = args.instances
+    most = max(n) if isinstance(n, list) else (n or 1)
+    if most > 1:
+        raise UsageError(
+            f"--concurrency caps the clients of one engine; --instances {most} puts engines "
+            "behind a router (a cap over a cluster is not modelled): give one or the other"
+        )
 
 
 #: The make_plan keywords that set the pool size.
@@ -137,6 +196,7 @@ def _sim_config(args: argparse.Namespace, plan: Any, policy: str | None = None) 
         host_tier=plan.host_tier(),
         disk_tier=plan.disk_tier(),
         token_bytes_per_gpu=plan.footprint.token_bytes_per_gpu,
+        max_concurrency=args.concurrency,
     )
 
 

@@ -1,6 +1,8 @@
 """``kvcoord replay`` / ``kvcoord sweep``: a KV-cache capacity planner.
 
 * :mod:`~kvcoord.replay.workloads` -- the bundled synthetic chat workload and trace readers;
+* :mod:`~kvcoord.replay.loads` -- random loads like ``vllm bench serve``'s (closed loops
+  with ``SimConfig.max_concurrency``);
 * :mod:`~kvcoord.replay.layouts` -- layout presets and layout files;
 * :mod:`~kvcoord.replay.models` -- the model table, HF config reading, bytes per token/block;
 * :mod:`~kvcoord.replay.hardware` -- the GPU table;
@@ -14,5 +16,6 @@
   ``KVCacheManager``); :mod:`~kvcoord.replay.running` -- the running
   requests' per-step bookkeeping in arrays;
 * :mod:`~kvcoord.replay.sweep` -- the sweep's variants: named axes and their product;
-* :mod:`~kvcoord.replay.report` / :mod:`~kvcoord.replay.plots` -- metrics, tables, plots.
+* :mod:`~kvcoord.replay.report` / :mod:`~kvcoord.replay.plots` -- metrics, tables, plots;
+  :mod:`~kvcoord.replay.overload` -- whether the deployment keeps up with its load.
 """

@@ -83,12 +83,12 @@ def _merge(engines: list[SimResult], num_blocks: int) -> SimResult:
         "computed_tokens", "preemptions", "evictions", "steps", "busy_seconds",
         "manager_seconds", "token_seconds", "best_seconds",
         "request_seconds", "leaked_blocks", "host_hit_tokens", "host_transfer_seconds",
-        "disk_hit_tokens", "disk_transfer_seconds",
+        "disk_hit_tokens", "disk_transfer_seconds", "saturated_seconds", "saturated_finished",
     ):  # fmt: skip
         setattr(t, name, sum(getattr(e, name) for e in engines))
     t.sim_seconds = max((e.sim_seconds for e in engines), default=0.0)
     for name in (
-        "req_arrival", "req_admit", "req_first", "req_finish", "req_output",
+        "req_arrival", "req_offered", "req_admit", "req_first", "req_finish", "req_output",
         "req_prompt", "req_gpu_hit", "req_host_hit", "req_disk_hit", "step_manager_s",
     ):  # fmt: skip
         arr = getattr(t, name)
@@ -111,6 +111,10 @@ def simulate_cluster(
     :class:`~kvcoord.replay.routers.Router`)."""
     from kvcoord import Request
 
+    if cfg.max_concurrency is not None:
+        # the cap is the clients' (all engines together); each engine's loop
+        # would apply it to its own requests only
+        raise ValueError("a concurrency cap (max_concurrency) needs a single engine")
     wall0 = perf_counter()
     layout = cfg.layout
     max_model_len = cfg.max_model_len or workload.max_sequence_len

@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from kvcoord.replay.bestcase import BestCase
+from kvcoord.replay.overload import format_overload, overload_verdict
 from kvcoord.replay.plan import GiB, Plan
 from kvcoord.replay.scheduler import SimConfig, SimResult
 from kvcoord.replay.timing import prefill_gpu_seconds_saved
@@ -20,11 +21,23 @@ __all__ = [
 ]
 
 
-def _pcts(x: np.ndarray, prefix: str, out: dict[str, Any]) -> None:
+def _pcts(x: np.ndarray, prefix: str, out: dict[str, Any], ms: bool = False) -> None:
+    """Percentiles and mean in seconds; with ``ms`` also the figures ``vllm bench
+    serve`` reports, in milliseconds: mean, median, std, p90, p99."""
     x = x[~np.isnan(x)]
     for q in (50, 90, 99):
         out[f"{prefix}_p{q}_s"] = float(np.percentile(x, q)) if x.size else None
     out[f"{prefix}_mean_s"] = float(x.mean()) if x.size else None
+    if ms:
+        stats = (
+            ("mean", np.mean),
+            ("median", np.median),
+            ("std", np.std),
+            ("p90", lambda a: np.percentile(a, 90)),
+            ("p99", lambda a: np.percentile(a, 99)),
+        )
+        for name, f in stats:
+            out[f"{prefix}_{name}_ms"] = float(f(x)) * 1e3 if x.size else None
 
 
 def _arr(a: Any, dtype: Any) -> np.ndarray:
@@ -32,21 +45,32 @@ def _arr(a: Any, dtype: Any) -> np.ndarray:
 
 
 def latency_metrics(res: SimResult) -> dict[str, Any]:
-    """TTFT, time per output token, queueing delay and end-to-end latency percentiles (s)."""
+    """TTFT, time per output token, queueing delay and end-to-end latency
+    percentiles (s; TTFT, TPOT and end-to-end also in ms), mean inter-token
+    latency and throughput.
+
+    TPOT is ``vllm bench serve``'s: per request with more than one output
+    token, ``(e2e - TTFT) / (output tokens - 1)``. ITL's mean is exact (a
+    request's gaps between tokens add up to ``e2e - TTFT``; the mean over
+    every gap of every request); its percentiles would need per-token times.
+    """
     arrival = _arr(res.req_arrival, np.float64)
     admit = _arr(res.req_admit, np.float64)
     first = _arr(res.req_first, np.float64)
     finish = _arr(res.req_finish, np.float64)
     out_len = _arr(res.req_output, np.int64)
     m: dict[str, Any] = {}
-    _pcts(first - arrival, "ttft", m)
+    _pcts(first - arrival, "ttft", m, ms=True)
     _pcts(admit - arrival, "queue", m)
-    _pcts(finish - arrival, "e2e", m)
+    _pcts(finish - arrival, "e2e", m, ms=True)
     multi = out_len > 1
-    tpot = (finish[multi] - first[multi]) / (out_len[multi] - 1)
-    _pcts(tpot, "tpot", m)
+    decode = finish[multi] - first[multi]
+    _pcts(decode / (out_len[multi] - 1), "tpot", m, ms=True)
+    gaps = int((out_len[multi] - 1).sum())
+    m["itl_mean_ms"] = float(np.nansum(decode)) / gaps * 1e3 if gaps else None
     span = float(np.nanmax(finish) - np.nanmin(arrival)) if finish.size else 0.0
     m["makespan_seconds"] = span
+    m["requests_per_s"] = res.num_finished / span if span > 0 else 0.0
     m["output_tokens_per_s"] = res.output_tokens / span if span > 0 else 0.0
     m["request_tokens_per_s"] = (res.prompt_tokens + res.output_tokens) / span if span > 0 else 0.0
     return m
@@ -106,6 +130,7 @@ def summarize(
         "max_running": cfg.max_running,
         "token_budget": cfg.token_budget,
         "time_scale": cfg.time_scale,
+        "max_concurrency": cfg.max_concurrency,
         "num_requests": res.num_requests,
         "num_finished": res.num_finished,
         "prompt_tokens": res.prompt_tokens,
@@ -135,6 +160,7 @@ def summarize(
     }
     s.update(occupancy_metrics(res))
     s.update(latency_metrics(res))
+    s["overload"] = overload_verdict(res, cfg.max_concurrency, instances, cfg.time_scale)
     if plan is not None:
         fp = plan.footprint
         step = plan.step_model
@@ -221,12 +247,15 @@ def _secs(x: float | None) -> str:
 
 
 def _lat(s: dict[str, Any], key: str) -> str:
-    return ", ".join(f"p{q} {_secs(s.get(f'{key}_p{q}_s'))}" for q in (50, 90, 99))
+    pcts = [f"p{q} {_secs(s.get(f'{key}_p{q}_s'))}" for q in (50, 90, 99)]
+    return ", ".join([*pcts, f"mean {_secs(s.get(f'{key}_mean_s'))}"])
 
 
 def format_summary(s: dict[str, Any]) -> str:
     """A two-column text table of a replay summary."""
-    rows: list[tuple[str, str]] = [("workload", s["workload"])]
+    cap = s.get("max_concurrency")
+    clients = f"; at most {cap:,} in flight (--concurrency)" if cap is not None else ""
+    rows: list[tuple[str, str]] = [("workload", s["workload"] + clients)]
     n = s.get("instances", 1)
     each = " per engine" if n > 1 else ""
     if "model" in s:
@@ -284,11 +313,14 @@ def format_summary(s: dict[str, Any]) -> str:
             ("queueing delay", _lat(s, "queue")),
             (
                 "throughput",
-                f"{s['output_tokens_per_s']:,.0f} output tok/s, {s['request_tokens_per_s']:,.0f} "
-                f"prompt+output tok/s over {s['makespan_seconds']:,.1f} s; "
+                f"{s['requests_per_s']:,.3g} req/s, {s['output_tokens_per_s']:,.0f} output "
+                f"tok/s, {s['request_tokens_per_s']:,.0f} prompt+output tok/s over "
+                f"{s['makespan_seconds']:,.1f} s; "
                 f"{s['throughput_tokens_per_s']:,.0f} tok/s per busy second",
             ),
         ]
+    if "overload" in s:
+        rows.append(("load", format_overload(s["overload"])))
     if "prefill_gpu_seconds_saved" in s:
         total = s["prefill_gpu_seconds"]
         saved = s["prefill_gpu_seconds_saved"]
@@ -360,6 +392,7 @@ def format_sweep(rows: list[dict[str, Any]]) -> str:
         "host hit",
         "best",
         "TTFT p90",
+        "load",
         "tok/s busy",
         "preempt",
         "evictions",
@@ -375,6 +408,7 @@ def format_sweep(rows: list[dict[str, Any]]) -> str:
                 _pct(s.get("host_hit_rate")),
                 _pct(s["best_possible_hit_rate"]),
                 _secs(s.get("ttft_p90_s")),
+                _load_cell(s.get("overload")),
                 f"{s['throughput_tokens_per_s']:,.0f}",
                 f"{s['preemptions']:,}",
                 f"{s['evictions']:,}",
@@ -383,3 +417,13 @@ def format_sweep(rows: list[dict[str, Any]]) -> str:
     widths = [max(len(h), *(len(r[i]) for r in lines)) for i, h in enumerate(head)]
     fmt = "  ".join(f"{{:>{w}}}" for w in widths)
     return "\n".join([fmt.format(*head), *(fmt.format(*r) for r in lines)])
+
+
+def _load_cell(v: dict[str, Any] | None) -> str:
+    """A sweep row's verdict: ``over x4.2`` (offered / sustained) when overloaded,
+    ``ok`` when it keeps up, else the regime (``closed loop``, ``burst``)."""
+    if not v:
+        return "n/a"
+    if v["overloaded"]:
+        return f"over x{v['offered_rps'] / v['sustained_rps']:.1f}"
+    return "ok" if v["regime"] == "open loop" else str(v["regime"])

@@ -8,7 +8,10 @@ bookkeeping is done in arrays by :mod:`kvcoord.replay.running`.
 The loop follows vLLM 0.33's scheduler (spec section 6.4), FCFS, without
 speculative decoding or a KV connector:
 
-1. arrivals up to the simulated clock join the waiting queue, and
+1. arrivals up to the simulated clock join the waiting queue (with
+   ``SimConfig.max_concurrency``, only while fewer than that many requests
+   are in flight: a request held back is sent when one finishes, at the end
+   of that step, so a closed loop's arrivals come from its completions), and
    ``new_step_starts()`` is called when the manager has it;
 2. running requests, in admission order, get ``min(tokens left to compute,
    budget left)`` new tokens (chunked prefill; 1 while decoding). When
@@ -142,7 +145,7 @@ def run_engine(
 
     n_req = len(workload.requests)
     res = SimResult(num_requests=n_req, num_blocks=cfg.num_blocks)
-    for name in ("req_arrival", "req_admit", "req_first", "req_finish"):
+    for name in ("req_arrival", "req_offered", "req_admit", "req_first", "req_finish"):
         getattr(res, name).extend([float("nan")] * n_req)
     for name in ("req_output", "req_prompt", "req_gpu_hit", "req_host_hit", "req_disk_hit"):
         getattr(res, name).extend([0] * n_req)
@@ -152,6 +155,9 @@ def run_engine(
     scale = cfg.time_scale
     last_arrival = workload.requests[-1].arrival_s * scale if workload.requests else 0.0
     sample_every = last_arrival / 200 if last_arrival > 0 else 0.0
+    # no arrival span to divide (everything at t=0, a closed loop): start at one
+    # step and double the spacing, dropping every other sample, at 400 samples
+    adaptive_samples = sample_every == 0.0
     next_sample = 0.0
     max_running, token_budget = cfg.max_running, cfg.token_budget
     now = busy = 0.0
@@ -174,8 +180,9 @@ def run_engine(
         res.step_hit_rate,
         res.step_cached,
     )
-    r_arrival, r_admit, r_first, r_finish = (
+    r_arrival, r_offered, r_admit, r_first, r_finish = (
         res.req_arrival,
+        res.req_offered,
         res.req_admit,
         res.req_first,
         res.req_finish,
@@ -183,13 +190,38 @@ def run_engine(
     window = model.window if model is not None and model.window_layers else 0
     arrived = 0
     prompt_priority = cfg.prompt_priority
+    cap = cfg.max_concurrency
+    # the clock and finished count at the last intake: a request offered since
+    # was sent at its own time if a slot was free before that step's finishes
+    last_intake, fin_at_intake = -1.0, 0
+    sat_open, sat_dt = False, 0.0
 
     while pending or waiting or running or not feed.closed:
-        while pending and pending[0].arrival_s * scale <= now:
-            wr = pending.popleft()
-            r_arrival[arrived] = wr.arrival_s * scale
-            waiting.append(Live(wr, arrived))
-            arrived += 1
+        held = False
+        if cap is None:
+            while pending and pending[0].arrival_s * scale <= now:
+                wr = pending.popleft()
+                r_arrival[arrived] = r_offered[arrived] = wr.arrival_s * scale
+                waiting.append(Live(wr, arrived))
+                arrived += 1
+        else:
+            while pending:
+                t = pending[0].arrival_s * scale
+                if t > now:
+                    break
+                if t > last_intake and arrived - fin_at_intake < cap:
+                    sent = t
+                elif arrived - res.num_finished < cap:
+                    sent = now  # a slot freed at the end of the last step
+                else:
+                    held = True
+                    break
+                wr = pending.popleft()
+                r_offered[arrived] = t
+                r_arrival[arrived] = sent
+                waiting.append(Live(wr, arrived))
+                arrived += 1
+            last_intake, fin_at_intake = now, res.num_finished
         if not waiting and not running:
             if pending:
                 now = pending[0].arrival_s * scale
@@ -364,6 +396,8 @@ def run_engine(
                 running.append(live)
 
         usage = mgr.usage
+        # the step ran at a limit: requests left waiting, or clients held back
+        saturated = held or bool(waiting)
 
         # 4. end of step: finished requests are freed
         if finished:
@@ -397,6 +431,18 @@ def run_engine(
             dt += transfer
         now += dt
         busy += dt
+        if saturated:
+            # the service rate at the limit: from the first saturated step that
+            # finished requests to the last (the batch filling before and
+            # draining after are no measure of it)
+            if sat_open:
+                sat_dt += dt
+                if finished:
+                    res.saturated_seconds += sat_dt
+                    res.saturated_finished += len(finished)
+                    sat_dt = 0.0
+            elif finished:
+                sat_open = True
         for live in first_token:
             r_first[live.idx] = now
             if live.host_keys is not None:
@@ -414,7 +460,14 @@ def run_engine(
         step_hit.append(hit_tokens / prompt_tokens if prompt_tokens else 0.0)
         step_cached.append(pool.num_cached_blocks)
         if now >= next_sample:
-            res.occupancy_samples.append((now, *occupancy(pool)))
+            samples = res.occupancy_samples
+            samples.append((now, *occupancy(pool)))
+            if adaptive_samples:
+                if sample_every == 0.0:
+                    sample_every = dt
+                if len(samples) >= 400:
+                    del samples[1::2]
+                    sample_every *= 2
             next_sample = now + sample_every
         if prompt_priority:
             mgr.advance_eviction_clock(1)
@@ -422,8 +475,9 @@ def run_engine(
 
     if arrived < n_req:  # an engine of a cluster: only its own requests
         res.num_requests = arrived
-        for name in ("req_arrival", "req_admit", "req_first", "req_finish", "req_output",
-                     "req_prompt", "req_gpu_hit", "req_host_hit", "req_disk_hit"):  # fmt: skip
+        for name in ("req_arrival", "req_offered", "req_admit", "req_first", "req_finish",
+                     "req_output", "req_prompt", "req_gpu_hit", "req_host_hit",
+                     "req_disk_hit"):  # fmt: skip
             del getattr(res, name)[arrived:]
     res.residency = mgr.residency_snapshot()
     res.steps = len(step_mgr)

@@ -10,6 +10,7 @@ from array import array
 from collections import deque
 from dataclasses import dataclass, field
 
+from kvcoord.errors import InvalidArgumentError
 from kvcoord.replay.bestcase import BestCase
 from kvcoord.replay.layouts import Layout
 from kvcoord.replay.tiers import DISK_BANDWIDTH, HostTier
@@ -58,6 +59,18 @@ class SimConfig:
     #: shared template) get before they are freed (0: none); the pool's clock
     #: ticks once per step.
     prompt_priority: int = 0
+    #: Clients' cap on requests in flight (None: none), as ``vllm bench serve
+    #: --max-concurrency``: a request is sent at its arrival time or, when
+    #: that many are in flight (sent, not finished), when one finishes.
+    max_concurrency: int | None = None
+
+    def __post_init__(self) -> None:
+        cap = self.max_concurrency
+        # 0 would hold every request back for ever (the loop would never end)
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+            raise InvalidArgumentError(
+                f"max_concurrency must be a positive integer or None, got {cap!r}"
+            )
 
 
 @dataclass
@@ -96,12 +109,23 @@ class SimResult:
     step_cached: array[float] = field(default_factory=lambda: array("d"))
     #: Sampled (time, referenced, cached-but-free, empty) block counts, exact at each sample.
     occupancy_samples: list[tuple[float, int, int, int]] = field(default_factory=list)
-    #: Per request (arrival order): arrival, first scheduled, first token, finish (simulated s).
+    #: The service rate at a limit: requests finished by the steps that ended
+    #: with requests left waiting (the token budget, running cap or pool
+    #: refused them) or held back by ``SimConfig.max_concurrency``, after the
+    #: first such step that finished any, and those steps' simulated seconds
+    #: from that step's end to the last one's.
+    saturated_seconds: float = 0.0
+    saturated_finished: int = 0
+    #: Per request (arrival order): arrival (when sent), first scheduled, first
+    #: token, finish (simulated s).
     req_arrival: array[float] = field(default_factory=lambda: array("d"))
     req_admit: array[float] = field(default_factory=lambda: array("d"))
     req_first: array[float] = field(default_factory=lambda: array("d"))
     req_finish: array[float] = field(default_factory=lambda: array("d"))
     req_output: array[int] = field(default_factory=lambda: array("q"))
+    #: Per request: when its client meant to send it (the trace's scaled time);
+    #: later than that only when ``SimConfig.max_concurrency`` held it back.
+    req_offered: array[float] = field(default_factory=lambda: array("d"))
     #: Per request: prompt tokens, hits served by the GPU pool and by the host tier.
     req_prompt: array[int] = field(default_factory=lambda: array("q"))
     req_gpu_hit: array[int] = field(default_factory=lambda: array("q"))
