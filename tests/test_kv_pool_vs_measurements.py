@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from kvcoord.replay.hardware import load_gpu
+from kvcoord.replay.hf_config import load_model, read_hf_config
 from kvcoord.replay.memory import (
     CALIBRATION_ROWS,
     NON_TORCH_BYTES,
@@ -21,7 +22,6 @@ from kvcoord.replay.memory import (
     vllm_kv_memory,
     vllm_serve_batch,
 )
-from kvcoord.replay.models import load_model, read_hf_config
 from kvcoord.replay.validate import (
     EXCLUDED_MARK,
     KV_POOL_TOLERANCE,

@@ -13,8 +13,9 @@ import pytest
 from kvcoord.cli import main
 from kvcoord.replay.dtypes import DTYPE_BYTES, WEIGHT_DTYPES
 from kvcoord.replay.hardware import load_gpu
+from kvcoord.replay.hf_config import load_model, read_hf_config
 from kvcoord.replay.memory import vllm_kv_memory
-from kvcoord.replay.models import MODELS, ModelError, load_model, read_hf_config
+from kvcoord.replay.models import MODELS, ModelError
 from kvcoord.replay.plan import GiB, PlanError, make_plan
 from kvcoord.replay.workloads import read_mooncake
 

@@ -1,17 +1,26 @@
-"""A :class:`~kvcoord.replay.models.ModelSpec` from a Hugging Face ``config.json``."""
+"""A :class:`~kvcoord.replay.models.ModelSpec` from a Hugging Face ``config.json``,
+and :func:`load_model`: a preset by name or a ``config.json`` path."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from kvcoord._suggest import missing_file
+from kvcoord._suggest import missing_file, unknown_name
 from kvcoord.replay.dtypes import quantized_dtype, weight_dtype_name
 from kvcoord.replay.layouts import MAX_LAYERS
-from kvcoord.replay.models import ModelError, ModelSpec, check_weight_dtype, resolve_kv_dtype
+from kvcoord.replay.models import (
+    MODELS,
+    ModelError,
+    ModelSpec,
+    check_dtype_names,
+    check_weight_dtype,
+    resolve_kv_dtype,
+)
 
-__all__ = ["read_config"]
+__all__ = ["load_model", "read_config", "read_hf_config"]
 
 
 #: Largest head count, dimension or vocabulary a model config may declare.
@@ -210,3 +219,31 @@ def _get(cfg: dict[str, Any], *keys: str, default: Any = None) -> Any:
         if k in cfg and cfg[k] is not None:
             return cfg[k]
     return default
+
+
+def load_model(
+    name_or_path: str, kv_dtype: str | None = None, weight_dtype: str | None = None
+) -> ModelSpec:
+    """A preset by name (case-insensitive) or a ``config.json`` path;
+    ``kv_dtype`` and ``weight_dtype`` override the model's own. The KV dtype
+    follows the weight dtype's compute dtype unless given (``--weight-dtype
+    fp32`` keeps an FP32 KV cache, as vLLM's ``--dtype float32`` does)."""
+    wdtype = check_dtype_names(kv_dtype, weight_dtype)
+    key = name_or_path.lower()
+    if key in MODELS:
+        spec = MODELS[key]
+        w = wdtype or spec.weight_dtype
+        kv = resolve_kv_dtype(kv_dtype, w) if kv_dtype or wdtype else spec.kv_dtype
+        spec = replace(spec, weight_dtype=w, kv_dtype=kv)
+        check_weight_dtype(spec)
+        return spec
+    if name_or_path.endswith(".json"):
+        return read_config(name_or_path, kv_dtype, wdtype)
+    raise ModelError(unknown_name("model", name_or_path, MODELS))
+
+
+def read_hf_config(
+    path: str | Path, kv_dtype: str | None = None, weight_dtype: str | None = None
+) -> ModelSpec:
+    """A :class:`ModelSpec` from a Hugging Face ``config.json`` (:func:`read_config`)."""
+    return read_config(path, kv_dtype, weight_dtype)

@@ -1,8 +1,9 @@
 """Model architectures for ``kvcoord replay``: what a KV-cache token costs in bytes.
 
 :data:`MODELS` is the one table of model facts (from each model's published
-Hugging Face ``config.json``); :func:`read_hf_config` builds the same
-:class:`ModelSpec` from a ``config.json`` file. :func:`model_layout` turns a
+Hugging Face ``config.json``); :mod:`kvcoord.replay.hf_config` builds the
+same :class:`ModelSpec` from a ``config.json`` file and resolves a preset
+name or a config path (``load_model``). :func:`model_layout` turns a
 model into a cache :class:`~kvcoord.replay.layouts.Layout` and a
 :class:`KVFootprint` (bytes per block and per token, per GPU and per replica).
 
@@ -29,7 +30,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 from kvcoord._suggest import unknown_name
@@ -56,9 +56,7 @@ __all__ = [
     "KVFootprint",
     "ModelError",
     "ModelSpec",
-    "load_model",
     "model_layout",
-    "read_hf_config",
 ]
 
 
@@ -320,19 +318,6 @@ MODELS: dict[str, ModelSpec] = {
 }
 
 
-# --------------------------------------------------------------------------- HF config.json
-
-
-def read_hf_config(
-    path: str | Path, kv_dtype: str | None = None, weight_dtype: str | None = None
-) -> ModelSpec:
-    """A :class:`ModelSpec` from a Hugging Face ``config.json``
-    (:func:`kvcoord.replay.hf_config.read_config`)."""
-    from kvcoord.replay.hf_config import read_config
-
-    return read_config(path, kv_dtype, weight_dtype)
-
-
 def resolve_kv_dtype(kv_dtype: str | None, weight_dtype: str) -> str:
     """The KV dtype: the one asked for, else (and for ``auto``) the compute
     dtype, as vLLM's ``--kv-cache-dtype auto`` does."""
@@ -359,27 +344,6 @@ def check_dtype_names(kv_dtype: str | None, weight_dtype: str | None) -> str | N
         return None if weight_dtype is None else weight_dtype_name(weight_dtype)
     except ValueError as e:
         raise ModelError(str(e), "weight_dtype") from None
-
-
-def load_model(
-    name_or_path: str, kv_dtype: str | None = None, weight_dtype: str | None = None
-) -> ModelSpec:
-    """A preset by name (case-insensitive) or a ``config.json`` path;
-    ``kv_dtype`` and ``weight_dtype`` override the model's own. The KV dtype
-    follows the weight dtype's compute dtype unless given (``--weight-dtype
-    fp32`` keeps an FP32 KV cache, as vLLM's ``--dtype float32`` does)."""
-    wdtype = check_dtype_names(kv_dtype, weight_dtype)
-    key = name_or_path.lower()
-    if key in MODELS:
-        spec = MODELS[key]
-        w = wdtype or spec.weight_dtype
-        kv = resolve_kv_dtype(kv_dtype, w) if kv_dtype or wdtype else spec.kv_dtype
-        spec = replace(spec, weight_dtype=w, kv_dtype=kv)
-        check_weight_dtype(spec)
-        return spec
-    if name_or_path.endswith(".json"):
-        return read_hf_config(name_or_path, kv_dtype, wdtype)
-    raise ModelError(unknown_name("model", name_or_path, MODELS))
 
 
 # --------------------------------------------------------------------------- layout + bytes

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from kvcoord._suggest import did_you_mean
 from kvcoord.replay.hardware import GPUS, GPUSpec, HardwareError, load_gpu
+from kvcoord.replay.hf_config import load_model, read_hf_config
 from kvcoord.replay.layouts import Layout, LayoutError, load_layout, num_blocks_for_capacity
 from kvcoord.replay.memory import DEFAULT_GPU_MEMORY_UTILIZATION, MemoryBudget, vllm_kv_memory
 from kvcoord.replay.models import (
@@ -30,9 +31,7 @@ from kvcoord.replay.models import (
     ModelError,
     ModelSpec,
     check_dtype_names,
-    load_model,
     model_layout,
-    read_hf_config,
 )
 from kvcoord.replay.tiers import DEFAULT_CHUNK_TOKENS, HostTier
 from kvcoord.replay.timing import StepTimeModel

@@ -32,8 +32,9 @@ from dataclasses import dataclass
 from importlib import resources
 
 from kvcoord.replay.hardware import GPUS, load_gpu
+from kvcoord.replay.hf_config import load_model
 from kvcoord.replay.memory import CALIBRATION_ROWS, vllm_kv_memory, vllm_serve_batch
-from kvcoord.replay.models import MODELS, load_model, model_layout
+from kvcoord.replay.models import MODELS, model_layout
 
 __all__ = [
     "EXCLUDED_MARK",
