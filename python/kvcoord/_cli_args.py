@@ -341,7 +341,8 @@ def _parser() -> _Parser:
         type=_bounded(256),
         default=min(256, os.cpu_count() or 1),
         metavar="N",
-        help="parallel processes with --executor local (default: the number of CPUs)",
+        help="parallel processes with --executor local, or the CPUs of a fresh local Ray "
+        "instance with --executor ray (default: the number of CPUs)",
     )
     from kvcoord.replay.executor import EXECUTORS
 
