@@ -289,6 +289,12 @@ def _parser() -> _Parser:
         metavar="FILE.png",
         help="PNG of pool occupancy, hit rate and TTFT over simulated time",
     )
+    g.add_argument(
+        "--find-size",
+        action="store_true",
+        help="then find the smallest pool within 1%% of the best hit rate, by a few more "
+        "replays, and say it in a sentence (bare `kvcoord` does this)",
+    )
 
     s = sub.add_parser(
         "sweep", help="replay one workload at several pool sizes x models x host tiers"
