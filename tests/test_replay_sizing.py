@@ -141,3 +141,30 @@ def test_find_size_in_json_and_refused_for_a_cluster(
         main(["replay", "--find-size", "--instances", "2", "--limit", "5", "--no-progress"])
     assert e.value.code == 2
     assert "--find-size sizes one engine" in capsys.readouterr().err
+
+
+def _row(variant: str, gib: float, hit: float, evictions: int = 10) -> dict[str, Any]:
+    return {
+        "variant": variant,
+        "layout": "full",
+        "kv_memory_gib_per_gpu": gib,
+        "total_hit_rate": hit,
+        "best_possible_hit_rate": 0.40,
+        "evictions": evictions,
+    }
+
+
+def test_sweep_sentences_name_the_smallest_pool_near_the_best() -> None:
+    from kvcoord.replay.sizing import sweep_sentences
+
+    rows = [_row("a", 8, 0.2), _row("a", 32, 0.399), _row("a", 16, 0.30)]
+    rows += [_row("b", 8, 0.1), _row("b", 16, 0.2)]
+    a, b = sweep_sentences(rows)
+    assert a == (
+        "a: 32 GiB of KV cache per GPU is the smallest pool swept near the best hit rate "
+        "(40.0%): it reaches 39.9%."
+    )
+    assert b.startswith("b: no pool swept reaches the best hit rate (40.0%): 16 GiB per GPU")
+    # a pool that never evicts is the best the scheduler reaches
+    (c,) = sweep_sentences([_row("c", 8, 0.30), _row("c", 16, 0.35, evictions=0)])
+    assert c.startswith("16 GiB of KV cache per GPU") and "(35.0%)" in c

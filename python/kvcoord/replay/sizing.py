@@ -24,7 +24,7 @@ from kvcoord.replay.report import summarize
 from kvcoord.replay.scheduler import SimConfig, SimResult, simulate
 from kvcoord.replay.workloads import Workload
 
-__all__ = ["NEAR_BEST", "RESOLUTION", "SizePoint", "Sizing", "find_size"]
+__all__ = ["NEAR_BEST", "RESOLUTION", "SizePoint", "Sizing", "find_size", "sweep_sentences"]
 
 #: "Near the best": a hit rate of at least this share of the best one.
 NEAR_BEST = 0.99
@@ -189,3 +189,38 @@ def _next_size(pts: dict[int, SizePoint], target: float, floor: int, top: int) -
         return None
     mid = round(math.sqrt(lo * hi))
     return min(max(mid, lo + 1), hi - 1)
+
+
+def sweep_sentences(rows: list[dict[str, Any]]) -> list[str]:
+    """One sentence per variant of a sweep: the smallest pool swept near its
+    best hit rate (every tier), or that none was."""
+    variants: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        if r.get("kv_memory_gib_per_gpu") is not None:
+            variants.setdefault(str(r.get("variant", r["layout"])), []).append(r)
+    out = []
+    for name, rs in variants.items():
+        rs = sorted(rs, key=lambda r: float(r["kv_memory_gib_per_gpu"]))
+        best = rs[0].get("best_possible_hit_rate")
+        if best is None:
+            continue
+        top = rs[-1]
+        if top["evictions"] == 0:  # a pool that never evicts: nothing more to gain
+            best = min(best, top["total_hit_rate"])
+        near = [r for r in rs if r["total_hit_rate"] >= NEAR_BEST * best]
+        prefix = f"{name}: " if len(variants) > 1 else ""
+        if near:
+            r = near[0]
+            out.append(
+                f"{prefix}{_size(r['kv_memory_gib_per_gpu'] * GiB)} of KV cache per GPU is the "
+                f"smallest pool swept near the best hit rate ({100 * best:.1f}%): it reaches "
+                f"{100 * r['total_hit_rate']:.1f}%."
+            )
+        else:
+            out.append(
+                f"{prefix}no pool swept reaches the best hit rate ({100 * best:.1f}%): "
+                f"{_size(top['kv_memory_gib_per_gpu'] * GiB)} per GPU reaches "
+                f"{100 * top['total_hit_rate']:.1f}%; `kvcoord replay --find-size` finds "
+                "the pool it needs."
+            )
+    return out
