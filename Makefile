@@ -5,40 +5,61 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
-STAMP := $(VENV)/.deps-stamp
-# Python deps for tests (torch is large; installed once per virtualenv).
-TEST_DEPS := maturin>=1.9.4,<2 tqdm pytest hypothesis pytest-benchmark numpy matplotlib cbor2 xxhash pyzmq msgspec torch
+# Dependency sets, named as in pyproject.toml (tools/deps.py reads them there):
+# `make run` needs only the build and the replay's own (no torch); the tests add
+# pytest & co., torch (kvcoord.block_table; only PyPI's build is reachable here,
+# the CUDA one) and Ray (the sweep's Ray executor, tests/test_executor.py).
+RUN_SETS := build base plot
+TEST_SETS := test torch ray
+RUN_STAMP := $(VENV)/.deps-run
+TEST_STAMP := $(VENV)/.deps-test
+say = @echo "== $(1)"
 
 .PHONY: help
 help: ## Show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-14s %s\n", $$1, $$2}'
 
 $(PY):
-	python3 -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
+	$(call say,creating the virtualenv $(VENV))
+	@python3 -m venv $(VENV)
+	@$(PIP) install -q --upgrade pip
 
-$(STAMP): $(PY) pyproject.toml
-	$(PIP) install -q $(foreach d,$(TEST_DEPS),"$(d)")
-	touch $(STAMP)
+# install_sets(stamp, sets, what for)
+define install_sets
+	@echo "== installing $$($(PY) tools/deps.py --summary $(2)) $(3), and their dependencies"
+	@$(PY) tools/deps.py $(2) | xargs -d '\n' $(PIP) install -q
+	@touch $(1)
+endef
+
+$(RUN_STAMP): $(PY) pyproject.toml tools/deps.py
+	$(call install_sets,$@,$(RUN_SETS),to build and replay)
+
+$(TEST_STAMP): $(RUN_STAMP) pyproject.toml tools/deps.py
+	$(call install_sets,$@,$(TEST_SETS),for the tests)
 
 .PHONY: venv
-venv: $(STAMP) ## Create or reuse the virtualenv (.venv) with build and test deps
+venv: $(RUN_STAMP) ## Create or reuse the virtualenv (.venv) with what the build and `kvcoord` need
+
+.PHONY: venv-test
+venv-test: $(TEST_STAMP) ## The virtualenv with the test deps too (pytest, torch, Ray, ...)
 
 .PHONY: build-dev
 build-dev: venv ## Build the Rust extension into the virtualenv (editable install)
-	rm -f python/kvcoord/_core*.so
-	$(PIP) install -q -e . --no-build-isolation --no-deps
+	$(call say,building the Rust extension (release; a few minutes the first time))
+	@rm -f python/kvcoord/_core*.so
+	@$(PIP) install -q -e . --no-build-isolation --no-deps
 
 .PHONY: run
 run: build-dev ## Build everything and run the main job on its bundled default
-	$(VENV)/bin/kvcoord
+	$(call say,running kvcoord: the bundled chat workload on Llama-3.1-8B on one H100; then the pool it needs)
+	@$(VENV)/bin/kvcoord
 
 .PHONY: test-rust
 test-rust: ## cargo test (pure Rust core; no Python needed)
 	cargo test --workspace --locked
 
 .PHONY: test-python
-test-python: build-dev ## pytest (Python surface, conformance traces, hypothesis)
+test-python: build-dev venv-test ## pytest (Python surface, conformance traces, hypothesis)
 	$(VENV)/bin/pytest -q
 
 .PHONY: test
@@ -96,15 +117,15 @@ fuzz: engine-env ## The lockstep scheduler fuzz, longer (KVCOORD_FUZZ_SEEDS=400 
 	done
 
 .PHONY: bench
-bench: build-dev ## criterion benches + pytest-benchmark suite
+bench: build-dev venv-test ## criterion benches + pytest-benchmark suite
 	cargo bench -p kvcoord-core --locked
 	$(VENV)/bin/pytest benches --benchmark-enable -q
 
 .PHONY: lint
-lint: build-dev ## cargo fmt/clippy, ruff, mypy, stubtest
+lint: build-dev venv-test ## cargo fmt/clippy, ruff, mypy, stubtest
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets --locked -- -D warnings
-	$(VENV)/bin/pip install -q ruff mypy types-tqdm
+	$(PY) tools/deps.py lint | xargs -d '\n' $(PIP) install -q
 	$(VENV)/bin/ruff check python tests benches
 	$(VENV)/bin/ruff format --check python tests benches
 	$(PY) tools/check_module_cycles.py

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,8 @@ from kvcoord.replay.executor import (
 )
 
 HAS_RAY = importlib.util.find_spec("ray") is not None
+#: `make test` installs Ray, so in CI its absence is a failure, not a skip.
+IN_CI = bool(os.environ.get("CI"))
 
 
 def _scaled(shared: dict[str, int], item: int) -> tuple[int, int]:
@@ -69,8 +72,19 @@ def test_ray_absent_is_a_clear_error() -> None:
         RayExecutor()
 
 
-@pytest.mark.skipif(not HAS_RAY, reason="Ray is not installed (pip install 'kvcoord[ray]')")
+def test_ray_executor_of_a_local_instance_gets_the_jobs_cpus() -> None:
+    if not HAS_RAY:
+        pytest.skip("Ray is not installed")
+    local = make_executor("ray", jobs=2)
+    assert isinstance(local, RayExecutor) and local.num_cpus == 2
+    cluster = make_executor("ray", jobs=2, address="auto")  # the cluster's CPUs are its own
+    assert isinstance(cluster, RayExecutor) and cluster.num_cpus is None
+
+
 def test_ray_executor_runs_a_sweep_on_a_local_instance(tmp_path: Path) -> None:
+    if not HAS_RAY:
+        assert not IN_CI, "CI installs Ray (make test): tests/test_executor.py must run it"
+        pytest.skip("Ray is not installed (pip install 'kvcoord[ray]')")
     # the task function must be importable on Ray's workers: the sweep's own
     argv = ["sweep", "--limit", "30", "--sizes", "400,600", "--no-progress"]
     rows = {}

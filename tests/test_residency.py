@@ -165,7 +165,8 @@ def test_replay_summary_reports_residency() -> None:
     from kvcoord.replay.workloads import synthetic_chat
 
     wl = synthetic_chat(seed=1, num_conversations=30)
-    cfg = SimConfig(PRESETS["full"], num_blocks=200)
+    # a pool a little larger than the longest request: it evicts
+    cfg = SimConfig(PRESETS["full"], num_blocks=wl.max_sequence_len // 16 + 64)
     res = simulate(wl, cfg)
     assert res.residency is not None
     s = summarize(res, res.best, cfg, wl.name)

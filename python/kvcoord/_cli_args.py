@@ -440,6 +440,12 @@ def _parser() -> _Parser:
         metavar="FILE.png",
         help="PNG of pool occupancy, hit rate and TTFT over simulated time",
     )
+    g.add_argument(
+        "--find-size",
+        action="store_true",
+        help="then find the smallest pool within 1%% of the best hit rate, by a few more "
+        "replays, and say it in a sentence (bare `kvcoord` does this)",
+    )
 
     s = sub.add_parser(
         "sweep", help="replay one workload at several pool sizes x models x host tiers"
@@ -492,7 +498,8 @@ def _parser() -> _Parser:
         type=_bounded(256),
         default=min(256, os.cpu_count() or 1),
         metavar="N",
-        help="parallel processes with --executor local (default: the number of CPUs)",
+        help="parallel processes with --executor local, or the CPUs of a fresh local Ray "
+        "instance with --executor ray (default: the number of CPUs)",
     )
     from kvcoord.replay.executor import EXECUTORS
 

@@ -200,6 +200,7 @@ def _sweep_flags(args: argparse.Namespace) -> dict[str, str]:
 def _sweep(args: argparse.Namespace) -> int:
     from kvcoord.replay.plots import plot_sweep
     from kvcoord.replay.report import format_sweep
+    from kvcoord.replay.sizing import sweep_sentences
 
     _check_outputs(args)
     if (args.sizes or args.capacities or args.kv_memories) and (args.min_blocks or args.max_blocks):
@@ -216,6 +217,7 @@ def _sweep(args: argparse.Namespace) -> int:
         rows = _run_points(args, st, points, bar)
     print(f"{st.workload.name}: {len(points)} replays")
     print(format_sweep(rows))
+    print("\n".join(sweep_sentences(rows)))
     if args.json:
         _write_json(args.json, {"workload": st.workload.name, "rows": rows})
     if args.plot:

@@ -1,8 +1,10 @@
 """The ``kvcoord`` command: ``kvcoord replay`` (the default) and ``kvcoord sweep``.
 
-``kvcoord`` with no arguments replays the bundled synthetic chat workload
-with the default model and GPU (Llama-3.1-8B on one H100) and prints a
-summary; the planner's set-up (model, GPU, pool size, tiers) is resolved by
+``kvcoord`` with no arguments is ``kvcoord replay --find-size``: it replays
+the bundled synthetic chat workload with the default model and GPU
+(Llama-3.1-8B on one H100), prints a summary, then finds the pool the
+workload needs for its best hit rate (:mod:`kvcoord.replay.sizing`) and says
+it in a sentence; the planner's set-up (model, GPU, pool size, tiers) is resolved by
 :mod:`kvcoord.replay.plan`.
 
 Every failure is one line on stderr, ``kvcoord <command>: error: ...``, and
@@ -44,7 +46,7 @@ from kvcoord._cli_base import (
     _write_json,
     _write_output,
 )
-from kvcoord._cli_setup import _plan, _progress, _setup, _sim_config
+from kvcoord._cli_setup import SIZE_OPTIONS, _plan, _progress, _setup, _sim_config
 from kvcoord._cli_sweep import _sweep
 
 __all__ = ["main"]
@@ -64,6 +66,11 @@ def _replay(args: argparse.Namespace) -> int:
         plan = _plan(args, st)
         cfg = _sim_config(args, plan)
     if args.instances > 1:
+        if args.find_size:
+            raise UsageError(
+                "--find-size sizes one engine's pool; with --instances > 1 use "
+                "`kvcoord sweep --instances ...`"
+            )
         if args.plot:
             raise UsageError(
                 "--plot draws one engine's time series; with --instances > 1 use "
@@ -75,11 +82,38 @@ def _replay(args: argparse.Namespace) -> int:
     summary = summarize(res, res.best, cfg, st.workload.name, plan)
     summary.update(plan.memory_keys())
     print(format_summary(summary))
+    if args.find_size:
+        summary["sizing"] = _find_size(args, st, plan, cfg, res)
     if args.json:
         _write_json(args.json, summary)
     if args.plot:
         _write_output(args.plot, lambda name: plot_replay(res, summary, name))
     return 0
+
+
+def _find_size(args: argparse.Namespace, st: Any, plan: Any, cfg: Any, res: Any) -> dict[str, Any]:
+    """``--find-size``: the pool the workload needs, in a sentence (and in --json)."""
+    from kvcoord._cli_base import MAX_POOL_BLOCKS
+    from kvcoord.replay.plan import PlanError, format_bytes
+    from kvcoord.replay.sizing import find_size
+
+    try:  # what the deployment leaves for the KV cache: the default pool
+        room: float | None = _plan(args, st, **dict.fromkeys(SIZE_OPTIONS)).kv_bytes_per_gpu
+    except (UsageError, PlanError):  # no default pool here (the weights leave no room)
+        room = None
+
+    def say(p: Any) -> None:
+        if not args.no_progress:
+            _say(
+                f"sizing: {format_bytes(p.kv_bytes_per_gpu)} per GPU "
+                f"({p.num_blocks:,} blocks): hit rate {100 * p.hit_rate:.1f}%"
+            )
+
+    sizing = find_size(
+        st.workload, cfg, plan, res, max_blocks=MAX_POOL_BLOCKS, room_bytes=room, progress=say
+    )
+    print(sizing.sentence())
+    return sizing.to_json()
 
 
 def _replay_cluster(args: argparse.Namespace, st: Any, plan: Any, cfg: Any) -> int:
@@ -104,7 +138,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     (``SystemExit``), failures while running 1, Ctrl-C 130.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
+    if not argv:  # the main job: the bundled workload, then the pool it needs
+        argv = ["replay", "--find-size"]
+    elif argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
         argv = ["replay", *argv]  # `kvcoord [flags]` is `kvcoord replay [flags]`
     prog = "kvcoord"
     try:

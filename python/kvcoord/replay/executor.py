@@ -13,7 +13,7 @@ alone. ``fn`` must be a module-level function so that it pickles.
 * :class:`RayExecutor`: Ray tasks (``pip install 'kvcoord[ray]'``), on the
   cluster at ``address`` (``ray.init(address=...)``: ``"auto"`` for the
   cluster this machine belongs to, ``ray://host:10001`` for a remote one,
-  None for a fresh local instance). ``shared`` is put in Ray's object store
+  None for a fresh local instance, with ``--jobs`` CPUs). ``shared`` is put in Ray's object store
   once; each task resolves it. The workers need kvcoord installed (same
   version).
 """
@@ -232,5 +232,6 @@ def make_executor(name: str, *, jobs: int = 1, address: str | None = None) -> Ex
             raise ValueError("--address is for --executor ray")
         return LocalExecutor(jobs)
     if name == "ray":
-        return RayExecutor(address)
+        # a fresh local instance gets ``jobs`` CPUs; a cluster's own CPUs are its own
+        return RayExecutor(address, num_cpus=jobs if address is None else None)
     raise ValueError(f"unknown executor {name!r}; expected one of {', '.join(EXECUTORS)}")
