@@ -274,7 +274,8 @@ def format_summary(s: dict[str, Any]) -> str:
             (
                 "KV cache",
                 f"{s['kv_memory_gib_per_gpu']:,.2f} GiB per GPU ({s['kv_memory_gib_total']:,.2f} "
-                f"GiB total on {s['num_gpus']} GPUs) = {s['num_blocks']:,} blocks of "
+                f"GiB total on {s['num_gpus']} GPU{'s' if s['num_gpus'] != 1 else ''}) = "
+                f"{s['num_blocks']:,} blocks of "
                 f"{s['block_size']} tokens = {s['pool_token_slots']:,} token slots{each}",
             )
         )
