@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -220,8 +221,40 @@ def _check_pool(layout: Any, num_blocks: int, option: str | None) -> None:
 
 
 def _progress(total: int, disable: bool, desc: str) -> Any:
+    """A progress bar on a terminal; elsewhere (a log file, CI, a pipe) one
+    line at each tenth of the work or each 30 s; nothing with ``disable``."""
+    if not disable and not sys.stderr.isatty():
+        return _LineProgress(total, desc)
     from tqdm import tqdm
 
-    return tqdm(
-        total=total, desc=desc, unit="req", disable=disable or None, leave=False, file=sys.stderr
-    )
+    return tqdm(total=total, desc=desc, unit="req", disable=disable, leave=False, file=sys.stderr)
+
+
+class _LineProgress:
+    """Progress as plain lines on stderr, for output that is not a terminal."""
+
+    def __init__(self, total: int, desc: str, every_s: float = 30.0) -> None:
+        self.total, self.desc, self.every_s = max(0, total), desc, every_s
+        self.n = 0
+        self._start = self._last = time.monotonic()
+        self._next_tenth = 1
+
+    def __enter__(self) -> _LineProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is None and self.total:
+            self._line(f"done, {self.n:,} in {time.monotonic() - self._start:,.0f} s")
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        now = time.monotonic()
+        tenth = self.n * 10 // self.total if self.total else 0
+        if self.n < self.total and (tenth >= self._next_tenth or now - self._last >= self.every_s):
+            self._next_tenth = tenth + 1
+            self._last = now
+            pct = 100 * self.n / self.total
+            self._line(f"{self.n:,}/{self.total:,} ({pct:.0f}%), {now - self._start:,.0f} s")
+
+    def _line(self, text: str) -> None:
+        print(f"{self.desc}: {text}", file=sys.stderr, flush=True)
