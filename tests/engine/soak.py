@@ -274,8 +274,7 @@ def judge(rec: Record, across_restart: bool, max_model_len: int) -> None:
         short = len(rec.tokens) < rec.max_tokens
         rec.outcome = "cut" if short and across_restart else "unexpected"
         rec.detail = (
-            f"{len(rec.tokens)} tokens for max_tokens {asked}"
-            f" (finish_reason {rec.finish_reason})"
+            f"{len(rec.tokens)} tokens for max_tokens {asked} (finish_reason {rec.finish_reason})"
         )
     if rec.action in REFUSED and rec.outcome not in ("refused", "outage"):
         rec.detail = f"expected a refusal, got {rec.outcome}: {rec.detail}"
