@@ -7,6 +7,7 @@ separate core calls, which leave the first core changed."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import pytest
@@ -48,10 +49,8 @@ def snapshot(core: CoordinatorCore) -> tuple[Any, ...]:
     pool = core.block_pool
     tables = {}
     for rid in IDS:
-        try:
+        with contextlib.suppress(UnknownRequestError):
             tables[rid] = [list(g) for g in core.blocks(rid).arrays()]
-        except UnknownRequestError:
-            pass
     return (
         pool.free_block_ids().tolist(),
         pool.ref_counts().tolist(),

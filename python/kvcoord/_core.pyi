@@ -26,6 +26,7 @@ __all__ = [
     "CoordinatorKind",
     "DecodeFastPath",
     "GroupSpec",
+    "HiSparsePair",
     "KVCacheBlocks",
     "Request",
     "UnboundedPrefixCache",

@@ -227,10 +227,7 @@ impl<'a> HiSparsePair<'a> {
             None => (&*self.host, 0),
             Some(g) => (&*self.device, g as usize),
         };
-        let manager = core
-            .managers()
-            .get(g)
-            .ok_or(KvError::UnknownGroup(group))?;
+        let manager = core.managers().get(g).ok_or(KvError::UnknownGroup(group))?;
         Ok(manager.max_admission_blocks(max_in_flight_tokens, core.config().max_model_len))
     }
 

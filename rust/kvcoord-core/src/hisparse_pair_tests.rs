@@ -17,7 +17,8 @@ const BS: u32 = 4;
 /// A host core of `host_blocks` blocks and a device core (indexer,
 /// resident, hot of 2 blocks) of `device_blocks`, both caching.
 fn halves(host_blocks: usize, device_blocks: usize) -> (CoordinatorCore, CoordinatorCore) {
-    let mut host = CoordinatorConfig::new(vec![GroupSpec::full_attention(BS)], host_blocks, true, 256);
+    let mut host =
+        CoordinatorConfig::new(vec![GroupSpec::full_attention(BS)], host_blocks, true, 256);
     host.verify_hits = false;
     host.allow_partial_hits = true;
     host.event_medium = Medium::Cpu;
@@ -247,10 +248,7 @@ fn the_pairs_shape_is_checked() {
     let mut two = CoordinatorCore::new(two).unwrap();
     assert!(HiSparsePair::new(&mut two, &mut device).is_err());
     let (mut host, _) = halves(8, 64);
-    let (_, mut based_at_zero) = {
-        let groups = vec![GroupSpec::full_attention(BS)];
-        let cfg = CoordinatorConfig::new(groups, 8, true, 256);
-        ((), CoordinatorCore::new(cfg).unwrap())
-    };
+    let cfg = CoordinatorConfig::new(vec![GroupSpec::full_attention(BS)], 8, true, 256);
+    let mut based_at_zero = CoordinatorCore::new(cfg).unwrap();
     assert!(HiSparsePair::new(&mut host, &mut based_at_zero).is_err());
 }

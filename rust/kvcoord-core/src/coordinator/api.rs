@@ -68,7 +68,9 @@ impl CoordinatorCore {
 
     /// The scheduler ids of the tracked requests, in no order.
     pub fn request_names(&self) -> impl Iterator<Item = &str> + '_ {
-        self.requests.keys().filter_map(|&req| self.registry.name(req))
+        self.requests
+            .keys()
+            .filter_map(|&req| self.registry.name(req))
     }
 
     pub(super) fn req_of(&self, id: &str) -> KvResult<ReqId> {

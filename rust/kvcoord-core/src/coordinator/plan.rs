@@ -2,7 +2,8 @@
 //! (vLLM's `allocate_slots`, every group in one call) and the prediction
 //! [`CoordinatorCore::num_blocks_to_allocate`], which count blocks with the
 //! same function ([`predict`]) so that a step that fits by the prediction
-//! fits when it allocates.
+//! fits when it allocates, and [`CoordinatorCore::allocation_fits`], the
+//! allocation's own input checks and count without the allocation.
 //!
 //! Invariant: an allocation that does not fit changes nothing but the
 //! out-of-window blocks of a running request (dead either way).
@@ -256,7 +257,8 @@ impl CoordinatorCore {
         let (managers, pool, config) = (&self.managers, &self.pool, &self.config);
         let (local, total, main, need_slots) = check_input(managers, pool, config, input)?;
         let hits = new_computed_blocks.unwrap_or(&[]);
-        let step = StepSize::new(main, need_slots, total, args.num_encoder_tokens).with_local(local);
+        let step =
+            StepSize::new(main, need_slots, total, args.num_encoder_tokens).with_local(local);
         let unbacked = !tracked && local > 0 && hits.iter().all(Vec::is_empty);
         let mut checkpoints = vec![None; managers.len()];
         let needed = step_needs(
