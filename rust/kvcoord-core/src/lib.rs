@@ -33,7 +33,8 @@
 //! [`limits`] and the hashes; [`spec`] (the kinds and their facts),
 //! [`step_args`], [`request`]; the [`pool`] with its free queue, index and
 //! [`events`]; the per-kind [`managers`]; the [`coordinator`], and
-//! [`decode`] on top of it. Inside a folder, the files that extend its main
+//! [`decode`] and [`hisparse_pair`] (two coordinators, one transaction per
+//! call) on top of it. Inside a folder, the files that extend its main
 //! type (`impl CoordinatorCore`, `impl BlockPool`) import its `mod.rs`,
 //! which never imports them; in `managers/` and `eviction/`, `mod.rs`
 //! dispatches to the kinds and policies, which never import it.
@@ -49,6 +50,7 @@ pub mod events;
 pub mod eviction;
 pub mod free_queue;
 pub mod hashing;
+pub mod hisparse_pair;
 pub mod ids;
 pub mod limits;
 pub mod managers;
@@ -75,6 +77,7 @@ pub use events::KvEvent;
 pub use eviction::{EvictionConfig, EvictionPolicy, LevelQueue};
 pub use free_queue::FreeQueue;
 pub use hashing::{ExtraKeys, HashAlgo, HashConfig, LoraKey, MmFeature, RequestHasher};
+pub use hisparse_pair::HiSparsePair;
 pub use ids::{BlockId, GroupId, ReqId};
 pub use managers::{GroupTable, Manager};
 pub use pool::{BlockPool, PoolConfig};
