@@ -12,8 +12,8 @@ import pytest
 from kvcoord.cli import main
 from kvcoord.config import MambaSpec, SlidingWindowSpec
 from kvcoord.replay.hardware import GPUS, load_gpu
-from kvcoord.replay.latency_report import TPOT_TARGET
 from kvcoord.replay.hf_config import load_model, read_hf_config
+from kvcoord.replay.latency_report import TPOT_TARGET
 from kvcoord.replay.models import MODELS, model_layout
 from kvcoord.replay.plan import GiB, PlanError, make_plan, parse_bytes
 from kvcoord.replay.tiers import HostTier

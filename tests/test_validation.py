@@ -9,6 +9,7 @@ recorded replay per row) is checked against a real replay.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
@@ -16,6 +17,7 @@ import pytest
 from kvcoord.replay.calibrate import record_row
 from kvcoord.replay.latency_check import (
     MAX_REQUESTS,
+    LatencyRow,
     latency_rows,
     median_errors,
     predict_row,
@@ -58,16 +60,19 @@ SAMPLE = (
 )
 
 
-def _sample(tune=None, ids=SAMPLE):  # type: ignore[no-untyped-def]
-    return latency_rows([ROWS[i] for i in ids], max_requests=60, tune=tune)
+Tune = Callable[[StepTimeModel], StepTimeModel]
+
+
+def _sample(tune: Tune | None = None) -> list[LatencyRow]:
+    return latency_rows([ROWS[i] for i in SAMPLE], max_requests=60, tune=tune)
 
 
 @pytest.fixture(scope="module")
-def sample_rows():  # type: ignore[no-untyped-def]
+def sample_rows() -> list[LatencyRow]:
     return _sample()
 
 
-def test_sample_meets_the_targets(sample_rows) -> None:  # type: ignore[no-untyped-def]
+def test_sample_meets_the_targets(sample_rows: list[LatencyRow]) -> None:
     assert all(r.checked and r.predicted for r in sample_rows)
     ttft, tpot = median_errors(sample_rows, "ttft"), median_errors(sample_rows, "tpot")
     assert ttft is not None and ttft <= TTFT_TARGET, summary_lines(sample_rows)
@@ -83,7 +88,7 @@ def test_sample_meets_the_targets(sample_rows) -> None:  # type: ignore[no-untyp
         pytest.param(lambda m: replace(m, request_latency_s=0.0, cpu_scale=0.0), id="no-cpu"),
     ],
 )
-def test_a_perturbed_model_misses_them(tune) -> None:  # type: ignore[no-untyped-def]
+def test_a_perturbed_model_misses_them(tune: Tune) -> None:
     """Negative control: the same check on the same rows fails for a worse model."""
     assert not meets_targets(_sample(tune))
 
@@ -130,7 +135,7 @@ def test_the_fit_fast_path_is_the_replay() -> None:
     assert fast != pytest.approx(recorded.metrics(recorded.model), rel=1e-3)
 
 
-def test_tables_and_kv_pool_check(sample_rows) -> None:  # type: ignore[no-untyped-def]
+def test_tables_and_kv_pool_check(sample_rows: list[LatencyRow]) -> None:
     md = format_latency_table(sample_rows, markdown=True)
     assert md.count("\n") == len(sample_rows) + 1 and "gpustack-qwen3-8b-h100-02" in md
     assert all(r.within_tolerance for r in kv_pool_rows() if r.checked)

@@ -33,6 +33,7 @@ from array import array
 from collections.abc import Callable, Sequence
 from copy import copy
 from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
 import numpy as np
 
@@ -70,7 +71,7 @@ class StepRecorder(StepTimeModel):
 
     steps: list[tuple[int, ...]] = field(default_factory=list)
 
-    def step_seconds(self, *work: int) -> float:  # type: ignore[override]
+    def step_seconds(self, *work: Any) -> Any:
         self.steps.append(work)
         return 1.0
 
@@ -129,8 +130,9 @@ def _tuned(model: StepTimeModel, values: Sequence[float]) -> StepTimeModel:
     """``model`` with the trial ``values`` of :data:`FITTED`."""
     named = dict(zip(FITTED, values, strict=True))
     arch = "ampere" if model.gpu.name.startswith("a100") else "hopper"
-    kw = {k: v for k, v in named.items() if not k.startswith("compute_efficiency:")}
-    return replace(model, compute_efficiency=named[f"compute_efficiency:{arch}"], **kw)
+    kw: dict[str, Any] = {k: v for k, v in named.items() if ":" not in k}
+    kw["compute_efficiency"] = named[f"compute_efficiency:{arch}"]
+    return replace(model, **kw)
 
 
 def _start() -> list[float]:
@@ -148,7 +150,7 @@ def _start() -> list[float]:
     return [named[k] for k in FITTED]
 
 
-def _loss(recorded: Sequence[RecordedRow], values: Sequence[float]) -> float:
+def _loss(recorded: Sequence[RecordedRow], values: Any) -> float:
     total = 0.0
     for rec in recorded:
         pred = rec.metrics(_tuned(rec.model, values))
@@ -170,7 +172,7 @@ def _nelder_mead(
         order = np.argsort(values)
         simplex = [simplex[i] for i in order]
         values = [values[i] for i in order]
-        if values[-1] - values[0] < 1e-10:
+        if values[-1] - values[0] < 1e-10:  # converged
             break
         centre = np.mean(simplex[:-1], axis=0)
         worst = simplex[-1]
@@ -191,7 +193,8 @@ def _nelder_mead(
                 best = simplex[0]
                 simplex = [best] + [best + 0.5 * (x - best) for x in simplex[1:]]
                 values = [values[0]] + [f(x) for x in simplex[1:]]
-    return simplex[int(np.argmin(values))]
+    found: np.ndarray = simplex[int(np.argmin(values))]
+    return found
 
 
 def fit(recorded: Sequence[RecordedRow]) -> dict[str, float]:
@@ -201,7 +204,8 @@ def fit(recorded: Sequence[RecordedRow]) -> dict[str, float]:
 
     def values(x: np.ndarray) -> np.ndarray:
         v = np.exp(x)
-        return np.where(capped, np.minimum(v, 1.0), v)
+        out: np.ndarray = np.where(capped, np.minimum(v, 1.0), v)
+        return out
 
     best = _nelder_mead(lambda x: _loss(recorded, values(x)), x0)
     best = _nelder_mead(lambda x: _loss(recorded, values(x)), best, scale=0.1)

@@ -54,8 +54,13 @@ _COLUMNS = ("ttft_median", "ttft_mean", "ttft_p99", "tpot_median", "tpot_mean", 
 
 def format_latency_table(rows: Sequence[LatencyRow], markdown: bool = False) -> str:
     """Measured / predicted ms (error) per statistic, one line per checked row."""
-    head = ("row", "model", "gpu x tp", "load", "status") + tuple(
-        f"{c.replace('_', ' ')} ms" for c in _COLUMNS
+    head = (
+        "row",
+        "model",
+        "gpu x tp",
+        "load",
+        "status",
+        *(f"{c[:4]} {c[5:]} ms" for c in _COLUMNS),
     )
     body = [
         (
@@ -114,9 +119,7 @@ def summary_lines(rows: Sequence[LatencyRow], max_requests: int = MAX_REQUESTS) 
             f"{len(capped)} closed-loop / finite-rate rows replay their first {max_requests} "
             f"requests of more: {', '.join(capped)}"
         )
-    out.append(
-        "headline statistic per row: the median where the source printed one, else the mean"
-    )
+    out.append("headline statistic per row: the median where the source printed one, else the mean")
     out.extend(f"{r.id}: not covered: {r.reason}" for r in rows if not r.checked)
     out.append("verdict: " + ("targets met" if meets_targets(rows) else "targets MISSED"))
     return out

@@ -252,7 +252,7 @@ class StepTimeModel:
         miss = 1.0 - m.experts_per_token / m.experts
         if isinstance(tokens, np.ndarray):
             return 1.0 - miss ** np.maximum(tokens, 0)
-        return float(1.0 - miss ** tokens) if tokens > 0 else 0.0
+        return float(1.0 - miss**tokens) if tokens > 0 else 0.0
 
     def weight_share(self, tokens: Any) -> Any:
         """Share of all weights a step of ``tokens`` tokens reads."""
