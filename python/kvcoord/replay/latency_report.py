@@ -175,12 +175,14 @@ def plot_latency(rows: Sequence[LatencyRow], path: str) -> None:
 
 
 def latency_check_main(
-    max_requests: int = MAX_REQUESTS, markdown: bool = False, plot: str | None = None
+    measurements: Sequence[dict[str, str]],
+    max_requests: int = MAX_REQUESTS,
+    markdown: bool = False,
+    plot: str | None = None,
 ) -> bool:
-    """Run the latency check on the shipped rows and print it; True when the targets are met."""
-    from kvcoord.replay.validate import measurement_rows
-
-    rows = latency_rows(measurement_rows(), max_requests)
+    """Run the latency check on ``measurements`` (CSV rows) and print it; True
+    when the targets are met."""
+    rows = latency_rows(measurements, max_requests)
     print(format_latency_table(rows, markdown))
     print()
     for line in summary_lines(rows, max_requests):

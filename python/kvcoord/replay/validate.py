@@ -266,7 +266,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.latency or both:
         if both:
             print()
-        ok = latency_check_main(args.max_requests, args.markdown, args.plot) and ok
+        rows_ok = latency_check_main(
+            measurement_rows(), args.max_requests, args.markdown, args.plot
+        )
+        ok = rows_ok and ok
     return 0 if ok else 1
 
 
