@@ -121,6 +121,11 @@ bench: build-dev venv-test ## criterion benches + pytest-benchmark suite
 	cargo bench -p kvcoord-core --locked
 	$(VENV)/bin/pytest benches --benchmark-enable -q
 
+.PHONY: validate
+validate: build-dev ## The step-time and KV pool models against published vLLM measurements (docs/validation.md)
+	$(call say,replaying every published run the models cover (about two minutes))
+	@$(PY) -m kvcoord.replay.validate
+
 .PHONY: lint
 lint: build-dev venv-test ## cargo fmt/clippy, ruff, mypy, stubtest
 	cargo fmt --all --check

@@ -171,8 +171,9 @@ def test_validate_command(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--memory"]) == 0
     out = capsys.readouterr().out
     assert "llmdplanner-kv-01" in out and "calibration" in out and "held out" in out
+    assert "TTFT" not in out  # --memory alone: no latency check
     with pytest.raises(SystemExit) as ei:
-        main([])
+        main(["--memory", "--max-requests", "0"])
     assert ei.value.code == 2
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,7 @@ from kvcoord.cli import main
 from kvcoord.config import MambaSpec, SlidingWindowSpec
 from kvcoord.replay.hardware import GPUS, load_gpu
 from kvcoord.replay.hf_config import load_model, read_hf_config
+from kvcoord.replay.latency_report import TPOT_TARGET
 from kvcoord.replay.models import MODELS, model_layout
 from kvcoord.replay.plan import GiB, PlanError, make_plan, parse_bytes
 from kvcoord.replay.tiers import HostTier
@@ -133,9 +135,38 @@ def test_attention_pairs() -> None:
     assert attention_pairs(2, 3, 4) == 3 + 4 + 4
 
 
+#: Round constants for the by-hand checks of the formulas (not the fitted ones).
+_BY_HAND = {
+    "compute_efficiency": 0.6,
+    "bandwidth_efficiency": 0.8,
+    "overhead_s": 0.5e-3,
+    "cpu_scale": 0.0,
+    "moe_efficiency": 1.0,
+}
+
+
 def _llama8b_h100(tp: int = 1, name: str = "llama-3.1-8b") -> StepTimeModel:
     spec = MODELS[name]
-    return StepTimeModel(spec, GPUS["h100"], tp, model_layout(spec, tp)[1])
+    return StepTimeModel(spec, GPUS["h100"], tp, model_layout(spec, tp)[1], **_BY_HAND)
+
+
+def test_cpu_between_steps_by_hand() -> None:
+    """The scheduler's CPU time adds to the GPU's, or overlaps it with async scheduling."""
+    gpu_only = _llama8b_h100()
+    m = replace(gpu_only, cpu_scale=2.0, scheduler_step_s=1e-3, scheduler_seq_s=1e-5)
+    t_gpu = gpu_only.step_seconds(100, 100 * 1001, 0, 100 * 1001, 0, 100)
+    cpu = 2.0 * (1e-3 + 1e-5 * 100)
+    assert m.cpu_seconds(100) == pytest.approx(cpu)
+    assert m.step_seconds(100, 100 * 1001, 0, 100 * 1001, 0, 100) == pytest.approx(t_gpu + cpu)
+    overlapped = replace(m, async_scheduling=True)
+    assert overlapped.step_seconds(100, 100 * 1001, 0, 100 * 1001, 0, 100) == pytest.approx(
+        max(t_gpu, cpu)
+    )
+    slow_cpu = replace(overlapped, cpu_scale=100.0)
+    assert slow_cpu.step_seconds(1, 1001, 0, 1001, 0, 1) == pytest.approx(100 * (1e-3 + 1e-5))
+    # the per-step arrays the calibration uses give the same numbers
+    many = m.step_seconds(*(np.array([v, v]) for v in (100, 100 * 1001, 0, 100 * 1001, 0, 100)))
+    assert many.tolist() == pytest.approx([t_gpu + cpu] * 2)
 
 
 def test_roofline_prefill_llama8b_h100_by_hand() -> None:
@@ -179,19 +210,23 @@ def test_roofline_tp_communication_by_hand() -> None:
 
 def test_calibration_against_published_a100_decode() -> None:
     """docs/replay.md: Llama-3.1-8B BF16 on one A100 40GB, 1024-token prompts, one request
-    at a time, about 75 output tokens/s (vLLM 0.23.0; johnmusgrave.com). The model's
-    decode at the mean context of that run (1024 + 64) is within 3% of it."""
+    at a time, about 75 output tokens/s (vLLM 0.23.0; johnmusgrave.com), not among the
+    calibration rows. The model's decode at the mean context of that run (1024 + 64)
+    is within the TPOT target of it."""
     spec = MODELS["llama-3.1-8b"]
     m = StepTimeModel(spec, load_gpu("a100-40gb"), 1, model_layout(spec)[1])
     tpot = m.step_seconds(1, 1088, 0, 1088, 0, 1)
-    assert abs(1 / tpot - 75) / 75 < 0.03
+    assert abs(1 / tpot - 75) / 75 < TPOT_TARGET
 
 
 def test_moe_reads_a_share_of_the_weights() -> None:
     m = _llama8b_h100(name="gpt-oss-120b")
-    r = 5.1 / 116.8
-    assert m.weight_share(1) == pytest.approx(r)
-    assert m.weight_share(64) == pytest.approx(1 - (1 - r) ** 64)
+    spec = m.model
+    experts, other = spec.expert_weight_bytes, spec.weight_bytes - spec.expert_weight_bytes
+    touched = 1 - (1 - 4 / 128) ** 64  # 4 of 128 experts per token
+    assert m.expert_share(64) == pytest.approx(touched)
+    assert m.weight_share(64) == pytest.approx((other + experts * touched) / spec.weight_bytes)
+    assert m.weight_share(1) < m.weight_share(64) < 1.0
     assert _llama8b_h100().weight_share(1) == 1.0
 
 
@@ -356,8 +391,9 @@ def test_sweep_over_models_and_tiers(tmp_path: Path, capsys: pytest.CaptureFixtu
 
 
 def test_scheduler_charges_the_roofline_step_times() -> None:
-    """One 1000-token request with 2 output tokens: TTFT is the prefill step, TPOT the
-    decode step, exactly as the hand-pinned step model gives them."""
+    """One 1000-token request with 2 output tokens: TTFT is the prefill step plus the
+    request's time outside the engine, TPOT the decode step, exactly as the
+    hand-pinned step model gives them."""
     from kvcoord.replay.report import latency_metrics
     from kvcoord.replay.scheduler import SimConfig, simulate
     from kvcoord.replay.workloads import Workload, WorkloadRequest
@@ -365,9 +401,10 @@ def test_scheduler_charges_the_roofline_step_times() -> None:
     toks = list(range(1000))
     wl = Workload("one", [WorkloadRequest("r", 0.0, 1000, 2, lambda: toks)])
     plan = make_plan(wl, capacity_tokens=4096)
-    cfg = SimConfig(layout=plan.layout, num_blocks=plan.num_blocks, step_model=plan.step_model)
+    step = replace(plan.step_model, request_latency_s=0.25, **_BY_HAND)
+    cfg = SimConfig(layout=plan.layout, num_blocks=plan.num_blocks, step_model=step)
     m = latency_metrics(simulate(wl, cfg))
-    assert m["ttft_p50_s"] == pytest.approx(0.02800658, rel=1e-6)  # test_roofline_prefill
+    assert m["ttft_p50_s"] == pytest.approx(0.25 + 0.02800658, rel=1e-6)  # roofline_prefill
     assert m["tpot_p50_s"] == pytest.approx(0.006541543, rel=1e-6)  # test_roofline_decode
     assert m["queue_p50_s"] == 0.0
 

@@ -153,17 +153,26 @@ class ModelSpec:
         """Bytes of all weights as vLLM loads them (every GPU of a TP group holds
         ``1/tp`` of them): experts, the other layers and the embeddings each in
         the format the weight dtype gives them."""
+        return sum(self._weight_parts())
+
+    @property
+    def expert_weight_bytes(self) -> float:
+        """Bytes of the routed experts' weights (0 for a dense model)."""
+        return self._weight_parts()[1]
+
+    def _weight_parts(self) -> tuple[float, float, float]:
+        """Bytes of the embeddings, the routed experts and the rest."""
         w = WEIGHT_DTYPES[self.weight_dtype]
         plain = DTYPE_BYTES[self.compute_dtype]
         embed, experts = self.embedding_params, self.expert_params
         rest = max(0.0, self.params - embed - experts)
         if w.scope == "all":
-            return self.params * w.bytes
+            return embed * w.bytes, experts * w.bytes, rest * w.bytes
         if w.expert_hidden_align:
             align = w.expert_hidden_align
             experts *= -(-self.hidden_size // align) * align / self.hidden_size
         rest_bytes = rest * (w.bytes if w.scope == "linear" else plain)
-        return embed * plain + experts * w.bytes + rest_bytes
+        return embed * plain, experts * w.bytes, rest_bytes
 
     def kv_bytes_per_token_layer(self, tp: int = 1) -> float:
         """KV bytes of one token in one attention layer on one GPU of a TP group."""
@@ -213,6 +222,26 @@ MODELS: dict[str, ModelSpec] = {
             vocab_size=128256,
             intermediate_size=28672,
         ),
+        *(
+            _m(
+                f"qwen3-{size}",
+                f"Qwen/Qwen3-{size.upper()}",
+                {"full_attention": layers},
+                hidden_size=hidden,
+                num_heads=heads,
+                kv_heads=8,
+                head_dim=128,
+                params=params,
+                active_params=params,
+                vocab_size=151936,
+                intermediate_size=mlp,
+            )
+            for size, layers, hidden, heads, mlp, params in (
+                ("8b", 36, 4096, 32, 12288, 8.19e9),
+                ("14b", 40, 5120, 40, 17408, 14.77e9),
+                ("32b", 64, 5120, 64, 25600, 32.76e9),
+            )
+        ),
         _m(
             "deepseek-v3",
             "deepseek-ai/DeepSeek-V3",
@@ -254,6 +283,25 @@ MODELS: dict[str, ModelSpec] = {
             experts_per_token=4,
             moe_intermediate_size=2880,
             moe_layers=36,
+            note="alternating full / 128-token sliding-window layers; MXFP4 MoE weights",
+        ),
+        _m(
+            "gpt-oss-20b",
+            "openai/gpt-oss-20b",
+            {"full_attention": 12, "sliding_window": 12},
+            window=128,
+            hidden_size=2880,
+            num_heads=64,
+            kv_heads=8,
+            head_dim=64,
+            params=20.9e9,
+            active_params=3.6e9,
+            weight_dtype="mxfp4",
+            vocab_size=201088,
+            experts=32,
+            experts_per_token=4,
+            moe_intermediate_size=2880,
+            moe_layers=24,
             note="alternating full / 128-token sliding-window layers; MXFP4 MoE weights",
         ),
         _m(

@@ -27,8 +27,11 @@ speculative decoding or a KV connector:
 
 The simulated clock advances by the step time of
 :class:`~kvcoord.replay.timing.StepTimeModel` when ``SimConfig.step_model``
-is set (a roofline of the model on its GPUs), else by ``step_base_s +
-step_token_s * tokens``, and jumps to the next arrival when idle. Time inside
+is set (a roofline of the model on its GPUs, and the CPU's work between
+steps), else by ``step_base_s + step_token_s * tokens``, and jumps to the
+next arrival when idle. A request's first token and finish are recorded
+``StepTimeModel.request_latency_s`` (the API server's share) after the step
+that made them. Time inside
 manager calls is measured with ``perf_counter`` per step.
 
 Two shortcuts keep a replay fast and change nothing it computes:
@@ -188,6 +191,9 @@ def run_engine(
         res.req_finish,
     )
     window = model.window if model is not None and model.window_layers else 0
+    # the API server's time per request outside the steps: the client sees each
+    # request's first token and its end this much later than the engine makes them
+    latency = model.request_latency_s if model is not None else 0.0
     arrived = 0
     prompt_priority = cfg.prompt_priority
     cap = cfg.max_concurrency
@@ -444,14 +450,14 @@ def run_engine(
             elif finished:
                 sat_open = True
         for live in first_token:
-            r_first[live.idx] = now
+            r_first[live.idx] = now + latency
             if live.host_keys is not None:
                 if host is not None:
                     host.insert(live.host_keys)
                 if disk is not None:
                     disk.insert(live.host_keys)
         for live in finished:
-            r_finish[live.idx] = now
+            r_finish[live.idx] = now + latency
             res.req_output[live.idx] = live.out_len
         mgr_total += step_mgr_s
         step_mgr.append(step_mgr_s)

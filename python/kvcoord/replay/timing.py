@@ -3,12 +3,16 @@
 One step computes ``T`` tokens (uncached prefill chunks plus one token per
 decoding request). On each of the ``tp`` GPUs of the replica::
 
-    flops  = [2 x active_params x T + A x sum over attention layers of query-key pairs] / tp
-    bytes  = weight_bytes x touched(T) / tp  +  KV bytes read and written on this GPU
-    t_gemm = flops / (peak FLOP/s x COMPUTE_EFFICIENCY)
+    flops  = [2 x (dense active + expert active / MOE_EFFICIENCY) x T
+              + A x sum over attention layers of query-key pairs] / tp
+    bytes  = (other weights + expert weights x touched(T) / MOE_EFFICIENCY) / tp
+             + KV bytes read and written on this GPU
+    t_gemm = flops / (peak FLOP/s x COMPUTE_EFFICIENCY[GPU architecture])
     t_mem  = bytes / (HBM bandwidth x BANDWIDTH_EFFICIENCY)
     t_comm = 2 x layers x (link latency + T x hidden x 2 bytes x 2 (tp-1)/tp / link bandwidth)
-    step   = max(t_gemm, t_mem) + t_comm + STEP_OVERHEAD_S
+    t_gpu  = max(t_gemm, t_mem) + t_comm + STEP_OVERHEAD_S
+    t_cpu  = CPU_SCALE x (SCHEDULER_STEP_S + SCHEDULER_SEQ_S x requests scheduled)
+    step   = t_gpu + t_cpu        (max(t_gpu, t_cpu) with vLLM's --async-scheduling)
 
 * ``A`` = 2 x heads x (query-key width + value width): FLOPs of one query
   token attending one key token in one layer (QK^T and PV).
@@ -16,22 +20,45 @@ decoding request). On each of the ``tp`` GPUs of the replica::
   contributes ``n x c + n (n+1) / 2`` query-key pairs in a full-attention
   layer and reads ``c + n`` tokens of KV once per step (flash-attention
   style); a sliding-window / chunked-local layer caps both at the window.
-* ``touched(T)``: the share of weights one step reads. Dense models read all
-  of them; a mixture-of-experts model with active share ``r`` reads
-  ``1 - (1 - r)^T`` of them (independent routing per token).
+* ``touched(T)``: the share of the routed experts one step reads: with
+  ``k`` of ``E`` experts per token, ``1 - (1 - k/E)^T`` (independent routing
+  per token). ``MOE_EFFICIENCY`` is how much of the dense GEMMs'
+  efficiency the experts' grouped GEMMs reach (small per-expert batches).
 * KV written: ``T`` tokens; Mamba layers read and write their state once per
   request per step (their FLOPs are ignored).
 
-Efficiencies are round values chosen once (compute 0.6 of peak for the
-GEMMs, 0.8 of HBM bandwidth), plus a fixed 0.5 ms per step of launch and
-scheduling overhead; ``docs/replay.md`` compares the model with a published
-vLLM measurement and states the error.
+* ``t_cpu``: the engine's CPU time between two forward passes, which the
+  GPU waits for unless the scheduler runs ahead (``async_scheduling``).
+  Its shape is measured, not fitted: vLLM 0.33's real ``Scheduler``
+  (``schedule()`` + ``update_from_output()`` of a decode step) on this
+  repository's bench, ``benches/bench_vllm_scheduler.py --clock cpu``, costs
+  :data:`SCHEDULER_STEP_S` plus :data:`SCHEDULER_SEQ_S` per running request
+  with vLLM's own KV-cache manager (what the published measurements ran),
+  and :data:`KVCOORD_SCHEDULER_SEQ_S` per request with kvcoord's.
+  :data:`CPU_SCALE`, fitted, carries that to the servers' CPUs and adds the
+  rest of the per-request CPU work of a step that the measured scheduler
+  does not do (input preparation, the API server detokenizing and
+  streaming each request's token: the fit puts it at about 6x the
+  scheduler's own, so most of it is outside the scheduler).
+* ``request_latency_s`` (:data:`REQUEST_LATENCY_S`): per request, the API
+  server's time outside the engine's steps (HTTP, chat template,
+  tokenization, streaming the first token back); it is in TTFT and
+  end-to-end latency, not in TPOT.
+
+The fitted constants (:data:`COMPUTE_EFFICIENCY`, :data:`MOE_EFFICIENCY`,
+:data:`BANDWIDTH_EFFICIENCY`, :data:`STEP_OVERHEAD_S`, :data:`CPU_SCALE`,
+:data:`REQUEST_LATENCY_S`) come from ``python -m kvcoord.replay.calibrate``:
+a least-absolute-deviations fit of log TTFT and log TPOT on the published vLLM runs of
+:data:`CALIBRATION_ROWS` (``kvcoord/replay/data/vllm_measurements.csv``);
+``python -m kvcoord.replay.validate`` compares every other row with its
+prediction (``docs/validation.md``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 import numpy as np
 
@@ -40,17 +67,67 @@ from kvcoord.replay.models import DTYPE_BYTES, KVFootprint, ModelSpec
 
 __all__ = [
     "BANDWIDTH_EFFICIENCY",
+    "CALIBRATION_ROWS",
     "COMPUTE_EFFICIENCY",
+    "CPU_SCALE",
+    "KVCOORD_SCHEDULER_SEQ_S",
+    "MOE_EFFICIENCY",
+    "REQUEST_LATENCY_S",
+    "SCHEDULER_SEQ_S",
+    "SCHEDULER_STEP_S",
     "STEP_OVERHEAD_S",
     "StepCost",
     "StepTimeModel",
     "attention_pairs",
+    "compute_efficiency",
     "prefill_gpu_seconds_saved",
 ]
 
-COMPUTE_EFFICIENCY = 0.6
-BANDWIDTH_EFFICIENCY = 0.8
-STEP_OVERHEAD_S = 0.5e-3
+#: The rows of ``vllm_measurements.csv`` the fitted constants below come from
+#: (``python -m kvcoord.replay.calibrate``); every other row is held out.
+CALIBRATION_ROWS = (
+    "gpustack-qwen3-8b-h100-02",
+    "gpustack-qwen3-8b-h100-04",
+    "gpustack-qwen3-14b-h100-04",
+    "gpustack-qwen3-14b-a100-01",
+    "gpustack-qwen3-32b-h100-01",
+    "gpustack-qwen3-32b-h100-03",
+    "gpustack-qwen3-32b-a100-02",
+    "gpustack-qwen3-32b-a100-05",
+    "gpustack-gptoss120b-h100-01",
+    "gpustack-gptoss120b-h100-06",
+    "gpustack-gptoss120b-h100-09",
+    "gpustack-gptoss120b-a100-03",
+    "gpustack-gptoss120b-a100-11",
+    "gpustack-dsr1-h200-01",
+    "gpustack-dsr1-h200-06",
+    "vllmblog-fp8kv-llama8b-01",
+    "vllmblog-fp8kv-gptoss20b-01",
+)
+
+# fitted by `python -m kvcoord.replay.calibrate` on CALIBRATION_ROWS (17 rows;
+# the fit's printout is in docs/validation.md); bandwidth reached its cap of 1
+#: Share of the dense tensor peak reached, by GPU architecture (A100: Ampere;
+#: the others: Hopper's, the only other architecture measured).
+COMPUTE_EFFICIENCY = {"ampere": 0.683, "hopper": 0.329}
+MOE_EFFICIENCY = 0.617
+BANDWIDTH_EFFICIENCY = 1.0
+STEP_OVERHEAD_S = 2.14e-3
+CPU_SCALE = 6.43
+REQUEST_LATENCY_S = 0.043
+
+# measured: benches/bench_vllm_scheduler.py --running 16 256 1024 --clock cpu on
+# this repository's 2-core development machine (vLLM 0.33.0, CPU build): a decode
+# step net of the timer took 0.42 ms at 16 running requests and 27.4 ms at 1,024
+# on vLLM's manager (14.2 ms on kvcoord's); the line through them
+SCHEDULER_STEP_S = 0.0
+SCHEDULER_SEQ_S = 26.7e-6
+KVCOORD_SCHEDULER_SEQ_S = 14.0e-6
+
+
+def compute_efficiency(gpu: GPUSpec) -> float:
+    """The fitted share of ``gpu``'s dense tensor peak (:data:`COMPUTE_EFFICIENCY`)."""
+    return COMPUTE_EFFICIENCY["ampere" if gpu.name.startswith("a100") else "hopper"]
 
 
 def attention_pairs(cached: int, new: int, window: int = 0) -> int:
@@ -97,9 +174,20 @@ class StepTimeModel:
     gpu: GPUSpec
     tp: int
     footprint: KVFootprint
-    compute_efficiency: float = COMPUTE_EFFICIENCY
+    #: Share of the dense tensor peak reached (None: the GPU's, :func:`compute_efficiency`).
+    compute_efficiency: float | None = None
     bandwidth_efficiency: float = BANDWIDTH_EFFICIENCY
     overhead_s: float = STEP_OVERHEAD_S
+    #: vLLM's ``--async-scheduling``: the CPU's work overlaps the GPU's.
+    async_scheduling: bool = False
+    cpu_scale: float = CPU_SCALE
+    scheduler_step_s: float = SCHEDULER_STEP_S
+    #: Scheduler CPU seconds per scheduled request and step
+    #: (:data:`KVCOORD_SCHEDULER_SEQ_S` for an engine on kvcoord's manager).
+    scheduler_seq_s: float = SCHEDULER_SEQ_S
+    request_latency_s: float = REQUEST_LATENCY_S
+    #: Routed experts' GEMMs reach this share of the dense GEMMs' efficiency.
+    moe_efficiency: float = MOE_EFFICIENCY
 
     # ------------------------------------------------------------- per-layer constants
     @cached_property
@@ -123,8 +211,10 @@ class StepTimeModel:
         state = 0.0
         if self.mamba_layers:
             state = m.mamba_state_elems * DTYPE_BYTES[m.kv_dtype] / max(1, min(tp, 8))
+        expert_active = m.moe_layers * m.experts_per_token * 3 * m.hidden_size
+        expert_active *= m.moe_intermediate_size
         return (
-            2.0 * m.active_params,
+            2.0 * (m.active_params - expert_active + expert_active / self.moe_efficiency),
             attn * self.full_layers,
             attn * self.window_layers,
             per_layer * self.full_layers,
@@ -142,46 +232,75 @@ class StepTimeModel:
     @property
     def flops_per_second(self) -> float:
         """Achieved GEMM FLOP/s of one GPU."""
-        return self.gpu.peak_flops(self.model.weight_dtype) * self.compute_efficiency
+        eff = self.compute_efficiency
+        if eff is None:
+            eff = compute_efficiency(self.gpu)
+        return self.gpu.peak_flops(self.model.weight_dtype) * eff
 
     @property
     def bytes_per_second(self) -> float:
         """Achieved HBM bytes/s of one GPU."""
         return self.gpu.hbm_bandwidth * self.bandwidth_efficiency
 
-    def weight_share(self, tokens: int) -> float:
+    def expert_share(self, tokens: Any) -> Any:
+        """Share of the routed experts a step of ``tokens`` tokens reads (an
+        array: per step): each token picks ``experts_per_token`` of ``experts``
+        in each MoE layer, independently."""
         m = self.model
-        if m.active_params >= m.params or tokens <= 0:
-            return 1.0 if tokens > 0 else 0.0
-        r = m.active_params / m.params
-        return float(1.0 - (1.0 - r) ** tokens)
+        if not m.experts:
+            return 0.0
+        miss = 1.0 - m.experts_per_token / m.experts
+        if isinstance(tokens, np.ndarray):
+            return 1.0 - miss ** np.maximum(tokens, 0)
+        return float(1.0 - miss**tokens) if tokens > 0 else 0.0
+
+    def weight_share(self, tokens: Any) -> Any:
+        """Share of all weights a step of ``tokens`` tokens reads."""
+        m = self.model
+        experts = m.expert_weight_bytes
+        return ((m.weight_bytes - experts) + experts * self.expert_share(tokens)) / m.weight_bytes
 
     def step_seconds(
         self,
-        tokens: int,
-        full_pairs: int,
-        window_pairs: int,
-        full_kv_read: int,
-        window_kv_read: int,
-        num_seqs: int,
-    ) -> float:
-        """Seconds of one step.
+        tokens: Any,
+        full_pairs: Any,
+        window_pairs: Any,
+        full_kv_read: Any,
+        window_kv_read: Any,
+        num_seqs: Any,
+    ) -> Any:
+        """Seconds of one step (GPU and the CPU's work between steps).
 
         ``tokens`` computed; query-key pairs and KV tokens read, summed over the
         step's requests, for full-attention layers and for window-capped layers
-        (per layer); ``num_seqs`` requests scheduled (Mamba state traffic).
+        (per layer); ``num_seqs`` requests scheduled (Mamba state traffic, the
+        scheduler's per-request work). Also takes numpy arrays, one entry per
+        step (the calibration's fast path).
         """
-        if tokens <= 0:
+        arrays = isinstance(tokens, np.ndarray)
+        if not arrays and tokens <= 0:
             return 0.0
+        big = np.maximum if arrays else max
         gemm, attn_f, attn_w, kv_f, kv_w, kv_new, state, inv_flops, inv_bytes = self._coeffs
         flops = gemm * tokens + attn_f * full_pairs + attn_w * window_pairs
         kv_bytes = kv_f * full_kv_read + kv_w * window_kv_read + kv_new * tokens + state * num_seqs
-        w_bytes = self.model.weight_bytes * self.weight_share(tokens) / self.tp
+        experts = self.model.expert_weight_bytes
+        w_bytes = (
+            self.model.weight_bytes - experts
+            + experts * self.expert_share(tokens) / self.moe_efficiency
+        ) / self.tp  # fmt: skip
         t_gemm = flops * inv_flops
         t_mem = (w_bytes + kv_bytes) * inv_bytes
-        return max(t_gemm, t_mem) + self.comm_seconds(tokens) + self.overhead_s
+        t_gpu = big(t_gemm, t_mem) + self.comm_seconds(tokens) + self.overhead_s
+        t_cpu = self.cpu_seconds(num_seqs)
+        t = big(t_gpu, t_cpu) if self.async_scheduling else t_gpu + t_cpu
+        return np.where(tokens > 0, t, 0.0) if arrays else t
 
-    def comm_seconds(self, tokens: int) -> float:
+    def cpu_seconds(self, num_seqs: Any) -> Any:
+        """The engine's CPU time of one step with ``num_seqs`` requests scheduled."""
+        return self.cpu_scale * (self.scheduler_step_s + self.scheduler_seq_s * num_seqs)
+
+    def comm_seconds(self, tokens: Any) -> Any:
         """Two ring all-reduces of the hidden state per layer under tensor parallelism."""
         tp = self.tp
         if tp <= 1:
@@ -208,7 +327,11 @@ class StepTimeModel:
             f"{self.model.name} on {self.tp}x {self.gpu.name}: "
             f"{self.flops_per_second / 1e12:.0f} TFLOP/s and "
             f"{self.bytes_per_second / 1e12:.2f} TB/s achieved per GPU, "
-            f"+{self.overhead_s * 1e3:.1f} ms per step"
+            f"+{self.overhead_s * 1e3:.1f} ms per step, CPU "
+            f"{self.cpu_scale * self.scheduler_step_s * 1e3:.2f} ms + "
+            f"{self.cpu_scale * self.scheduler_seq_s * 1e6:.1f} us per request between steps"
+            f"{' (overlapped: async scheduling)' if self.async_scheduling else ''}, "
+            f"+{self.request_latency_s * 1e3:.0f} ms per request outside the engine"
         )
 
 

@@ -1,6 +1,9 @@
 """The replay's models against published vLLM measurements.
 
-``python -m kvcoord.replay.validate --memory`` prints, for every row of
+``python -m kvcoord.replay.validate`` runs both checks: the step-time
+model's TTFT and TPOT (:mod:`kvcoord.replay.latency_check`, table and
+targets in :mod:`kvcoord.replay.latency_report`; ``--latency`` alone) and
+the KV pool. ``--memory`` alone prints, for every row of
 ``kvcoord/replay/data/vllm_measurements.csv`` with a measured KV pool, the
 pool :func:`kvcoord.replay.memory.vllm_kv_memory` predicts beside the one
 vLLM logged ("Available KV cache memory", "GPU KV cache size"), and exits 1
@@ -231,18 +234,43 @@ def format_pool_table(rows: Sequence[PoolRow]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Print the tables asked for; 1 when a checked row misses its tolerance."""
+    """Print the checks asked for (all by default); 1 when one misses its target."""
+    from kvcoord.replay.latency_check import MAX_REQUESTS
+    from kvcoord.replay.latency_report import latency_check_main
+
     p = argparse.ArgumentParser(
         prog="python -m kvcoord.replay.validate",
-        description="Check the replay's models against published vLLM measurements.",
+        description="Check the replay's models against published vLLM measurements "
+        "(both checks unless one is named).",
     )
-    p.add_argument("--memory", action="store_true", help="the KV pool vLLM allocates")
+    p.add_argument("--memory", action="store_true", help="only the KV pool vLLM allocates")
+    p.add_argument("--latency", action="store_true", help="only TTFT and TPOT")
+    p.add_argument(
+        "--max-requests",
+        type=int,
+        default=MAX_REQUESTS,
+        metavar="N",
+        help=f"requests replayed at most per closed-loop or finite-rate row ({MAX_REQUESTS})",
+    )
+    p.add_argument("--markdown", action="store_true", help="the latency table as Markdown")
+    p.add_argument("--plot", metavar="PNG", help="write the predicted-vs-measured plot here")
     args = p.parse_args(argv)
-    if not args.memory:
-        p.error("nothing to validate: give --memory")
-    rows = kv_pool_rows()
-    print(format_pool_table(rows))
-    return 0 if all(r.within_tolerance for r in rows if r.checked) else 1
+    if args.max_requests < 1:
+        p.error("--max-requests must be at least 1")
+    both = not (args.memory or args.latency)
+    ok = True
+    if args.memory or both:
+        rows = kv_pool_rows()
+        print(format_pool_table(rows))
+        ok = all(r.within_tolerance for r in rows if r.checked)
+    if args.latency or both:
+        if both:
+            print()
+        rows_ok = latency_check_main(
+            measurement_rows(), args.max_requests, args.markdown, args.plot
+        )
+        ok = rows_ok and ok
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
