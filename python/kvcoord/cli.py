@@ -1,4 +1,5 @@
-"""The ``kvcoord`` command: ``kvcoord replay`` (the default) and ``kvcoord sweep``.
+"""The ``kvcoord`` command: ``kvcoord replay`` (the default), ``kvcoord sweep`` and
+``kvcoord plan`` (the cheapest deployment that meets latency targets).
 
 ``kvcoord`` with no arguments is ``kvcoord replay --find-size``: it replays
 the bundled synthetic chat workload with the default model and GPU
@@ -11,7 +12,7 @@ Every failure is one line on stderr, ``kvcoord <command>: error: ...``, and
 an exit status: 2 for a bad flag, layout or trace (all checked before the
 replay starts, output paths included; every bad value the set-up meets is one),
 1 for a failure while running (``KVCOORD_TRACEBACK=1`` shows the traceback),
-130 for Ctrl-C. Errors name the flag as it was typed (flags are never
+3 when ``plan`` finds no deployment that meets its targets, 130 for Ctrl-C. Errors name the flag as it was typed (flags are never
 abbreviated) and suggest the name a misspelt flag, preset or field means.
 ``kvcoord --version`` prints the package's version. ``--json`` and
 ``--plot`` files are written whole or not at all (a temporary file renamed
@@ -19,7 +20,7 @@ into place).
 
 The command is split by idea: its flags (:mod:`kvcoord._cli_args`), the
 set-up both sub-commands share (:mod:`kvcoord._cli_setup`), the sweep
-(:mod:`kvcoord._cli_sweep`) and the plumbing (argument types, failures,
+(:mod:`kvcoord._cli_sweep`), the plan (:mod:`kvcoord._cli_plan`) and the plumbing (argument types, failures,
 output files: :mod:`kvcoord._cli_base`); this module is ``replay`` and
 :func:`main`.
 """
@@ -154,6 +155,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UsageError(parser.commands[args.command].unrecognized(extra))
         if args.command == "replay":
             return _replay(args)
+        if args.command == "plan":
+            from kvcoord._cli_plan import _plan_command
+
+            return _plan_command(args, argv)
         return _sweep(args)
     except UsageError as e:
         parser.exit(EXIT_USAGE, f"{prog}: error: {_one_line(str(e))}\n")

@@ -1,0 +1,192 @@
+"""The search of ``kvcoord plan``: memory, then bounds, then exact replays in
+cost order until the cheapest candidate that meets the targets is confirmed
+(see :mod:`kvcoord.planner`)."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvcoord._cli_base import UsageError
+from kvcoord.planner.bounds import Targets, WorkloadFacts, candidate_bounds, workload_facts
+from kvcoord.planner.evaluate import EvalShared, replay_candidate
+from kvcoord.planner.prices import GpuPrice, price_of
+from kvcoord.planner.space import Candidate, Engine, candidates_of
+
+__all__ = ["Outcome", "Pruned", "SearchResult", "Space", "prune", "replay_survivors", "space_of"]
+
+
+@dataclass
+class Outcome:
+    """A candidate and how far it got: ``stage`` is ``memory`` (does not fit),
+    ``bounds`` (cannot meet the targets), ``replayed`` (``result`` says how it
+    did) or ``not replayed`` (costs more than the answer)."""
+
+    candidate: Candidate | None
+    stage: str
+    reason: str | None = None
+    result: dict[str, Any] = field(default_factory=dict)
+    #: For a ``memory`` outcome: the engine that does not fit, and its candidates.
+    engine: Engine | None = None
+    count: int = 1
+
+
+@dataclass
+class SearchResult:
+    targets: Targets
+    outcomes: list[Outcome]
+    chosen: Outcome | None
+    facts: WorkloadFacts
+    considered: int
+
+    def of_stage(self, stage: str) -> list[Outcome]:
+        return [o for o in self.outcomes if o.stage == stage]
+
+
+@dataclass
+class Space:
+    engines: list[Engine]
+    replicas: list[int]
+    hosts: list[float]
+    routers: list[str]
+    evictions: list[str]
+
+
+def space_of(args: argparse.Namespace, gpus: list[str]) -> Space:
+    """The search space the flags ask for (``gpus`` already checked and priced)."""
+    kvs = args.kv_dtype or [None]
+    wds = args.weight_dtype or [None]
+    engines = [Engine(g, tp, kv, wd) for g, tp, kv, wd in itertools.product(gpus, args.tp, kvs, wds)]
+    replicas = args.replicas
+    if args.concurrency is not None:
+        if args.replicas != list(range(1, 17)) and max(args.replicas) > 1:
+            raise UsageError(
+                "--concurrency caps the clients of one engine; --replicas puts engines behind "
+                "a router (a cap over a cluster is not modelled): give one or the other"
+            )
+        replicas = [1]
+    return Space(engines, replicas, list(args.host_memory), list(args.router), list(args.eviction))
+
+
+@dataclass
+class Pruned:
+    """The search after the memory and bound stages."""
+
+    outcomes: list[Outcome]
+    #: Candidates that may meet the targets, in the order they are replayed.
+    survivors: list[Candidate]
+    facts: WorkloadFacts
+    considered: int
+
+    def describe(self, targets: Targets) -> str:
+        n_mem = sum(1 for o in self.outcomes if o.stage == "memory" and o.candidate is not None)
+        n_mem += sum(o.count for o in self.outcomes if o.stage == "memory" and o.candidate is None)
+        return (
+            f"plan: {self.considered:,} candidates; {self.considered - n_mem:,} fit in memory "
+            f"(weights, activation and the longest request); {len(self.survivors):,} can meet "
+            f"{targets.describe()} by the bounds; replaying them cheapest first"
+        )
+
+
+def prune(
+    args: argparse.Namespace,
+    st: Any,
+    targets: Targets,
+    prices: dict[str, GpuPrice],
+    price_source: str,
+    space: Space,
+) -> Pruned:
+    """The memory and bound stages; the survivors sorted by cost, then by how
+    far their bounds are from the targets, then as enumerated."""
+    from kvcoord._cli_setup import _plan
+
+    outcomes: list[Outcome] = []
+    survivors: list[Candidate] = []
+    facts: dict[int, WorkloadFacts] = {}  # by the layout's block size
+    considered = 0
+    closed = args.concurrency is not None
+
+    def facts_for(block_size: int) -> WorkloadFacts:
+        if block_size not in facts:
+            facts[block_size] = workload_facts(st.workload, block_size, args.time_scale, closed)
+        return facts[block_size]
+
+    for engine in space.engines:
+        usd = price_of(prices, engine.gpu, price_source).usd_per_gpu_hour
+        try:
+            plan = _plan(args, st, **engine.plan_options())
+        except UsageError as e:
+            n = len(candidates_of(engine, space.replicas, space.hosts, space.routers,
+                                  space.evictions, usd, ("", ""), 0))  # fmt: skip
+            considered += n
+            outcomes.append(Outcome(None, "memory", str(e), engine=engine, count=n))
+            continue
+        names = (plan.model.kv_dtype, plan.model.weight_dtype)
+        cands = candidates_of(engine, space.replicas, space.hosts, space.routers,
+                              space.evictions, usd, names, considered)  # fmt: skip
+        considered += len(cands)
+        for host in space.hosts:
+            if host:
+                try:
+                    _plan(args, st, **{**engine.plan_options(), "host_memory": host})
+                except UsageError as e:
+                    outcomes += [Outcome(c, "memory", str(e)) for c in cands if c.host_bytes == host]
+                    cands = [c for c in cands if c.host_bytes != host]
+        wf = facts_for(plan.layout.block_size)
+        for c in cands:
+            b = candidate_bounds(wf, plan.step_model, c.replicas, targets)
+            c.bound.update(b)
+            if b["misses"] is not None:
+                outcomes.append(Outcome(c, "bounds", b["misses"]))
+            else:
+                survivors.append(c)
+    survivors.sort(key=lambda c: (round(c.usd_per_hour, 9), c.bound["ratio"], c.order))
+    wf = next(iter(facts.values())) if facts else facts_for(16)
+    return Pruned(outcomes, survivors, wf, considered)
+
+
+def replay_survivors(
+    pruned: Pruned,
+    args: argparse.Namespace,
+    st: Any,
+    targets: Targets,
+    executor: Any,
+    say: Callable[[str], None],
+    bar: Callable[[int], Any] | None = None,
+) -> SearchResult:
+    """The replays, cheapest first, up to the first that meets every target;
+    ``say`` gets a line per replay, ``bar`` a count."""
+    survivors = pruned.survivors
+    outcomes = list(pruned.outcomes)
+    chosen: Outcome | None = None
+    done = 0
+
+    def report(r: dict[str, Any]) -> None:
+        nonlocal done
+        c = survivors[done]
+        done += 1
+        say(f"plan: {c.label()} at ${c.usd_per_hour:,.2f}/h: {_verdict(r)}")
+        if bar is not None:
+            bar(1)
+
+    shared = EvalShared(args, st, targets)
+    results = executor.map(
+        replay_candidate, shared, survivors, done=report, until=lambda r: r["status"] == "meets"
+    )
+    for c, r in zip(survivors, results, strict=False):
+        o = Outcome(c, "replayed", r.get("missed"), r)
+        outcomes.append(o)
+        if r["status"] == "meets":
+            chosen = o
+    for c in survivors[len(results) :]:
+        outcomes.append(Outcome(c, "not replayed", "costs more than the deployment chosen"))
+    return SearchResult(targets, outcomes, chosen, pruned.facts, pruned.considered)
+
+
+def _verdict(r: dict[str, Any]) -> str:
+    from kvcoord.planner.report import verdict
+
+    return verdict(r)
