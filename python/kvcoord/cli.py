@@ -12,16 +12,18 @@ Every failure is one line on stderr, ``kvcoord <command>: error: ...``, and
 an exit status: 2 for a bad flag, layout or trace (all checked before the
 replay starts, output paths included; every bad value the set-up meets is one),
 1 for a failure while running (``KVCOORD_TRACEBACK=1`` shows the traceback),
-3 when ``plan`` finds no deployment that meets its targets, 130 for Ctrl-C. Errors name the flag as it was typed (flags are never
-abbreviated) and suggest the name a misspelt flag, preset or field means.
+3 when ``plan`` finds no deployment that meets its targets, 130 for Ctrl-C.
+Errors name the flag as it was typed (flags are never abbreviated) and
+suggest the name a misspelt flag, preset or field means.
 ``kvcoord --version`` prints the package's version. ``--json`` and
 ``--plot`` files are written whole or not at all (a temporary file renamed
 into place).
 
 The command is split by idea: its flags (:mod:`kvcoord._cli_args`), the
-set-up both sub-commands share (:mod:`kvcoord._cli_setup`), the sweep
-(:mod:`kvcoord._cli_sweep`), the plan (:mod:`kvcoord._cli_plan`) and the plumbing (argument types, failures,
-output files: :mod:`kvcoord._cli_base`); this module is ``replay`` and
+set-up the sub-commands share (:mod:`kvcoord._cli_setup`), the sweep
+(:mod:`kvcoord._cli_sweep`), the plan (:mod:`kvcoord._cli_plan`) and the
+plumbing (argument types, failures, output files: :mod:`kvcoord._cli_base`);
+this module is ``replay`` and
 :func:`main`.
 """
 

@@ -151,7 +151,9 @@ def candidate_bounds(
         if metric == "ttft":
             v = float(np.percentile(ttft, q))
         elif multi.size:
-            v = _percentile_of_monotone(lambda p: step.step_seconds(1, p + 1, 0, p + 1, 0, 1), multi, q)
+            v = _percentile_of_monotone(
+                lambda p: step.step_seconds(1, p + 1, 0, p + 1, 0, 1), multi, q
+            )
         else:
             v = 0.0
         values[(metric, q)] = v

@@ -96,6 +96,20 @@ class _Watch:
             raise TargetMissed(f"{metric.upper()} p{q}", lower, self.finished / max(1, self.n))
 
 
+def _capacity(results: list[SimResult]) -> float | None:
+    """Requests per second one engine finished while at a limit (the service rate
+    of :mod:`kvcoord.replay.overload`), averaged over the engines; None: too few
+    such requests to tell."""
+    from kvcoord.replay.overload import MIN_SATURATED_FINISHED
+
+    rates = [
+        r.saturated_finished / r.saturated_seconds
+        for r in results
+        if r.saturated_finished >= MIN_SATURATED_FINISHED and r.saturated_seconds > 0
+    ]
+    return sum(rates) / len(rates) if rates else None
+
+
 def replay_candidate(shared: EvalShared, cand: Candidate) -> dict[str, Any]:
     """Replay ``cand`` (a worker's task): its outcome as a JSON-ready dict."""
     from kvcoord._cli_setup import _plan, _sim_config
@@ -121,19 +135,24 @@ def replay_candidate(shared: EvalShared, cand: Candidate) -> dict[str, Any]:
         else:
             cres = simulate_cluster(
                 wl, cfg, cand.replicas, cand.router, watch, track_global_best=False,
-                results=results,
+                engine_results=results,
             )  # fmt: skip
             res = cres.total
         watch.check()  # the last finishes may not have reached a check
     except TargetMissed as e:
         out.update(status="stopped", missed=e.what, progress=e.share, **e.lower)
         out["wall_seconds"] = perf_counter() - wall0
+        out["capacity_rps_per_replica"] = _capacity(results)
         return out
     lat = latency_metrics(res)
     prompt = res.prompt_tokens or 1
     verdict = overload_verdict(res, cfg.max_concurrency, cand.replicas, cfg.time_scale)
     values = {key: lat.get(f"{key[0]}_p{key[1]}_s") for key in targets.limits}
-    missed = [f"{m.upper()} p{q}" for (m, q), v in values.items() if v is None or v > targets.limits[(m, q)]]
+    missed = [
+        f"{m.upper()} p{q}"
+        for (m, q), v in values.items()
+        if v is None or v > targets.limits[(m, q)]
+    ]
     out.update(
         status="misses" if missed else "meets",
         missed=", ".join(missed) or None,
@@ -144,6 +163,7 @@ def replay_candidate(shared: EvalShared, cand: Candidate) -> dict[str, Any]:
         tokens=res.prompt_tokens + res.output_tokens,
         output_tokens_per_s=lat["output_tokens_per_s"],
         wall_seconds=perf_counter() - wall0,
+        capacity_rps_per_replica=_capacity(results),
     )
     for m in ("ttft", "tpot"):
         for q in (50, 90, 99):

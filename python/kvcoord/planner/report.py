@@ -30,6 +30,17 @@ def _d(x: float | None, at_least: bool = False) -> str:
     return (">= " if at_least else "") + format_duration(x)
 
 
+def _value(o: Outcome, key: str) -> float | None:
+    """A candidate's percentile: exact when replayed to the end, else the larger of
+    its lower bounds (the bounds stage's and, when stopped, the replay's)."""
+    assert o.candidate is not None
+    if o.stage == "replayed" and o.result.get("status") != "stopped":
+        v = o.result.get(key)
+        return None if v is None else float(v)
+    vals = [v for v in (o.candidate.bound.get(key), o.result.get(key)) if v is not None]
+    return max(float(v) for v in vals) if vals else None
+
+
 def verdict(r: dict[str, Any]) -> str:
     """One replay's outcome in words."""
     st = r["status"]
@@ -53,7 +64,8 @@ def _per_million(o: Outcome) -> float | None:
     r = o.result
     if o.candidate is None or not r.get("tokens") or not r.get("makespan_seconds"):
         return None
-    return o.candidate.usd_per_hour * r["makespan_seconds"] / 3600 / (r["tokens"] / 1e6)
+    hours = float(r["makespan_seconds"]) / 3600
+    return o.candidate.usd_per_hour * hours / (float(r["tokens"]) / 1e6)
 
 
 def closest(res: SearchResult) -> Outcome | None:
@@ -63,8 +75,7 @@ def closest(res: SearchResult) -> Outcome | None:
 
     def worst(o: Outcome) -> tuple[float, float]:
         assert o.candidate is not None
-        src = o.result if o.stage == "replayed" else o.candidate.bound
-        vals = {k: src.get(f"{k[0]}_p{k[1]}_s") for k in res.targets.limits}
+        vals = {k: _value(o, f"{k[0]}_p{k[1]}_s") for k in res.targets.limits}
         return res.targets.ratio(vals), o.candidate.usd_per_hour
 
     return min(pool, key=worst) if pool else None
@@ -89,11 +100,13 @@ def sentence(res: SearchResult, command: str | None) -> str:
     head = f"No deployment in the search space meets {t}"
     if near is None or near.candidate is None:
         why = next((o.reason for o in res.outcomes if o.reason), "")
-        return f"{head}: none fits in memory ({why}). Try larger GPUs, more TP or quantized weights."
-    src = near.result if near.stage == "replayed" else near.candidate.bound
-    bound = near.stage != "replayed" or src.get("status") == "stopped"
+        return (
+            f"{head}: none fits in memory ({why}). Try larger GPUs, more TP or quantized weights."
+        )
+    bound = near.stage != "replayed" or near.result.get("status") == "stopped"
     lat = ", ".join(
-        f"{m.upper()} p{q} {_d(src.get(f'{m}_p{q}_s'), bound)}" for (m, q) in res.targets.limits
+        f"{m.upper()} p{q} {_d(_value(near, f'{m}_p{q}_s'), bound)}"
+        for (m, q) in res.targets.limits
     )
     return (
         f"{head}. The closest is {near.candidate.label()} at ${near.candidate.usd_per_hour:,.2f} "
@@ -112,48 +125,71 @@ def ranked(res: SearchResult) -> list[Outcome]:
         if o.stage == "replayed":
             group = rank[o.result["status"]]
         else:
-            group = 3 if o.stage == "not replayed" else 4
+            group = {"not replayed": 3, "rate": 4}.get(o.stage, 5)
         return group, o.candidate.usd_per_hour, o.candidate.order
 
     return sorted(rows, key=key)
 
 
-def format_table(res: SearchResult, limit: int = 20) -> str:
-    """The ranked candidates (the first ``limit``) as a text table."""
+#: Rows of the table per kind of outcome not replayed (the rest are in --json).
+TABLE_UNREPLAYED_ROWS = 3
+
+
+def format_table(res: SearchResult) -> str:
+    """The ranked candidates as a text table: every one replayed, then the
+    cheapest few of those set aside (costlier than the answer, too little
+    measured rate, missing by the bounds)."""
     keys = list(res.targets.limits)
     head = ["candidate", "$/h", *[f"{m.upper()} p{q}" for m, q in keys], "hit rate", "verdict"]
     lines = []
     rows = ranked(res)
-    for o in rows[:limit]:
+    shown: list[Outcome] = []
+    per: dict[str, int] = {}
+    for o in rows:
+        if o.stage != "replayed":
+            per[o.stage] = per.get(o.stage, 0) + 1
+            if per[o.stage] > TABLE_UNREPLAYED_ROWS:
+                continue
+        shown.append(o)
+    for o in shown:
         c = o.candidate
         assert c is not None
-        src = o.result if o.stage == "replayed" else c.bound
         bound = o.stage != "replayed" or o.result.get("status") == "stopped"
         if o.stage == "replayed":
             v = o.result["status"] if o.result["status"] != "stopped" else "misses (stopped)"
             hit = o.result.get("hit_rate")
         else:
-            v = "cannot meet (bounds)" if o.stage == "bounds" else "not replayed (costs more)"
+            v = {
+                "bounds": "cannot meet (bounds)",
+                "rate": "too little rate (measured)",
+            }.get(o.stage, "not replayed (costs more)")
             hit = None
-        cells = [f"{m.upper()} p{q}" for m, q in keys]
-        vals = [_d(src.get(f"{m}_p{q}_s"), bound) for m, q in keys]
-        assert len(cells) == len(vals)
+        vals = [_d(_value(o, f"{m}_p{q}_s"), bound) for m, q in keys]
         lines.append(
-            [c.label(), f"{c.usd_per_hour:,.2f}", *vals,
-             "n/a" if hit is None else f"{100 * hit:.1f}%", v]  # fmt: skip
+            [
+                c.label(),
+                f"{c.usd_per_hour:,.2f}",
+                *vals,
+                "n/a" if hit is None else f"{100 * hit:.1f}%",
+                v,
+            ]
         )
-    widths = [max(len(h), *(len(r[i]) for r in lines)) if lines else len(h) for i, h in enumerate(head)]
+    widths = [
+        max(len(h), *(len(r[i]) for r in lines)) if lines else len(h) for i, h in enumerate(head)
+    ]
     fmt = "  ".join(f"{{:<{w}}}" if i == 0 else f"{{:>{w}}}" for i, w in enumerate(widths))
     out = [fmt.format(*head), *(fmt.format(*r) for r in lines)]
-    if len(rows) > limit:
-        out.append(f"... {len(rows) - limit:,} more in --json")
+    if len(rows) > len(shown):
+        out.append(f"... {len(rows) - len(shown):,} more candidates in --json")
     n_mem = len(res.of_stage("memory"))
     if n_mem:
         out.append(f"{n_mem:,} engine set-ups do not fit in memory (in --json)")
     return "\n".join(out)
 
 
-def plan_json(res: SearchResult, workload: str, workload_argv: list[str], prices: str) -> dict[str, Any]:
+def plan_json(
+    res: SearchResult, workload: str, workload_argv: list[str], prices: str
+) -> dict[str, Any]:
     """The ``--json`` document."""
 
     def one(o: Outcome) -> dict[str, Any]:

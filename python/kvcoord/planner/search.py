@@ -22,7 +22,8 @@ __all__ = ["Outcome", "Pruned", "SearchResult", "Space", "prune", "replay_surviv
 @dataclass
 class Outcome:
     """A candidate and how far it got: ``stage`` is ``memory`` (does not fit),
-    ``bounds`` (cannot meet the targets), ``replayed`` (``result`` says how it
+    ``bounds`` (cannot meet the targets), ``rate`` (its engine set-up's measured
+    service rate cannot carry the load), ``replayed`` (``result`` says how it
     did) or ``not replayed`` (costs more than the answer)."""
 
     candidate: Candidate | None
@@ -59,7 +60,9 @@ def space_of(args: argparse.Namespace, gpus: list[str]) -> Space:
     """The search space the flags ask for (``gpus`` already checked and priced)."""
     kvs = args.kv_dtype or [None]
     wds = args.weight_dtype or [None]
-    engines = [Engine(g, tp, kv, wd) for g, tp, kv, wd in itertools.product(gpus, args.tp, kvs, wds)]
+    engines = [
+        Engine(g, tp, kv, wd) for g, tp, kv, wd in itertools.product(gpus, args.tp, kvs, wds)
+    ]
     replicas = args.replicas
     if args.concurrency is not None:
         if args.replicas != list(range(1, 17)) and max(args.replicas) > 1:
@@ -133,7 +136,9 @@ def prune(
                 try:
                     _plan(args, st, **{**engine.plan_options(), "host_memory": host})
                 except UsageError as e:
-                    outcomes += [Outcome(c, "memory", str(e)) for c in cands if c.host_bytes == host]
+                    outcomes += [
+                        Outcome(c, "memory", str(e)) for c in cands if c.host_bytes == host
+                    ]
                     cands = [c for c in cands if c.host_bytes != host]
         wf = facts_for(plan.layout.block_size)
         for c in cands:
@@ -148,40 +153,79 @@ def prune(
     return Pruned(outcomes, survivors, wf, considered)
 
 
+#: A candidate is not replayed when its replicas times the best service rate
+#: measured on the same engine set-up (any replica count), times this, is still
+#: below the offered rate: more replicas share a trace's prefixes differently,
+#: so the rate per replica may grow with their count, but not by this much.
+RATE_SLACK = 1.25
+
+
+def _engine_key(c: Candidate) -> tuple[Any, ...]:
+    return (c.engine, c.host_bytes, c.eviction)
+
+
 def replay_survivors(
     pruned: Pruned,
     args: argparse.Namespace,
     st: Any,
     targets: Targets,
     executor: Any,
+    jobs: int,
     say: Callable[[str], None],
     bar: Callable[[int], Any] | None = None,
 ) -> SearchResult:
-    """The replays, cheapest first, up to the first that meets every target;
-    ``say`` gets a line per replay, ``bar`` a count."""
-    survivors = pruned.survivors
+    """The replays, cheapest first, ``jobs`` at a time, up to the first that meets
+    every target; after each, the costlier candidates of an engine set-up whose
+    measured service rate cannot carry the offered load are set aside
+    (:data:`RATE_SLACK`). ``say`` gets a line per replay, ``bar`` a count."""
     outcomes = list(pruned.outcomes)
     chosen: Outcome | None = None
-    done = 0
-
-    def report(r: dict[str, Any]) -> None:
-        nonlocal done
-        c = survivors[done]
-        done += 1
-        say(f"plan: {c.label()} at ${c.usd_per_hour:,.2f}/h: {_verdict(r)}")
-        if bar is not None:
-            bar(1)
-
+    facts = pruned.facts
+    span = float(facts.arrival.max() - facts.arrival.min()) if facts.n else 0.0
+    offered = (facts.n - 1) / span if span > 0 and not facts.closed_loop else None
+    rates: dict[tuple[Any, ...], float] = {}
     shared = EvalShared(args, st, targets)
-    results = executor.map(
-        replay_candidate, shared, survivors, done=report, until=lambda r: r["status"] == "meets"
-    )
-    for c, r in zip(survivors, results, strict=False):
-        o = Outcome(c, "replayed", r.get("missed"), r)
-        outcomes.append(o)
-        if r["status"] == "meets":
-            chosen = o
-    for c in survivors[len(results) :]:
+    pending = list(pruned.survivors)
+    while pending and chosen is None:
+        wave: list[Candidate] = []
+        while pending and len(wave) < max(1, jobs):
+            c = pending.pop(0)
+            mu = rates.get(_engine_key(c))
+            if offered is not None and mu is not None and c.replicas * mu * RATE_SLACK < offered:
+                outcomes.append(Outcome(c, "rate", (
+                    f"sustains about {c.replicas * mu:,.3g} req/s ({mu:,.3g} per replica, "
+                    f"measured), below the offered {offered:,.3g} req/s"
+                )))  # fmt: skip
+                if bar is not None:
+                    bar(1)
+                continue
+            wave.append(c)
+        if not wave:
+            break
+        done = 0
+
+        def report(r: dict[str, Any], wave: list[Candidate] = wave) -> None:
+            nonlocal done
+            c = wave[done]
+            done += 1
+            say(f"plan: {c.label()} at ${c.usd_per_hour:,.2f}/h: {_verdict(r)}")
+            if bar is not None:
+                bar(1)
+
+        results = executor.map(
+            replay_candidate, shared, wave, done=report, until=lambda r: r["status"] == "meets"
+        )
+        for c, r in zip(wave, results, strict=False):
+            o = Outcome(c, "replayed", r.get("missed"), r)
+            outcomes.append(o)
+            mu = r.get("capacity_rps_per_replica")
+            if mu is not None:
+                key = _engine_key(c)
+                rates[key] = max(rates.get(key, 0.0), mu)
+            if r["status"] == "meets" and chosen is None:
+                chosen = o
+        pending = wave[len(results) :] + pending
+    for c in pending:
         outcomes.append(Outcome(c, "not replayed", "costs more than the deployment chosen"))
     return SearchResult(targets, outcomes, chosen, pruned.facts, pruned.considered)
 

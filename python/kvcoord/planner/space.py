@@ -74,8 +74,9 @@ class Candidate:
     def label(self) -> str:
         """``3x h100 TP4 (12 GPUs), KV fp8, weights bf16, host 256 GiB, prefix-aware, lru``."""
         e = self.engine
+        plural = "s" if self.num_gpus > 1 else ""
         parts = [
-            f"{self.replicas}x {e.gpu} TP{e.tp} ({self.num_gpus} GPU{'s' if self.num_gpus > 1 else ''})",
+            f"{self.replicas}x {e.gpu} TP{e.tp} ({self.num_gpus} GPU{plural})",
             f"KV {self.kv_dtype_name}",
             f"weights {self.weight_dtype_name}",
         ]
@@ -114,7 +115,7 @@ def candidates_of(
     start: int,
 ) -> list[Candidate]:
     """Every candidate on ``engine``; one router with a single replica (it routes nothing)."""
-    out = []
+    out: list[Candidate] = []
     for r, host, router, ev in itertools.product(replicas, hosts, routers, evictions):
         if r == 1 and router != routers[0]:
             continue

@@ -105,11 +105,11 @@ def simulate_cluster(
     progress: Callable[[int], None] | None = None,
     track_global_best: bool = True,
     keep_managers: bool = False,
-    results: Sequence[SimResult] | None = None,
+    engine_results: Sequence[SimResult] | None = None,
 ) -> ClusterResult:
     """Replay ``workload`` on ``instances`` engines, each configured by ``cfg``
     (its pool is one engine's), behind ``router`` (a ``--router`` spec or a
-    :class:`~kvcoord.replay.routers.Router`). ``results``: one empty
+    :class:`~kvcoord.replay.routers.Router`). ``engine_results``: one empty
     :class:`SimResult` per engine for the engines to fill in (a caller that
     watches the run; see :func:`~kvcoord.replay.scheduler.run_engine`)."""
     from kvcoord import Request
@@ -139,9 +139,9 @@ def simulate_cluster(
         for _ in range(instances)
     ]
     feeds = [EngineFeed(deque(), closed=False, finished=[]) for _ in range(instances)]
-    if results is not None and len(results) != instances:
-        raise ValueError(f"{len(results)} results given for {instances} engines")
-    fill = list(results) if results is not None else [None] * instances
+    if engine_results is not None and len(engine_results) != instances:
+        raise ValueError(f"{len(engine_results)} results given for {instances} engines")
+    fill = list(engine_results) if engine_results is not None else [None] * instances
     runs = [
         run_engine(workload, cfg, progress, m, f, r)
         for m, f, r in zip(mgrs, feeds, fill, strict=True)
