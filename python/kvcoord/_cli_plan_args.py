@@ -79,7 +79,6 @@ def add_plan_parser(sub: Any) -> Any:
     g.add_argument(
         "--replicas",
         type=_replicas,
-        default=list(range(1, 17)),
         metavar="N|A-B|A,B,...",
         help="engine replicas behind the router: the most (8 means 1 to 8), a range or a "
         "list (default 16)",

@@ -16,6 +16,9 @@ from kvcoord.planner.evaluate import EvalShared, replay_candidate
 from kvcoord.planner.prices import GpuPrice, price_of
 from kvcoord.planner.space import Candidate, Engine, candidates_of
 
+#: Replicas searched without --replicas: 1 to this.
+DEFAULT_MAX_REPLICAS = 16
+
 __all__ = ["Outcome", "Pruned", "SearchResult", "Space", "prune", "replay_survivors", "space_of"]
 
 
@@ -63,9 +66,9 @@ def space_of(args: argparse.Namespace, gpus: list[str]) -> Space:
     engines = [
         Engine(g, tp, kv, wd) for g, tp, kv, wd in itertools.product(gpus, args.tp, kvs, wds)
     ]
-    replicas = args.replicas
+    replicas = args.replicas or list(range(1, DEFAULT_MAX_REPLICAS + 1))
     if args.concurrency is not None:
-        if args.replicas != list(range(1, 17)) and max(args.replicas) > 1:
+        if args.replicas is not None and max(args.replicas) > 1:
             raise UsageError(
                 "--concurrency caps the clients of one engine; --replicas puts engines behind "
                 "a router (a cap over a cluster is not modelled): give one or the other"
