@@ -95,7 +95,7 @@ def test_pareto_plot_marks_target_and_choice(tmp_path: Path) -> None:
     assert main(["plan", *LOAD, *SPACE, "--ttft-p90", "300ms", "--plot", str(png)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # the figure itself, from the same search
-    from kvcoord._cli_args import _parser
+    from kvcoord._cli_parser import _parser
     from kvcoord._cli_plan import _targets
     from kvcoord._cli_setup import _setup
     from kvcoord.planner.prices import load_prices

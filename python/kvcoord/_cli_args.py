@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import Any
 
 from kvcoord._cli_base import (
     _block_list,
@@ -19,7 +20,7 @@ from kvcoord._cli_base import (
 from kvcoord._suggest import did_you_mean
 from kvcoord.replay.workloads import MAX_REQUEST_TOKENS
 
-__all__ = ["LOAD_FLAGS", "_parser"]
+__all__ = ["LOAD_FLAGS", "_replay_sweep_parser"]
 
 
 def _bytes(text: str, allow_zero: bool = False) -> float:
@@ -461,7 +462,9 @@ def _add_version(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
-def _parser() -> _Parser:
+def _replay_sweep_parser() -> tuple[_Parser, Any]:
+    """The top-level parser with ``replay`` and ``sweep``, and its sub-parsers
+    (:mod:`kvcoord._cli_parser` adds ``plan``)."""
     p = _Parser(
         prog="kvcoord",
         description="KV-cache workload simulator: replay a trace against kvcoord's KVCacheManager.",
@@ -576,9 +579,4 @@ def _parser() -> _Parser:
         metavar="FILE.png",
         help="PNG of hit rate, TTFT p90 and throughput against KV memory, one line per variant",
     )
-    from kvcoord._cli_plan_args import add_plan_parser
-
-    pl = add_plan_parser(sub)
-    p.commands["plan"] = pl
-    _add_version(pl)
-    return p
+    return p, sub

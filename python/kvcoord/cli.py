@@ -35,7 +35,6 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from kvcoord._cli_args import _parser
 from kvcoord._cli_base import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -49,6 +48,7 @@ from kvcoord._cli_base import (
     _write_json,
     _write_output,
 )
+from kvcoord._cli_parser import _parser
 from kvcoord._cli_setup import SIZE_OPTIONS, _plan, _progress, _setup, _sim_config
 from kvcoord._cli_sweep import _sweep
 

@@ -27,7 +27,7 @@ from kvcoord.planner.bounds import Targets, needed
 from kvcoord.planner.space import Candidate
 from kvcoord.replay.sim import SimResult
 
-__all__ = ["EvalShared", "TargetMissed", "replay_candidate"]
+__all__ = ["EvalShared", "TargetMissed", "replay_candidate", "verdict"]
 
 
 @dataclass
@@ -169,3 +169,22 @@ def replay_candidate(shared: EvalShared, cand: Candidate) -> dict[str, Any]:
         for q in (50, 90, 99):
             out[f"{m}_p{q}_s"] = lat[f"{m}_p{q}_s"]
     return out
+
+
+def _dur(x: float | None) -> str:
+    from kvcoord.replay.plot_axes import format_duration
+
+    return "n/a" if x is None else format_duration(x)
+
+
+def verdict(r: dict[str, Any]) -> str:
+    """One replay's outcome in words."""
+    st = r["status"]
+    if st == "stopped":
+        return (
+            f"misses {r['missed']} (stopped after {100 * r['progress']:.0f}% of the requests "
+            f"finished, in {r['wall_seconds']:.1f} s)"
+        )
+    lat = f"TTFT p90 {_dur(r['ttft_p90_s'])}, TPOT p90 {_dur(r['tpot_p90_s'])}"
+    what = "meets the targets" if st == "meets" else f"misses {r['missed']}"
+    return f"{what}: {lat}, hit rate {100 * r['hit_rate']:.1f}% ({r['wall_seconds']:.1f} s)"

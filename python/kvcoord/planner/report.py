@@ -17,7 +17,6 @@ __all__ = [
     "ranked",
     "replay_command",
     "sentence",
-    "verdict",
 ]
 
 #: Exit status of ``kvcoord plan`` when no candidate meets the targets.
@@ -39,19 +38,6 @@ def _value(o: Outcome, key: str) -> float | None:
         return None if v is None else float(v)
     vals = [v for v in (o.candidate.bound.get(key), o.result.get(key)) if v is not None]
     return max(float(v) for v in vals) if vals else None
-
-
-def verdict(r: dict[str, Any]) -> str:
-    """One replay's outcome in words."""
-    st = r["status"]
-    if st == "stopped":
-        return (
-            f"misses {r['missed']} (stopped after {100 * r['progress']:.0f}% of the requests "
-            f"finished, in {r['wall_seconds']:.1f} s)"
-        )
-    lat = f"TTFT p90 {_d(r['ttft_p90_s'])}, TPOT p90 {_d(r['tpot_p90_s'])}"
-    what = "meets the targets" if st == "meets" else f"misses {r['missed']}"
-    return f"{what}: {lat}, hit rate {100 * r['hit_rate']:.1f}% ({r['wall_seconds']:.1f} s)"
 
 
 def replay_command(workload_argv: list[str], o: Outcome) -> str:

@@ -12,7 +12,7 @@ from typing import Any
 
 from kvcoord._cli_base import UsageError
 from kvcoord.planner.bounds import Targets, WorkloadFacts, candidate_bounds, workload_facts
-from kvcoord.planner.evaluate import EvalShared, replay_candidate
+from kvcoord.planner.evaluate import EvalShared, replay_candidate, verdict
 from kvcoord.planner.prices import GpuPrice, price_of
 from kvcoord.planner.space import Candidate, Engine, candidates_of
 
@@ -211,7 +211,7 @@ def replay_survivors(
             nonlocal done
             c = wave[done]
             done += 1
-            say(f"plan: {c.label()} at ${c.usd_per_hour:,.2f}/h: {_verdict(r)}")
+            say(f"plan: {c.label()} at ${c.usd_per_hour:,.2f}/h: {verdict(r)}")
             if bar is not None:
                 bar(1)
 
@@ -231,9 +231,3 @@ def replay_survivors(
     for c in pending:
         outcomes.append(Outcome(c, "not replayed", "costs more than the deployment chosen"))
     return SearchResult(targets, outcomes, chosen, pruned.facts, pruned.considered)
-
-
-def _verdict(r: dict[str, Any]) -> str:
-    from kvcoord.planner.report import verdict
-
-    return verdict(r)
