@@ -41,6 +41,20 @@ def test_map_returns_in_order_and_reports_each(make: object) -> None:
     assert seen == [r[0] for r in out]
 
 
+@pytest.mark.parametrize("make", [InlineExecutor, lambda: LocalExecutor(2)])
+def test_map_stops_at_the_first_result_until_accepts(make: object) -> None:
+    """``until``: the results up to the first accepted one, in order; the rest
+    are not returned (a negative control: without it, all of them are)."""
+    ex = make()  # type: ignore[operator]
+    seen: list[int] = []
+    out = ex.map(
+        _scaled, {"factor": 1}, list(range(8)), done=lambda r: seen.append(r[0]),
+        until=lambda r: r[0] == 3,
+    )  # fmt: skip
+    assert [r[0] for r in out] == [0, 1, 2, 3] == seen
+    assert len(ex.map(_scaled, {"factor": 1}, list(range(8)))) == 8
+
+
 def test_local_executor_uses_worker_processes() -> None:
     import os
 

@@ -38,7 +38,7 @@ def test_readme_commands_run_and_end_on_a_sentence(
 
     small = str(Path(__file__).parent / "data" / "mooncake_small.jsonl")
     cmds = _commands()
-    assert {c[0] for c in cmds} == {"replay", "sweep"}
+    assert {c[0] for c in cmds} == {"replay", "sweep", "plan"}
     for cmd in cmds:
         args = [
             small
@@ -48,7 +48,12 @@ def test_readme_commands_run_and_end_on_a_sentence(
             else a
             for a in cmd
         ]
-        extra = ["--limit", "40", "--no-progress", *(["--jobs", "1"] if cmd[0] == "sweep" else [])]
-        assert main([*args, *extra]) == 0
+        jobs = ["--jobs", "1"] if cmd[0] in ("sweep", "plan") else []
+        assert main([*args, "--limit", "40", "--no-progress", *jobs]) == 0
         last = capsys.readouterr().out.strip().splitlines()[-1]
-        assert re.search(r"(needs|smallest pool swept|no pool swept) .*\.$", last), last
+        if cmd[0] == "plan":  # the answer, and the replay that reproduces it
+            assert re.search(
+                r"^The cheapest deployment that meets .* Replay it: kvcoord replay ", last
+            ), last
+        else:
+            assert re.search(r"(needs|smallest pool swept|no pool swept) .*\.$", last), last

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import Any
 
 from kvcoord._cli_base import (
     _block_list,
@@ -19,7 +20,7 @@ from kvcoord._cli_base import (
 from kvcoord._suggest import did_you_mean
 from kvcoord.replay.workloads import MAX_REQUEST_TOKENS
 
-__all__ = ["LOAD_FLAGS", "_parser"]
+__all__ = ["LOAD_FLAGS", "_replay_sweep_parser"]
 
 
 def _bytes(text: str, allow_zero: bool = False) -> float:
@@ -273,7 +274,68 @@ def _add_load_args(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
-def _add_workload_args(p: argparse.ArgumentParser) -> None:
+_KV_DTYPE_HELP = "bf16, fp16, fp8, fp32, auto (default: the model's compute dtype)"
+
+
+def _weight_dtype_help() -> str:
+    from kvcoord.replay.dtypes import WEIGHT_DTYPES
+
+    return (
+        f"{', '.join(WEIGHT_DTYPES)} (default: the checkpoint's, e.g. fp8 for deepseek-v3, "
+        "mxfp4 experts for gpt-oss-120b; embeddings stay in bf16 when quantized)"
+    )
+
+
+def _add_hardware_args(g: argparse._ArgumentGroup) -> None:
+    """One deployment's dtypes and GPUs (``replay``, ``sweep``)."""
+    from kvcoord.replay.hardware import GPUS
+
+    g.add_argument("--kv-dtype", metavar="DTYPE", help=f"KV-cache dtype: {_KV_DTYPE_HELP}")
+    g.add_argument(
+        "--weight-dtype",
+        metavar="DTYPE",
+        help=f"weight format as vLLM loads it: {_weight_dtype_help()}",
+    )
+    g.add_argument("--gpu", metavar="NAME", help=f"GPU preset: {', '.join(GPUS)} (default h100)")
+    g.add_argument(
+        "--tp", type=_bounded(1024), default=1, metavar="N", help="tensor-parallel GPUs (1)"
+    )
+
+
+def _add_search_hardware_args(g: argparse._ArgumentGroup) -> None:
+    """The same choices as lists to search (``plan``)."""
+    from kvcoord.replay.hardware import GPUS
+
+    g.add_argument(
+        "--kv-dtype",
+        type=_str_list,
+        metavar="A,B,...",
+        help=f"KV-cache dtypes to try: {_KV_DTYPE_HELP}",
+    )
+    g.add_argument(
+        "--weight-dtype",
+        type=_str_list,
+        metavar="A,B,...",
+        help=f"weight formats to try: {_weight_dtype_help()}",
+    )
+    g.add_argument(
+        "--gpus",
+        type=_str_list,
+        metavar="A,B,...",
+        help=f"GPU presets to try: {', '.join(GPUS)} (default: every one with a price)",
+    )
+    g.add_argument(
+        "--tp",
+        type=lambda t: _int_list(t, _bounded(1024)),
+        default=[1, 2, 4, 8],
+        metavar="N,N,...",
+        help="tensor-parallel degrees to try (default 1,2,4,8)",
+    )
+
+
+def _add_workload_args(p: argparse.ArgumentParser, search: bool = False) -> None:
+    """The workload, model, hardware and scheduler flags; with ``search`` (``plan``)
+    the dtypes, GPUs and TP degree are lists of choices."""
     g = p.add_argument_group("workload")
     g.add_argument(
         "--trace",
@@ -303,8 +365,6 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
         "once (a throughput test); TTFT and queueing delay are measured from the scaled "
         "arrival (default 1: the trace's own timing)",
     )
-    from kvcoord.replay.dtypes import WEIGHT_DTYPES
-    from kvcoord.replay.hardware import GPUS
     from kvcoord.replay.memory import DEFAULT_GPU_MEMORY_UTILIZATION
     from kvcoord.replay.models import MODELS
 
@@ -318,22 +378,10 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
         metavar="config.json",
         help="read the model from a Hugging Face config",
     )
-    g.add_argument(
-        "--kv-dtype",
-        metavar="DTYPE",
-        help="KV-cache dtype: bf16, fp16, fp8, fp32, auto (default: the model's compute dtype)",
-    )
-    g.add_argument(
-        "--weight-dtype",
-        metavar="DTYPE",
-        help=f"weight format as vLLM loads it: {', '.join(WEIGHT_DTYPES)} (default: the "
-        "checkpoint's, e.g. fp8 for deepseek-v3, mxfp4 experts for gpt-oss-120b; "
-        "embeddings stay in bf16 when quantized)",
-    )
-    g.add_argument("--gpu", metavar="NAME", help=f"GPU preset: {', '.join(GPUS)} (default h100)")
-    g.add_argument(
-        "--tp", type=_bounded(1024), default=1, metavar="N", help="tensor-parallel GPUs (1)"
-    )
+    if search:
+        _add_search_hardware_args(g)
+    else:
+        _add_hardware_args(g)
     g.add_argument(
         "--gpu-memory-utilization",
         type=_share,
@@ -378,6 +426,33 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
     _add_load_args(p)
 
 
+def _add_executor_args(g: argparse._ArgumentGroup) -> None:
+    """Where many replays run (``sweep``, ``plan``)."""
+    from kvcoord.replay.executor import EXECUTORS
+
+    g.add_argument(
+        "--jobs",
+        type=_bounded(256),
+        default=min(256, os.cpu_count() or 1),
+        metavar="N",
+        help="parallel processes with --executor local, or the CPUs of a fresh local Ray "
+        "instance with --executor ray (default: the number of CPUs)",
+    )
+    g.add_argument(
+        "--executor",
+        choices=EXECUTORS,
+        default="local",
+        help="where the replays run: local processes (--jobs; the default) or a Ray "
+        "cluster (pip install 'kvcoord[ray]')",
+    )
+    g.add_argument(
+        "--address",
+        metavar="ADDR",
+        help="the Ray cluster for --executor ray: 'auto' (the cluster this machine joined), "
+        "ray://HOST:10001, or omitted for a fresh local Ray instance",
+    )
+
+
 def _add_version(p: argparse.ArgumentParser) -> None:
     from kvcoord import __version__
 
@@ -387,13 +462,15 @@ def _add_version(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
-def _parser() -> _Parser:
+def _replay_sweep_parser() -> tuple[_Parser, Any]:
+    """The top-level parser with ``replay`` and ``sweep``, and its sub-parsers
+    (:mod:`kvcoord._cli_parser` adds ``plan``)."""
     p = _Parser(
         prog="kvcoord",
         description="KV-cache workload simulator: replay a trace against kvcoord's KVCacheManager.",
     )
     _add_version(p)
-    sub = p.add_subparsers(dest="command", metavar="{replay,sweep}")
+    sub = p.add_subparsers(dest="command", metavar="{replay,sweep,plan}")
     r = sub.add_parser("replay", help="replay one workload at one pool size (the default command)")
     p.commands["replay"] = r
     _add_version(r)
@@ -493,29 +570,7 @@ def _parser() -> _Parser:
     g.add_argument(
         "--points", type=_bounded(1000), default=6, metavar="K", help="pool sizes in the range (6)"
     )
-    g.add_argument(
-        "--jobs",
-        type=_bounded(256),
-        default=min(256, os.cpu_count() or 1),
-        metavar="N",
-        help="parallel processes with --executor local, or the CPUs of a fresh local Ray "
-        "instance with --executor ray (default: the number of CPUs)",
-    )
-    from kvcoord.replay.executor import EXECUTORS
-
-    g.add_argument(
-        "--executor",
-        choices=EXECUTORS,
-        default="local",
-        help="where the replays run: local processes (--jobs; the default) or a Ray "
-        "cluster (pip install 'kvcoord[ray]')",
-    )
-    g.add_argument(
-        "--address",
-        metavar="ADDR",
-        help="the Ray cluster for --executor ray: 'auto' (the cluster this machine joined), "
-        "ray://HOST:10001, or omitted for a fresh local Ray instance",
-    )
+    _add_executor_args(g)
     g = s.add_argument_group("output")
     g.add_argument("--json", type=_path, metavar="FILE", help="write the rows as JSON")
     g.add_argument(
@@ -524,4 +579,4 @@ def _parser() -> _Parser:
         metavar="FILE.png",
         help="PNG of hit rate, TTFT p90 and throughput against KV memory, one line per variant",
     )
-    return p
+    return p, sub

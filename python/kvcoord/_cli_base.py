@@ -239,7 +239,7 @@ def _check_outputs(args: argparse.Namespace) -> None:
 
 
 #: Flags naming files the command reads (an output may not overwrite one).
-_INPUT_FLAGS = ("--trace", "--model-config", "--layout")
+_INPUT_FLAGS = ("--trace", "--model-config", "--layout", "--prices")
 
 
 def _same_file(a: str, b: str) -> bool:

@@ -123,7 +123,7 @@ def _check_concurrency(args: argparse.Namespace) -> None:
     would need it over all engines together (not modelled)."""
     if args.concurrency is None:
         return
-    n = args.instances
+    n = getattr(args, "instances", None)  # kvcoord plan: --replicas, checked there
     most = max(n) if isinstance(n, list) else (n or 1)
     if most > 1:
         raise UsageError(
@@ -163,7 +163,7 @@ def _plan(
         "gpu_memory_utilization": args.gpu_memory_utilization,
         "max_num_seqs": args.max_running,
         "max_num_batched_tokens": args.token_budget,
-        "gpu": args.gpu,
+        "gpu": getattr(args, "gpu", None),  # kvcoord plan: --gpus, given as an option
         "tp": args.tp,
         "layout": args.layout,
         "block_size": args.block_size,

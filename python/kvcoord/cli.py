@@ -1,4 +1,5 @@
-"""The ``kvcoord`` command: ``kvcoord replay`` (the default) and ``kvcoord sweep``.
+"""The ``kvcoord`` command: ``kvcoord replay`` (the default), ``kvcoord sweep`` and
+``kvcoord plan`` (the cheapest deployment that meets latency targets).
 
 ``kvcoord`` with no arguments is ``kvcoord replay --find-size``: it replays
 the bundled synthetic chat workload with the default model and GPU
@@ -11,16 +12,18 @@ Every failure is one line on stderr, ``kvcoord <command>: error: ...``, and
 an exit status: 2 for a bad flag, layout or trace (all checked before the
 replay starts, output paths included; every bad value the set-up meets is one),
 1 for a failure while running (``KVCOORD_TRACEBACK=1`` shows the traceback),
-130 for Ctrl-C. Errors name the flag as it was typed (flags are never
-abbreviated) and suggest the name a misspelt flag, preset or field means.
+3 when ``plan`` finds no deployment that meets its targets, 130 for Ctrl-C.
+Errors name the flag as it was typed (flags are never abbreviated) and
+suggest the name a misspelt flag, preset or field means.
 ``kvcoord --version`` prints the package's version. ``--json`` and
 ``--plot`` files are written whole or not at all (a temporary file renamed
 into place).
 
 The command is split by idea: its flags (:mod:`kvcoord._cli_args`), the
-set-up both sub-commands share (:mod:`kvcoord._cli_setup`), the sweep
-(:mod:`kvcoord._cli_sweep`) and the plumbing (argument types, failures,
-output files: :mod:`kvcoord._cli_base`); this module is ``replay`` and
+set-up the sub-commands share (:mod:`kvcoord._cli_setup`), the sweep
+(:mod:`kvcoord._cli_sweep`), the plan (:mod:`kvcoord._cli_plan`) and the
+plumbing (argument types, failures, output files: :mod:`kvcoord._cli_base`);
+this module is ``replay`` and
 :func:`main`.
 """
 
@@ -32,7 +35,6 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from kvcoord._cli_args import _parser
 from kvcoord._cli_base import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -46,6 +48,7 @@ from kvcoord._cli_base import (
     _write_json,
     _write_output,
 )
+from kvcoord._cli_parser import _parser
 from kvcoord._cli_setup import SIZE_OPTIONS, _plan, _progress, _setup, _sim_config
 from kvcoord._cli_sweep import _sweep
 
@@ -154,6 +157,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UsageError(parser.commands[args.command].unrecognized(extra))
         if args.command == "replay":
             return _replay(args)
+        if args.command == "plan":
+            from kvcoord._cli_plan import _plan_command
+
+            return _plan_command(args, argv)
         return _sweep(args)
     except UsageError as e:
         parser.exit(EXIT_USAGE, f"{prog}: error: {_one_line(str(e))}\n")

@@ -105,10 +105,13 @@ def simulate_cluster(
     progress: Callable[[int], None] | None = None,
     track_global_best: bool = True,
     keep_managers: bool = False,
+    engine_results: Sequence[SimResult] | None = None,
 ) -> ClusterResult:
     """Replay ``workload`` on ``instances`` engines, each configured by ``cfg``
     (its pool is one engine's), behind ``router`` (a ``--router`` spec or a
-    :class:`~kvcoord.replay.routers.Router`)."""
+    :class:`~kvcoord.replay.routers.Router`). ``engine_results``: one empty
+    :class:`SimResult` per engine for the engines to fill in (a caller that
+    watches the run; see :func:`~kvcoord.replay.scheduler.run_engine`)."""
     from kvcoord import Request
 
     if cfg.max_concurrency is not None:
@@ -136,7 +139,13 @@ def simulate_cluster(
         for _ in range(instances)
     ]
     feeds = [EngineFeed(deque(), closed=False, finished=[]) for _ in range(instances)]
-    runs = [run_engine(workload, cfg, progress, m, f) for m, f in zip(mgrs, feeds, strict=True)]
+    if engine_results is not None and len(engine_results) != instances:
+        raise ValueError(f"{len(engine_results)} results given for {instances} engines")
+    fill = list(engine_results) if engine_results is not None else [None] * instances
+    runs = [
+        run_engine(workload, cfg, progress, m, f, r)
+        for m, f, r in zip(mgrs, feeds, fill, strict=True)
+    ]
     state: list[float | None] = [None] * instances  # last yield: clock, or None when idle
     results: list[SimResult | None] = [None] * instances
     hash_bs = mgrs[0].hash_block_size

@@ -3,7 +3,11 @@ Ray cluster (``kvcoord sweep --executor``).
 
 The interface is one call: :meth:`Executor.map` runs ``fn(shared, item)``
 for every item and returns the results in the items' order, calling
-``done(result)`` as each comes back (in order). ``shared`` (the workload,
+``done(result)`` as each comes back (in order). With ``until``, it stops at
+the first result (in order) for which ``until(result)`` is true: the results
+up to that one are returned and the items after it are cancelled, those
+already running stopped (``kvcoord plan`` replays candidates cheapest first
+and stops at the first that meets its targets). ``shared`` (the workload,
 large) goes to each worker once; each item (one sweep point, small) travels
 alone. ``fn`` must be a module-level function so that it pickles.
 
@@ -62,6 +66,7 @@ class Executor(Protocol):
         shared: S,
         items: Sequence[T],
         done: Callable[[R], None] | None = None,
+        until: Callable[[R], bool] | None = None,
     ) -> list[R]: ...
 
 
@@ -76,6 +81,7 @@ class InlineExecutor:
         shared: S,
         items: Sequence[T],
         done: Callable[[R], None] | None = None,
+        until: Callable[[R], bool] | None = None,
     ) -> list[R]:
         out = []
         for it in items:
@@ -83,6 +89,8 @@ class InlineExecutor:
             out.append(r)
             if done is not None:
                 done(r)
+            if until is not None and until(r):
+                break
         return out
 
 
@@ -116,10 +124,11 @@ class LocalExecutor:
         shared: S,
         items: Sequence[T],
         done: Callable[[R], None] | None = None,
+        until: Callable[[R], bool] | None = None,
     ) -> list[R]:
         jobs = min(self.jobs, len(items))
         if jobs <= 1:
-            return InlineExecutor().map(fn, shared, items, done)
+            return InlineExecutor().map(fn, shared, items, done, until)
         ctx = multiprocessing.get_context("spawn")
         # workers start with Ctrl-C ignored (inherited), so only this process reports it
         with _sigint_ignored():
@@ -134,10 +143,15 @@ class LocalExecutor:
                 out.append(r)
                 if done is not None:
                     done(r)
+                if until is not None and until(r):
+                    break
         except BaseException:
             _stop(ex)
             raise
-        ex.shutdown()
+        if len(out) < len(futs):  # stopped early: the rest is not needed
+            _stop(ex)
+        else:
+            ex.shutdown()
         return out
 
 
@@ -192,6 +206,7 @@ class RayExecutor:
         shared: S,
         items: Sequence[T],
         done: Callable[[R], None] | None = None,
+        until: Callable[[R], bool] | None = None,
     ) -> list[R]:
         ray = self._ray
         self._init()
@@ -209,10 +224,14 @@ class RayExecutor:
                     out.append(v)
                     if done is not None:
                         done(v)
+                    if until is not None and until(v):
+                        break
             except BaseException:
                 for r in refs:
                     ray.cancel(r, force=True)
                 raise
+            for r in refs[len(out) :]:  # stopped early: the rest is not needed
+                ray.cancel(r, force=True)
             return out
         finally:
             if self._started:

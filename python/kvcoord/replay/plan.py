@@ -48,6 +48,7 @@ __all__ = [
     "make_plan",
     "min_blocks",
     "parse_bytes",
+    "parse_duration",
 ]
 
 GiB = 1 << 30
@@ -126,6 +127,36 @@ def parse_bytes(text: str, *, allow_zero: bool = False) -> float:
             f"units: {', '.join(_UNIT_NAMES[:9])}"
         )
     return v * _UNITS[unit.lower()]
+
+
+#: Duration units, as they are written in messages, and their seconds.
+_DURATION_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "min": 60.0, "h": 3600.0}
+
+
+def parse_duration(text: str) -> float:
+    """``2s``, ``50ms``, ``1.5 min``, ``800us``: a positive duration with its unit,
+    in seconds. A number without a unit is refused with a hint (``2`` is not
+    taken as seconds or milliseconds by accident: "did you mean 2s?")."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
+    units = ", ".join(_DURATION_UNITS)
+    if not m:
+        raise ValueError(f"expected a duration like 2s, 50ms or 1.5min, got {text!r}")
+    number, unit = m.group(1), m.group(2)
+    v = float(number)
+    if not unit:
+        raise ValueError(
+            f"a duration needs a unit, got {text!r}: did you mean {number}s? "
+            f"({number}ms for milliseconds; units: {units})"
+        )
+    if unit.lower() not in _DURATION_UNITS:
+        raise ValueError(
+            f"unknown duration unit {unit!r} in {text!r}{did_you_mean(unit, _DURATION_UNITS)}; "
+            f"units: {units}"
+        )
+    seconds = v * _DURATION_UNITS[unit.lower()]
+    if not 0 < seconds < float("inf"):
+        raise ValueError(f"expected a positive finite duration, got {text!r}")
+    return seconds
 
 
 def format_bytes(n: float) -> str:

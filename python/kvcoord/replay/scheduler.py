@@ -115,13 +115,17 @@ def run_engine(
     progress: Callable[[int], None] | None = None,
     mgr: KVCacheManager | None = None,
     feed: EngineFeed | None = None,
+    result: SimResult | None = None,
 ) -> Generator[float | None, None, SimResult]:
     """The replay as a generator, one scheduler step per ``next()``: yields the
     simulated time after each step, or None while idle with an open feed and
     nothing pending (the driver appends to ``feed.pending`` or closes it);
     returns the :class:`SimResult`. ``workload`` gives the trace-wide facts
     (longest sequence, last arrival); ``feed`` the requests this engine gets
-    (default: all of them); ``mgr`` a manager built by the caller."""
+    (default: all of them); ``mgr`` a manager built by the caller; ``result``
+    an empty :class:`SimResult` to fill in, for a caller that watches the
+    per-request arrays while the replay runs (``kvcoord plan`` stops a replay
+    once its targets are missed)."""
     from kvcoord import Request
 
     wall0 = perf_counter()
@@ -147,7 +151,8 @@ def run_engine(
         host_bw = model.gpu.host_bandwidth if model is not None else 25e9
 
     n_req = len(workload.requests)
-    res = SimResult(num_requests=n_req, num_blocks=cfg.num_blocks)
+    res = SimResult() if result is None else result
+    res.num_requests, res.num_blocks = n_req, cfg.num_blocks
     for name in ("req_arrival", "req_offered", "req_admit", "req_first", "req_finish"):
         getattr(res, name).extend([float("nan")] * n_req)
     for name in ("req_output", "req_prompt", "req_gpu_hit", "req_host_hit", "req_disk_hit"):
