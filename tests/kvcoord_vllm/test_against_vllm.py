@@ -266,7 +266,7 @@ def test_kvcoord_block_hasher_is_byte_identical(algo: str) -> None:
     )
     from vllm.utils import hashing
 
-    from kvcoord.vllm._hasher import make_block_hasher
+    from kvcoord.vllm.serve._hasher import make_block_hasher
 
     fn = getattr(hashing, algo)
     init_none_hash(fn)
@@ -313,7 +313,7 @@ def test_kvcoord_block_hasher_is_byte_identical(algo: str) -> None:
 
 
 def test_pickle_hashes_stay_vllms() -> None:
-    from kvcoord.vllm._hasher import make_block_hasher, stats
+    from kvcoord.vllm.serve._hasher import make_block_hasher, stats
 
     before = stats["vllm_hashers"]
     hasher = block_hasher(BS, sha256, original=make_block_hasher(get_request_block_hasher))

@@ -51,7 +51,8 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCache
 from vllm.v1.request import Request
 
 import kvcoord.vllm as kv
-from kvcoord.vllm import _construct, _hasher, _hit_search, _patch, _versions, _views
+from kvcoord.vllm.serve import _construct, _hasher, _patch, _versions, _views
+from kvcoord.vllm.testing import _hit_search
 
 PACKAGE = Path(kv.__file__).resolve().parent
 BS = 4

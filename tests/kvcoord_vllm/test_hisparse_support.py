@@ -32,7 +32,7 @@ from vllm.v1.kv_cache_interface import (
 from vllm_helpers import needs_served_hisparse
 
 import kvcoord.vllm as kv
-from kvcoord.vllm._support import unsupported_reason
+from kvcoord.vllm.serve._support import unsupported_reason
 
 BS = 16
 ARGS = {"hash_block_size": BS, "enable_caching": True}
@@ -125,7 +125,7 @@ def test_indexer_role_alone_is_plain_full_attention() -> None:
 
 @needs_served_hisparse
 def test_vllms_shape_is_served_by_default() -> None:
-    from kvcoord.vllm._hisparse_manager import HiSparseManager
+    from kvcoord.vllm.hisparse._manager import HiSparseManager
 
     assert unsupported_reason(hisparse_config(), ARGS) is None
     m = kv.KVCacheManager(

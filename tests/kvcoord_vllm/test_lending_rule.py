@@ -29,7 +29,8 @@ from vllm.v1.core.kv_cache_utils import init_none_hash
 from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec, SlidingWindowSpec
 
 import kvcoord.vllm as kv
-from kvcoord.vllm import _hit_search, _lending, _versions, pytest_plugin
+from kvcoord.vllm.serve import _versions
+from kvcoord.vllm.testing import _hit_search, _lending, pytest_plugin
 
 HEADER = """
 import vllm.v1.core.block_pool as block_pool_module
@@ -350,7 +351,7 @@ def test_writing_manager_state_is_found(tmp_path: Path, test: str, written: str)
 def test_refusing_makes_managers_fall_back() -> None:
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 
-    from kvcoord.vllm import _construct
+    from kvcoord.vllm.serve import _construct
 
     spec = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=1, dtype=torch.float32)
     cfg = KVCacheConfig(

@@ -378,7 +378,7 @@ def test_connector_lookups_and_external_tokens_match_vllm(seed: int, layout: str
 
 
 def test_connector_beside_mamba_in_mode_none_falls_back() -> None:
-    from kvcoord.vllm._construct import caller_reason
+    from kvcoord.vllm.serve._construct import caller_reason
 
     class PlainConnector:
         """A connector that uses only the scheduler's calls."""

@@ -23,7 +23,7 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCache
 from vllm.v1.request import Request
 
 import kvcoord.vllm as kv
-from kvcoord.vllm._versions import installed
+from kvcoord.vllm.serve._versions import installed
 
 #: Block size (and hash unit) of the tests' groups.
 BS = 4

@@ -13,11 +13,11 @@ or ``KVCOORD_VLLM=1 vllm serve ...`` (general-plugin entry point), or
 
 from __future__ import annotations
 
-from kvcoord.vllm._patch import disable, enable, is_enabled, original_manager_class, status
-from kvcoord.vllm._pool import BlockPool
-from kvcoord.vllm._requests import stats as request_stats
-from kvcoord.vllm._versions import SUPPORTED as SUPPORTED_VLLM
-from kvcoord.vllm.manager import KVCacheManager, fallbacks, served
+from kvcoord.vllm.serve._patch import disable, enable, is_enabled, original_manager_class, status
+from kvcoord.vllm.serve._requests import stats as request_stats
+from kvcoord.vllm.serve._versions import SUPPORTED as SUPPORTED_VLLM
+from kvcoord.vllm.serve.manager import KVCacheManager, fallbacks, served
+from kvcoord.vllm.testing._pool import BlockPool
 
 __all__ = [
     "SUPPORTED_VLLM",

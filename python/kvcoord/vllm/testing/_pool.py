@@ -34,9 +34,9 @@ from typing import Any, ClassVar
 
 from kvcoord._core import BlockPool as CorePool
 from kvcoord.errors import BlockStateError, ConfigError, InvalidArgumentError
-from kvcoord.vllm._blocks import BlockView, ids_of
-from kvcoord.vllm._events import EventLog, EventPoolView
-from kvcoord.vllm._inspect import CachedBlockIndex, _split_key
+from kvcoord.vllm.serve._blocks import BlockView, ids_of
+from kvcoord.vllm.serve._events import EventLog, EventPoolView
+from kvcoord.vllm.serve._inspect import CachedBlockIndex, _split_key
 
 __all__ = ["BlockPool", "PoolBlock"]
 

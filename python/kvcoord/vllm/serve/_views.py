@@ -9,10 +9,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, overload
 
 from kvcoord.coordinator import KVCacheCoordinator
-from kvcoord.vllm._blocks import BlockView, KVCacheBlocks, PoolView, ids_of
+from kvcoord.vllm.serve._blocks import BlockView, KVCacheBlocks, PoolView, ids_of
 
 if TYPE_CHECKING:
-    from kvcoord.vllm.manager import KVCacheManager
+    from kvcoord.vllm.serve.manager import KVCacheManager
 
 __all__ = ["CoordinatorView", "coordinator_view"]
 

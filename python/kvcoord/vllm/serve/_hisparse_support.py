@@ -54,7 +54,7 @@ def served_class(cls: type, kv_cache_config: Any) -> type:
     HiSparse manager for a HiSparse one."""
     if hisparse_reason(kv_cache_config) is None:
         return cls
-    from kvcoord.vllm._hisparse_manager import HiSparseManager  # imports the manager
+    from kvcoord.vllm.hisparse._manager import HiSparseManager  # imports the manager
 
     return HiSparseManager
 

@@ -20,11 +20,17 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from kvcoord.errors import UnknownRequestError
-from kvcoord.vllm._blocks import BlockView, EmptyKVCacheBlocks, KVCacheBlocks, _as_list, ids_of
-from kvcoord.vllm._views import _CachedCounts, _RequestTables
+from kvcoord.vllm.serve._blocks import (
+    BlockView,
+    EmptyKVCacheBlocks,
+    KVCacheBlocks,
+    _as_list,
+    ids_of,
+)
+from kvcoord.vllm.serve._views import _CachedCounts, _RequestTables
 
 if TYPE_CHECKING:
-    from kvcoord.vllm._hisparse_manager import HiSparseManager
+    from kvcoord.vllm.hisparse._manager import HiSparseManager
 
 __all__ = ["EmptySplitBlocks", "SplitBlocks", "coordinator_class", "group_views"]
 

@@ -75,7 +75,7 @@ def _resolve(dotted: str) -> Any:
 
 def stand_ins() -> dict[type, type]:
     """vLLM's class -> kvcoord's stand-in, for every stand-in."""
-    from kvcoord.vllm import _hit_search, _pool
+    from kvcoord.vllm.testing import _hit_search, _pool
 
     ours = (
         _pool.BlockPool,

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from kvcoord.vllm._blocks import BlockView, PoolView, ids_of
+from kvcoord.vllm.serve._blocks import BlockView, PoolView, ids_of
 
 __all__ = ["DevicePoolView", "HostPoolView", "ResidentPoolView", "ViewCache", "Watchers"]
 

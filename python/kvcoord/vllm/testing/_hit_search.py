@@ -23,8 +23,8 @@ import importlib
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from kvcoord.vllm._pool import BlockPool, PoolBlock, _stand_in
-from kvcoord.vllm._windows import spec_reason, window_spec
+from kvcoord.vllm.serve._windows import spec_reason, window_spec
+from kvcoord.vllm.testing._pool import BlockPool, PoolBlock, _stand_in
 
 __all__ = ["ChunkedLocalAttentionManager", "FullAttentionManager", "SlidingWindowManager"]
 

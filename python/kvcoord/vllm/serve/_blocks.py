@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from kvcoord.errors import InvalidArgumentError
-from kvcoord.vllm._inspect import CachedBlockIndex, FreeListEnd
+from kvcoord.vllm.serve._inspect import CachedBlockIndex, FreeListEnd
 
 __all__ = ["BlockView", "EmptyKVCacheBlocks", "KVCacheBlocks", "PoolView", "ids_of"]
 

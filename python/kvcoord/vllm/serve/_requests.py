@@ -27,7 +27,7 @@ import numpy as np
 
 from kvcoord._core import Request
 from kvcoord.errors import InvalidTokenError
-from kvcoord.vllm._hasher import ATTR, hand_back
+from kvcoord.vllm.serve._hasher import ATTR, hand_back
 
 __all__ = ["RequestRegistry", "stats"]
 

@@ -36,7 +36,7 @@ class FreeListEnd:
         return head, tail
 
     def _end(self, first: bool) -> Any:
-        from kvcoord.vllm._blocks import BlockView
+        from kvcoord.vllm.serve._blocks import BlockView
 
         ids = self._pool.free_block_ids()
         if len(ids) == 0:
@@ -123,7 +123,7 @@ class CachedBlockIndex(Mapping[bytes, Any]):
         return self._core
 
     def _view(self, block_id: int) -> Any:
-        from kvcoord.vllm._blocks import BlockView
+        from kvcoord.vllm.serve._blocks import BlockView
 
         return BlockView(self._pool, block_id)
 

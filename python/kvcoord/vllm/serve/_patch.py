@@ -16,8 +16,8 @@ import os
 import sys
 from typing import Any
 
-from kvcoord.vllm import _versions
-from kvcoord.vllm._construct import set_checking, set_strict
+from kvcoord.vllm.serve import _versions
+from kvcoord.vllm.serve._construct import set_checking, set_strict
 
 __all__ = ["disable", "enable", "is_enabled", "original_manager_class", "register", "status"]
 
@@ -68,8 +68,8 @@ def enable(strict: bool | None = None, check: bool | None = None) -> None:
     set_checking(_env_flag(CHECK_ENV) if check is None else bool(check))
     if _enabled:
         return
-    from kvcoord.vllm._hasher import make_block_hasher
-    from kvcoord.vllm.manager import KVCacheManager
+    from kvcoord.vllm.serve._hasher import make_block_hasher
+    from kvcoord.vllm.serve.manager import KVCacheManager
 
     for name in _TARGETS:
         module = importlib.import_module(name)
@@ -127,7 +127,7 @@ def status() -> dict[str, Any]:
     fell back to vLLM's own (by reason), and how many requests each hasher
     hashed. (vLLM's multiprocess engine core builds its manager in its own
     process: this one's counts stay 0 there.)"""
-    from kvcoord.vllm import _construct, _hasher
+    from kvcoord.vllm.serve import _construct, _hasher
 
     there = _versions.available()
     return {

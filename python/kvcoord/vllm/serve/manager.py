@@ -21,9 +21,9 @@ from typing import Any
 from kvcoord._core import DecodeFastPath
 from kvcoord.config import FullAttentionSpec
 from kvcoord.coordinator import get_kv_cache_coordinator, shared_prefix_boundary
-from kvcoord.vllm import _mamba
-from kvcoord.vllm._blocks import EmptyKVCacheBlocks, KVCacheBlocks, ids_of
-from kvcoord.vllm._construct import (
+from kvcoord.vllm.serve import _mamba
+from kvcoord.vllm.serve._blocks import EmptyKVCacheBlocks, KVCacheBlocks, ids_of
+from kvcoord.vllm.serve._construct import (
     bind_args,
     caller_reason,
     fall_back,
@@ -33,21 +33,21 @@ from kvcoord.vllm._construct import (
     served,
     vllm_manager_class,
 )
-from kvcoord.vllm._decode import DecodePath
-from kvcoord.vllm._events import event_metadata, pool_view
-from kvcoord.vllm._hisparse import served_class
-from kvcoord.vllm._readouts import ManagerReadouts
-from kvcoord.vllm._requests import RequestRegistry
-from kvcoord.vllm._support import (
+from kvcoord.vllm.serve._decode import DecodePath
+from kvcoord.vllm.serve._events import event_metadata, pool_view
+from kvcoord.vllm.serve._hisparse_support import served_class
+from kvcoord.vllm.serve._readouts import ManagerReadouts
+from kvcoord.vllm.serve._requests import RequestRegistry
+from kvcoord.vllm.serve._support import (
     check_retention,
     cross_attention_group_ids,
     eagle_groups,
     to_kvcoord_config,
     unsupported_reason,
 )
-from kvcoord.vllm._versions import installed
-from kvcoord.vllm._views import coordinator_view
-from kvcoord.vllm._zeroing import ZeroingLog, zeroed_group_ids
+from kvcoord.vllm.serve._versions import installed
+from kvcoord.vllm.serve._views import coordinator_view
+from kvcoord.vllm.serve._zeroing import ZeroingLog, zeroed_group_ids
 
 __all__ = ["KVCacheManager", "fallbacks", "served"]
 

@@ -13,8 +13,8 @@ from types import FrameType
 from typing import Any
 
 from kvcoord.errors import NotServedError
-from kvcoord.vllm._connectors import connector_reason
-from kvcoord.vllm._versions import installed
+from kvcoord.vllm.serve._connectors import connector_reason
+from kvcoord.vllm.serve._versions import installed
 
 __all__ = [
     "bind_args",
@@ -177,6 +177,6 @@ def caller_reason() -> str | None:
 
 
 def vllm_manager_class() -> type:
-    from kvcoord.vllm import _patch
+    from kvcoord.vllm.serve import _patch
 
     return _patch.original_manager_class()

@@ -42,24 +42,24 @@ import numpy as np
 from kvcoord.config import FullAttentionSpec, KVCacheConfig, KVCacheGroup
 from kvcoord.coordinator import get_kv_cache_coordinator, shared_prefix_boundary
 from kvcoord.errors import UnknownRequestError
-from kvcoord.vllm._blocks import KVCacheBlocks, ids_of
-from kvcoord.vllm._construct import bind_args
-from kvcoord.vllm._events import EventLog, event_metadata
-from kvcoord.vllm._hisparse import device_config
-from kvcoord.vllm._hisparse_pools import (
+from kvcoord.vllm.hisparse._group_views import (
+    EmptySplitBlocks,
+    SplitBlocks,
+    coordinator_class,
+    group_views,
+)
+from kvcoord.vllm.hisparse._pools import (
     DevicePoolView,
     HostPoolView,
     ResidentPoolView,
     ViewCache,
     Watchers,
 )
-from kvcoord.vllm._hisparse_views import (
-    EmptySplitBlocks,
-    SplitBlocks,
-    coordinator_class,
-    group_views,
-)
-from kvcoord.vllm.manager import KVCacheManager
+from kvcoord.vllm.serve._blocks import KVCacheBlocks, ids_of
+from kvcoord.vllm.serve._construct import bind_args
+from kvcoord.vllm.serve._events import EventLog, event_metadata
+from kvcoord.vllm.serve._hisparse_support import device_config
+from kvcoord.vllm.serve.manager import KVCacheManager
 
 __all__ = ["HiSparseManager"]
 
