@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import kvcoord
-from kvcoord.vllm.serve._blocks import KVCacheBlocks, PoolView, ids_of
+from kvcoord.vllm.serve._blocks import KVCacheBlocks, ids_of
+from kvcoord.vllm.serve._pool_view import PoolView
 from kvcoord.vllm.serve._requests import RequestRegistry, stats
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import random
+import sys
 
 import pytest
 
@@ -394,7 +395,7 @@ def test_connector_beside_mamba_in_mode_none_falls_back() -> None:
             return self._helper()
 
         def _helper(self) -> object:
-            return caller_reason()
+            return caller_reason(sys._getframe(1))
 
     none_mode = MambaSpec(block_size=BS, shapes=((1, 1),), dtypes=(torch.float32,))
     assert "mode 'none'" in str(FakeScheduler([full_spec(), none_mode]).build())

@@ -58,7 +58,7 @@ from kvcoord.vllm.hisparse._pools import (
 from kvcoord.vllm.serve._blocks import KVCacheBlocks, ids_of
 from kvcoord.vllm.serve._construct import bind_args
 from kvcoord.vllm.serve._events import EventLog, event_metadata
-from kvcoord.vllm.serve._hisparse_support import device_config
+from kvcoord.vllm.serve._hisparse_support import device_config, is_hisparse
 from kvcoord.vllm.serve.manager import KVCacheManager
 
 __all__ = ["HiSparseManager"]
@@ -70,7 +70,7 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-class HiSparseManager(KVCacheManager):
+class HiSparseManager(KVCacheManager, serves=is_hisparse):
     """vLLM's ``KVCacheManager`` for a HiSparse configuration, on a host core
     and a device core (see the module docstring)."""
 

@@ -26,7 +26,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from kvcoord.vllm.serve._blocks import BlockView, PoolView, ids_of
+from kvcoord.vllm.serve._blocks import BlockView, ids_of
+from kvcoord.vllm.serve._pool_view import PoolView
 
 __all__ = ["DevicePoolView", "HostPoolView", "ResidentPoolView", "ViewCache", "Watchers"]
 

@@ -38,8 +38,8 @@ __all__ = [
     "device_spec",
     "enabled",
     "hisparse_reason",
+    "is_hisparse",
     "role_reason",
-    "served_class",
     "shape_reason",
 ]
 
@@ -49,14 +49,11 @@ __all__ = [
 SWITCH = "KVCOORD_VLLM_HISPARSE"
 
 
-def served_class(cls: type, kv_cache_config: Any) -> type:
-    """The class serving a configuration kvcoord serves: ``cls``, or the
-    HiSparse manager for a HiSparse one."""
-    if hisparse_reason(kv_cache_config) is None:
-        return cls
-    from kvcoord.vllm.hisparse._manager import HiSparseManager  # imports the manager
-
-    return HiSparseManager
+def is_hisparse(kv_cache_config: Any) -> bool:
+    """Whether a configuration has HiSparse groups (a source group or a
+    resident or hot spec; see :func:`hisparse_reason`): the HiSparse
+    manager serves it, when it is served at all."""
+    return hisparse_reason(kv_cache_config) is not None
 
 
 def enabled() -> bool:

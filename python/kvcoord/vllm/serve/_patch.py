@@ -17,9 +17,9 @@ import sys
 from typing import Any
 
 from kvcoord.vllm.serve import _versions
-from kvcoord.vllm.serve._construct import set_checking, set_strict
+from kvcoord.vllm.serve._construct import set_checking, set_strict, set_vllm_manager_class
 
-__all__ = ["disable", "enable", "is_enabled", "original_manager_class", "register", "status"]
+__all__ = ["disable", "enable", "is_enabled", "register", "status"]
 
 #: Environment variables: switch kvcoord on in every vLLM process (the
 #: plugin), make a fallback an error, check the core's invariants.
@@ -33,16 +33,6 @@ _original: dict[str, Any] = {}
 _original_hasher: dict[str, Any] = {}
 _HASHER = "get_request_block_hasher"
 _enabled = False
-
-
-def original_manager_class() -> type:
-    """vLLM's own ``KVCacheManager`` class (even while patched)."""
-    if "vllm.v1.core.kv_cache_manager" in _original:
-        cls: type = _original["vllm.v1.core.kv_cache_manager"]
-        return cls
-    module = importlib.import_module("vllm.v1.core.kv_cache_manager")
-    original: type = getattr(module, "KVCacheManager")  # noqa: B009
-    return original
 
 
 def _env_flag(name: str) -> bool:
@@ -74,6 +64,7 @@ def enable(strict: bool | None = None, check: bool | None = None) -> None:
     for name in _TARGETS:
         module = importlib.import_module(name)
         _original[name] = getattr(module, "KVCacheManager")  # noqa: B009
+    set_vllm_manager_class(_original["vllm.v1.core.kv_cache_manager"])
     for name in _TARGETS:
         setattr(importlib.import_module(name), "KVCacheManager", KVCacheManager)  # noqa: B010
     utils = importlib.import_module("vllm.v1.core.kv_cache_utils")
@@ -105,6 +96,7 @@ def disable() -> None:
     for name, fn in _original_hasher.items():
         setattr(importlib.import_module(name), _HASHER, fn)
     _original.clear()
+    set_vllm_manager_class(None)
     _original_hasher.clear()
     _enabled = False
 

@@ -9,7 +9,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, overload
 
 from kvcoord.coordinator import KVCacheCoordinator
-from kvcoord.vllm.serve._blocks import BlockView, KVCacheBlocks, PoolView, ids_of
+from kvcoord.vllm.serve._blocks import BlockView, KVCacheBlocks, ids_of
+from kvcoord.vllm.serve._pool_view import PoolView
 
 if TYPE_CHECKING:
     from kvcoord.vllm.serve.manager import KVCacheManager

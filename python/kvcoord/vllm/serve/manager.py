@@ -16,7 +16,9 @@ mid-run.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+import sys
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 from kvcoord._core import DecodeFastPath
 from kvcoord.config import FullAttentionSpec
@@ -30,12 +32,11 @@ from kvcoord.vllm.serve._construct import (
     fallbacks,
     is_checking,
     log_served,
+    original_manager_class,
     served,
-    vllm_manager_class,
 )
 from kvcoord.vllm.serve._decode import DecodePath
 from kvcoord.vllm.serve._events import event_metadata, pool_view
-from kvcoord.vllm.serve._hisparse_support import served_class
 from kvcoord.vllm.serve._readouts import ManagerReadouts
 from kvcoord.vllm.serve._requests import RequestRegistry
 from kvcoord.vllm.serve._support import (
@@ -49,7 +50,7 @@ from kvcoord.vllm.serve._versions import installed
 from kvcoord.vllm.serve._views import coordinator_view
 from kvcoord.vllm.serve._zeroing import ZeroingLog, zeroed_group_ids
 
-__all__ = ["KVCacheManager", "fallbacks", "served"]
+__all__ = ["KVCacheManager", "fallbacks", "manager_class", "served"]
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -69,14 +70,20 @@ class KVCacheManager(DecodePath, ManagerReadouts, DecodeFastPath):
     """
 
     _group_id_base = 0  # vLLM's id of the core's group 0 (HiSparse: 1)
+    #: Subclasses serving a kind of configuration this class does not hold,
+    #: each after the test that picks it (``class M(KVCacheManager, serves=...)``).
+    _variants: ClassVar[list[tuple[Callable[[Any], bool], type[KVCacheManager]]]] = []
+
+    def __init_subclass__(cls, serves: Callable[[Any], bool] | None = None, **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        if serves is not None:
+            KVCacheManager._variants.append((serves, cls))
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-        bound = bind_args(args, kwargs)
-        reason = unsupported_reason(bound["kv_cache_config"], bound) or caller_reason()
-        if reason is None:
-            return super().__new__(served_class(cls, bound["kv_cache_config"]))
-        fall_back(reason)
-        return vllm_manager_class()(*args, **kwargs)
+        chosen = manager_class(cls, bind_args(args, kwargs), sys._getframe(1))
+        if chosen is None:
+            return original_manager_class()(*args, **kwargs)
+        return super().__new__(chosen)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         a = bind_args(args, kwargs)
@@ -474,3 +481,22 @@ class KVCacheManager(DecodePath, ManagerReadouts, DecodeFastPath):
         if self.prefix_cache_stats is not None:
             self.prefix_cache_stats.reset = True
         return True
+
+
+def manager_class(
+    cls: type[KVCacheManager], args: dict[str, Any], caller: Any
+) -> type[KVCacheManager] | None:
+    """The class of the manager vLLM's constructor arguments ``args`` get,
+    built from the frame ``caller``: ``cls``, or the subclass serving the
+    configuration's kind (HiSparse's, :mod:`kvcoord.vllm.hisparse`); None
+    when kvcoord does not serve it, the fallback recorded (logged and
+    counted; raised in strict mode)."""
+    cfg = args["kv_cache_config"]
+    reason = unsupported_reason(cfg, args) or caller_reason(caller)
+    if reason is not None:
+        fall_back(reason)
+        return None
+    for serves, variant in cls._variants:
+        if serves(cfg):
+            return variant
+    return cls
