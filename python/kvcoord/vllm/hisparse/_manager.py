@@ -44,8 +44,8 @@ from kvcoord.coordinator import get_kv_cache_coordinator, shared_prefix_boundary
 from kvcoord.errors import UnknownRequestError
 from kvcoord.vllm.hisparse._group_views import (
     EmptySplitBlocks,
+    HiSparseReads,
     SplitBlocks,
-    coordinator_class,
     group_views,
 )
 from kvcoord.vllm.hisparse._pools import (
@@ -59,6 +59,7 @@ from kvcoord.vllm.serve._blocks import KVCacheBlocks, ids_of
 from kvcoord.vllm.serve._construct import bind_args
 from kvcoord.vllm.serve._events import EventLog, event_metadata
 from kvcoord.vllm.serve._hisparse_support import device_config, is_hisparse
+from kvcoord.vllm.serve._views import coordinator_view
 from kvcoord.vllm.serve.manager import KVCacheManager
 
 __all__ = ["HiSparseManager"]
@@ -145,9 +146,12 @@ class HiSparseManager(KVCacheManager, serves=is_hisparse):
         self._init_fast_path(
             self._decode_room, self.empty_kv_cache_blocks, None, KVCacheBlocks, self._pool
         )
-        view: Any = self.coordinator
-        view.__class__ = coordinator_class(type(view))
-        view.single_type_managers = group_views(self)
+        # The coordinator's view reads this manager through HiSparseReads,
+        # over one view per vLLM group (what vLLM's HiSparseCoordinator finds).
+        reads = HiSparseReads(self)
+        self.coordinator = coordinator_view(
+            self, self._core_coordinator, a, reads, group_views(reads)
+        )
 
     # ---- the two cores ---------------------------------------------------
 
