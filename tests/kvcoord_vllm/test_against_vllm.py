@@ -81,7 +81,7 @@ def test_random_schedule_matches_vllm(
     aligned prefix (see test_lookahead_against_vllm). ``hisparse_fields``:
     every group ``host_resident`` and ``hisparse_host_num_blocks`` set, which
     vLLM's manager never reads (served as the plain configuration;
-    kvcoord.vllm._hisparse)."""
+    kvcoord.vllm.serve._hisparse_support)."""
     if hisparse_fields and (use_eagle or lookahead or prefill_lookahead):
         pytest.skip("the HiSparse fields are checked on the plain schedule")
     rng = random.Random(seed)

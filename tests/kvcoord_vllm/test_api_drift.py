@@ -4,7 +4,7 @@ A new vLLM release that changes any of it fails
 :func:`test_installed_vllm_is_what_kvcoord_relies_on` once, with one line
 per difference, instead of failing a user's engine:
 
-1. every fact of ``kvcoord.vllm._versions.installed()`` against the real
+1. every fact of ``kvcoord.vllm.serve._versions.installed()`` against the real
    thing: the manager's constructor parameters, whether the request block
    hasher takes hash lookahead, and whether an EAGLE group drops its last
    hit block without ``use_eagle`` (measured on vLLM's own manager);
@@ -134,7 +134,7 @@ class Use:
 
 
 # --------------------------------------------------------------------------
-# 1. The facts of kvcoord.vllm._versions
+# 1. The facts of kvcoord.vllm.serve._versions
 
 
 @dataclasses.dataclass(frozen=True)
@@ -287,7 +287,7 @@ def fact_drift(api: _versions.VllmApi, seen: Observed) -> list[str]:
             f"hasher_takes_lookahead: kvcoord {api.hasher_takes_lookahead}, vLLM's "
             f"get_request_block_hasher{inspect.signature(seen.block_hasher)}"
         )
-    # kvcoord's replacement (kvcoord.vllm._hasher) takes vLLM's parameters, in order.
+    # kvcoord's replacement (kvcoord.vllm.serve._hasher) takes vLLM's parameters, in order.
     theirs = list(inspect.signature(seen.block_hasher).parameters)
     ours = list(inspect.signature(_hasher.make_block_hasher(seen.block_hasher)).parameters)
     if ours[: len(theirs)] != theirs:

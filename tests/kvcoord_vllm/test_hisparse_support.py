@@ -3,7 +3,7 @@ two-core HiSparse manager (its schedules beside vLLM's are in
 test_hisparse_against_vllm.py) and other shapes fall back naming what
 differs; with ``KVCOORD_VLLM_HISPARSE=0`` every configuration with a
 HiSparse group falls back, with a reason naming the group found; the two HiSparse fields
-vLLM's manager never reads are served (kvcoord.vllm._hisparse; their
+vLLM's manager never reads are served (kvcoord.vllm.serve._hisparse_support; their
 schedules beside vLLM's are in test_against_vllm.py).
 
 Skipped when vLLM is not installed.

@@ -1,5 +1,5 @@
 """The pytest plugin's rule for lending kvcoord's stand-ins to vLLM's tests
-(kvcoord.vllm._lending): synthetic test functions, written in a module of
+(kvcoord.vllm.testing._lending): synthetic test functions, written in a module of
 their own under a temporary test tree, get kvcoord's class for a name
 exactly when everything they do with it is served, and keep vLLM's when
 they use an unserved attribute, assign a served one, or build vLLM code

@@ -354,7 +354,7 @@ class HotView(_GroupView):
 
 class SplitBlocks(KVCacheBlocks):
     """``KVCacheBlocks`` whose groups live in different pools: ``_pool`` is
-    one :class:`~kvcoord.vllm._hisparse_pools.ViewCache` per group."""
+    one :class:`~kvcoord.vllm.hisparse._pools.ViewCache` per group."""
 
     __slots__ = ()
 

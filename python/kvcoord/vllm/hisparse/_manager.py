@@ -1,5 +1,5 @@
 """vLLM 0.33.0's HiSparse configurations on two kvcoord cores (off with
-``KVCOORD_VLLM_HISPARSE=0``, see :mod:`kvcoord.vllm._hisparse`).
+``KVCOORD_VLLM_HISPARSE=0``, see :mod:`kvcoord.vllm.serve._hisparse_support`).
 
 A HiSparse configuration's source group (group 0, role ``hisparse_source``)
 keeps its blocks on a private host pool of ``hisparse_host_num_blocks``
@@ -28,7 +28,7 @@ the two, group 0 first as vLLM's coordinator runs its managers:
   blocks fire right after each call that hands device blocks out.
 
 vLLM's ``HiSparseCoordinator`` itself runs unchanged over the group views of
-:mod:`kvcoord.vllm._hisparse_views`; no vLLM pool or manager is built.
+:mod:`kvcoord.vllm.hisparse._group_views`; no vLLM pool or manager is built.
 """
 
 from __future__ import annotations

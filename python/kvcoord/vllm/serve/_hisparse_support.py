@@ -1,6 +1,6 @@
 """HiSparse configurations of vLLM 0.33.0: which parts are plain to vLLM's
 manager (served), which shape the HiSparse manager serves
-(:mod:`kvcoord.vllm._hisparse_manager`; ``KVCOORD_VLLM_HISPARSE=0`` turns
+(:mod:`kvcoord.vllm.hisparse._manager`; ``KVCOORD_VLLM_HISPARSE=0`` turns
 it off), and why the rest falls back.
 
 vLLM's HiSparse keeps a model's KV on a host tier and only some pages on the

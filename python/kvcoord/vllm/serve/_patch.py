@@ -1,7 +1,7 @@
 """Switching kvcoord on inside vLLM: a process-wide, idempotent patch of the
 ``KVCacheManager`` name that vLLM's scheduler (and code importing it later)
 resolves, and of ``get_request_block_hasher`` (kvcoord hashes requests; see
-:mod:`kvcoord.vllm._hasher`).
+:mod:`kvcoord.vllm.serve._hasher`).
 
 vLLM's ``Scheduler`` looks ``KVCacheManager`` up in its module's globals when
 it is built, so replacing that name (and the one in

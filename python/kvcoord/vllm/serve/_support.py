@@ -4,7 +4,7 @@ translation into a :class:`kvcoord.KVCacheConfig`.
 :func:`unsupported_reason` returns ``None`` for a configuration kvcoord serves
 with vLLM's exact decisions, otherwise a one-line reason; the manager then
 hands the configuration to vLLM's own ``KVCacheManager`` (see
-:mod:`kvcoord.vllm.manager`). Every check here is a construction-time
+:mod:`kvcoord.vllm.serve.manager`). Every check here is a construction-time
 decision: nothing falls back mid-run.
 """
 
@@ -106,7 +106,7 @@ def _spec_reason(spec: Any) -> str | None:
     """Why a vLLM spec is not served, or None. Served: plain full attention
     (``FullAttentionSpec``, and MLA without DeepSeek-V4 fields), whose block
     management does not depend on the attention variant, sliding window and
-    chunked local (see :mod:`kvcoord.vllm._windows`), Mamba, and
+    chunked local (see :mod:`kvcoord.vllm.serve._windows`), Mamba, and
     cross-attention (one allocation sized by the encoder tokens, never
     cached)."""
     interface: Any = importlib.import_module("vllm.v1.kv_cache_interface")

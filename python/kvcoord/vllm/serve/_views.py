@@ -166,7 +166,7 @@ class _SingleTypeView:
         # group, by a caching coordinator only.
         self.use_eagle = reads.caching and reads.is_eagle_group(group_id)
         # Auxiliary-output connectors look blocks up by vLLM's block hash
-        # here; kvcoord's keys are vLLM's hashes (see kvcoord.vllm._requests).
+        # here; kvcoord's keys are vLLM's hashes (see kvcoord.vllm.serve._requests).
         self.block_pool = reads.block_pool
         # Tokens a hit ends on a multiple of (vLLM sets it on every manager).
         self.cache_hit_alignment_tokens = reads.hit_alignment

@@ -3,11 +3,11 @@
 kvcoord's core.
 
 It takes vLLM's own ``Request`` objects and returns what vLLM's scheduler and
-workers accept unchanged (:class:`~kvcoord.vllm._blocks.KVCacheBlocks`).
+workers accept unchanged (:class:`~kvcoord.vllm.serve._blocks.KVCacheBlocks`).
 Decisions (hit lengths, block ids, eviction order, admission) equal vLLM's.
 
 Construction decides, once, whether kvcoord serves the configuration (see
-:mod:`kvcoord.vllm._support`). When it does not, the constructor returns
+:mod:`kvcoord.vllm.serve._support`). When it does not, the constructor returns
 vLLM's own ``KVCacheManager`` instead, logs one line naming the reason and
 counts it in :data:`fallbacks`: never a silent fallback, never a switch
 mid-run.

@@ -40,7 +40,7 @@ class _HitSearch:
     _specs: ClassVar[tuple[str, ...]] = ()
 
     # What these classes stand for, for the pytest plugin's rule
-    # (kvcoord.vllm._lending): each subclass names its vLLM class; what is
+    # (kvcoord.vllm.testing._lending): each subclass names its vLLM class; what is
     # served is the constructor, the hit search and the attributes set here.
     vllm_class: ClassVar[str] = ""
     #: Attributes vLLM's manager copies from its spec (served, as here).

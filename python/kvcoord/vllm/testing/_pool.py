@@ -126,7 +126,7 @@ class BlockPool(EventPoolView):
     )
 
     # What this class stands for, for the pytest plugin's rule
-    # (kvcoord.vllm._lending): vLLM's class, those of the objects it hands
+    # (kvcoord.vllm.testing._lending): vLLM's class, those of the objects it hands
     # out, and the names of their surface served here (to read or call).
     # Not served: metrics_collector (None only), cached_block_hashes_by_block,
     # cache_partial_block, move_block_hashes, vLLM's private helpers, the

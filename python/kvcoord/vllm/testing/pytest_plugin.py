@@ -16,8 +16,8 @@ terminal summary splits the passes.
 
 Tests that build vLLM's ``BlockPool`` (and single-type managers) themselves
 get kvcoord's stand-ins (:class:`kvcoord.vllm.BlockPool`, the hit search of
-:mod:`kvcoord.vllm._hit_search`) by a rule applied to every test, with no
-test named anywhere (:func:`kvcoord.vllm._lending.decide`): each stand-in
+:mod:`kvcoord.vllm.testing._hit_search`) by a rule applied to every test, with no
+test named anywhere (:func:`kvcoord.vllm.testing._lending.decide`): each stand-in
 declares vLLM's class it stands for and the names of vLLM's surface it
 serves; the plugin reads the test's code (its function and nested code, its
 class, the fixtures it requests, its parameters, and the functions,
@@ -103,7 +103,7 @@ def _fixture_functions(item: Any) -> list[Any]:
 
 
 def scan_item(item: Any) -> _lending.Scan:
-    """What ``item``'s code does (:func:`kvcoord.vllm._lending.scan`): its
+    """What ``item``'s code does (:func:`kvcoord.vllm.testing._lending.scan`): its
     function, its class, the fixtures it requests and its parameters."""
     obj = getattr(item, "obj", None)
     roots = [getattr(obj, "__func__", obj), getattr(item, "cls", None), *_fixture_functions(item)]
@@ -115,9 +115,9 @@ def scan_item(item: Any) -> _lending.Scan:
 
 def _rebindings(item: Any) -> tuple[Any, dict[str, Any], str, str]:
     """The test module of ``item``, kvcoord's class for each name to rebind
-    there during the test (:func:`kvcoord.vllm._lending.decide`), why none
+    there during the test (:func:`kvcoord.vllm.testing._lending.decide`), why none
     is when one might have been, and the vLLM manager state the test writes
-    (:func:`kvcoord.vllm._lending.writes_manager_state`)."""
+    (:func:`kvcoord.vllm.testing._lending.writes_manager_state`)."""
     module = getattr(item, "module", None)
     if module is None or getattr(item, "obj", None) is None:
         return module, {}, "", ""
