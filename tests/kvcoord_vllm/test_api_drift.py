@@ -598,7 +598,7 @@ def kvcoord_reads(sources: dict[str, str]) -> dict[Read, list[str]]:
 
 
 def _kvcoord_sources() -> dict[str, str]:
-    return {p.name: p.read_text() for p in sorted(PACKAGE.glob("*.py"))}
+    return {p.relative_to(PACKAGE).as_posix(): p.read_text() for p in sorted(PACKAGE.rglob("*.py"))}
 
 
 #: Facts that guard reads: kvcoord reaches those reads only on a vLLM where
