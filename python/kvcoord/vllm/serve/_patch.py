@@ -16,8 +16,10 @@ import os
 import sys
 from typing import Any
 
-from kvcoord.vllm.serve import _versions
+from kvcoord.vllm.serve import _construct, _hasher, _versions
 from kvcoord.vllm.serve._construct import set_checking, set_strict, set_vllm_manager_class
+from kvcoord.vllm.serve._hasher import make_block_hasher
+from kvcoord.vllm.serve.manager import KVCacheManager
 
 __all__ = ["disable", "enable", "is_enabled", "register", "status"]
 
@@ -58,9 +60,6 @@ def enable(strict: bool | None = None, check: bool | None = None) -> None:
     set_checking(_env_flag(CHECK_ENV) if check is None else bool(check))
     if _enabled:
         return
-    from kvcoord.vllm.serve._hasher import make_block_hasher
-    from kvcoord.vllm.serve.manager import KVCacheManager
-
     for name in _TARGETS:
         module = importlib.import_module(name)
         _original[name] = getattr(module, "KVCacheManager")  # noqa: B009
@@ -119,8 +118,6 @@ def status() -> dict[str, Any]:
     fell back to vLLM's own (by reason), and how many requests each hasher
     hashed. (vLLM's multiprocess engine core builds its manager in its own
     process: this one's counts stay 0 there.)"""
-    from kvcoord.vllm.serve import _construct, _hasher
-
     there = _versions.available()
     return {
         "enabled": _enabled,
