@@ -134,6 +134,7 @@ lint: build-dev venv-test ## cargo fmt/clippy, ruff, mypy, stubtest
 	$(VENV)/bin/ruff check python tests benches
 	$(VENV)/bin/ruff format --check python tests benches
 	$(PY) tools/check_module_cycles.py
+	$(PY) tools/check_import_cycles.py
 	$(VENV)/bin/mypy
 	$(PY) -m mypy.stubtest kvcoord._core --allowlist .stubtest-allowlist
 

@@ -116,7 +116,7 @@ class RunSettings:
 def _corrupt_kvcoord_hits() -> None:
     """Make kvcoord's manager hand the scheduler a wrong block id in every
     prefix hit of two or more blocks (the second block's id twice)."""
-    from kvcoord.vllm.manager import KVCacheManager
+    from kvcoord.vllm import KVCacheManager
 
     original = KVCacheManager.get_computed_blocks
 

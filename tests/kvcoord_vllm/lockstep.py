@@ -53,7 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "engine"))
 from tiny_models import TinyLlama
 
 import kvcoord.vllm as kv
-from kvcoord.vllm._versions import installed
+from kvcoord.vllm.serve._versions import installed
 
 EOS_TOKEN_ID = 50256
 MAX_MODEL_LEN = 512

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 import kvcoord
-from kvcoord.vllm._blocks import KVCacheBlocks, PoolView, ids_of
-from kvcoord.vllm._requests import RequestRegistry, stats
+from kvcoord.vllm.serve._blocks import KVCacheBlocks, ids_of
+from kvcoord.vllm.serve._pool_view import PoolView
+from kvcoord.vllm.serve._requests import RequestRegistry, stats
 
 
 class FakeRequest:
@@ -210,7 +211,7 @@ class MultiConnector:
 
 
 def test_connector_reason_serves_only_connectors_that_stay_off_the_managers_internals() -> None:
-    from kvcoord.vllm._connectors import connector_reason
+    from kvcoord.vllm.serve._connectors import connector_reason
 
     assert connector_reason(PlainConnector()) is None
     assert "BindingConnector" in (connector_reason(BindingConnector()) or "")

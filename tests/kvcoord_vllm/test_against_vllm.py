@@ -81,7 +81,7 @@ def test_random_schedule_matches_vllm(
     aligned prefix (see test_lookahead_against_vllm). ``hisparse_fields``:
     every group ``host_resident`` and ``hisparse_host_num_blocks`` set, which
     vLLM's manager never reads (served as the plain configuration;
-    kvcoord.vllm._hisparse)."""
+    kvcoord.vllm.serve._hisparse_support)."""
     if hisparse_fields and (use_eagle or lookahead or prefill_lookahead):
         pytest.skip("the HiSparse fields are checked on the plain schedule")
     rng = random.Random(seed)
@@ -266,7 +266,7 @@ def test_kvcoord_block_hasher_is_byte_identical(algo: str) -> None:
     )
     from vllm.utils import hashing
 
-    from kvcoord.vllm._hasher import make_block_hasher
+    from kvcoord.vllm.serve._hasher import make_block_hasher
 
     fn = getattr(hashing, algo)
     init_none_hash(fn)
@@ -313,7 +313,7 @@ def test_kvcoord_block_hasher_is_byte_identical(algo: str) -> None:
 
 
 def test_pickle_hashes_stay_vllms() -> None:
-    from kvcoord.vllm._hasher import make_block_hasher, stats
+    from kvcoord.vllm.serve._hasher import make_block_hasher, stats
 
     before = stats["vllm_hashers"]
     hasher = block_hasher(BS, sha256, original=make_block_hasher(get_request_block_hasher))

@@ -4,7 +4,7 @@ A new vLLM release that changes any of it fails
 :func:`test_installed_vllm_is_what_kvcoord_relies_on` once, with one line
 per difference, instead of failing a user's engine:
 
-1. every fact of ``kvcoord.vllm._versions.installed()`` against the real
+1. every fact of ``kvcoord.vllm.serve._versions.installed()`` against the real
    thing: the manager's constructor parameters, whether the request block
    hasher takes hash lookahead, and whether an EAGLE group drops its last
    hit block without ``use_eagle`` (measured on vLLM's own manager);
@@ -51,7 +51,8 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCache
 from vllm.v1.request import Request
 
 import kvcoord.vllm as kv
-from kvcoord.vllm import _construct, _hasher, _hit_search, _patch, _versions, _views
+from kvcoord.vllm.serve import _construct, _hasher, _patch, _versions, _views
+from kvcoord.vllm.testing import _hit_search
 
 PACKAGE = Path(kv.__file__).resolve().parent
 BS = 4
@@ -133,7 +134,7 @@ class Use:
 
 
 # --------------------------------------------------------------------------
-# 1. The facts of kvcoord.vllm._versions
+# 1. The facts of kvcoord.vllm.serve._versions
 
 
 @dataclasses.dataclass(frozen=True)
@@ -286,7 +287,7 @@ def fact_drift(api: _versions.VllmApi, seen: Observed) -> list[str]:
             f"hasher_takes_lookahead: kvcoord {api.hasher_takes_lookahead}, vLLM's "
             f"get_request_block_hasher{inspect.signature(seen.block_hasher)}"
         )
-    # kvcoord's replacement (kvcoord.vllm._hasher) takes vLLM's parameters, in order.
+    # kvcoord's replacement (kvcoord.vllm.serve._hasher) takes vLLM's parameters, in order.
     theirs = list(inspect.signature(seen.block_hasher).parameters)
     ours = list(inspect.signature(_hasher.make_block_hasher(seen.block_hasher)).parameters)
     if ours[: len(theirs)] != theirs:
@@ -597,7 +598,7 @@ def kvcoord_reads(sources: dict[str, str]) -> dict[Read, list[str]]:
 
 
 def _kvcoord_sources() -> dict[str, str]:
-    return {p.name: p.read_text() for p in sorted(PACKAGE.glob("*.py"))}
+    return {p.relative_to(PACKAGE).as_posix(): p.read_text() for p in sorted(PACKAGE.rglob("*.py"))}
 
 
 #: Facts that guard reads: kvcoord reaches those reads only on a vLLM where

@@ -319,7 +319,7 @@ def test_hit_search_matches_vllm(seed: int) -> None:
     from vllm.v1.core import single_type_kv_cache_manager as vm
     from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
 
-    from kvcoord.vllm import _hit_search as km
+    from kvcoord.vllm.testing import _hit_search as km
 
     rng = random.Random(seed)
     kind = rng.choice(["window", "chunked", "full"])

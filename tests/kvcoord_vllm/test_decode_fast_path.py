@@ -34,8 +34,8 @@ from vllm.v1.request import Request, RequestStatus
 from vllm_helpers import admit_alike, block_hasher, free_queue, ids, manager_args
 
 import kvcoord.vllm as kv
-from kvcoord.vllm._blocks import KVCacheBlocks
-from kvcoord.vllm._hasher import make_block_hasher
+from kvcoord.vllm.serve._blocks import KVCacheBlocks
+from kvcoord.vllm.serve._hasher import make_block_hasher
 
 HBS = 4
 

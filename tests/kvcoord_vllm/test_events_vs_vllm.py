@@ -38,7 +38,7 @@ from vllm.v1.request import Request, RequestStatus
 from vllm_helpers import block_hasher, manager_args, needs_hash_lookahead
 
 import kvcoord.vllm as kv
-from kvcoord.vllm._hasher import make_block_hasher
+from kvcoord.vllm.serve._hasher import make_block_hasher
 
 BS = 4
 

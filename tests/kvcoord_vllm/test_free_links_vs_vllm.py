@@ -23,8 +23,8 @@ pytest.importorskip(
 from vllm.v1.core.block_pool import BlockPool as VllmPool
 
 import kvcoord
-from kvcoord.vllm._blocks import BlockView, PoolView
-from kvcoord.vllm._inspect import FreeListEnd
+from kvcoord.vllm.serve._blocks import BlockView, FreeListEnd
+from kvcoord.vllm.serve._pool_view import PoolView
 
 N = 10
 

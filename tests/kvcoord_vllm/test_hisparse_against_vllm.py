@@ -45,7 +45,7 @@ from vllm.v1.request import RequestStatus
 from vllm_helpers import free_queue, make_request, manager_args, needs_served_hisparse
 
 import kvcoord.vllm as kv
-from kvcoord.vllm._hisparse_manager import HiSparseManager
+from kvcoord.vllm.hisparse._manager import HiSparseManager
 
 BS = 16
 MAX_MODEL_LEN = 160

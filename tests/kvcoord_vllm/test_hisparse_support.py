@@ -3,7 +3,7 @@ two-core HiSparse manager (its schedules beside vLLM's are in
 test_hisparse_against_vllm.py) and other shapes fall back naming what
 differs; with ``KVCOORD_VLLM_HISPARSE=0`` every configuration with a
 HiSparse group falls back, with a reason naming the group found; the two HiSparse fields
-vLLM's manager never reads are served (kvcoord.vllm._hisparse; their
+vLLM's manager never reads are served (kvcoord.vllm.serve._hisparse_support; their
 schedules beside vLLM's are in test_against_vllm.py).
 
 Skipped when vLLM is not installed.
@@ -32,7 +32,7 @@ from vllm.v1.kv_cache_interface import (
 from vllm_helpers import needs_served_hisparse
 
 import kvcoord.vllm as kv
-from kvcoord.vllm._support import unsupported_reason
+from kvcoord.vllm.serve._support import unsupported_reason
 
 BS = 16
 ARGS = {"hash_block_size": BS, "enable_caching": True}
@@ -125,7 +125,7 @@ def test_indexer_role_alone_is_plain_full_attention() -> None:
 
 @needs_served_hisparse
 def test_vllms_shape_is_served_by_default() -> None:
-    from kvcoord.vllm._hisparse_manager import HiSparseManager
+    from kvcoord.vllm.hisparse._manager import HiSparseManager
 
     assert unsupported_reason(hisparse_config(), ARGS) is None
     m = kv.KVCacheManager(

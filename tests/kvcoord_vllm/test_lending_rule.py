@@ -1,5 +1,5 @@
 """The pytest plugin's rule for lending kvcoord's stand-ins to vLLM's tests
-(kvcoord.vllm._lending): synthetic test functions, written in a module of
+(kvcoord.vllm.testing._lending): synthetic test functions, written in a module of
 their own under a temporary test tree, get kvcoord's class for a name
 exactly when everything they do with it is served, and keep vLLM's when
 they use an unserved attribute, assign a served one, or build vLLM code
@@ -29,7 +29,8 @@ from vllm.v1.core.kv_cache_utils import init_none_hash
 from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec, SlidingWindowSpec
 
 import kvcoord.vllm as kv
-from kvcoord.vllm import _hit_search, _lending, _versions, pytest_plugin
+from kvcoord.vllm.serve import _versions
+from kvcoord.vllm.testing import _hit_search, _lending, pytest_plugin
 
 HEADER = """
 import vllm.v1.core.block_pool as block_pool_module
@@ -350,7 +351,7 @@ def test_writing_manager_state_is_found(tmp_path: Path, test: str, written: str)
 def test_refusing_makes_managers_fall_back() -> None:
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 
-    from kvcoord.vllm import _construct
+    from kvcoord.vllm.serve import _construct
 
     spec = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=1, dtype=torch.float32)
     cfg = KVCacheConfig(

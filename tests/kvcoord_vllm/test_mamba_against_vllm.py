@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import random
+import sys
 
 import pytest
 
@@ -378,7 +379,7 @@ def test_connector_lookups_and_external_tokens_match_vllm(seed: int, layout: str
 
 
 def test_connector_beside_mamba_in_mode_none_falls_back() -> None:
-    from kvcoord.vllm._construct import caller_reason
+    from kvcoord.vllm.serve._construct import caller_reason
 
     class PlainConnector:
         """A connector that uses only the scheduler's calls."""
@@ -394,7 +395,7 @@ def test_connector_beside_mamba_in_mode_none_falls_back() -> None:
             return self._helper()
 
         def _helper(self) -> object:
-            return caller_reason()
+            return caller_reason(sys._getframe(1))
 
     none_mode = MambaSpec(block_size=BS, shapes=((1, 1),), dtypes=(torch.float32,))
     assert "mode 'none'" in str(FakeScheduler([full_spec(), none_mode]).build())

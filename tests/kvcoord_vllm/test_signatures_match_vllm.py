@@ -25,10 +25,11 @@ pytest.importorskip(
 from vllm.v1.core import block_pool, kv_cache_coordinator, kv_cache_manager
 
 import kvcoord.vllm as kv
-from kvcoord.vllm._blocks import KVCacheBlocks, PoolView
-from kvcoord.vllm._hisparse_manager import HiSparseManager
-from kvcoord.vllm._pool import BlockPool
-from kvcoord.vllm._views import CoordinatorView
+from kvcoord.vllm.hisparse._manager import HiSparseManager
+from kvcoord.vllm.serve._blocks import KVCacheBlocks
+from kvcoord.vllm.serve._pool_view import PoolView
+from kvcoord.vllm.serve._views import CoordinatorView
+from kvcoord.vllm.testing._pool import BlockPool
 
 # (kvcoord class, method): why it differs from vLLM's.
 KNOWN = {

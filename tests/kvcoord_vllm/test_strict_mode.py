@@ -13,7 +13,7 @@ from vllm_helpers import BS, config, full_spec
 
 import kvcoord.vllm as kv
 from kvcoord.errors import InvariantError, NotServedError
-from kvcoord.vllm import _construct, _versions
+from kvcoord.vllm.serve import _construct, _versions
 
 # A configuration kvcoord does not serve: vLLM's KV-cache residency sampling.
 UNSERVED = "KV-cache residency metrics (metrics_collector)"

@@ -3,7 +3,7 @@ vLLM's own manager (0.32.x or 0.33.0; import after ``pytest.importorskip`` of
 vLLM).
 
 Every difference between the served vLLM releases that a test meets is asked
-of :func:`kvcoord.vllm._versions.installed` here, once: build vLLM's managers
+of :func:`kvcoord.vllm.serve._versions.installed` here, once: build vLLM's managers
 and hashers through :func:`manager_args` and :func:`block_hasher` (they pass
 only what the installed vLLM takes), and mark a test whose subject is hash
 lookahead with :data:`needs_hash_lookahead`.
@@ -23,12 +23,12 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCache
 from vllm.v1.request import Request
 
 import kvcoord.vllm as kv
-from kvcoord.vllm._versions import installed
+from kvcoord.vllm.serve._versions import installed
 
 #: Block size (and hash unit) of the tests' groups.
 BS = 4
 
-#: The installed vLLM's facts (kvcoord.vllm._versions).
+#: The installed vLLM's facts (kvcoord.vllm.serve._versions).
 API = installed()
 
 #: Why a test of hash lookahead (``num_hash_lookahead_tokens``) cannot run here.

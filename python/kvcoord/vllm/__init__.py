@@ -13,11 +13,20 @@ or ``KVCOORD_VLLM=1 vllm serve ...`` (general-plugin entry point), or
 
 from __future__ import annotations
 
-from kvcoord.vllm._patch import disable, enable, is_enabled, original_manager_class, status
-from kvcoord.vllm._pool import BlockPool
-from kvcoord.vllm._requests import stats as request_stats
-from kvcoord.vllm._versions import SUPPORTED as SUPPORTED_VLLM
-from kvcoord.vllm.manager import KVCacheManager, fallbacks, served
+from typing import TYPE_CHECKING, Any
+
+# Imported for its class statement: the HiSparse manager registers itself
+# with KVCacheManager, which picks it for HiSparse configurations (nothing
+# in serve/ imports it). Importing any module of kvcoord.vllm runs this first.
+from kvcoord.vllm.hisparse import _manager as _hisparse_manager  # noqa: F401
+from kvcoord.vllm.serve._construct import original_manager_class
+from kvcoord.vllm.serve._patch import disable, enable, is_enabled, status
+from kvcoord.vllm.serve._requests import stats as request_stats
+from kvcoord.vllm.serve._versions import SUPPORTED as SUPPORTED_VLLM
+from kvcoord.vllm.serve.manager import KVCacheManager, fallbacks, served
+
+if TYPE_CHECKING:
+    from kvcoord.vllm.testing._pool import BlockPool
 
 __all__ = [
     "SUPPORTED_VLLM",
@@ -32,3 +41,13 @@ __all__ = [
     "served",
     "status",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # vLLM's BlockPool stand-in is for tests: an engine, which imports this
+    # package, loads nothing of kvcoord.vllm.testing.
+    if name == "BlockPool":
+        from kvcoord.vllm.testing._pool import BlockPool
+
+        return BlockPool
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

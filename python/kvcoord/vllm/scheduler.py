@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from kvcoord.vllm._patch import enable
+from kvcoord.vllm.serve._patch import enable
 
 _VllmScheduler: Any = importlib.import_module("vllm.v1.core.sched.scheduler").Scheduler
 

@@ -5,16 +5,16 @@ from the scheduler under construction, and the counters of both outcomes."""
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
-import sys
 from collections import Counter
 from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
 from kvcoord.errors import NotServedError
-from kvcoord.vllm._connectors import connector_reason
-from kvcoord.vllm._versions import installed
+from kvcoord.vllm.serve._connectors import connector_reason
+from kvcoord.vllm.serve._versions import installed
 
 __all__ = [
     "bind_args",
@@ -24,11 +24,12 @@ __all__ = [
     "is_checking",
     "is_strict",
     "log_served",
+    "original_manager_class",
     "refusing",
     "served",
     "set_checking",
     "set_strict",
-    "vllm_manager_class",
+    "set_vllm_manager_class",
 ]
 
 logger = logging.getLogger("kvcoord.vllm")
@@ -44,6 +45,8 @@ _REFUSAL: list[str | None] = [None]
 _STRICT = [False]
 # Checking mode: managers check the core's invariants after every release.
 _CHECKING = [False]
+# vLLM's own KVCacheManager while the patch has replaced its name, or None.
+_VLLM_CLASS: list[type | None] = [None]
 
 
 def set_strict(strict: bool) -> None:
@@ -145,13 +148,14 @@ def bind_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
     return bound
 
 
-def caller_reason() -> str | None:
+def caller_reason(frame: FrameType | None) -> str | None:
     """Why the vLLM scheduler building this manager needs vLLM's own (a KV
     connector binds to the manager's internals), or None. Read from the
-    scheduler under construction, which sets its connector first."""
+    scheduler under construction, which sets its connector first: the
+    object whose method is ``frame`` (the frame calling the constructor), or
+    one of the three frames below it."""
     if _REFUSAL[0] is not None:
         return _REFUSAL[0]
-    frame: FrameType | None = sys._getframe(2)
     for _ in range(4):
         if frame is None:
             return None
@@ -176,7 +180,17 @@ def caller_reason() -> str | None:
     return None
 
 
-def vllm_manager_class() -> type:
-    from kvcoord.vllm import _patch
+def set_vllm_manager_class(cls: type | None) -> None:
+    """Record vLLM's own ``KVCacheManager`` while the patch replaces its name
+    (``None``: the name is vLLM's again). Fallbacks build this class."""
+    _VLLM_CLASS[0] = cls
 
-    return _patch.original_manager_class()
+
+def original_manager_class() -> type:
+    """vLLM's own ``KVCacheManager`` class (even while patched)."""
+    cls = _VLLM_CLASS[0]
+    if cls is not None:
+        return cls
+    module = importlib.import_module("vllm.v1.core.kv_cache_manager")
+    original: type = getattr(module, "KVCacheManager")  # noqa: B009
+    return original

@@ -13,11 +13,11 @@ import importlib
 from typing import Any
 
 from kvcoord.errors import UnknownRequestError
-from kvcoord.vllm import _mamba
-from kvcoord.vllm._blocks import BlockView, KVCacheBlocks, ids_of
-from kvcoord.vllm._events import EventLog
-from kvcoord.vllm._requests import RequestRegistry
-from kvcoord.vllm._zeroing import ZeroingLog
+from kvcoord.vllm.serve import _mamba
+from kvcoord.vllm.serve._blocks import BlockView, KVCacheBlocks, ids_of
+from kvcoord.vllm.serve._events import EventLog
+from kvcoord.vllm.serve._requests import RequestRegistry
+from kvcoord.vllm.serve._zeroing import ZeroingLog
 
 __all__ = ["ManagerReadouts"]
 

@@ -34,9 +34,9 @@ from typing import Any, ClassVar
 
 from kvcoord._core import BlockPool as CorePool
 from kvcoord.errors import BlockStateError, ConfigError, InvalidArgumentError
-from kvcoord.vllm._blocks import BlockView, ids_of
-from kvcoord.vllm._events import EventLog, EventPoolView
-from kvcoord.vllm._inspect import CachedBlockIndex, _split_key
+from kvcoord.vllm.serve._blocks import BlockView, ids_of
+from kvcoord.vllm.serve._events import EventLog, EventPoolView
+from kvcoord.vllm.serve._inspect import CachedBlockIndex, _split_key
 
 __all__ = ["BlockPool", "PoolBlock"]
 
@@ -126,7 +126,7 @@ class BlockPool(EventPoolView):
     )
 
     # What this class stands for, for the pytest plugin's rule
-    # (kvcoord.vllm._lending): vLLM's class, those of the objects it hands
+    # (kvcoord.vllm.testing._lending): vLLM's class, those of the objects it hands
     # out, and the names of their surface served here (to read or call).
     # Not served: metrics_collector (None only), cached_block_hashes_by_block,
     # cache_partial_block, move_block_hashes, vLLM's private helpers, the

@@ -23,7 +23,7 @@ from typing import Any
 
 from kvcoord._core import BlockHashGate, Request
 from kvcoord.errors import InvalidTokenError
-from kvcoord.vllm._versions import installed
+from kvcoord.vllm.serve._versions import installed
 
 __all__ = ["ATTR", "hand_back", "make_block_hasher", "stats"]
 

@@ -31,7 +31,7 @@ import importlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kvcoord.vllm._blocks import PoolView
+from kvcoord.vllm.serve._pool_view import PoolView
 
 __all__ = ["EventLog", "EventPoolView", "event_metadata", "pool_view"]
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from kvcoord.vllm._blocks import KVCacheBlocks
-from kvcoord.vllm._requests import RequestRegistry
+from kvcoord.vllm.serve._blocks import KVCacheBlocks
+from kvcoord.vllm.serve._requests import RequestRegistry
 
 __all__ = ["DecodePath"]
 

@@ -1,5 +1,5 @@
 """vLLM 0.33.0's HiSparse configurations on two kvcoord cores (off with
-``KVCOORD_VLLM_HISPARSE=0``, see :mod:`kvcoord.vllm._hisparse`).
+``KVCOORD_VLLM_HISPARSE=0``, see :mod:`kvcoord.vllm.serve._hisparse_support`).
 
 A HiSparse configuration's source group (group 0, role ``hisparse_source``)
 keeps its blocks on a private host pool of ``hisparse_host_num_blocks``
@@ -30,7 +30,7 @@ the two, group 0 first as vLLM's coordinator runs its managers:
   blocks fire right after each call that hands device blocks out.
 
 vLLM's ``HiSparseCoordinator`` itself runs unchanged over the group views of
-:mod:`kvcoord.vllm._hisparse_views`; no vLLM pool or manager is built.
+:mod:`kvcoord.vllm.hisparse._group_views`; no vLLM pool or manager is built.
 """
 
 from __future__ import annotations
@@ -45,24 +45,25 @@ from kvcoord._core import HiSparsePair
 from kvcoord.config import FullAttentionSpec, KVCacheConfig, KVCacheGroup
 from kvcoord.coordinator import get_kv_cache_coordinator, shared_prefix_boundary
 from kvcoord.errors import UnknownRequestError
-from kvcoord.vllm._blocks import KVCacheBlocks, ids_of
-from kvcoord.vllm._construct import bind_args
-from kvcoord.vllm._events import EventLog, event_metadata
-from kvcoord.vllm._hisparse import device_config
-from kvcoord.vllm._hisparse_pools import (
+from kvcoord.vllm.hisparse._group_views import (
+    EmptySplitBlocks,
+    HiSparseReads,
+    SplitBlocks,
+    group_views,
+)
+from kvcoord.vllm.hisparse._pools import (
     DevicePoolView,
     HostPoolView,
     ResidentPoolView,
     ViewCache,
     Watchers,
 )
-from kvcoord.vllm._hisparse_views import (
-    EmptySplitBlocks,
-    SplitBlocks,
-    coordinator_class,
-    group_views,
-)
-from kvcoord.vllm.manager import KVCacheManager
+from kvcoord.vllm.serve._blocks import KVCacheBlocks, ids_of
+from kvcoord.vllm.serve._construct import bind_args
+from kvcoord.vllm.serve._events import EventLog, event_metadata
+from kvcoord.vllm.serve._hisparse_support import device_config, is_hisparse
+from kvcoord.vllm.serve._views import coordinator_view
+from kvcoord.vllm.serve.manager import KVCacheManager
 
 __all__ = ["HiSparseManager"]
 
@@ -73,7 +74,7 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-class HiSparseManager(KVCacheManager):
+class HiSparseManager(KVCacheManager, serves=is_hisparse):
     """vLLM's ``KVCacheManager`` for a HiSparse configuration, on a host core
     and a device core (see the module docstring)."""
 
@@ -151,9 +152,12 @@ class HiSparseManager(KVCacheManager):
         self._init_fast_path(
             self._decode_room, self.empty_kv_cache_blocks, None, KVCacheBlocks, self._pool
         )
-        view: Any = self.coordinator
-        view.__class__ = coordinator_class(type(view))
-        view.single_type_managers = group_views(self)
+        # The coordinator's view reads this manager through HiSparseReads,
+        # over one view per vLLM group (what vLLM's HiSparseCoordinator finds).
+        reads = HiSparseReads(self)
+        self.coordinator = coordinator_view(
+            self, self._core_coordinator, a, reads, group_views(reads)
+        )
 
     # ---- the two cores ---------------------------------------------------
 

@@ -1,10 +1,10 @@
 """The pools vLLM's ``HiSparseCoordinator`` and vLLM's HiSparse tests reach
-through a kvcoord HiSparse manager (:mod:`kvcoord.vllm._hisparse_manager`).
+through a kvcoord HiSparse manager (:mod:`kvcoord.vllm.hisparse._manager`).
 
 Two kvcoord cores hold a HiSparse configuration: the host core (the source
 group, on a pool of ``hisparse_host_num_blocks`` blocks) and the device core
 (every other group, on the device pool). Their block objects are
-:class:`~kvcoord.vllm._blocks.BlockView`\\ s, one per pool and id, kept by a
+:class:`~kvcoord.vllm.serve._blocks.BlockView`\\ s, one per pool and id, kept by a
 :class:`ViewCache` so that the same block is the same object wherever it is
 read (vLLM's tests compare blocks by identity). A view's pool decides which
 core a free goes to, as vLLM's blocks carry the pool they came from.
@@ -26,7 +26,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from kvcoord.vllm._blocks import BlockView, PoolView, ids_of
+from kvcoord.vllm.serve._blocks import BlockView, ids_of
+from kvcoord.vllm.serve._pool_view import PoolView
 
 __all__ = ["DevicePoolView", "HostPoolView", "ResidentPoolView", "ViewCache", "Watchers"]
 

@@ -1,7 +1,7 @@
 """Switching kvcoord on inside vLLM: a process-wide, idempotent patch of the
 ``KVCacheManager`` name that vLLM's scheduler (and code importing it later)
 resolves, and of ``get_request_block_hasher`` (kvcoord hashes requests; see
-:mod:`kvcoord.vllm._hasher`).
+:mod:`kvcoord.vllm.serve._hasher`).
 
 vLLM's ``Scheduler`` looks ``KVCacheManager`` up in its module's globals when
 it is built, so replacing that name (and the one in
@@ -16,10 +16,12 @@ import os
 import sys
 from typing import Any
 
-from kvcoord.vllm import _versions
-from kvcoord.vllm._construct import set_checking, set_strict
+from kvcoord.vllm.serve import _construct, _hasher, _versions
+from kvcoord.vllm.serve._construct import set_checking, set_strict, set_vllm_manager_class
+from kvcoord.vllm.serve._hasher import make_block_hasher
+from kvcoord.vllm.serve.manager import KVCacheManager
 
-__all__ = ["disable", "enable", "is_enabled", "original_manager_class", "register", "status"]
+__all__ = ["disable", "enable", "is_enabled", "register", "status"]
 
 #: Environment variables: switch kvcoord on in every vLLM process (the
 #: plugin), make a fallback an error, check the core's invariants.
@@ -33,16 +35,6 @@ _original: dict[str, Any] = {}
 _original_hasher: dict[str, Any] = {}
 _HASHER = "get_request_block_hasher"
 _enabled = False
-
-
-def original_manager_class() -> type:
-    """vLLM's own ``KVCacheManager`` class (even while patched)."""
-    if "vllm.v1.core.kv_cache_manager" in _original:
-        cls: type = _original["vllm.v1.core.kv_cache_manager"]
-        return cls
-    module = importlib.import_module("vllm.v1.core.kv_cache_manager")
-    original: type = getattr(module, "KVCacheManager")  # noqa: B009
-    return original
 
 
 def _env_flag(name: str) -> bool:
@@ -68,12 +60,10 @@ def enable(strict: bool | None = None, check: bool | None = None) -> None:
     set_checking(_env_flag(CHECK_ENV) if check is None else bool(check))
     if _enabled:
         return
-    from kvcoord.vllm._hasher import make_block_hasher
-    from kvcoord.vllm.manager import KVCacheManager
-
     for name in _TARGETS:
         module = importlib.import_module(name)
         _original[name] = getattr(module, "KVCacheManager")  # noqa: B009
+    set_vllm_manager_class(_original["vllm.v1.core.kv_cache_manager"])
     for name in _TARGETS:
         setattr(importlib.import_module(name), "KVCacheManager", KVCacheManager)  # noqa: B010
     utils = importlib.import_module("vllm.v1.core.kv_cache_utils")
@@ -105,6 +95,7 @@ def disable() -> None:
     for name, fn in _original_hasher.items():
         setattr(importlib.import_module(name), _HASHER, fn)
     _original.clear()
+    set_vllm_manager_class(None)
     _original_hasher.clear()
     _enabled = False
 
@@ -127,8 +118,6 @@ def status() -> dict[str, Any]:
     fell back to vLLM's own (by reason), and how many requests each hasher
     hashed. (vLLM's multiprocess engine core builds its manager in its own
     process: this one's counts stay 0 there.)"""
-    from kvcoord.vllm import _construct, _hasher
-
     there = _versions.available()
     return {
         "enabled": _enabled,

@@ -4,7 +4,7 @@ translation into a :class:`kvcoord.KVCacheConfig`.
 :func:`unsupported_reason` returns ``None`` for a configuration kvcoord serves
 with vLLM's exact decisions, otherwise a one-line reason; the manager then
 hands the configuration to vLLM's own ``KVCacheManager`` (see
-:mod:`kvcoord.vllm.manager`). Every check here is a construction-time
+:mod:`kvcoord.vllm.serve.manager`). Every check here is a construction-time
 decision: nothing falls back mid-run.
 """
 
@@ -22,10 +22,10 @@ from kvcoord.config import (
     KVCacheGroup,
     KVCacheSpec,
 )
-from kvcoord.vllm import _hisparse, _mamba, _windows
-from kvcoord.vllm._hisparse import hisparse_reason, role_reason
-from kvcoord.vllm._versions import installed
-from kvcoord.vllm._versions import unsupported_reason as version_reason
+from kvcoord.vllm.serve import _hisparse_support, _mamba, _windows
+from kvcoord.vllm.serve._hisparse_support import hisparse_reason, role_reason
+from kvcoord.vllm.serve._versions import installed
+from kvcoord.vllm.serve._versions import unsupported_reason as version_reason
 
 __all__ = [
     "check_retention",
@@ -106,7 +106,7 @@ def _spec_reason(spec: Any) -> str | None:
     """Why a vLLM spec is not served, or None. Served: plain full attention
     (``FullAttentionSpec``, and MLA without DeepSeek-V4 fields), whose block
     management does not depend on the attention variant, sliding window and
-    chunked local (see :mod:`kvcoord.vllm._windows`), Mamba, and
+    chunked local (see :mod:`kvcoord.vllm.serve._windows`), Mamba, and
     cross-attention (one allocation sized by the encoder tokens, never
     cached)."""
     interface: Any = importlib.import_module("vllm.v1.kv_cache_interface")
@@ -122,7 +122,7 @@ def _spec_reason(spec: Any) -> str | None:
         return None  # checked with the configuration (_mamba.config_reason)
     elif type(spec) is interface.CrossAttentionSpec:
         return None  # never cached; caching is checked with the configuration
-    elif _hisparse.device_spec(spec) is not None:
+    elif _hisparse_support.device_spec(spec) is not None:
         return None  # only reached for the device part of a served shape
     elif type(spec) is MLAAttentionSpec:
         if spec.model_version is not None or spec.alignment is not None:
@@ -160,15 +160,15 @@ def unsupported_reason(
             "popped rows with their null blocks; not reproduced)"
         )
     if reason is not None:
-        if not _hisparse.enabled():
+        if not _hisparse_support.enabled():
             return reason
-        shape = _hisparse.shape_reason(kv_cache_config, args)
+        shape = _hisparse_support.shape_reason(kv_cache_config, args)
         if shape is not None:
             return f"{reason.split(':')[0]}: {shape}"
         # The source group lives on a core of its own (plain full
         # attention); the device groups must be served as they are.
         return unsupported_reason(
-            _hisparse.device_config(kv_cache_config), args, hisparse_device=True
+            _hisparse_support.device_config(kv_cache_config), args, hisparse_device=True
         )
     for group in groups:
         reason = _spec_reason(group.kv_cache_spec) or role_reason(group)
@@ -239,7 +239,7 @@ def _spec(spec: Any, dcp_world_size: int) -> KVCacheSpec:
         return _windows.window_spec(spec)
     if _mamba.is_mamba_spec(spec):
         return _mamba.mamba_spec(spec)
-    hisparse = _hisparse.device_spec(spec)
+    hisparse = _hisparse_support.device_spec(spec)
     if hisparse is not None:
         return hisparse
     return FullAttentionSpec(block_size=kv_block_size(spec, dcp_world_size))

@@ -8,8 +8,9 @@ The source, resident and hot views are registered as virtual subclasses of
 vLLM's ``HiSparseSourceManager``, ``HiSparseResidentManager`` and
 ``HiSparseHotManager`` (ABCs); nothing of vLLM's managers is built. Every
 method maps onto a call of one of the two cores (see
-:mod:`kvcoord.vllm._hisparse_manager`): the row state, the hot-region
-demand and the reference accounting are the core's.
+:mod:`kvcoord.vllm.hisparse._manager`), made through
+:class:`HiSparseReads`: the row state, the hot-region demand and the
+reference accounting are the core's.
 """
 
 from __future__ import annotations
@@ -17,16 +18,149 @@ from __future__ import annotations
 import functools
 import importlib
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kvcoord.errors import UnknownRequestError
-from kvcoord.vllm._blocks import BlockView, EmptyKVCacheBlocks, KVCacheBlocks, _as_list, ids_of
-from kvcoord.vllm._views import _CachedCounts, _RequestTables
+from kvcoord.vllm.hisparse._pools import ViewCache
+from kvcoord.vllm.serve._blocks import (
+    BlockView,
+    EmptyKVCacheBlocks,
+    KVCacheBlocks,
+    _as_list,
+    ids_of,
+)
+from kvcoord.vllm.serve._manager_reads import ManagerReads
+from kvcoord.vllm.serve._views import _CachedCounts, _RequestTables
 
-if TYPE_CHECKING:
-    from kvcoord.vllm._hisparse_manager import HiSparseManager
+__all__ = ["EmptySplitBlocks", "HiSparseReads", "SplitBlocks", "group_views"]
 
-__all__ = ["EmptySplitBlocks", "SplitBlocks", "coordinator_class", "group_views"]
+
+class HiSparseReads(ManagerReads):
+    """A HiSparse manager as its views read it: also its two cores' pools
+    and views, the source group's prediction and publication, and the
+    device core's resident rows and hot regions (by device-core group)."""
+
+    __slots__ = ()
+
+    # ---- the two pools ---------------------------------------------------
+
+    @property
+    def host_views(self) -> ViewCache:
+        """The host pool's block views."""
+        return self._manager._host_views  # type: ignore[no-any-return]
+
+    @property
+    def device_views(self) -> ViewCache:
+        return self._manager._device_views  # type: ignore[no-any-return]
+
+    @property
+    def host_block_pool(self) -> Any:
+        """vLLM's ``BlockPool`` of the source group (the host pool)."""
+        return self._manager._host_block_pool
+
+    def resident_pool(self, core_group: int) -> Any:
+        """The pool view of a resident group (its unpinned pages stay readable)."""
+        return self._manager._resident_pool(core_group)
+
+    def max_admission_blocks(self, group: int) -> int | None:
+        """The core's cap on a resident group's pages per request (the
+        in-flight window's), or None for a group that is not resident."""
+        m = self._manager
+        return m._pair.max_admission_blocks(group, m.max_in_flight_tokens)  # type: ignore[no-any-return]
+
+    # ---- the source group (host core) ------------------------------------
+
+    def host_block_copies(self) -> list[tuple[int, int]]:
+        """The host core's copy-on-write pairs since the last call."""
+        return list(self._manager._host_core.take_block_copies())
+
+    def host_prediction(
+        self, request_id: str, num_tokens: int, hits: list[int], total_computed: int, num_local: int
+    ) -> int:
+        """The source group's admission count (``HiSparseManager._host_prediction``)."""
+        manager = self._manager
+        mine = manager._requests.peek(request_id)
+        return int(manager._host_prediction(mine, num_tokens, hits, total_computed, num_local))
+
+    def publish(self, request: Any, num_tokens: int) -> None:
+        """Cache (publish) the request's host blocks up to ``num_tokens``."""
+        self._manager._publish(request, num_tokens)
+
+    # ---- resident rows and hot regions (device core) ---------------------
+
+    def resident_page(self, request_id: str, core_group: int, block_idx: int) -> int | None:
+        core = self._manager._core
+        return core.resident_page(request_id, core_group, block_idx)  # type: ignore[no-any-return]
+
+    def residency_row(self, request_id: str, core_group: int, start: int) -> list[int]:
+        return list(self._manager._core.residency_row(request_id, core_group, start))
+
+    def adopt_resident_page(
+        self, request_id: str, core_group: int, block_idx: int, block_id: int
+    ) -> bool:
+        core = self._manager._core
+        return bool(core.adopt_resident_page(request_id, core_group, block_idx, block_id))
+
+    def drop_resident_page(self, request_id: str, core_group: int, block_idx: int) -> int | None:
+        core = self._manager._core
+        return core.drop_resident_page(request_id, core_group, block_idx)  # type: ignore[no-any-return]
+
+    def require_hot(self, request_id: str, core_group: int) -> None:
+        self._manager._require_hot(request_id, core_group)
+
+    def hot_demanded(self, request_id: str, core_group: int) -> bool:
+        return bool(self._manager._hot_demanded(request_id, core_group))
+
+    def allocate_hot(self, request_id: str, core_group: int) -> list[int]:
+        """Grow the request's hot region when it is asked for; the reuse
+        callbacks of the device blocks handed out fire right after."""
+        manager = self._manager
+        got = list(manager._core.allocate_hot(request_id, core_group))
+        manager._watchers.fire()
+        return got
+
+    def has_hot(self, request_id: str, core_group: int) -> bool:
+        return bool(self._manager._core.has_hot(request_id, core_group))
+
+    # ---- the coordinator's lookups and predictions -----------------------
+
+    def hits_per_group(
+        self, block_hashes: Any, max_cache_hit_length: int
+    ) -> tuple[tuple[list[Any], ...], tuple[int, ...]]:
+        """Per-group hits whose blocks come from each group's own pool."""
+        manager = self._manager
+        probe = manager._requests.probe(block_hashes)
+        blocks, hits = manager.find_hits_per_group(probe, max_cache_hit_length)
+        return blocks.blocks, hits
+
+    def predict(
+        self,
+        request_id: str,
+        num_tokens: int,
+        hits: tuple[list[int], ...],
+        total_computed: int,
+        num_encoder_tokens: int,
+        num_local: int,
+        admission: bool,
+        num_tokens_main_model: int | None,
+        prefill_end: int,
+    ) -> int:
+        """Both cores' prediction; the HiSparse groups tell the ``num_local``
+        local tokens from an import."""
+        manager = self._manager
+        return int(
+            manager._predict(
+                manager._requests.peek(request_id),
+                num_tokens,
+                hits,
+                total_computed,
+                num_encoder_tokens,
+                admission,
+                num_local,
+                num_tokens_main_model=num_tokens_main_model,
+                prefill_end=prefill_end,
+            )
+        )
 
 
 class _Tables(_RequestTables):
@@ -48,16 +182,16 @@ class _GroupView:
     use_eagle = False
     retains_longer_hit = False
 
-    def __init__(self, manager: HiSparseManager, group: int, spec: Any, pool: Any) -> None:
-        self._manager = manager
+    def __init__(self, reads: HiSparseReads, group: int, spec: Any, pool: Any) -> None:
+        self._reads = reads
         self.kv_cache_group_id = group
         self.kv_cache_spec = spec
         self.block_size = int(spec.block_size)
         self.block_pool = pool
-        self.enable_caching = manager.enable_caching and group < 2
-        views = manager._host_views if group == 0 else manager._device_views
+        self.enable_caching = reads.caching and group < 2
+        views = reads.host_views if group == 0 else reads.device_views
         self._views = views
-        self.req_to_blocks = _Tables(manager, group, views.pool)
+        self.req_to_blocks = _Tables(reads, group, views.pool)
         self.num_cached_block = _CachedCounts(self.req_to_blocks)
 
     @property
@@ -91,7 +225,7 @@ class SourceView(_GroupView):
         release frees them. A served shape makes none: its hits end on
         scheduler blocks (sub-block hits need a Mamba "align" group, which
         vLLM's HiSparse shape has not), docs/hisparse.md."""
-        pairs = self._manager._host_core.take_block_copies()
+        pairs = self._reads.host_block_copies()
         return [(self._views(src), self._views(dst)) for src, dst in pairs]
 
     def get_num_blocks_to_allocate(
@@ -107,11 +241,12 @@ class SourceView(_GroupView):
     ) -> int:
         """0, or the device pool's size plus one when the host pool cannot
         back the request's new pages (vLLM's admission sentinel)."""
-        manager = self._manager
-        mine = manager._requests.peek(request_id)
-        hits = ids_of(new_computed_blocks)
-        return manager._host_prediction(
-            mine, num_tokens, hits, total_computed_tokens, num_local_computed_tokens
+        return self._reads.host_prediction(
+            request_id,
+            num_tokens,
+            ids_of(new_computed_blocks),
+            total_computed_tokens,
+            num_local_computed_tokens,
         )
 
     def publish_blocks(
@@ -123,7 +258,7 @@ class SourceView(_GroupView):
         replay_boundaries: Sequence[int] = (),
     ) -> None:
         """Cache (publish) the request's host blocks up to ``num_tokens``."""
-        self._manager._publish(request, num_tokens)
+        self._reads.publish(request, num_tokens)
 
 
 class IndexerView(_GroupView):
@@ -136,8 +271,7 @@ class ResidentView(_GroupView):
     @property
     def max_admission_blocks_per_request(self) -> int:
         """The core's cap of the group (the in-flight window's pages)."""
-        m = self._manager
-        cap = m._pair.max_admission_blocks(self.kv_cache_group_id, m.max_in_flight_tokens)
+        cap = self._reads.max_admission_blocks(self.kv_cache_group_id)
         if cap is None:  # not a resident group: the core names no cap
             raise TypeError(f"group {self.kv_cache_group_id} is not a HiSparse resident group")
         return int(cap)
@@ -146,36 +280,30 @@ class ResidentView(_GroupView):
         return None if block_id is None else self._views(int(block_id))
 
     def get_resident_page(self, request_id: str, block_idx: int) -> BlockView | None:
-        core = self._manager._core
         try:
-            got = core.resident_page(request_id, self._core_group, block_idx)
+            got = self._reads.resident_page(request_id, self._core_group, block_idx)
         except UnknownRequestError:
             return None
         return self._block(got)
 
     def get_residency_row(self, request_id: str, start: int = 0) -> list[BlockView]:
-        core = self._manager._core
         try:
-            row = core.residency_row(request_id, self._core_group, start)
+            row = self._reads.residency_row(request_id, self._core_group, start)
         except UnknownRequestError:
             return []
         return self._views.many(row)
 
     def adopt_resident_page(self, request_id: str, block_idx: int, block: Any) -> bool:
-        core = self._manager._core
         try:
-            return bool(
-                core.adopt_resident_page(
-                    request_id, self._core_group, block_idx, int(block.block_id)
-                )
+            return self._reads.adopt_resident_page(
+                request_id, self._core_group, block_idx, int(block.block_id)
             )
         except UnknownRequestError:
             return False
 
     def drop_resident_page(self, request_id: str, block_idx: int) -> BlockView | None:
-        core = self._manager._core
         try:
-            got = core.drop_resident_page(request_id, self._core_group, block_idx)
+            got = self._reads.drop_resident_page(request_id, self._core_group, block_idx)
         except UnknownRequestError:
             return None
         return self._block(got)
@@ -191,7 +319,7 @@ class _HotRequired:
     def __contains__(self, request_id: object) -> bool:
         if not isinstance(request_id, str):
             return False
-        return self._view._manager._hot_demanded(request_id, self._view._core_group)
+        return self._view._reads.hot_demanded(request_id, self._view._core_group)
 
     def add(self, request_id: str) -> None:
         self._view.require_hot(request_id)
@@ -200,33 +328,30 @@ class _HotRequired:
 class HotView(_GroupView):
     """vLLM's ``HiSparseHotManager`` over the device core's hot regions."""
 
-    def __init__(self, manager: HiSparseManager, group: int, spec: Any, pool: Any) -> None:
-        super().__init__(manager, group, spec, pool)
+    def __init__(self, reads: HiSparseReads, group: int, spec: Any, pool: Any) -> None:
+        super().__init__(reads, group, spec, pool)
         self.blocks_per_request = int(spec.blocks_per_request)
         self.hot_required = _HotRequired(self)
 
     def require_hot(self, request_id: str) -> None:
-        self._manager._require_hot(request_id, self._core_group)
+        self._reads.require_hot(request_id, self._core_group)
 
     def allocate_new_blocks(
         self, request_id: str, num_tokens: int, num_tokens_main_model: int
     ) -> list[BlockView]:
         """vLLM's call on its own: grow the hot region when it is asked for."""
-        manager = self._manager
-        got = manager._core.allocate_hot(request_id, self._core_group)
-        manager._watchers.fire()
-        return self._views.many(got)
+        return self._views.many(self._reads.allocate_hot(request_id, self._core_group))
 
     def has_hot(self, request_id: str) -> bool:
         try:
-            return bool(self._manager._core.has_hot(request_id, self._core_group))
+            return self._reads.has_hot(request_id, self._core_group)
         except UnknownRequestError:
             return False
 
 
 class SplitBlocks(KVCacheBlocks):
     """``KVCacheBlocks`` whose groups live in different pools: ``_pool`` is
-    one :class:`~kvcoord.vllm._hisparse_pools.ViewCache` per group."""
+    one :class:`~kvcoord.vllm.hisparse._pools.ViewCache` per group."""
 
     __slots__ = ()
 
@@ -259,65 +384,6 @@ class EmptySplitBlocks(SplitBlocks, EmptyKVCacheBlocks):
     __slots__ = ()
 
 
-_COORDINATOR_CLASSES: dict[str, type] = {}
-
-
-def coordinator_class(base: type) -> type:
-    """The coordinator view of a HiSparse manager: ``base`` (named, and
-    registered, after vLLM's coordinator class) with per-group lookups whose
-    blocks come from each group's own pool."""
-
-    def find_longest_cache_hit_per_group(
-        self: Any, block_hashes: Any, max_cache_hit_length: int
-    ) -> tuple[tuple[list[Any], ...], tuple[int, ...]]:
-        manager = self._manager
-        probe = manager._requests.probe(block_hashes)
-        blocks, hits = manager.find_hits_per_group(probe, max_cache_hit_length)
-        return blocks.blocks, hits
-
-    def get_num_blocks_to_allocate(
-        self: Any,
-        request_id: str,
-        num_tokens: int,
-        new_computed_blocks: Any,
-        num_encoder_tokens: int = 0,
-        total_computed_tokens: int = 0,
-        num_local_computed_tokens: int = 0,
-        num_tokens_main_model: int | None = None,
-        apply_admission_cap: bool = False,
-        prefill_end: int = 0,
-    ) -> int:
-        manager = self._manager
-        groups = tuple(ids_of(g) for g in new_computed_blocks)
-        return int(
-            manager._predict(
-                manager._requests.peek(request_id),
-                num_tokens,
-                groups if any(groups) else (),
-                total_computed_tokens,
-                num_encoder_tokens,
-                apply_admission_cap,
-                num_local_computed_tokens,
-                num_tokens_main_model=num_tokens_main_model,
-                prefill_end=prefill_end,
-            )
-        )
-
-    known = _COORDINATOR_CLASSES.get(base.__qualname__)
-    if known is not None and known.__bases__ == (base,):
-        return known
-    cls = _COORDINATOR_CLASSES[base.__qualname__] = type(
-        base.__name__,
-        (base,),
-        {
-            "__doc__": base.__doc__,
-            "find_longest_cache_hit_per_group": find_longest_cache_hit_per_group,
-            "get_num_blocks_to_allocate": get_num_blocks_to_allocate,
-        },
-    )
-    return cls
-
-
 @functools.cache
 def _registered() -> dict[str, type[_GroupView]]:
     """The view classes, each registered once as a virtual subclass of the
@@ -335,20 +401,20 @@ def _registered() -> dict[str, type[_GroupView]]:
     return out
 
 
-def group_views(manager: HiSparseManager) -> list[_GroupView]:
-    """One view per vLLM group of ``manager``'s configuration, in order."""
+def group_views(reads: HiSparseReads) -> list[_GroupView]:
+    """One view per vLLM group of the manager's configuration, in order."""
     interface: Any = importlib.import_module("vllm.v1.kv_cache_interface")
     classes = _registered()
     out: list[_GroupView] = []
-    for g, group in enumerate(manager.kv_cache_config.kv_cache_groups):
+    for g, group in enumerate(reads.kv_cache_config.kv_cache_groups):
         spec = group.kv_cache_spec
         if g == 0:
-            out.append(classes["HiSparseSourceManager"](manager, g, spec, manager._host_block_pool))
+            out.append(classes["HiSparseSourceManager"](reads, g, spec, reads.host_block_pool))
         elif type(spec) is interface.HiSparseResidentSpec:
-            pool = manager._resident_pool(g - 1)
-            out.append(classes["HiSparseResidentManager"](manager, g, spec, pool))
+            pool = reads.resident_pool(g - 1)
+            out.append(classes["HiSparseResidentManager"](reads, g, spec, pool))
         elif type(spec) is interface.HiSparseHotSpec:
-            out.append(classes["HiSparseHotManager"](manager, g, spec, manager.block_pool))
+            out.append(classes["HiSparseHotManager"](reads, g, spec, reads.block_pool))
         else:
-            out.append(classes["FullAttentionManager"](manager, g, spec, manager.block_pool))
+            out.append(classes["FullAttentionManager"](reads, g, spec, reads.block_pool))
     return out

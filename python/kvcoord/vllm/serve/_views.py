@@ -1,18 +1,18 @@
 """What vLLM's scheduler and its helpers read of vLLM's coordinator and
-single-type managers, as views over a :class:`kvcoord.vllm.KVCacheManager`."""
+single-type managers, as views over a :class:`kvcoord.vllm.KVCacheManager`,
+which they read through :class:`~kvcoord.vllm.serve._manager_reads.ManagerReads`."""
 
 from __future__ import annotations
 
 import functools
 import importlib
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, overload
+from typing import Any, overload
 
 from kvcoord.coordinator import KVCacheCoordinator
-from kvcoord.vllm._blocks import BlockView, KVCacheBlocks, PoolView, ids_of
-
-if TYPE_CHECKING:
-    from kvcoord.vllm.manager import KVCacheManager
+from kvcoord.vllm.serve._blocks import BlockView, ids_of
+from kvcoord.vllm.serve._manager_reads import ManagerReads
+from kvcoord.vllm.serve._pool_view import PoolView
 
 __all__ = ["CoordinatorView", "coordinator_view"]
 
@@ -32,7 +32,7 @@ class _LiveTable(Sequence[BlockView]):
         self._last = ids
 
     def _ids(self) -> list[int]:
-        held = self._tables._manager._held(self._request_id)
+        held = self._tables._reads.held(self._request_id)
         if held is not None:
             self._last = held[self._tables._group_id].tolist()
         return self._last
@@ -75,27 +75,27 @@ class _RequestTables(Mapping[str, _LiveTable]):
     """``req_to_blocks`` of one group: request id -> its live block list
     (read-only; read from the core's table, for inspection only)."""
 
-    def __init__(self, manager: KVCacheManager, group_id: int, pool: Any = None) -> None:
-        self._manager = manager
+    def __init__(self, reads: ManagerReads, group_id: int, pool: Any = None) -> None:
+        self._reads = reads
         self._group_id = group_id
         # The pool holding the group's blocks (the manager's, unless a
         # manager keeps some groups on a pool of their own, as HiSparse does).
-        self._pool = manager._pool if pool is None else pool
+        self._pool = reads.pool if pool is None else pool
 
     def __getitem__(self, request_id: str) -> _LiveTable:
-        held = self._manager._held(request_id)
+        held = self._reads.held(request_id)
         if held is None:
             raise KeyError(request_id)
         return _LiveTable(self, request_id, held[self._group_id].tolist())
 
     def __iter__(self) -> Iterator[str]:
-        return iter([r for r in self._manager._requests.ids() if r in self])
+        return iter([r for r in self._reads.request_ids() if r in self])
 
     def __len__(self) -> int:
-        return int(self._manager._core.num_requests)
+        return self._reads.num_requests()
 
     def __contains__(self, request_id: object) -> bool:
-        return isinstance(request_id, str) and self._manager._held(request_id) is not None
+        return isinstance(request_id, str) and self._reads.held(request_id) is not None
 
 
 class _CachedCounts(Mapping[str, int]):
@@ -108,7 +108,7 @@ class _CachedCounts(Mapping[str, int]):
 
     def _count(self, request_id: str) -> int:
         tables = self._tables
-        held = tables._manager._held(request_id)
+        held = tables._reads.held(request_id)
         if held is None:
             return 0
         cached = tables._pool.cached_mask()
@@ -151,25 +151,25 @@ class _SingleTypeView:
     )
 
     def __init__(
-        self, manager: KVCacheManager, group_id: int, spec: Any, args: Mapping[str, Any]
+        self, reads: ManagerReads, group_id: int, spec: Any, args: Mapping[str, Any]
     ) -> None:
         self.kv_cache_group_id = group_id
         self.kv_cache_spec = spec
-        self.block_size = manager._block_sizes[group_id]
+        self.block_size = reads.block_size(group_id)
         # vLLM shards only dcp_sharded specs over the context-parallel ranks.
         sharded = bool(getattr(spec, "dcp_sharded", False))
         self.dcp_world_size = int(args.get("dcp_world_size", 1)) if sharded else 1
         self.pcp_world_size = int(args.get("pcp_world_size", 1)) if sharded else 1
-        self.req_to_blocks = _RequestTables(manager, group_id)
+        self.req_to_blocks = _RequestTables(reads, group_id)
         self.num_cached_block = _CachedCounts(self.req_to_blocks)
         # vLLM's use_eagle: set on every group of a spec with an EAGLE
         # group, by a caching coordinator only.
-        self.use_eagle = manager.enable_caching and group_id in manager._core.eagle_groups
+        self.use_eagle = reads.caching and reads.is_eagle_group(group_id)
         # Auxiliary-output connectors look blocks up by vLLM's block hash
-        # here; kvcoord's keys are vLLM's hashes (see kvcoord.vllm._requests).
-        self.block_pool = manager.block_pool
+        # here; kvcoord's keys are vLLM's hashes (see kvcoord.vllm.serve._requests).
+        self.block_pool = reads.block_pool
         # Tokens a hit ends on a multiple of (vLLM sets it on every manager).
-        self.cache_hit_alignment_tokens = int(manager._core.hit_alignment)
+        self.cache_hit_alignment_tokens = reads.hit_alignment
 
     @property
     def _null_block(self) -> BlockView:
@@ -184,21 +184,18 @@ class _MambaCheckpoints(Mapping[str, tuple[int, int]]):
     position, table index) of the prefill checkpoint its latest allocation
     reserved (read-only, from the core)."""
 
-    def __init__(self, manager: KVCacheManager, group_id: int) -> None:
-        self._manager = manager
+    def __init__(self, reads: ManagerReads, group_id: int) -> None:
+        self._reads = reads
         self._group_id = group_id
 
     def __getitem__(self, request_id: str) -> tuple[int, int]:
-        manager = self._manager
-        if manager._held(request_id) is None:
-            raise KeyError(request_id)
-        found = manager._core.request_mamba_checkpoint(request_id, self._group_id)
+        found = self._reads.mamba_checkpoint(request_id, self._group_id)
         if found is None:
             raise KeyError(request_id)
-        return (int(found[0]), int(found[1]))
+        return found
 
     def __iter__(self) -> Iterator[str]:
-        return iter([r for r in self._manager._requests.ids() if r in self])
+        return iter([r for r in self._reads.request_ids() if r in self])
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
@@ -217,10 +214,10 @@ class _MambaView(_SingleTypeView):
     __slots__ = ("_checkpoints",)
 
     def __init__(
-        self, manager: KVCacheManager, group_id: int, spec: Any, args: Mapping[str, Any]
+        self, reads: ManagerReads, group_id: int, spec: Any, args: Mapping[str, Any]
     ) -> None:
-        super().__init__(manager, group_id, spec, args)
-        self._checkpoints = _MambaCheckpoints(manager, group_id)
+        super().__init__(reads, group_id, spec, args)
+        self._checkpoints = _MambaCheckpoints(reads, group_id)
 
 
 class _CrossAttentionView(_SingleTypeView):
@@ -256,61 +253,65 @@ class CoordinatorView:
     """What the scheduler and its helpers read of vLLM's coordinator."""
 
     def __init__(
-        self, manager: KVCacheManager, core: KVCacheCoordinator, args: Mapping[str, Any]
+        self,
+        reads: ManagerReads,
+        core: KVCacheCoordinator,
+        args: Mapping[str, Any],
+        single_type_managers: list[Any] | None = None,
     ) -> None:
-        self._manager = manager
+        self._reads = reads
         self.core = core
         self.num_reprefillable_tokens = core.core.num_reprefillable_tokens
         self.scheduler_block_size = int(core.core.scheduler_block_size)
         self.hash_block_size = int(core.core.hash_block_size)
         self.dcp_world_size = int(args.get("dcp_world_size", 1))
         self.pcp_world_size = int(args.get("pcp_world_size", 1))
-        self.eagle_group_ids = manager.eagle_group_ids
-        self.drop_eagle_group_ids = manager.drop_eagle_group_ids
-        self.single_type_managers = [
-            _view_class(g.kv_cache_spec)(manager, i, g.kv_cache_spec, args)
-            for i, g in enumerate(manager.kv_cache_config.kv_cache_groups)
-        ]
+        self.eagle_group_ids = reads.eagle_group_ids
+        self.drop_eagle_group_ids = reads.drop_eagle_group_ids
+        if single_type_managers is None:
+            groups = reads.kv_cache_config.kv_cache_groups
+            single_type_managers = [
+                _view_class(g.kv_cache_spec)(reads, i, g.kv_cache_spec, args)
+                for i, g in enumerate(groups)
+            ]
+        self.single_type_managers = single_type_managers
 
     @property
     def block_pool(self) -> PoolView:
-        return self._manager.block_pool
+        return self._reads.block_pool  # type: ignore[no-any-return]
 
     @property
     def enable_partial_hash_hits(self) -> bool:
         """Whether hits may end inside a block (sub-block Mamba hits)."""
-        return bool(self._manager._core.partial_hits)
+        return self._reads.partial_hits
 
     @property
     def _cache_hit_alignment_tokens(self) -> int:
         """Tokens a hit ends on a multiple of (the core's hit alignment)."""
-        return int(self._manager._core.hit_alignment)
+        return self._reads.hit_alignment
 
     @property
     def retention_interval(self) -> int | None:
         """The prefix-cache retention interval (None: dense). vLLM's
         coordinator reads it on every call, so setting it between steps
         changes the core's."""
-        return self._manager._core.retention_interval  # type: ignore[no-any-return]
+        return self._reads.retention_interval
 
     @retention_interval.setter
     def retention_interval(self, interval: int | None) -> None:
-        self._manager._core.set_retention_interval(interval)
+        self._reads.set_retention_interval(interval)
 
     @property
     def full_attention_group_id(self) -> int | None:
         """The group a connector's lookup reports beside Mamba groups."""
-        return self._manager._connector_group
+        return self._reads.connector_group
 
     def find_longest_cache_hit_per_group(
         self, block_hashes: Any, max_cache_hit_length: int
     ) -> tuple[tuple[list[BlockView], ...], tuple[int, ...]]:
         """vLLM's per-group lookup (hybrid layouts): each group's own
         longest hit for ``block_hashes``, without agreeing on one length."""
-        manager = self._manager
-        probe = manager._requests.probe(block_hashes)
-        blocks, hits = manager.find_hits_per_group(probe, max_cache_hit_length)
-        return KVCacheBlocks(blocks.arrays(), manager._pool).blocks, hits
+        return self._reads.hits_per_group(block_hashes, max_cache_hit_length)
 
     def get_num_blocks_to_allocate(
         self,
@@ -331,18 +332,17 @@ class CoordinatorView:
         model's; ``prefill_end`` is where the request's prefill ends, as
         vLLM's coordinator takes it (under sparse retention a Mamba group
         reserves its prefill checkpoint on the chunk reaching it)."""
-        hits = tuple(ids_of(g) for g in new_computed_blocks) if any(new_computed_blocks) else ()
-        manager = self._manager
-        mine = manager._requests.peek(request_id)
-        return manager._predict(
-            mine,
+        hits = tuple(ids_of(g) for g in new_computed_blocks)
+        return self._reads.predict(
+            request_id,
             num_tokens,
-            hits,
+            hits if any(hits) else (),
             total_computed_tokens,
             num_encoder_tokens,
+            num_local_computed_tokens,
             apply_admission_cap,
-            num_tokens_main_model=num_tokens_main_model,
-            prefill_end=prefill_end,
+            num_tokens_main_model,
+            prefill_end,
         )
 
 
@@ -360,14 +360,21 @@ _VIEW_CLASSES: dict[str, type[CoordinatorView]] = {
 
 
 def coordinator_view(
-    manager: KVCacheManager, core: KVCacheCoordinator, args: Mapping[str, Any]
+    manager: Any,
+    core: KVCacheCoordinator,
+    args: Mapping[str, Any],
+    reads: ManagerReads | None = None,
+    single_type_managers: list[Any] | None = None,
 ) -> CoordinatorView:
     """The coordinator view of ``manager`` (built with vLLM's constructor
-    arguments ``args``), its class named after the policy."""
+    arguments ``args``), its class named after the policy. It reads the
+    manager through ``reads`` (default: a :class:`ManagerReads` of it); its
+    single-type managers are ``single_type_managers`` (default: one view
+    per group)."""
+    reads = ManagerReads(manager) if reads is None else reads
     name = type(core).__name__
-    if name not in _VIEW_CLASSES:
-        return CoordinatorView(manager, core, args)
-    return _registered_view_class(name)(manager, core, args)
+    cls = _registered_view_class(name) if name in _VIEW_CLASSES else CoordinatorView
+    return cls(reads, core, args, single_type_managers)
 
 
 @functools.cache

@@ -3,11 +3,11 @@
 kvcoord's core.
 
 It takes vLLM's own ``Request`` objects and returns what vLLM's scheduler and
-workers accept unchanged (:class:`~kvcoord.vllm._blocks.KVCacheBlocks`).
+workers accept unchanged (:class:`~kvcoord.vllm.serve._blocks.KVCacheBlocks`).
 Decisions (hit lengths, block ids, eviction order, admission) equal vLLM's.
 
 Construction decides, once, whether kvcoord serves the configuration (see
-:mod:`kvcoord.vllm._support`). When it does not, the constructor returns
+:mod:`kvcoord.vllm.serve._support`). When it does not, the constructor returns
 vLLM's own ``KVCacheManager`` instead, logs one line naming the reason and
 counts it in :data:`fallbacks`: never a silent fallback, never a switch
 mid-run.
@@ -16,40 +16,41 @@ mid-run.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+import sys
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 from kvcoord._core import DecodeFastPath
 from kvcoord.config import FullAttentionSpec
 from kvcoord.coordinator import get_kv_cache_coordinator, shared_prefix_boundary
-from kvcoord.vllm import _mamba
-from kvcoord.vllm._blocks import EmptyKVCacheBlocks, KVCacheBlocks, ids_of
-from kvcoord.vllm._construct import (
+from kvcoord.vllm.serve import _mamba
+from kvcoord.vllm.serve._blocks import EmptyKVCacheBlocks, KVCacheBlocks, ids_of
+from kvcoord.vllm.serve._construct import (
     bind_args,
     caller_reason,
     fall_back,
     fallbacks,
     is_checking,
     log_served,
+    original_manager_class,
     served,
-    vllm_manager_class,
 )
-from kvcoord.vllm._decode import DecodePath
-from kvcoord.vllm._events import event_metadata, pool_view
-from kvcoord.vllm._hisparse import served_class
-from kvcoord.vllm._readouts import ManagerReadouts
-from kvcoord.vllm._requests import RequestRegistry
-from kvcoord.vllm._support import (
+from kvcoord.vllm.serve._decode import DecodePath
+from kvcoord.vllm.serve._events import event_metadata, pool_view
+from kvcoord.vllm.serve._readouts import ManagerReadouts
+from kvcoord.vllm.serve._requests import RequestRegistry
+from kvcoord.vllm.serve._support import (
     check_retention,
     cross_attention_group_ids,
     eagle_groups,
     to_kvcoord_config,
     unsupported_reason,
 )
-from kvcoord.vllm._versions import installed
-from kvcoord.vllm._views import coordinator_view
-from kvcoord.vllm._zeroing import ZeroingLog, zeroed_group_ids
+from kvcoord.vllm.serve._versions import installed
+from kvcoord.vllm.serve._views import coordinator_view
+from kvcoord.vllm.serve._zeroing import ZeroingLog, zeroed_group_ids
 
-__all__ = ["KVCacheManager", "fallbacks", "served"]
+__all__ = ["KVCacheManager", "fallbacks", "manager_class", "served"]
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -69,14 +70,20 @@ class KVCacheManager(DecodePath, ManagerReadouts, DecodeFastPath):
     """
 
     _group_id_base = 0  # vLLM's id of the core's group 0 (HiSparse: 1)
+    #: Subclasses serving a kind of configuration this class does not hold,
+    #: each after the test that picks it (``class M(KVCacheManager, serves=...)``).
+    _variants: ClassVar[list[tuple[Callable[[Any], bool], type[KVCacheManager]]]] = []
+
+    def __init_subclass__(cls, serves: Callable[[Any], bool] | None = None, **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        if serves is not None:
+            KVCacheManager._variants.append((serves, cls))
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-        bound = bind_args(args, kwargs)
-        reason = unsupported_reason(bound["kv_cache_config"], bound) or caller_reason()
-        if reason is None:
-            return super().__new__(served_class(cls, bound["kv_cache_config"]))
-        fall_back(reason)
-        return vllm_manager_class()(*args, **kwargs)
+        chosen = manager_class(cls, bind_args(args, kwargs), sys._getframe(1))
+        if chosen is None:
+            return original_manager_class()(*args, **kwargs)
+        return super().__new__(chosen)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         a = bind_args(args, kwargs)
@@ -474,3 +481,22 @@ class KVCacheManager(DecodePath, ManagerReadouts, DecodeFastPath):
         if self.prefix_cache_stats is not None:
             self.prefix_cache_stats.reset = True
         return True
+
+
+def manager_class(
+    cls: type[KVCacheManager], args: dict[str, Any], caller: Any
+) -> type[KVCacheManager] | None:
+    """The class of the manager vLLM's constructor arguments ``args`` get,
+    built from the frame ``caller``: ``cls``, or the subclass serving the
+    configuration's kind (HiSparse's, :mod:`kvcoord.vllm.hisparse`); None
+    when kvcoord does not serve it, the fallback recorded (logged and
+    counted; raised in strict mode)."""
+    cfg = args["kv_cache_config"]
+    reason = unsupported_reason(cfg, args) or caller_reason(caller)
+    if reason is not None:
+        fall_back(reason)
+        return None
+    for serves, variant in cls._variants:
+        if serves(cfg):
+            return variant
+    return cls

@@ -2,7 +2,7 @@
 the pytest plugin (:mod:`kvcoord.vllm.pytest_plugin`) applies to every test.
 
 A stand-in class (:class:`kvcoord.vllm.BlockPool`, the hit-search managers
-of :mod:`kvcoord.vllm._hit_search`) declares what it stands for and what it
+of :mod:`kvcoord.vllm.testing._hit_search`) declares what it stands for and what it
 serves:
 
 * ``vllm_class``: vLLM's class, ``"module:Name"``;
@@ -75,7 +75,7 @@ def _resolve(dotted: str) -> Any:
 
 def stand_ins() -> dict[type, type]:
     """vLLM's class -> kvcoord's stand-in, for every stand-in."""
-    from kvcoord.vllm import _hit_search, _pool
+    from kvcoord.vllm.testing import _hit_search, _pool
 
     ours = (
         _pool.BlockPool,

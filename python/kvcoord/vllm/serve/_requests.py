@@ -13,7 +13,7 @@ prompt embeddings, ...), handed to a ``hash_algo="supplied"`` request as they
 appear. So the prefix cache is keyed exactly as vLLM's, hits stop where
 vLLM's hashes stop, and a block's hash seen through the views and events is
 vLLM's digest. Where kvcoord's own hasher made those hashes (see
-:mod:`kvcoord.vllm._hasher`), its :class:`kvcoord.Request` already holds them
+:mod:`kvcoord.vllm.serve._hasher`), its :class:`kvcoord.Request` already holds them
 and is reused. Placeholder token ids below 0 (multimodal inputs) are taken
 modulo 2**32 (tokens never enter the keys here).
 """
@@ -27,7 +27,7 @@ import numpy as np
 
 from kvcoord._core import Request
 from kvcoord.errors import InvalidTokenError
-from kvcoord.vllm._hasher import ATTR, hand_back
+from kvcoord.vllm.serve._hasher import ATTR, hand_back
 
 __all__ = ["RequestRegistry", "stats"]
 

@@ -23,8 +23,8 @@ import importlib
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from kvcoord.vllm._pool import BlockPool, PoolBlock, _stand_in
-from kvcoord.vllm._windows import spec_reason, window_spec
+from kvcoord.vllm.serve._windows import spec_reason, window_spec
+from kvcoord.vllm.testing._pool import BlockPool, PoolBlock, _stand_in
 
 __all__ = ["ChunkedLocalAttentionManager", "FullAttentionManager", "SlidingWindowManager"]
 
@@ -40,7 +40,7 @@ class _HitSearch:
     _specs: ClassVar[tuple[str, ...]] = ()
 
     # What these classes stand for, for the pytest plugin's rule
-    # (kvcoord.vllm._lending): each subclass names its vLLM class; what is
+    # (kvcoord.vllm.testing._lending): each subclass names its vLLM class; what is
     # served is the constructor, the hit search and the attributes set here.
     vllm_class: ClassVar[str] = ""
     #: Attributes vLLM's manager copies from its spec (served, as here).

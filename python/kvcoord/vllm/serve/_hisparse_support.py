@@ -1,6 +1,6 @@
 """HiSparse configurations of vLLM 0.33.0: which parts are plain to vLLM's
 manager (served), which shape the HiSparse manager serves
-(:mod:`kvcoord.vllm._hisparse_manager`; ``KVCOORD_VLLM_HISPARSE=0`` turns
+(:mod:`kvcoord.vllm.hisparse._manager`; ``KVCOORD_VLLM_HISPARSE=0`` turns
 it off), and why the rest falls back.
 
 vLLM's HiSparse keeps a model's KV on a host tier and only some pages on the
@@ -38,8 +38,8 @@ __all__ = [
     "device_spec",
     "enabled",
     "hisparse_reason",
+    "is_hisparse",
     "role_reason",
-    "served_class",
     "shape_reason",
 ]
 
@@ -49,14 +49,11 @@ __all__ = [
 SWITCH = "KVCOORD_VLLM_HISPARSE"
 
 
-def served_class(cls: type, kv_cache_config: Any) -> type:
-    """The class serving a configuration kvcoord serves: ``cls``, or the
-    HiSparse manager for a HiSparse one."""
-    if hisparse_reason(kv_cache_config) is None:
-        return cls
-    from kvcoord.vllm._hisparse_manager import HiSparseManager  # imports the manager
-
-    return HiSparseManager
+def is_hisparse(kv_cache_config: Any) -> bool:
+    """Whether a configuration has HiSparse groups (a source group or a
+    resident or hot spec; see :func:`hisparse_reason`): the HiSparse
+    manager serves it, when it is served at all."""
+    return hisparse_reason(kv_cache_config) is not None
 
 
 def enabled() -> bool:

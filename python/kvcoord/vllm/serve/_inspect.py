@@ -1,11 +1,10 @@
-"""Views of vLLM pool internals that vLLM's tests inspect: the free list's
-sentinel ends and ``cached_block_hash_to_block``.
+"""vLLM's ``cached_block_hash_to_block`` as vLLM's tests inspect and edit it.
 
-Each is built on demand from kvcoord's pool (for inspection, never on the
+It is built on demand from kvcoord's pool (for inspection, never on the
 scheduler's path) and shows what vLLM's structure would hold in the same
-state. The free list ends are read-only; the index's edits, which vLLM's
-tests make to hide cached blocks from a lookup, go through the manager's
-core (see :class:`CachedBlockIndex`).
+state; its edits, which vLLM's tests make to hide cached blocks from a
+lookup, go through the manager's core (see :class:`CachedBlockIndex`). The
+free list's sentinel ends are :class:`~kvcoord.vllm.serve._blocks.FreeListEnd`.
 """
 
 from __future__ import annotations
@@ -13,43 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any
 
-__all__ = ["CacheEntries", "CachedBlockIndex", "FreeListEnd"]
+from kvcoord.vllm.serve._blocks import BlockView
 
-
-class FreeListEnd:
-    """``fake_free_list_head`` / ``fake_free_list_tail`` of vLLM's free queue:
-    the head's ``next_free_block`` is the first free block (the tail when the
-    queue is empty), the tail's ``prev_free_block`` the last (or the head)."""
-
-    __slots__ = ("_is_head", "_other", "_pool", "block_id")
-
-    def __init__(self, pool: Any, is_head: bool) -> None:
-        self._pool = pool
-        self._is_head = is_head
-        self._other: FreeListEnd | None = None
-        self.block_id = -1
-
-    @staticmethod
-    def pair(pool: Any) -> tuple[FreeListEnd, FreeListEnd]:
-        head, tail = FreeListEnd(pool, True), FreeListEnd(pool, False)
-        head._other, tail._other = tail, head
-        return head, tail
-
-    def _end(self, first: bool) -> Any:
-        from kvcoord.vllm._blocks import BlockView
-
-        ids = self._pool.free_block_ids()
-        if len(ids) == 0:
-            return self._other
-        return BlockView(self._pool, int(ids[0] if first else ids[-1]))
-
-    @property
-    def next_free_block(self) -> Any:
-        return self._end(first=True) if self._is_head else None
-
-    @property
-    def prev_free_block(self) -> Any:
-        return None if self._is_head else self._end(first=False)
+__all__ = ["CacheEntries", "CachedBlockIndex"]
 
 
 def _split_key(key: object) -> tuple[bytes, int]:
@@ -123,8 +88,6 @@ class CachedBlockIndex(Mapping[bytes, Any]):
         return self._core
 
     def _view(self, block_id: int) -> Any:
-        from kvcoord.vllm._blocks import BlockView
-
         return BlockView(self._pool, block_id)
 
     def _one(self, block_id: int) -> Any:
