@@ -126,7 +126,8 @@ def group_spec(kind: str, block_size: int, tokens: int) -> KVCacheSpec:
         LayoutError: ``kind`` is no group type.
     """
     kind = _group_type(kind, "group_spec")
-    return _SPECS[kind](block_size, **dict.fromkeys(_REQUIRED[kind], tokens))
+    params: dict[str, Any] = dict.fromkeys(_REQUIRED[kind], tokens)
+    return _SPECS[kind](block_size, **params)
 
 
 @dataclass(frozen=True)
