@@ -32,7 +32,7 @@ def test_group_spec_reads_kinds_as_layout_files_do() -> None:
     assert group_spec("chunked_local", 16, 64) == ChunkedLocalAttentionSpec(16, 64)
     assert group_spec("full", 16, 64) == FullAttentionSpec(16)
     assert group_spec("mamba", 16, 64) == MambaSpec(16)
-    with pytest.raises(LayoutError, match="unknown type 'mambo'.*mamba"):
+    with pytest.raises(LayoutError, match=r"unknown type 'mambo'.*mamba"):
         group_spec("mambo", 16, 64)
 
 
