@@ -122,7 +122,7 @@ class CoordinatorOptions:
             h = as_i64(self.hash_block_size, "hash_block_size")
             object.__setattr__(self, "hash_block_size", h)
         for f in fields(self):
-            if f.type == "bool":
+            if f.type == "bool":  # annotations are strings in this module
                 as_bool(getattr(self, f.name), f.name)
 
 
