@@ -197,6 +197,34 @@ def core_world() -> tuple[Any, Call, Callable[[], object]]:
     return core, method_calls(core, defaults), state
 
 
+def pair_world() -> tuple[Any, Call, Callable[[], object]]:
+    host = _core.CoordinatorCore(32, [_core.GroupSpec.full_attention(B)], **core_kinds)
+    groups = [
+        _core.GroupSpec.full_attention(B),
+        _core.GroupSpec.hisparse_resident(B),
+        _core.GroupSpec.hisparse_hot(B, 2),
+    ]
+    hybrid = {**core_kinds, "kind": _core.CoordinatorKind.Hybrid}
+    device = _core.CoordinatorCore(32, groups, group_id_base=1, **hybrid)
+    pair = _core.HiSparsePair(host, device)
+    req = _core.Request("r", list(range(10)), hash_block_size=B)
+    assert pair.allocate_slots(req, 10) is not None
+    defaults: dict[str, dict[str, object]] = {
+        "allocate_slots": {"request": req, "num_new_tokens": 1},
+        "num_blocks_to_allocate": {"request": req, "num_tokens": 4},
+        "host_admission_blocks": {"request": req, "num_tokens": 4},
+        "max_admission_blocks": {"group": 2, "max_in_flight_tokens": 8},
+    }
+
+    def state() -> object:
+        cores = (host, device)
+        held = tuple(c.blocks("r").get_block_ids() if c.num_requests else None for c in cores)
+        pools = pool_state(host.block_pool), pool_state(device.block_pool)
+        return pools, held, request_state(req)
+
+    return pair, method_calls(pair, defaults), state
+
+
 def view_world() -> tuple[Any, Call, Callable[[], object]]:
     core, _, state = core_world()
     view = core.block_pool
@@ -240,13 +268,12 @@ def spec_world(
     return free(getattr(_core.GroupSpec, name), block_size=B, **defaults)
 
 
-core_args = {
-    "num_blocks": 32,
-    "groups": [_core.GroupSpec.full_attention(B)],
+core_kinds: dict[str, Any] = {
     "kind": _core.CoordinatorKind.Unitary,
     "max_model_len": 1024,
     "options": kvcoord.CoordinatorOptions(hash_block_size=B),
 }
+core_args = {"num_blocks": 32, "groups": [_core.GroupSpec.full_attention(B)], **core_kinds}
 
 #: The integer fields of ``CoordinatorOptions``, which the core reads by
 #: attribute (no stub parameter names them), and their kinds.
@@ -311,6 +338,7 @@ def world_of(qualname: str) -> Callable[[], tuple[Any, Call, Callable[[], object
     return {
         "BlockPool": pool_world,
         "CoordinatorCore": core_world,
+        "HiSparsePair": pair_world,
         "BlockPoolView": view_world,
         "Request": request_world,
     }[owner]

@@ -28,6 +28,7 @@ __all__ = [
     "CoordinatorKind",
     "DecodeFastPath",
     "GroupSpec",
+    "HiSparsePair",
     "KVCacheBlocks",
     "Request",
     "UnboundedPrefixCache",
@@ -1051,6 +1052,87 @@ class CoordinatorCore:
             BlockStateError: a block is already cached or listed twice.
             InvalidArgumentError: the null block, or an unknown group.
         """
+
+@final
+class HiSparsePair:
+    """The host and device halves of a HiSparse manager (docs/hisparse.md):
+    ``host`` holds the source group alone (one full-attention group, group
+    ids from 0), ``device`` every other group (``group_id_base=1``), so the
+    pair's group ids are vLLM's. The calls here change both halves or
+    neither: each is one transaction of the core's ``HiSparsePair`` (the
+    host half planned, the device half allocated, then the host half).
+    Every other call goes to one half's :class:`CoordinatorCore`.
+
+    Raises:
+        ConfigError: the halves do not have the pair's shape.
+        InvalidArgumentError: ``host`` and ``device`` are one core.
+    """
+
+    def __init__(self, host: CoordinatorCore, device: CoordinatorCore) -> None: ...
+    @property
+    def host(self) -> CoordinatorCore: ...
+    @property
+    def device(self) -> CoordinatorCore: ...
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: TokenCount,
+        num_new_computed_tokens: TokenCount | None = None,
+        host_hits: BlockIds | None = None,
+        device_hits: KVCacheBlocks | Sequence[BlockIds] | None = None,
+        num_lookahead_tokens: TokenCount | None = None,
+        num_encoder_tokens: TokenCount | None = None,
+        delay_cache_blocks: bool | None = None,
+        num_external_computed_tokens: TokenCount | None = None,
+    ) -> KVCacheBlocks | None:
+        """One step of ``request`` in both halves (:meth:`CoordinatorCore.allocate_slots`
+        of each): the host half adopts ``host_hits``, takes no encoder tokens
+        and never caches on allocation; the device half adopts
+        ``device_hits`` and caches unless ``delay_cache_blocks``. The new
+        ids of every group, the host's first; ``None`` when either pool
+        cannot hold the step. A refusal or an error of either half leaves
+        both exactly as they were."""
+    def num_blocks_to_allocate(
+        self,
+        request: Request,
+        num_tokens: TokenCount,
+        host_hits: BlockIds | None = None,
+        device_hits: KVCacheBlocks | Sequence[BlockIds] | None = None,
+        total_computed_tokens: TokenCount | None = None,
+        num_encoder_tokens: TokenCount | None = None,
+        max_in_flight_tokens: TokenCount | None = None,
+        num_local_computed_tokens: TokenCount | None = None,
+        num_tokens_main_model: TokenCount | None = None,
+        prefill_end: TokenCount | None = None,
+    ) -> int:
+        """Blocks a step would pull from the device pool over every group:
+        the device half's :meth:`CoordinatorCore.num_blocks_to_allocate`
+        plus :meth:`host_admission_blocks`. Changes nothing."""
+    def host_admission_blocks(
+        self,
+        request: Request,
+        num_tokens: TokenCount,
+        host_hits: BlockIds | None = None,
+        total_computed_tokens: TokenCount | None = None,
+        num_local_computed_tokens: TokenCount | None = None,
+    ) -> int:
+        """The source group's admission count (vLLM's
+        ``HiSparseSourceManager``): 0, or the device pool's size plus one (a
+        sure refusal) when the host pool cannot back the step's new pages.
+        Changes nothing."""
+    def free(self, request_id: str) -> bool:
+        """Free the request in both halves (the host's first); False when
+        neither held it."""
+    def pop_request_to_caller(self, request_id: str) -> list[list[int]] | None:
+        """Forget the request in both halves and hand its references to the
+        caller (:meth:`CoordinatorCore.pop_request_to_caller` of each): per
+        group, the host's first, its ids; None when neither held it."""
+    def max_admission_blocks(self, group: GroupId, max_in_flight_tokens: TokenCount) -> int | None:
+        """The most blocks one request can hold in ``group`` (vLLM's group
+        id) with ``max_in_flight_tokens`` in flight; None: no cap."""
+    def check_invariants(self) -> None:
+        """Check both halves' invariants and the pair's (both track the same
+        requests); raises ``InvariantError`` on a violation."""
 
 @final
 class BlockHashGate:

@@ -52,6 +52,9 @@ ACTIONS = {
 #: Actions whose request the server must refuse (HTTP 400). (A prompt that
 #: fits with a ``max_tokens`` that does not is served up to the limit.)
 REFUSED = ("prompt_too_long",)
+#: Outcomes whose tokens are checked against the reference (all of them for
+#: "completed", as far as they got for the others).
+CHECKED = ("completed", "dropped", "cut")
 
 
 @dataclass(frozen=True)
@@ -96,8 +99,11 @@ class Record:
     action: str
     prompt: list[int]
     max_tokens: int
-    outcome: str = "pending"  # completed | dropped | gave_up | refused | outage | unexpected
+    #: completed | dropped | cut | gave_up | refused | outage | unexpected
+    #: ("cut": the server ended it early because it was shutting down).
+    outcome: str = "pending"
     tokens: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
     detail: str = ""
 
 
@@ -222,6 +228,7 @@ def _client_loop(
                 for chunk in stream:
                     for choice in chunk.choices:
                         rec.tokens += list(getattr(choice, "token_ids", None) or ())
+                        rec.finish_reason = choice.finish_reason or rec.finish_reason
                     if keep is not None and len(rec.tokens) >= keep:
                         stream.close()
                         rec.outcome = "dropped"
@@ -235,6 +242,7 @@ def _client_loop(
                     extra_body=body,
                 )  # fmt: skip
                 rec.tokens = list(getattr(done.choices[0], "token_ids", None) or ())
+                rec.finish_reason = done.choices[0].finish_reason
                 rec.outcome = "completed"
         except openai.BadRequestError as e:
             rec.outcome, rec.detail = "refused", str(e)[:300]
@@ -244,19 +252,35 @@ def _client_loop(
         except (openai.APIError, httpx.HTTPError, OSError) as e:
             rec.outcome = "outage" if outage.overlapped(mark) else "unexpected"
             rec.detail = repr(e)[:300]
-        if rec.outcome in ("completed", "dropped") and outage.overlapped(mark):
-            # Tokens that crossed a restart are still checked; the label says so.
-            rec.detail = "crossed a restart"
-        # The server generates up to the model's length limit, no further.
-        rec.max_tokens = min(max_tokens, prompts.s.max_model_len - len(prompt))
-        if rec.outcome == "completed" and len(rec.tokens) != rec.max_tokens:
-            rec.detail = f"{len(rec.tokens)} tokens for max_tokens {max_tokens}"
-            rec.outcome = "unexpected"
-        if action in REFUSED and rec.outcome != "refused" and rec.outcome != "outage":
-            rec.detail = f"expected a refusal, got {rec.outcome}: {rec.detail}"
-            rec.outcome = "unexpected"
-        elif action not in REFUSED and rec.outcome == "refused":
-            rec.outcome = "unexpected"
+        judge(rec, outage.overlapped(mark), prompts.s.max_model_len)
+
+
+def judge(rec: Record, across_restart: bool, max_model_len: int) -> None:
+    """Settle ``rec``'s outcome once its request is over: whether what the
+    server did is what it must do for ``rec.action``.
+
+    The server generates up to the model's length limit, no further, so a
+    completion is exactly ``min(max_tokens, limit - prompt)`` tokens long,
+    with one exception: a server shutting down ends the requests it still
+    holds early (vLLM finishes them with ``finish_reason`` "abort"), so a
+    shorter completion is "cut" if the restart overlapped it, and
+    unexpected otherwise. The tokens of completed, dropped and cut requests
+    are all checked against the reference (:func:`divergences`)."""
+    asked = rec.max_tokens
+    rec.max_tokens = min(asked, max_model_len - len(rec.prompt))
+    if rec.outcome in ("completed", "dropped") and across_restart:
+        rec.detail = "crossed a restart"  # its tokens are still checked
+    if rec.outcome == "completed" and len(rec.tokens) != rec.max_tokens:
+        short = len(rec.tokens) < rec.max_tokens
+        rec.outcome = "cut" if short and across_restart else "unexpected"
+        rec.detail = (
+            f"{len(rec.tokens)} tokens for max_tokens {asked} (finish_reason {rec.finish_reason})"
+        )
+    if rec.action in REFUSED and rec.outcome not in ("refused", "outage"):
+        rec.detail = f"expected a refusal, got {rec.outcome}: {rec.detail}"
+        rec.outcome = "unexpected"
+    elif rec.action not in REFUSED and rec.outcome == "refused":
+        rec.outcome = "unexpected"
 
 
 def _wait_idle(server: Server, timeout: float = 60) -> dict[str, float]:
@@ -348,7 +372,7 @@ def reference(
     (greedy, no prefix cache), as many as any record of it asked for."""
     want: dict[tuple[int, ...], int] = {}
     for r in records:
-        if r.outcome in ("completed", "dropped"):
+        if r.outcome in CHECKED:
             key = tuple(r.prompt)
             want[key] = max(want.get(key, 0), r.max_tokens)
     job = {
@@ -390,10 +414,10 @@ def _serve_alone(job: dict[str, Any]) -> list[list[int]]:
 
 def divergences(records: list[Record], ref: dict[tuple[int, ...], list[int]]) -> list[str]:
     """Every completed request whose tokens differ from the reference, and
-    every dropped stream whose tokens are not a prefix of it."""
+    every dropped stream or cut request whose tokens are not a prefix of it."""
     bad = []
     for i, r in enumerate(records):
-        if r.outcome not in ("completed", "dropped"):
+        if r.outcome not in CHECKED:
             continue
         expected = ref[tuple(r.prompt)][: r.max_tokens]
         got = r.tokens

@@ -17,10 +17,13 @@ import os
 import pytest
 from soak import (
     ACTIONS,
+    CHECKED,
     REFUSED,
+    Record,
     SoakResult,
     SoakSettings,
     divergences,
+    judge,
     log_problems,
     memory_growth,
     reference,
@@ -58,8 +61,30 @@ def test_no_error_but_the_expected_refusals(soak) -> None:
 def test_tokens_equal_vllms_own_manager_serving_each_request_alone(soak) -> None:
     result, ref = soak
     assert divergences(result.records, ref) == []
-    checked = [r for r in result.records if r.outcome in ("completed", "dropped")]
+    checked = [r for r in result.records if r.outcome in CHECKED]
     assert sum(len(r.tokens) for r in checked) >= 500
+
+
+@pytest.mark.parametrize(
+    ("received", "across_restart", "outcome"),
+    [
+        (5, False, "completed"),
+        (5, True, "completed"),
+        (2, True, "cut"),
+        (0, True, "cut"),
+        (2, False, "unexpected"),  # short with the server up: a bug
+        (6, True, "unexpected"),  # longer than asked: a bug, restart or not
+    ],
+)
+def test_only_a_restart_may_cut_a_completion_short(
+    received: int, across_restart: bool, outcome: str
+) -> None:
+    """A server shutting down ends its requests early ("abort"); that is the
+    only excuse for a completion shorter than asked."""
+    rec = Record("stream", prompt=[7] * 10, max_tokens=5, outcome="completed")
+    rec.tokens = [1] * received
+    judge(rec, across_restart, max_model_len=512)
+    assert rec.outcome == outcome
 
 
 def test_the_load_preempted_and_hit_the_prefix_cache(soak) -> None:

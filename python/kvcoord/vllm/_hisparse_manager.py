@@ -15,7 +15,9 @@ the two, group 0 first as vLLM's coordinator runs its managers:
   returned blocks (vLLM's ``retains_longer_hit``);
 * admission: the host group counts 0 against the device pool, or the
   device pool's size plus one (a sure refusal) when the host pool cannot
-  back the request's new pages; nothing is allocated unless both fit;
+  back the request's new pages (the core's ``HiSparsePair`` counts it);
+* allocation, freeing and the deferred free change both cores in one
+  transaction of the core's ``HiSparsePair``: both change, or neither;
 * caching: the host group never caches on allocation; it hands vLLM's
   ``HiSparseCoordinator`` a pending publication (``publish_when_ready``),
   which publishes (the source view's ``publish_blocks``: the host core's
@@ -39,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from kvcoord._core import HiSparsePair
 from kvcoord.config import FullAttentionSpec, KVCacheConfig, KVCacheGroup
 from kvcoord.coordinator import get_kv_cache_coordinator, shared_prefix_boundary
 from kvcoord.errors import UnknownRequestError
@@ -103,6 +106,9 @@ class HiSparseManager(KVCacheManager):
         )
         self._host_core = self._host_coordinator.core
         self._host_pool = self._host_coordinator.block_pool
+        # The calls that change both cores go through the pair, each one
+        # transaction (both cores change, or neither).
+        self._pair = HiSparsePair(self._host_core, self._core)
         self._host_views = ViewCache(self._host_pool)
         self._device_views = ViewCache(self._pool)
         self._watchers = Watchers(self._core, self._device_views)
@@ -207,18 +213,15 @@ class HiSparseManager(KVCacheManager):
         total_computed: int,
         num_local: int | None = None,
     ) -> int:
-        """The source group's admission count: 0, or the device pool's size
-        plus one when the host pool cannot back the new pages. ``num_local``
-        of ``total_computed`` are local: a hit ending inside a block there
-        needs its copy-on-write block."""
-        needed = int(
-            self._host_core.num_blocks_to_allocate(
-                mine, num_tokens, [hits] if hits else None, total_computed, 0, None, num_local
+        """The source group's admission count (the core's: 0, or the device
+        pool's size plus one when the host pool cannot back the new pages).
+        ``num_local`` of ``total_computed`` are local: a hit ending inside a
+        block there needs its copy-on-write block."""
+        return int(
+            self._pair.host_admission_blocks(
+                mine, num_tokens, hits or None, total_computed, num_local
             )
         )
-        if needed > int(self._host_pool.num_free_blocks):
-            return int(self._pool.num_blocks) + 1
-        return 0
 
     def _predict(
         self,
@@ -233,17 +236,17 @@ class HiSparseManager(KVCacheManager):
         num_tokens_main_model: int | None = None,
         prefill_end: int | None = None,
     ) -> int:
-        """Both cores' prediction; ``num_local`` of ``total_computed`` are
-        local (the rest an import, which the HiSparse groups tell apart);
+        """Both cores' prediction (the core's ``HiSparsePair``); ``num_local``
+        of ``total_computed`` are local (the rest an import, which the
+        HiSparse groups tell apart);
         ``num_tokens_main_model`` of ``num_tokens`` are not speculative;
         ``prefill_end``: where the prefill ends (default: the request's own)."""
-        host_hits = list(hits[0]) if hits else []
-        device_hits = [list(g) for g in hits[1:]] if hits else None
-        device = int(
-            self._core.num_blocks_to_allocate(
+        return int(
+            self._pair.num_blocks_to_allocate(
                 mine,
                 num_tokens,
-                device_hits or None,
+                list(hits[0]) if hits else None,
+                [list(g) for g in hits[1:]] if hits else None,
                 total_computed,
                 num_encoder_tokens,
                 self.max_in_flight_tokens if admission else None,
@@ -251,9 +254,6 @@ class HiSparseManager(KVCacheManager):
                 num_tokens_main_model,
                 prefill_end,
             )
-        )
-        return device + self._host_prediction(
-            mine, num_tokens, host_hits, total_computed, num_local
         )
 
     # ---- lookups ---------------------------------------------------------
@@ -362,36 +362,27 @@ class HiSparseManager(KVCacheManager):
             return None
         fresh = self._device_held(rid) is None
         self._drain_device(None)
-        host = self._host_core.allocate_slots(
+        # Both cores allocate, or neither (the source group publishes through
+        # the coordinator; the device groups are cached below, after it).
+        both = self._pair.allocate_slots(
             mine,
             num_new_tokens,
             num_new_computed_tokens,
-            [host_hits] if host_hits else None,
+            host_hits if host_hits else None,
+            [list(g) for g in device_hits] if any(device_hits) else None,
             num_lookahead_tokens,
-            0,
-            True,  # the source group publishes through the coordinator
+            num_encoder_tokens,
+            True,
             external,
         )
         self._drain_host(request)
-        if host is None:
+        self._drain_device(request)
+        if both is None:
             return None
         coordinator = self._hisparse()
         if coordinator is not None and fresh and external > 0:
             coordinator.record_pending_host_import(rid, num_local + external)
         num_tokens = mine.num_tokens
-        device = self._core.allocate_slots(
-            mine,
-            num_new_tokens,
-            num_new_computed_tokens,
-            [list(g) for g in device_hits] if any(device_hits) else None,
-            num_lookahead_tokens,
-            num_encoder_tokens,
-            True,  # cached below, after the source group's publication
-            external,
-        )
-        self._drain_device(request)
-        if device is None:  # the prediction said it fits; undo the host part
-            raise RuntimeError("kvcoord: HiSparse device allocation refused after its prediction")
         if coordinator is not None and fresh and (any_hit or external > 0):
             for _ in coordinator.resident_managers:  # vLLM: once per resident group
                 coordinator.commit_computed_blocks(rid, _cdiv(num_local, bs))
@@ -402,7 +393,7 @@ class HiSparseManager(KVCacheManager):
             self._publish_when_ready(request, cached_to)
             self._core.cache_blocks(mine, cached_to)
             self._drain_device(request)
-        new = (*host.get_block_ids(), *device.get_block_ids())
+        new = tuple(both.get_block_ids())
         if not any(new):
             return self.empty_kv_cache_blocks
         return SplitBlocks(new, self._group_views)
@@ -470,8 +461,7 @@ class HiSparseManager(KVCacheManager):
         coordinator = self._hisparse()
         if coordinator is not None:
             coordinator.free(rid)
-        self._host_core.free(rid)
-        self._core.free(rid)
+        self._pair.free(rid)
         self._requests.drop(rid)
         if self._checking:
             self.check_invariants()
@@ -487,9 +477,9 @@ class HiSparseManager(KVCacheManager):
             coordinator.free(rid)
         self._decode_room.pop(rid, None)
         out: list[Any] = []
-        for core, views in ((self._host_core, self._host_views), (self._core, self._device_views)):
-            for group in core.pop_request_to_caller(rid) or ():
-                out.extend(views.many(group))
+        popped = self._pair.pop_request_to_caller(rid) or ()
+        for views, group in zip(self._group_views, popped, strict=False):
+            out.extend(views.many(group))
         self._requests.drop(rid)
         if self._checking:
             self.check_invariants()
@@ -512,5 +502,4 @@ class HiSparseManager(KVCacheManager):
         self.block_pool.evict_blocks(block_ids)
 
     def check_invariants(self) -> None:
-        self._core.check_invariants()
-        self._host_core.check_invariants()
+        self._pair.check_invariants()

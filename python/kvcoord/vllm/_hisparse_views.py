@@ -29,10 +29,6 @@ if TYPE_CHECKING:
 __all__ = ["EmptySplitBlocks", "SplitBlocks", "coordinator_class", "group_views"]
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 class _Tables(_RequestTables):
     """``req_to_blocks`` of one group (vLLM group id ``group``) on the pool
     holding it (host or device): request id -> the table's block objects,
@@ -139,8 +135,12 @@ class ResidentView(_GroupView):
 
     @property
     def max_admission_blocks_per_request(self) -> int:
+        """The core's cap of the group (the in-flight window's pages)."""
         m = self._manager
-        return _cdiv(min(m.max_in_flight_tokens, m.max_model_len), self.block_size)
+        cap = m._pair.max_admission_blocks(self.kv_cache_group_id, m.max_in_flight_tokens)
+        if cap is None:  # not a resident group: the core names no cap
+            raise TypeError(f"group {self.kv_cache_group_id} is not a HiSparse resident group")
+        return int(cap)
 
     def _block(self, block_id: int | None) -> BlockView | None:
         return None if block_id is None else self._views(int(block_id))

@@ -32,10 +32,11 @@
 //! `make lint` and the tests, fails on one). From the bottom: ids, errors,
 //! [`limits`] and the hashes; [`spec`] (the kinds and their facts),
 //! [`step_args`], [`request`], [`linked_lists`]; the [`pool`] with its free
-//! queue, index and [`events`]; the per-kind [`managers`]; the [`coordinator`], and
-//! [`decode`] on top of it. Inside a folder, the files that extend its main
-//! type (`impl CoordinatorCore`, `impl BlockPool`) import its `mod.rs`,
-//! which never imports them; in `managers/` and `eviction/`, `mod.rs`
+//! queue, index and [`events`]; the per-kind [`managers`]; the
+//! [`coordinator`], and [`decode`] and [`hisparse_pair`] (two coordinators,
+//! one transaction per call) on top of it. Inside a folder, the files that
+//! extend its main type (`impl CoordinatorCore`, `impl BlockPool`) import
+//! its `mod.rs`, which never imports them; in `managers/` and `eviction/`, `mod.rs`
 //! dispatches to the kinds and policies, which never import it.
 
 pub mod best_case;
@@ -49,6 +50,7 @@ pub mod events;
 pub mod eviction;
 pub mod free_queue;
 pub mod hashing;
+pub mod hisparse_pair;
 pub mod ids;
 pub mod limits;
 pub mod linked_lists;
@@ -76,6 +78,7 @@ pub use events::KvEvent;
 pub use eviction::{EvictionConfig, EvictionPolicy, LevelQueue};
 pub use free_queue::FreeQueue;
 pub use hashing::{ExtraKeys, HashAlgo, HashConfig, LoraKey, MmFeature, RequestHasher};
+pub use hisparse_pair::HiSparsePair;
 pub use ids::{BlockId, GroupId, ReqId};
 pub use linked_lists::LinkedLists;
 pub use managers::{GroupTable, Manager};

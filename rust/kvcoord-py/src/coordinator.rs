@@ -36,15 +36,15 @@ pub(crate) struct PyCoordinatorCore {
     empty: Py<PyKVCacheBlocks>,
 }
 
-struct CoreState {
-    inner: CoordinatorCore,
+pub(crate) struct CoreState {
+    pub(crate) inner: CoordinatorCore,
     /// Reused buffers for the per-step calls.
     out: NewBlocks,
     hits: Vec<Vec<BlockId>>,
 }
 
 impl PyCoordinatorCore {
-    fn enter(&self, py: Python<'_>) -> PyResult<Entered<'_, CoreState>> {
+    pub(crate) fn enter(&self, py: Python<'_>) -> PyResult<Entered<'_, CoreState>> {
         self.state.enter(py)
     }
 
@@ -756,7 +756,7 @@ pool_writers!(pymethods!(PyCoordinatorCore {
 
 /// `new_computed_blocks`: a `KVCacheBlocks` (ids read directly), or a plain
 /// sequence of per-group id sequences/arrays.
-fn fill_hits(obj: &Bound<'_, PyAny>, hits: &mut Vec<Vec<BlockId>>) -> PyResult<()> {
+pub(crate) fn fill_hits(obj: &Bound<'_, PyAny>, hits: &mut Vec<Vec<BlockId>>) -> PyResult<()> {
     if let Ok(b) = obj.cast::<PyKVCacheBlocks>() {
         b.get().inner.to_vecs_into(hits);
         return Ok(());

@@ -38,6 +38,7 @@ mod decode;
 mod errors;
 mod events;
 mod exclusive;
+mod hisparse;
 mod kinds;
 mod numbers;
 mod pool;
@@ -62,6 +63,8 @@ mod core_module {
     use crate::coordinator::PyCoordinatorCore;
     #[pymodule_export]
     use crate::events::{AllBlocksCleared, BlockRemoved, BlockStored};
+    #[pymodule_export]
+    use crate::hisparse::PyHiSparsePair;
     #[pymodule_export]
     use crate::kinds::{
         choose_coordinator, default_hash_block_size, scheduler_block_size,

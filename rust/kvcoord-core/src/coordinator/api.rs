@@ -66,6 +66,13 @@ impl CoordinatorCore {
         Ok(self.tables(req)?.iter().map(GroupTable::blocks).collect())
     }
 
+    /// The scheduler ids of the tracked requests, in no order.
+    pub fn request_names(&self) -> impl Iterator<Item = &str> + '_ {
+        self.requests
+            .keys()
+            .filter_map(|&req| self.registry.name(req))
+    }
+
     pub(super) fn req_of(&self, id: &str) -> KvResult<ReqId> {
         self.registry
             .get(id)
@@ -146,7 +153,7 @@ impl CoordinatorCore {
     /// With caching on, a request must be hashed in this coordinator's hash
     /// unit: its hashes would otherwise be cached under wrong keys.
     #[inline]
-    fn check_hash_unit(&self, request: &Request) -> KvResult<()> {
+    pub(super) fn check_hash_unit(&self, request: &Request) -> KvResult<()> {
         let unit = request.hasher().config().block_size();
         let mine = self.config.hash_block_size as usize;
         if unit != mine && self.config.enable_caching() {

@@ -2,7 +2,8 @@
 //! (vLLM's `allocate_slots`, every group in one call) and the prediction
 //! [`CoordinatorCore::num_blocks_to_allocate`], which count blocks with the
 //! same function ([`predict`]) so that a step that fits by the prediction
-//! fits when it allocates.
+//! fits when it allocates, and [`CoordinatorCore::allocation_fits`], the
+//! allocation's own input checks and count without the allocation.
 //!
 //! Invariant: an allocation that does not fit changes nothing but the
 //! out-of-window blocks of a running request (dead either way).
@@ -138,15 +139,11 @@ impl CoordinatorCore {
         out.clear();
         let AllocateArgs {
             num_new_tokens,
-            num_new_computed_tokens,
-            num_lookahead_tokens: _,
             num_encoder_tokens,
             delay_cache_blocks,
             num_external_computed_tokens,
+            ..
         } = *args;
-        // Every count is below 2^48, so the sums below cannot wrap.
-        crate::step_args::check_step(view, args)?;
-        check_nonempty(args)?; // Step 1.
         let hits = new_computed_blocks.unwrap_or(&[]);
         let Self {
             pool,
@@ -169,25 +166,8 @@ impl CoordinatorCore {
         // hottest call, and a map lookup is a large part of its work.
         let mut slot = requests.entry(req);
         let tracked = matches!(slot, Entry::Occupied(_));
-        // A new request's computed tokens must come with their blocks, or
-        // fresh ones are cached as holding them. Unverified (vLLM takes its
-        // caller's word), they get fresh blocks: see `step_needs`.
-        crate::step_args::check_progress(tracked, view, config.verify_hits)?;
-        // Step 3 (no external tokens).
-        let local = view.num_computed_tokens + num_new_computed_tokens;
-        let claims_hits = !tracked
-            && num_new_computed_tokens > 0
-            && config.enable_caching()
-            && config.verify_hits;
-        if !tracked && num_external_computed_tokens > 0 {
-            check_external(managers)?;
-        }
-        if new_computed_blocks.is_some() || claims_hits {
-            check_hits(managers, pool, config, hits, tracked, view, args)?;
-        }
-        // Steps 3 and 7 (external tokens count as computed).
-        let computed = local + num_external_computed_tokens;
-        let (total, main, need_slots) = step_tokens(computed, args, config.max_model_len)?;
+        let input = (tracked, view, args, new_computed_blocks);
+        let (local, total, main, need_slots) = check_input(managers, pool, config, input)?;
         // Step 8: blocks that left the window are dead whether or not this
         // step fits; in-flight steps may still read the newest ones.
         if let Entry::Occupied(tables) = &mut slot {
@@ -251,6 +231,97 @@ impl CoordinatorCore {
         }
         Ok(true)
     }
+
+    /// Whether [`allocate_request`](Self::allocate_request) of `request`
+    /// with these arguments would fit, with every check of its input made
+    /// (their errors returned): the allocation's own checks and count, on
+    /// the state as it is. Changes nothing. Exact where no group releases
+    /// blocks behind a window (full attention among them); where one does,
+    /// a running request's allocation releases those blocks before it
+    /// counts, so this may refuse a step that fits.
+    pub fn allocation_fits(
+        &self,
+        request: &Request,
+        args: &AllocateArgs,
+        new_computed_blocks: Option<&[Vec<BlockId>]>,
+    ) -> KvResult<bool> {
+        self.check_hash_unit(request)?;
+        let view = request.view();
+        let tables = self
+            .registry
+            .get(request.id())
+            .and_then(|req| self.requests.get(&req))
+            .map(Vec::as_slice);
+        let tracked = tables.is_some();
+        let input = (tracked, &view, args, new_computed_blocks);
+        let (managers, pool, config) = (&self.managers, &self.pool, &self.config);
+        let (local, total, main, need_slots) = check_input(managers, pool, config, input)?;
+        let hits = new_computed_blocks.unwrap_or(&[]);
+        let step =
+            StepSize::new(main, need_slots, total, args.num_encoder_tokens).with_local(local);
+        let unbacked = !tracked && local > 0 && hits.iter().all(Vec::is_empty);
+        let mut checkpoints = vec![None; managers.len()];
+        let needed = step_needs(
+            managers,
+            pool,
+            config,
+            self.retention,
+            &view,
+            tables,
+            hits,
+            &step,
+            &self.cached_this_step,
+            &mut checkpoints,
+            unbacked.then_some(args.num_external_computed_tokens),
+        );
+        Ok(needed <= pool.num_free_blocks())
+    }
+}
+
+/// One step's input: whether the request is tracked, its view, the step's
+/// arguments and the hits it adopts.
+type StepInput<'a> = (
+    bool,
+    &'a RequestView<'a>,
+    &'a AllocateArgs,
+    Option<&'a [Vec<BlockId>]>,
+);
+
+/// The checks of one step's input (an allocation's, before it changes
+/// anything), naming the first argument refused. Returns the step's token
+/// counts: local computed, computed (capped at `max_model_len`), after the
+/// step, and slots with the lookahead.
+#[inline]
+fn check_input(
+    managers: &[Manager],
+    pool: &BlockPool,
+    config: &CoordinatorConfig,
+    (tracked, view, args, new_computed_blocks): StepInput<'_>,
+) -> KvResult<(usize, usize, usize, usize)> {
+    // Every count is below 2^48, so the sums below cannot wrap.
+    crate::step_args::check_step(view, args)?;
+    check_nonempty(args)?; // Step 1.
+    let hits = new_computed_blocks.unwrap_or(&[]);
+    // A new request's computed tokens must come with their blocks, or
+    // fresh ones are cached as holding them. Unverified (vLLM takes its
+    // caller's word), they get fresh blocks: see `step_needs`.
+    crate::step_args::check_progress(tracked, view, config.verify_hits)?;
+    // Step 3 (no external tokens).
+    let local = view.num_computed_tokens + args.num_new_computed_tokens;
+    let claims_hits = !tracked
+        && args.num_new_computed_tokens > 0
+        && config.enable_caching()
+        && config.verify_hits;
+    if !tracked && args.num_external_computed_tokens > 0 {
+        check_external(managers)?;
+    }
+    if new_computed_blocks.is_some() || claims_hits {
+        check_hits(managers, pool, config, hits, tracked, view, args)?;
+    }
+    // Steps 3 and 7 (external tokens count as computed).
+    let computed = local + args.num_external_computed_tokens;
+    let (total, main, need_slots) = step_tokens(computed, args, config.max_model_len)?;
+    Ok((local, total, main, need_slots))
 }
 
 /// Token counts of one `allocate_slots` call.
