@@ -239,6 +239,9 @@ impl LinkedLists {
 
     /// Move every block of list `from` to the back of list `to`, keeping
     /// their order; `from` ends empty. O(1).
+    ///
+    /// # Panics
+    /// If `to == from`.
     pub fn append(&mut self, to: usize, from: usize) {
         assert_ne!(to, from, "append of list {to} to itself");
         let (h_from, h_to) = (self.head(from), self.head(to));
