@@ -204,8 +204,9 @@ def pair_world() -> tuple[Any, Call, Callable[[], object]]:
         _core.GroupSpec.hisparse_resident(B),
         _core.GroupSpec.hisparse_hot(B, 2),
     ]
-    hybrid = {**core_kinds, "kind": _core.CoordinatorKind.Hybrid}
-    device = _core.CoordinatorCore(32, groups, group_id_base=1, **hybrid)
+    device_options = kvcoord.CoordinatorOptions(hash_block_size=B, group_id_base=1)
+    hybrid = {**core_kinds, "kind": _core.CoordinatorKind.Hybrid, "options": device_options}
+    device = _core.CoordinatorCore(32, groups, **hybrid)
     pair = _core.HiSparsePair(host, device)
     req = _core.Request("r", list(range(10)), hash_block_size=B)
     assert pair.allocate_slots(req, 10) is not None
