@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from dataclasses import asdict
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -37,6 +39,7 @@ from kvcoord import (
 from kvcoord._core import CoordinatorCore, CoordinatorKind
 from kvcoord.config import HiSparseHotSpec, HiSparseResidentSpec
 from kvcoord.coordinator import (
+    CoordinatorOptions,
     HybridKVCacheCoordinator,
     KVCacheCoordinatorNoPrefixCache,
     UnitaryKVCacheCoordinator,
@@ -192,29 +195,79 @@ def test_coordinator_keywords_of_the_wrong_type_or_range(
 @pytest.mark.parametrize(
     ("kw", "expected"),
     [
+        ({}, None),  # the control: every field as CoordinatorOptions has it
         ({"allow_partial_hits": 1}, TypeError),
         ({"verify_hits": None}, TypeError),
         ({"enable_events": "no"}, TypeError),
         ({"context_parallel": 2.0}, TypeError),
+        ({"hash_block_size": "8"}, TypeError),
+        ({"num_reprefillable_tokens": -1}, ValueError),
+        ({"eagle_group_ids": "0"}, TypeError),
         ({"group_id_base": -1}, ValueError),
         ({"group_id_base": 2**64}, ValueError),
         ({"event_medium": b"GPU"}, TypeError),
+        ({"event_medium": "gpu"}, ValueError),
         ({"retention_interval": 2**64}, ValueError),
         ({"retention_interval": "8"}, TypeError),
         ({"retention_interval": True}, TypeError),
     ],
 )
-def test_coordinator_core_keywords(kw: dict[str, Any], expected: type[BaseException]) -> None:
+def test_coordinator_core_options(kw: dict[str, Any], expected: type[BaseException] | None) -> None:
+    """The core reads every option itself (an object with CoordinatorOptions'
+    attributes whose values its own checks never saw) and refuses each bad
+    one as a kvcoord error."""
+    retention = {k: kw.pop(k) for k in list(kw) if k == "retention_interval"}
+    options = SimpleNamespace(**{**asdict(CoordinatorOptions()), **kw})
+
+    def build() -> CoordinatorCore:
+        return CoordinatorCore(
+            10,
+            [FullAttentionSpec(B).core],
+            kind=CoordinatorKind.Unitary,
+            max_model_len=64,
+            options=options,
+            **retention,
+        )
+
+    if expected is None:
+        assert build().verify_hits is True
+        return
     with pytest.raises(KvCoordError) as info:
+        build()
+    assert isinstance(info.value, expected), repr(info.value)
+
+
+def test_coordinator_core_options_missing_a_field() -> None:
+    fields = asdict(CoordinatorOptions())
+    del fields["verify_hits"]
+    with pytest.raises(kvcoord.ArgumentTypeError, match="without verify_hits"):
         CoordinatorCore(
             10,
             [FullAttentionSpec(B).core],
             kind=CoordinatorKind.Unitary,
-            hash_block_size=None,
             max_model_len=64,
-            **kw,
+            options=SimpleNamespace(**fields),
         )
-    assert isinstance(info.value, expected), repr(info.value)
+
+
+def test_coordinator_options_object_and_keywords() -> None:
+    """``options=`` and the keywords name the same fields; a keyword replaces
+    the object's field, and an unknown keyword is a TypeError as before."""
+    config = KVCacheConfig(10, (KVCacheGroup(FullAttentionSpec(B)),))
+    off = CoordinatorOptions(verify_hits=False, hash_block_size=B)
+    c = UnitaryKVCacheCoordinator(config, max_model_len=64, options=off)
+    assert (c.core.verify_hits, c.hash_block_size) == (False, B)
+    c = UnitaryKVCacheCoordinator(config, max_model_len=64, options=off, verify_hits=True)
+    assert (c.core.verify_hits, c.options.hash_block_size) == (True, B)
+    assert UnitaryKVCacheCoordinator(config, max_model_len=64).core.verify_hits is True
+    with pytest.raises(TypeError, match="verify_hit"):
+        UnitaryKVCacheCoordinator(config, max_model_len=64, verify_hit=False)
+    with pytest.raises(kvcoord.ConfigTypeError, match="CoordinatorOptions"):
+        UnitaryKVCacheCoordinator(config, max_model_len=64, options={"verify_hits": False})
+    with pytest.raises(kvcoord.ConfigTypeError, match="verify_hits must be a bool"):
+        CoordinatorOptions(verify_hits=np.bool_(True))  # type: ignore[arg-type]
+    with pytest.raises(AttributeError):
+        off.verify_hits = True  # type: ignore[misc]
 
 
 # ---- KVCacheManager.set_request_priority ----------------------------------------

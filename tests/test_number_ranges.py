@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Callable
+from dataclasses import asdict
+from dataclasses import fields as dataclass_fields
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -132,8 +135,8 @@ def core_world() -> tuple[Any, Call, Callable[[], object]]:
         32,
         [_core.GroupSpec.full_attention(B)],
         kind=_core.CoordinatorKind.Unitary,
-        hash_block_size=B,
         max_model_len=1024,
+        options=kvcoord.CoordinatorOptions(hash_block_size=B),
     )
     req = _core.Request("r", list(range(10)), hash_block_size=B)
     assert core.allocate_slots(req, 10) is not None
@@ -201,8 +204,9 @@ def pair_world() -> tuple[Any, Call, Callable[[], object]]:
         _core.GroupSpec.hisparse_resident(B),
         _core.GroupSpec.hisparse_hot(B, 2),
     ]
-    hybrid = {**core_kinds, "kind": _core.CoordinatorKind.Hybrid}
-    device = _core.CoordinatorCore(32, groups, group_id_base=1, **hybrid)
+    device_options = kvcoord.CoordinatorOptions(hash_block_size=B, group_id_base=1)
+    hybrid = {**core_kinds, "kind": _core.CoordinatorKind.Hybrid, "options": device_options}
+    device = _core.CoordinatorCore(32, groups, **hybrid)
     pair = _core.HiSparsePair(host, device)
     req = _core.Request("r", list(range(10)), hash_block_size=B)
     assert pair.allocate_slots(req, 10) is not None
@@ -267,10 +271,28 @@ def spec_world(
 
 core_kinds: dict[str, Any] = {
     "kind": _core.CoordinatorKind.Unitary,
-    "hash_block_size": B,
     "max_model_len": 1024,
+    "options": kvcoord.CoordinatorOptions(hash_block_size=B),
 }
 core_args = {"num_blocks": 32, "groups": [_core.GroupSpec.full_attention(B)], **core_kinds}
+
+#: The integer fields of ``CoordinatorOptions``, which the core reads by
+#: attribute (no stub parameter names them), and their kinds.
+OPTION_INTS = {
+    "hash_block_size": "u32",
+    "num_reprefillable_tokens": "tokens",
+    "num_hash_lookahead_tokens": "tokens",
+    "group_id_base": "u32",
+}
+
+
+def core_with_options(**changed: object) -> object:
+    """A core built from options whose fields ``changed`` replaces, past the
+    Python checks (an object with the same attributes): the core's own
+    conversion of each field is what is tested."""
+    fields = {**asdict(kvcoord.CoordinatorOptions(hash_block_size=B)), **changed}
+    return _core.CoordinatorCore(**{**core_args, "options": SimpleNamespace(**fields)})
+
 
 #: How to call each function or method of the stub that takes integers:
 #: ``qualname -> world()``, the world returning ``(object, call, state)``.
@@ -285,6 +307,7 @@ WORLDS: dict[str, Callable[[], tuple[Any, Call, Callable[[], object]]]] = {
     "Request.__init__": free(_core.Request, request_id="x", prompt_token_ids=[1, 2, 3]),
     "compute_block_hashes": free(_core.compute_block_hashes, token_ids=[1, 2, 3, 4]),
     "CoordinatorCore.__init__": free(_core.CoordinatorCore, **core_args),
+    "CoordinatorOptions": free(core_with_options),
     "BlockHashGate.__init__": free(_core.BlockHashGate, hasher=lambda r: ()),
     "KVCacheBlocks.empty": free(_core.KVCacheBlocks.empty),
     "mooncake_prompt_tokens": free(_core.mooncake_prompt_tokens, hash_ids=[1, 2]),
@@ -322,7 +345,9 @@ def world_of(qualname: str) -> Callable[[], tuple[Any, Call, Callable[[], object
     }[owner]
 
 
-PARAMS = sorted(stub_parameters().items())
+PARAMS = sorted(
+    {**stub_parameters(), **{("CoordinatorOptions", f): k for f, k in OPTION_INTS.items()}}.items()
+)
 CALLED = [(q, p, k) for (q, p), k in PARAMS if q not in NOT_CALLED]
 
 
@@ -363,6 +388,15 @@ def test_the_table_covers_every_integer_parameter_of_the_stub() -> None:
         world_of(q)  # a KeyError names a method the table cannot call
     assert set(NOT_CALLED) <= qualnames
     assert set(WORLDS) <= qualnames, set(WORLDS) - qualnames
+
+
+def test_the_option_table_covers_every_integer_field() -> None:
+    ints = {
+        f.name
+        for f in dataclass_fields(kvcoord.CoordinatorOptions)
+        if f.type.startswith("int")  # type: ignore[union-attr]
+    }
+    assert ints == set(OPTION_INTS)
 
 
 def test_the_kinds_are_the_documented_ones() -> None:

@@ -191,13 +191,22 @@ table("KVCacheManager.cache_blocks", manager_world, num_computed_tokens="tokens"
 table("KVCacheManager.set_residency_clock", manager_world, now="u64")
 table("KVCacheManager.set_request_priority", manager_world, priority="u32", num_tokens="tokens")
 table("KVCacheManager.advance_eviction_clock", manager_world, ticks="u32")
-coordinator_kinds = {
-    "max_model_len": "tokens",
-    "hash_block_size": "u32",
-    "num_reprefillable_tokens": "tokens",
-    "num_hash_lookahead_tokens": "tokens",
-    "group_id_base": "u32",
-}
+coordinator_kinds = {"max_model_len": "tokens"}
+# The options' counts keep their ranges once a coordinator is built from
+# them (whether given as an object or as the coordinators' keywords, which
+# become one).
+table(
+    "CoordinatorOptions.__init__",
+    made(
+        lambda **fields: kvcoord.UnitaryKVCacheCoordinator(
+            **coordinator_args(), options=kvcoord.CoordinatorOptions(**fields)
+        )
+    ),
+    hash_block_size="u32",
+    num_reprefillable_tokens="tokens",
+    num_hash_lookahead_tokens="tokens",
+    group_id_base="u32",
+)
 for name in ("KVCacheCoordinator", "UnitaryKVCacheCoordinator", "HybridKVCacheCoordinator"):
     cls = kvcoord.KVCacheCoordinatorNoPrefixCache if name == "KVCacheCoordinator" else None
     cls = cls or getattr(kvcoord, name)

@@ -7,15 +7,33 @@ from pathlib import Path
 
 import pytest
 
-from kvcoord.config import FullAttentionSpec, KVCacheGroup, SlidingWindowSpec
+from kvcoord.config import (
+    ChunkedLocalAttentionSpec,
+    FullAttentionSpec,
+    KVCacheGroup,
+    MambaSpec,
+    SlidingWindowSpec,
+)
 from kvcoord.replay.layouts import (
     PRESETS,
     Layout,
     LayoutError,
+    group_spec,
     load_layout,
     num_blocks_for_capacity,
     parse_layout,
 )
+
+
+def test_group_spec_reads_kinds_as_layout_files_do() -> None:
+    """The one reading of kind strings (a model's layer kinds use it too):
+    aliases resolved, the window set where the kind needs one."""
+    assert group_spec("swa", 16, 64) == SlidingWindowSpec(16, sliding_window=64)
+    assert group_spec("chunked_local", 16, 64) == ChunkedLocalAttentionSpec(16, 64)
+    assert group_spec("full", 16, 64) == FullAttentionSpec(16)
+    assert group_spec("mamba", 16, 64) == MambaSpec(16)
+    with pytest.raises(LayoutError, match=r"unknown type 'mambo'.*mamba"):
+        group_spec("mambo", 16, 64)
 
 
 def test_presets() -> None:

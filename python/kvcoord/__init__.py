@@ -42,6 +42,7 @@ from kvcoord.config import (
     SlidingWindowSpec,
 )
 from kvcoord.coordinator import (
+    CoordinatorOptions,
     HybridKVCacheCoordinator,
     KVCacheCoordinator,
     KVCacheCoordinatorNoPrefixCache,
@@ -96,6 +97,7 @@ __all__ = [
     "ConfigError",
     "ConfigTypeError",
     "CoordinatorKind",
+    "CoordinatorOptions",
     "CrossAttentionSpec",
     "EventTypeError",
     "EvictionRecord",

@@ -10,6 +10,8 @@ import numpy as np
 import numpy.typing as npt
 from typing_extensions import disjoint_base
 
+from kvcoord.coordinator import CoordinatorOptions
+
 __all__ = [
     "EVICTION_POLICIES",
     "HASH_ALGOS",
@@ -706,46 +708,14 @@ class CoordinatorCore:
         groups: Sequence[GroupSpec],
         *,
         kind: CoordinatorKind,
-        hash_block_size: U32 | None,
         max_model_len: TokenCount,
         retention_interval: I64 | None = None,
-        enable_events: bool = False,
-        num_reprefillable_tokens: TokenCount | None = None,
-        eagle_group_ids: Sequence[int] | None = None,
-        num_hash_lookahead_tokens: TokenCount | None = None,
-        allow_partial_hits: bool = False,
-        context_parallel: bool = False,
-        verify_hits: bool = True,
-        group_id_base: U32 = 0,
-        event_medium: str = "GPU",
-        rekey_keyed_prompt_tail: bool = False,
-        eagle_junction_block: bool = True,
+        options: CoordinatorOptions | None = None,
     ) -> None:
-        """``hash_block_size`` ``None`` takes :func:`default_hash_block_size`.
-        ``rekey_keyed_prompt_tail`` and ``eagle_junction_block``: the two
-        caching rules in which vLLM 0.32 and 0.33 differ (see
-        :class:`kvcoord.KVCacheCoordinator`; the defaults are 0.33's).
-        ``num_reprefillable_tokens``: multi-module MTP's re-prefillable tail
-        (``num_prefill_lookahead - 1``, never cached); ``eagle_group_ids``:
-        the groups serving an EAGLE drafter (vLLM's ``drop_eagle_group_ids``;
-        groups of equal spec join them); ``num_hash_lookahead_tokens``: the
-        tokens after each hash unit its hash covers (a Mamba prefill
-        checkpoint leaves that many after it); ``allow_partial_hits``: sub-block
-        Mamba hits may be turned on (the caller then drains
-        :meth:`take_block_copies` and frees both ends of each copy);
-        ``context_parallel``: decode context parallelism is on (block sizes
-        already scaled), so a Mamba block equal to the hash unit is enough
-        for sub-block hits.
-        ``verify_hits``: ``allocate_slots`` refuses a hit block not cached
-        under the request's own hash of its position (a stale hit) and the
-        computed tokens of a request it does not track that come without
-        blocks; ``False`` adopts hits as vLLM does, whatever they hold
-        (out-of-range ids, nulls inside the window and wrong counts are
-        still refused), and gives such computed tokens fresh blocks.
-        ``group_id_base``: added to every group id the pool reports (events,
-        key read-outs), for a core holding groups ``base..`` of a larger
-        configuration (kvcoord.vllm's HiSparse device core); ``event_medium``:
-        the medium its events report (``"GPU"``, ``"CPU"``, ``"STORAGE"``)."""
+        """``options``: how the core is built
+        (:class:`kvcoord.coordinator.CoordinatorOptions`, whose fields say
+        what each option does; read by attribute, each refused as the keyword
+        of its name; the core's defaults when omitted)."""
     @property
     def hash_block_size(self) -> int:
         """Tokens per hash unit."""
@@ -954,7 +924,7 @@ class CoordinatorCore:
 
         Raises:
             InvalidArgumentError: ``group`` is not a resident group.
-            NoSuchRequestError: the request holds no blocks.
+            UnknownRequestError: no live request has this id.
         """
     def residency_row(
         self, request_id: str, group: GroupId, start: BlockCount | None = None

@@ -12,15 +12,18 @@ and how to reconcile their results:
   are looked up together, full attention first, and the candidate hit length
   shrinks until every spec group agrees (a fixed point).
 
-:func:`get_kv_cache_coordinator` picks the policy for a configuration.
+:func:`get_kv_cache_coordinator` picks the policy for a configuration;
+:class:`CoordinatorOptions` holds how the core is built, and crosses into it
+as one object.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import ClassVar
+from dataclasses import dataclass, fields, replace
+from typing import Any, ClassVar
 
+from kvcoord._arith import cdiv
 from kvcoord._core import (
     MAX_TOKENS,
     BlockPoolView,
@@ -34,6 +37,7 @@ from kvcoord.config import KVCacheConfig, KVCacheSpec, as_arg, as_bool, as_i64
 from kvcoord.errors import ConfigTypeError
 
 __all__ = [
+    "CoordinatorOptions",
     "HybridKVCacheCoordinator",
     "KVCacheCoordinator",
     "KVCacheCoordinatorNoPrefixCache",
@@ -56,16 +60,14 @@ def shared_prefix_boundary(num_hit_tokens: int, num_uncached: int) -> int:
     return num_hit_tokens + num_uncached if num_uncached else 0
 
 
-class KVCacheCoordinator:
-    """Base policy: owns the Rust core and answers hit lookups.
+@dataclass(frozen=True, slots=True)
+class CoordinatorOptions:
+    """How a coordinator's core is built, beyond the configuration and
+    ``max_model_len``: one frozen object that the bindings read once (each
+    field is also a keyword of every coordinator and of
+    :func:`get_kv_cache_coordinator`).
 
-    Every rule on the configuration (cacheable kinds, hash unit, block
-    sizes, ``max_model_len``) is checked once, by the core, with its
-    messages; a policy only says which :class:`CoordinatorKind` it is.
-
-    Args:
-        config: the pool size and KV cache groups.
-        max_model_len: longest sequence a request may reach (tokens).
+    Attributes:
         hash_block_size: tokens per hash unit; ``None`` for the core's
             default (:func:`kvcoord.default_hash_block_size`).
         enable_events: record KV-cache events in the pool.
@@ -88,12 +90,56 @@ class KVCacheCoordinator:
             of a new request that come without blocks. ``False`` takes both
             as vLLM does: hits whatever the blocks hold, computed tokens with
             fresh blocks (vLLM's adapter).
+        group_id_base: added to every group id the pool reports (a core
+            holding groups ``base..`` of a larger configuration).
+        event_medium: the medium the pool's events report (``"GPU"``,
+            ``"CPU"`` or ``"STORAGE"``).
         rekey_keyed_prompt_tail: a Mamba state already keyed at the prompt's
             last hash-unit boundary is keyed again when a chunk ends there,
             as vLLM 0.32 does (it counts as cached this step).
         eagle_junction_block: under a retention interval, EAGLE groups also
             retain the block below the shared-prefix junction (vLLM 0.33,
             the default; 0.32 does not).
+    """
+
+    hash_block_size: int | None = None
+    enable_events: bool = False
+    num_reprefillable_tokens: int = 0
+    eagle_group_ids: Sequence[int] = ()
+    num_hash_lookahead_tokens: int = 0
+    allow_partial_hits: bool = False
+    context_parallel: bool = False
+    verify_hits: bool = True
+    group_id_base: int = 0
+    event_medium: str = "GPU"
+    rekey_keyed_prompt_tail: bool = False
+    eagle_junction_block: bool = True
+
+    def __post_init__(self) -> None:
+        # Type checks and the 64-bit crossing here; the values' rules (and
+        # the other fields' types) are the core's, which reads every field.
+        if self.hash_block_size is not None:
+            h = as_i64(self.hash_block_size, "hash_block_size")
+            object.__setattr__(self, "hash_block_size", h)
+        for f in fields(self):
+            if f.type == "bool":  # annotations are strings in this module
+                as_bool(getattr(self, f.name), f.name)
+
+
+class KVCacheCoordinator:
+    """Base policy: owns the Rust core and answers hit lookups.
+
+    Every rule on the configuration (cacheable kinds, hash unit, block
+    sizes, ``max_model_len``) is checked once, by the core, with its
+    messages; a policy only says which :class:`CoordinatorKind` it is.
+
+    Args:
+        config: the pool size and KV cache groups.
+        max_model_len: longest sequence a request may reach (tokens).
+        options: how the core is built (:class:`CoordinatorOptions`; its
+            defaults when omitted).
+        **keywords: fields of :class:`CoordinatorOptions` by name, in place
+            of those of ``options`` (``verify_hits=False``, ...).
     """
 
     #: Which policy this class is (decides caching and hit alignment).
@@ -104,44 +150,21 @@ class KVCacheCoordinator:
         config: KVCacheConfig,
         *,
         max_model_len: int,
-        hash_block_size: int | None = None,
-        enable_events: bool = False,
-        num_reprefillable_tokens: int = 0,
-        eagle_group_ids: Sequence[int] = (),
-        num_hash_lookahead_tokens: int = 0,
-        allow_partial_hits: bool = False,
-        context_parallel: bool = False,
-        verify_hits: bool = True,
-        group_id_base: int = 0,
-        event_medium: str = "GPU",
-        rekey_keyed_prompt_tail: bool = False,
-        eagle_junction_block: bool = True,
+        options: CoordinatorOptions | None = None,
+        **keywords: Any,
     ) -> None:
         # Type checks and the 64-bit crossing here; the rules are the core's.
         config = _config(config)
         max_model_len = as_i64(max_model_len, "max_model_len")
-        if hash_block_size is not None:
-            hash_block_size = as_i64(hash_block_size, "hash_block_size")
-        enable_events = as_bool(enable_events, "enable_events")
         self.config = config
+        self.options = _options(options, keywords)
         self.core = CoordinatorCore(
             config.num_blocks,
             config.specs,
             kind=self.kind,
-            hash_block_size=hash_block_size,
             max_model_len=max_model_len,
             retention_interval=config.prefix_cache_retention_interval,
-            enable_events=enable_events,
-            num_reprefillable_tokens=num_reprefillable_tokens,
-            eagle_group_ids=eagle_group_ids,
-            num_hash_lookahead_tokens=num_hash_lookahead_tokens,
-            allow_partial_hits=as_bool(allow_partial_hits, "allow_partial_hits"),
-            context_parallel=as_bool(context_parallel, "context_parallel"),
-            verify_hits=as_bool(verify_hits, "verify_hits"),
-            group_id_base=group_id_base,
-            event_medium=event_medium,
-            rekey_keyed_prompt_tail=as_bool(rekey_keyed_prompt_tail, "rekey_keyed_prompt_tail"),
-            eagle_junction_block=as_bool(eagle_junction_block, "eagle_junction_block"),
+            options=self.options,
         )
         self.enable_caching = self.kind != CoordinatorKind.NoPrefixCache
         # Per group: None, or the tokens an EAGLE lookup matches past the
@@ -193,40 +216,8 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
 
     kind = CoordinatorKind.Unitary
 
-    def __init__(
-        self,
-        config: KVCacheConfig,
-        *,
-        max_model_len: int,
-        hash_block_size: int | None = None,
-        enable_events: bool = False,
-        num_reprefillable_tokens: int = 0,
-        eagle_group_ids: Sequence[int] = (),
-        num_hash_lookahead_tokens: int = 0,
-        allow_partial_hits: bool = False,
-        context_parallel: bool = False,
-        verify_hits: bool = True,
-        group_id_base: int = 0,
-        event_medium: str = "GPU",
-        rekey_keyed_prompt_tail: bool = False,
-        eagle_junction_block: bool = True,
-    ) -> None:
-        super().__init__(
-            config,
-            max_model_len=max_model_len,
-            hash_block_size=hash_block_size,
-            enable_events=enable_events,
-            num_reprefillable_tokens=num_reprefillable_tokens,
-            eagle_group_ids=eagle_group_ids,
-            num_hash_lookahead_tokens=num_hash_lookahead_tokens,
-            allow_partial_hits=allow_partial_hits,
-            context_parallel=context_parallel,
-            verify_hits=verify_hits,
-            group_id_base=group_id_base,
-            event_medium=event_medium,
-            rekey_keyed_prompt_tail=rekey_keyed_prompt_tail,
-            eagle_junction_block=eagle_junction_block,
-        )
+    def __init__(self, config: KVCacheConfig, *, max_model_len: int, **keywords: Any) -> None:
+        super().__init__(config, max_model_len=max_model_len, **keywords)
         self._block_size = config.groups[0].spec.block_size
         # EAGLE: the hit drops its last block (no margin: one group).
         self._drop_eagle = self.eagle_margins[0] is not None
@@ -271,40 +262,8 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
 
     kind = CoordinatorKind.Hybrid
 
-    def __init__(
-        self,
-        config: KVCacheConfig,
-        *,
-        max_model_len: int,
-        hash_block_size: int | None = None,
-        enable_events: bool = False,
-        num_reprefillable_tokens: int = 0,
-        eagle_group_ids: Sequence[int] = (),
-        num_hash_lookahead_tokens: int = 0,
-        allow_partial_hits: bool = False,
-        context_parallel: bool = False,
-        verify_hits: bool = True,
-        group_id_base: int = 0,
-        event_medium: str = "GPU",
-        rekey_keyed_prompt_tail: bool = False,
-        eagle_junction_block: bool = True,
-    ) -> None:
-        super().__init__(
-            config,
-            max_model_len=max_model_len,
-            hash_block_size=hash_block_size,
-            enable_events=enable_events,
-            num_reprefillable_tokens=num_reprefillable_tokens,
-            eagle_group_ids=eagle_group_ids,
-            num_hash_lookahead_tokens=num_hash_lookahead_tokens,
-            allow_partial_hits=allow_partial_hits,
-            context_parallel=context_parallel,
-            verify_hits=verify_hits,
-            group_id_base=group_id_base,
-            event_medium=event_medium,
-            rekey_keyed_prompt_tail=rekey_keyed_prompt_tail,
-            eagle_junction_block=eagle_junction_block,
-        )
+    def __init__(self, config: KVCacheConfig, *, max_model_len: int, **keywords: Any) -> None:
+        super().__init__(config, max_model_len=max_model_len, **keywords)
         buckets: list[SpecGroup] = []
         for gid, g in enumerate(config.groups):
             if not g.spec.core.prefix_cacheable:
@@ -382,7 +341,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         # lookups may have run longer); no id is converted or re-validated.
         picks: list[tuple[KVCacheBlocks, int, int]] = [(parts[0], 0, 0)] * self.num_groups
         for index, (group_ids, _, block_size, _) in enumerate(self._scans):
-            keep = -(-candidate // block_size)
+            keep = cdiv(candidate, block_size)
             for i, gid in enumerate(group_ids):
                 picks[gid] = (parts[index], i, keep)
         return KVCacheBlocks.gather(picks), candidate, longest - candidate
@@ -408,7 +367,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
                 drop_eagle=margin is not None,
             )
             for i, gid in enumerate(group_ids):
-                picks[gid] = (blocks, i, -(-length // block_size))
+                picks[gid] = (blocks, i, cdiv(length, block_size))
                 lengths[gid] = length
         return KVCacheBlocks.gather(picks), tuple(lengths)
 
@@ -432,43 +391,30 @@ def get_kv_cache_coordinator(
     *,
     max_model_len: int,
     enable_caching: bool,
-    hash_block_size: int | None = None,
-    enable_events: bool = False,
-    num_reprefillable_tokens: int = 0,
-    eagle_group_ids: Sequence[int] = (),
-    num_hash_lookahead_tokens: int = 0,
-    allow_partial_hits: bool = False,
-    context_parallel: bool = False,
-    verify_hits: bool = True,
-    group_id_base: int = 0,
-    event_medium: str = "GPU",
-    rekey_keyed_prompt_tail: bool = False,
-    eagle_junction_block: bool = True,
+    **keywords: Any,
 ) -> KVCacheCoordinator:
     """The policy the core chooses (:func:`kvcoord._core.choose_coordinator`):
-    caching off -> NoPrefixCache; one group -> Unitary; otherwise Hybrid."""
+    caching off -> NoPrefixCache; one group -> Unitary; otherwise Hybrid.
+    ``keywords`` are the policy's own (``options``, or
+    :class:`CoordinatorOptions` fields by name)."""
     policy = _POLICIES[
         choose_coordinator(len(_config(config).groups), as_bool(enable_caching, "enable_caching"))
     ]
-    return policy(
-        config,
-        max_model_len=max_model_len,
-        hash_block_size=hash_block_size,
-        enable_events=enable_events,
-        num_reprefillable_tokens=num_reprefillable_tokens,
-        eagle_group_ids=eagle_group_ids,
-        num_hash_lookahead_tokens=num_hash_lookahead_tokens,
-        allow_partial_hits=allow_partial_hits,
-        context_parallel=context_parallel,
-        verify_hits=verify_hits,
-        group_id_base=group_id_base,
-        event_medium=event_medium,
-        rekey_keyed_prompt_tail=rekey_keyed_prompt_tail,
-        eagle_junction_block=eagle_junction_block,
-    )
+    return policy(config, max_model_len=max_model_len, **keywords)
 
 
 def _config(config: object) -> KVCacheConfig:
     if not isinstance(config, KVCacheConfig):
         raise ConfigTypeError(f"config must be a KVCacheConfig, got {type(config).__name__}")
     return config
+
+
+def _options(options: CoordinatorOptions | None, keywords: dict[str, Any]) -> CoordinatorOptions:
+    """``options`` (the defaults when ``None``) with ``keywords`` in place of
+    its fields; a keyword that is no field is a ``TypeError``, as any
+    unknown keyword is."""
+    if options is None:
+        return CoordinatorOptions(**keywords)
+    if not isinstance(options, CoordinatorOptions):
+        raise ConfigTypeError(f"options must be a CoordinatorOptions, got {type(options).__name__}")
+    return replace(options, **keywords) if keywords else options

@@ -11,6 +11,7 @@ with :func:`mamba_aligned_chunk` before calling ``allocate_slots``.
 
 from __future__ import annotations
 
+from kvcoord._arith import cdiv
 from kvcoord.config import KVCacheConfig, MambaSpec, as_arg
 from kvcoord.errors import ArgumentTypeError
 
@@ -34,7 +35,7 @@ def _checkpoint_valid(
     """Whether the chunk ``[start, end)`` can export the state at
     ``checkpoint`` into the reserved block."""
     initial_col = (start - 1) // block_size  # -1 for a chunk starting at 0
-    checkpoint_col = -(-end // block_size) - 2
+    checkpoint_col = cdiv(end, block_size) - 2
     return (
         start % hash_block_size == 0
         and checkpoint_col > initial_col

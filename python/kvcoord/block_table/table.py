@@ -18,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from kvcoord._arith import cdiv
 from kvcoord.block_table.ids import (
     INT32_MAX,
     IntArray,
@@ -56,7 +57,7 @@ def round_row_width(num_blocks: int, block_size: int, align_tokens: int = 128) -
     block_size = positive_int(block_size, "block_size")
     align_tokens = positive_int(align_tokens, "align_tokens")
     align = align_tokens // math.gcd(align_tokens, block_size)
-    return -(-num_blocks // align) * align
+    return cdiv(num_blocks, align) * align
 
 
 class RowWrite(NamedTuple):

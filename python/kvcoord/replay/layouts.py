@@ -36,6 +36,7 @@ from dataclasses import MISSING, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, get_args
 
+from kvcoord._arith import cdiv
 from kvcoord._suggest import did_you_mean, missing_file
 from kvcoord.config import (
     ChunkedLocalAttentionSpec,
@@ -57,6 +58,7 @@ __all__ = [
     "PRESETS",
     "Layout",
     "LayoutError",
+    "group_spec",
     "load_layout",
     "num_blocks_for_capacity",
     "parse_layout",
@@ -101,6 +103,31 @@ _ALIASES = {
 
 class LayoutError(ValueError):
     """A layout name or file is invalid; the message says where and why."""
+
+
+def _group_type(name: str, where: str) -> str:
+    """The group type ``name`` stands for (its aliases resolved)."""
+    kind = _ALIASES.get(name, name)
+    if kind not in _SPECS:
+        raise LayoutError(
+            f"{where}: unknown type {name!r}"
+            f"{did_you_mean(name, [*GROUP_TYPES, *_ALIASES])} "
+            f"(one of {', '.join(GROUP_TYPES)})"
+        )
+    return kind
+
+
+def group_spec(kind: str, block_size: int, tokens: int) -> KVCacheSpec:
+    """A spec of the group type ``kind`` (as a layout file names it, aliases
+    included) with ``block_size``, every parameter the type needs (its window
+    or chunk) set to ``tokens``.
+
+    Raises:
+        LayoutError: ``kind`` is no group type.
+    """
+    kind = _group_type(kind, "group_spec")
+    params: dict[str, Any] = dict.fromkeys(_REQUIRED[kind], tokens)
+    return _SPECS[kind](block_size, **params)
 
 
 @dataclass(frozen=True)
@@ -280,13 +307,7 @@ def parse_layout(data: Any, source: str = "<layout>") -> Layout:
         kind = g.get("type")
         if not isinstance(kind, str):
             raise LayoutError(f"{where}: missing 'type' (one of {', '.join(GROUP_TYPES)})")
-        kind = _ALIASES.get(kind, kind)
-        if kind not in _SPECS:
-            raise LayoutError(
-                f"{where}: unknown type {g['type']!r}"
-                f"{did_you_mean(g['type'], [*GROUP_TYPES, *_ALIASES])} "
-                f"(one of {', '.join(GROUP_TYPES)})"
-            )
+        kind = _group_type(kind, where)
         bs = _pos_int(g.get("block_size", 16), f"{where}.block_size")
         params: dict[str, Any] = {}
         for key in sorted(set(g) & set(_OWNERS)):
@@ -385,4 +406,4 @@ def num_blocks_for_capacity(layout: Layout, capacity_tokens: int) -> int:
     """
     if capacity_tokens <= 0:
         raise LayoutError(f"capacity must be a positive number of tokens, got {capacity_tokens}")
-    return sum(-(-capacity_tokens // g.spec.block_size) for g in layout.groups) + 1
+    return sum(cdiv(capacity_tokens, g.spec.block_size) for g in layout.groups) + 1

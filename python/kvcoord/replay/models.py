@@ -32,14 +32,11 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
+from kvcoord._arith import cdiv
 from kvcoord._suggest import unknown_name
 from kvcoord.config import (
-    ChunkedLocalAttentionSpec,
-    FullAttentionSpec,
     KVCacheGroup,
-    KVCacheSpec,
     MambaSpec,
-    SlidingWindowSpec,
 )
 from kvcoord.replay.dtypes import (
     DTYPE_BYTES,
@@ -48,7 +45,7 @@ from kvcoord.replay.dtypes import (
     compute_dtype,
     weight_dtype_name,
 )
-from kvcoord.replay.layouts import Layout
+from kvcoord.replay.layouts import Layout, group_spec
 
 __all__ = [
     "DTYPE_BYTES",
@@ -127,7 +124,7 @@ class ModelSpec:
 
     @property
     def attention_layers(self) -> int:
-        return sum(n for k, n in self.layer_kinds if k != "mamba")
+        return sum(n for k, n in self.layer_kinds if k != MambaSpec.kind)
 
     @property
     def is_mla(self) -> bool:
@@ -170,7 +167,7 @@ class ModelSpec:
             return embed * w.bytes, experts * w.bytes, rest * w.bytes
         if w.expert_hidden_align:
             align = w.expert_hidden_align
-            experts *= -(-self.hidden_size // align) * align / self.hidden_size
+            experts *= cdiv(self.hidden_size, align) * align / self.hidden_size
         rest_bytes = rest * (w.bytes if w.scope == "linear" else plain)
         return embed * plain, experts * w.bytes, rest_bytes
 
@@ -429,16 +426,6 @@ class KVFootprint:
         return num_blocks * self.page_bytes_per_gpu
 
 
-def _spec(kind: str, bs: int, window: int) -> KVCacheSpec:
-    if kind == "full_attention":
-        return FullAttentionSpec(bs)
-    if kind == "sliding_window":
-        return SlidingWindowSpec(bs, sliding_window=window)
-    if kind == "chunked_local":
-        return ChunkedLocalAttentionSpec(bs, attention_chunk_size=window)
-    return MambaSpec(bs)
-
-
 def model_layout(
     model: ModelSpec, tp: int = 1, block_size: int = 16, layout: Layout | None = None
 ) -> tuple[Layout, KVFootprint]:
@@ -468,20 +455,20 @@ def model_layout(
     group_size = min(counts.values())
     bs = block_size
     mamba_page = 0.0
-    if "mamba" in counts:
+    if MambaSpec.kind in counts:
         elem = DTYPE_BYTES[model.kv_dtype]
         mamba_page = group_size * model.mamba_state_elems * elem / max(1, min(tp, 8))
         while bs * group_size * per_layer < mamba_page:
             bs += 16
     groups: list[KVCacheGroup] = []
     for kind, n in model.layer_kinds:
-        for gi in range(-(-n // group_size)):
+        for gi in range(cdiv(n, group_size)):
             names = tuple(
                 f"{kind}.{gi * group_size + j}" for j in range(min(group_size, n - gi * group_size))
             )
-            groups.append(KVCacheGroup(_spec(kind, bs, model.window), layer_names=names))
+            groups.append(KVCacheGroup(group_spec(kind, bs, model.window), layer_names=names))
     page = max(bs * group_size * per_layer, mamba_page)
-    caching = "mamba" not in counts
+    caching = MambaSpec.kind not in counts
     desc = f"{model.name}: " + ", ".join(f"{n} {k}" for k, n in model.layer_kinds)
     lay = Layout(model.name, tuple(groups), enable_caching=caching, description=desc)
     token_bytes = model.attention_layers * per_layer

@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from kvcoord._arith import cdiv
 from kvcoord._suggest import did_you_mean
 from kvcoord.replay.hardware import GPUS, GPUSpec, HardwareError, load_gpu
 from kvcoord.replay.hf_config import load_model, read_hf_config
@@ -239,7 +240,7 @@ def _sparse_blocks(layout: Layout, tokens: int) -> int:
     for g in layout.groups[1:]:
         spec = g.spec
         span = getattr(spec, "sliding_window", None) or getattr(spec, "attention_chunk_size", None)
-        out += -(-min(tokens, (span or spec.block_size) + spec.block_size) // spec.block_size)
+        out += cdiv(min(tokens, (span or spec.block_size) + spec.block_size), spec.block_size)
     return out
 
 

@@ -17,6 +17,8 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from kvcoord._arith import cdiv
+
 __all__ = [
     "MAX_VALUE_TICKS",
     "draw_ttft_target",
@@ -102,7 +104,7 @@ def value_ticks(ax: Any, axis: str, values: Sequence[float], unit: str = "") -> 
     vs = sorted({float(v) for v in values})
     if not vs:
         return
-    step = -(-len(vs) // MAX_VALUE_TICKS)
+    step = cdiv(len(vs), MAX_VALUE_TICKS)
     shown = vs[::step]
     a = ax.xaxis if axis == "x" else ax.yaxis
     a.set_major_locator(FixedLocator(shown))

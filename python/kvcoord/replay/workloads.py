@@ -44,6 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kvcoord._arith import cdiv
 from kvcoord._core import mooncake_prompt_tokens as _core_mooncake_tokens
 from kvcoord._suggest import did_you_mean, unknown_name
 from kvcoord.replay._jsonl import (
@@ -134,7 +135,7 @@ def mooncake_prompt_tokens(hash_ids: Sequence[int], input_length: int) -> np.nda
     """
     if input_length <= 0:
         return np.zeros(0, dtype=np.uint32)
-    n_blocks = -(-input_length // MOONCAKE_BLOCK_TOKENS)
+    n_blocks = cdiv(input_length, MOONCAKE_BLOCK_TOKENS)
     out: np.ndarray = _core_mooncake_tokens(hash_ids[:n_blocks], input_length)
     return out
 
@@ -269,7 +270,7 @@ def _mooncake(path: Path, records: Iterable[Record], limit: int | None, lenient:
         )  # fmt: skip
         assert isinstance(ts, float) and isinstance(n_in, int) and isinstance(n_out, int)
         assert isinstance(ids, list)
-        need = -(-n_in // MOONCAKE_BLOCK_TOKENS)
+        need = cdiv(n_in, MOONCAKE_BLOCK_TOKENS)
         if len(ids) != need:
             raise rec.error(
                 f"input_length {n_in} needs {need} hash ids of {MOONCAKE_BLOCK_TOKENS} tokens, "

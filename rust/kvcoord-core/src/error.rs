@@ -53,9 +53,9 @@ pub enum KvError {
         /// What is wrong with it, with the values involved.
         detail: String,
     },
-    /// The request has no blocks in the coordinator (never allocated, or
-    /// already freed).
-    UnknownRequest(ReqId),
+    /// The request, by its interned id, has no blocks in the coordinator
+    /// (never allocated, or already freed).
+    RequestWithoutBlocks(ReqId),
     /// A block id value from a caller is negative or does not fit the id
     /// type.
     InvalidBlockId {
@@ -69,8 +69,9 @@ pub enum KvError {
     },
     /// A structure's invariant does not hold (`check_invariants`): a bug.
     Invariant(String),
-    /// No live request has this scheduler id (never allocated, or freed).
-    NoSuchRequest(String),
+    /// No live request has this scheduler (string) id (never allocated, or
+    /// freed).
+    UnknownRequestId(String),
     /// A group id is not below the number of groups.
     UnknownGroup(GroupId),
     /// The operation is not supported for this kind of group (for example a
@@ -135,7 +136,7 @@ impl fmt::Display for KvError {
                 "token id {value} at position {position} is invalid: token ids must be in [0, 2^32)"
             ),
             Self::InvalidArgument { name, detail } => write!(f, "invalid {name}: {detail}"),
-            Self::UnknownRequest(r) => write!(f, "request {r} holds no blocks"),
+            Self::RequestWithoutBlocks(r) => write!(f, "request {r} holds no blocks"),
             Self::InvalidBlockId { value: Some(v) } => write!(
                 f,
                 "block id {v} is invalid: {}",
@@ -150,7 +151,7 @@ impl fmt::Display for KvError {
             }
             Self::InvalidHash { detail } => write!(f, "invalid block hash: {detail}"),
             Self::Invariant(what) => write!(f, "invariant violated: {what}"),
-            Self::NoSuchRequest(id) => {
+            Self::UnknownRequestId(id) => {
                 write!(f, "no request '{id}' in the KV cache manager")
             }
             Self::UnknownGroup(g) => write!(f, "no KV cache group {g}"),

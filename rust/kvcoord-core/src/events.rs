@@ -19,7 +19,10 @@
 //! ([`StoredBlocks::complete`]) right after the call that cached them. A
 //! pool driven directly (no request) leaves those empty.
 
+use std::str::FromStr;
+
 use crate::block_hash::BlockHash;
+use crate::error::{KvError, KvResult};
 use crate::hashing::ExtraKeys;
 use crate::ids::{BlockId, GroupId};
 
@@ -36,13 +39,34 @@ pub enum Medium {
 }
 
 impl Medium {
-    /// vLLM's spelling: `"GPU"`, `"CPU"`, `"STORAGE"`.
+    /// Every medium, in vLLM's order.
+    pub const ALL: [Self; 3] = [Self::Gpu, Self::Cpu, Self::Storage];
+
+    /// vLLM's spelling: `"GPU"`, `"CPU"`, `"STORAGE"` (what
+    /// [`str::parse`] reads back).
     pub const fn as_str(self) -> &'static str {
         match self {
             Self::Gpu => "GPU",
             Self::Cpu => "CPU",
             Self::Storage => "STORAGE",
         }
+    }
+}
+
+impl FromStr for Medium {
+    type Err = KvError;
+
+    /// The medium spelt `s` exactly as [`Medium::as_str`] spells it; any
+    /// other string is an [`KvError::InvalidArgument`] naming
+    /// `event_medium` (the config field it sets).
+    fn from_str(s: &str) -> KvResult<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|m| m.as_str() == s)
+            .ok_or_else(|| KvError::InvalidArgument {
+                name: "event_medium",
+                detail: format!("\"GPU\", \"CPU\" or \"STORAGE\", not {s:?}"),
+            })
     }
 }
 
@@ -269,6 +293,26 @@ mod tests {
             num_blocks,
             skipped,
             ..StoredBlocks::new(GroupId(0), 4, Medium::Gpu)
+        }
+    }
+
+    #[test]
+    fn medium_parses_what_it_prints() {
+        for m in Medium::ALL {
+            assert_eq!(m.as_str().parse::<Medium>(), Ok(m));
+        }
+        for bad in ["gpu", "", "GPU "] {
+            let err = bad.parse::<Medium>().unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    KvError::InvalidArgument {
+                        name: "event_medium",
+                        ..
+                    }
+                ),
+                "{err:?}"
+            );
         }
     }
 

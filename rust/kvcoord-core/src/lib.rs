@@ -2,8 +2,8 @@
 //! plain Rust (no Python here; the bindings live in `kvcoord-py`).
 //!
 //! * [`BlockPool`]: per-block metadata in flat arrays (reference count, cache
-//!   key slot, free-queue links as `u32` indices: 16 bytes per block), the
-//!   [`FreeQueue`] that orders reuse and eviction, and the [`PrefixIndex`]
+//!   key slot: 16 bytes per block), the [`FreeQueue`] that orders reuse
+//!   and eviction (a [`LinkedLists`] of `u32` links), and the [`PrefixIndex`]
 //!   from `(block hash, group)` to cached blocks. Decisions follow vLLM
 //!   0.33.0's `BlockPool` exactly (same ids, same eviction order).
 //! * [`eviction`]: the order in which free blocks are reused, a policy
@@ -22,7 +22,7 @@
 //!
 //! # Invariants
 //!
-//! Written on the fields they govern (`pool/mod.rs`, `free_queue.rs`,
+//! Written on the fields they govern (`pool/mod.rs`, `linked_lists.rs`,
 //! `prefix_index.rs`) and checked by `check_invariants()`, which the tests
 //! call after every operation.
 //!
@@ -31,12 +31,12 @@
 //! The modules form no import cycle (`tools/check_module_cycles.py`, run by
 //! `make lint` and the tests, fails on one). From the bottom: ids, errors,
 //! [`limits`] and the hashes; [`spec`] (the kinds and their facts),
-//! [`step_args`], [`request`]; the [`pool`] with its free queue, index and
-//! [`events`]; the per-kind [`managers`]; the [`coordinator`], and
-//! [`decode`] and [`hisparse_pair`] (two coordinators, one transaction per
-//! call) on top of it. Inside a folder, the files that extend its main
-//! type (`impl CoordinatorCore`, `impl BlockPool`) import its `mod.rs`,
-//! which never imports them; in `managers/` and `eviction/`, `mod.rs`
+//! [`step_args`], [`request`], [`linked_lists`]; the [`pool`] with its free
+//! queue, index and [`events`]; the per-kind [`managers`]; the
+//! [`coordinator`], and [`decode`] and [`hisparse_pair`] (two coordinators,
+//! one transaction per call) on top of it. Inside a folder, the files that
+//! extend its main type (`impl CoordinatorCore`, `impl BlockPool`) import
+//! its `mod.rs`, which never imports them; in `managers/` and `eviction/`, `mod.rs`
 //! dispatches to the kinds and policies, which never import it.
 
 pub mod best_case;
@@ -53,6 +53,7 @@ pub mod hashing;
 pub mod hisparse_pair;
 pub mod ids;
 pub mod limits;
+pub mod linked_lists;
 pub mod managers;
 mod partial_keys;
 pub mod pool;
@@ -79,6 +80,7 @@ pub use free_queue::FreeQueue;
 pub use hashing::{ExtraKeys, HashAlgo, HashConfig, LoraKey, MmFeature, RequestHasher};
 pub use hisparse_pair::HiSparsePair;
 pub use ids::{BlockId, GroupId, ReqId};
+pub use linked_lists::LinkedLists;
 pub use managers::{GroupTable, Manager};
 pub use pool::{BlockPool, PoolConfig};
 pub use prefix_index::{CacheKey, PrefixIndex};

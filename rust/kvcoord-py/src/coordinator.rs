@@ -12,12 +12,12 @@ use kvcoord_core::{
     BlockId, BlockPool, CoordinatorKind, EvictionConfig, GroupId, KvError, Manager, ReqId,
 };
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyTuple};
+use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 
 use crate::args;
 use crate::blocks::PyKVCacheBlocks;
 use crate::convert;
-use crate::errors::{core, err};
+use crate::errors::{core, err, type_error};
 use crate::exclusive::{Entered, Exclusive};
 use crate::kinds::{self, PyCoordinatorKind, PyGroupSpec};
 use crate::numbers::{self, Blocks, Tokens, U32};
@@ -138,36 +138,17 @@ pool_writers!(pymethods!(PyCoordinatorCore {
         self.with(py, CoordinatorCore::has_decode_room);
 }) {
     #[new]
-    #[allow(clippy::fn_params_excessive_bools)] // vLLM's keyword switches
-    #[pyo3(signature = (num_blocks, groups, *, kind, hash_block_size, max_model_len,
-                        retention_interval = None, enable_events = false,
-                        num_reprefillable_tokens = None, eagle_group_ids = None,
-                        num_hash_lookahead_tokens = None, allow_partial_hits = false,
-                        context_parallel = false, verify_hits = true, group_id_base = 0,
-                        event_medium = args::Text::from_static("GPU"),
-                        rekey_keyed_prompt_tail = false, eagle_junction_block = true))]
-    #[allow(clippy::too_many_arguments)] // Python keyword arguments, converted once
+    #[pyo3(signature = (num_blocks, groups, *, kind, max_model_len, retention_interval = None,
+                        options = None))]
     fn new(
         py: Python<'_>,
         num_blocks: &Bound<'_, PyAny>,
         groups: Vec<PyGroupSpec>,
         kind: PyCoordinatorKind,
-        hash_block_size: Option<&Bound<'_, PyAny>>,
         max_model_len: &Bound<'_, PyAny>,
         retention_interval: Option<&Bound<'_, PyAny>>,
-        #[pyo3(from_py_with = kw::enable_events)] enable_events: bool,
-        num_reprefillable_tokens: Option<&Bound<'_, PyAny>>,
-        eagle_group_ids: Option<&Bound<'_, PyAny>>,
-        num_hash_lookahead_tokens: Option<&Bound<'_, PyAny>>,
-        #[pyo3(from_py_with = kw::allow_partial_hits)] allow_partial_hits: bool,
-        #[pyo3(from_py_with = kw::context_parallel)] context_parallel: bool,
-        #[pyo3(from_py_with = kw::verify_hits)] verify_hits: bool,
-        #[pyo3(from_py_with = kw::group_id_base)] group_id_base: u32,
-        event_medium: args::Text,
-        #[pyo3(from_py_with = kw::rekey_keyed_prompt_tail)] rekey_keyed_prompt_tail: bool,
-        #[pyo3(from_py_with = kw::eagle_junction_block)] eagle_junction_block: bool,
+        options: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
-        let event_medium = event_medium.as_str();
         let num_blocks = numbers::config::<Blocks>(num_blocks, "num_blocks")?.0;
         let kind = CoordinatorKind::from(kind);
         let max_model_len = numbers::config::<Tokens>(max_model_len, "max_model_len")?.0;
@@ -178,39 +159,10 @@ pool_writers!(pymethods!(PyCoordinatorCore {
             max_model_len,
         );
         config.kind = kind;
-        if let Some(h) = hash_block_size {
-            config.hash_block_size = numbers::config::<U32>(h, "hash_block_size")?.0;
-        }
         config.retention_interval = numbers::opt_config_i64(retention_interval, "retention_interval")?;
-        config.enable_events = enable_events;
-        if let Some(n) = num_reprefillable_tokens {
-            config.num_reprefillable_tokens =
-                numbers::config::<Tokens>(n, "num_reprefillable_tokens")?.0;
+        if let Some(options) = options {
+            read_options(options, &mut config)?;
         }
-        if let Some(g) = eagle_group_ids {
-            config.eagle_groups = convert::group_ids(g)?;
-        }
-        config.allow_partial_hits = allow_partial_hits;
-        config.context_parallel = context_parallel;
-        if let Some(n) = num_hash_lookahead_tokens {
-            config.num_hash_lookahead_tokens =
-                numbers::config::<Tokens>(n, "num_hash_lookahead_tokens")?.0;
-        }
-        config.verify_hits = verify_hits;
-        config.group_id_base = group_id_base;
-        config.rekey_keyed_prompt_tail = rekey_keyed_prompt_tail;
-        config.eagle_junction_block = eagle_junction_block;
-        config.event_medium = match event_medium {
-            "GPU" => Medium::Gpu,
-            "CPU" => Medium::Cpu,
-            "STORAGE" => Medium::Storage,
-            other => {
-                return Err(err(KvError::InvalidArgument {
-                    name: "event_medium",
-                    detail: format!("\"GPU\", \"CPU\" or \"STORAGE\", not {other:?}"),
-                }))
-            }
-        };
         let inner = convert::build_pool_sized(py, num_blocks, || CoordinatorCore::new(config));
         Ok(Self {
             state: Exclusive::new(CoreState {
@@ -859,6 +811,52 @@ fn row_args(group: &Bound<'_, PyAny>, page: &Bound<'_, PyAny>) -> PyResult<(Grou
 /// `CoordinatorCore`'s keyword conversions: each refusal is a kvcoord
 /// error naming its keyword (not `PyO3`'s bare `TypeError` or
 /// `OverflowError`).
+/// Set `config`'s options from a `kvcoord.coordinator.CoordinatorOptions`
+/// (any object with its attributes), each converted and refused as the
+/// keyword of that name. A `None` where the dataclass allows one keeps the
+/// core's default.
+fn read_options<'py>(options: &Bound<'py, PyAny>, config: &mut CoordinatorConfig) -> PyResult<()> {
+    let get = |name: &str| {
+        options.getattr(name).map_err(|_| {
+            type_error(format!(
+                "options must be a CoordinatorOptions, got {} without {name}",
+                args::type_name(options)
+            ))
+        })
+    };
+    let given = |value: Bound<'py, PyAny>| (!value.is_none()).then_some(value);
+    if let Some(h) = given(get("hash_block_size")?) {
+        config.hash_block_size = numbers::config::<U32>(&h, "hash_block_size")?.0;
+    }
+    config.enable_events = kw::enable_events(&get("enable_events")?)?;
+    if let Some(n) = given(get("num_reprefillable_tokens")?) {
+        config.num_reprefillable_tokens =
+            numbers::config::<Tokens>(&n, "num_reprefillable_tokens")?.0;
+    }
+    if let Some(g) = given(get("eagle_group_ids")?) {
+        config.eagle_groups = convert::group_ids(&g)?;
+    }
+    if let Some(n) = given(get("num_hash_lookahead_tokens")?) {
+        config.num_hash_lookahead_tokens =
+            numbers::config::<Tokens>(&n, "num_hash_lookahead_tokens")?.0;
+    }
+    config.allow_partial_hits = kw::allow_partial_hits(&get("allow_partial_hits")?)?;
+    config.context_parallel = kw::context_parallel(&get("context_parallel")?)?;
+    config.verify_hits = kw::verify_hits(&get("verify_hits")?)?;
+    config.group_id_base = kw::group_id_base(&get("group_id_base")?)?;
+    let medium = get("event_medium")?;
+    let Ok(medium) = medium.cast::<PyString>() else {
+        return Err(type_error(format!(
+            "event_medium must be a str, got {}",
+            args::type_name(&medium)
+        )));
+    };
+    config.event_medium = core(medium.to_str()?.parse::<Medium>())?;
+    config.rekey_keyed_prompt_tail = kw::rekey_keyed_prompt_tail(&get("rekey_keyed_prompt_tail")?)?;
+    config.eagle_junction_block = kw::eagle_junction_block(&get("eagle_junction_block")?)?;
+    Ok(())
+}
+
 mod kw {
     use pyo3::prelude::*;
 

@@ -42,7 +42,9 @@ pub(crate) fn err(e: KvError) -> PyErr {
         KvError::InvalidArgument { .. }
         | KvError::UnknownGroup(_)
         | KvError::Unsupported { .. } => InvalidArgumentError::new_err(msg),
-        KvError::UnknownRequest(_) | KvError::NoSuchRequest(_) => UnknownRequestError::new_err(msg),
+        KvError::RequestWithoutBlocks(_) | KvError::UnknownRequestId(_) => {
+            UnknownRequestError::new_err(msg)
+        }
         KvError::InvalidTokenId { .. } => InvalidTokenError::new_err(msg),
         KvError::InvalidConfig { .. } => ConfigError::new_err(msg),
         KvError::OutOfMemory { .. } => OutOfMemoryError::new_err(msg),

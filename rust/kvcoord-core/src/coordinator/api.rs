@@ -58,7 +58,7 @@ impl CoordinatorCore {
         self.requests
             .get(&req)
             .map(Vec::as_slice)
-            .ok_or(KvError::UnknownRequest(req))
+            .ok_or(KvError::RequestWithoutBlocks(req))
     }
 
     /// `req`'s block tables, by group (null block in skipped positions).
@@ -76,7 +76,7 @@ impl CoordinatorCore {
     pub(super) fn req_of(&self, id: &str) -> KvResult<ReqId> {
         self.registry
             .get(id)
-            .ok_or_else(|| KvError::NoSuchRequest(id.to_owned()))
+            .ok_or_else(|| KvError::UnknownRequestId(id.to_owned()))
     }
 
     /// [`allocate_slots_into`](Self::allocate_slots_into) for a request
@@ -241,7 +241,9 @@ impl CoordinatorCore {
             boundary_offloads,
             ..
         } = self;
-        let tables = requests.get_mut(&req).ok_or(KvError::UnknownRequest(req))?;
+        let tables = requests
+            .get_mut(&req)
+            .ok_or(KvError::RequestWithoutBlocks(req))?;
         if !config.enable_caching() {
             return Ok(());
         }
@@ -361,7 +363,9 @@ impl CoordinatorCore {
             scratch,
             ..
         } = self;
-        let tables = requests.get_mut(&req).ok_or(KvError::UnknownRequest(req))?;
+        let tables = requests
+            .get_mut(&req)
+            .ok_or(KvError::RequestWithoutBlocks(req))?;
         for (m, t) in managers.iter().zip(tables.iter_mut()) {
             m.remove_skipped_blocks(pool, t, num_computed_tokens, num_prompt_tokens, scratch)?;
         }

@@ -68,7 +68,7 @@ impl CoordinatorCore {
         let tables = self
             .requests
             .get_mut(&req)
-            .ok_or(KvError::UnknownRequest(req))?;
+            .ok_or(KvError::RequestWithoutBlocks(req))?;
         Ok((&mut self.pool, &mut tables[group.0 as usize]))
     }
 

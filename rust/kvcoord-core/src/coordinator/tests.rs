@@ -437,11 +437,11 @@ fn bad_input_is_refused_before_mutation() {
     assert_eq!(queue(&c), before);
     assert!(matches!(
         c.block_ids(r1.id),
-        Err(KvError::UnknownRequest(_))
+        Err(KvError::RequestWithoutBlocks(_))
     ));
     assert!(matches!(
         c.cache_blocks(r1.id, &r1.view(), 16),
-        Err(KvError::UnknownRequest(_))
+        Err(KvError::RequestWithoutBlocks(_))
     ));
     assert!(matches!(
         c.find_longest_cache_hit(&[GroupId(3)], &r1.hashes, 39, 16, false),

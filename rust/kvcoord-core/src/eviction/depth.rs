@@ -1,12 +1,7 @@
 //! [`PrefixDepth`]: shallow prefix blocks are protected.
 
+use super::aging::{ilog2_level, Aging, AgingRule};
 use super::config::EvictionConfig;
-use super::level_queue::LevelQueue;
-use super::policy::{ilog2_level, AgingClock, EvictionPolicy};
-use crate::ids::BlockId;
-
-/// Levels: chain depths `>= 2^15`, ..., `4..=7`, `2..=3`, `1` (level 15).
-const LEVELS: usize = 16;
 
 /// Shallow prefix blocks are kept longest.
 ///
@@ -22,72 +17,51 @@ const LEVELS: usize = 16;
 /// level 0), so a stale prefix is eventually evicted; a block regains its
 /// full level each time it is released again after use.
 ///
-/// State: one `u8` level per block.
-#[derive(Clone, Debug)]
-pub struct PrefixDepth {
-    /// Level a block takes when released, set when it is cached.
-    level: Vec<u8>,
-    clock: AgingClock,
-    /// The configured half-life (0 = one pool turnover), for `name`.
-    configured: u32,
-}
+/// State: one `u8` level per block (see [`ChainDepth`]).
+pub type PrefixDepth = Aging<ChainDepth>;
 
-impl PrefixDepth {
-    /// State for `num_blocks` blocks, decaying every `half_life` blocks
-    /// handed out.
-    pub fn new(num_blocks: usize, half_life: u32, configured: u32) -> Self {
-        Self {
-            level: vec![0; num_blocks],
-            clock: AgingClock::new(half_life),
-            configured,
-        }
-    }
+/// [`PrefixDepth`]'s rule. A block's slot is the level it takes when
+/// released, set when it is cached.
+#[derive(Copy, Clone, Debug)]
+pub struct ChainDepth;
 
+impl ChainDepth {
     /// The level of a block cached at chain depth `depth` (1-based).
     pub fn level_of_depth(depth: u32) -> usize {
-        LEVELS - 1 - ilog2_level(depth, LEVELS)
+        Self::LEVELS - 1 - ilog2_level(depth, Self::LEVELS)
     }
 }
 
-impl EvictionPolicy for PrefixDepth {
-    fn name(&self) -> String {
-        EvictionConfig::PrefixDepth {
-            half_life: self.configured,
-        }
-        .to_string()
+impl AgingRule for ChainDepth {
+    type Slot = u8;
+
+    /// Chain depths `>= 2^15`, ..., `4..=7`, `2..=3`, `1` (level 15).
+    const LEVELS: usize = 16;
+
+    fn config(half_life: u32) -> EvictionConfig {
+        EvictionConfig::PrefixDepth { half_life }
     }
 
-    fn num_levels(&self) -> usize {
-        LEVELS
-    }
-
-    #[inline]
-    fn on_allocate(&mut self, blocks: &[BlockId], queue: &mut LevelQueue) {
-        self.clock.advance(blocks.len(), queue);
-    }
-
-    fn on_cache(&mut self, block: BlockId, depth: u32) {
-        self.level[block.index()] = Self::level_of_depth(depth) as u8;
+    fn on_cache(slot: &mut u8, depth: u32) {
+        *slot = Self::level_of_depth(depth) as u8;
     }
 
     #[inline]
-    fn free_level(&mut self, block: BlockId, _now: u32) -> usize {
-        usize::from(self.level[block.index()])
+    fn free_level(slot: &mut u8, _epoch: u32) -> usize {
+        usize::from(*slot)
     }
+}
 
-    fn check_invariants(&self, queue: &LevelQueue, _now: u32) -> Result<(), String> {
-        self.clock.check()?;
-        if self.level.len() != queue.capacity() {
-            return Err("prefix-depth: state slab differs from the pool size".into());
-        }
-        Ok(())
-    }
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-    fn heap_bytes(&self) -> usize {
-        self.level.capacity()
-    }
-
-    fn clone_box(&self) -> Box<dyn EvictionPolicy> {
-        Box::new(self.clone())
+    #[test]
+    fn shallow_depths_take_high_levels() {
+        let levels: Vec<usize> = [1, 2, 3, 4, 7, 8, 1 << 15, u32::MAX]
+            .into_iter()
+            .map(ChainDepth::level_of_depth)
+            .collect();
+        assert_eq!(levels, [15, 14, 14, 13, 13, 12, 0, 0]);
     }
 }

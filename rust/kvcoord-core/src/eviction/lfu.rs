@@ -1,12 +1,8 @@
 //! [`Lfu`]: least frequently used first, with aging.
 
+use super::aging::{ilog2_level, Aging, AgingRule};
 use super::config::EvictionConfig;
-use super::level_queue::LevelQueue;
-use super::policy::{ilog2_level, AgingClock, EvictionPolicy};
 use crate::ids::BlockId;
-
-/// Levels: frequencies `1`, `2..=3`, `4..=7`, ..., `128..=255`.
-const LEVELS: usize = 8;
 
 /// Least frequently used first, with aging.
 ///
@@ -20,112 +16,120 @@ const LEVELS: usize = 8;
 /// block that was popular long ago is eventually evicted like any other.
 /// Without hits every count is 1 and the order is exactly LRU.
 ///
-/// State: one `u32` per block, the count (low 8 bits) as of an aging stamp
-/// (high 24 bits, the epoch modulo 2^24); its current value is
+/// State: one `u32` per block (see [`UseCount`]).
+pub type Lfu = Aging<UseCount>;
+
+/// [`Lfu`]'s rule. A block's slot is its use count (low 8 bits) as of an
+/// aging stamp (high 24 bits, the epoch modulo 2^24); its current value is
 /// `count >> (epoch - stamp)`, 0 from 8 agings on. (A block held through a
 /// multiple of 2^24 agings would read its old count again.)
-#[derive(Clone, Debug)]
-pub struct Lfu {
-    /// Per block: `stamp << 8 | count`.
-    state: Vec<u32>,
-    clock: AgingClock,
-    /// The configured half-life (0 = one pool turnover), for `name`.
-    configured: u32,
-}
+#[derive(Copy, Clone, Debug)]
+pub struct UseCount;
 
 /// Stamps are epochs modulo 2^24.
 const STAMP_MASK: u32 = (1 << 24) - 1;
 
-impl Lfu {
-    /// State for `num_blocks` blocks, aging every `half_life` blocks handed
-    /// out.
-    pub fn new(num_blocks: usize, half_life: u32, configured: u32) -> Self {
-        Self {
-            state: vec![0; num_blocks],
-            clock: AgingClock::new(half_life),
-            configured,
-        }
-    }
-
-    /// `block`'s use count now (after aging).
+impl UseCount {
+    /// The count held in `slot`, aged to `epoch`.
     #[inline]
-    pub fn count(&self, block: BlockId) -> u8 {
-        let s = self.state[block.index()];
-        let age = self.clock.epoch.wrapping_sub(s >> 8) & STAMP_MASK;
+    fn read(slot: u32, epoch: u32) -> u8 {
+        let age = epoch.wrapping_sub(slot >> 8) & STAMP_MASK;
         if age >= 8 {
             0
         } else {
-            (s as u8) >> age
+            (slot as u8) >> age
         }
     }
 
-    /// Store `count` as of the current epoch.
+    /// `count` as of `epoch`.
     #[inline]
-    fn store(&mut self, block: BlockId, count: u8) {
-        self.state[block.index()] = ((self.clock.epoch & STAMP_MASK) << 8) | u32::from(count);
+    fn slot(count: u8, epoch: u32) -> u32 {
+        ((epoch & STAMP_MASK) << 8) | u32::from(count)
     }
 }
 
-impl EvictionPolicy for Lfu {
-    fn name(&self) -> String {
-        EvictionConfig::Lfu {
-            half_life: self.configured,
-        }
-        .to_string()
-    }
+impl AgingRule for UseCount {
+    type Slot = u32;
 
-    fn num_levels(&self) -> usize {
-        LEVELS
+    /// Frequencies `1`, `2..=3`, `4..=7`, ..., `128..=255`.
+    const LEVELS: usize = 8;
+
+    fn config(half_life: u32) -> EvictionConfig {
+        EvictionConfig::Lfu { half_life }
     }
 
     #[inline]
-    fn on_allocate(&mut self, blocks: &[BlockId], queue: &mut LevelQueue) {
-        let fresh = ((self.clock.epoch & STAMP_MASK) << 8) | 1;
-        let state = &mut self.state[..];
+    fn on_allocate(slots: &mut [u32], blocks: &[BlockId], epoch: u32) {
+        let fresh = Self::slot(1, epoch);
         for &b in blocks {
-            state[b.index()] = fresh;
+            slots[b.index()] = fresh;
         }
-        self.clock.advance(blocks.len(), queue);
     }
 
     #[inline]
-    fn on_hit(&mut self, block: BlockId) {
-        let c = self.count(block).saturating_add(1);
-        self.store(block, c);
+    fn on_hit(slot: &mut u32, epoch: u32) {
+        *slot = Self::slot(Self::read(*slot, epoch).saturating_add(1), epoch);
     }
 
     #[inline]
-    fn free_level(&mut self, block: BlockId, _now: u32) -> usize {
-        let c = self.count(block);
-        self.store(block, c);
-        ilog2_level(u32::from(c), LEVELS)
+    fn free_level(slot: &mut u32, epoch: u32) -> usize {
+        let c = Self::read(*slot, epoch);
+        *slot = Self::slot(c, epoch);
+        ilog2_level(u32::from(c), Self::LEVELS)
     }
 
-    fn check_invariants(&self, queue: &LevelQueue, _now: u32) -> Result<(), String> {
-        self.clock.check()?;
-        if self.state.len() != queue.capacity() {
-            return Err("lfu: state slab differs from the pool size".into());
-        }
-        // A block waiting at level l >= 1 has a count in 2^l..2^(l+1): aging
-        // moves it down one level exactly when its count halves.
-        for level in 1..LEVELS {
-            for b in queue.iter_level(level) {
-                if ilog2_level(u32::from(self.count(b)), LEVELS) != level {
-                    return Err(format!(
-                        "lfu: block {b} at level {level} with count {}",
-                        self.count(b)
-                    ));
-                }
-            }
+    /// A block waiting at level `l >= 1` has a count in `2^l..2^(l+1)`:
+    /// aging moves it down one level exactly when its count halves.
+    fn check_waiting(block: BlockId, slot: u32, level: usize, epoch: u32) -> Result<(), String> {
+        let count = Self::read(slot, epoch);
+        if ilog2_level(u32::from(count), Self::LEVELS) != level {
+            return Err(format!(
+                "lfu: block {block} at level {level} with count {count}"
+            ));
         }
         Ok(())
     }
+}
 
-    fn heap_bytes(&self) -> usize {
-        self.state.capacity() * 4
+impl Lfu {
+    /// `block`'s use count now (after aging).
+    #[inline]
+    pub fn count(&self, block: BlockId) -> u8 {
+        UseCount::read(self.slots[block.index()], self.clock.epoch)
     }
+}
 
-    fn clone_box(&self) -> Box<dyn EvictionPolicy> {
-        Box::new(self.clone())
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::eviction::{EvictionPolicy, LevelQueue};
+
+    #[test]
+    fn counts_grow_with_hits_and_halve_with_age() {
+        let mut q = LevelQueue::new_ascending(8, 1, UseCount::LEVELS);
+        let mut lfu = Lfu::new(8, 2, 0);
+        let mut out = [BlockId::NULL; 1];
+        q.pop_front_into(&mut out, |_| {});
+        lfu.on_allocate(&out, &mut q);
+        let b = out[0];
+        assert_eq!(lfu.count(b), 1);
+        for _ in 0..4 {
+            lfu.on_hit(b);
+        }
+        assert_eq!(lfu.count(b), 5);
+        assert_eq!(lfu.free_level(b, 0), 2);
+        q.push_back(b, 2);
+        lfu.check_invariants(&q, 0).unwrap();
+        // One half-life (2 more blocks handed out): 5 -> 2, level 1.
+        let mut two = [BlockId::NULL; 2];
+        q.pop_front_into(&mut two, |_| {});
+        lfu.on_allocate(&two, &mut q);
+        assert_eq!((lfu.count(b), q.front(1)), (2, Some(b)));
+        lfu.check_invariants(&q, 0).unwrap();
+        // Negative control: a block at a level its count does not give.
+        q.remove(b);
+        q.push_back(b, 2);
+        let err = lfu.check_invariants(&q, 0).unwrap_err();
+        assert!(err.contains("at level 2 with count 2"), "{err}");
     }
 }

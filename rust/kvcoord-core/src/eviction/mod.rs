@@ -21,11 +21,13 @@
 //!
 //! The rules of each policy are on its type and in `docs/eviction.md`.
 //!
-//! Files: `config.rs` (the spec strings), `policy.rs` (the trait and what
-//! the built-ins share), `level_queue.rs`, one file per built-in policy;
-//! this one builds a config's policy and dispatches to it (`Ranker`).
+//! Files: `config.rs` (the spec strings), `policy.rs` (the trait),
+//! `level_queue.rs`, `aging.rs` (the shape of the half-life policies, whose
+//! rules are `lfu.rs` and `depth.rs`), `priority.rs`; this one builds a
+//! config's policy and dispatches to it (`Ranker`).
 //! The policies import the trait and the config, never this file.
 
+mod aging;
 mod config;
 mod depth;
 mod level_queue;
@@ -33,10 +35,11 @@ mod lfu;
 mod policy;
 mod priority;
 
+pub use aging::{Aging, AgingRule};
 pub use config::EvictionConfig;
-pub use depth::PrefixDepth;
-pub use level_queue::{LevelQueue, Prepend, MAX_LEVELS};
-pub use lfu::Lfu;
+pub use depth::{ChainDepth, PrefixDepth};
+pub use level_queue::{LevelQueue, MAX_LEVELS};
+pub use lfu::{Lfu, UseCount};
 pub use policy::{EvictionPolicy, MAX_PRIORITY};
 pub use priority::Priority;
 

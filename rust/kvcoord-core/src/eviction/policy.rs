@@ -1,6 +1,5 @@
 //! What every ranked eviction policy is: the [`EvictionPolicy`] hooks the
-//! pool calls, and the pieces the built-in policies share (the
-//! [`AgingClock`], [`ilog2_level`]).
+//! pool calls. (What the half-life policies share is in `aging.rs`.)
 //!
 //! Invariant of every implementation: a policy only orders reuse, through
 //! the levels of the pool's [`LevelQueue`]; it never decides whether a free
@@ -8,7 +7,7 @@
 
 use std::fmt;
 
-use super::level_queue::{LevelQueue, MAX_LEVELS};
+use super::level_queue::LevelQueue;
 use crate::ids::BlockId;
 
 /// Highest request priority [`BlockPool::set_priority`](crate::BlockPool::set_priority)
@@ -68,83 +67,5 @@ pub trait EvictionPolicy: fmt::Debug + Send + Sync {
 impl Clone for Box<dyn EvictionPolicy> {
     fn clone(&self) -> Self {
         self.clone_box()
-    }
-}
-
-/// `floor(log2(x))` clamped to `0..levels` (0 for `x == 0`).
-pub(crate) fn ilog2_level(x: u32, levels: usize) -> usize {
-    if x == 0 {
-        0
-    } else {
-        (x.ilog2() as usize).min(levels - 1)
-    }
-}
-
-/// A counter of blocks handed out that ages a [`LevelQueue`] every
-/// `half_life` blocks (shared by [`Lfu`] and [`PrefixDepth`]).
-#[derive(Clone, Debug)]
-pub(crate) struct AgingClock {
-    /// Blocks handed out per aging step. Invariant: positive.
-    pub(crate) half_life: u32,
-    /// Blocks handed out since the last aging step. Invariant: below
-    /// `half_life`.
-    pub(crate) since: u32,
-    /// Aging steps so far (wrapping).
-    pub(crate) epoch: u32,
-}
-
-impl AgingClock {
-    pub(crate) fn new(half_life: u32) -> Self {
-        Self {
-            half_life: half_life.max(1),
-            since: 0,
-            epoch: 0,
-        }
-    }
-
-    /// Count `n` blocks handed out, aging `queue` once per completed
-    /// half-life.
-    #[inline]
-    pub(crate) fn advance(&mut self, n: usize, queue: &mut LevelQueue) {
-        let total = u64::from(self.since) + n as u64;
-        let steps = total / u64::from(self.half_life);
-        self.since = (total % u64::from(self.half_life)) as u32;
-        // More steps than levels empty every level above 0 all the same.
-        for _ in 0..steps.min(MAX_LEVELS as u64) {
-            queue.age();
-        }
-        // A modular epoch (LFU stamps compare it modulo their width).
-        self.epoch = self.epoch.wrapping_add(steps as u32);
-    }
-
-    pub(crate) fn check(&self) -> Result<(), String> {
-        if self.half_life == 0 || self.since >= self.half_life {
-            return Err(format!(
-                "aging clock: {} blocks since the last step, half-life {}",
-                self.since, self.half_life
-            ));
-        }
-        Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn aging_clock_counts_half_lives() {
-        let mut q = LevelQueue::new_empty(8, 3);
-        q.push_back(BlockId(1), 2);
-        let mut c = AgingClock::new(4);
-        c.advance(3, &mut q);
-        assert_eq!(q.front(2), Some(BlockId(1)));
-        c.advance(1, &mut q);
-        assert_eq!((c.epoch, c.since), (1, 0));
-        assert_eq!(q.front(1), Some(BlockId(1)));
-        c.advance(1000, &mut q);
-        assert_eq!(q.front(0), Some(BlockId(1)));
-        assert_eq!(c.epoch, 251);
-        c.check().unwrap();
     }
 }

@@ -102,7 +102,7 @@ impl BlockPool {
                             m.ref_cnt -= 1;
                             if m.ref_cnt == 0 {
                                 if m.key == NO_KEY {
-                                    front.push(b);
+                                    front.push_front(b);
                                 } else {
                                     released.push(b);
                                 }
