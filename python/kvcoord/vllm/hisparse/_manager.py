@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from kvcoord._arith import cdiv
 from kvcoord._core import HiSparsePair
 from kvcoord.config import FullAttentionSpec, KVCacheConfig, KVCacheGroup
 from kvcoord.coordinator import get_kv_cache_coordinator, shared_prefix_boundary
@@ -68,10 +69,6 @@ from kvcoord.vllm.serve.manager import KVCacheManager
 __all__ = ["HiSparseManager"]
 
 _EMPTY = np.zeros(0, dtype=np.int32)
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 class HiSparseManager(KVCacheManager, serves=is_hisparse):
@@ -342,7 +339,7 @@ class HiSparseManager(KVCacheManager, serves=is_hisparse):
         total = min(num_local + external, self.max_model_len)
         # The host group keeps the blocks of its (longer) hit that the hit
         # and the external tokens cover together (vLLM's retained hit).
-        host_hits = groups[0][: _cdiv(num_new_computed_tokens + external, bs)] if groups else []
+        host_hits = groups[0][: cdiv(num_new_computed_tokens + external, bs)] if groups else []
         device_hits = groups[1:] if groups else ()
         any_hit = bool(host_hits) or any(device_hits)
         watermark = 0
@@ -389,7 +386,7 @@ class HiSparseManager(KVCacheManager, serves=is_hisparse):
         num_tokens = mine.num_tokens
         if coordinator is not None and fresh and (any_hit or external > 0):
             for _ in coordinator.resident_managers:  # vLLM: once per resident group
-                coordinator.commit_computed_blocks(rid, _cdiv(num_local, bs))
+                coordinator.commit_computed_blocks(rid, cdiv(num_local, bs))
         self._watchers.fire()
         cached_to = min(total + num_new_tokens, num_tokens)
         if not delay_cache_blocks and self.enable_caching:

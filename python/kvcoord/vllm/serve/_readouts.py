@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from kvcoord._arith import cdiv
 from kvcoord.errors import UnknownRequestError
 from kvcoord.vllm.serve import _mamba
 from kvcoord.vllm.serve._blocks import BlockView, KVCacheBlocks, ids_of
@@ -23,10 +24,6 @@ __all__ = ["ManagerReadouts"]
 
 # vLLM's PrefixCacheStats class, imported once (make_prefix_cache_stats runs every step).
 _STATS_CLASS: dict[str, Any] = {}
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 class ManagerReadouts:
@@ -119,7 +116,7 @@ class ManagerReadouts:
     ) -> tuple[list[int], ...]:
         ids = self.get_block_ids(request_id)
         return tuple(
-            g if i in self._whole_table_groups else g[: _cdiv(num_computed_tokens, bs)]
+            g if i in self._whole_table_groups else g[: cdiv(num_computed_tokens, bs)]
             for i, (g, bs) in enumerate(zip(ids, self._block_sizes, strict=True))
         )
 

@@ -53,10 +53,6 @@ from kvcoord.vllm.serve._zeroing import ZeroingLog, zeroed_group_ids
 __all__ = ["KVCacheManager", "fallbacks", "manager_class", "served"]
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 class KVCacheManager(DecodePath, ManagerReadouts, DecodeFastPath):
     """vLLM 0.33.0's ``KVCacheManager`` on kvcoord's core (same constructor).
 
