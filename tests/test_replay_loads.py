@@ -298,6 +298,40 @@ def test_one_request_alone_decodes_at_the_step_time() -> None:
     assert m["ttft_mean_ms"] == pytest.approx((cfg.step_base_s + 64 * cfg.step_token_s) * 1e3)
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_weighted_percentiles_are_those_of_the_repeated_values(seed: int) -> None:
+    from kvcoord.replay.report import _weighted_percentiles
+
+    rng = np.random.default_rng(seed)
+    values, weights = rng.random(40), rng.integers(0, 5, 40)
+    want = [np.percentile(np.repeat(values, weights), q, method="lower") for q in (50, 90, 99)]
+    assert _weighted_percentiles(values, weights, (50, 90, 99)) == pytest.approx(want)
+    assert _weighted_percentiles(values, np.zeros(40, dtype=np.int64), (50,)) == [None]
+
+
+def test_itl_percentiles_by_hand() -> None:
+    """A (64-token prompt, 6 tokens out) alone, then B's 64-token prefill joins
+    A's third step: A's gaps are one decode step, the shared step (65 tokens),
+    a two-request step, two one-request steps; B's one gap is a two-request step."""
+    cfg = _cfg()
+    b, t = cfg.step_base_s, cfg.step_token_s
+    a_toks, b_toks = list(range(64)), list(range(1000, 1064))
+    b_arrives = (b + 64 * t) + (b + t) - 1e-6  # during A's first decode step
+    wl = Workload("two", [
+        WorkloadRequest("a", 0.0, 64, 6, lambda: a_toks),
+        WorkloadRequest("b", b_arrives, 64, 2, lambda: b_toks),
+    ])  # fmt: skip
+    m = latency_metrics(simulate(wl, cfg))
+    gaps = sorted([b + t, b + 65 * t, b + 2 * t, b + t, b + t, b + 2 * t])
+    assert m["itl_mean_ms"] == pytest.approx(sum(gaps) / 6 * 1e3)
+    for q in (50, 90, 99):
+        want = gaps[int(np.floor(q / 100 * 5))] * 1e3
+        assert m[f"itl_p{q}_ms"] == pytest.approx(want)
+    # negative control: without B, every gap of A is one decode step
+    alone = latency_metrics(simulate(Workload("one", wl.requests[:1]), cfg))
+    assert alone["itl_p99_ms"] == pytest.approx((b + t) * 1e3) != m["itl_p90_ms"]
+
+
 # --------------------------------------------------------------------------- the CLI
 
 
@@ -318,6 +352,9 @@ def test_cli_closed_loop_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]
         for stat in ("mean", "median", "std", "p90", "p99"):
             assert isinstance(s[f"{k}_{stat}_ms"], float)
         assert s[f"{k}_median_ms"] == pytest.approx(s[f"{k}_p50_s"] * 1e3)
+    # inter-token latency: prefills of the clients' next requests stretch some gaps
+    assert 0 < s["itl_p50_ms"] <= s["itl_p90_ms"] <= s["itl_p99_ms"]
+    assert s["itl_p99_ms"] > s["itl_p50_ms"]
     assert s["requests_per_s"] == pytest.approx(24 / s["makespan_seconds"])
     assert s["overload"]["regime"] == "closed loop" and not s["overload"]["overloaded"]
 

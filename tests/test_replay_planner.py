@@ -142,6 +142,8 @@ _BY_HAND = {
     "overhead_s": 0.5e-3,
     "cpu_scale": 0.0,
     "moe_efficiency": 1.0,
+    "frontend_request_s": 0.0,
+    "frontend_output_s": 0.0,
 }
 
 

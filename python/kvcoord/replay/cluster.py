@@ -90,6 +90,7 @@ def _merge(engines: list[SimResult], num_blocks: int) -> SimResult:
     for name in (
         "req_arrival", "req_offered", "req_admit", "req_first", "req_finish", "req_output",
         "req_prompt", "req_gpu_hit", "req_host_hit", "req_disk_hit", "step_manager_s",
+        "step_later_tokens", "step_itl",
     ):  # fmt: skip
         arr = getattr(t, name)
         for e in engines:

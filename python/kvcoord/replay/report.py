@@ -40,6 +40,26 @@ def _pcts(x: np.ndarray, prefix: str, out: dict[str, Any], ms: bool = False) -> 
             out[f"{prefix}_{name}_ms"] = float(f(x)) * 1e3 if x.size else None
 
 
+def _weighted_percentiles(
+    values: np.ndarray, weights: np.ndarray, qs: tuple[int, ...]
+) -> list[float | None]:
+    """Percentiles of ``values`` each counted ``weights`` times (the lower value
+    at a percentile's rank, as ``np.percentile(np.repeat(values, weights), q,
+    method="lower")`` gives)."""
+    keep = weights > 0
+    v, w = values[keep], weights[keep]
+    if not v.size:
+        return [None] * len(qs)
+    order = np.argsort(v, kind="stable")
+    v, cum = v[order], np.cumsum(w[order])
+    total = int(cum[-1])
+    out: list[float | None] = []
+    for q in qs:
+        rank = int(np.floor(q / 100 * (total - 1)))  # 0-based, as method="lower"
+        out.append(float(v[np.searchsorted(cum, rank, side="right")]))
+    return out
+
+
 def _arr(a: Any, dtype: Any) -> np.ndarray:
     return np.frombuffer(a, dtype=dtype) if len(a) else np.zeros(0, dtype=dtype)
 
@@ -47,12 +67,13 @@ def _arr(a: Any, dtype: Any) -> np.ndarray:
 def latency_metrics(res: SimResult) -> dict[str, Any]:
     """TTFT, time per output token, queueing delay and end-to-end latency
     percentiles (s; TTFT, TPOT and end-to-end also in ms), mean inter-token
-    latency and throughput.
+    latency (mean and percentiles, ms) and throughput.
 
     TPOT is ``vllm bench serve``'s: per request with more than one output
-    token, ``(e2e - TTFT) / (output tokens - 1)``. ITL's mean is exact (a
-    request's gaps between tokens add up to ``e2e - TTFT``; the mean over
-    every gap of every request); its percentiles would need per-token times.
+    token, ``(e2e - TTFT) / (output tokens - 1)``. ITL is its per-gap
+    figure: every gap between two tokens of a request. Its mean is exact (a
+    request's gaps add up to ``e2e - TTFT``); its percentiles weigh each
+    step's gap (``SimResult.step_itl``) by the later tokens the step sampled.
     """
     arrival = _arr(res.req_arrival, np.float64)
     admit = _arr(res.req_admit, np.float64)
@@ -68,6 +89,11 @@ def latency_metrics(res: SimResult) -> dict[str, Any]:
     _pcts(decode / (out_len[multi] - 1), "tpot", m, ms=True)
     gaps = int((out_len[multi] - 1).sum())
     m["itl_mean_ms"] = float(np.nansum(decode)) / gaps * 1e3 if gaps else None
+    itl = _weighted_percentiles(
+        _arr(res.step_itl, np.float64), _arr(res.step_later_tokens, np.int64), (50, 90, 99)
+    )
+    for q, v in zip((50, 90, 99), itl, strict=True):
+        m[f"itl_p{q}_ms"] = None if v is None else v * 1e3
     span = float(np.nanmax(finish) - np.nanmin(arrival)) if finish.size else 0.0
     m["makespan_seconds"] = span
     m["requests_per_s"] = res.num_finished / span if span > 0 else 0.0

@@ -100,6 +100,8 @@ class RunningBatch:
         self.reqs: list[Any] = []
         self.out_tokens = np.zeros(1024, dtype=np.int64)
         self._out_used = 0
+        #: Tokens after a request's first that the last :meth:`run_step` sampled.
+        self.later_tokens = 0
         cap = max(1, capacity)
         self.computed = np.zeros(cap, dtype=np.int64)
         self.num_tokens = np.zeros(cap, dtype=np.int64)
@@ -218,6 +220,7 @@ class RunningBatch:
         window KV, sequences), the requests that produced their first token,
         the finished ones (admission order) and the finished indices.
         """
+        self.later_tokens = 0
         if count == 0:
             return 0, 0, 0, 0, 0, 0, [], [], []
         from kvcoord import advance_requests
@@ -249,6 +252,7 @@ class RunningBatch:
             sampled[done_idx] = self.out_tokens[self.out_base[done_idx] + dpos]
             first = done_idx[dpos == 0].tolist()
             fin = done_idx[dpos + 1 >= self.out_len[done_idx]].tolist()
+            self.later_tokens = int(done_idx.shape[0]) - len(first)
         reqs = self.reqs
         advance_requests(reqs if count == len(reqs) else reqs[:count], nn, sampled)
         self.out_pos[:count] += done

@@ -29,10 +29,25 @@ The simulated clock advances by the step time of
 :class:`~kvcoord.replay.timing.StepTimeModel` when ``SimConfig.step_model``
 is set (a roofline of the model on its GPUs, and the CPU's work between
 steps), else by ``step_base_s + step_token_s * tokens``, and jumps to the
-next arrival when idle. A request's first token and finish are recorded
-``StepTimeModel.request_latency_s`` (the API server's share) after the step
-that made them. Time inside
-manager calls is measured with ``perf_counter`` per step.
+next arrival when idle. Time inside manager calls is measured with
+``perf_counter`` per step.
+
+The API server in front of the engine is one process that does one thing at
+a time (with a step-time model whose ``frontend_request_s`` or
+``frontend_output_s`` is set): each request sent costs it
+``frontend_request_s`` (tokenization, request set-up) before the engine sees
+it, and each step's output costs it ``frontend_output_s`` per scheduled
+request (detokenizing, streaming) before the client sees it. Its jobs are
+served first come, first served, and it hands the requests it set up to the
+engine when it has set up every request sent to it so far (its event loop
+takes each waiting request a stage further in turn, so a backlog advances
+together): a burst of ``N`` requests reaches the engine together,
+``N x frontend_request_s`` after it was sent, one request sent to an idle
+server ``frontend_request_s`` after, and the tokens of a step wait behind the
+requests sent before it ended. A request's first token
+and finish reach the client ``StepTimeModel.request_latency_s`` (the
+latency outside the engine and the API server's queue: HTTP, inter-process
+hops) after the API server streamed them.
 
 Two shortcuts keep a replay fast and change nothing it computes:
 
@@ -181,6 +196,8 @@ def run_engine(
     # boundaries)
     reuse_lookups = split is None and _REUSE_LOOKUPS
     looked_up: tuple[Live, int, int, Any, int] | None = None
+    step_itl, step_later = res.step_itl, res.step_later_tokens
+    last_shown = 0.0
     step_mgr, step_usage, step_time, step_hit, step_cached = (
         res.step_manager_s,
         res.step_usage,
@@ -199,6 +216,14 @@ def run_engine(
     # the API server's time per request outside the steps: the client sees each
     # request's first token and its end this much later than the engine makes them
     latency = model.request_latency_s if model is not None else 0.0
+    # the API server: its cost per request sent and per scheduled request's
+    # output; ``api_free`` is when it has done every job given it so far
+    fe_request = model.frontend_request_s if model is not None else 0.0
+    fe_output = model.frontend_output_s if model is not None else 0.0
+    frontend = fe_request > 0 or fe_output > 0
+    api_free = 0.0
+    # requests sent, not yet through the API server: (when the engine gets it, request)
+    intake: deque[tuple[float, Live]] = deque()
     arrived = 0
     prompt_priority = cfg.prompt_priority
     cap = cfg.max_concurrency
@@ -207,8 +232,9 @@ def run_engine(
     last_intake, fin_at_intake = -1.0, 0
     sat_open, sat_dt = False, 0.0
 
-    while pending or waiting or running or not feed.closed:
+    while pending or waiting or running or intake or not feed.closed:
         held = False
+        sent_from = arrived
         if cap is None:
             while pending and pending[0].arrival_s * scale <= now:
                 wr = pending.popleft()
@@ -233,7 +259,20 @@ def run_engine(
                 waiting.append(Live(wr, arrived))
                 arrived += 1
             last_intake, fin_at_intake = now, res.num_finished
+        if frontend:
+            # the requests just sent queue at the API server, in the order sent
+            just_sent = [waiting.pop() for _ in range(arrived - sent_from)]
+            for live in reversed(just_sent):
+                api_free = max(api_free, r_arrival[live.idx]) + fe_request
+                intake.append((api_free, live))
+            # it hands them to the engine when it has set up all it was given
+            if intake and intake[-1][0] <= now:
+                waiting.extend(live for _, live in intake)
+                intake.clear()
         if not waiting and not running:
+            if intake:
+                now = intake[-1][0]
+                continue
             if pending:
                 now = pending[0].arrival_s * scale
             else:
@@ -289,6 +328,7 @@ def run_engine(
         count = min(plan.count, len(lives))
         (tokens, full_pairs, window_pairs, full_kv, window_kv, seqs, first_token, finished,
          done_idx) = running.run_step(n, count, window)  # fmt: skip
+        later_tokens = running.later_tokens
         budget = token_budget - tokens
 
         # 3. admissions
@@ -454,15 +494,24 @@ def run_engine(
                     sat_dt = 0.0
             elif finished:
                 sat_open = True
+        shown = now
+        if frontend:  # the API server streams this step's output after its earlier jobs
+            api_free = max(api_free, now) + fe_output * seqs
+            shown = api_free
+        # inter-token latency: the requests that sampled a later token saw it
+        # this long after the step before's tokens
+        step_itl.append(shown - last_shown)
+        step_later.append(later_tokens)
+        last_shown = shown
         for live in first_token:
-            r_first[live.idx] = now + latency
+            r_first[live.idx] = shown + latency
             if live.host_keys is not None:
                 if host is not None:
                     host.insert(live.host_keys)
                 if disk is not None:
                     disk.insert(live.host_keys)
         for live in finished:
-            r_finish[live.idx] = now + latency
+            r_finish[live.idx] = shown + latency
             res.req_output[live.idx] = live.out_len
         mgr_total += step_mgr_s
         step_mgr.append(step_mgr_s)

@@ -105,6 +105,12 @@ class SimResult:
     step_usage: array[float] = field(default_factory=lambda: array("d"))
     step_time: array[float] = field(default_factory=lambda: array("d"))
     step_hit_rate: array[float] = field(default_factory=lambda: array("d"))
+    #: Per step: the tokens after a request's first it sampled, and how long
+    #: after the step before's the client saw them (inter-token latency; a
+    #: request sampled in every step it runs, so exact unless it was preempted
+    #: or left without tokens by the budget).
+    step_later_tokens: array[int] = field(default_factory=lambda: array("q"))
+    step_itl: array[float] = field(default_factory=lambda: array("d"))
     #: Per step: blocks in the prefix index (referenced or free).
     step_cached: array[float] = field(default_factory=lambda: array("d"))
     #: Sampled (time, referenced, cached-but-free, empty) block counts, exact at each sample.

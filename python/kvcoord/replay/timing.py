@@ -29,25 +29,31 @@ decoding request). On each of the ``tp`` GPUs of the replica::
 
 * ``t_cpu``: the engine's CPU time between two forward passes, which the
   GPU waits for unless the scheduler runs ahead (``async_scheduling``).
-  Its shape is measured, not fitted: vLLM 0.33's real ``Scheduler``
+  It is measured, not fitted: vLLM 0.33's real ``Scheduler``
   (``schedule()`` + ``update_from_output()`` of a decode step) on this
   repository's bench, ``benches/bench_vllm_scheduler.py --clock cpu``, costs
   :data:`SCHEDULER_STEP_S` plus :data:`SCHEDULER_SEQ_S` per running request
   with vLLM's own KV-cache manager (what the published measurements ran),
-  and :data:`KVCOORD_SCHEDULER_SEQ_S` per request with kvcoord's.
-  :data:`CPU_SCALE`, fitted, carries that to the servers' CPUs and adds the
-  rest of the per-request CPU work of a step that the measured scheduler
-  does not do (input preparation, the API server detokenizing and
-  streaming each request's token: the fit puts it at about 6x the
-  scheduler's own, so most of it is outside the scheduler).
-* ``request_latency_s`` (:data:`REQUEST_LATENCY_S`): per request, the API
-  server's time outside the engine's steps (HTTP, chat template,
-  tokenization, streaming the first token back); it is in TTFT and
-  end-to-end latency, not in TPOT.
+  and :data:`KVCOORD_SCHEDULER_SEQ_S` per request with kvcoord's
+  (:data:`CPU_SCALE` carries it to another CPU; 1: the bench's).
+* The API server (:mod:`kvcoord.replay.scheduler` queues its work): one
+  process in front of the engine, serving one job at a time:
+  :data:`FRONTEND_REQUEST_S` per request sent (tokenization, chat template,
+  request set-up) before the engine sees it, and
+  :data:`FRONTEND_OUTPUT_S` per scheduled request of each step
+  (detokenizing and streaming its token) before the client sees the token.
+  It runs beside the engine, not between its steps: a burst of requests
+  reaches the engine at its pace, and when many requests run, the client
+  sees their tokens at its pace.
+* ``request_latency_s`` (:data:`REQUEST_LATENCY_S`): per request, the
+  latency outside the engine's steps and the API server's queue (HTTP,
+  the hops between processes); it is in TTFT and end-to-end latency, not
+  in TPOT.
 
 The fitted constants (:data:`COMPUTE_EFFICIENCY`, :data:`MOE_EFFICIENCY`,
-:data:`BANDWIDTH_EFFICIENCY`, :data:`STEP_OVERHEAD_S`, :data:`CPU_SCALE`,
-:data:`REQUEST_LATENCY_S`) come from ``python -m kvcoord.replay.calibrate``:
+:data:`BANDWIDTH_EFFICIENCY`, :data:`STEP_OVERHEAD_S`, :data:`FRONTEND_REQUEST_S`,
+:data:`FRONTEND_OUTPUT_S`, :data:`REQUEST_LATENCY_S`) come from
+``python -m kvcoord.replay.calibrate``:
 a least-absolute-deviations fit of log TTFT and log TPOT on the published vLLM runs of
 :data:`CALIBRATION_ROWS` (``kvcoord/replay/data/vllm_measurements.csv``);
 ``python -m kvcoord.replay.validate`` compares every other row with its
@@ -70,6 +76,8 @@ __all__ = [
     "CALIBRATION_ROWS",
     "COMPUTE_EFFICIENCY",
     "CPU_SCALE",
+    "FRONTEND_OUTPUT_S",
+    "FRONTEND_REQUEST_S",
     "KVCOORD_SCHEDULER_SEQ_S",
     "MOE_EFFICIENCY",
     "REQUEST_LATENCY_S",
@@ -109,12 +117,15 @@ CALIBRATION_ROWS = (
 # the fit's printout is in docs/validation.md); bandwidth reached its cap of 1
 #: Share of the dense tensor peak reached, by GPU architecture (A100: Ampere;
 #: the others: Hopper's, the only other architecture measured).
-COMPUTE_EFFICIENCY = {"ampere": 0.683, "hopper": 0.329}
-MOE_EFFICIENCY = 0.617
+COMPUTE_EFFICIENCY = {"ampere": 0.686, "hopper": 0.380}
+MOE_EFFICIENCY = 0.576
 BANDWIDTH_EFFICIENCY = 1.0
-STEP_OVERHEAD_S = 2.14e-3
-CPU_SCALE = 6.43
-REQUEST_LATENCY_S = 0.043
+STEP_OVERHEAD_S = 2.55e-3
+FRONTEND_REQUEST_S = 11.1e-3
+FRONTEND_OUTPUT_S = 223e-6
+REQUEST_LATENCY_S = 27.0e-3
+#: The scheduler bench's CPU to the servers' (not fitted: taken as equal).
+CPU_SCALE = 1.0
 
 # measured: benches/bench_vllm_scheduler.py --running 16 256 1024 --clock cpu on
 # this repository's 2-core development machine (vLLM 0.33.0, CPU build): a decode
@@ -188,6 +199,10 @@ class StepTimeModel:
     request_latency_s: float = REQUEST_LATENCY_S
     #: Routed experts' GEMMs reach this share of the dense GEMMs' efficiency.
     moe_efficiency: float = MOE_EFFICIENCY
+    #: The API server's seconds per request sent, and per scheduled request
+    #: of a step's output (see the module docstring).
+    frontend_request_s: float = FRONTEND_REQUEST_S
+    frontend_output_s: float = FRONTEND_OUTPUT_S
 
     # ------------------------------------------------------------- per-layer constants
     @cached_property
@@ -331,7 +346,9 @@ class StepTimeModel:
             f"{self.cpu_scale * self.scheduler_step_s * 1e3:.2f} ms + "
             f"{self.cpu_scale * self.scheduler_seq_s * 1e6:.1f} us per request between steps"
             f"{' (overlapped: async scheduling)' if self.async_scheduling else ''}, "
-            f"+{self.request_latency_s * 1e3:.0f} ms per request outside the engine"
+            f"API server {self.frontend_request_s * 1e3:.1f} ms per request sent and "
+            f"{self.frontend_output_s * 1e6:.0f} us per request's token, "
+            f"+{self.request_latency_s * 1e3:.0f} ms per request outside both"
         )
 
 
