@@ -1127,6 +1127,10 @@ class HiSparsePair:
         """Forget the request in both halves and hand its references to the
         caller (:meth:`CoordinatorCore.pop_request_to_caller` of each): per
         group, the host's first, its ids; None when neither held it."""
+    def reset_prefix_cache(self) -> tuple[bool, bool]:
+        """Forget the cached prefixes of each pool with no block in use (the
+        host's first; a block held in one pool does not keep the other's
+        cache, as in vLLM): which halves reset, as ``(host, device)``."""
     def max_admission_blocks(self, group: GroupId, max_in_flight_tokens: TokenCount) -> int | None:
         """The most blocks one request can hold in ``group`` (vLLM's group
         id) with ``max_in_flight_tokens`` in flight; None: no cap."""

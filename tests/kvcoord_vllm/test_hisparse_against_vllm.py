@@ -397,3 +397,36 @@ def test_import_past_a_device_miss_keeps_the_longer_host_hit() -> None:
     assert tables[0] == tables[1]
     assert tables[1][0] == host_hit[:3]
     compare(pair, coordinators, ["b"])
+
+
+@pytest.mark.parametrize("hold", ["device", "host", "none"])
+def test_reset_prefix_cache_resets_each_free_pool(hold: str) -> None:
+    """vLLM resets each pool that has no block in use and answers whether
+    both did: a block held in one pool does not keep the other's cache."""
+    pair = managers(24, 40, True, True)
+    coordinators = tuple(get_hisparse_coordinator(m) for m in pair)
+    tokens = list(range(100))
+    first = [make_request("a", tokens, BS) for _ in pair]
+    for m, r in zip(pair, first, strict=True):
+        assert m.allocate_slots(r, len(tokens)) is not None
+    for c, r in zip(coordinators, first, strict=True):
+        c.advance_scheduled([(r.request_id, len(tokens))])
+        r.num_computed_tokens = len(tokens)
+    done = {t[0]: 1 for t in transfers(coordinators[0])}
+    for c in coordinators:
+        c.update_spills(done, done)
+    for m, r in zip(pair, first, strict=True):
+        r.status = RequestStatus.FINISHED_STOPPED
+        m.free(r)
+    compare(pair, coordinators, [])
+    held = []
+    for m, c in zip(pair, coordinators, strict=True):
+        pool = {"device": m.block_pool, "host": c.get_host_block_pool(), "none": None}[hold]
+        held.append((pool, pool.get_new_blocks(1) if pool is not None else []))
+    answers = [m.reset_prefix_cache() for m in pair]
+    assert answers[0] == answers[1] == (hold == "none"), answers
+    compare(pair, coordinators, [])
+    for pool, blocks in held:
+        if pool is not None:
+            pool.free_blocks(blocks)
+    compare(pair, coordinators, [])

@@ -24,6 +24,9 @@
 //! * [`free`](HiSparsePair::free) and
 //!   [`pop_request_to_caller`](HiSparsePair::pop_request_to_caller) refuse
 //!   no input (an unknown id is held by neither half) and change both.
+//! * [`reset_prefix_cache`](HiSparsePair::reset_prefix_cache) is vLLM's
+//!   rule, not a transaction: each pool with no block in use forgets its
+//!   cache on its own, and the answer says which did.
 //! * The predictions ([`num_blocks_to_allocate`](HiSparsePair::num_blocks_to_allocate),
 //!   [`host_admission_blocks`](HiSparsePair::host_admission_blocks)) change
 //!   nothing.
@@ -43,6 +46,22 @@ use crate::ids::{BlockId, GroupId};
 use crate::request::Request;
 use crate::spec::SpecKind;
 use crate::step_args::{AllocateArgs, PredictArgs};
+
+/// Which halves a [`HiSparsePair::reset_prefix_cache`] reset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PrefixReset {
+    /// The host pool had no block in use and forgot its cache.
+    pub host: bool,
+    /// The device pool had no block in use and forgot its cache.
+    pub device: bool,
+}
+
+impl PrefixReset {
+    /// Both pools reset (vLLM's answer to `reset_prefix_cache`).
+    pub fn both(self) -> bool {
+        self.host && self.device
+    }
+}
 
 /// The host and device halves of one `HiSparse` manager, borrowed for one
 /// call (see the module docs).
@@ -212,6 +231,16 @@ impl<'a> HiSparsePair<'a> {
         let host = host.unwrap_or_else(|| vec![Vec::new()]);
         let device = device.unwrap_or_else(|| vec![Vec::new(); self.device.num_groups()]);
         Ok(Some(host.into_iter().chain(device).collect()))
+    }
+
+    /// Forget every cached prefix of each pool that has no block in use,
+    /// the host's first, as vLLM's coordinator resets each of its pools:
+    /// a block held in one pool does not keep the other's cache. Refuses
+    /// no input; answers which halves reset.
+    pub fn reset_prefix_cache(&mut self) -> PrefixReset {
+        let host = self.host.reset_prefix_cache();
+        let device = self.device.reset_prefix_cache();
+        PrefixReset { host, device }
     }
 
     /// The most blocks one request can hold in the pair's group `group`

@@ -252,3 +252,71 @@ fn the_pairs_shape_is_checked() {
     let mut based_at_zero = CoordinatorCore::new(cfg).unwrap();
     assert!(HiSparsePair::new(&mut host, &mut based_at_zero).is_err());
 }
+
+/// Whether each half can still find request "a"'s cached prefix.
+fn cached(host: &CoordinatorCore, device: &CoordinatorCore) -> (bool, bool) {
+    (
+        host.pool().num_cached_keys() > 0,
+        device.pool().num_cached_keys() > 0,
+    )
+}
+
+#[test]
+fn reset_prefix_cache_resets_each_pool_with_no_block_in_use() {
+    let (mut host, mut device) = warmed(16, 32);
+    let mut pair = HiSparsePair::new(&mut host, &mut device).unwrap();
+    let got = pair.reset_prefix_cache();
+    assert_eq!(
+        got,
+        super::PrefixReset {
+            host: true,
+            device: true
+        }
+    );
+    assert!(got.both());
+    pair.check_invariants().unwrap();
+    assert_eq!(cached(&host, &device), (false, false));
+}
+
+#[test]
+fn a_block_in_use_keeps_only_its_own_pools_cache() {
+    // A block held in the device pool: the host still resets (vLLM resets
+    // every pool it can), the device keeps its cache.
+    let (mut host, mut device) = warmed(16, 32);
+    let mut held = Vec::new();
+    device.get_caller_blocks(1, &mut held).unwrap();
+    let got = HiSparsePair::new(&mut host, &mut device)
+        .unwrap()
+        .reset_prefix_cache();
+    assert_eq!(
+        got,
+        super::PrefixReset {
+            host: true,
+            device: false
+        }
+    );
+    assert!(!got.both());
+    assert_eq!(cached(&host, &device), (false, true));
+    device.free_caller_blocks(&held).unwrap();
+    // And the other way round: the answer is false although the device reset.
+    let (mut host, mut device) = warmed(16, 32);
+    let mut held = Vec::new();
+    host.get_caller_blocks(1, &mut held).unwrap();
+    let got = HiSparsePair::new(&mut host, &mut device)
+        .unwrap()
+        .reset_prefix_cache();
+    assert_eq!(
+        got,
+        super::PrefixReset {
+            host: false,
+            device: true
+        }
+    );
+    assert!(!got.both());
+    assert_eq!(cached(&host, &device), (true, false));
+    host.free_caller_blocks(&held).unwrap();
+    HiSparsePair::new(&mut host, &mut device)
+        .unwrap()
+        .check_invariants()
+        .unwrap();
+}

@@ -216,6 +216,13 @@ pymethods!(PyHiSparsePair {
         }))
     }
 
+    /// Reset the prefix cache of each pool with no block in use, the
+    /// host's first; which halves reset, as (host, device).
+    fn reset_prefix_cache(&self, py: Python<'_>) -> PyResult<(bool, bool)> {
+        let reset = self.with(py, |pair| Ok(pair.reset_prefix_cache()))?;
+        Ok((reset.host, reset.device))
+    }
+
     /// The most blocks one request holds in a group (vLLM's group id) with
     /// `max_in_flight_tokens` in flight; None: no cap.
     fn max_admission_blocks(

@@ -487,14 +487,15 @@ class HiSparseManager(KVCacheManager, serves=is_hisparse):
         return out
 
     def reset_prefix_cache(self) -> bool:
-        if not self._core.reset_prefix_cache():
-            if self._checking:
-                self.check_invariants()
-            return False
-        self._watchers.fire()
-        self._host_core.reset_prefix_cache()
+        """vLLM's rule: each pool with no block in use forgets its cache on
+        its own; True when both did."""
+        host, device = self._pair.reset_prefix_cache()
+        if device:
+            self._watchers.fire()
         if self._checking:
             self.check_invariants()
+        if not (host and device):
+            return False
         if self.prefix_cache_stats is not None:
             self.prefix_cache_stats.reset = True
         return True
