@@ -8,7 +8,8 @@ after a prefix hit, with the device cache evicted first, so the host's
 longer hit is kept),
 spills completed at random steps, hot regions asked for,
 pool pressure (blocks taken and given back through the device pool),
-finishes (a finished request's publication detaches), preemptions, and
+finishes (a finished request's publication detaches), preemptions, prefix-cache
+resets with nothing running, and
 deferred frees (``pop_blocks_for_free``, the blocks freed later); with
 KV-cache events on in half the caching schedules. After
 every operation both sides must agree on: hits, allocations, block tables,
@@ -341,6 +342,11 @@ def test_hisparse_manager_matches_vllm(seed: int, caching: bool) -> None:
             rid = rng.choice(running)[0].request_id
             for c in coordinators:
                 c.hot_managers[0].require_hot(rid)
+        elif op < 0.93 and not running and not importing:
+            # A reset with nothing running: blocks held through the device
+            # pool keep its cache alone.
+            answers = [m.reset_prefix_cache() for m in pair]
+            assert answers[0] == answers[1]
         elif held and rng.random() < 0.5:
             got = held.pop()
             for m, blocks in zip(pair, got, strict=True):
