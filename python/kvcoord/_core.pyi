@@ -337,6 +337,21 @@ class BlockPool:
     def drain_eviction_records(self) -> list[tuple[int, int, int, list[int], int]]:
         """Take the eviction records since the last drain: ``(block_id,
         lifetime, idle, reuse_gaps, hits)`` per evicted block."""
+    def enable_sampled_lives(self, sample_rate: float, seed: U64) -> None:
+        """Start vLLM's sampled residency metrics (``--kv-cache-metrics``):
+        follow a ``sample_rate`` share (``0 < sample_rate <= 1``) of block
+        lives, drawn from ``seed``. A life starts at allocation, counts each
+        hit, and ends when the block is handed out again (caching on) or
+        named by :meth:`evict_blocks`; a prefix-cache reset forgets every
+        life. Enabling again starts over.
+
+        Raises:
+            ConfigError: ``sample_rate`` outside ``(0, 1]``.
+        """
+    def drain_life_samples(self) -> list[tuple[int, int, list[int]]]:
+        """Take the sampled lives ended since the last drain, oldest first:
+        ``(lifetime, idle, reuse_gaps)`` in nanoseconds (vLLM's
+        ``KVCacheEvictionEvent``); empty when the sampled metrics are off."""
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix. Returns False (logging a warning on the
         ``kvcoord`` logger) unless only the null block is in use."""
@@ -905,6 +920,12 @@ class CoordinatorCore:
     def drain_eviction_records(self) -> list[tuple[int, int, int, list[int], int]]:
         """The eviction records since the last drain (see
         :meth:`BlockPool.drain_eviction_records`)."""
+    def enable_sampled_lives(self, sample_rate: float, seed: U64) -> None:
+        """Start vLLM's sampled residency metrics on the pool (see
+        :meth:`BlockPool.enable_sampled_lives`)."""
+    def drain_life_samples(self) -> list[tuple[int, int, list[int]]]:
+        """The sampled lives ended since the last drain (see
+        :meth:`BlockPool.drain_life_samples`)."""
     def free(self, request_id: str) -> bool:
         """Release the request's blocks (tail first); False for an unknown id."""
     def pop_request_to_caller(self, request_id: str) -> list[list[int]] | None:

@@ -162,6 +162,8 @@ def _counters(llm: Any) -> dict[str, float]:
     for metric in llm.get_metrics():
         if metric.name in wanted:
             out[metric.name.removeprefix("vllm:")] = float(getattr(metric, "value", 0))
+        elif metric.name == "vllm:kv_block_lifetime_seconds":  # kv_cache_metrics on
+            out["kv_block_lives"] = float(metric.count)
     return out
 
 

@@ -143,24 +143,47 @@ def test_a_wrong_block_id_changes_tokens(engine, checkpoints) -> None:
     assert differing >= len(reference["outputs"]) // 4, differing
 
 
+# What kvcoord does not serve, and an engine asks for: prefix-cache keys
+# finer than the blocks (vLLM's prefix_match_unit) beside a sliding-window
+# group, where vLLM hashes every 16 tokens and lands hits on 32-token blocks.
+UNSERVED = "sub-block (partial) prefix hits: hash_block_size below every block size"
+
+
 def test_strict_mode_stops_an_engine_kvcoord_does_not_serve(checkpoints) -> None:
-    """A configuration kvcoord does not serve (vLLM's KV-cache residency
-    metrics) fails the engine at start in strict mode, naming the reason;
-    without strict mode the engine runs on vLLM's own manager and the
-    fallback is counted, logged and reported."""
+    """A configuration kvcoord does not serve fails the engine at start in
+    strict mode, naming the reason; without strict mode the engine runs on
+    vLLM's own manager and the fallback is counted, logged and reported."""
     settings = RunSettings(
-        model=checkpoints["llama"],
-        engine_args={"kv_cache_metrics": True},
+        model=checkpoints["llama-swa"],
+        engine_args={"prefix_match_unit": 16},
         workload=Workload(rounds=1),
     )
     with pytest.raises(EngineFailed) as failed:
         run_engine(settings, kvcoord=True, strict=True)
     assert "NotServedError" in failed.value.log
-    assert "KV-cache residency metrics" in failed.value.log
+    assert "sub-block (partial) prefix hits" in failed.value.log
 
     fell_back = run_engine(settings, kvcoord=True, strict=False)
     status = fell_back["kvcoord"]
     assert status["served"] == 0
-    assert status["fallbacks"] == {"KV-cache residency metrics (metrics_collector)": 1}
+    assert status["fallbacks"] == {UNSERVED: 1}
     warnings = [ln for ln in fell_back["log"].splitlines() if "is not served by kvcoord" in ln]
     assert len(warnings) == 1, warnings
+
+
+def test_residency_metrics_are_served_with_vllms_counts(engine, checkpoints) -> None:
+    """vLLM's KV-cache residency metrics (every block sampled) on kvcoord:
+    served in strict mode, vLLM's tokens, and the engine's own residency
+    histograms count the same block lives as on vLLM's manager (the
+    counters compared include ``vllm:kv_block_lifetime_seconds``' count)."""
+    settings = dataclasses.replace(
+        _settings(checkpoints, "llama", True, "sha256_cbor", False),
+        engine_args={"kv_cache_metrics": True, "kv_cache_metrics_sample": 1.0},
+    )
+    reference = engine(settings, kvcoord=False)
+    served = engine(settings, kvcoord=True)
+    assert served_lines(served) == 1
+    assert served["kvcoord"]["fallbacks"] == {}
+    assert _differing(reference["outputs"], served["outputs"]) == 0
+    assert served["counters"] == reference["counters"]
+    assert reference["counters"][-1]["kv_block_lives"] > 0

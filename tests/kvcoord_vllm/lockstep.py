@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+from vllm.config import CacheConfig, ModelConfig, ObservabilityConfig, SchedulerConfig, VllmConfig
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256_cbor
 from vllm.v1.core import kv_cache_utils
@@ -78,6 +78,9 @@ class Config:
     sliding_window: int = 0
     #: Longest prompt, in blocks.
     max_prompt_blocks: int = 5
+    #: vLLM's KV-cache residency metrics (``kv_cache_metrics``), sampling
+    #: every block, so both schedulers report the same block lives.
+    kv_cache_metrics: bool = False
 
     def __str__(self) -> str:
         return self.name
@@ -128,7 +131,15 @@ def _build_one(cfg: Config) -> Scheduler:
     cache = CacheConfig(block_size=cfg.block_size, enable_prefix_caching=cfg.enable_caching)
     cache.prefix_caching_hash_algo = "sha256_cbor"
     cache.num_gpu_blocks = cfg.num_blocks
-    vcfg = VllmConfig(scheduler_config=sched_cfg, model_config=model, cache_config=cache)
+    observability = ObservabilityConfig(
+        kv_cache_metrics=cfg.kv_cache_metrics, kv_cache_metrics_sample=1.0
+    )
+    vcfg = VllmConfig(
+        scheduler_config=sched_cfg,
+        model_config=model,
+        cache_config=cache,
+        observability_config=observability,
+    )
     register_all_kvcache_specs(vcfg)
     return Scheduler(
         vllm_config=vcfg,
@@ -305,6 +316,13 @@ def _stats(stats: Any) -> dict[str, Any]:
         "kv_cache_usage": round(stats.kv_cache_usage, 9),
         "num_running_reqs": stats.num_running_reqs,
         "num_waiting_reqs": stats.num_waiting_reqs,
+        # The residency metrics' block lives that ended (their times are the
+        # clock's, so what is compared is their shape): per life, whether it
+        # was ever hit and how many reuse gaps it reports.
+        "kv_cache_evictions": [
+            (e.idle_seconds < e.lifetime_seconds, len(e.reuse_gaps_seconds))
+            for e in stats.kv_cache_eviction_events
+        ],
     }
 
 
@@ -485,6 +503,9 @@ def _run(
                     pcs = eco.scheduler_stats.prefix_cache_stats
                     cov["hit_tokens"] += pcs.hits + pcs.preempted_hits
                     cov["queried_tokens"] += pcs.queries + pcs.preempted_queries
+                    for event in eco.scheduler_stats.kv_cache_eviction_events:
+                        cov["lives_ended"] += 1
+                        cov["lives_with_reuse_gaps"] += bool(event.reuse_gaps_seconds)
         sa, sb = stats_view(a), stats_view(b)
         found = (
             found

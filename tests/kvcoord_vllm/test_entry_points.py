@@ -42,7 +42,7 @@ from vllm_helpers import BS, config, full_spec
 kv.enable()
 args = dict(max_model_len=64, scheduler_block_size=BS, hash_block_size=BS)
 assert isinstance(kv.KVCacheManager(config(16, [full_spec()]), **args), kv.KVCacheManager)
-fallen = kv.KVCacheManager(config(16, [full_spec()]), metrics_collector=object(), **args)
+fallen = kv.KVCacheManager(config(16, [full_spec()]), watermark=-0.5, **args)
 assert type(fallen) is kv.original_manager_class()
 {LOADED}
 kv.BlockPool

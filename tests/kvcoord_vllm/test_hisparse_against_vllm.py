@@ -11,10 +11,12 @@ pool pressure (blocks taken and given back through the device pool),
 finishes (a finished request's publication detaches), preemptions, prefix-cache
 resets with nothing running, and
 deferred frees (``pop_blocks_for_free``, the blocks freed later); with
-KV-cache events on in half the caching schedules. After
+KV-cache events on in half the caching schedules and vLLM's residency
+metrics (every block sampled) in half the schedules. After
 every operation both sides must agree on: hits, allocations, block tables,
 residency rows, the planned page transfers, the coordinator's per-request
-page states and copies, residency updates, both pools' free queues; and the
+page states and copies, residency updates, both pools' free queues, the
+residency metrics' ended block lives; and the
 KV-cache events (host ones with medium CPU, group ids vLLM's); and the
 kvcoord cores' invariants hold. Skipped without vLLM.
 """
@@ -32,6 +34,7 @@ pytest.importorskip(
 import torch
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmManager
+from vllm.v1.core.kv_cache_metrics import KVCacheMetricsCollector
 from vllm.v1.core.kv_cache_utils import init_none_hash
 from vllm.v1.hisparse.coordinator import get_hisparse_coordinator
 from vllm.v1.kv_cache_interface import (
@@ -81,7 +84,7 @@ def hisparse_config(num_blocks: int, host_blocks: int) -> KVCacheConfig:
 
 
 def managers(
-    num_blocks: int, host_blocks: int, caching: bool, events: bool = False
+    num_blocks: int, host_blocks: int, caching: bool, events: bool = False, metrics: bool = False
 ) -> tuple[object, object]:
     args = manager_args(
         max_model_len=MAX_MODEL_LEN,
@@ -90,8 +93,13 @@ def managers(
         enable_caching=caching,
         enable_kv_cache_events=events,
     )
-    theirs = VllmManager(hisparse_config(num_blocks, host_blocks), **args)
-    ours = kv.KVCacheManager(hisparse_config(num_blocks, host_blocks), **args)
+
+    def collector() -> dict:
+        # Every block sampled, so both sides follow the same lives.
+        return {"metrics_collector": KVCacheMetricsCollector(1.0)} if metrics else {}
+
+    theirs = VllmManager(hisparse_config(num_blocks, host_blocks), **args, **collector())
+    ours = kv.KVCacheManager(hisparse_config(num_blocks, host_blocks), **args, **collector())
     assert type(ours) is HiSparseManager
     return theirs, ours
 
@@ -138,9 +146,24 @@ def event_list(manager: object) -> list[tuple]:
     ]
 
 
+def lives_ended(manager: object) -> list[tuple[bool, int]]:
+    """The residency metrics' block lives ended since the last call (none
+    without a collector): per life, whether it was hit and its number of
+    reuse gaps (the times are the clock's)."""
+    collector = manager.metrics_collector  # type: ignore[attr-defined]
+    if collector is None:
+        return []
+    manager.make_prefix_cache_stats()  # type: ignore[attr-defined]
+    return [
+        (e.idle_seconds < e.lifetime_seconds, len(e.reuse_gaps_seconds))
+        for e in collector.drain_events()
+    ]
+
+
 def compare(pair: tuple, coordinators: tuple, live: list[str]) -> None:
     theirs, ours = pair
     assert event_list(theirs) == event_list(ours)
+    assert lives_ended(theirs) == lives_ended(ours)
     assert free_queue(theirs) == free_queue(ours)
     host = [c.get_host_block_pool().free_block_queue.get_all_free_blocks() for c in coordinators]
     assert ids_of(host[0]) == ids_of(host[1])
@@ -162,7 +185,8 @@ def compare(pair: tuple, coordinators: tuple, live: list[str]) -> None:
 def test_hisparse_manager_matches_vllm(seed: int, caching: bool) -> None:
     rng = random.Random(seed)
     events = caching and seed % 2 == 0
-    pair = managers(rng.choice([16, 24, 40]), rng.choice([12, 24, 40]), caching, events)
+    metrics = seed % 4 < 2
+    pair = managers(rng.choice([16, 24, 40]), rng.choice([12, 24, 40]), caching, events, metrics)
     coordinators = tuple(get_hisparse_coordinator(m) for m in pair)
     bases = [[rng.randrange(1000) for _ in range(140)] for _ in range(2)]
     waiting: list[tuple] = []

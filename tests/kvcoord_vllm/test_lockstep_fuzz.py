@@ -91,6 +91,14 @@ CONFIGS = [
         sliding_window=24,
         enable_caching=False,
     ),
+    ls.Config("bs16-metrics", block_size=16, num_blocks=20, kv_cache_metrics=True),
+    ls.Config(
+        "bs16-metrics-nocache",
+        block_size=16,
+        num_blocks=20,
+        enable_caching=False,
+        kv_cache_metrics=True,
+    ),
 ]
 
 
@@ -132,6 +140,8 @@ def test_lockstep_matches_vllm(cfg: ls.Config) -> None:
     assert coverage["kvcoord_hashed"] > 0, coverage
     if cfg.enable_caching:
         assert coverage["hit_tokens"] > 0, coverage
+    if cfg.kv_cache_metrics and cfg.enable_caching:
+        assert coverage["lives_ended"] > 0 and coverage["lives_with_reuse_gaps"] > 0, coverage
     if cfg.max_num_batched_tokens < cfg.max_prompt_blocks * cfg.block_size:
         assert coverage["partial_prefills"] > 0, coverage
 
@@ -189,3 +199,31 @@ def test_negative_control_wrong_block_id_is_caught(cfg: ls.Config) -> None:
     assert "block_ids" in div.first_field, str(div)
     message = ls.report(cfg, 0, ops, found, minimal, div)
     assert "seed 0" in message and f"step {found.step}" in message and f"step {div.step}" in message
+
+
+class _NeverHitLivesDropped:
+    """B's sampled lives without those never hit (a block that was only
+    allocated and reallocated): the rule of "a life ends when its cache
+    entry does", which is not vLLM's."""
+
+    def __init__(self, core: Any) -> None:
+        self._core = core
+
+    def drain_life_samples(self) -> list[tuple[int, int, list[int]]]:
+        return [s for s in self._core.drain_life_samples() if s[1] < s[0]]
+
+
+def _inject_lost_lives(sched: Any) -> None:
+    feed = sched.kv_cache_manager._residency
+    feed._pool = _NeverHitLivesDropped(feed._pool)
+
+
+def test_negative_control_a_lost_residency_sample_is_caught() -> None:
+    """Residency samples lost on kvcoord's side must fail the fuzz on the
+    eviction events of the scheduler stats."""
+    cfg = next(c for c in CONFIGS if c.kv_cache_metrics and c.enable_caching)
+    ops = ls.generate_ops(cfg, 0, N_OPS)
+    assert ls.run(cfg, ops) is None
+    found = ls.run(cfg, ops, inject=_inject_lost_lives)
+    assert found is not None, "the fuzz missed lost residency samples"
+    assert "kv_cache_evictions" in found.first_field, str(found)

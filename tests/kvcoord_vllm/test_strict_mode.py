@@ -15,18 +15,18 @@ import kvcoord.vllm as kv
 from kvcoord.errors import InvariantError, NotServedError
 from kvcoord.vllm.serve import _construct, _versions
 
-# A configuration kvcoord does not serve: vLLM's KV-cache residency sampling.
-UNSERVED = "KV-cache residency metrics (metrics_collector)"
+# A configuration kvcoord does not serve: a negative watermark (vLLM's
+# scheduler config refuses one; its manager takes it).
+UNSERVED = "negative watermark"
 
 
 def _build(**kw: object) -> object:
-    return kv.KVCacheManager(
-        config(16, [full_spec()]),
-        max_model_len=64,
-        scheduler_block_size=BS,
-        hash_block_size=BS,
-        **kw,
-    )
+    args: dict[str, object] = dict(max_model_len=64, scheduler_block_size=BS, hash_block_size=BS)
+    return kv.KVCacheManager(config(16, [full_spec()]), **{**args, **kw})
+
+
+def _unserved() -> object:
+    return _build(watermark=-0.5)
 
 
 @pytest.fixture
@@ -40,8 +40,8 @@ def restore_strict():
 def test_strict_mode_refuses_with_the_reason_and_counts_nothing(restore_strict) -> None:
     kv.enable(strict=True)
     before = dict(kv.fallbacks)
-    with pytest.raises(NotServedError, match="residency metrics"):
-        _build(metrics_collector=object())
+    with pytest.raises(NotServedError, match="negative watermark"):
+        _unserved()
     assert dict(kv.fallbacks) == before
     assert kv.status()["strict"] is True
     # What kvcoord serves is served in strict mode as before.
@@ -54,7 +54,7 @@ def test_fallback_is_one_warning_a_count_and_a_status_entry(restore_strict, capl
     kv.enable(strict=False)
     before = kv.fallbacks[UNSERVED]
     with caplog.at_level(logging.WARNING, logger="kvcoord.vllm"):
-        manager = _build(metrics_collector=object())
+        manager = _unserved()
     assert type(manager) is kv.original_manager_class()
     assert kv.fallbacks[UNSERVED] == before + 1
     lines = [r for r in caplog.records if "is not served by kvcoord" in r.getMessage()]
@@ -90,7 +90,7 @@ def test_disable_turns_strict_mode_off(restore_strict) -> None:
     kv.disable()
     assert not kv.status()["strict"]
     # A manager built directly afterwards falls back instead of raising.
-    assert type(_build(metrics_collector=object())) is kv.original_manager_class()
+    assert type(_unserved()) is kv.original_manager_class()
 
 
 class _BrokenCore:

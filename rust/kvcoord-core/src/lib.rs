@@ -62,6 +62,7 @@ pub mod request;
 pub mod residency;
 pub mod retention;
 pub mod reuse_watch;
+pub mod sampled_lives;
 pub mod spec;
 pub mod step_args;
 pub mod trace_tokens;

@@ -209,6 +209,29 @@ macro_rules! pool_writers {
                 $crate::errors::core(self.pool_mut(py, |p| p.enable_residency_with(keep))?)
             }
 
+            /// Start vLLM's sampled residency metrics: follow a
+            /// `sample_rate` share of block lives (0 < rate <= 1), drawn
+            /// from `seed`; enabling again starts over.
+            fn enable_sampled_lives(
+                &self,
+                py: Python<'_>,
+                sample_rate: f64,
+                seed: &Bound<'_, PyAny>,
+            ) -> PyResult<()> {
+                let seed = $crate::numbers::arg::<$crate::numbers::U64>(seed, "seed")?.0;
+                $crate::errors::core(self.pool_mut(py, |p| p.enable_sampled_lives(sample_rate, seed))?)
+            }
+
+            /// The sampled lives ended since the last drain, oldest first:
+            /// (lifetime, idle, reuse gaps), in nanoseconds.
+            fn drain_life_samples(&self, py: Python<'_>) -> PyResult<Vec<(u64, u64, Vec<u64>)>> {
+                let samples = self.pool_mut(py, |p| p.drain_life_samples())?;
+                Ok(samples
+                    .into_iter()
+                    .map(|s| (s.lifetime_ns, s.idle_ns, s.reuse_gaps_ns))
+                    .collect())
+            }
+
             fn set_residency_clock(&self, py: Python<'_>, now: &Bound<'_, PyAny>) -> PyResult<()> {
                 let now = $crate::numbers::arg::<$crate::numbers::U64>(now, "now")?.0;
                 self.pool_mut(py, |p| p.set_residency_clock(now))

@@ -492,6 +492,8 @@ class HiSparseManager(KVCacheManager, serves=is_hisparse):
         host, device = self._pair.reset_prefix_cache()
         if device:
             self._watchers.fire()
+            if self._residency is not None:  # vLLM's device pool holds the collector
+                self._residency.reset()
         if self._checking:
             self.check_invariants()
         if not (host and device):

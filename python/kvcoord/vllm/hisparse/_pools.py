@@ -95,8 +95,8 @@ class _CachedPoolView(PoolView):
 
     __slots__ = ("_views", "log", "other")
 
-    #: vLLM's residency sampler of the pool (kvcoord serves none: a manager
-    #: given a ``metrics_collector`` falls back).
+    #: vLLM's residency sampler of the pool: none here (the manager feeds
+    #: vLLM's collector from the core; see ``serve._residency_metrics``).
     metrics_collector: Any = None
 
     def __init__(self, pool: Any, core: Any, views: ViewCache) -> None:

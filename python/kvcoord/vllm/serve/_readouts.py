@@ -18,6 +18,7 @@ from kvcoord.vllm.serve import _mamba
 from kvcoord.vllm.serve._blocks import BlockView, KVCacheBlocks, ids_of
 from kvcoord.vllm.serve._events import EventLog
 from kvcoord.vllm.serve._requests import RequestRegistry
+from kvcoord.vllm.serve._residency_metrics import ResidencyFeed
 from kvcoord.vllm.serve._zeroing import ZeroingLog
 
 __all__ = ["ManagerReadouts"]
@@ -35,6 +36,7 @@ class ManagerReadouts:
     num_kv_cache_groups: int
     empty_kv_cache_blocks: KVCacheBlocks
     _core: Any
+    _residency: ResidencyFeed | None
     _pool: Any
     _requests: RequestRegistry
     _events: EventLog | None
@@ -59,6 +61,9 @@ class ManagerReadouts:
         return float(self._pool.usage)
 
     def make_prefix_cache_stats(self) -> Any:
+        # vLLM's scheduler drains the residency collector right after this.
+        if self._residency is not None:
+            self._residency.feed()
         if not self.log_stats:
             return None
         stats = self.prefix_cache_stats

@@ -36,12 +36,6 @@ __all__ = [
     "unsupported_reason",
 ]
 
-# Constructor arguments whose non-default values kvcoord does not serve yet,
-# with the reason given in the fallback log line.
-_UNSERVED_ARGS: tuple[tuple[str, object, str], ...] = (
-    ("metrics_collector", None, "KV-cache residency metrics (metrics_collector)"),
-)
-
 
 def eagle_groups(kv_cache_config: Any, use_eagle: bool) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """vLLM's EAGLE groups (those flagged ``is_eagle_group``, else every
@@ -143,9 +137,6 @@ def unsupported_reason(
     reason = version_reason()
     if reason is not None:
         return reason
-    for name, default, why in _UNSERVED_ARGS:
-        if args.get(name, default) != default:
-            return why
     if args.get("watermark", 0.0) < 0:
         return "negative watermark"
     groups = list(kv_cache_config.kv_cache_groups)

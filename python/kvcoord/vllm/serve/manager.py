@@ -39,6 +39,7 @@ from kvcoord.vllm.serve._decode import DecodePath
 from kvcoord.vllm.serve._events import event_metadata, pool_view
 from kvcoord.vllm.serve._readouts import ManagerReadouts
 from kvcoord.vllm.serve._requests import RequestRegistry
+from kvcoord.vllm.serve._residency_metrics import ResidencyFeed
 from kvcoord.vllm.serve._support import (
     check_retention,
     cross_attention_group_ids,
@@ -97,7 +98,7 @@ class KVCacheManager(DecodePath, ManagerReadouts, DecodeFastPath):
         # coordinator's lookups drop it).
         self.eagle_group_ids, self.drop_eagle_group_ids = eagle_groups(cfg, self.use_eagle)
         self.log_stats = bool(a.get("log_stats", False))
-        self.metrics_collector = None
+        self.metrics_collector = a.get("metrics_collector")
         self.mamba_shared_prefix_checkpoint = False
         self.retained_hit_group_ids: tuple[int, ...] = ()
         self.num_kv_cache_groups = len(cfg.kv_cache_groups)
@@ -182,6 +183,11 @@ class KVCacheManager(DecodePath, ManagerReadouts, DecodeFastPath):
             tuple(() for _ in range(self.num_kv_cache_groups)), self._pool
         )
         self.prefix_cache_stats: Any = self._new_stats() if self.log_stats else None
+        self._residency = (
+            None
+            if self.metrics_collector is None
+            else ResidencyFeed(self.metrics_collector, self._core)
+        )
         self._checking = is_checking()
         self._init_fast_path(
             self._decode_room,
@@ -474,6 +480,8 @@ class KVCacheManager(DecodePath, ManagerReadouts, DecodeFastPath):
         if not done:
             return False
         self._decode_room.clear()
+        if self._residency is not None:
+            self._residency.reset()
         if self.prefix_cache_stats is not None:
             self.prefix_cache_stats.reset = True
         return True

@@ -41,6 +41,9 @@ impl BlockPool {
         if !self.watch.is_empty() {
             self.watch.on_handed_out(&out[start..]);
         }
+        if let Some(s) = self.sampled.as_deref_mut() {
+            s.on_allocated(&out[start..], self.config.enable_caching);
+        }
         if let Some(r) = self.residency.as_deref_mut() {
             for &b in &out[start..] {
                 if self.meta[b.index()].key != NO_KEY {
@@ -248,6 +251,9 @@ impl BlockPool {
             for &b in blocks.iter().filter(|b| !b.is_null()) {
                 r.on_hit(b);
             }
+        }
+        if let Some(s) = self.sampled.as_deref_mut() {
+            s.on_accessed(blocks);
         }
         Ok(())
     }

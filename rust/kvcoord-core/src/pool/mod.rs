@@ -51,6 +51,7 @@ use crate::partial_keys::PartialKeys;
 use crate::prefix_index::{KeySlot, PrefixIndex};
 use crate::residency::Residency;
 use crate::reuse_watch::ReuseWatch;
+use crate::sampled_lives::SampledLives;
 
 mod alloc;
 mod event_log;
@@ -152,6 +153,9 @@ pub struct BlockPool {
     now: u32,
     /// Residency metrics, when enabled (see [`crate::residency`]).
     residency: Option<Box<Residency>>,
+    /// vLLM's sampled residency metrics, when enabled (see
+    /// [`crate::sampled_lives`]).
+    sampled: Option<Box<SampledLives>>,
     /// Released blocks still read until reused ([`Self::unpin_blocks`]).
     watch: ReuseWatch,
 }
@@ -305,6 +309,7 @@ impl BlockPool {
             num_evictions: 0,
             now: 0,
             residency: None,
+            sampled: None,
             watch: ReuseWatch::default(),
         })
     }
@@ -325,6 +330,9 @@ impl BlockPool {
     pub fn check_invariants(&self) -> Result<(), String> {
         self.free.check_invariants(self.now)?;
         self.index.check_invariants()?;
+        if let Some(s) = &self.sampled {
+            s.check_invariants()?;
+        }
         // The null block is never counted nor queued; it carries a key only
         // when keyed by hand (`insert_key`), checked with the others below.
         if self.meta[0].ref_cnt != FRESH.ref_cnt || self.free.contains(BlockId::NULL) {

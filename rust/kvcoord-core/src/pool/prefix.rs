@@ -219,6 +219,9 @@ impl BlockPool {
     /// change: a block in use stays allocated, it just stops serving hits.
     pub fn evict_blocks(&mut self, blocks: &[BlockId]) -> KvResult<()> {
         self.check_ids(blocks)?;
+        if let Some(s) = self.sampled.as_deref_mut() {
+            s.on_evicted(blocks);
+        }
         for &b in blocks {
             if self.meta[b.index()].key != NO_KEY {
                 if let Some(r) = self.residency.as_deref_mut() {
@@ -248,6 +251,9 @@ impl BlockPool {
         }
         if !self.watch.is_empty() {
             self.watch.on_reset();
+        }
+        if let Some(s) = self.sampled.as_deref_mut() {
+            s.on_reset();
         }
         if let Some(events) = &mut self.events {
             events.push(KvEvent::AllBlocksCleared);

@@ -9,6 +9,7 @@ use crate::error::KvResult;
 use crate::ids::BlockId;
 use crate::prefix_index::CacheKey;
 use crate::residency::Residency;
+use crate::sampled_lives::{LifeSample, SampledLives};
 
 impl BlockPool {
     /// Start tracking residency metrics for every block (clock at 0).
@@ -32,6 +33,28 @@ impl BlockPool {
             r.set_keep_records(keep_records);
         }
         Ok(())
+    }
+
+    /// Start vLLM's sampled residency metrics ([`crate::sampled_lives`]):
+    /// follow a `sample_rate` share of block lives, drawn from `seed`.
+    /// Enabling again starts over.
+    pub fn enable_sampled_lives(&mut self, sample_rate: f64, seed: u64) -> KvResult<()> {
+        self.sampled = Some(Box::new(SampledLives::new(sample_rate, seed)?));
+        Ok(())
+    }
+
+    /// vLLM's sampled residency metrics, when enabled.
+    pub fn sampled_lives(&self) -> Option<&SampledLives> {
+        self.sampled.as_deref()
+    }
+
+    /// The samples of lives ended since the last drain (none when the
+    /// sampled metrics are off).
+    pub fn drain_life_samples(&mut self) -> Vec<LifeSample> {
+        self.sampled
+            .as_deref_mut()
+            .map(SampledLives::drain)
+            .unwrap_or_default()
     }
 
     /// The residency metrics, when enabled.

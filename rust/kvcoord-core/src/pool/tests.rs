@@ -99,6 +99,35 @@ fn residency_clock_and_records_through_the_pool() {
 }
 
 #[test]
+fn sampled_lives_follow_vllms_pool_calls() {
+    let mut p = pool(4);
+    assert!(p.drain_life_samples().is_empty()); // off
+    assert!(p.enable_sampled_lives(0.0, 1).is_err());
+    p.enable_sampled_lives(1.0, 1).unwrap();
+    let b = ids(&get(&mut p, 2));
+    p.cache_full_blocks(&b[..1], &[h(1)], 0, 1, GroupId(0), None)
+        .unwrap();
+    p.free_blocks(&b).unwrap();
+    p.touch(&[b[0], BlockId::NULL]).unwrap(); // a hit on the cached block
+    p.free_blocks(&b[..1]).unwrap();
+    assert!(p.drain_life_samples().is_empty(), "no life has ended");
+    // Handing out every free block ends both lives, the uncached one too
+    // (vLLM ends a sampled life at every reallocation when caching is on).
+    let again = ids(&get(&mut p, 3));
+    assert_eq!(p.drain_life_samples().len(), 2);
+    p.evict_blocks(&again[..1]).unwrap();
+    assert_eq!(p.drain_life_samples().len(), 1);
+    p.free_blocks(&again).unwrap();
+    p.check_invariants().unwrap();
+    // A reset forgets the remaining lives.
+    p.evict_blocks(&again[1..2]).unwrap();
+    assert!(p.reset_prefix_cache());
+    assert!(p.drain_life_samples().is_empty());
+    p.evict_blocks(&again).unwrap();
+    assert!(p.drain_life_samples().is_empty());
+}
+
+#[test]
 fn free_order_split() {
     // Unhashed blocks to the front in order, hashed ones to the back.
     let mut p = pool(5);
