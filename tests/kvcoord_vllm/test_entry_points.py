@@ -38,11 +38,11 @@ LOADED = "print(sorted(m for m in sys.modules if m.startswith('kvcoord.')))"
 ENGINE = f"""
 import sys
 import kvcoord.vllm as kv
-from vllm_helpers import BS, config, full_spec
+from vllm_helpers import BS, config, full_spec, unserved_manager
 kv.enable()
 args = dict(max_model_len=64, scheduler_block_size=BS, hash_block_size=BS)
 assert isinstance(kv.KVCacheManager(config(16, [full_spec()]), **args), kv.KVCacheManager)
-fallen = kv.KVCacheManager(config(16, [full_spec()]), watermark=-0.5, **args)
+fallen = unserved_manager()
 assert type(fallen) is kv.original_manager_class()
 {LOADED}
 kv.BlockPool

@@ -9,15 +9,13 @@ import pytest
 
 pytest.importorskip("vllm.v1.core.kv_cache_manager", reason="needs vLLM (kvcoord[vllm])")
 
-from vllm_helpers import BS, config, full_spec
+from vllm_helpers import BS, UNSERVED_REASON, config, full_spec, unserved_manager
 
 import kvcoord.vllm as kv
 from kvcoord.errors import InvariantError, NotServedError
 from kvcoord.vllm.serve import _construct, _versions
 
-# A configuration kvcoord does not serve: a negative watermark (vLLM's
-# scheduler config refuses one; its manager takes it).
-UNSERVED = "negative watermark"
+UNSERVED = UNSERVED_REASON
 
 
 def _build(**kw: object) -> object:
@@ -26,7 +24,7 @@ def _build(**kw: object) -> object:
 
 
 def _unserved() -> object:
-    return _build(watermark=-0.5)
+    return unserved_manager()
 
 
 @pytest.fixture
@@ -40,7 +38,7 @@ def restore_strict():
 def test_strict_mode_refuses_with_the_reason_and_counts_nothing(restore_strict) -> None:
     kv.enable(strict=True)
     before = dict(kv.fallbacks)
-    with pytest.raises(NotServedError, match="negative watermark"):
+    with pytest.raises(NotServedError, match="sub-block"):
         _unserved()
     assert dict(kv.fallbacks) == before
     assert kv.status()["strict"] is True

@@ -19,7 +19,12 @@ import torch
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from vllm.v1.kv_cache_interface import (
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    SlidingWindowSpec,
+)
 from vllm.v1.request import Request
 
 import kvcoord.vllm as kv
@@ -108,6 +113,22 @@ def config(num_blocks: int, specs: list) -> KVCacheConfig:
         kv_cache_tensors=[],
         kv_cache_groups=[KVCacheGroupSpec([f"l{i}"], s) for i, s in enumerate(specs)],
     )
+
+
+#: Why kvcoord does not serve :func:`unserved_manager`'s configuration.
+UNSERVED_REASON = "sub-block (partial) prefix hits: hash_block_size below every block size"
+
+
+def unserved_manager(**args: Any) -> Any:
+    """A manager of a configuration kvcoord does not serve and both vLLM
+    releases build, as an engine asks for it (``prefix_match_unit`` finer
+    than the blocks beside a sliding window): hashes every 2 tokens, 4-token
+    blocks, full attention and a window."""
+    window = SlidingWindowSpec(
+        block_size=BS, num_kv_heads=1, head_size=1, dtype=torch.float32, sliding_window=2 * BS
+    )
+    kw: dict[str, Any] = dict(max_model_len=64, scheduler_block_size=BS, hash_block_size=BS // 2)
+    return kv.KVCacheManager(config(16, [full_spec(), window]), **{**kw, **args})
 
 
 def make_request(
