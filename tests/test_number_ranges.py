@@ -111,6 +111,7 @@ def pool_world() -> tuple[Any, Call, Callable[[], object]]:
     spec = _core.GroupSpec.full_attention(B)
     defaults: dict[str, dict[str, object]] = {
         "set_priority": {"block_ids": ids[:1]},
+        "enable_sampled_lives": {"sample_rate": 0.5},
         "cache_full_blocks": {
             "block_ids": ids,
             "block_hashes": hashes,
@@ -170,6 +171,7 @@ def core_world() -> tuple[Any, Call, Callable[[], object]]:
             "num_in_flight_tokens": 0,
         },
         "set_priority": {"block_ids": []},
+        "enable_sampled_lives": {"sample_rate": 0.5},
         "resident_page": row,
         "unpin_resident_page": row,
         "drop_resident_page": row,
