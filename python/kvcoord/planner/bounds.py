@@ -97,7 +97,8 @@ class WorkloadFacts:
     def prefill_gpu_seconds(self, step: StepTimeModel) -> np.ndarray:
         """GPU-seconds of computing each request's prompt past its best possible
         hit (all GPUs together)."""
-        key = (step.model, step.gpu, step.compute_flops_per_second, step.linear_params)
+        key = (step.model, step.gpu, step.flops_per_second, step.compute_flops_per_second,
+               step.linear_params)  # fmt: skip
         if key not in self.gpu_seconds:
             f = step.prefill_gpu_seconds
             self.gpu_seconds[key] = np.array(
