@@ -78,10 +78,11 @@ class ModelSpec:
     ``sliding_window``, ``chunked_local`` (``window`` tokens for both) or
     ``mamba``. ``params`` / ``active_params`` are all and per-token weights
     (equal for dense models), both counting the input embedding and the
-    output head, as :mod:`kvcoord.replay.hf_config` counts them; ``weight_bytes`` is their size as vLLM loads
-    them in ``weight_dtype`` (the checkpoint's own unless ``--weight-dtype``
-    says otherwise; :mod:`kvcoord.replay.dtypes` says which weights a format
-    quantizes). The vocabulary, MLP and expert sizes split the parameters into
+    output head, as :mod:`kvcoord.replay.hf_config` counts them;
+    ``weight_bytes`` is their size as vLLM loads them in ``weight_dtype``
+    (the checkpoint's own unless ``--weight-dtype`` says otherwise;
+    :mod:`kvcoord.replay.dtypes` says which weights a format quantizes).
+    The vocabulary, MLP and expert sizes split the parameters into
     embeddings, experts and the rest, and size the activations of
     :mod:`kvcoord.replay.memory`.
     """
