@@ -5,15 +5,15 @@ Each replay request is served at best with the best possible prefix cache
 tier serves more) and alone on its engine. Two properties of the step-time
 model (:class:`kvcoord.replay.timing.StepTimeModel`) make these bounds:
 
-* a step takes at least its GEMM and attention FLOPs at the GPUs' achieved
-  rate (``flops / (tp x flops_per_second)``), and
+* a step takes at least its GEMMs and attention at the GPUs' achieved
+  rates (``prefill_gpu_seconds / tp``), and
 * a step takes longer the more it computes (``step_seconds`` grows with
   each of its arguments).
 
 Then, per request ``i``:
 
-* **TTFT** >= max(the FLOPs of prefilling its uncached prompt / the
-  engine's FLOP rate, one step of one token): its prompt is computed
+* **TTFT** >= max(the compute of prefilling its uncached prompt over the
+  engine's GPUs, one step of one token): its prompt is computed
   before its first token, in at least one step;
 * **TPOT** >= one decode step of one token after its prompt (every later
   token is computed in a step of its own that reads at least that much KV);
@@ -22,7 +22,7 @@ and a percentile of a lower bound per request is a lower bound of the
 percentile. For a TTFT target at percentile ``q`` over ``n`` requests, at
 least ``floor(q (n - 1)) + 1`` of them (:func:`needed`) must have their
 first token within the target of their arrival, so the cheapest such set's
-prefill FLOPs must fit in every GPU's compute between the first arrival
+prefill compute must fit in every GPU's compute between the first arrival
 and the last one plus the target (**compute**, skipped for a closed loop,
 whose clients send later than the trace says). A candidate whose bound
 misses a target cannot meet it.
@@ -82,8 +82,8 @@ class WorkloadFacts:
     arrival: np.ndarray
     best_hit: np.ndarray
     closed_loop: bool
-    #: Per-request uncached prefill FLOPs, by model name (filled on first use).
-    flops: dict[str, np.ndarray]
+    #: Per-request uncached prefill GPU-seconds, by step-time model (filled on first use).
+    gpu_seconds: dict[Any, np.ndarray]
 
     @property
     def n(self) -> int:
@@ -94,16 +94,18 @@ class WorkloadFacts:
         total = int(self.prompt.sum())
         return float(self.best_hit.sum()) / total if total else 0.0
 
-    def prefill_flops(self, step: StepTimeModel) -> np.ndarray:
-        """FLOPs of each request's prompt past its best possible hit (all GPUs together)."""
-        key = step.model.name
-        if key not in self.flops:
-            f = step.prefill_flops
-            self.flops[key] = np.array(
+    def prefill_gpu_seconds(self, step: StepTimeModel) -> np.ndarray:
+        """GPU-seconds of computing each request's prompt past its best possible
+        hit (all GPUs together)."""
+        key = (step.model, step.gpu, step.flops_per_second, step.compute_flops_per_second,
+               step.linear_params)  # fmt: skip
+        if key not in self.gpu_seconds:
+            f = step.prefill_gpu_seconds
+            self.gpu_seconds[key] = np.array(
                 [f(int(p)) - f(int(h)) for p, h in zip(self.prompt, self.best_hit, strict=True)],
                 dtype=np.float64,
             )
-        return self.flops[key]
+        return self.gpu_seconds[key]
 
 
 def workload_facts(
@@ -119,7 +121,7 @@ def workload_facts(
         arrival=np.array([r.arrival_s * time_scale for r in reqs], dtype=np.float64),
         best_hit=np.array(hits, dtype=np.int64),
         closed_loop=closed_loop,
-        flops={},
+        gpu_seconds={},
     )
 
 
@@ -140,10 +142,9 @@ def candidate_bounds(
     ``tpot_pQ_s`` for each target, ``compute_share`` (the prefill the TTFT
     target needs over the compute there is; above 1 it cannot be done) and
     ``misses``: the first target the bounds miss, in words, or None."""
-    rate = step.tp * step.flops_per_second
+    gpu_seconds = facts.prefill_gpu_seconds(step)
     one_step = step.step_seconds(1, 1, 0, 1, 0, 1)
-    flops = facts.prefill_flops(step)
-    ttft = np.maximum(flops / rate, one_step)
+    ttft = np.maximum(gpu_seconds / step.tp, one_step)
     multi = facts.prompt[facts.output > 1]
     out: dict[str, Any] = {"compute_share": None, "misses": None}
     values: dict[tuple[str, int], float | None] = {}
@@ -164,9 +165,9 @@ def candidate_bounds(
     if ttft_targets and not facts.closed_loop and facts.n:
         q, limit = max(ttft_targets)
         k = needed(facts.n, q)
-        work = float(np.sort(flops)[:k].sum())
+        work = float(np.sort(gpu_seconds)[:k].sum())
         window = float(facts.arrival.max() - facts.arrival.min()) + limit
-        share = work / (replicas * rate * window)
+        share = work / (replicas * step.tp * window)
         out["compute_share"] = share
         if share > 1 and out["misses"] is None:
             out["misses"] = (

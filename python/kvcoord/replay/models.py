@@ -77,10 +77,12 @@ class ModelSpec:
     ``layer_kinds`` counts layers per kind: ``full_attention``,
     ``sliding_window``, ``chunked_local`` (``window`` tokens for both) or
     ``mamba``. ``params`` / ``active_params`` are all and per-token weights
-    (equal for dense models); ``weight_bytes`` is their size as vLLM loads
-    them in ``weight_dtype`` (the checkpoint's own unless ``--weight-dtype``
-    says otherwise; :mod:`kvcoord.replay.dtypes` says which weights a format
-    quantizes). The vocabulary, MLP and expert sizes split the parameters into
+    (equal for dense models), both counting the input embedding and the
+    output head, as :mod:`kvcoord.replay.hf_config` counts them;
+    ``weight_bytes`` is their size as vLLM loads them in ``weight_dtype``
+    (the checkpoint's own unless ``--weight-dtype`` says otherwise;
+    :mod:`kvcoord.replay.dtypes` says which weights a format quantizes).
+    The vocabulary, MLP and expert sizes split the parameters into
     embeddings, experts and the rest, and size the activations of
     :mod:`kvcoord.replay.memory`.
     """
@@ -151,6 +153,19 @@ class ModelSpec:
         ``1/tp`` of them): experts, the other layers and the embeddings each in
         the format the weight dtype gives them."""
         return sum(self._weight_parts())
+
+    @property
+    def streamed_weight_bytes(self) -> float:
+        """Bytes of the weights one forward pass reads whole: all but the input
+        embedding table when it is not the output head (a step looks up only its
+        tokens' rows of it)."""
+        embed = self._weight_parts()[0]
+        return self.weight_bytes - (0.0 if self.tie_embeddings else embed / 2)
+
+    @property
+    def head_params(self) -> float:
+        """The output head (``lm_head``): one ``hidden x vocabulary`` matrix."""
+        return float(self.vocab_size * self.hidden_size)
 
     @property
     def expert_weight_bytes(self) -> float:
@@ -273,7 +288,9 @@ MODELS: dict[str, ModelSpec] = {
             kv_heads=8,
             head_dim=64,
             params=116.8e9,
-            active_params=5.1e9,
+            # the model card's 5.13e9 active counts the unembedding, not the
+            # 0.58e9 input embedding, which this count includes
+            active_params=5.71e9,
             weight_dtype="mxfp4",
             vocab_size=201088,
             experts=128,
@@ -292,7 +309,7 @@ MODELS: dict[str, ModelSpec] = {
             kv_heads=8,
             head_dim=64,
             params=20.9e9,
-            active_params=3.6e9,
+            active_params=4.19e9,  # the model card's 3.61e9 + the input embedding
             weight_dtype="mxfp4",
             vocab_size=201088,
             experts=32,
