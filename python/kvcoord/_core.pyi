@@ -1274,6 +1274,31 @@ class UnboundedPrefixCache:
     def __len__(self) -> int: ...
 
 @final
+class PrefixIndex:
+    """A cluster router's view of which engine caches which block, built from
+    the engines' KV events alone (``kvcoord.replay.routers``)."""
+
+    def __init__(self, num_engines: U32, group_idx: U32 | None = None) -> None: ...
+    def apply(
+        self, engine: U32, events: Iterable[BlockStored | BlockRemoved | AllBlocksCleared]
+    ) -> None:
+        """Apply ``engine``'s events (as ``take_events()`` returns them) in order."""
+    def drain(self, engine: U32, coordinator: CoordinatorCore) -> None:
+        """Drain ``coordinator``'s events into the index (``apply(engine,
+        coordinator.take_events())`` without a Python object per event)."""
+    def matched_blocks(self, block_hashes: Iterable[U64]) -> list[int]:
+        """Per engine, the longest run of leading blocks of ``block_hashes``
+        (vLLM's integer form) it caches."""
+    def keys(self, engine: U32) -> set[int]:
+        """The block hashes the index says ``engine`` caches."""
+    @property
+    def num_engines(self) -> int: ...
+    @property
+    def group_idx(self) -> int: ...
+    @property
+    def events_seen(self) -> int: ...
+
+@final
 class BlockPoolView:
     """A manager's pool, read-only: its blocks move through the manager."""
 

@@ -44,6 +44,7 @@ mod numbers;
 mod pool;
 mod request;
 mod residency;
+mod router_index;
 mod tokens;
 mod vllm;
 
@@ -78,6 +79,8 @@ mod core_module {
     use crate::request::{
         advance_requests, compute_block_hashes, none_hash, BlockHashes, PyRequest,
     };
+    #[pymodule_export]
+    use crate::router_index::PyPrefixIndex;
     #[pymodule_export]
     use crate::vllm::{PyBlockHashGate, PyDecodeFastPath};
 
