@@ -149,7 +149,7 @@ def _plan_command(args: argparse.Namespace, argv: list[str]) -> int:
             else:
                 _say(line)
 
-        res = replay_survivors(pruned, args, st, targets, ex, args.jobs, say, bar.update)
+        res = replay_survivors(pruned, args, st, targets, ex, say, bar.update)
     wargv = workload_argv(argv)
     command = replay_command(wargv, res.chosen) if res.chosen is not None else None
     print(format_table(res))

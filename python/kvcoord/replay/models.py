@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Any
 
 from kvcoord._arith import cdiv
@@ -118,7 +119,7 @@ class ModelSpec:
     moe_layers: int = 0
     note: str = ""
 
-    @property
+    @cached_property
     def num_layers(self) -> int:
         return sum(n for _, n in self.layer_kinds)
 
@@ -145,14 +146,14 @@ class ModelSpec:
         """The dtype of activations and logits (bf16 for a quantized model)."""
         return compute_dtype(self.weight_dtype)
 
-    @property
+    @cached_property
     def weight_bytes(self) -> float:
         """Bytes of all weights as vLLM loads them (every GPU of a TP group holds
         ``1/tp`` of them): experts, the other layers and the embeddings each in
         the format the weight dtype gives them."""
         return sum(self._weight_parts())
 
-    @property
+    @cached_property
     def expert_weight_bytes(self) -> float:
         """Bytes of the routed experts' weights (0 for a dense model)."""
         return self._weight_parts()[1]
