@@ -1298,6 +1298,36 @@ class PrefixIndex:
     @property
     def events_seen(self) -> int: ...
 
+def batch_plan(
+    computed: npt.NDArray[np.int64],
+    num_tokens: npt.NDArray[np.int64],
+    budget: int,
+    steady_block_size: int,
+    n: npt.NDArray[np.int64],
+) -> tuple[int, list[int]]:
+    """Tokens per running request of one step, first come first served under
+    ``budget``, written to ``n``; returns how many requests the budget reached
+    and those whose allocation may change the pool
+    (``kvcoord.replay.running``)."""
+
+def batch_step(
+    n: npt.NDArray[np.int64],
+    count: int,
+    window: int,
+    computed: npt.NDArray[np.int64],
+    num_tokens: npt.NDArray[np.int64],
+    out_pos: npt.NDArray[np.int64],
+    out_len: npt.NDArray[np.int64],
+    out_base: npt.NDArray[np.int64],
+    out_tokens: npt.NDArray[np.int64],
+    requests: list[Request],
+) -> tuple[tuple[int, int, int, int, int, int], int, list[int], list[int]]:
+    """One step of the first ``count`` running requests: the arrays and
+    ``requests[:count]`` advance; returns the step-time model's sums
+    ``(tokens, full_pairs, window_pairs, full_kv, window_kv, seqs)``, the
+    tokens sampled after a request's first, and the indices that sampled
+    their first token and that finished (``kvcoord.replay.running``)."""
+
 @final
 class BlockPoolView:
     """A manager's pool, read-only: its blocks move through the manager."""

@@ -35,7 +35,8 @@
 //! queue, index and [`events`]; the per-kind [`managers`]; the
 //! [`coordinator`], and [`decode`] and [`hisparse_pair`] (two coordinators,
 //! one transaction per call) on top of it; [`router_index`] (a cluster
-//! router's view, built from [`events`]) beside the pool. Inside a folder, the files that
+//! router's view, built from [`events`]) beside the pool; [`running_batch`]
+//! (a replay's per-step arithmetic) on its own. Inside a folder, the files that
 //! extend its main type (`impl CoordinatorCore`, `impl BlockPool`) import
 //! its `mod.rs`, which never imports them; in `managers/` and `eviction/`, `mod.rs`
 //! dispatches to the kinds and policies, which never import it.
@@ -64,6 +65,7 @@ pub mod residency;
 pub mod retention;
 pub mod reuse_watch;
 pub mod router_index;
+pub mod running_batch;
 pub mod spec;
 pub mod step_args;
 pub mod trace_tokens;

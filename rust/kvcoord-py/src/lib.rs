@@ -45,6 +45,7 @@ mod pool;
 mod request;
 mod residency;
 mod router_index;
+mod running_batch;
 mod tokens;
 mod vllm;
 
@@ -81,6 +82,8 @@ mod core_module {
     };
     #[pymodule_export]
     use crate::router_index::PyPrefixIndex;
+    #[pymodule_export]
+    use crate::running_batch::{batch_plan, batch_step};
     #[pymodule_export]
     use crate::vllm::{PyBlockHashGate, PyDecodeFastPath};
 
