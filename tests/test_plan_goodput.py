@@ -77,7 +77,7 @@ def test_goodput_answer_meets_and_every_cheaper_candidate_misses(tmp_path: Path)
         if c["stage"] == "replayed":
             assert c["replay"]["status"] != "meets"
     # a stopped replay's goodput is an upper bound of the full replay's
-    stopped = [c for c in cheaper if c["stage"] == "replayed" and c["replay"]["status"] == "stopped"]
+    stopped = [c for c in cheaper if c.get("replay", {}).get("status") == "stopped"]
     assert stopped
     for c in stopped[:2]:
         good, n = _good_by_hand(args, st, cands[c["label"]], 0.3, 0.04)

@@ -101,8 +101,10 @@ def test_the_core_step_is_the_array_arithmetic(seed: int) -> None:
     rng = np.random.default_rng(seed)
     k = int(rng.integers(1, 40))
     computed, num_tokens, out_pos, out_len, out_base, out_tokens = _batch(rng, k)
-    budget, steady, window = int(rng.integers(1, 2000)), int(rng.choice([0, 16])), int(
-        rng.choice([0, 64])
+    budget, steady, window = (
+        int(rng.integers(1, 2000)),
+        int(rng.choice([0, 16])),
+        int(rng.choice([0, 64])),
     )
     n = np.zeros(k, dtype=np.int64)
     count, events = batch_plan(computed, num_tokens, budget, steady, n)

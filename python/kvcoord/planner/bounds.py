@@ -196,7 +196,9 @@ def candidate_bounds(
     return out
 
 
-def _goodput_bound(facts: WorkloadFacts, step: StepTimeModel, ttft: np.ndarray, g: Goodput) -> float:
+def _goodput_bound(
+    facts: WorkloadFacts, step: StepTimeModel, ttft: np.ndarray, g: Goodput
+) -> float:
     """The most goodput there can be: requests whose per-request lower bounds
     (TTFT as above; TPOT one decode step after the prompt; end-to-end TTFT
     plus a step per later token) miss no limit, over the least makespan (the

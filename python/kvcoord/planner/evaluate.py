@@ -11,8 +11,9 @@ a target than its percentile allows (:func:`kvcoord.planner.bounds.needed`),
 the percentile must miss it whatever the rest of the replay does, and the
 replay stops (``status`` "stopped", with lower bounds of the percentiles
 from what it had seen); so it does once a goodput target can no longer be
-met (:mod:`kvcoord.planner.goodput`; an upper bound of the goodput then). A replay that runs to the end ``meets`` or
-``misses`` its targets on exact percentiles.
+met (:mod:`kvcoord.planner.goodput`; an upper bound of the goodput then).
+A replay that runs to the end ``meets`` or ``misses`` its targets on exact
+percentiles and goodput.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["GOODPUT_METRICS", "Goodput", "parse_goodput_min", "parse_goodput_limit"]
+__all__ = ["GOODPUT_METRICS", "Goodput", "parse_goodput_limit", "parse_goodput_min"]
 
 #: Per-request limits ``--goodput`` takes, in vLLM's names.
 GOODPUT_METRICS: tuple[str, ...] = ("ttft", "tpot", "e2el")
@@ -95,7 +95,7 @@ class Goodput:
         self, arrival: np.ndarray, first: np.ndarray, finish: np.ndarray, out_len: np.ndarray
     ) -> np.ndarray:
         """Per finished request: whether it meets every limit (NaN times: not good)."""
-        ok = ~np.isnan(finish) & ~np.isnan(first)
+        ok: np.ndarray = ~np.isnan(finish) & ~np.isnan(first)
         with np.errstate(invalid="ignore"):
             if "ttft" in self.limits:
                 ok &= first - arrival <= self.limits["ttft"]

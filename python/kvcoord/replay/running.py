@@ -13,6 +13,7 @@ advances every request (its arrays and its ``Request``) and returns the
 step-time model's sums. A layout with a chunk rule (Mamba "align" groups)
 plans its tokens request by request here.
 """
+
 from __future__ import annotations
 
 from typing import Any
