@@ -24,8 +24,11 @@ least ``floor(q (n - 1)) + 1`` of them (:func:`needed`) must have their
 first token within the target of their arrival, so the cheapest such set's
 prefill compute must fit in every GPU's compute between the first arrival
 and the last one plus the target (**compute**, skipped for a closed loop,
-whose clients send later than the trace says). A candidate whose bound
-misses a target cannot meet it.
+whose clients send later than the trace says). A goodput target
+(:mod:`.goodput`) is bounded by the requests whose lower bounds miss no
+per-request limit (a request's end-to-end latency is at least its TTFT bound
+plus one TPOT bound per later token), over the least makespan. A candidate
+whose bound misses a target cannot meet it.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from kvcoord.planner.goodput import Goodput
 from kvcoord.replay.bestcase import BestCaseTracker
 from kvcoord.replay.timing import StepTimeModel
 from kvcoord.replay.workloads import Workload
@@ -45,24 +49,32 @@ __all__ = ["Targets", "WorkloadFacts", "candidate_bounds", "needed", "workload_f
 
 @dataclass(frozen=True)
 class Targets:
-    """Latency targets: ``{(metric, q): seconds}`` with metric ``ttft`` or ``tpot``."""
+    """Latency targets: ``{(metric, q): seconds}`` with metric ``ttft`` or
+    ``tpot``, and a goodput target (:mod:`.goodput`) or None."""
 
     limits: dict[tuple[str, int], float]
+    goodput: Goodput | None = None
 
     def describe(self) -> str:
         """``TTFT p90 <= 2 s and TPOT p90 <= 50 ms``."""
         from kvcoord.replay.plot_axes import format_duration
 
-        return " and ".join(
-            f"{m.upper()} p{q} <= {format_duration(v)}" for (m, q), v in self.limits.items()
-        )
+        parts = [f"{m.upper()} p{q} <= {format_duration(v)}" for (m, q), v in self.limits.items()]
+        if self.goodput is not None:
+            parts.append(self.goodput.describe())
+        return " and ".join(parts)
 
-    def ratio(self, values: dict[tuple[str, int], float | None]) -> float:
-        """The worst ``value / target`` (above 1: a target missed; inf: unknown)."""
+    def ratio(
+        self, values: dict[tuple[str, int], float | None], goodput: float | None = None
+    ) -> float:
+        """The worst ``value / target`` (for goodput ``target / value``; above 1:
+        a target missed; inf: unknown)."""
         out = 0.0
         for key, limit in self.limits.items():
             v = values.get(key)
             out = max(out, math.inf if v is None else v / limit)
+        if self.goodput is not None:
+            out = max(out, self.goodput.ratio(goodput))
         return out
 
 
@@ -174,5 +186,38 @@ def candidate_bounds(
                 f"too little compute: the prefill of the {k:,} requests TTFT p{q} needs "
                 f"takes {share:.1f}x the GPU time there is"
             )
-    out["ratio"] = targets.ratio(values)
+    g = targets.goodput
+    upper = None
+    if g is not None and facts.n:
+        upper = _goodput_bound(facts, step, ttft, g)
+        out["goodput_at_most"] = upper
+        if upper < g.minimum and out["misses"] is None:
+            out["misses"] = f"goodput <= {g.format(upper)} by the bounds"
+    out["ratio"] = targets.ratio(values, upper)
     return out
+
+
+def _goodput_bound(
+    facts: WorkloadFacts, step: StepTimeModel, ttft: np.ndarray, g: Goodput
+) -> float:
+    """The most goodput there can be: requests whose per-request lower bounds
+    (TTFT as above; TPOT one decode step after the prompt; end-to-end TTFT
+    plus a step per later token) miss no limit, over the least makespan (the
+    latest arrival plus its end-to-end bound, less the first arrival)."""
+    one = np.ones(facts.n, dtype=np.int64)
+    zero = np.zeros(facts.n, dtype=np.int64)
+    multi = facts.output > 1
+    tpot = np.asarray(
+        step.step_seconds(one, facts.prompt + 1, zero, facts.prompt + 1, zero, one),
+        dtype=np.float64,
+    )
+    e2e = ttft + np.where(multi, (facts.output - 1) * tpot, 0.0)
+    bad = np.zeros(facts.n, dtype=bool)
+    if "ttft" in g.limits:
+        bad |= ttft > g.limits["ttft"]
+    if "tpot" in g.limits:
+        bad |= multi & (tpot > g.limits["tpot"])
+    if "e2el" in g.limits:
+        bad |= e2e > g.limits["e2el"]
+    makespan = float((facts.arrival + e2e).max() - facts.arrival.min())
+    return g.achieved(facts.n - int(bad.sum()), facts.n, makespan)

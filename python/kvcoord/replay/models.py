@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Any
 
 from kvcoord._arith import cdiv
@@ -120,7 +121,7 @@ class ModelSpec:
     moe_layers: int = 0
     note: str = ""
 
-    @property
+    @cached_property
     def num_layers(self) -> int:
         return sum(n for _, n in self.layer_kinds)
 
@@ -147,14 +148,14 @@ class ModelSpec:
         """The dtype of activations and logits (bf16 for a quantized model)."""
         return compute_dtype(self.weight_dtype)
 
-    @property
+    @cached_property
     def weight_bytes(self) -> float:
         """Bytes of all weights as vLLM loads them (every GPU of a TP group holds
         ``1/tp`` of them): experts, the other layers and the embeddings each in
         the format the weight dtype gives them."""
         return sum(self._weight_parts())
 
-    @property
+    @cached_property
     def streamed_weight_bytes(self) -> float:
         """Bytes of the weights one forward pass reads whole: all but the input
         embedding table when it is not the output head (a step looks up only its
@@ -162,12 +163,12 @@ class ModelSpec:
         embed = self._weight_parts()[0]
         return self.weight_bytes - (0.0 if self.tie_embeddings else embed / 2)
 
-    @property
+    @cached_property
     def head_params(self) -> float:
         """The output head (``lm_head``): one ``hidden x vocabulary`` matrix."""
         return float(self.vocab_size * self.hidden_size)
 
-    @property
+    @cached_property
     def expert_weight_bytes(self) -> float:
         """Bytes of the routed experts' weights (0 for a dense model)."""
         return self._weight_parts()[1]
