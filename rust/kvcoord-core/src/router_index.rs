@@ -251,9 +251,17 @@ mod tests {
         assert_eq!(ix.matched_blocks(&q), vec![0, 3, 2]);
         assert_eq!(ix.matched_blocks(&[]), vec![0, 0, 0]);
         let gap: Vec<u64> = [9, 1, 2].iter().map(|&x| hash(x).external()).collect();
-        assert_eq!(ix.matched_blocks(&gap), vec![0, 0, 0], "leading blocks only");
+        assert_eq!(
+            ix.matched_blocks(&gap),
+            vec![0, 0, 0],
+            "leading blocks only"
+        );
         assert_eq!(ix.matched_blocks(&q[1..]), vec![0, 2, 1]);
-        assert_eq!(ix.events_seen(), 3, "other groups' events are seen, not indexed");
+        assert_eq!(
+            ix.events_seen(),
+            3,
+            "other groups' events are seen, not indexed"
+        );
     }
 
     #[test]

@@ -190,7 +190,10 @@ pub fn step_sums(a: &BatchArrays<'_>, n: &[i64], count: usize, window: i64) -> K
             _ => {
                 return Err(KvError::InvalidArgument {
                     name: "out_tokens",
-                    detail: format!("a token id at {at} for request {i}, of {}", a.out_tokens.len()),
+                    detail: format!(
+                        "a token id at {at} for request {i}, of {}",
+                        a.out_tokens.len()
+                    ),
                 })
             }
         };
@@ -241,13 +244,24 @@ mod tests {
         let mut n = [0; 4];
         let p = plan_tokens(&computed, &num_tokens, 256, 16, &mut n).unwrap();
         assert_eq!(n, [1, 255, 0, 0]);
-        assert_eq!(p.count, 2, "the third request is reached with no budget left");
+        assert_eq!(
+            p.count, 2,
+            "the third request is reached with no budget left"
+        );
         assert_eq!(p.events, vec![1], "a decode token mid-block is no event");
         let p = plan_tokens(&computed, &num_tokens, 256, 0, &mut n).unwrap();
-        assert_eq!(p.events, vec![0, 1], "without a steady block size every one is");
+        assert_eq!(
+            p.events,
+            vec![0, 1],
+            "without a steady block size every one is"
+        );
         let mut n = [0; 1];
         let p = plan_tokens(&[47], &[48], 8, 16, &mut n).unwrap();
-        assert_eq!((n, p.events), ([1], vec![0]), "the token after it fills a block");
+        assert_eq!(
+            (n, p.events),
+            ([1], vec![0]),
+            "the token after it fills a block"
+        );
     }
 
     #[test]
@@ -267,7 +281,10 @@ mod tests {
             out_tokens: &out_tokens,
         };
         assert!(run_step(&mut a, &[4, 1], 3, 8).is_err(), "n too short");
-        assert!(run_step(&mut a, &[4, -1, 2], 3, 8).is_err(), "a negative count");
+        assert!(
+            run_step(&mut a, &[4, -1, 2], 3, 8).is_err(),
+            "a negative count"
+        );
         let s = run_step(&mut a, &[4, 1, 2], 3, 8).unwrap();
         assert_eq!(s.sampled, vec![70, 82, -1]);
         assert_eq!((s.first, s.finished, s.later_tokens), (vec![0], vec![1], 1));
@@ -278,7 +295,10 @@ mod tests {
         // request 1: one token at position 11 sees the window's 8; request 2:
         // tokens 6 and 7 see 6 and 7, within the window
         assert_eq!(s.window_pairs, 10 + 8 + 13);
-        assert_eq!((computed, num_tokens, out_pos), (vec![4, 11, 7], vec![5, 12, 9], vec![1, 3, 0]));
+        assert_eq!(
+            (computed, num_tokens, out_pos),
+            (vec![4, 11, 7], vec![5, 12, 9], vec![1, 3, 0])
+        );
     }
 
     #[test]

@@ -33,8 +33,17 @@ pub(crate) fn batch_plan(
     steady_block_size: i64,
     mut n: PyReadwriteArray1<'_, i64>,
 ) -> PyResult<(usize, Vec<usize>)> {
-    let (c, t) = (slice(&computed, "computed")?, slice(&num_tokens, "num_tokens")?);
-    let plan = core(plan_tokens(c, t, budget, steady_block_size, slice_mut(&mut n, "n")?))?;
+    let (c, t) = (
+        slice(&computed, "computed")?,
+        slice(&num_tokens, "num_tokens")?,
+    );
+    let plan = core(plan_tokens(
+        c,
+        t,
+        budget,
+        steady_block_size,
+        slice_mut(&mut n, "n")?,
+    ))?;
     Ok((plan.count, plan.events))
 }
 
@@ -94,7 +103,14 @@ pub(crate) fn batch_step(
     advance_bound(&reqs, &n[..count], Some(&s.sampled))?;
     apply_step(&mut a, n, &s);
     Ok((
-        (s.tokens, s.full_pairs, s.window_pairs, s.full_kv, s.window_kv, s.seqs),
+        (
+            s.tokens,
+            s.full_pairs,
+            s.window_pairs,
+            s.full_kv,
+            s.window_kv,
+            s.seqs,
+        ),
         s.later_tokens,
         s.first,
         s.finished,
