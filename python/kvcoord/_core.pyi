@@ -1303,7 +1303,9 @@ class PrefixIndex:
     """A cluster router's view of which engine caches which block, built from
     the engines' KV events alone (``kvcoord.replay.routers``)."""
 
-    def __init__(self, num_engines: U32, group_idx: U32 | None = None) -> None: ...
+    def __init__(self, num_engines: U32, group_idx: U32 | None = None) -> None:
+        """An index of ``num_engines`` engines (1 to 65,536) for the events of
+        group ``group_idx`` (0 by default)."""
     def apply(
         self, engine: U32, events: Iterable[BlockStored | BlockRemoved | AllBlocksCleared]
     ) -> None:
@@ -1326,8 +1328,8 @@ class PrefixIndex:
 def batch_plan(
     computed: npt.NDArray[np.int64],
     num_tokens: npt.NDArray[np.int64],
-    budget: int,
-    steady_block_size: int,
+    budget: TokenCount,
+    steady_block_size: U32,
     n: npt.NDArray[np.int64],
 ) -> tuple[int, list[int]]:
     """Tokens per running request of one step, first come first served under
@@ -1337,8 +1339,8 @@ def batch_plan(
 
 def batch_step(
     n: npt.NDArray[np.int64],
-    count: int,
-    window: int,
+    count: U32,
+    window: TokenCount,
     computed: npt.NDArray[np.int64],
     num_tokens: npt.NDArray[np.int64],
     out_pos: npt.NDArray[np.int64],

@@ -44,14 +44,18 @@ pub struct RouterIndex {
     events_seen: u64,
 }
 
+/// The most engines one index holds: each costs a map up front, and a
+/// cluster far larger than any deployment must not be one allocation away.
+pub const MAX_ENGINES: usize = 1 << 16;
+
 impl RouterIndex {
-    /// An empty index of `num_engines` engines (at least one) for the events
-    /// of `group`.
+    /// An empty index of `num_engines` engines (1 to [`MAX_ENGINES`]) for the
+    /// events of `group`.
     pub fn new(num_engines: usize, group: GroupId) -> KvResult<Self> {
-        if num_engines == 0 {
+        if !(1..=MAX_ENGINES).contains(&num_engines) {
             return Err(KvError::InvalidArgument {
                 name: "num_engines",
-                detail: "at least 1, not 0".into(),
+                detail: format!("1 to {MAX_ENGINES}, not {num_engines}"),
             });
         }
         Ok(Self {

@@ -19,6 +19,7 @@
 //! (nothing changes).
 
 use crate::error::{KvError, KvResult};
+use crate::limits::MAX_TOKENS;
 
 fn too_short(name: &'static str, len: usize, need: usize) -> KvResult<()> {
     if len < need {
@@ -28,6 +29,24 @@ fn too_short(name: &'static str, len: usize, need: usize) -> KvResult<()> {
         });
     }
     Ok(())
+}
+
+/// Token counts a batch holds: `0 <= value < 2^48` (the core's token range),
+/// so that a step's sums are exact in `i128` and saturate, never wrap, in
+/// the `i64` the step-time model takes.
+fn check_count(name: &'static str, i: usize, value: i64) -> KvResult<i64> {
+    if (0..MAX_TOKENS as i64).contains(&value) {
+        return Ok(value);
+    }
+    Err(KvError::InvalidArgument {
+        name,
+        detail: format!("a token count in [0, 2^48), not {value} (request {i})"),
+    })
+}
+
+/// `x` clamped into `i64`.
+fn saturate(x: i128) -> i64 {
+    i64::try_from(x).unwrap_or(if x < 0 { i64::MIN } else { i64::MAX })
 }
 
 /// The arrays of a running batch (admission order; one entry per request).
@@ -77,12 +96,16 @@ pub fn plan_tokens(
     let mut before = 0i64;
     let mut count = 0;
     for (i, (&c, &t)) in computed.iter().zip(num_tokens).enumerate() {
-        let rem = t - c;
+        let (c, t) = (
+            check_count("computed", i, c)?,
+            check_count("num_tokens", i, t)?,
+        );
+        let rem = (t - c).max(0);
         if before < budget {
             count = i + 1;
         }
         n[i] = rem.min((budget - before).max(0));
-        before += rem;
+        before = before.saturating_add(rem);
     }
     let bs = steady_block_size;
     let events = if bs > 0 {
@@ -126,8 +149,9 @@ pub struct StepSums {
 
 /// Query-key pairs of `new` tokens after `cached` ones under a window of
 /// `window` tokens: each token attends to at most `window` positions.
-fn window_pairs(cached: i64, new: i64, window: i64) -> i64 {
-    let (lo, hi) = (cached, cached + new);
+fn window_pairs(cached: i64, new: i64, window: i64) -> i128 {
+    let (lo, hi) = (i128::from(cached), i128::from(cached) + i128::from(new));
+    let window = i128::from(window);
     let full_end = hi.min(window);
     let head = if lo < full_end {
         let (a, b) = (lo + 1, full_end);
@@ -155,37 +179,34 @@ pub fn step_sums(a: &BatchArrays<'_>, n: &[i64], count: usize, window: i64) -> K
     too_short("out_pos", a.out_pos.len(), count)?;
     too_short("out_len", a.out_len.len(), count)?;
     too_short("out_base", a.out_base.len(), count)?;
-    let mut s = StepSums {
+    let mut sums = StepSums {
         sampled: vec![-1; count],
         ..StepSums::default()
     };
-    for i in 0..count {
-        let ni = n[i];
-        if ni < 0 {
-            return Err(KvError::InvalidArgument {
-                name: "n",
-                detail: format!("token counts of at least 0, not {ni} (request {i})"),
-            });
-        }
+    // Exact in i128 (counts below 2^48), saturated into the sums.
+    let (mut full_pairs, mut window_pairs_sum) = (0i128, 0i128);
+    for (i, &ni) in n[..count].iter().enumerate() {
+        let ni = check_count("n", i, ni)?;
         if ni == 0 {
             continue;
         }
-        let c = a.computed[i];
-        let new_c = c + ni;
-        s.seqs += 1;
-        s.tokens += ni;
-        s.full_pairs += ni * c + ni * (ni + 1) / 2;
-        s.full_kv += new_c;
+        let done = check_count("computed", i, a.computed[i])?;
+        let new_c = done + ni;
+        sums.seqs += 1;
+        sums.tokens = sums.tokens.saturating_add(ni);
+        let (wide_n, wide_done) = (i128::from(ni), i128::from(done));
+        full_pairs += wide_n * wide_done + wide_n * (wide_n + 1) / 2;
+        sums.full_kv = sums.full_kv.saturating_add(new_c);
         if window > 0 {
-            s.window_pairs += window_pairs(c, ni, window);
-            s.window_kv += new_c.min(window);
+            window_pairs_sum += window_pairs(done, ni, window);
+            sums.window_kv = sums.window_kv.saturating_add(new_c.min(window));
         }
         if new_c < a.num_tokens[i] {
             continue;
         }
         let pos = a.out_pos[i];
         let at = usize::try_from(a.out_base[i] + pos).unwrap_or(usize::MAX);
-        s.sampled[i] = match a.out_tokens.get(at) {
+        sums.sampled[i] = match a.out_tokens.get(at) {
             Some(&t) if t >= 0 => t,
             _ => {
                 return Err(KvError::InvalidArgument {
@@ -198,15 +219,17 @@ pub fn step_sums(a: &BatchArrays<'_>, n: &[i64], count: usize, window: i64) -> K
             }
         };
         if pos == 0 {
-            s.first.push(i);
+            sums.first.push(i);
         } else {
-            s.later_tokens += 1;
+            sums.later_tokens += 1;
         }
         if pos + 1 >= a.out_len[i] {
-            s.finished.push(i);
+            sums.finished.push(i);
         }
     }
-    Ok(s)
+    sums.full_pairs = saturate(full_pairs);
+    sums.window_pairs = saturate(window_pairs_sum);
+    Ok(sums)
 }
 
 /// The step `sums` (of [`step_sums`] with the same `n`) ran: progress
@@ -302,12 +325,38 @@ mod tests {
     }
 
     #[test]
+    fn counts_outside_the_token_range_are_refused_and_sums_saturate() {
+        let mut n = [0; 1];
+        assert!(plan_tokens(&[-1], &[4], 8, 0, &mut n).is_err());
+        assert!(plan_tokens(&[0], &[1 << 48], 8, 0, &mut n).is_err());
+        let top = (1i64 << 48) - 1;
+        let (mut computed, mut num_tokens) = (vec![top - 1, top - 1], vec![top, top]);
+        let (mut out_pos, out_len, out_base, out_tokens) =
+            (vec![0, 0], [2, 2], [0, 2], [1, 2, 3, 4]);
+        let a = BatchArrays {
+            computed: &mut computed,
+            num_tokens: &mut num_tokens,
+            out_pos: &mut out_pos,
+            out_len: &out_len,
+            out_base: &out_base,
+            out_tokens: &out_tokens,
+        };
+        assert!(step_sums(&a, &[-1, 0], 2, 0).is_err());
+        assert!(step_sums(&a, &[1 << 48, 0], 2, 0).is_err());
+        // Two requests of 2^47 new tokens after 2^48 - 2: about 2^96 pairs each.
+        let big = 1i64 << 47;
+        let s = step_sums(&a, &[big, big], 2, top).unwrap();
+        assert_eq!((s.full_pairs, s.window_pairs), (i64::MAX, i64::MAX));
+        assert_eq!(s.tokens, 2 * big);
+    }
+
+    #[test]
     fn window_pairs_match_a_count_by_hand() {
         for window in [1, 3, 8] {
             for cached in 0..12 {
                 for new in 0..12 {
                     let by_hand: i64 = (cached + 1..=cached + new).map(|p| p.min(window)).sum();
-                    assert_eq!(window_pairs(cached, new, window), by_hand);
+                    assert_eq!(window_pairs(cached, new, window), i128::from(by_hand));
                 }
             }
         }

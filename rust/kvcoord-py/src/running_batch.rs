@@ -7,7 +7,8 @@ use numpy::{PyReadonlyArray1, PyReadwriteArray1};
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 
-use crate::errors::{core, type_error};
+use crate::errors::{core, type_error, value_error};
+use crate::numbers::{self, Tokens, U32};
 use crate::request::{advance_bound, PyRequest};
 
 fn slice<'a>(a: &'a PyReadonlyArray1<'_, i64>, name: &str) -> PyResult<&'a [i64]> {
@@ -29,10 +30,14 @@ fn slice_mut<'a>(a: &'a mut PyReadwriteArray1<'_, i64>, name: &str) -> PyResult<
 pub(crate) fn batch_plan(
     computed: PyReadonlyArray1<'_, i64>,
     num_tokens: PyReadonlyArray1<'_, i64>,
-    budget: i64,
-    steady_block_size: i64,
+    budget: &Bound<'_, PyAny>,
+    steady_block_size: &Bound<'_, PyAny>,
     mut n: PyReadwriteArray1<'_, i64>,
 ) -> PyResult<(usize, Vec<usize>)> {
+    // Token counts are below 2^48 and 32-bit values below 2^32: both fit i64.
+    let budget = numbers::arg::<Tokens>(budget, "budget")?.0 as i64;
+    let steady_block_size =
+        i64::from(numbers::arg::<U32>(steady_block_size, "steady_block_size")?.0);
     let (c, t) = (
         slice(&computed, "computed")?,
         slice(&num_tokens, "num_tokens")?,
@@ -62,8 +67,8 @@ type StepOut = ((i64, i64, i64, i64, i64, i64), i64, Vec<usize>, Vec<usize>);
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn batch_step(
     n: PyReadonlyArray1<'_, i64>,
-    count: usize,
-    window: i64,
+    count: &Bound<'_, PyAny>,
+    window: &Bound<'_, PyAny>,
     mut computed: PyReadwriteArray1<'_, i64>,
     mut num_tokens: PyReadwriteArray1<'_, i64>,
     mut out_pos: PyReadwriteArray1<'_, i64>,
@@ -72,9 +77,12 @@ pub(crate) fn batch_step(
     out_tokens: PyReadonlyArray1<'_, i64>,
     requests: &Bound<'_, PyList>,
 ) -> PyResult<StepOut> {
+    let count = numbers::arg::<U32>(count, "count")?.0 as usize;
+    // Below 2^48: fits i64.
+    let window = numbers::arg::<Tokens>(window, "window")?.0 as i64;
     if requests.len() < count {
-        return Err(type_error(format!(
-            "requests: at least {count} kvcoord.Request, got {}",
+        return Err(value_error(format!(
+            "invalid requests: at least {count} kvcoord.Request, got {}",
             requests.len()
         )));
     }
