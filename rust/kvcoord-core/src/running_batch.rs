@@ -35,7 +35,7 @@ fn too_short(name: &'static str, len: usize, need: usize) -> KvResult<()> {
 /// so that a step's sums are exact in `i128` and saturate, never wrap, in
 /// the `i64` the step-time model takes.
 fn check_count(name: &'static str, i: usize, value: i64) -> KvResult<i64> {
-    if (0..MAX_TOKENS as i64).contains(&value) {
+    if usize::try_from(value).is_ok_and(|v| v < MAX_TOKENS) {
         return Ok(value);
     }
     Err(KvError::InvalidArgument {

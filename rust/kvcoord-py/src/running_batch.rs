@@ -21,6 +21,13 @@ fn slice_mut<'a>(a: &'a mut PyReadwriteArray1<'_, i64>, name: &str) -> PyResult<
         .map_err(|_| type_error(format!("{name} must be a contiguous int64 array")))
 }
 
+/// A token count argument as the `i64` the batch's arrays hold (below 2^48,
+/// so the conversion cannot fail).
+fn token_count(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<i64> {
+    let tokens = numbers::arg::<Tokens>(obj, name)?.0;
+    i64::try_from(tokens).map_err(|_| value_error(format!("invalid {name}: {tokens}")))
+}
+
 /// Tokens per running request of one step, first come first served under
 /// `budget`, written to `n`; returns how many requests the budget reached
 /// and those whose allocation may change the pool (see
@@ -34,8 +41,7 @@ pub(crate) fn batch_plan(
     steady_block_size: &Bound<'_, PyAny>,
     mut n: PyReadwriteArray1<'_, i64>,
 ) -> PyResult<(usize, Vec<usize>)> {
-    // Token counts are below 2^48 and 32-bit values below 2^32: both fit i64.
-    let budget = numbers::arg::<Tokens>(budget, "budget")?.0 as i64;
+    let budget = token_count(budget, "budget")?;
     let steady_block_size =
         i64::from(numbers::arg::<U32>(steady_block_size, "steady_block_size")?.0);
     let (c, t) = (
@@ -78,8 +84,7 @@ pub(crate) fn batch_step(
     requests: &Bound<'_, PyList>,
 ) -> PyResult<StepOut> {
     let count = numbers::arg::<U32>(count, "count")?.0 as usize;
-    // Below 2^48: fits i64.
-    let window = numbers::arg::<Tokens>(window, "window")?.0 as i64;
+    let window = token_count(window, "window")?;
     if requests.len() < count {
         return Err(value_error(format!(
             "invalid requests: at least {count} kvcoord.Request, got {}",
