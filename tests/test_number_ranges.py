@@ -228,6 +228,40 @@ def pair_world() -> tuple[Any, Call, Callable[[], object]]:
     return pair, method_calls(pair, defaults), state
 
 
+def batch_step_world() -> tuple[Any, Call, Callable[[], object]]:
+    """A running batch of one request one token from its first output token."""
+    req = _core.Request("r", list(range(4)), hash_block_size=B)
+    req.num_computed_tokens = 3
+    arrays = {
+        "computed": np.array([3]),
+        "num_tokens": np.array([4]),
+        "out_pos": np.array([0]),
+        "out_len": np.array([2]),
+        "out_base": np.array([0]),
+        "out_tokens": np.array([7, 8]),
+    }
+    given = {"n": np.array([1]), "count": 1, "window": 0, **arrays, "requests": [req]}
+
+    def state() -> object:
+        return request_state(req), [a.tolist() for a in arrays.values()]
+
+    return None, lambda _name, kw: _core.batch_step(**{**given, **dict(kw)}), state
+
+
+def prefix_index_world() -> tuple[Any, Call, Callable[[], object]]:
+    index = _core.PrefixIndex(2)
+    core = _core.CoordinatorCore(**core_args)
+    defaults: dict[str, dict[str, object]] = {
+        "apply": {"events": []},
+        "drain": {"coordinator": core},
+    }
+
+    def state() -> object:
+        return [sorted(index.keys(e)) for e in range(2)], index.events_seen
+
+    return index, method_calls(index, defaults), state
+
+
 def view_world() -> tuple[Any, Call, Callable[[], object]]:
     core, _, state = core_world()
     view = core.block_pool
@@ -315,6 +349,16 @@ WORLDS: dict[str, Callable[[], tuple[Any, Call, Callable[[], object]]]] = {
     "mooncake_prompt_tokens": free(_core.mooncake_prompt_tokens, hash_ids=[1, 2]),
     "UnboundedPrefixCache.__init__": free(_core.UnboundedPrefixCache),
     "choose_coordinator": free(_core.choose_coordinator, enable_caching=True),
+    "batch_plan": free(
+        _core.batch_plan,
+        computed=np.array([0, 4]),
+        num_tokens=np.array([8, 8]),
+        budget=8,
+        steady_block_size=B,
+        n=np.zeros(2, dtype=np.int64),
+    ),
+    "batch_step": batch_step_world,
+    "PrefixIndex.__init__": free(_core.PrefixIndex, num_engines=2),
     "GroupSpec.full_attention": spec_world("full_attention"),
     "GroupSpec.sliding_window": spec_world("sliding_window", sliding_window=8),
     "GroupSpec.chunked_local": spec_world("chunked_local", attention_chunk_size=8),
@@ -344,6 +388,7 @@ def world_of(qualname: str) -> Callable[[], tuple[Any, Call, Callable[[], object
         "HiSparsePair": pair_world,
         "BlockPoolView": view_world,
         "Request": request_world,
+        "PrefixIndex": prefix_index_world,
     }[owner]
 
 

@@ -108,7 +108,7 @@ def test_pareto_plot_marks_target_and_choice(tmp_path: Path) -> None:
     st = _setup(args)
     targets = _targets(args)
     pruned = prune(args, st, targets, prices, where, space_of(args, ["h100", "a100"]))
-    res = replay_survivors(pruned, args, st, targets, InlineExecutor(), 1, lambda _: None)
+    res = replay_survivors(pruned, args, st, targets, InlineExecutor(), lambda _: None)
     fig = pareto_figure(res)
     _assert_readable(fig)
     ax = fig.axes[0]

@@ -174,39 +174,61 @@ def test_cpu_between_steps_by_hand() -> None:
 def test_roofline_prefill_llama8b_h100_by_hand() -> None:
     """1000-token prefill from empty, Llama-3.1-8B, 1x H100 (compute-bound).
 
-    GEMMs: 2 x 8.03e9 x 1000 = 1.606e13 FLOPs. Attention: 2 x 32 heads x (128 + 128)
-    = 16384 FLOPs per pair x 32 layers x 500,500 pairs = 2.62406144e11. Total
-    1.6322406144e13 / (989e12 x 0.6 = 5.934e14) = 27.50658 ms, + 0.5 ms = 28.00658 ms.
-    Memory side: 1.606e10 B weights + 32 x 4096 B x 2000 tokens (read + write)
-    = 1.6322144e10 B / 2.68e12 B/s = 6.0904 ms (smaller, so compute-bound).
+    The layers: 8.03e9 parameters less the embedding and the output head
+    (2 x 128,256 x 4096 = 1.050673152e9) = 6.979326848e9; GEMMs 2 x that x 1000
+    tokens = 1.3958653696e13 FLOPs. The head once (one request): 2 x 525,336,576 =
+    1.050673152e9. Attention: 2 x 32 heads x (128 + 128) = 16384 FLOPs per pair x
+    32 layers x 500,500 pairs = 2.62406144e11. Total 1.4222110513152e13 / (989e12 x
+    0.6 = 5.934e14) = 23.967156 ms, + 0.5 ms = 24.467156 ms. Memory side: 1.606e10 B
+    of weights less the input embedding's 1.050673152e9 + 32 x 4096 B x 2000 tokens
+    (read + write) = 1.5271470848e10 B / 2.68e12 B/s = 5.6983 ms (smaller, so
+    compute-bound).
     """
     m = _llama8b_h100()
     t = m.step_seconds(1000, 500_500, 0, 1000, 0, 1)
-    assert t == pytest.approx(0.02800658, rel=1e-6)
+    assert t == pytest.approx(0.024467156, rel=1e-6)
+
+
+def test_roofline_fp8_linear_layers_by_hand() -> None:
+    """The same prefill with FP8 weights: the layers' GEMMs at the FP8 peak,
+    attention and the output head still at the BF16 one.
+
+    Layers: 1.3958653696e13 / (1979e12 x 0.6) = 11.755646 ms; head and attention:
+    (1.050673152e9 + 2.62406144e11) / 5.934e14 = 0.443978 ms; + 0.5 ms.
+    """
+    spec = replace(MODELS["llama-3.1-8b"], weight_dtype="fp8")
+    m = StepTimeModel(spec, GPUS["h100"], 1, model_layout(spec)[1], **_BY_HAND)
+    t = m.step_seconds(1000, 500_500, 0, 1000, 0, 1)
+    assert t == pytest.approx(11.755646e-3 + 0.443978e-3 + 0.5e-3, rel=1e-6)
+    # the A100 has no FP8 tensor cores: FP8 weights run at the BF16 peak and share
+    a100 = StepTimeModel(spec, GPUS["a100"], 1, model_layout(spec)[1], **_BY_HAND)
+    assert a100.flops_per_second == a100.compute_flops_per_second == 312e12 * 0.6
 
 
 def test_roofline_decode_llama8b_h100_by_hand() -> None:
     """One decode token at context 1000 (memory-bound).
 
-    Bytes: 1.606e10 weights + 32 x 4096 x (1001 read + 1 written) = 1.6191334144e10 B
-    / 2.68e12 B/s = 6.041543 ms, + 0.5 ms = 6.541543 ms.
+    Bytes: 1.5009326848e10 of weights (all but the input embedding, whose one row
+    is looked up) + 32 x 4096 x (1001 read + 1 written) = 1.5140660992e10 B
+    / 2.68e12 B/s = 5.649500 ms, + 0.5 ms = 6.149500 ms.
     """
     m = _llama8b_h100()
-    assert m.step_seconds(1, 1001, 0, 1001, 0, 1) == pytest.approx(0.006541543, rel=1e-6)
+    assert m.step_seconds(1, 1001, 0, 1001, 0, 1) == pytest.approx(0.0061495004, rel=1e-6)
 
 
 def test_roofline_tp_communication_by_hand() -> None:
     """Llama-3.1-70B, 4x H100, one decode token: two all-reduces per layer.
 
     Comm: 2 x 80 x (4e-6 + 1 x 8192 x 2 B x 2 x 3/4 / 450e9 = 5.4613e-8) = 0.6487381 ms.
-    Memory: 70.6e9 x 2 / 4 = 3.53e10 B weights + 80 x 1024 B x 2 = 163,840 B (KV of one
-    token at context 1: 2 KV heads x 128 x 2 B x 2 (K,V) = 1024 B per layer per GPU)
-    = 3.5300163840e10 / 2.68e12 = 13.171703 ms. Total 13.171703 + 0.648738 + 0.5.
+    Memory: (70.6e9 x 2 - 128,256 x 8192 x 2 input embedding) / 4 = 3.4774663424e10 B
+    weights + 80 x 1024 B x 2 = 163,840 B (KV of one token at context 1: 2 KV heads x
+    128 x 2 B x 2 (K,V) = 1024 B per layer per GPU) = 3.4774827264e10 / 2.68e12 =
+    12.975682 ms. Total 12.975682 + 0.648738 + 0.5.
     """
     m = _llama8b_h100(tp=4, name="llama-3.1-70b")
     assert m.comm_seconds(1) == pytest.approx(6.487381e-4, rel=1e-6)
     assert m.step_seconds(1, 1, 0, 1, 0, 1) == pytest.approx(
-        13.171703e-3 + 6.487381e-4 + 0.5e-3, rel=1e-5
+        12.975682e-3 + 6.487381e-4 + 0.5e-3, rel=1e-5
     )
 
 
@@ -227,9 +249,12 @@ def test_moe_reads_a_share_of_the_weights() -> None:
     experts, other = spec.expert_weight_bytes, spec.weight_bytes - spec.expert_weight_bytes
     touched = 1 - (1 - 4 / 128) ** 64  # 4 of 128 experts per token
     assert m.expert_share(64) == pytest.approx(touched)
-    assert m.weight_share(64) == pytest.approx((other + experts * touched) / spec.weight_bytes)
+    embed = spec.vocab_size * spec.hidden_size * 2  # the input embedding, BF16: not read
+    want = (other - embed + experts * touched) / spec.weight_bytes
+    assert m.weight_share(64) == pytest.approx(want)
     assert m.weight_share(1) < m.weight_share(64) < 1.0
-    assert _llama8b_h100().weight_share(1) == 1.0
+    dense = _llama8b_h100()
+    assert dense.weight_share(1) == pytest.approx(1 - 128256 * 4096 * 2 / 16.06e9)
 
 
 def test_prefill_saved_matches_prefill_flops() -> None:
@@ -406,8 +431,8 @@ def test_scheduler_charges_the_roofline_step_times() -> None:
     step = replace(plan.step_model, request_latency_s=0.25, **_BY_HAND)
     cfg = SimConfig(layout=plan.layout, num_blocks=plan.num_blocks, step_model=step)
     m = latency_metrics(simulate(wl, cfg))
-    assert m["ttft_p50_s"] == pytest.approx(0.25 + 0.02800658, rel=1e-6)  # roofline_prefill
-    assert m["tpot_p50_s"] == pytest.approx(0.006541543, rel=1e-6)  # test_roofline_decode
+    assert m["ttft_p50_s"] == pytest.approx(0.25 + 0.024467156, rel=1e-6)  # roofline_prefill
+    assert m["tpot_p50_s"] == pytest.approx(0.0061495004, rel=1e-6)  # test_roofline_decode
     assert m["queue_p50_s"] == 0.0
 
 

@@ -60,12 +60,37 @@ def _targets(args: argparse.Namespace) -> Any:
         v = getattr(args, flag[2:].replace("-", "_"))
         if v is not None:
             limits[key] = v
-    if not limits:
+    goodput = _goodput(args)
+    if not limits and goodput is None:
         raise UsageError(
             "give at least one latency target, e.g. --ttft-p90 2s --tpot-p90 50ms "
-            f"(targets: {', '.join(TARGET_FLAGS)})"
+            f"(targets: {', '.join(TARGET_FLAGS)}, or --goodput with --goodput-min)"
         )
-    return Targets(limits)
+    return Targets(limits, goodput)
+
+
+def _goodput(args: argparse.Namespace) -> Any:
+    """The goodput target of ``--goodput`` and ``--goodput-min`` (None: none)."""
+    from kvcoord.planner.goodput import Goodput
+
+    if args.goodput is None and args.goodput_min is None:
+        return None
+    if args.goodput is None:
+        raise UsageError(
+            "--goodput-min needs --goodput: the limits of a good request, e.g. --goodput ttft:2s"
+        )
+    if args.goodput_min is None:
+        raise UsageError(
+            "--goodput needs --goodput-min: a share of requests that must be good (95%) or a "
+            "rate of good requests (2.5req/s)"
+        )
+    limits: dict[str, float] = {}
+    for metric, seconds in args.goodput:
+        if metric in limits:
+            raise UsageError(f"--goodput: {metric} given twice")
+        limits[metric] = seconds
+    kind, minimum = args.goodput_min
+    return Goodput(limits, kind, minimum)
 
 
 def _gpus(args: argparse.Namespace, prices: dict[str, Any], where: str) -> list[str]:
@@ -149,7 +174,7 @@ def _plan_command(args: argparse.Namespace, argv: list[str]) -> int:
             else:
                 _say(line)
 
-        res = replay_survivors(pruned, args, st, targets, ex, args.jobs, say, bar.update)
+        res = replay_survivors(pruned, args, st, targets, ex, say, bar.update)
     wargv = workload_argv(argv)
     command = replay_command(wargv, res.chosen) if res.chosen is not None else None
     print(format_table(res))

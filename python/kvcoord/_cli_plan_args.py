@@ -38,6 +38,26 @@ def _duration(text: str) -> float:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _goodput_limit(text: str) -> tuple[str, float]:
+    """An argparse type: ``ttft:2s`` (a per-request limit of ``--goodput``)."""
+    from kvcoord.planner.goodput import parse_goodput_limit
+
+    try:
+        return parse_goodput_limit(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _goodput_min(text: str) -> tuple[str, float]:
+    """An argparse type: ``95%`` or ``2.5req/s`` (``--goodput-min``)."""
+    from kvcoord.planner.goodput import parse_goodput_min
+
+    try:
+        return parse_goodput_min(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _replicas(text: str) -> list[int]:
     """An argparse type: ``8`` (1 to 8), ``2-6`` (a range) or ``1,2,4`` (a list)."""
     t = text.strip()
@@ -75,6 +95,21 @@ def add_plan_parser(sub: Any) -> Any:
     for flag, (metric, q) in TARGET_FLAGS.items():
         what = "time to first token" if metric == "ttft" else "time per output token"
         g.add_argument(flag, type=_duration, metavar="DURATION", help=f"p{q} {what} at most")
+    g.add_argument(
+        "--goodput",
+        type=_goodput_limit,
+        nargs="+",
+        metavar="METRIC:DURATION",
+        help="per-request limits of a good request, as vllm bench serve --goodput: ttft, tpot "
+        "and e2el (end-to-end), e.g. --goodput ttft:2s tpot:50ms (needs --goodput-min)",
+    )
+    g.add_argument(
+        "--goodput-min",
+        type=_goodput_min,
+        metavar="SHARE%|RATEreq/s",
+        help="the goodput required: a share of all requests that are good (95%%) or a rate "
+        "of good requests over the makespan (2.5req/s)",
+    )
     g = p.add_argument_group("search space (every combination is a candidate)")
     g.add_argument(
         "--replicas",

@@ -30,10 +30,13 @@ __all__ = [
     "GroupSpec",
     "HiSparsePair",
     "KVCacheBlocks",
+    "PrefixIndex",
     "Request",
     "UnboundedPrefixCache",
     "__version__",
     "advance_requests",
+    "batch_plan",
+    "batch_step",
     "choose_coordinator",
     "compute_block_hashes",
     "default_hash_block_size",
@@ -1297,6 +1300,63 @@ class UnboundedPrefixCache:
     @property
     def hit_tokens(self) -> int: ...
     def __len__(self) -> int: ...
+
+@final
+class PrefixIndex:
+    """A cluster router's view of which engine caches which block, built from
+    the engines' KV events alone (``kvcoord.replay.routers``)."""
+
+    def __init__(self, num_engines: U32, group_idx: U32 | None = None) -> None:
+        """An index of ``num_engines`` engines (1 to 65,536) for the events of
+        group ``group_idx`` (0 by default)."""
+    def apply(
+        self, engine: U32, events: Iterable[BlockStored | BlockRemoved | AllBlocksCleared]
+    ) -> None:
+        """Apply ``engine``'s events (as ``take_events()`` returns them) in order."""
+    def drain(self, engine: U32, coordinator: CoordinatorCore) -> None:
+        """Drain ``coordinator``'s events into the index (``apply(engine,
+        coordinator.take_events())`` without a Python object per event)."""
+    def matched_blocks(self, block_hashes: Iterable[U64]) -> list[int]:
+        """Per engine, the longest run of leading blocks of ``block_hashes``
+        (vLLM's integer form) it caches."""
+    def keys(self, engine: U32) -> set[int]:
+        """The block hashes the index says ``engine`` caches."""
+    @property
+    def num_engines(self) -> int: ...
+    @property
+    def group_idx(self) -> int: ...
+    @property
+    def events_seen(self) -> int: ...
+
+def batch_plan(
+    computed: npt.NDArray[np.int64],
+    num_tokens: npt.NDArray[np.int64],
+    budget: TokenCount,
+    steady_block_size: U32,
+    n: npt.NDArray[np.int64],
+) -> tuple[int, list[int]]:
+    """Tokens per running request of one step, first come first served under
+    ``budget``, written to ``n``; returns how many requests the budget reached
+    and those whose allocation may change the pool
+    (``kvcoord.replay.running``)."""
+
+def batch_step(
+    n: npt.NDArray[np.int64],
+    count: U32,
+    window: TokenCount,
+    computed: npt.NDArray[np.int64],
+    num_tokens: npt.NDArray[np.int64],
+    out_pos: npt.NDArray[np.int64],
+    out_len: npt.NDArray[np.int64],
+    out_base: npt.NDArray[np.int64],
+    out_tokens: npt.NDArray[np.int64],
+    requests: list[Request],
+) -> tuple[tuple[int, int, int, int, int, int], int, list[int], list[int]]:
+    """One step of the first ``count`` running requests: the arrays and
+    ``requests[:count]`` advance; returns the step-time model's sums
+    ``(tokens, full_pairs, window_pairs, full_kv, window_kv, seqs)``, the
+    tokens sampled after a request's first, and the indices that sampled
+    their first token and that finished (``kvcoord.replay.running``)."""
 
 @final
 class BlockPoolView:

@@ -5,15 +5,15 @@ Each replay request is served at best with the best possible prefix cache
 tier serves more) and alone on its engine. Two properties of the step-time
 model (:class:`kvcoord.replay.timing.StepTimeModel`) make these bounds:
 
-* a step takes at least its GEMM and attention FLOPs at the GPUs' achieved
-  rate (``flops / (tp x flops_per_second)``), and
+* a step takes at least its GEMMs and attention at the GPUs' achieved
+  rates (``prefill_gpu_seconds / tp``), and
 * a step takes longer the more it computes (``step_seconds`` grows with
   each of its arguments).
 
 Then, per request ``i``:
 
-* **TTFT** >= max(the FLOPs of prefilling its uncached prompt / the
-  engine's FLOP rate, one step of one token): its prompt is computed
+* **TTFT** >= max(the compute of prefilling its uncached prompt over the
+  engine's GPUs, one step of one token): its prompt is computed
   before its first token, in at least one step;
 * **TPOT** >= one decode step of one token after its prompt (every later
   token is computed in a step of its own that reads at least that much KV);
@@ -22,10 +22,13 @@ and a percentile of a lower bound per request is a lower bound of the
 percentile. For a TTFT target at percentile ``q`` over ``n`` requests, at
 least ``floor(q (n - 1)) + 1`` of them (:func:`needed`) must have their
 first token within the target of their arrival, so the cheapest such set's
-prefill FLOPs must fit in every GPU's compute between the first arrival
+prefill compute must fit in every GPU's compute between the first arrival
 and the last one plus the target (**compute**, skipped for a closed loop,
-whose clients send later than the trace says). A candidate whose bound
-misses a target cannot meet it.
+whose clients send later than the trace says). A goodput target
+(:mod:`.goodput`) is bounded by the requests whose lower bounds miss no
+per-request limit (a request's end-to-end latency is at least its TTFT bound
+plus one TPOT bound per later token), over the least makespan. A candidate
+whose bound misses a target cannot meet it.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from kvcoord.planner.goodput import Goodput
 from kvcoord.replay.bestcase import BestCaseTracker
 from kvcoord.replay.timing import StepTimeModel
 from kvcoord.replay.workloads import Workload
@@ -45,24 +49,32 @@ __all__ = ["Targets", "WorkloadFacts", "candidate_bounds", "needed", "workload_f
 
 @dataclass(frozen=True)
 class Targets:
-    """Latency targets: ``{(metric, q): seconds}`` with metric ``ttft`` or ``tpot``."""
+    """Latency targets: ``{(metric, q): seconds}`` with metric ``ttft`` or
+    ``tpot``, and a goodput target (:mod:`.goodput`) or None."""
 
     limits: dict[tuple[str, int], float]
+    goodput: Goodput | None = None
 
     def describe(self) -> str:
         """``TTFT p90 <= 2 s and TPOT p90 <= 50 ms``."""
         from kvcoord.replay.plot_axes import format_duration
 
-        return " and ".join(
-            f"{m.upper()} p{q} <= {format_duration(v)}" for (m, q), v in self.limits.items()
-        )
+        parts = [f"{m.upper()} p{q} <= {format_duration(v)}" for (m, q), v in self.limits.items()]
+        if self.goodput is not None:
+            parts.append(self.goodput.describe())
+        return " and ".join(parts)
 
-    def ratio(self, values: dict[tuple[str, int], float | None]) -> float:
-        """The worst ``value / target`` (above 1: a target missed; inf: unknown)."""
+    def ratio(
+        self, values: dict[tuple[str, int], float | None], goodput: float | None = None
+    ) -> float:
+        """The worst ``value / target`` (for goodput ``target / value``; above 1:
+        a target missed; inf: unknown)."""
         out = 0.0
         for key, limit in self.limits.items():
             v = values.get(key)
             out = max(out, math.inf if v is None else v / limit)
+        if self.goodput is not None:
+            out = max(out, self.goodput.ratio(goodput))
         return out
 
 
@@ -82,8 +94,8 @@ class WorkloadFacts:
     arrival: np.ndarray
     best_hit: np.ndarray
     closed_loop: bool
-    #: Per-request uncached prefill FLOPs, by model name (filled on first use).
-    flops: dict[str, np.ndarray]
+    #: Per-request uncached prefill GPU-seconds, by step-time model (filled on first use).
+    gpu_seconds: dict[Any, np.ndarray]
 
     @property
     def n(self) -> int:
@@ -94,16 +106,18 @@ class WorkloadFacts:
         total = int(self.prompt.sum())
         return float(self.best_hit.sum()) / total if total else 0.0
 
-    def prefill_flops(self, step: StepTimeModel) -> np.ndarray:
-        """FLOPs of each request's prompt past its best possible hit (all GPUs together)."""
-        key = step.model.name
-        if key not in self.flops:
-            f = step.prefill_flops
-            self.flops[key] = np.array(
+    def prefill_gpu_seconds(self, step: StepTimeModel) -> np.ndarray:
+        """GPU-seconds of computing each request's prompt past its best possible
+        hit (all GPUs together)."""
+        key = (step.model, step.gpu, step.flops_per_second, step.compute_flops_per_second,
+               step.linear_params)  # fmt: skip
+        if key not in self.gpu_seconds:
+            f = step.prefill_gpu_seconds
+            self.gpu_seconds[key] = np.array(
                 [f(int(p)) - f(int(h)) for p, h in zip(self.prompt, self.best_hit, strict=True)],
                 dtype=np.float64,
             )
-        return self.flops[key]
+        return self.gpu_seconds[key]
 
 
 def workload_facts(
@@ -119,7 +133,7 @@ def workload_facts(
         arrival=np.array([r.arrival_s * time_scale for r in reqs], dtype=np.float64),
         best_hit=np.array(hits, dtype=np.int64),
         closed_loop=closed_loop,
-        flops={},
+        gpu_seconds={},
     )
 
 
@@ -140,10 +154,9 @@ def candidate_bounds(
     ``tpot_pQ_s`` for each target, ``compute_share`` (the prefill the TTFT
     target needs over the compute there is; above 1 it cannot be done) and
     ``misses``: the first target the bounds miss, in words, or None."""
-    rate = step.tp * step.flops_per_second
+    gpu_seconds = facts.prefill_gpu_seconds(step)
     one_step = step.step_seconds(1, 1, 0, 1, 0, 1)
-    flops = facts.prefill_flops(step)
-    ttft = np.maximum(flops / rate, one_step)
+    ttft = np.maximum(gpu_seconds / step.tp, one_step)
     multi = facts.prompt[facts.output > 1]
     out: dict[str, Any] = {"compute_share": None, "misses": None}
     values: dict[tuple[str, int], float | None] = {}
@@ -164,14 +177,47 @@ def candidate_bounds(
     if ttft_targets and not facts.closed_loop and facts.n:
         q, limit = max(ttft_targets)
         k = needed(facts.n, q)
-        work = float(np.sort(flops)[:k].sum())
+        work = float(np.sort(gpu_seconds)[:k].sum())
         window = float(facts.arrival.max() - facts.arrival.min()) + limit
-        share = work / (replicas * rate * window)
+        share = work / (replicas * step.tp * window)
         out["compute_share"] = share
         if share > 1 and out["misses"] is None:
             out["misses"] = (
                 f"too little compute: the prefill of the {k:,} requests TTFT p{q} needs "
                 f"takes {share:.1f}x the GPU time there is"
             )
-    out["ratio"] = targets.ratio(values)
+    g = targets.goodput
+    upper = None
+    if g is not None and facts.n:
+        upper = _goodput_bound(facts, step, ttft, g)
+        out["goodput_at_most"] = upper
+        if upper < g.minimum and out["misses"] is None:
+            out["misses"] = f"goodput <= {g.format(upper)} by the bounds"
+    out["ratio"] = targets.ratio(values, upper)
     return out
+
+
+def _goodput_bound(
+    facts: WorkloadFacts, step: StepTimeModel, ttft: np.ndarray, g: Goodput
+) -> float:
+    """The most goodput there can be: requests whose per-request lower bounds
+    (TTFT as above; TPOT one decode step after the prompt; end-to-end TTFT
+    plus a step per later token) miss no limit, over the least makespan (the
+    latest arrival plus its end-to-end bound, less the first arrival)."""
+    one = np.ones(facts.n, dtype=np.int64)
+    zero = np.zeros(facts.n, dtype=np.int64)
+    multi = facts.output > 1
+    tpot = np.asarray(
+        step.step_seconds(one, facts.prompt + 1, zero, facts.prompt + 1, zero, one),
+        dtype=np.float64,
+    )
+    e2e = ttft + np.where(multi, (facts.output - 1) * tpot, 0.0)
+    bad = np.zeros(facts.n, dtype=bool)
+    if "ttft" in g.limits:
+        bad |= ttft > g.limits["ttft"]
+    if "tpot" in g.limits:
+        bad |= multi & (tpot > g.limits["tpot"])
+    if "e2el" in g.limits:
+        bad |= e2e > g.limits["e2el"]
+    makespan = float((facts.arrival + e2e).max() - facts.arrival.min())
+    return g.achieved(facts.n - int(bad.sum()), facts.n, makespan)

@@ -10,8 +10,10 @@ request whose TPOT exceeds the target misses that. Once more requests miss
 a target than its percentile allows (:func:`kvcoord.planner.bounds.needed`),
 the percentile must miss it whatever the rest of the replay does, and the
 replay stops (``status`` "stopped", with lower bounds of the percentiles
-from what it had seen). A replay that runs to the end ``meets`` or
-``misses`` its targets on exact percentiles.
+from what it had seen); so it does once a goodput target can no longer be
+met (:mod:`kvcoord.planner.goodput`; an upper bound of the goodput then).
+A replay that runs to the end ``meets`` or ``misses`` its targets on exact
+percentiles and goodput.
 """
 
 from __future__ import annotations
@@ -55,9 +57,18 @@ def _copy(a: Any, dtype: Any) -> np.ndarray:
 class _Watch:
     """The progress callback that stops a replay once a target is missed."""
 
-    def __init__(self, results: list[SimResult], targets: Targets, n: int, n_multi: int) -> None:
+    def __init__(
+        self,
+        results: list[SimResult],
+        targets: Targets,
+        n: int,
+        n_multi: int,
+        arrivals: tuple[float, float] = (0.0, 0.0),
+    ) -> None:
         self.results, self.targets = results, targets
         self.n, self.n_multi = n, n_multi
+        #: The first and the last (scaled) arrival of the workload.
+        self.arrivals = arrivals
         self.finished = 0
         self.next_check = self.every = max(20, n // 200)
 
@@ -81,7 +92,30 @@ class _Watch:
             tpot.append((finish[done] - first[done]) / (out[done] - 1))
         return np.concatenate(ttft), np.concatenate(tpot)
 
+    def _goodput_missed(self) -> None:
+        """Raise once the goodput target can no longer be met (:mod:`.goodput`)."""
+        g = self.targets.goodput
+        if g is None or not self.n:
+            return
+        bad, clock = 0, self.arrivals[1]
+        for r in self.results:
+            engine_clock = r.step_time[-1] if len(r.step_time) else 0.0
+            clock = max(clock, engine_clock)
+            bad += int(
+                g.certainly_bad(
+                    _copy(r.req_arrival, np.float64), _copy(r.req_first, np.float64),
+                    _copy(r.req_finish, np.float64), _copy(r.req_output, np.int64),
+                    engine_clock,
+                ).sum()
+            )  # fmt: skip
+        upper = g.achieved(self.n - bad, self.n, clock - self.arrivals[0])
+        if upper < g.minimum:
+            raise TargetMissed(
+                "goodput", {"goodput_at_most": upper}, self.finished / max(1, self.n)
+            )
+
     def check(self) -> None:
+        self._goodput_missed()
         ttft, tpot = self._gathered()
         for (metric, q), limit in self.targets.limits.items():
             seen, total = (ttft, self.n) if metric == "ttft" else (tpot, self.n_multi)
@@ -125,7 +159,13 @@ def replay_candidate(shared: EvalShared, cand: Candidate) -> dict[str, Any]:
     wl = st.workload
     n_multi = sum(1 for r in wl.requests if r.output_len > 1)
     results = [SimResult() for _ in range(cand.replicas)]
-    watch = _Watch(results, targets, len(wl.requests), n_multi)
+    scale = args.time_scale
+    first_last = (
+        (wl.requests[0].arrival_s * scale, wl.requests[-1].arrival_s * scale)
+        if wl.requests
+        else (0.0, 0.0)
+    )
+    watch = _Watch(results, targets, len(wl.requests), n_multi, first_last)
     out: dict[str, Any] = {"kv_memory_gib_per_gpu": plan.kv_bytes_per_gpu / (1 << 30)}
     try:
         if cand.replicas == 1:
@@ -153,6 +193,15 @@ def replay_candidate(shared: EvalShared, cand: Candidate) -> dict[str, Any]:
         for (m, q), v in values.items()
         if v is None or v > targets.limits[(m, q)]
     ]
+    g = targets.goodput
+    if g is not None:
+        good = g.good(
+            _copy(res.req_arrival, np.float64), _copy(res.req_first, np.float64),
+            _copy(res.req_finish, np.float64), _copy(res.req_output, np.int64),
+        )  # fmt: skip
+        out["goodput"] = g.achieved(int(good.sum()), res.num_requests, lat["makespan_seconds"])
+        if out["goodput"] < g.minimum:
+            missed.append("goodput")
     out.update(
         status="misses" if missed else "meets",
         missed=", ".join(missed) or None,

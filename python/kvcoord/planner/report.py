@@ -40,6 +40,28 @@ def _value(o: Outcome, key: str) -> float | None:
     return max(float(v) for v in vals) if vals else None
 
 
+def _goodput(o: Outcome) -> float | None:
+    """A candidate's goodput: exact when replayed to the end, else the smaller of
+    its upper bounds (the bounds stage's and, when stopped, the replay's)."""
+    assert o.candidate is not None
+    if o.stage == "replayed" and o.result.get("status") != "stopped":
+        v = o.result.get("goodput")
+        return None if v is None else float(v)
+    key = "goodput_at_most"
+    vals = [v for v in (o.candidate.bound.get(key), o.result.get(key)) if v is not None]
+    return min(float(v) for v in vals) if vals else None
+
+
+def _goodput_cell(res: SearchResult, o: Outcome) -> str:
+    g = res.targets.goodput
+    assert g is not None
+    v = _goodput(o)
+    if v is None:
+        return "n/a"
+    exact = o.stage == "replayed" and o.result.get("status") != "stopped"
+    return ("" if exact else "<= ") + g.format(v).replace(" of requests", "")
+
+
 def replay_command(workload_argv: list[str], o: Outcome) -> str:
     """The ``kvcoord replay`` command line that replays ``o``'s deployment."""
     assert o.candidate is not None
@@ -62,7 +84,7 @@ def closest(res: SearchResult) -> Outcome | None:
     def worst(o: Outcome) -> tuple[float, float]:
         assert o.candidate is not None
         vals = {k: _value(o, f"{k[0]}_p{k[1]}_s") for k in res.targets.limits}
-        return res.targets.ratio(vals), o.candidate.usd_per_hour
+        return res.targets.ratio(vals, _goodput(o)), o.candidate.usd_per_hour
 
     return min(pool, key=worst) if pool else None
 
@@ -77,10 +99,12 @@ def sentence(res: SearchResult, command: str | None) -> str:
         cost = f"${c.usd_per_hour:,.2f} per hour" + (
             f" (${per_m:,.3f} per million tokens)" if per_m is not None else ""
         )
+        g = res.targets.goodput
+        good = f", goodput {g.format(r['goodput'])}" if g is not None else ""
         return (
             f"The cheapest deployment that meets {t}: {c.label()}, at {cost}; predicted TTFT "
-            f"p90 {_d(r['ttft_p90_s'])}, TPOT p90 {_d(r['tpot_p90_s'])}, prefix-cache hit rate "
-            f"{100 * r['hit_rate']:.1f}%. Replay it: {command}"
+            f"p90 {_d(r['ttft_p90_s'])}, TPOT p90 {_d(r['tpot_p90_s'])}{good}, prefix-cache "
+            f"hit rate {100 * r['hit_rate']:.1f}%. Replay it: {command}"
         )
     near = closest(res)
     head = f"No deployment in the search space meets {t}"
@@ -90,10 +114,13 @@ def sentence(res: SearchResult, command: str | None) -> str:
             f"{head}: none fits in memory ({why}). Try larger GPUs, more TP or quantized weights."
         )
     bound = near.stage != "replayed" or near.result.get("status") == "stopped"
-    lat = ", ".join(
+    parts = [
         f"{m.upper()} p{q} {_d(_value(near, f'{m}_p{q}_s'), bound)}"
         for (m, q) in res.targets.limits
-    )
+    ]
+    if res.targets.goodput is not None:
+        parts.append(f"goodput {_goodput_cell(res, near)}")
+    lat = ", ".join(parts)
     return (
         f"{head}. The closest is {near.candidate.label()} at ${near.candidate.usd_per_hour:,.2f} "
         f"per hour ({lat}). Widen the search (--replicas, --tp, --gpus, --weight-dtype, "
@@ -126,7 +153,9 @@ def format_table(res: SearchResult) -> str:
     cheapest few of those set aside (costlier than the answer, too little
     measured rate, missing by the bounds)."""
     keys = list(res.targets.limits)
-    head = ["candidate", "$/h", *[f"{m.upper()} p{q}" for m, q in keys], "hit rate", "verdict"]
+    good = res.targets.goodput is not None
+    head = ["candidate", "$/h", *[f"{m.upper()} p{q}" for m, q in keys]]
+    head += ["goodput"] * good + ["hit rate", "verdict"]
     lines = []
     rows = ranked(res)
     shown: list[Outcome] = []
@@ -151,6 +180,8 @@ def format_table(res: SearchResult) -> str:
             }.get(o.stage, "not replayed (costs more)")
             hit = None
         vals = [_d(_value(o, f"{m}_p{q}_s"), bound) for m, q in keys]
+        if good:
+            vals.append(_goodput_cell(res, o))
         lines.append(
             [
                 c.label(),
@@ -171,6 +202,17 @@ def format_table(res: SearchResult) -> str:
     if n_mem:
         out.append(f"{n_mem:,} engine set-ups do not fit in memory (in --json)")
     return "\n".join(out)
+
+
+def _targets_json(res: SearchResult) -> dict[str, Any]:
+    out: dict[str, Any] = {f"{m}_p{q}_s": v for (m, q), v in res.targets.limits.items()}
+    g = res.targets.goodput
+    if g is not None:
+        out["goodput"] = {
+            "limits_s": dict(g.limits),
+            "min_share" if g.kind == "share" else "min_requests_per_s": g.minimum,
+        }
+    return out
 
 
 def plan_json(
@@ -203,7 +245,7 @@ def plan_json(
     near = closest(res) if chosen is None else None
     return {
         "workload": workload,
-        "targets": {f"{m}_p{q}_s": v for (m, q), v in res.targets.limits.items()},
+        "targets": _targets_json(res),
         "prices": prices,
         "best_possible_hit_rate": res.facts.best_hit_rate,
         "candidates_considered": res.considered,

@@ -173,61 +173,90 @@ def replay_survivors(
     st: Any,
     targets: Targets,
     executor: Any,
-    jobs: int,
     say: Callable[[str], None],
     bar: Callable[[int], Any] | None = None,
 ) -> SearchResult:
-    """The replays, cheapest first, ``jobs`` at a time, up to the first that meets
-    every target; after each, the costlier candidates of an engine set-up whose
-    measured service rate cannot carry the offered load are set aside
-    (:data:`RATE_SLACK`). ``say`` gets a line per replay, ``bar`` a count."""
+    """The replays, cheapest first, up to the first that meets every target;
+    before each, a candidate whose engine set-up's measured service rate
+    (from the replays before it) cannot carry the offered load is set aside
+    (:data:`RATE_SLACK`). ``say`` gets a line per replay, ``bar`` a count.
+
+    The outcome is that of replaying one candidate after another; the
+    executor's session (``jobs`` at a time) runs the candidates after the
+    one awaited ahead of their turn (as many as it has slots), and a result is taken in its turn:
+    one that the rates measured before it would have set aside is dropped,
+    and nothing after a candidate known to meet the targets is started."""
     outcomes = list(pruned.outcomes)
     chosen: Outcome | None = None
     facts = pruned.facts
     span = float(facts.arrival.max() - facts.arrival.min()) if facts.n else 0.0
     offered = (facts.n - 1) / span if span > 0 and not facts.closed_loop else None
+    # measured rates of the candidates taken so far (a rate only grows, so a
+    # candidate set aside now is set aside in its turn too)
     rates: dict[tuple[Any, ...], float] = {}
-    shared = EvalShared(args, st, targets)
-    pending = list(pruned.survivors)
-    while pending and chosen is None:
-        wave: list[Candidate] = []
-        while pending and len(wave) < max(1, jobs):
-            c = pending.pop(0)
-            mu = rates.get(_engine_key(c))
-            if offered is not None and mu is not None and c.replicas * mu * RATE_SLACK < offered:
-                outcomes.append(Outcome(c, "rate", (
-                    f"sustains about {c.replicas * mu:,.3g} req/s ({mu:,.3g} per replica, "
-                    f"measured), below the offered {offered:,.3g} req/s"
-                )))  # fmt: skip
+    cands = pruned.survivors
+
+    def rate_short(c: Candidate) -> str | None:
+        mu = rates.get(_engine_key(c))
+        if offered is None or mu is None or c.replicas * mu * RATE_SLACK >= offered:
+            return None
+        return (
+            f"sustains about {c.replicas * mu:,.3g} req/s ({mu:,.3g} per replica, "
+            f"measured), below the offered {offered:,.3g} req/s"
+        )
+
+    turn = 0  # the candidate whose outcome is next
+    ahead = 0  # the next candidate to start ahead of its turn
+    started: set[int] = set()
+    running = 0
+    finished: dict[int, dict[str, Any]] = {}
+    first_meets = len(cands)  # the first candidate known to meet the targets
+    session = executor.session(replay_candidate, EvalShared(args, st, targets))
+    try:
+        while turn < len(cands):
+            c = cands[turn]
+            short = rate_short(c)
+            if short is not None:
+                outcomes.append(Outcome(c, "rate", short))
+                finished.pop(turn, None)
+                turn += 1
                 if bar is not None:
                     bar(1)
                 continue
-            wave.append(c)
-        if not wave:
-            break
-        done = 0
-
-        def report(r: dict[str, Any], wave: list[Candidate] = wave) -> None:
-            nonlocal done
-            c = wave[done]
-            done += 1
-            say(f"plan: {c.label()} at ${c.usd_per_hour:,.2f}/h: {verdict(r)}")
-            if bar is not None:
-                bar(1)
-
-        results = executor.map(
-            replay_candidate, shared, wave, done=report, until=lambda r: r["status"] == "meets"
-        )
-        for c, r in zip(wave, results, strict=False):
-            o = Outcome(c, "replayed", r.get("missed"), r)
-            outcomes.append(o)
-            mu = r.get("capacity_rps_per_replica")
-            if mu is not None:
-                key = _engine_key(c)
-                rates[key] = max(rates.get(key, 0.0), mu)
-            if r["status"] == "meets" and chosen is None:
-                chosen = o
-        pending = wave[len(results) :] + pending
-    for c in pending:
+            if turn in finished:
+                r = finished.pop(turn)
+                say(f"plan: {c.label()} at ${c.usd_per_hour:,.2f}/h: {verdict(r)}")
+                if bar is not None:
+                    bar(1)
+                o = Outcome(c, "replayed", r.get("missed"), r)
+                outcomes.append(o)
+                mu = r.get("capacity_rps_per_replica")
+                if mu is not None:
+                    key = _engine_key(c)
+                    rates[key] = max(rates.get(key, 0.0), mu)
+                turn += 1
+                if r["status"] == "meets":
+                    chosen = o
+                    break
+                continue
+            if turn not in started:
+                session.submit(turn, c)
+                started.add(turn)
+                running += 1
+            ahead = max(ahead, turn + 1)
+            while running < session.slots and ahead < first_meets:
+                if rate_short(cands[ahead]) is None:
+                    session.submit(ahead, cands[ahead])
+                    started.add(ahead)
+                    running += 1
+                ahead += 1
+            key, r = session.wait()
+            running -= 1
+            finished[key] = r
+            if r["status"] == "meets":
+                first_meets = min(first_meets, key)
+    finally:
+        session.close()
+    for c in cands[turn:]:
         outcomes.append(Outcome(c, "not replayed", "costs more than the deployment chosen"))
     return SearchResult(targets, outcomes, chosen, pruned.facts, pruned.considered)

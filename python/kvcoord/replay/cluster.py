@@ -180,7 +180,7 @@ def simulate_cluster(
             advance(k, t)
             settle(k)
             if rt.uses_events:
-                rt.observe(k, mgrs[k].take_events())
+                rt.observe_manager(k, mgrs[k])
         hashes: list[int] | None = None
         if rt.uses_events:
             req = Request(
@@ -205,7 +205,7 @@ def simulate_cluster(
         advance(k, math.inf)
         settle(k)
         if rt.uses_events:
-            rt.observe(k, mgrs[k].take_events())
+            rt.observe_manager(k, mgrs[k])
     engines = [r for r in results if r is not None]
     assert len(engines) == instances
     best = best_possible_hits(workload, layout.block_size) if track_global_best else None

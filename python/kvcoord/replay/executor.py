@@ -1,19 +1,27 @@
-"""Where a sweep's replays run: this process, local worker processes, or a
-Ray cluster (``kvcoord sweep --executor``).
+"""Where a sweep's or a plan's replays run: this process, local worker
+processes, or a Ray cluster (``kvcoord sweep --executor``, ``kvcoord plan``).
 
-The interface is one call: :meth:`Executor.map` runs ``fn(shared, item)``
-for every item and returns the results in the items' order, calling
-``done(result)`` as each comes back (in order). With ``until``, it stops at
-the first result (in order) for which ``until(result)`` is true: the results
-up to that one are returned and the items after it are cancelled, those
-already running stopped (``kvcoord plan`` replays candidates cheapest first
-and stops at the first that meets its targets). ``shared`` (the workload,
-large) goes to each worker once; each item (one sweep point, small) travels
-alone. ``fn`` must be a module-level function so that it pickles.
+Each executor opens a :class:`Session` for one task function and one shared
+value (the workload, large: it goes to each worker once): items are
+submitted one at a time (each small, travelling alone) and the results come
+back as they finish, with the key they were submitted under; closing the
+session stops what is still running. :attr:`Session.slots` is how many run
+at once. ``fn`` must be a module-level function so that it pickles.
 
-* :class:`InlineExecutor`: in this process, one after another.
+:func:`map_items` is the one ordered map on top of a session: it runs
+``fn(shared, item)`` for every item and returns the results in the items'
+order, calling ``done(result)`` as each comes back (in order). With
+``until``, it stops at the first result (in order) for which
+``until(result)`` is true: the results up to that one are returned and the
+items after it are not run, those already running stopped. ``kvcoord plan``
+drives a session itself (:mod:`kvcoord.planner.search`: replays ahead of
+the one it waits for, in cost order).
+
+* :class:`InlineExecutor`: in this process, one item at a time, in the
+  order submitted.
 * :class:`LocalExecutor`: a pool of spawned processes
-  (``concurrent.futures``); Ctrl-C stops every worker.
+  (``concurrent.futures``), kept for the whole session; Ctrl-C stops every
+  worker.
 * :class:`RayExecutor`: Ray tasks (``pip install 'kvcoord[ray]'``), on the
   cluster at ``address`` (``ray.init(address=...)``: ``"auto"`` for the
   cluster this machine belongs to, ``ray://host:10001`` for a remote one,
@@ -27,9 +35,10 @@ from __future__ import annotations
 import importlib
 import multiprocessing
 import signal
+from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
-from typing import Any, Protocol, TypeVar
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from typing import Any, Generic, Protocol, TypeVar
 
 from kvcoord._cli_base import _sigint_ignored
 
@@ -40,12 +49,16 @@ __all__ = [
     "InlineExecutor",
     "LocalExecutor",
     "RayExecutor",
+    "Session",
     "make_executor",
+    "map_items",
 ]
 
 S = TypeVar("S")
 T = TypeVar("T")
 R = TypeVar("R")
+T_contra = TypeVar("T_contra", contravariant=True)
+R_co = TypeVar("R_co", covariant=True)
 
 #: ``--executor`` names.
 EXECUTORS: tuple[str, ...] = ("local", "ray")
@@ -55,10 +68,27 @@ class ExecutorUnavailable(RuntimeError):
     """The executor cannot start here (Ray not installed, no cluster at the address)."""
 
 
+class Session(Protocol[T_contra, R_co]):
+    """Submitted items run ``slots`` at a time; results come back as they finish."""
+
+    slots: int
+
+    def submit(self, key: int, item: T_contra) -> None:
+        """Start (or queue) ``fn(shared, item)``; its result comes back with ``key``."""
+
+    def wait(self) -> tuple[int, R_co]:
+        """A finished item's key and result (blocks; re-raises the task's error)."""
+
+    def close(self) -> None:
+        """Stop whatever is still running or queued."""
+
+
 class Executor(Protocol):
-    """Runs ``fn(shared, item)`` for each item; results in the items' order."""
+    """Opens sessions; ``map`` runs items in order (:func:`map_items`)."""
 
     name: str
+
+    def session(self, fn: Callable[[S, T], R], shared: S) -> Session[T, R]: ...
 
     def map(
         self,
@@ -70,10 +100,44 @@ class Executor(Protocol):
     ) -> list[R]: ...
 
 
-class InlineExecutor:
-    """In this process, one item after another."""
+def map_items(
+    session: Session[T, R],
+    items: Sequence[T],
+    done: Callable[[R], None] | None = None,
+    until: Callable[[R], bool] | None = None,
+) -> list[R]:
+    """The results of ``items`` in order, at most ``session.slots`` running at
+    once, up to the first ``until`` accepts (see the module docstring); the
+    session is closed."""
+    out: list[R] = []
+    finished: dict[int, R] = {}
+    submitted = running = 0
+    try:
+        while len(out) < len(items):
+            while running < max(1, session.slots) and submitted < len(items):
+                session.submit(submitted, items[submitted])
+                submitted += 1
+                running += 1
+            key, r = session.wait()
+            running -= 1
+            finished[key] = r
+            while len(out) in finished:
+                r = finished.pop(len(out))
+                out.append(r)
+                if done is not None:
+                    done(r)
+                if until is not None and until(r):
+                    return out
+        return out
+    finally:
+        session.close()
 
-    name = "inline"
+
+class _MapMixin:
+    """``map`` as :func:`map_items` over a fresh session."""
+
+    def session(self, fn: Callable[[S, T], R], shared: S) -> Session[T, R]:
+        raise NotImplementedError
 
     def map(
         self,
@@ -83,15 +147,36 @@ class InlineExecutor:
         done: Callable[[R], None] | None = None,
         until: Callable[[R], bool] | None = None,
     ) -> list[R]:
-        out = []
-        for it in items:
-            r = fn(shared, it)
-            out.append(r)
-            if done is not None:
-                done(r)
-            if until is not None and until(r):
-                break
-        return out
+        if not items:
+            return []
+        return map_items(self.session(fn, shared), items, done, until)
+
+
+class _InlineSession(Generic[S, T, R]):
+    slots = 1
+
+    def __init__(self, fn: Callable[[S, T], R], shared: S) -> None:
+        self._fn, self._shared = fn, shared
+        self._queue: deque[tuple[int, T]] = deque()
+
+    def submit(self, key: int, item: T) -> None:
+        self._queue.append((key, item))
+
+    def wait(self) -> tuple[int, R]:
+        key, item = self._queue.popleft()
+        return key, self._fn(self._shared, item)
+
+    def close(self) -> None:
+        self._queue.clear()
+
+
+class InlineExecutor(_MapMixin):
+    """In this process, one item after another."""
+
+    name = "inline"
+
+    def session(self, fn: Callable[[S, T], R], shared: S) -> Session[T, R]:
+        return _InlineSession(fn, shared)
 
 
 _SHARED: Any = None
@@ -108,7 +193,43 @@ def _call(fn: Callable[[Any, T], R], item: T) -> R:
     return fn(_SHARED, item)
 
 
-class LocalExecutor:
+class _LocalSession(Generic[S, T, R]):
+    """One pool of ``slots`` spawned workers for the whole session."""
+
+    def __init__(self, fn: Callable[[S, T], R], shared: S, jobs: int) -> None:
+        self.slots = jobs
+        self._fn = fn
+        ctx = multiprocessing.get_context("spawn")
+        # workers start with Ctrl-C ignored (inherited), so only this process reports it
+        with _sigint_ignored():
+            self._ex = ProcessPoolExecutor(
+                max_workers=jobs, mp_context=ctx, initializer=_init_worker, initargs=(shared,)
+            )
+        self._futs: dict[Future[R], int] = {}
+
+    def submit(self, key: int, item: T) -> None:
+        with _sigint_ignored():
+            self._futs[self._ex.submit(_call, self._fn, item)] = key
+
+    def wait(self) -> tuple[int, R]:
+        try:
+            done, _ = wait(self._futs, return_when=FIRST_COMPLETED)
+            fut = min(done, key=self._futs.__getitem__)
+            key = self._futs.pop(fut)
+            return key, fut.result()
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        if self._futs:  # stopped early: the rest is not needed
+            self._futs.clear()
+            _stop(self._ex)
+        else:
+            self._ex.shutdown()
+
+
+class LocalExecutor(_MapMixin):
     """``jobs`` spawned worker processes on this machine (1: in this process)."""
 
     name = "local"
@@ -118,6 +239,11 @@ class LocalExecutor:
             raise ValueError(f"jobs must be positive, got {jobs}")
         self.jobs = jobs
 
+    def session(self, fn: Callable[[S, T], R], shared: S) -> Session[T, R]:
+        if self.jobs <= 1:
+            return _InlineSession(fn, shared)
+        return _LocalSession(fn, shared, self.jobs)
+
     def map(
         self,
         fn: Callable[[S, T], R],
@@ -126,33 +252,10 @@ class LocalExecutor:
         done: Callable[[R], None] | None = None,
         until: Callable[[R], bool] | None = None,
     ) -> list[R]:
-        jobs = min(self.jobs, len(items))
-        if jobs <= 1:
+        if len(items) <= 1:  # one item: no worker worth starting
             return InlineExecutor().map(fn, shared, items, done, until)
-        ctx = multiprocessing.get_context("spawn")
-        # workers start with Ctrl-C ignored (inherited), so only this process reports it
-        with _sigint_ignored():
-            ex = ProcessPoolExecutor(
-                max_workers=jobs, mp_context=ctx, initializer=_init_worker, initargs=(shared,)
-            )
-            futs: list[Future[R]] = [ex.submit(_call, fn, it) for it in items]
-        out: list[R] = []
-        try:
-            for f in futs:
-                r = f.result()
-                out.append(r)
-                if done is not None:
-                    done(r)
-                if until is not None and until(r):
-                    break
-        except BaseException:
-            _stop(ex)
-            raise
-        if len(out) < len(futs):  # stopped early: the rest is not needed
-            _stop(ex)
-        else:
-            ex.shutdown()
-        return out
+        ex = LocalExecutor(min(self.jobs, len(items)))
+        return map_items(ex.session(fn, shared), items, done, until)
 
 
 def _stop(ex: ProcessPoolExecutor) -> None:
@@ -169,7 +272,45 @@ def _ray_call(fn: Callable[[Any, T], R], shared: Any, item: T) -> R:
     return fn(shared, item)
 
 
-class RayExecutor:
+class _RaySession(Generic[S, T, R]):
+    def __init__(self, owner: RayExecutor, fn: Callable[[S, T], R], shared: S) -> None:
+        self._owner = owner
+        ray = self._ray = owner._ray
+        owner._init()
+        try:
+            self.slots = max(1, int(ray.cluster_resources().get("CPU", 1)))
+            self._task = ray.remote(_ray_call)
+            self._fn = fn
+            self._ref = ray.put(shared)
+        except BaseException:
+            owner._shutdown()
+            raise
+        self._refs: dict[Any, int] = {}
+
+    def submit(self, key: int, item: T) -> None:
+        self._refs[self._task.remote(self._fn, self._ref, item)] = key
+
+    def wait(self) -> tuple[int, R]:
+        ray = self._ray
+        try:
+            ready, _ = ray.wait(list(self._refs), num_returns=1)
+            key = self._refs.pop(ready[0])
+            try:
+                return key, ray.get(ready[0])
+            except ray.exceptions.RayTaskError as e:
+                raise e.as_instanceof_cause() from None
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        for r in self._refs:  # stopped early: the rest is not needed
+            self._ray.cancel(r, force=True)
+        self._refs.clear()
+        self._owner._shutdown()
+
+
+class RayExecutor(_MapMixin):
     """Ray tasks on the cluster at ``address`` (None: start a local instance)."""
 
     name = "ray"
@@ -200,43 +341,13 @@ class RayExecutor:
             raise ExecutorUnavailable(f"cannot join the Ray cluster at {self.address}: {e}") from e
         self._started = True
 
-    def map(
-        self,
-        fn: Callable[[S, T], R],
-        shared: S,
-        items: Sequence[T],
-        done: Callable[[R], None] | None = None,
-        until: Callable[[R], bool] | None = None,
-    ) -> list[R]:
-        ray = self._ray
-        self._init()
-        try:
-            task = ray.remote(_ray_call)
-            ref = ray.put(shared)
-            refs = [task.remote(fn, ref, it) for it in items]
-            out: list[R] = []
-            try:
-                for r in refs:
-                    try:
-                        v = ray.get(r)
-                    except ray.exceptions.RayTaskError as e:
-                        raise e.as_instanceof_cause() from None
-                    out.append(v)
-                    if done is not None:
-                        done(v)
-                    if until is not None and until(v):
-                        break
-            except BaseException:
-                for r in refs:
-                    ray.cancel(r, force=True)
-                raise
-            for r in refs[len(out) :]:  # stopped early: the rest is not needed
-                ray.cancel(r, force=True)
-            return out
-        finally:
-            if self._started:
-                ray.shutdown()
-                self._started = False
+    def _shutdown(self) -> None:
+        if self._started:
+            self._ray.shutdown()
+            self._started = False
+
+    def session(self, fn: Callable[[S, T], R], shared: S) -> Session[T, R]:
+        return _RaySession(self, fn, shared)
 
 
 def make_executor(name: str, *, jobs: int = 1, address: str | None = None) -> Executor:

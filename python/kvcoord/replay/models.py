@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Any
 
 from kvcoord._arith import cdiv
@@ -77,10 +78,12 @@ class ModelSpec:
     ``layer_kinds`` counts layers per kind: ``full_attention``,
     ``sliding_window``, ``chunked_local`` (``window`` tokens for both) or
     ``mamba``. ``params`` / ``active_params`` are all and per-token weights
-    (equal for dense models); ``weight_bytes`` is their size as vLLM loads
-    them in ``weight_dtype`` (the checkpoint's own unless ``--weight-dtype``
-    says otherwise; :mod:`kvcoord.replay.dtypes` says which weights a format
-    quantizes). The vocabulary, MLP and expert sizes split the parameters into
+    (equal for dense models), both counting the input embedding and the
+    output head, as :mod:`kvcoord.replay.hf_config` counts them;
+    ``weight_bytes`` is their size as vLLM loads them in ``weight_dtype``
+    (the checkpoint's own unless ``--weight-dtype`` says otherwise;
+    :mod:`kvcoord.replay.dtypes` says which weights a format quantizes).
+    The vocabulary, MLP and expert sizes split the parameters into
     embeddings, experts and the rest, and size the activations of
     :mod:`kvcoord.replay.memory`.
     """
@@ -118,7 +121,7 @@ class ModelSpec:
     moe_layers: int = 0
     note: str = ""
 
-    @property
+    @cached_property
     def num_layers(self) -> int:
         return sum(n for _, n in self.layer_kinds)
 
@@ -145,14 +148,27 @@ class ModelSpec:
         """The dtype of activations and logits (bf16 for a quantized model)."""
         return compute_dtype(self.weight_dtype)
 
-    @property
+    @cached_property
     def weight_bytes(self) -> float:
         """Bytes of all weights as vLLM loads them (every GPU of a TP group holds
         ``1/tp`` of them): experts, the other layers and the embeddings each in
         the format the weight dtype gives them."""
         return sum(self._weight_parts())
 
-    @property
+    @cached_property
+    def streamed_weight_bytes(self) -> float:
+        """Bytes of the weights one forward pass reads whole: all but the input
+        embedding table when it is not the output head (a step looks up only its
+        tokens' rows of it)."""
+        embed = self._weight_parts()[0]
+        return self.weight_bytes - (0.0 if self.tie_embeddings else embed / 2)
+
+    @cached_property
+    def head_params(self) -> float:
+        """The output head (``lm_head``): one ``hidden x vocabulary`` matrix."""
+        return float(self.vocab_size * self.hidden_size)
+
+    @cached_property
     def expert_weight_bytes(self) -> float:
         """Bytes of the routed experts' weights (0 for a dense model)."""
         return self._weight_parts()[1]
@@ -273,7 +289,9 @@ MODELS: dict[str, ModelSpec] = {
             kv_heads=8,
             head_dim=64,
             params=116.8e9,
-            active_params=5.1e9,
+            # the model card's 5.13e9 active counts the unembedding, not the
+            # 0.58e9 input embedding, which this count includes
+            active_params=5.71e9,
             weight_dtype="mxfp4",
             vocab_size=201088,
             experts=128,
@@ -292,7 +310,7 @@ MODELS: dict[str, ModelSpec] = {
             kv_heads=8,
             head_dim=64,
             params=20.9e9,
-            active_params=3.6e9,
+            active_params=4.19e9,  # the model card's 3.61e9 + the input embedding
             weight_dtype="mxfp4",
             vocab_size=201088,
             experts=32,

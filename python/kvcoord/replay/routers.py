@@ -9,8 +9,10 @@ knows:
 * for :class:`PrefixAwareRouter`, the KV events each engine publishes
   (``BlockStored`` / ``BlockRemoved`` / ``AllBlocksCleared``, the same
   objects ``KVCacheManager.take_events()`` returns): its index of which
-  engine caches which block is rebuilt from those events alone, never read
-  from an engine's pool.
+  engine caches which block (:class:`PrefixIndex`, the core's
+  ``RouterIndex``: per engine, how many of its blocks hold each key, and
+  which engines hold each key) is rebuilt from those events alone, never
+  read from an engine's pool.
 
 Routers (``--router NAME[:key=value]``):
 
@@ -38,7 +40,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from kvcoord._core import AllBlocksCleared, BlockRemoved, BlockStored, Request
+from kvcoord._core import PrefixIndex, Request
 from kvcoord._suggest import did_you_mean, unknown_name
 from kvcoord.replay.workloads import WorkloadRequest
 
@@ -108,6 +110,11 @@ class Router:
     def observe(self, engine: int, events: Sequence[Any]) -> None:
         """The engine's KV events since the last call (ignored by default)."""
 
+    def observe_manager(self, engine: int, manager: Any) -> None:
+        """The KV events ``manager`` (engine ``engine``'s) recorded since the last
+        call, drained from it: :meth:`observe` of its ``take_events()``."""
+        self.observe(engine, manager.take_events())
+
 
 class RoundRobinRouter(Router):
     name = "round-robin"
@@ -128,90 +135,6 @@ class LeastLoadedRouter(Router):
     def route(self, request: WorkloadRequest, block_hashes: Sequence[int] | None) -> int:
         n, t = self.outstanding, self.outstanding_tokens
         return min(range(self.num_engines), key=lambda k: (n[k], t[k], k))
-
-
-class PrefixIndex:
-    """Which engine caches which block, from KV events only.
-
-    Per engine, how many of its blocks hold each key (an engine reports one
-    ``BlockRemoved`` per block, and two blocks may hold one key), and one
-    dict from key to the bit mask of the engines holding it. Only the
-    events of one KV-cache group (``group_idx``) are indexed.
-    """
-
-    def __init__(self, num_engines: int, group_idx: int = 0) -> None:
-        self.num_engines = num_engines
-        self.group_idx = group_idx
-        self._holders: dict[int, int] = {}
-        self._counts: list[dict[int, int]] = [{} for _ in range(num_engines)]
-        self.events_seen = 0
-
-    def apply(self, engine: int, events: Sequence[Any]) -> None:
-        """Apply one engine's events in order."""
-        bit = 1 << engine
-        holders = self._holders
-        counts = self._counts[engine]
-        gid = self.group_idx
-        for ev in events:
-            self.events_seen += 1
-            if isinstance(ev, BlockStored):
-                if ev.group_idx != gid:
-                    continue
-                for h in ev.block_hashes.tolist():
-                    c = counts.get(h, 0)
-                    counts[h] = c + 1
-                    if not c:
-                        holders[h] = holders.get(h, 0) | bit
-            elif isinstance(ev, BlockRemoved):
-                if ev.group_idx != gid:
-                    continue
-                h = ev.block_hash
-                c = counts.pop(h, 0)
-                if c > 1:
-                    counts[h] = c - 1
-                elif c == 1:
-                    m = holders.get(h, 0) & ~bit
-                    if m:
-                        holders[h] = m
-                    else:
-                        holders.pop(h, None)
-            elif isinstance(ev, AllBlocksCleared):
-                for h in counts:
-                    m = holders.get(h, 0) & ~bit
-                    if m:
-                        holders[h] = m
-                    else:
-                        holders.pop(h, None)
-                counts.clear()
-            else:
-                raise TypeError(f"not a KV event: {type(ev).__name__}")
-
-    def keys(self, engine: int) -> set[int]:
-        """The block hashes the index says ``engine`` caches."""
-        return set(self._counts[engine])
-
-    def matched_blocks(self, block_hashes: Sequence[int]) -> list[int]:
-        """Per engine, the longest run of leading blocks of ``block_hashes``
-        it caches (one pass over the hashes, stopping at the first block no
-        engine still matching holds)."""
-        n = self.num_engines
-        matched = [0] * n
-        alive = (1 << n) - 1
-        holders = self._holders
-        for i, h in enumerate(block_hashes):
-            m = holders.get(h, 0)
-            dropped = alive & ~m
-            if dropped:
-                for k in range(n):
-                    if dropped >> k & 1:
-                        matched[k] = i
-                alive &= m
-                if not alive:
-                    return matched
-        for k in range(n):
-            if alive >> k & 1:
-                matched[k] = len(block_hashes)
-        return matched
 
 
 class PrefixAwareRouter(Router):
@@ -235,6 +158,10 @@ class PrefixAwareRouter(Router):
 
     def observe(self, engine: int, events: Sequence[Any]) -> None:
         self.index.apply(engine, events)
+
+    def observe_manager(self, engine: int, manager: Any) -> None:
+        # the same events, straight from the engine's core into the index
+        self.index.drain(engine, manager.coordinator.core)
 
     def route(self, request: WorkloadRequest, block_hashes: Sequence[int] | None) -> int:
         if block_hashes is None:

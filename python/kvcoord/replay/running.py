@@ -1,15 +1,17 @@
-"""The running requests of the simulated scheduler, as arrays: one step's bookkeeping in numpy.
+"""The running requests of the simulated scheduler, as arrays: one step's bookkeeping in the core.
 
 A replay at a realistic load keeps hundreds of requests decoding for
-thousands of steps; doing their per-step work (tokens to schedule, the
-budget, step-cost sums, progress, the sampled token) one Python object at a
-time was most of a replay's time. :class:`RunningBatch` holds the progress of
-the running requests in arrays, in admission order, next to their
-:class:`Live` objects, and does a step for all of them at once. Only the
-requests whose ``allocate_slots`` call can change the pool (see
-:func:`kvcoord.replay.pool.steady_block_size`) are handled one by one, by the
-scheduler, in admission order; the requests' own counters are then advanced
-in one call (:func:`kvcoord.advance_requests`).
+thousands of steps. :class:`RunningBatch` holds the progress of the running
+requests in arrays, in admission order, next to their :class:`Live`
+objects, and does a step for all of them in two calls into the core
+(``kvcoord_core::running_batch``): :func:`kvcoord._core.batch_plan` gives
+each request its tokens (first come first served under the budget) and
+lists the requests whose ``allocate_slots`` call can change the pool (see
+:func:`kvcoord.replay.pool.steady_block_size`), which the scheduler makes
+one by one, in admission order; :func:`kvcoord._core.batch_step` then
+advances every request (its arrays and its ``Request``) and returns the
+step-time model's sums. A layout with a chunk rule (Mamba "align" groups)
+plans its tokens request by request here.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from kvcoord._core import batch_plan, batch_step
 from kvcoord.replay.workloads import WorkloadRequest
 
 __all__ = ["Live", "RunningBatch", "StepPlan"]
@@ -91,7 +94,7 @@ class RunningBatch:
     :attr:`Live.out_base`), so a step's sampled tokens are one gather.
     """
 
-    _ARRAYS = ("computed", "num_tokens", "out_pos", "out_len", "out_base")
+    _ARRAYS = ("computed", "num_tokens", "out_pos", "out_len", "out_base", "step_tokens")
 
     def __init__(self, capacity: int) -> None:
         self.lives: list[Live] = []
@@ -108,6 +111,8 @@ class RunningBatch:
         self.out_pos = np.zeros(cap, dtype=np.int64)
         self.out_len = np.zeros(cap, dtype=np.int64)
         self.out_base = np.zeros(cap, dtype=np.int64)
+        #: The tokens :meth:`plan` gives each request (its buffer, reused every step).
+        self.step_tokens = np.zeros(cap, dtype=np.int64)
 
     def __len__(self) -> int:
         return len(self.lives)
@@ -169,20 +174,14 @@ class RunningBatch:
         request, as the loop did, and every scheduled request is an event.
         """
         k = len(self.lives)
+        if split is None:
+            n = self.step_tokens[:k]
+            count, events = batch_plan(
+                self.computed[:k], self.num_tokens[:k], budget, steady_bs or 0, n
+            )
+            return StepPlan(n, count, events)
         c = self.computed[:k]
         rem = self.num_tokens[:k] - c
-        if split is None:
-            before = np.cumsum(rem) - rem
-            n = np.minimum(rem, np.maximum(budget - before, 0))
-            count = int(_count(before < budget))
-            if steady_bs:
-                m = n[:count]
-                cc = c[:count]
-                edge = (m != 1) | (cc % steady_bs == 0) | ((cc + 1) % steady_bs == 0)
-                events = edge.nonzero()[0].tolist()
-            else:
-                events = list(range(count))
-            return StepPlan(n, count, events)
         n = np.zeros(k, dtype=np.int64)
         events = []
         count = 0
@@ -223,51 +222,13 @@ class RunningBatch:
         self.later_tokens = 0
         if count == 0:
             return 0, 0, 0, 0, 0, 0, [], [], []
-        from kvcoord import advance_requests
-
-        nn = n[:count]
-        c = self.computed[:count]
-        sched = nn > 0
-        seqs = int(_count(sched))
-        tokens = int(_sum(nn))
-        new_c = c + nn
-        full_pairs = int(_sum(nn * c + nn * (nn + 1) // 2))
-        kv = new_c * sched
-        full_kv = int(_sum(kv))
-        window_pairs = window_kv = 0
-        if window:
-            window_pairs = int(_sum(_window_pairs(c, nn, window)))
-            window_kv = int(_sum(np.minimum(kv, window)))
-        self.computed[:count] = new_c
-        done = sched & (new_c >= self.num_tokens[:count])
-        pos = self.out_pos[:count]
-        lives = self.lives
-        done_idx = done.nonzero()[0]
-        sampled = np.empty(count, dtype=np.int64)
-        sampled.fill(-1)
-        fin: list[int] = []
-        first: list[int] = []
-        if done_idx.shape[0]:
-            dpos = pos[done_idx]
-            sampled[done_idx] = self.out_tokens[self.out_base[done_idx] + dpos]
-            first = done_idx[dpos == 0].tolist()
-            fin = done_idx[dpos + 1 >= self.out_len[done_idx]].tolist()
-            self.later_tokens = int(done_idx.shape[0]) - len(first)
         reqs = self.reqs
-        advance_requests(reqs if count == len(reqs) else reqs[:count], nn, sampled)
-        self.out_pos[:count] += done
-        self.num_tokens[:count] += done
-        return (
-            tokens,
-            full_pairs,
-            window_pairs,
-            full_kv,
-            window_kv,
-            seqs,
-            [lives[i] for i in first],
-            [lives[i] for i in fin],
-            fin,
-        )
+        sums, self.later_tokens, first, fin = batch_step(
+            n, count, window, self.computed, self.num_tokens, self.out_pos, self.out_len,
+            self.out_base, self.out_tokens, reqs,
+        )  # fmt: skip
+        lives = self.lives
+        return (*sums, [lives[i] for i in first], [lives[i] for i in fin], fin)
 
     def remove(self, indices: list[int]) -> None:
         """Drop the requests at ``indices`` (finished), keeping the others' order."""
@@ -284,18 +245,3 @@ class RunningBatch:
         kept = idx.tolist()
         self.lives = [self.lives[i] for i in kept]
         self.reqs = [self.reqs[i] for i in kept]
-
-
-_sum = np.add.reduce
-_count = np.count_nonzero
-
-
-def _window_pairs(cached: np.ndarray, new: np.ndarray, window: int) -> np.ndarray:
-    """:func:`kvcoord.replay.timing.attention_pairs` with a window, element-wise."""
-    lo, hi = cached, cached + new
-    full_end = np.minimum(hi, window)
-    a, b = lo + 1, full_end
-    head = np.where(lo < full_end, (a + b) * (b - a + 1) // 2, 0)
-    capped_start = np.maximum(lo, window)
-    tail = np.where(hi > capped_start, (hi - capped_start) * window, 0)
-    return np.asarray(head + tail)

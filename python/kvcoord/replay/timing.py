@@ -3,19 +3,32 @@
 One step computes ``T`` tokens (uncached prefill chunks plus one token per
 decoding request). On each of the ``tp`` GPUs of the replica::
 
-    flops  = [2 x (dense active + expert active / MOE_EFFICIENCY) x T
-              + A x sum over attention layers of query-key pairs] / tp
+    linear = 2 x (dense active + expert active / MOE_EFFICIENCY) x T / tp
+    bf16   = [2 x head x S + A x sum over attention layers of query-key pairs] / tp
     bytes  = (other weights + expert weights x touched(T) / MOE_EFFICIENCY) / tp
              + KV bytes read and written on this GPU
-    t_gemm = flops / (peak FLOP/s x COMPUTE_EFFICIENCY[GPU architecture])
+    t_gemm = (linear / peak[weight dtype] + bf16 / peak[compute dtype])
+             / COMPUTE_EFFICIENCY[GPU architecture]
     t_mem  = bytes / (HBM bandwidth x BANDWIDTH_EFFICIENCY)
     t_comm = 2 x layers x (link latency + T x hidden x 2 bytes x 2 (tp-1)/tp / link bandwidth)
     t_gpu  = max(t_gemm, t_mem) + t_comm + STEP_OVERHEAD_S
     t_cpu  = CPU_SCALE x (SCHEDULER_STEP_S + SCHEDULER_SEQ_S x requests scheduled)
     step   = t_gpu + t_cpu        (max(t_gpu, t_cpu) with vLLM's --async-scheduling)
 
+* ``dense active``: the per-token weights of the layers (the active
+  parameters less the input embedding, a row lookup, and the output head).
+  The output head (``head`` = hidden x vocabulary) runs once per scheduled
+  request (``S`` of them), on the last position of its chunk, not per token
+  computed: vLLM computes logits only where it samples.
 * ``A`` = 2 x heads x (query-key width + value width): FLOPs of one query
   token attending one key token in one layer (QK^T and PV).
+* Peaks: the linear layers run at the tensor peak of their weight dtype
+  (FP8 weights: the FP8 peak); attention and the output head compute in the
+  activations' dtype (BF16: vLLM quantizes linear layers and experts only,
+  and the attention kernels multiply BF16 queries by BF16 keys).
+* ``other weights``: every weight but the routed experts and, when it is
+  not the output head too, the input embedding (a step reads only its
+  tokens' rows).
 * A request that computes ``n`` new tokens after ``c`` cached/computed ones
   contributes ``n x c + n (n+1) / 2`` query-key pairs in a full-attention
   layer and reads ``c + n`` tokens of KV once per step (flash-attention
@@ -117,13 +130,13 @@ CALIBRATION_ROWS = (
 # the fit's printout is in docs/validation.md); bandwidth reached its cap of 1
 #: Share of the dense tensor peak reached, by GPU architecture (A100: Ampere;
 #: the others: Hopper's, the only other architecture measured).
-COMPUTE_EFFICIENCY = {"ampere": 0.686, "hopper": 0.380}
-MOE_EFFICIENCY = 0.576
+COMPUTE_EFFICIENCY = {"ampere": 0.638, "hopper": 0.341}
+MOE_EFFICIENCY = 0.577
 BANDWIDTH_EFFICIENCY = 1.0
-STEP_OVERHEAD_S = 2.55e-3
-FRONTEND_REQUEST_S = 11.1e-3
+STEP_OVERHEAD_S = 2.66e-3
+FRONTEND_REQUEST_S = 11.5e-3
 FRONTEND_OUTPUT_S = 223e-6
-REQUEST_LATENCY_S = 27.0e-3
+REQUEST_LATENCY_S = 28.2e-3
 #: The scheduler bench's CPU to the servers' (not fitted: taken as equal).
 CPU_SCALE = 1.0
 
@@ -226,19 +239,32 @@ class StepTimeModel:
         state = 0.0
         if self.mamba_layers:
             state = m.mamba_state_elems * DTYPE_BYTES[m.kv_dtype] / max(1, min(tp, 8))
-        expert_active = m.moe_layers * m.experts_per_token * 3 * m.hidden_size
-        expert_active *= m.moe_intermediate_size
+        # per computed token, at the weight dtype's rate, expressed at the
+        # compute dtype's (the attention's and the head's) rate
+        linear = 2.0 * self.linear_params * self.compute_flops_per_second / self.flops_per_second
         return (
-            2.0 * (m.active_params - expert_active + expert_active / self.moe_efficiency),
+            linear,
             attn * self.full_layers,
             attn * self.window_layers,
             per_layer * self.full_layers,
             per_layer * self.window_layers,
             per_layer * (self.full_layers + self.window_layers),
             2 * state * self.mamba_layers,
-            1.0 / (tp * self.flops_per_second),
+            1.0 / (tp * self.compute_flops_per_second),
             1.0 / self.bytes_per_second,
+            2.0 * m.head_params,
         )
+
+    @cached_property
+    def linear_params(self) -> float:
+        """Per-token weights of the layers (no embedding, no output head), the
+        routed experts' counted at the dense GEMMs' efficiency (over
+        :attr:`moe_efficiency`)."""
+        m = self.model
+        expert_active = m.moe_layers * m.experts_per_token * 3 * m.hidden_size
+        expert_active *= m.moe_intermediate_size
+        body = m.active_params - m.embedding_params
+        return body - expert_active + expert_active / self.moe_efficiency
 
     @property
     def window(self) -> int:
@@ -246,11 +272,19 @@ class StepTimeModel:
 
     @property
     def flops_per_second(self) -> float:
-        """Achieved GEMM FLOP/s of one GPU."""
+        """Achieved FLOP/s of one GPU in the linear layers (their weight dtype's peak)."""
+        return self.gpu.peak_flops(self.model.weight_dtype) * self._efficiency
+
+    @property
+    def compute_flops_per_second(self) -> float:
+        """Achieved FLOP/s of one GPU in attention and the output head (the
+        activations' dtype)."""
+        return self.gpu.peak_flops(self.model.compute_dtype) * self._efficiency
+
+    @property
+    def _efficiency(self) -> float:
         eff = self.compute_efficiency
-        if eff is None:
-            eff = compute_efficiency(self.gpu)
-        return self.gpu.peak_flops(self.model.weight_dtype) * eff
+        return compute_efficiency(self.gpu) if eff is None else eff
 
     @property
     def bytes_per_second(self) -> float:
@@ -270,10 +304,12 @@ class StepTimeModel:
         return float(1.0 - miss**tokens) if tokens > 0 else 0.0
 
     def weight_share(self, tokens: Any) -> Any:
-        """Share of all weights a step of ``tokens`` tokens reads."""
+        """Share of all weights a step of ``tokens`` tokens reads (the routed
+        experts it touches, and every other weight but a separate input embedding)."""
         m = self.model
         experts = m.expert_weight_bytes
-        return ((m.weight_bytes - experts) + experts * self.expert_share(tokens)) / m.weight_bytes
+        read = m.streamed_weight_bytes - experts + experts * self.expert_share(tokens)
+        return read / m.weight_bytes
 
     def step_seconds(
         self,
@@ -296,12 +332,12 @@ class StepTimeModel:
         if not arrays and tokens <= 0:
             return 0.0
         big = np.maximum if arrays else max
-        gemm, attn_f, attn_w, kv_f, kv_w, kv_new, state, inv_flops, inv_bytes = self._coeffs
-        flops = gemm * tokens + attn_f * full_pairs + attn_w * window_pairs
+        gemm, attn_f, attn_w, kv_f, kv_w, kv_new, state, inv_flops, inv_bytes, head = self._coeffs
+        flops = gemm * tokens + attn_f * full_pairs + attn_w * window_pairs + head * num_seqs
         kv_bytes = kv_f * full_kv_read + kv_w * window_kv_read + kv_new * tokens + state * num_seqs
         experts = self.model.expert_weight_bytes
         w_bytes = (
-            self.model.weight_bytes - experts
+            self.model.streamed_weight_bytes - experts
             + experts * self.expert_share(tokens) / self.moe_efficiency
         ) / self.tp  # fmt: skip
         t_gemm = flops * inv_flops
@@ -324,18 +360,16 @@ class StepTimeModel:
         data = tokens * self.model.hidden_size * 2.0 * 2.0 * (tp - 1) / tp
         return 2 * self.model.num_layers * (g.link_latency + data / g.link_bandwidth)
 
-    def prefill_flops(self, tokens: int) -> float:
-        """FLOPs of prefilling ``tokens`` tokens from an empty context (all GPUs together)."""
-        m = self.model
+    def prefill_gpu_seconds(self, tokens: int) -> float:
+        """GPU-seconds of compute (all GPUs together) to prefill ``tokens`` tokens
+        from an empty context: what a prefix hit of ``tokens`` skips (the
+        output head runs once per request either way)."""
         pairs_full = attention_pairs(0, tokens)
         pairs_win = attention_pairs(0, tokens, self.window) if self.window_layers else 0
-        return 2.0 * m.active_params * tokens + m.attention_flops_per_pair() * (
+        flops = self._coeffs[0] * tokens + self.model.attention_flops_per_pair() * (
             self.full_layers * pairs_full + self.window_layers * pairs_win
         )
-
-    def prefill_gpu_seconds(self, tokens: int) -> float:
-        """GPU-seconds of compute to prefill ``tokens`` tokens from scratch (compute-bound)."""
-        return self.prefill_flops(tokens) / self.flops_per_second
+        return flops / self.compute_flops_per_second
 
     def describe(self) -> str:
         return (
@@ -356,15 +390,16 @@ def prefill_gpu_seconds_saved(model: StepTimeModel, hit_tokens: np.ndarray) -> f
     """GPU-seconds of prefill compute that ``hit_tokens`` (one entry per request) avoided.
 
     A hit of ``h`` tokens skips the GEMMs of those tokens and their attention
-    among themselves (later tokens still attend to them): ``prefill_flops(h)``.
+    among themselves (later tokens still attend to them):
+    :meth:`StepTimeModel.prefill_gpu_seconds` of ``h``.
     """
     h = np.asarray(hit_tokens, dtype=np.float64)
     m = model.model
-    flops = 2.0 * m.active_params * h + m.attention_flops_per_pair() * model.full_layers * (
+    flops = model._coeffs[0] * h + m.attention_flops_per_pair() * model.full_layers * (
         h * (h + 1) / 2
     )
     if model.window_layers:
         w = float(model.window)
         pairs_w = np.where(h <= w, h * (h + 1) / 2, w * (w + 1) / 2 + (h - w) * w)
         flops += m.attention_flops_per_pair() * model.window_layers * pairs_w
-    return float(flops.sum() / model.flops_per_second)
+    return float(flops.sum() / model.compute_flops_per_second)

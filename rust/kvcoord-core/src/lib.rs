@@ -34,7 +34,9 @@
 //! [`step_args`], [`request`], [`linked_lists`]; the [`pool`] with its free
 //! queue, index and [`events`]; the per-kind [`managers`]; the
 //! [`coordinator`], and [`decode`] and [`hisparse_pair`] (two coordinators,
-//! one transaction per call) on top of it. Inside a folder, the files that
+//! one transaction per call) on top of it; [`router_index`] (a cluster
+//! router's view, built from [`events`]) beside the pool; [`running_batch`]
+//! (a replay's per-step arithmetic) on its own. Inside a folder, the files that
 //! extend its main type (`impl CoordinatorCore`, `impl BlockPool`) import
 //! its `mod.rs`, which never imports them; in `managers/` and `eviction/`, `mod.rs`
 //! dispatches to the kinds and policies, which never import it.
@@ -62,6 +64,8 @@ pub mod request;
 pub mod residency;
 pub mod retention;
 pub mod reuse_watch;
+pub mod router_index;
+pub mod running_batch;
 pub mod sampled_lives;
 pub mod spec;
 pub mod step_args;
@@ -88,4 +92,5 @@ pub use prefix_index::{CacheKey, PrefixIndex};
 pub use request::{step_progress, Request, RequestRegistry, StepProgress, StepRequest};
 pub use residency::{EvictionRecord, Histogram, Residency, ResidencySnapshot};
 pub use retention::validate_retention_interval;
+pub use router_index::RouterIndex;
 pub use spec::{GroupSpec, HitSearch, KindFacts, NullEntries, SpecKind};

@@ -16,7 +16,7 @@ use crate::convert::{digest, digest_list};
 /// A `cache_full_blocks` call registered blocks in the prefix cache.
 #[pyclass(module = "kvcoord._core", frozen)]
 pub(crate) struct BlockStored {
-    inner: Box<StoredBlocks>,
+    pub(crate) inner: Box<StoredBlocks>,
 }
 
 /// Ids or positions (`len` of them) as a `uint32` array, reserved fallibly.
@@ -121,8 +121,8 @@ pymethods!(BlockStored {
 /// A block lost its cache key (it was evicted or reused).
 #[pyclass(module = "kvcoord._core", frozen)]
 pub(crate) struct BlockRemoved {
-    block_hash: BlockHash,
-    group: GroupId,
+    pub(crate) block_hash: BlockHash,
+    pub(crate) group: GroupId,
     medium: Medium,
 }
 

@@ -44,6 +44,8 @@ mod numbers;
 mod pool;
 mod request;
 mod residency;
+mod router_index;
+mod running_batch;
 mod tokens;
 mod vllm;
 
@@ -78,6 +80,10 @@ mod core_module {
     use crate::request::{
         advance_requests, compute_block_hashes, none_hash, BlockHashes, PyRequest,
     };
+    #[pymodule_export]
+    use crate::router_index::PyPrefixIndex;
+    #[pymodule_export]
+    use crate::running_batch::{batch_plan, batch_step};
     #[pymodule_export]
     use crate::vllm::{PyBlockHashGate, PyDecodeFastPath};
 

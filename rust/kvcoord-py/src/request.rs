@@ -325,6 +325,15 @@ pub(crate) fn advance_requests(
                 .map_err(|e| not_requests(e.into_inner().as_any()))
         })
         .collect::<PyResult<Vec<_>>>()?;
+    advance_bound(&requests, &computed, sampled.as_deref())
+}
+
+/// [`advance_requests`] of requests and counts already converted.
+pub(crate) fn advance_bound(
+    requests: &[Bound<'_, PyRequest>],
+    computed: &[i64],
+    sampled: Option<&[i64]>,
+) -> PyResult<()> {
     // One borrow per request, held through the step. A request listed twice
     // (advanced twice) cannot be borrowed twice: those steps take the
     // general path.
@@ -339,19 +348,15 @@ pub(crate) fn advance_requests(
         requests.len(),
         "requests",
     ))?;
-    for r in &requests {
+    for r in requests {
         let Ok(m) = r.try_borrow_mut() else {
             drop(held);
-            return advance_listed(&requests, &computed, sampled.as_deref());
+            return advance_listed(requests, computed, sampled);
         };
         before.push(step_request(r, &m.inner));
         held.push(m);
     }
-    let steps = core(kvcoord_core::step_progress(
-        &before,
-        &computed,
-        sampled.as_deref(),
-    ))?;
+    let steps = core(kvcoord_core::step_progress(&before, computed, sampled))?;
     // `step_progress` checked every total: no `advance` is refused.
     for (m, step) in held.iter_mut().zip(steps) {
         core(m.inner.advance(step))?;
