@@ -280,43 +280,28 @@ fn reset_prefix_cache_resets_each_pool_with_no_block_in_use() {
 
 #[test]
 fn a_block_in_use_keeps_only_its_own_pools_cache() {
-    // A block held in the device pool: the host still resets (vLLM resets
-    // every pool it can), the device keeps its cache.
-    let (mut host, mut device) = warmed(16, 32);
-    let mut held = Vec::new();
-    device.get_caller_blocks(1, &mut held).unwrap();
-    let got = HiSparsePair::new(&mut host, &mut device)
-        .unwrap()
-        .reset_prefix_cache();
-    assert_eq!(
-        got,
-        super::PrefixReset {
-            host: true,
-            device: false
-        }
-    );
-    assert!(!got.both());
-    assert_eq!(cached(&host, &device), (false, true));
-    device.free_caller_blocks(&held).unwrap();
-    // And the other way round: the answer is false although the device reset.
-    let (mut host, mut device) = warmed(16, 32);
-    let mut held = Vec::new();
-    host.get_caller_blocks(1, &mut held).unwrap();
-    let got = HiSparsePair::new(&mut host, &mut device)
-        .unwrap()
-        .reset_prefix_cache();
-    assert_eq!(
-        got,
-        super::PrefixReset {
-            host: false,
-            device: true
-        }
-    );
-    assert!(!got.both());
-    assert_eq!(cached(&host, &device), (true, false));
-    host.free_caller_blocks(&held).unwrap();
-    HiSparsePair::new(&mut host, &mut device)
-        .unwrap()
-        .check_invariants()
-        .unwrap();
+    // A block held in one pool: the other still resets (vLLM resets every
+    // pool it can), the holder keeps its cache, and the answer is false.
+    for device_holds in [true, false] {
+        let (mut host, mut device) = warmed(16, 32);
+        let holder = if device_holds { &mut device } else { &mut host };
+        let mut held = Vec::new();
+        holder.get_caller_blocks(1, &mut held).unwrap();
+        let got = HiSparsePair::new(&mut host, &mut device)
+            .unwrap()
+            .reset_prefix_cache();
+        let want = super::PrefixReset {
+            host: device_holds,
+            device: !device_holds,
+        };
+        assert_eq!(got, want);
+        assert!(!got.both());
+        assert_eq!(cached(&host, &device), (!device_holds, device_holds));
+        let holder = if device_holds { &mut device } else { &mut host };
+        holder.free_caller_blocks(&held).unwrap();
+        HiSparsePair::new(&mut host, &mut device)
+            .unwrap()
+            .check_invariants()
+            .unwrap();
+    }
 }
